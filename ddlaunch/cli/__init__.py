@@ -1,0 +1,88 @@
+"""The ``ddlaunch`` command group. Each verb lives in its own module, imported only when
+that verb runs, so ``ddlaunch --help`` stays fast and never imports torch."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from ddlaunch import __version__
+from ddlaunch.errors import UserError
+
+# verb -> (module, one-line help shown by `ddlaunch --help` without importing the module)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "render": ("ddlaunch.cli.render", "Print the batch script a config renders to."),
+    "submit": ("ddlaunch.cli.submit", "Create a run directory and submit the job."),
+    "presets": ("ddlaunch.cli.presets", "List the shipped cluster presets and examples."),
+    "config-reference": ("ddlaunch.cli.reference", "Print every config key with its doc."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(COMMANDS[name][0])
+        return module.command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ddlaunch")
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Launch distributed PyTorch training on Slurm from a YAML config.
+
+    \b
+      ddlaunch render configs/examples/mlp.yaml --set nodes.count=4
+      ddlaunch submit examples/mlp --dry-run
+      ddlaunch submit examples/mlp
+      ddlaunch presets
+
+    A config names presets under `defaults:`; `--set key.path=value` overrides any key.
+    `ddlaunch config-reference` documents every key.
+    """
+    ctx.obj = {"debug": debug}
+
+
+def main(argv: list[str] | None = None) -> Any:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        return cli.main(args=argv, prog_name="ddlaunch", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except UserError as exc:
+        if debug:
+            traceback.print_exc()
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception:  # last resort: a bug, not a user mistake
+        if debug:
+            traceback.print_exc()
+        else:
+            exc_type, exc_value = sys.exc_info()[:2]
+            sys.stderr.write(
+                f"internal error: {exc_type.__name__}: {exc_value}\n"
+                "run again with --debug for the traceback\n"
+            )
+        sys.exit(70)

@@ -1,0 +1,15 @@
+"""Options shared by several verbs."""
+
+from __future__ import annotations
+
+import click
+
+config_argument = click.argument("config", metavar="CONFIG")
+set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config key; the value is typed as YAML (nodes.count=4, "
+    "launch.args='[--lr, 3e-4]'). Repeatable.",
+)

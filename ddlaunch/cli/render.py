@@ -1,0 +1,26 @@
+"""``ddlaunch render``: print the batch script (the same code path as submit, minus sbatch)."""
+
+from __future__ import annotations
+
+import click
+
+from ddlaunch.cli.options import config_argument, set_option
+
+
+@click.command("render")
+@config_argument
+@set_option
+@click.option("--run-id", help="Use this run id instead of a fresh one (stable output).")
+@click.option("--run-root", help="Render as if the run directory lived under this folder.")
+def command(
+    config: str, overrides: tuple[str, ...], run_id: str | None, run_root: str | None
+) -> None:
+    """Print the sbatch script CONFIG renders to.
+
+    CONFIG is a YAML file or a shipped preset name such as examples/mlp.
+    Nothing is created or submitted.
+    """
+    from ddlaunch.prepare import prepare
+
+    prepared = prepare(config, overrides, run_id=run_id, run_root=run_root)
+    click.echo(prepared.script, nl=False)

@@ -1,0 +1,57 @@
+"""``ddlaunch submit``: create a run directory and submit (or run locally)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import click
+
+from ddlaunch.cli.options import config_argument, set_option
+
+
+@click.command("submit")
+@config_argument
+@set_option
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the script and the exact sbatch argv; create and submit nothing.",
+)
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Run the ranks as local processes instead of on Slurm (the default when "
+    "no sbatch is on PATH).",
+)
+@click.option("--run-root", help="Create the run directory under this folder.")
+def command(
+    config: str, overrides: tuple[str, ...], dry_run: bool, local: bool, run_root: str | None
+) -> None:
+    """Submit CONFIG to Slurm and print the run id and job id.
+
+    CONFIG is a YAML file or a shipped preset name such as examples/mlp. The run directory
+    (mode 0700) keeps the resolved config, the script, the git state and the job ids.
+    `submit` returns as soon as sbatch has accepted the job.
+    """
+    from ddlaunch.plan import format_argv
+    from ddlaunch.prepare import prepare
+
+    workdir = os.getcwd()
+    prepared = prepare(config, overrides, run_root=run_root, workdir=workdir)
+    if dry_run:
+        click.echo(prepared.script, nl=False)
+        click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")
+        return
+    if local or shutil.which("sbatch") is None:
+        if not local:
+            click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
+        from ddlaunch.launch.run_local import submit_local
+
+        submit_local(prepared, workdir=workdir)
+        return
+    from ddlaunch.submit import submit_to_slurm
+
+    submitted = submit_to_slurm(prepared, workdir=workdir)
+    click.echo(f"run {submitted.run_id}  job {submitted.job_id}")
+    click.echo(f"run dir: {submitted.run_dir}")

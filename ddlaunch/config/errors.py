@@ -1,0 +1,32 @@
+"""Config errors that name the file, the line and the key path, and say what was expected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddlaunch.errors import UserError
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem with one key. ``where`` is ``file:line`` or ``--set key=value``."""
+
+    path: str
+    message: str
+    where: str | None = None
+
+    def __str__(self) -> str:
+        key = self.path or "(top level)"
+        suffix = f" ({self.where})" if self.where else ""
+        return f"{key}: {self.message}{suffix}"
+
+
+class ConfigError(UserError):
+    """Every problem found in a config, reported at once."""
+
+    def __init__(self, issues: list[ConfigIssue]):
+        self.issues = list(issues)
+        noun = "error" if len(self.issues) == 1 else "errors"
+        lines = [f"invalid config ({len(self.issues)} {noun}):"]
+        lines += [f"  {issue}" for issue in self.issues]
+        super().__init__("\n".join(lines))

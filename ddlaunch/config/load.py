@@ -1,0 +1,300 @@
+"""Load a config: presets (``defaults:``), then the file, then ``--set`` overrides.
+
+The result is a plain tree plus ``locations``: for every key path, the ``file:line`` (or
+``--set ...``) that last set it, so validation errors can point at the right line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddlaunch import resources
+from ddlaunch.config.errors import ConfigError, ConfigIssue
+
+KeyPath = tuple[str, ...]
+
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1 base-60 numbers: ``time: 1:30:00`` must stay a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _INT_TAG,
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    _FLOAT_TAG,
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+        r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+@dataclass
+class LoadedTree:
+    """A merged config tree and where each key path was last set."""
+
+    tree: dict[str, Any] = field(default_factory=dict)
+    locations: dict[KeyPath, str] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+
+
+def parse_yaml_value(text: str) -> Any:
+    """A ``--set`` value, typed as YAML would type it (``4`` -> int, ``[a, b]`` -> list)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def _display(path: Path) -> str:
+    """A short, stable name for messages: relative to cwd when below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _node_to_tree(
+    node: yaml.Node,
+    loader: _Loader,
+    where: str,
+    prefix: KeyPath,
+    locations: dict[KeyPath, str],
+    issues: list[ConfigIssue],
+) -> Any:
+    """Turn a composed YAML node into plain data, recording each key's line."""
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            line = f"{where}:{key_node.start_mark.line + 1}"
+            key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                issues.append(
+                    ConfigIssue(".".join(prefix), f"keys must be strings, got {key!r}", line)
+                )
+                continue
+            path = (*prefix, key)
+            if key in out:
+                issues.append(
+                    ConfigIssue(".".join(path), "key appears twice in the same mapping", line)
+                )
+            locations[path] = line
+            out[key] = _node_to_tree(value_node, loader, where, path, locations, issues)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_node_to_tree(n, loader, where, prefix, locations, issues) for n in node.value]
+    return loader.construct_object(node, deep=True)
+
+
+def read_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, str]]:
+    """Parse one YAML file into (tree, locations); raise ConfigError on any problem."""
+    where = _display(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([ConfigIssue("", "file not found", where)]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigIssue("", f"cannot read file: {exc}", where)]) from None
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        locations: dict[KeyPath, str] = {}
+        issues: list[ConfigIssue] = []
+        tree = {} if node is None else _node_to_tree(node, loader, where, (), locations, issues)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f"{where}:{mark.line + 1}" if mark else where
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError([ConfigIssue("", f"invalid YAML: {problem}", line)]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigIssue("", f"invalid YAML: {exc}", where)]) from None
+    finally:
+        loader.dispose()
+    if not isinstance(tree, dict):
+        issues.append(
+            ConfigIssue("", f"the file must hold a mapping, got {type(tree).__name__}", where)
+        )
+    if issues:
+        raise ConfigError(issues)
+    return tree, locations
+
+
+def config_search_roots(extra: Iterable[Path] = ()) -> list[Path]:
+    """Where preset names are looked up: given dirs, $DDLAUNCH_CONFIG_PATH, shipped configs/."""
+    roots = list(extra)
+    env = os.environ.get("DDLAUNCH_CONFIG_PATH", "")
+    roots += [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+    roots.append(resources.configs_dir())
+    return roots
+
+
+def resolve_config_name(name: str, base_dir: Path | None = None) -> Path | None:
+    """Find a config by path or preset name (``clusters/devcluster``, ``.yaml`` optional)."""
+    candidates = [name] if name.endswith((".yaml", ".yml")) else [name, f"{name}.yaml"]
+    direct = Path(name).expanduser()
+    if direct.is_absolute() or base_dir is None:
+        for cand in candidates:
+            path = Path(cand).expanduser()
+            if path.is_file():
+                return path
+    roots = ([base_dir] if base_dir else []) + config_search_roots()
+    for root in roots:
+        for cand in candidates:
+            path = root / cand
+            if path.is_file():
+                return path
+    return None
+
+
+def deep_merge(
+    base: dict[str, Any],
+    top: dict[str, Any],
+    prefix: KeyPath = (),
+    touched: list[KeyPath] | None = None,
+) -> dict[str, Any]:
+    """Merge ``top`` over ``base``: mappings merge key by key, everything else replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value, (*prefix, key), touched)
+        else:
+            out[key] = value
+            if touched is not None:
+                touched.append((*prefix, key))
+    return out
+
+
+def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) -> None:
+    """Merge ``path``'s presets (depth first, in order) and then ``path`` itself."""
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(_display(p) for p in [*chain, resolved])
+        raise ConfigError(
+            [ConfigIssue("defaults", f"presets include each other: {cycle}", _display(path))]
+        )
+    tree, locations = read_yaml_file(path)
+    defaults = tree.pop("defaults", [])
+    where = locations.get(("defaults",), _display(path))
+    if isinstance(defaults, str):
+        defaults = [defaults]
+    if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "defaults", "expected a list of preset names, e.g. [clusters/devcluster]", where
+                )
+            ]
+        )
+    for name in defaults:
+        preset = resolve_config_name(name, base_dir=path.parent)
+        if preset is None:
+            known = ", ".join(list_presets()[:12])
+            raise ConfigError(
+                [
+                    ConfigIssue(
+                        "defaults",
+                        f"preset {name!r} not found (looked "
+                        f"next to the file, in $DDLAUNCH_CONFIG_PATH and in "
+                        f"the shipped configs: {known})",
+                        where,
+                    )
+                ]
+            )
+        _load_file_with_defaults(preset, loaded, [*chain, resolved])
+    loaded.tree = deep_merge(loaded.tree, tree)
+    # Only the paths this file set move to this file's lines.
+    for key_path, line in locations.items():
+        if key_path[0] != "defaults":
+            loaded.locations[key_path] = line
+    loaded.sources.append(_display(path))
+
+
+def list_presets() -> list[str]:
+    """Names of the shipped configs, e.g. ``clusters/devcluster``."""
+    root = resources.configs_dir()
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def apply_overrides(loaded: LoadedTree, overrides: Sequence[str]) -> None:
+    """Apply ``--set a.b=c`` overrides (YAML-typed values) in order."""
+    issues: list[ConfigIssue] = []
+    for item in overrides:
+        where = f"--set {item}"
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            issues.append(
+                ConfigIssue(key, "expected --set key.path=value, e.g. nodes.count=4", where)
+            )
+            continue
+        try:
+            value = parse_yaml_value(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "invalid YAML"
+            issues.append(ConfigIssue(key, f"value is not valid YAML: {problem}", where))
+            continue
+        path = tuple(key.split("."))
+        node = loaded.tree
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if not isinstance(child, dict):
+                if child is not None:
+                    issues.append(
+                        ConfigIssue(
+                            ".".join(path[: i + 1]),
+                            "is not a mapping, so it has no sub-keys",
+                            where,
+                        )
+                    )
+                    break
+                child = node[part] = {}
+            node = child
+        else:
+            node[path[-1]] = value
+            # The override owns this key and everything below it.
+            for known in [p for p in loaded.locations if p[: len(path)] == path]:
+                del loaded.locations[known]
+            loaded.locations[path] = where
+            if isinstance(value, dict):
+                for sub in value:
+                    loaded.locations[(*path, str(sub))] = where
+    if issues:
+        raise ConfigError(issues)
+    if overrides:
+        loaded.sources.append(f"--set ({len(overrides)})")
+
+
+def load_tree(config: str | Path, overrides: Sequence[str] = ()) -> LoadedTree:
+    """Read a config file (path or shipped preset name) with its presets and overrides."""
+    path = resolve_config_name(str(config))
+    if path is None:
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "",
+                    "config file not found (give a path, or a shipped "
+                    "preset name; `ddlaunch presets` lists them)",
+                    str(config),
+                )
+            ]
+        )
+    loaded = LoadedTree()
+    _load_file_with_defaults(path, loaded, [])
+    apply_overrides(loaded, overrides)
+    return loaded

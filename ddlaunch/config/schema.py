@@ -1,0 +1,274 @@
+"""The config schema: typed, frozen sections, one documented field per YAML key.
+
+Each field's ``metadata`` carries its one-line ``doc`` (used by ``ddlaunch config-reference``
+and the README) and the checks applied by ``ddlaunch.config.validate``: ``choices``,
+``range`` (inclusive), ``pattern`` (a name from ``PATTERNS``) and ``parse`` (a parser name).
+Cross-field rules (contradictions) live in ``validate.check_contradictions``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# Strings that end up in ``#SBATCH`` lines are restricted to a conservative character set:
+# sbatch parses those lines itself, so shell quoting cannot make arbitrary text safe there.
+PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
+    "slurm_token": (
+        re.compile(r"^[A-Za-z0-9_.:+@=,/%-]+$"),
+        "letters, digits and _ . : + @ = , / % -",
+    ),
+    "constraint": (
+        re.compile(r"^[A-Za-z0-9_.:,&|!()\[\]*-]+$"),
+        "a Slurm constraint expression (letters, digits and _ . : , & | ! ( ) [ ] * -)",
+    ),
+    "entrypoint": (
+        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"),
+        "a Python callable written as package.module:function",
+    ),
+    "env_name": (
+        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$"),
+        "an environment variable name (letters, digits, _; not starting with a digit)",
+    ),
+    "memory": (
+        re.compile(r"^[0-9]+[KMGT]?$"),
+        "a Slurm memory size such as 16G, 512M or 0",
+    ),
+    "sbatch_option": (
+        re.compile(r"^[a-z][a-z0-9-]*$"),
+        "a long sbatch option name without dashes, e.g. comment or gres-flags",
+    ),
+}
+
+
+def opt(default: Any = None, doc: str = "", **checks: Any) -> Any:
+    """A schema field: its default, its one-line doc and its checks."""
+    if isinstance(default, list | dict):
+        factory = (lambda d=default: type(d)(d)) if isinstance(default, dict) else tuple
+        return field(default_factory=factory, metadata={"doc": doc, **checks})
+    return field(default=default, metadata={"doc": doc, **checks})
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    name: str = opt("ddlaunch", "Slurm job name (--job-name).", pattern="slurm_token")
+    partition: str | None = opt(
+        None, "Partition to submit to; cluster default when unset.", pattern="slurm_token"
+    )
+    account: str | None = opt(None, "Account to charge (--account).", pattern="slurm_token")
+    qos: str | None = opt(None, "Quality of service (--qos).", pattern="slurm_token")
+    time: str = opt(
+        "01:00:00", "Time limit as a Slurm duration: MM, HH:MM:SS, D-HH:MM, ...", parse="duration"
+    )
+    reservation: str | None = opt(
+        None, "Reservation to run in (--reservation).", pattern="slurm_token"
+    )
+    constraint: str | None = opt(
+        None, "Node feature constraint (--constraint).", pattern="constraint"
+    )
+    exclusive: bool = opt(False, "Ask for whole nodes (--exclusive).")
+    dependency: str | None = opt(
+        None, "Job dependency, e.g. afterok:1234 (--dependency).", pattern="slurm_token"
+    )
+    mail_user: str | None = opt(
+        None, "Address for Slurm mail (--mail-user).", pattern="slurm_token"
+    )
+    mail_type: str | None = opt(
+        None,
+        "Events to mail about: NONE, BEGIN, END, FAIL, REQUEUE, ALL (comma-separated).",
+        parse="mail_type",
+    )
+    requeue: bool = opt(True, "Let Slurm requeue the job on node failure or preemption.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodesSpec:
+    count: int = opt(1, "Number of nodes (--nodes).", range=(1, 100000))
+    gpus_per_node: int = opt(0, "GPUs per node; one rank is started per GPU.", range=(0, 16))
+    tasks_per_node: int | None = opt(
+        None, "Ranks per node when there are no GPUs (CPU training).", range=(1, 512)
+    )
+    cpus_per_task: int | None = opt(None, "CPU cores per rank (--cpus-per-task).", range=(1, 1024))
+    mem: str | None = opt(
+        None, "Memory per node, e.g. 256G; 0 means all (--mem).", pattern="memory"
+    )
+    mem_per_cpu: str | None = opt(None, "Memory per CPU core (--mem-per-cpu).", pattern="memory")
+    mem_per_gpu: str | None = opt(None, "Memory per GPU (--mem-per-gpu).", pattern="memory")
+    exclude: tuple[str, ...] = opt([], "Nodes never to use (--exclude).", pattern="slurm_token")
+    nodelist: tuple[str, ...] = opt([], "Nodes to use (--nodelist).", pattern="slurm_token")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    name: str = opt("generic", "Name of the cluster or node type this preset describes.")
+    description: str = opt("", "One line shown by `ddlaunch presets`.")
+    gpus_per_node: int | None = opt(
+        None,
+        "GPUs a node of this cluster has (upper bound for nodes.gpus_per_node).",
+        range=(0, 16),
+    )
+    cpus_per_node: int | None = opt(None, "CPU cores a node has.", range=(1, 4096))
+    numa_domains: int | None = opt(None, "NUMA domains per node (for CPU binding).", range=(1, 64))
+    slurm_version: str | None = opt(
+        None,
+        "Slurm release of the cluster, e.g. 23.11 (gates version-specific options).",
+        parse="version",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopologySpec:
+    gpu_model: str | None = opt(None, "GPU model, e.g. H100-SXM (informational, shown by status).")
+    interconnect: str = opt(
+        "pcie",
+        "How GPUs in a node talk: nvswitch, nvlink or pcie.",
+        choices=("nvswitch", "nvlink", "pcie"),
+    )
+    switches: int | None = opt(
+        None, "Ask Slurm for at most this many leaf switches (--switches).", range=(1, 1024)
+    )
+    switch_wait: str | None = opt(
+        None, "How long to wait for the switch count (duration).", parse="duration"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricSpec:
+    kind: str = opt(
+        "ethernet",
+        "Network fabric: ib, roce, efa, slingshot or ethernet.",
+        choices=("ib", "roce", "efa", "slingshot", "ethernet"),
+    )
+    hcas: tuple[str, ...] = opt(
+        [], "Host channel adapters for NCCL_IB_HCA, e.g. [mlx5_0, mlx5_1].", pattern="slurm_token"
+    )
+    interface: str | None = opt(
+        None,
+        "Network interface for bootstrap traffic (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).",
+        pattern="slurm_token",
+    )
+    gid_index: int | None = opt(None, "RoCE GID index (NCCL_IB_GID_INDEX).", range=(0, 255))
+    traffic_class: int | None = opt(None, "RoCE traffic class (NCCL_IB_TC).", range=(0, 255))
+    gpudirect: bool = opt(True, "Use GPUDirect RDMA where the fabric supports it.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageSpec:
+    run_root: str = opt(
+        "~/ddlaunch/runs",
+        "Where run directories are created (shared "
+        "filesystem); $DDLAUNCH_RUN_ROOT overrides the default.",
+    )
+    checkpoint_dir: str | None = opt(
+        None, "Absolute checkpoint directory; default <run dir>/checkpoints."
+    )
+    scratch: str | None = opt(None, "Node-local scratch directory, exported as DDLAUNCH_SCRATCH.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultToleranceSpec:
+    checkpoint_every_steps: int | None = opt(
+        None, "Checkpoint every N training steps.", range=(1, 10**9)
+    )
+    checkpoint_every_minutes: float | None = opt(
+        None, "Checkpoint at least every N minutes.", range=(0.1, 10**6)
+    )
+    keep_last: int = opt(3, "Committed checkpoints to keep; 0 keeps all.", range=(0, 10**6))
+    async_save: bool = opt(True, "Write checkpoints in the background while training continues.")
+    max_requeues: int = opt(
+        3, "Most requeues of one run; each must have advanced the step.", range=(0, 1000)
+    )
+    signal: str = opt(
+        "USR2",
+        "Signal sent ahead of the time limit (USR1, USR2, TERM, INT, HUP, "
+        "URG); USR2 because some NCCL versions use USR1.",
+        choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG"),
+    )
+    signal_lead: int = opt(
+        120, "Seconds before the time limit at which the signal is sent.", range=(10, 86400)
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    entrypoint: str | None = opt(
+        None,
+        "Python callable pkg.module:function; it receives the resolved config.",
+        pattern="entrypoint",
+    )
+    script: str | None = opt(None, "Path of a training script written for torchrun.")
+    args: tuple[str, ...] = opt([], "Arguments for the script.")
+    python: str = opt("python3", "Python interpreter on the compute nodes.")
+    env: dict[str, str] = opt(
+        {}, "Environment variables for every rank (they win over fabric defaults)."
+    )
+    setup: tuple[str, ...] = opt(
+        [],
+        "Shell lines run verbatim in the batch script before launch "
+        "(module load, conda activate...).",
+    )
+    backend: str = opt(
+        "auto",
+        "torch.distributed backend: auto (nccl with CUDA, else gloo), nccl or gloo.",
+        choices=("auto", "nccl", "gloo"),
+    )
+    workdir: str | None = opt(
+        None, "Working directory of the ranks; default the directory `submit` ran in."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemplatesSpec:
+    search_path: tuple[str, ...] = opt(
+        [],
+        "Directories searched for templates before $DDLAUNCH_TEMPLATE_PATH and the built-in ones.",
+    )
+    main: str = opt("sbatch.sh.j2", "Template rendered into the batch script.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    job: JobSpec = field(default_factory=JobSpec, metadata={"doc": "Slurm job settings."})
+    nodes: NodesSpec = field(default_factory=NodesSpec, metadata={"doc": "What to allocate."})
+    cluster: ClusterSpec = field(
+        default_factory=ClusterSpec, metadata={"doc": "Facts about the cluster (usually a preset)."}
+    )
+    topology: TopologySpec = field(
+        default_factory=TopologySpec, metadata={"doc": "GPU topology inside a node and placement."}
+    )
+    fabric: FabricSpec = field(
+        default_factory=FabricSpec, metadata={"doc": "Network fabric between nodes."}
+    )
+    storage: StorageSpec = field(
+        default_factory=StorageSpec, metadata={"doc": "Run directory, checkpoints, scratch."}
+    )
+    fault_tolerance: FaultToleranceSpec = field(
+        default_factory=FaultToleranceSpec,
+        metadata={"doc": "Checkpoint cadence, retention, requeue and signal."},
+    )
+    launch: LaunchSpec = field(
+        default_factory=LaunchSpec, metadata={"doc": "What every rank runs."}
+    )
+    templates: TemplatesSpec = field(
+        default_factory=TemplatesSpec, metadata={"doc": "Site template search path."}
+    )
+    sbatch: dict[str, Any] = opt(
+        {}, "Extra sbatch directives the model does not know, as option: value (true for a flag)."
+    )
+    params: dict[str, Any] = opt(
+        {},
+        "Free-form parameters for the training code "
+        "(learning rate, steps, ...), passed through unchecked.",
+    )
+
+    @property
+    def ranks_per_node(self) -> int:
+        """One rank per GPU; CPU jobs use nodes.tasks_per_node (default 1)."""
+        if self.nodes.gpus_per_node:
+            return self.nodes.gpus_per_node
+        return self.nodes.tasks_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes.count * self.ranks_per_node

@@ -1,0 +1,334 @@
+"""Validation in one place: a merged config tree -> a typed, frozen ``Config``.
+
+Every problem is collected (not just the first) and reported with its key path and the
+``file:line`` that set it. Field checks come from the schema's metadata; cross-field rules
+(contradictions) are in ``check_contradictions``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
+from ddlaunch.config.schema import PATTERNS, Config
+
+_MAIL_TYPES = {
+    "NONE",
+    "BEGIN",
+    "END",
+    "FAIL",
+    "REQUEUE",
+    "ALL",
+    "INVALID_DEPEND",
+    "STAGE_OUT",
+    "TIME_LIMIT",
+    "TIME_LIMIT_90",
+    "TIME_LIMIT_80",
+    "TIME_LIMIT_50",
+    "ARRAY_TASKS",
+}
+_DURATION_FORMS = re.compile(
+    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+    r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<only>\d+))$"
+)
+# Options that the schema owns: setting them through the escape hatch would fight the
+# rendered script, so the error names the key to use instead.
+_RESERVED_SBATCH = {
+    "job-name": "job.name",
+    "partition": "job.partition",
+    "account": "job.account",
+    "qos": "job.qos",
+    "time": "job.time",
+    "nodes": "nodes.count",
+    "ntasks-per-node": "nodes.gpus_per_node / nodes.tasks_per_node",
+    "gpus-per-node": "nodes.gpus_per_node",
+    "cpus-per-task": "nodes.cpus_per_task",
+    "output": "(ddlaunch writes logs to the run dir)",
+    "error": "(ddlaunch writes logs to the run dir)",
+    "signal": "fault_tolerance.signal",
+    "requeue": "job.requeue",
+    "no-requeue": "job.requeue",
+    "open-mode": "(always append)",
+    "array": "a sweep file",
+    "exclude": "nodes.exclude",
+    "nodelist": "nodes.nodelist",
+    "mem": "nodes.mem",
+    "mem-per-cpu": "nodes.mem_per_cpu",
+    "mem-per-gpu": "nodes.mem_per_gpu",
+    "chdir": "launch.workdir",
+    "dependency": "job.dependency",
+}
+
+
+def parse_duration(text: str) -> int | None:
+    """Seconds in a Slurm duration, or None when the text is not one. 0 means unlimited."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return 0
+    match = _DURATION_FORMS.match(text)
+    if not match:
+        return None
+    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    if "only" in g:
+        return g["only"] * 60
+    if "mm" in g:
+        return g["mm"] * 60 + g["ss"]
+    if "h" in g:
+        return g["h"] * 3600 + g["m"] * 60 + g["s"]
+    return g["d"] * 86400 + g["dh"] * 3600 + g.get("dm", 0) * 60 + g.get("ds", 0)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"
+
+
+class _Builder:
+    """Walks the tree against the schema, converting values and collecting issues."""
+
+    def __init__(self, locations: dict[KeyPath, str]):
+        self.locations = locations
+        self.issues: list[ConfigIssue] = []
+
+    def where(self, path: KeyPath) -> str | None:
+        # The closest enclosing key that has a recorded line.
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.locations:
+                return self.locations[path[:end]]
+        return None
+
+    def fail(self, path: KeyPath, message: str) -> None:
+        self.issues.append(ConfigIssue(".".join(path), message, self.where(path)))
+
+    def build(self, cls: type, data: Any, path: KeyPath) -> Any:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            self.fail(path, f"expected a mapping of keys, got {_describe(data)}")
+            data = {}
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in fields:
+                close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+                hint = (
+                    f"; did you mean {close[0]!r}?"
+                    if close
+                    else f"; known keys: {', '.join(fields)}"
+                )
+                self.fail((*path, str(key)), f"unknown key{hint}")
+        kwargs: dict[str, Any] = {}
+        for name, spec in fields.items():
+            if name not in data:
+                continue
+            value = self.convert(hints[name], data[name], (*path, name), dict(spec.metadata))
+            if value is not _INVALID:
+                kwargs[name] = value
+        return cls(**kwargs)
+
+    def convert(self, tp: Any, value: Any, path: KeyPath, meta: dict[str, Any]) -> Any:
+        if dataclasses.is_dataclass(tp):
+            return self.build(tp, value, path)
+        args = typing.get_args(tp)
+        if isinstance(tp, types.UnionType):
+            if value is None:
+                return None
+            tp = next(a for a in args if a is not type(None))
+            args = typing.get_args(tp)
+        origin = typing.get_origin(tp)
+        if origin in (list, tuple):
+            if not isinstance(value, list):
+                self.fail(path, f"expected a list (write [a, b]), got {_describe(value)}")
+                return _INVALID
+            items = [self.scalar(str, v, path, meta) for v in value]
+            return _INVALID if _INVALID in items else tuple(items)
+        if origin is dict:
+            if not isinstance(value, dict):
+                self.fail(path, f"expected a mapping, got {_describe(value)}")
+                return _INVALID
+            if args[1] is Any:
+                return dict(value)
+            out = {str(k): self.scalar(str, v, (*path, str(k)), {}) for k, v in value.items()}
+            return _INVALID if _INVALID in out.values() else out
+        return self.scalar(tp, value, path, meta)
+
+    def scalar(self, tp: type, value: Any, path: KeyPath, meta: dict[str, Any]) -> Any:
+        if tp is bool:
+            if not isinstance(value, bool):
+                self.fail(path, f"expected true or false, got {_describe(value)}")
+                return _INVALID
+            return value
+        if tp is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.fail(path, f"expected an integer, got {_describe(value)}")
+                return _INVALID
+        elif tp is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                self.fail(path, f"expected a number, got {_describe(value)}")
+                return _INVALID
+            value = float(value)
+        elif tp is str:
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                self.fail(path, f"expected a string, got {_describe(value)}")
+                return _INVALID
+            value = str(value)
+            if "\x00" in value:
+                self.fail(path, "must not contain a NUL character")
+                return _INVALID
+        return self.check(value, path, meta)
+
+    def check(self, value: Any, path: KeyPath, meta: dict[str, Any]) -> Any:
+        if "choices" in meta and value not in meta["choices"]:
+            close = difflib.get_close_matches(str(value), meta["choices"], n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            self.fail(path, f"must be one of {', '.join(meta['choices'])}, got {value!r}{hint}")
+            return _INVALID
+        if "range" in meta:
+            low, high = meta["range"]
+            if not low <= value <= high:
+                self.fail(path, f"must be {low}..{high}, got {value}")
+                return _INVALID
+        if "pattern" in meta:
+            regex, expected = PATTERNS[meta["pattern"]]
+            if not regex.match(value):
+                self.fail(path, f"must be {expected}; got {value!r}")
+                return _INVALID
+        parse = meta.get("parse")
+        if parse == "duration" and parse_duration(value) is None:
+            self.fail(
+                path,
+                "must be a Slurm duration (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+                f"D-HH:MM:SS), got {value!r}",
+            )
+            return _INVALID
+        if parse == "mail_type":
+            bad = [t for t in value.split(",") if t.strip().upper() not in _MAIL_TYPES]
+            if bad:
+                self.fail(
+                    path,
+                    f"unknown mail type {bad[0]!r}; use NONE, BEGIN, END, FAIL, REQUEUE or ALL",
+                )
+                return _INVALID
+        if parse == "version" and not re.match(r"^\d+\.\d+(\.\d+)?$", value):
+            self.fail(path, f"must be a Slurm release such as 23.11, got {value!r}")
+            return _INVALID
+        return value
+
+
+_INVALID = object()
+
+
+def check_contradictions(cfg: Config, b: _Builder) -> None:
+    """Rules that involve more than one key."""
+    n, job, ft, launch = cfg.nodes, cfg.job, cfg.fault_tolerance, cfg.launch
+    if cfg.cluster.gpus_per_node is not None and n.gpus_per_node > cfg.cluster.gpus_per_node:
+        b.fail(
+            ("nodes", "gpus_per_node"),
+            f"asks for {n.gpus_per_node} GPUs per node but the "
+            f"cluster preset {cfg.cluster.name!r} has {cfg.cluster.gpus_per_node}",
+        )
+    if n.gpus_per_node and n.tasks_per_node not in (None, n.gpus_per_node):
+        b.fail(
+            ("nodes", "tasks_per_node"),
+            f"ddlaunch starts one rank per GPU; with "
+            f"gpus_per_node={n.gpus_per_node} leave tasks_per_node unset",
+        )
+    mem_keys = [k for k in ("mem", "mem_per_cpu", "mem_per_gpu") if getattr(n, k) is not None]
+    if len(mem_keys) > 1:
+        b.fail(
+            ("nodes", mem_keys[1]),
+            f"set only one of nodes.{', nodes.'.join(mem_keys)} (Slurm accepts one memory option)",
+        )
+    if n.mem_per_gpu is not None and not n.gpus_per_node:
+        b.fail(("nodes", "mem_per_gpu"), "needs nodes.gpus_per_node > 0")
+    cpus = cfg.cluster.cpus_per_node
+    if cpus and n.cpus_per_task and n.cpus_per_task * cfg.ranks_per_node > cpus:
+        b.fail(
+            ("nodes", "cpus_per_task"),
+            f"{n.cpus_per_task} CPUs x {cfg.ranks_per_node} ranks "
+            f"per node exceeds the {cpus} CPUs a node of {cfg.cluster.name!r} has",
+        )
+    for key in ("checkpoint_dir",):
+        value = getattr(cfg.storage, key)
+        if value is not None and not Path(value).is_absolute():
+            b.fail(("storage", key), f"must be an absolute path, got {value!r}")
+    if (launch.entrypoint is None) == (launch.script is None):
+        b.fail(
+            ("launch",),
+            "set exactly one of launch.entrypoint (pkg.module:function) or "
+            "launch.script (a torchrun-style script)" + (", not both" if launch.entrypoint else ""),
+        )
+    limit = parse_duration(job.time) or 0
+    if limit and ft.signal_lead >= limit:
+        b.fail(
+            ("fault_tolerance", "signal_lead"),
+            f"{ft.signal_lead} s is not shorter than the "
+            f"time limit job.time={job.time} ({limit} s)",
+        )
+    pattern, expected = PATTERNS["env_name"]
+    for name in launch.env:
+        if not pattern.match(name):
+            b.fail(("launch", "env", name), f"must be {expected}")
+    opt_pattern, opt_expected = PATTERNS["sbatch_option"]
+    for option, value in cfg.sbatch.items():
+        path = ("sbatch", str(option))
+        if not opt_pattern.match(str(option)):
+            b.fail(path, f"must be {opt_expected}")
+        elif option in _RESERVED_SBATCH:
+            b.fail(path, f"is set by ddlaunch; use {_RESERVED_SBATCH[option]} instead")
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif not isinstance(value, str | int | float):
+            b.fail(path, f"expected a string, number or true, got {_describe(value)}")
+        elif re.search(r"[\x00-\x1f\x7f'\"\\`$]", str(value)):
+            # sbatch reads #SBATCH lines itself; quotes and control characters there
+            # cannot be made inert by shell quoting.
+            b.fail(path, "must not contain quotes, backslashes, $, ` or control characters")
+
+
+def validate_tree(loaded: LoadedTree) -> Config:
+    builder = _Builder(loaded.locations)
+    cfg = builder.build(Config, loaded.tree, ())
+    field_issues = len(builder.issues)
+    check_contradictions(cfg, builder)
+    # A contradiction in a section that already has a bad field is likely a consequence of
+    # it (the bad value fell back to its default), so only the field error is shown.
+    bad_sections = {issue.path.split(".")[0] for issue in builder.issues[:field_issues]}
+    builder.issues[field_issues:] = [
+        issue
+        for issue in builder.issues[field_issues:]
+        if issue.path.split(".")[0] not in bad_sections
+    ]
+    if builder.issues:
+        raise ConfigError(builder.issues)
+    return cfg
+
+
+def load_config(config: str | Path, overrides: Sequence[str] = ()) -> Config:
+    """Load, compose and validate a config; raise ConfigError listing every problem."""
+    return validate_tree(load_tree(config, overrides))
+
+
+def to_plain(cfg: Any) -> Any:
+    """A Config as plain data (tuples become lists), for the resolved config file."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple | list):
+        return [to_plain(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_plain(v) for k, v in cfg.items()}
+    return cfg

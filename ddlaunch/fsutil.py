@@ -1,0 +1,59 @@
+"""Crash-safe file writes: temp name in the same directory, fsync, rename, fsync the directory.
+
+A reader (``status``, ``resume``, another node) therefore sees either the old file or the
+new one, never a torn write, even if the writer is SIGKILLed or the node loses power.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> Path:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, target)
+    except BaseException:
+        # Never leave a half-written temp file behind on failure.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(target.parent)
+    return target
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, mode: int = 0o644) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
+
+
+def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
+    """Read a JSON file written by atomic_write_json; ``default`` when it does not exist."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return default

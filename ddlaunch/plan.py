@@ -1,0 +1,161 @@
+"""Config + cluster facts -> LaunchPlan (pure: no I/O, no Slurm calls).
+
+The plan holds everything the template and the submitter need: the ``#SBATCH`` directives,
+the sbatch argv, the environment blocks and the srun launch line. ``render`` and ``submit``
+both start from it, so a dry run shows exactly what a submission would do.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from ddlaunch import fabric
+from ddlaunch.config.schema import Config
+
+RUN_SCRIPT = "job.sbatch"
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What was probed from the cluster at the edge (all optional: rendering works offline)."""
+
+    slurm_version: str | None = None
+    max_array_size: int | None = None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_id: str
+    run_dir: str
+    directives: tuple[tuple[str, str | None], ...]
+    sbatch_argv: tuple[str, ...]
+    fabric_env: tuple[tuple[str, str], ...]
+    user_env: tuple[tuple[str, str], ...]
+    setup: tuple[str, ...]
+    srun_argv: tuple[str, ...]
+    worker_argv: tuple[str, ...]
+    ranks_per_node: int
+    world_size: int
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def script_path(self) -> str:
+        return str(PurePosixPath(self.run_dir) / RUN_SCRIPT)
+
+
+def _version_at_least(version: str | None, wanted: tuple[int, int]) -> bool:
+    if not version:
+        return False
+    parts = version.split(".")
+    return (int(parts[0]), int(parts[1])) >= wanted
+
+
+def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[str, str | None]]:
+    """``#SBATCH`` options in a stable order; every value was validated as a Slurm token."""
+    job, nodes, ft = cfg.job, cfg.nodes, cfg.fault_tolerance
+    out: list[tuple[str, str | None]] = [("--job-name", job.name)]
+    for flag, value in (
+        ("--partition", job.partition),
+        ("--account", job.account),
+        ("--qos", job.qos),
+        ("--reservation", job.reservation),
+    ):
+        if value:
+            out.append((flag, value))
+    out.append(("--time", job.time))
+    out.append(("--nodes", str(nodes.count)))
+    out.append(("--ntasks-per-node", str(cfg.ranks_per_node)))
+    if nodes.gpus_per_node:
+        out.append(("--gpus-per-node", str(nodes.gpus_per_node)))
+    if nodes.cpus_per_task:
+        out.append(("--cpus-per-task", str(nodes.cpus_per_task)))
+    for flag, value in (
+        ("--mem", nodes.mem),
+        ("--mem-per-cpu", nodes.mem_per_cpu),
+        ("--mem-per-gpu", nodes.mem_per_gpu),
+        ("--constraint", job.constraint),
+        ("--dependency", job.dependency),
+        ("--mail-user", job.mail_user),
+        ("--mail-type", job.mail_type),
+    ):
+        if value:
+            out.append((flag, value))
+    if job.exclusive:
+        out.append(("--exclusive", None))
+    excluded = sorted(set(nodes.exclude) | set(exclude))
+    if excluded:
+        out.append(("--exclude", ",".join(excluded)))
+    if nodes.nodelist:
+        out.append(("--nodelist", ",".join(nodes.nodelist)))
+    if cfg.topology.switches:
+        wait = f"@{cfg.topology.switch_wait}" if cfg.topology.switch_wait else ""
+        out.append(("--switches", f"{cfg.topology.switches}{wait}"))
+    # Signal the step tasks (not the batch shell) ahead of the time limit; the ranks only
+    # set a flag and agree on it at the next step boundary.
+    out.append(("--signal", f"{ft.signal}@{ft.signal_lead}"))
+    out.append(("--requeue", None) if job.requeue else ("--no-requeue", None))
+    # Keep earlier attempts' output when Slurm requeues the job.
+    out.append(("--open-mode", "append"))
+    for option, value in cfg.sbatch.items():
+        if value is False or value is None:
+            continue
+        out.append((f"--{option}", None if value is True else str(value)))
+    return out
+
+
+def worker_command(cfg: Config, submitit_folder: str) -> list[str]:
+    """What every srun task runs: submitit's job runner on our pickled rank function."""
+    return [cfg.launch.python, "-u", "-m", "submitit.core._submit", submitit_folder]
+
+
+def make_plan(
+    cfg: Config,
+    *,
+    run_id: str,
+    run_dir: str,
+    workdir: str,
+    facts: ClusterFacts | None = None,
+    exclude: Sequence[str] = (),
+) -> LaunchPlan:
+    facts = facts or ClusterFacts()
+    run = PurePosixPath(run_dir)
+    logs = run / "logs"
+    sbatch_argv = (
+        "sbatch",
+        "--parsable",
+        f"--output={logs / 'batch-%j.out'}",
+        f"--chdir={cfg.launch.workdir or workdir}",
+        str(run / RUN_SCRIPT),
+    )
+    srun_argv = (
+        "srun",
+        "--unbuffered",
+        "--kill-on-bad-exit=1",
+        f"--ntasks-per-node={cfg.ranks_per_node}",
+        f"--output={logs / 'rank-%t.out'}",
+        f"--error={logs / 'rank-%t.err'}",
+        *fabric.srun_binding_args(cfg),
+    )
+    env = fabric.fabric_env(cfg)
+    extra = {"slurm_version": facts.slurm_version or cfg.cluster.slurm_version or ""}
+    return LaunchPlan(
+        run_id=run_id,
+        run_dir=str(run),
+        directives=tuple(sbatch_directives(cfg, exclude)),
+        sbatch_argv=sbatch_argv,
+        fabric_env=tuple((k, v) for k, v in env.items() if k not in cfg.launch.env),
+        user_env=tuple(cfg.launch.env.items()),
+        setup=cfg.launch.setup,
+        srun_argv=srun_argv,
+        worker_argv=tuple(worker_command(cfg, str(run / "submitit"))),
+        ranks_per_node=cfg.ranks_per_node,
+        world_size=cfg.world_size,
+        extra=extra,
+    )
+
+
+def format_argv(argv: Sequence[str]) -> str:
+    return shlex.join(argv)

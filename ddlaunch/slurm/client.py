@@ -1,0 +1,56 @@
+"""The Slurm client: the only code that runs Slurm commands, always through the runner."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ddlaunch.errors import UserError
+from ddlaunch.runner import Runner, SubprocessRunner
+from ddlaunch.slurm.parse import (
+    SQUEUE_FORMAT,
+    QueueRow,
+    parse_sbatch_parsable,
+    parse_scontrol_show_job,
+    parse_squeue,
+)
+
+
+class SlurmClient:
+    def __init__(self, runner: Runner | None = None):
+        self.runner = runner or SubprocessRunner()
+
+    def sbatch(self, argv: Sequence[str]) -> str:
+        """Run a complete sbatch argv (from the plan); return the job id."""
+        result = self.runner.run(argv, timeout=120)
+        if not result.ok:
+            detail = (result.stderr or result.stdout).strip()
+            raise UserError(f"sbatch failed (exit {result.returncode}): {detail}")
+        return parse_sbatch_parsable(result.stdout)
+
+    def cancel(self, job_ids: Iterable[str], signal: str | None = None) -> None:
+        ids = list(job_ids)
+        if not ids:
+            return
+        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *ids]
+        result = self.runner.run(argv, timeout=60)
+        if not result.ok:
+            raise UserError(f"scancel failed: {(result.stderr or result.stdout).strip()}")
+
+    def queue(self, job_ids: Iterable[str]) -> dict[str, QueueRow]:
+        """One squeue call for all the given jobs (array tasks expanded as ID_TASK)."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        argv = ["squeue", "-h", "-j", ",".join(ids), "-o", SQUEUE_FORMAT]
+        result = self.runner.run(argv, timeout=60)
+        # squeue exits 1 with "Invalid job id" when none of the ids is known any more.
+        if not result.ok and "Invalid job id" not in result.stderr:
+            raise UserError(f"squeue failed: {(result.stderr or result.stdout).strip()}")
+        return parse_squeue(result.stdout)
+
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        """``scontrol show job`` for a job that left the queue (kept for MinJobAge)."""
+        result = self.runner.run(["scontrol", "show", "job", "-o", job_id], timeout=60)
+        if not result.ok:
+            return None
+        return parse_scontrol_show_job(result.stdout)

@@ -1,0 +1,51 @@
+"""Parsers for Slurm command output (pure; tested on recorded real output)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddlaunch.errors import UserError
+
+
+def parse_sbatch_parsable(stdout: str) -> str:
+    """``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``."""
+    first = stdout.strip().splitlines()[0] if stdout.strip() else ""
+    job_id = first.split(";")[0].strip()
+    if not job_id.isdigit():
+        raise UserError(f"could not read a job id from sbatch output: {stdout.strip()!r}")
+    return job_id
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    job_id: str
+    state: str
+    reason: str
+    nodes: str
+    restarts: int | None = None
+
+
+# squeue -o fields: %i job id (array tasks as 12_3), %T long state, %r reason, %N nodes
+SQUEUE_FORMAT = "%i|%T|%r|%N"
+
+
+def parse_squeue(stdout: str) -> dict[str, QueueRow]:
+    rows: dict[str, QueueRow] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4:
+            continue
+        job_id, state, reason, nodes = parts
+        rows[job_id] = QueueRow(job_id, state, reason, nodes)
+    return rows
+
+
+def parse_scontrol_show_job(stdout: str) -> dict[str, str]:
+    """``scontrol show job -o ID``: one line of Key=Value pairs (values may hold spaces only
+    in a few keys, which are not the ones read here)."""
+    fields: dict[str, str] = {}
+    for token in stdout.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields.setdefault(key, value)
+    return fields

@@ -1,0 +1,83 @@
+"""Submit a prepared run: run directory first, intent before sbatch, job id after.
+
+If anything fails after the run directory exists, the directory stays with the config,
+the script and the intent record (state ``failed`` and the reason): nothing is lost, and
+``ddlaunch resume`` can submit it again.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlaunch.config.validate import to_plain
+from ddlaunch.gitinfo import git_state
+from ddlaunch.prepare import Prepared
+from ddlaunch.rundir import RunDir
+from ddlaunch.runner import Runner, SubprocessRunner
+from ddlaunch.slurm.client import SlurmClient
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run_id: str
+    run_dir: Path
+    job_id: str | None
+
+
+def create_run_dir(prepared: Prepared, runner: Runner, workdir: str) -> RunDir:
+    plan = prepared.plan
+    run_dir = RunDir.create(Path(plan.run_dir).parent, plan.run_id)
+    run_dir.write_config(to_plain(prepared.config))
+    run_dir.write_text("job.sbatch", prepared.script, 0o700)
+    git = git_state(runner, workdir)
+    if git is not None:
+        run_dir.write_json(
+            "git.json",
+            {"commit": git.commit, "branch": git.branch, "dirty": git.dirty, "workdir": workdir},
+        )
+        if git.diff:
+            run_dir.write_text("git.diff", git.diff)
+    return run_dir
+
+
+def submit_to_slurm(prepared: Prepared, *, workdir: str, runner: Runner | None = None) -> Submitted:
+    runner = runner or SubprocessRunner()
+    client = SlurmClient(runner)
+    plan = prepared.plan
+    run_dir = create_run_dir(prepared, runner, workdir)
+    intent = {
+        "run_id": plan.run_id,
+        "created": time.time(),
+        "submit_host": socket.gethostname(),
+        "sbatch_argv": list(plan.sbatch_argv),
+        "sources": list(prepared.sources),
+        "state": "submitting",
+    }
+
+    def before_sbatch() -> None:
+        # Written before sbatch runs: a crash or a dropped SSH session between here and
+        # the job id leaves a record that a submission was attempted.
+        run_dir.write_json("intent.json", intent)
+
+    from ddlaunch.launch.slurm import submit_with_submitit
+    from ddlaunch.worker.rank import run_rank
+
+    try:
+        job_id = submit_with_submitit(
+            plan,
+            prepared.script,
+            client,
+            run_rank,
+            (str(run_dir.path),),
+            before_sbatch,
+            python=prepared.config.launch.python,
+        )
+    except BaseException as exc:
+        run_dir.write_json("intent.json", {**intent, "state": "failed", "error": str(exc)})
+        raise
+    run_dir.write_json("intent.json", {**intent, "state": "submitted"})
+    run_dir.write_json("submission.json", {"job_ids": [job_id], "submitted": time.time()})
+    return Submitted(plan.run_id, run_dir.path, job_id)
