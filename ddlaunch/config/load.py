@@ -63,7 +63,13 @@ def parse_yaml_value(text: str) -> Any:
 
 
 def _display(path: Path) -> str:
-    """A short, stable name for messages: relative to cwd when below it."""
+    """A short, stable name for messages: ``preset:NAME`` for shipped configs, else the
+    path relative to the working directory when below it."""
+    try:
+        shipped = path.resolve().relative_to(resources.configs_dir().resolve())
+        return f"preset:{shipped.with_suffix('')}"
+    except ValueError:
+        pass
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:

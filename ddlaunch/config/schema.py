@@ -35,6 +35,10 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
         re.compile(r"^[0-9]+[KMGT]?$"),
         "a Slurm memory size such as 16G, 512M or 0",
     ),
+    "template_name": (
+        re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_./-]*$"),
+        "a template file name relative to the search path (letters, digits, _ . / -; no ..)",
+    ),
     "sbatch_option": (
         re.compile(r"^[a-z][a-z0-9-]*$"),
         "a long sbatch option name without dashes, e.g. comment or gres-flags",
@@ -224,7 +228,9 @@ class TemplatesSpec:
         [],
         "Directories searched for templates before $DDLAUNCH_TEMPLATE_PATH and the built-in ones.",
     )
-    main: str = opt("sbatch.sh.j2", "Template rendered into the batch script.")
+    main: str = opt(
+        "sbatch.sh.j2", "Template rendered into the batch script.", pattern="template_name"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

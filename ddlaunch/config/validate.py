@@ -100,8 +100,10 @@ def _describe(value: Any) -> str:
 class _Builder:
     """Walks the tree against the schema, converting values and collecting issues."""
 
-    def __init__(self, locations: dict[KeyPath, str]):
+    def __init__(self, locations: dict[KeyPath, str], fallback: str | None = None):
         self.locations = locations
+        # Keys that were never written (defaults) are reported against the main file.
+        self.fallback = fallback
         self.issues: list[ConfigIssue] = []
 
     def where(self, path: KeyPath) -> str | None:
@@ -111,8 +113,11 @@ class _Builder:
                 return self.locations[path[:end]]
         return None
 
-    def fail(self, path: KeyPath, message: str) -> None:
-        self.issues.append(ConfigIssue(".".join(path), message, self.where(path)))
+    def fail(self, path: KeyPath, message: str, *, also: KeyPath = ()) -> None:
+        """Record an issue at ``path``; ``also`` is a related key whose line to show when
+        ``path`` itself was never written."""
+        where = self.where(path) or (self.where(also) if also else None) or self.fallback
+        self.issues.append(ConfigIssue(".".join(path), message, where))
 
     def build(self, cls: type, data: Any, path: KeyPath) -> Any:
         if data is None:
@@ -278,6 +283,7 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
             ("fault_tolerance", "signal_lead"),
             f"{ft.signal_lead} s is not shorter than the "
             f"time limit job.time={job.time} ({limit} s)",
+            also=("job", "time"),
         )
     pattern, expected = PATTERNS["env_name"]
     for name in launch.env:
@@ -301,7 +307,8 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
 
 
 def validate_tree(loaded: LoadedTree) -> Config:
-    builder = _Builder(loaded.locations)
+    files = [s for s in loaded.sources if not s.startswith("--set")]
+    builder = _Builder(loaded.locations, files[-1] if files else None)
     cfg = builder.build(Config, loaded.tree, ())
     field_issues = len(builder.issues)
     check_contradictions(cfg, builder)

@@ -1,0 +1,328 @@
+"""Bad configs and their exact error messages: file, line, key path, what was expected."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlaunch.config import ConfigError, load_config
+
+# (case id, bad.yaml text, --set overrides, expected message lines after the header)
+CASES = [
+    (
+        "unknown_key_suggest",
+        "defaults: [clusters/devcluster]\njob:\n  nmae: x\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.nmae: unknown key; did you mean 'name'? (bad.yaml:3)",
+    ),
+    (
+        "unknown_section",
+        "jobs:\n  name: x\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  jobs: unknown key; did you mean 'job'? (bad.yaml:1)",
+    ),
+    (
+        "count_out_of_range",
+        "nodes:\n  gpus_per_node: 0\n  count: 0\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.count: must be 1..100000, got 0 (bad.yaml:3)",
+    ),
+    (
+        "gpus_type",
+        "nodes:\n  gpus_per_node: four\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.gpus_per_node: expected an integer, got str 'four' (bad.yaml:2)",
+    ),
+    (
+        "bool_type",
+        "job:\n  exclusive: yes please\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.exclusive: expected true or false, got str 'yes please' (bad.yaml:2)",
+    ),
+    (
+        "time_not_duration",
+        "job:\n  time: 2h\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.time: must be a Slurm duration (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), got '2h' (bad.yaml:2)",
+    ),
+    (
+        "time_sexagesimal_ok_but_lead",
+        "job:\n  time: 1:00\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  fault_tolerance.signal_lead: 120 s is not shorter than the time limit job.time=1:00 (60 s) (bad.yaml:2)",
+    ),
+    (
+        "more_gpus_than_preset",
+        "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 8\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.gpus_per_node: asks for 8 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:3)",
+    ),
+    (
+        "ckpt_not_absolute",
+        "storage:\n  checkpoint_dir: ckpts/run1\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  storage.checkpoint_dir: must be an absolute path, got 'ckpts/run1' (bad.yaml:2)",
+    ),
+    (
+        "no_launch",
+        "job:\n  name: x\n",
+        [],
+        "  launch: set exactly one of launch.entrypoint (pkg.module:function) or launch.script (a torchrun-style script) (bad.yaml)",
+    ),
+    (
+        "both_launch",
+        "launch:\n  entrypoint: m:f\n  script: train.py\n",
+        [],
+        "  launch: set exactly one of launch.entrypoint (pkg.module:function) or launch.script (a torchrun-style script), not both (bad.yaml:1)",
+    ),
+    (
+        "bad_entrypoint",
+        "launch:\n  entrypoint: my-module.train\n",
+        [],
+        "  launch.entrypoint: must be a Python callable written as package.module:function; got 'my-module.train' (bad.yaml:2)",
+    ),
+    (
+        "fabric_choice",
+        "fabric:\n  kind: infiniband\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  fabric.kind: must be one of ib, roce, efa, slingshot, ethernet, got 'infiniband' (bad.yaml:2)",
+    ),
+    (
+        "interconnect_choice",
+        "topology:\n  interconnect: nvlnk\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  topology.interconnect: must be one of nvswitch, nvlink, pcie, got 'nvlnk' (did you mean 'nvlink'?) (bad.yaml:2)",
+    ),
+    (
+        "signal_choice",
+        "fault_tolerance:\n  signal: KILL\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  fault_tolerance.signal: must be one of USR1, USR2, TERM, INT, HUP, URG, got 'KILL' (bad.yaml:2)",
+    ),
+    (
+        "lead_too_long",
+        "job:\n  time: '00:05:00'\nfault_tolerance:\n  signal_lead: 600\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  fault_tolerance.signal_lead: 600 s is not shorter than the time limit job.time=00:05:00 (300 s) (bad.yaml:4)",
+    ),
+    (
+        "mem_pattern",
+        "nodes:\n  mem: 16GB\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.mem: must be a Slurm memory size such as 16G, 512M or 0; got '16GB' (bad.yaml:2)",
+    ),
+    (
+        "two_mem",
+        "nodes:\n  mem: 16G\n  mem_per_cpu: 2G\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.mem_per_cpu: set only one of nodes.mem, nodes.mem_per_cpu (Slurm accepts one memory option) (bad.yaml:3)",
+    ),
+    (
+        "mem_per_gpu_no_gpu",
+        "nodes:\n  mem_per_gpu: 16G\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.mem_per_gpu: needs nodes.gpus_per_node > 0 (bad.yaml:2)",
+    ),
+    (
+        "tasks_with_gpus",
+        "nodes:\n  gpus_per_node: 4\n  tasks_per_node: 2\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.tasks_per_node: ddlaunch starts one rank per GPU; with gpus_per_node=4 leave tasks_per_node unset (bad.yaml:3)",
+    ),
+    (
+        "env_name",
+        "launch:\n  entrypoint: m:f\n  env:\n    1BAD: x\n",
+        [],
+        "  launch.env.1BAD: must be an environment variable name (letters, digits, _; not starting with a digit) (bad.yaml:4)",
+    ),
+    (
+        "env_not_mapping",
+        "launch:\n  entrypoint: m:f\n  env: [A=1]\n",
+        [],
+        "  launch.env: expected a mapping, got a list (bad.yaml:3)",
+    ),
+    (
+        "args_not_list",
+        "launch:\n  script: train.py\n  args: --lr 3e-4\n",
+        [],
+        "  launch.args: expected a list (write [a, b]), got str '--lr 3e-4' (bad.yaml:3)",
+    ),
+    (
+        "sbatch_reserved",
+        "launch:\n  entrypoint: m:f\nsbatch:\n  time: '10'\n",
+        [],
+        "  sbatch.time: is set by ddlaunch; use job.time instead (bad.yaml:4)",
+    ),
+    (
+        "sbatch_quote",
+        "launch:\n  entrypoint: m:f\nsbatch:\n  comment: it's\n",
+        [],
+        "  sbatch.comment: must not contain quotes, backslashes, $, ` or control characters (bad.yaml:4)",
+    ),
+    (
+        "sbatch_bad_option",
+        "launch:\n  entrypoint: m:f\nsbatch:\n  --gres: gpu:1\n",
+        [],
+        "  sbatch.--gres: must be a long sbatch option name without dashes, e.g. comment or gres-flags (bad.yaml:4)",
+    ),
+    (
+        "name_injection",
+        "job:\n  name: a;b\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.name: must be letters, digits and _ . : + @ = , / % -; got 'a;b' (bad.yaml:2)",
+    ),
+    (
+        "mail_type",
+        "job:\n  mail_type: END,SOMETIMES\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.mail_type: unknown mail type 'SOMETIMES'; use NONE, BEGIN, END, FAIL, REQUEUE or ALL (bad.yaml:2)",
+    ),
+    (
+        "yaml_syntax",
+        "job:\n  name: [x\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  (top level): invalid YAML: expected ',' or ']', but got ':' (bad.yaml:3)",
+    ),
+    (
+        "duplicate_key",
+        "job:\n  name: a\n  name: b\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.name: key appears twice in the same mapping (bad.yaml:3)",
+    ),
+    (
+        "top_not_mapping",
+        "- a\n- b\n",
+        [],
+        "  (top level): the file must hold a mapping, got list (bad.yaml)",
+    ),
+    (
+        "missing_preset",
+        "defaults: [clusters/nosuch]\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/devcluster, examples/mlp) (bad.yaml:1)",
+    ),
+    (
+        "set_bad_key",
+        "launch:\n  entrypoint: m:f\n",
+        ["nodes.cuont=2"],
+        "  nodes.cuont: unknown key; did you mean 'count'? (--set nodes.cuont=2)",
+    ),
+    (
+        "set_no_equals",
+        "launch:\n  entrypoint: m:f\n",
+        ["nodes.count"],
+        "  nodes.count: expected --set key.path=value, e.g. nodes.count=4 (--set nodes.count)",
+    ),
+    (
+        "set_bad_value",
+        "launch:\n  entrypoint: m:f\n",
+        ["nodes.count=-3"],
+        "  nodes.count: must be 1..100000, got -3 (--set nodes.count=-3)",
+    ),
+    (
+        "cpus_exceed",
+        "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 4\n  cpus_per_task: 4\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.cpus_per_task: 4 CPUs x 4 ranks per node exceeds the 8 CPUs a node of 'devcluster' has (bad.yaml:4)",
+    ),
+    (
+        "section_scalar",
+        "nodes: 4\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes: expected a mapping of keys, got int 4 (bad.yaml:1)",
+    ),
+    (
+        "many_at_once",
+        "job:\n  time: soon\nnodes:\n  count: 0\nfabric:\n  kind: tcp\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.time: must be a Slurm duration (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), got 'soon' (bad.yaml:2)\n  nodes.count: must be 1..100000, got 0 (bad.yaml:4)\n  fabric.kind: must be one of ib, roce, efa, slingshot, ethernet, got 'tcp' (bad.yaml:6)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "overrides", "expected"), CASES, ids=[c[0] for c in CASES]
+)
+def test_bad_config_message(
+    name: str,
+    text: str,
+    overrides: list[str],
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config("bad.yaml", overrides)
+    header, _, detail = str(info.value).partition("\n")
+    assert detail == expected
+    count = len(expected.splitlines())
+    assert header == f"invalid config ({count} error{'s' if count > 1 else ''}):"
+
+
+def test_at_least_25_cases() -> None:
+    assert len(CASES) >= 25
+
+
+def test_cli_reports_without_traceback(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("job:\n  time: soon\nlaunch:\n  entrypoint: m:f\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "render", "bad.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("error: invalid config (1 error):\n  job.time: must be a Slurm")
+    assert "(bad.yaml:2)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_debug_flag_shows_traceback(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("job:\n  time: soon\nlaunch:\n  entrypoint: m:f\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "--debug", "render", "bad.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+
+
+def test_missing_file_is_clean(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "render", "nope.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "error: invalid config (1 error):\n  (top level): config file not "
+        "found (give a path, or a shipped preset name; `ddlaunch presets` "
+        "lists them) (nope.yaml)\n"
+    )
+
+
+def test_yaml_durations_stay_strings(tmp_path: Path) -> None:
+    # YAML 1.1 would read 1:30:00 as the integer 5400 (base 60).
+    (tmp_path / "t.yaml").write_text("job:\n  time: 1:30:00\nlaunch:\n  entrypoint: m:f\n")
+    assert load_config(tmp_path / "t.yaml").job.time == "1:30:00"
+
+
+def test_set_overrides_are_yaml_typed() -> None:
+    cfg = load_config(
+        "examples/mlp",
+        ["nodes.count=3", "launch.env={A: '1'}", "job.exclusive=true", "params.lr=3e-4"],
+    )
+    assert cfg.nodes.count == 3 and cfg.launch.env == {"A": "1"}
+    assert cfg.job.exclusive is True and cfg.params["lr"] == 3e-4
