@@ -32,6 +32,7 @@ class LaunchPlan:
     run_dir: str
     directives: tuple[tuple[str, str | None], ...]
     sbatch_argv: tuple[str, ...]
+    ddlaunch_env: tuple[tuple[str, str], ...]
     fabric_env: tuple[tuple[str, str], ...]
     user_env: tuple[tuple[str, str], ...]
     setup: tuple[str, ...]
@@ -39,6 +40,7 @@ class LaunchPlan:
     worker_argv: tuple[str, ...]
     ranks_per_node: int
     world_size: int
+    signal: str
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -140,12 +142,16 @@ def make_plan(
         *fabric.srun_binding_args(cfg),
     )
     env = fabric.fabric_env(cfg)
+    ours = {"DDLAUNCH_CHECKPOINT_DIR": cfg.storage.checkpoint_dir or str(run / "checkpoints")}
+    if cfg.storage.scratch:
+        ours["DDLAUNCH_SCRATCH"] = cfg.storage.scratch
     extra = {"slurm_version": facts.slurm_version or cfg.cluster.slurm_version or ""}
     return LaunchPlan(
         run_id=run_id,
         run_dir=str(run),
         directives=tuple(sbatch_directives(cfg, exclude)),
         sbatch_argv=sbatch_argv,
+        ddlaunch_env=tuple(ours.items()),
         fabric_env=tuple((k, v) for k, v in env.items() if k not in cfg.launch.env),
         user_env=tuple(cfg.launch.env.items()),
         setup=cfg.launch.setup,
@@ -153,6 +159,7 @@ def make_plan(
         worker_argv=tuple(worker_command(cfg, str(run / "submitit"))),
         ranks_per_node=cfg.ranks_per_node,
         world_size=cfg.world_size,
+        signal=cfg.fault_tolerance.signal,
         extra=extra,
     )
 

@@ -9,6 +9,14 @@ from typing import Any
 import click
 
 
+def type_label(tp: Any) -> str:
+    """Readable YAML-side type names: tuple[str, ...] is a list in the config file."""
+    text = str(tp).replace("typing.", "")
+    text = text.replace("tuple[str, ...]", "list of str").replace("dict[str, Any]", "mapping")
+    text = text.replace("dict[str, str]", "mapping of str").replace(" | None", " or null")
+    return tp.__name__ if isinstance(tp, type) and not typing.get_args(tp) else text
+
+
 def reference_lines(cls: type, prefix: str = "") -> list[str]:
     lines: list[str] = []
     hints = typing.get_type_hints(cls)
@@ -22,9 +30,7 @@ def reference_lines(cls: type, prefix: str = "") -> list[str]:
         default: Any = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if isinstance(default, tuple):
             default = list(default)
-        type_name = str(hints[f.name]).replace("typing.", "")
-        type_name = getattr(hints[f.name], "__name__", type_name)
-        lines.append(f"  {key} ({type_name}, default {default!r}): {doc}")
+        lines.append(f"  {key} ({type_label(hints[f.name])}, default {default!r}): {doc}")
     return lines
 
 

@@ -1,0 +1,57 @@
+"""Entry points used by the real-Slurm launch tests (imported on the compute nodes, with
+``launch.workdir`` set to this folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _out(name: str, record: dict[str, Any]) -> None:
+    out = Path(os.environ["DDLAUNCH_RUN_DIR"]) / "out"
+    out.mkdir(exist_ok=True)
+    tmp = out / f".{name}.tmp"
+    tmp.write_text(json.dumps(record))
+    tmp.replace(out / name)
+
+
+def world_info(config: Any) -> dict[str, Any]:
+    """Join the group, all-reduce the rank ids, record who this rank is and when it ran."""
+    import torch
+    import torch.distributed as dist
+
+    from ddlaunch.worker.distributed import init_distributed
+
+    init_distributed()
+    start = time.time()
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)
+    time.sleep(float(config.params.get("hold_s", 0)))  # lets concurrent jobs overlap
+    dist.barrier()
+    record = {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "host": socket.gethostname(),
+        "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        "rank_sum": total.item(),
+        "start": start,
+        "end": time.time(),
+        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    dist.destroy_process_group()
+    _out(f"rank-{record['rank']}.json", record)
+    return record
+
+
+def fail_on_rank_1(config: Any) -> None:
+    from ddlaunch.worker.distributed import init_distributed
+
+    init_distributed()
+    if int(os.environ["RANK"]) == 1:
+        raise ValueError("boom on rank 1")
+    time.sleep(60)  # the others are killed by srun --kill-on-bad-exit

@@ -1,0 +1,135 @@
+"""Launch through submitit on the real dev cluster: world, torchrun scripts, failures, ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+pytestmark = pytest.mark.slurm
+
+
+def write_config(tmp_path: Path, name: str, launch: dict, **sections: dict) -> Path:
+    cfg = {
+        "defaults": ["clusters/devcluster"],
+        "job": {"name": name, "time": "00:05:00"},
+        "nodes": {"count": 2, "gpus_per_node": 2, "cpus_per_task": 1},
+        "launch": {"workdir": str(TESTS), "backend": "gloo", **launch},
+    }
+    for key, value in sections.items():
+        cfg.setdefault(key, {}).update(value)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def ddlaunch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "DDLAUNCH_RUN_ROOT": str(cwd / "runs")},
+    )
+
+
+def submit(config: Path, cwd: Path, cleanup: list[str], *overrides: str) -> tuple[str, Path]:
+    args = ["submit", str(config)]
+    for item in overrides:
+        args += ["--set", item]
+    proc = ddlaunch(*args, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0].split()  # "run <id>  job <jobid>"
+    run_id, job_id = first[1], first[3]
+    cleanup.append(job_id)
+    return job_id, cwd / "runs" / run_id
+
+
+def rank_records(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "out").glob("rank-*.json"))]
+
+
+def test_two_nodes_two_ranks_agree(slurm_cluster, slurm_job_cleanup, tmp_path: Path) -> None:
+    config = write_config(tmp_path, "t-world", {"entrypoint": "launch_entrypoints:world_info"})
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=120) == "COMPLETED"
+    recs = rank_records(run_dir)
+    assert sorted(r["rank"] for r in recs) == [0, 1, 2, 3]
+    assert {r["world_size"] for r in recs} == {4}
+    assert len({(r["host"], r["local_rank"]) for r in recs}) == 4
+    assert {r["host"] for r in recs} == set(
+        slurm_cluster.hostnames(slurm_cluster.job_field(job_id, "NodeList"))
+    )
+    assert all(r["rank_sum"] == 6.0 for r in recs)  # 0+1+2+3, exact
+    assert len({r["master"] for r in recs}) == 1
+    # Slurm gave the fake GPUs; every task sees the node's two.
+    assert {r["cuda_visible"] for r in recs} == {"0,1"}
+    # The run directory holds what submit promised.
+    for name in ("config.yaml", "job.sbatch", "intent.json", "submission.json"):
+        assert (run_dir / name).is_file(), name
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+    assert json.loads((run_dir / "submission.json").read_text())["job_ids"] == [job_id]
+    assert json.loads((run_dir / "intent.json").read_text())["state"] == "submitted"
+
+
+def test_unmodified_torchrun_script(slurm_cluster, slurm_job_cleanup, tmp_path: Path) -> None:
+    out = tmp_path / "script-out"
+    script = REPO / "ddlaunch" / "examples" / "torchrun_script.py"
+    config = write_config(
+        tmp_path, "t-script", {"script": str(script), "args": ["--value", "2.5", "--out", str(out)]}
+    )
+    job_id, _ = submit(config, tmp_path, slurm_job_cleanup)
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=120) == "COMPLETED"
+    recs = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+    assert len(recs) == 4
+    assert {r["rank_sum"] for r in recs} == {6.0}
+    assert {r["value_sum"] for r in recs} == {2.5 * (1 + 2 + 3 + 4)}
+
+
+def test_failing_rank_is_named_by_status_and_logs(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path,
+        "t-fail",
+        {"entrypoint": "launch_entrypoints:fail_on_rank_1"},
+        job={"requeue": False},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    assert slurm_cluster.wait_job_state(job_id, "FAILED", timeout=120) == "FAILED"
+    status = ddlaunch("status", run_dir.name, "--json", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    row = json.loads(status.stdout)[0]
+    assert row["state"] == "FAILED"
+    assert row["failure"].startswith("rank 1 on node1: ValueError: boom on rank 1 at ")
+    assert "launch_entrypoints.py:" in row["failure"]
+    logs = ddlaunch("logs", run_dir.name, cwd=tmp_path)
+    assert logs.stdout.splitlines()[0].startswith("FAILED rank 1 on node1: ValueError: boom")
+
+
+def test_two_jobs_on_the_same_nodes_do_not_collide(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, "t-port", {"entrypoint": "launch_entrypoints:world_info"})
+    pinned = ["nodes.nodelist=[node1,node2]", "params.hold_s=4"]
+    runs = [submit(config, tmp_path, slurm_job_cleanup, *pinned) for _ in range(2)]
+    for job_id, _ in runs:
+        assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=150) == "COMPLETED"
+    recs = [rank_records(run_dir) for _, run_dir in runs]
+    assert all(len(r) == 4 and {x["rank_sum"] for x in r} == {6.0} for r in recs)
+    masters = [{x["master"] for x in r} for r in recs]
+    assert len(masters[0]) == len(masters[1]) == 1 and masters[0] != masters[1]
+    # Both jobs held the same two nodes at the same time.
+    first = (min(x["start"] for x in recs[0]), max(x["end"] for x in recs[0]))
+    second = (min(x["start"] for x in recs[1]), max(x["end"] for x in recs[1]))
+    assert first[0] < second[1] and second[0] < first[1], (first, second)

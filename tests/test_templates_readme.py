@@ -1,0 +1,79 @@
+"""Site template search path, and the README's config reference staying in sync."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlaunch.cli.reference import reference_lines
+from ddlaunch.config.schema import Config
+from ddlaunch.prepare import prepare
+
+REPO = Path(__file__).resolve().parent.parent
+SITE = REPO / "templates" / "site-example"
+
+
+def test_config_search_path_overrides_one_partial() -> None:
+    script = prepare(
+        "examples/mlp",
+        [f"templates.search_path=[{SITE}]"],
+        run_id="t",
+        run_root="/runs",
+        workdir="/w",
+    ).script
+    assert "module load cuda/12.4" in script
+    assert "#SBATCH --nodes=2" in script  # the rest still comes from the built-in templates
+
+
+def test_env_search_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLAUNCH_TEMPLATE_PATH", str(SITE))
+    script = prepare("examples/mlp", run_id="t", run_root="/runs", workdir="/w").script
+    assert "module load cuda/12.4" in script
+
+
+def test_config_path_wins_over_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = tmp_path / "partials"
+    mine.mkdir()
+    (mine / "setup.sh.j2").write_text("# mine\n")
+    monkeypatch.setenv("DDLAUNCH_TEMPLATE_PATH", str(SITE))
+    script = prepare(
+        "examples/mlp",
+        [f"templates.search_path=[{tmp_path}]"],
+        run_id="t",
+        run_root="/runs",
+        workdir="/w",
+    ).script
+    assert "# mine" in script and "module load" not in script
+
+
+def test_missing_template_is_a_clean_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlaunch",
+            "render",
+            "examples/mlp",
+            "--set",
+            "templates.main=nope.j2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: template 'nope.j2' not found in ")
+    assert "Traceback" not in proc.stderr
+
+
+def test_readme_lists_every_config_key() -> None:
+    readme = (REPO / "README.md").read_text()
+    for line in reference_lines(Config):
+        assert line in readme, (
+            f"README config reference is stale: {line!r} (regenerate with "
+            "`ddlaunch config-reference`)"
+        )
