@@ -1,0 +1,216 @@
+"""Run a job's ranks on this machine, through the same rank function as on Slurm.
+
+Each rank is ``python -u -m submitit.core._submit <run_dir>/submitit``, exactly the command
+srun runs, with submitit's *local* job environment (``SUBMITIT_EXECUTOR=local`` and the
+``SUBMITIT_LOCAL_*`` variables), so submitit unpickles and calls ``run_rank`` as on Slurm.
+
+Why not ``submitit.LocalExecutor``: its controller writes each task's output to
+``<folder>/<pid>_<k>_log.out`` (we need ``logs/rank-<R>.out/.err``, as srun writes them),
+and waits for every task even after one failed, so the others stay blocked in a collective
+until the timeout (srun's ``--kill-on-bad-exit`` ends them at once). Spawning the N
+processes here gives both in a few lines, while the pickle and the in-task path stay
+submitit's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import pickle
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+from submitit.core.utils import DelayedSubmission, JobPaths
+
+import ddlaunch
+from ddlaunch import fsutil
+from ddlaunch.config import Config, load_config
+from ddlaunch.errors import UserError
+from ddlaunch.worker.distenv import PORT_OVERRIDE_VAR
+from ddlaunch.worker.rank import failure_path, run_rank
+
+POLL_S = 0.05
+# Like Slurm's KillWait: ranks treat SIGTERM as a stop request, SIGKILL follows.
+KILL_GRACE_S = 2.0
+
+
+class LocalRunError(UserError):
+    """A local run failed or timed out; ``rank`` names the culprit when one is known."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+def _free_port() -> int:
+    # The kernel picks a port nobody listens on. A deterministic hash (what Slurm jobs use)
+    # could collide with another local run or test on this machine.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _base_env(cfg: Config, run_dir: Path, job_id: str, world_size: int) -> dict[str, str]:
+    # A --local run inside an salloc must not look like a Slurm step to submitit or to
+    # distenv: drop inherited SLURM_* (and stale SUBMITIT_*) variables.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    env.update(cfg.launch.env)  # as in the batch script (fabric defaults are cluster-only)
+    # The ranks must import this very ddlaunch (a checkout need not be installed).
+    package_root = str(Path(ddlaunch.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    # N ranks on one machine: one intra-op thread each, as torchrun does.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault(PORT_OVERRIDE_VAR, str(_free_port()))
+    env.update(
+        DDLAUNCH_RUN_DIR=str(run_dir),
+        DDLAUNCH_RUN_ID=run_dir.name,
+        DDLAUNCH_WORLD_SIZE=str(world_size),
+        SUBMITIT_EXECUTOR="local",
+        SUBMITIT_PREEMPT_SIGNAL=cfg.fault_tolerance.signal,
+        SUBMITIT_LOCAL_JOB_ID=job_id,
+        SUBMITIT_LOCAL_NTASKS=str(world_size),
+        SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+        SUBMITIT_LOCAL_NODEID="0",
+    )
+    return env
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)  # the rank's session: it and any dataloader workers
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    alive = [p for p in procs if p.poll() is None]
+    for proc in alive:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_S
+    while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except FileNotFoundError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
+def _describe_failure(run_dir: Path, job_id: str, rank: int, code: int | None) -> str:
+    """One line naming the rank and its exception, from the failure record when there is one."""
+    record = fsutil.read_json(failure_path(run_dir, rank))
+    err_log = run_dir / "logs" / f"rank-{rank}.err"
+    if record and record.get("job_id") == job_id:
+        where = f" at {record['where']}" if record.get("where") else ""
+        what = f"{record['exception']}: {record['message']}{where}"
+    else:
+        # Died before or outside the entry point (import error, segfault, OOM kill...).
+        status = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit {code}"
+        what = f"{status}; last stderr line: {_last_line(err_log) or '(empty)'}"
+    return f"rank {rank} failed: {what} (log: {err_log})"
+
+
+def _first_failure(run_dir: Path, job_id: str, ranks: list[int]) -> int:
+    """The root cause among ranks seen failing in one poll: a peer of a failed rank often
+    fails right after it (its collective loses a connection), so the earliest record wins."""
+
+    def when(rank: int) -> float:
+        record = fsutil.read_json(failure_path(run_dir, rank)) or {}
+        return float(record.get("time", math.inf)) if record.get("job_id") == job_id else math.inf
+
+    return min(ranks, key=lambda r: (when(r), r))
+
+
+def _read_result(folder: Path, job_id: str, rank: int) -> Any:
+    with open(JobPaths(folder, job_id, rank).result_pickle, "rb") as handle:
+        outcome, value = pickle.load(handle)
+    if outcome != "success":
+        raise LocalRunError(f"rank {rank} reported an error:\n{value}", rank)
+    return value
+
+
+def run_local(run_dir: Path, world_size: int, timeout_s: float) -> list[dict[str, Any]]:
+    """Run ``world_size`` ranks of the run in ``run_dir`` here; per-rank results by rank."""
+    run_dir = Path(run_dir).absolute()
+    cfg = load_config(run_dir / "config.yaml")
+    # No "_" in the id: submitit reads JOB_TASK as an array job's identity.
+    job_id = f"local-{secrets.token_hex(4)}"
+    folder = run_dir / "submitit"
+    delayed = DelayedSubmission(run_rank, str(run_dir))
+    delayed.set_timeout(max(1, math.ceil(timeout_s / 60)), 0)
+    fsutil.atomic_write_bytes(
+        JobPaths(folder, job_id).submitted_pickle, cloudpickle.dumps(delayed), 0o600
+    )
+    env = _base_env(cfg, run_dir, job_id, world_size)
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)]
+    procs: list[subprocess.Popen[bytes]] = []
+    failed: int | None = None
+    try:
+        for rank in range(world_size):
+            rank_env = {
+                **env,
+                "SUBMITIT_LOCAL_GLOBALID": str(rank),
+                "SUBMITIT_LOCAL_LOCALID": str(rank),
+            }
+            # Append, like sbatch --open-mode=append: a rerun keeps earlier output.
+            with (
+                open(logs / f"rank-{rank}.out", "ab") as out,
+                open(logs / f"rank-{rank}.err", "ab") as err,
+            ):
+                procs.append(
+                    subprocess.Popen(
+                        command,
+                        env=rank_env,
+                        cwd=cfg.launch.workdir or os.getcwd(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        start_new_session=True,  # own group: stop it with its children
+                    )
+                )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                failed = _first_failure(run_dir, job_id, bad)
+                break
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                running = [r for r, c in enumerate(codes) if c is None]
+                raise LocalRunError(
+                    f"local run timed out after {timeout_s:g} s; ranks still "
+                    f"running: {running} (logs: {logs})"
+                )
+            time.sleep(POLL_S)
+    finally:
+        _stop(procs)  # kill-on-bad-exit, timeout, Ctrl-C: never leave ranks behind
+    if failed is not None:
+        message = _describe_failure(run_dir, job_id, failed, procs[failed].returncode)
+        others = [
+            r
+            for r in range(world_size)
+            if r != failed
+            and (fsutil.read_json(failure_path(run_dir, r)) or {}).get("job_id") == job_id
+        ]
+        if others:
+            message += f"; ranks {others} failed too"
+        raise LocalRunError(message, failed)
+    return [_read_result(folder, job_id, rank) for rank in range(world_size)]

@@ -1,0 +1,281 @@
+"""Who am I in the job? Environment variables -> ``DistEnv`` (pure, torch-free).
+
+Two sources are understood, checked in this order:
+
+* a local run (``ddlaunch.launch.local``): ``SUBMITIT_EXECUTOR=local`` and submitit's
+  ``SUBMITIT_LOCAL_*`` variables (the names of ``submitit.local.local.LocalJobEnvironment``),
+  master ``127.0.0.1``;
+* a Slurm step task (one srun task per rank): ``SLURM_PROCID``, ``SLURM_LOCALID``,
+  ``SLURM_NTASKS``, the node list, the tasks-per-node spec, ``SLURM_RESTART_COUNT``...
+
+Anything else is a single-process run (rank 0 of 1), which is what calling the rank
+function by hand amounts to. ``torchrun_env`` turns the result into the variables a script
+written for torchrun reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PORT_LOW = 20000
+PORT_HIGH = 60000  # exclusive
+# Attempt n of a job uses (base + n * stride) mod span: a stride coprime to the span (40000 =
+# 2^6 * 5^4) makes the first 40000 attempts of one job all use different ports.
+_PORT_STRIDE = 7919
+LOCAL_MASTER_ADDR = "127.0.0.1"
+# An explicit port wins over the derived one. Deliberately not plain MASTER_PORT: sbatch
+# exports the submitting shell's environment, so a stale MASTER_PORT would leak into jobs.
+PORT_OVERRIDE_VAR = "DDLAUNCH_MASTER_PORT"
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    job_id: str
+    restart_count: int
+
+
+def master_port_for(job_id: str, restart_count: int = 0) -> int:
+    """A rendezvous port in [20000, 60000) that every rank of an attempt derives alike.
+
+    The base is a hash of the job id, so two jobs sharing a node collide with probability
+    1/40000 per pair (birthday bound: k jobs on one node ~ k(k-1)/80000, e.g. 0.07 % for 8).
+    Each requeued attempt moves by a fixed stride, so it never reuses the previous attempt's
+    port, which may still sit in TIME_WAIT. The range overlaps Linux's default ephemeral
+    range (32768-60999): on a very busy node the port can be taken; set
+    $DDLAUNCH_MASTER_PORT to override.
+    """
+    span = PORT_HIGH - PORT_LOW
+    digest = hashlib.sha256(job_id.encode("utf-8")).digest()
+    base = int.from_bytes(digest[:8], "big") % span
+    return PORT_LOW + (base + restart_count * _PORT_STRIDE) % span
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _expand_brackets(text: str) -> list[str]:
+    """Expand every ``[...]`` group of one host pattern (cartesian product, left to right)."""
+    open_at = text.find("[")
+    if open_at < 0:
+        return [text]
+    close_at = text.find("]", open_at)
+    if close_at < 0:
+        raise ValueError(f"unbalanced '[' in host list entry {text!r}")
+    prefix, body, rest = text[:open_at], text[open_at + 1 : close_at], text[close_at + 1 :]
+    numbers: list[str] = []
+    for part in body.split(","):
+        match = _RANGE.match(part.strip())
+        if not match:
+            raise ValueError(f"bad range {part!r} in host list entry {text!r}")
+        lo_text, hi_text = match.group(1), match.group(2) or match.group(1)
+        lo, hi = int(lo_text), int(hi_text)
+        if hi < lo:
+            raise ValueError(f"descending range {part!r} in host list entry {text!r}")
+        # Slurm keeps the zero padding of the lower bound: gpu-[08-10] -> gpu-08 .. gpu-10.
+        width = len(lo_text)
+        numbers.extend(str(n).zfill(width) for n in range(lo, hi + 1))
+    tails = _expand_brackets(rest)
+    return [f"{prefix}{n}{tail}" for n in numbers for tail in tails]
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand a Slurm host list: ``node[1-3,5]``, ``gpu-[01-02]``, ``a1,b[2-3]``."""
+    entries: list[str] = []
+    depth, start = 0, 0
+    # Split on the commas that are outside brackets only.
+    for i, char in enumerate(hostlist):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            entries.append(hostlist[start:i])
+            start = i + 1
+    entries.append(hostlist[start:])
+    hosts: list[str] = []
+    for entry in entries:
+        entry = entry.strip()
+        if entry:
+            hosts.extend(_expand_brackets(entry))
+    return hosts
+
+
+_TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """Expand Slurm's tasks-per-node spec: ``2(x3)`` -> [2, 2, 2]; ``2(x2),1`` -> [2, 2, 1]."""
+    counts: list[int] = []
+    for item in spec.split(","):
+        match = _TASKS_ITEM.match(item.strip())
+        if not match:
+            raise ValueError(f"bad tasks-per-node spec {spec!r}")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def _first(environ: Mapping[str, str], *names: str) -> str | None:
+    for name in names:
+        value = environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int:
+    value = _first(environ, *names)
+    if value is None:
+        if default is None:
+            raise ValueError(f"none of {', '.join(names)} is set in the environment")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{names[0]} must be an integer, got {value!r}") from None
+
+
+def _port(environ: Mapping[str, str], job_id: str, restart_count: int) -> int:
+    if environ.get(PORT_OVERRIDE_VAR):
+        return _int(environ, PORT_OVERRIDE_VAR)
+    return master_port_for(job_id, restart_count)
+
+
+def _from_submitit_local(environ: Mapping[str, str]) -> DistEnv:
+    # One node only (submitit's LocalExecutor refuses nodes > 1): local rank == rank.
+    world = _int(environ, "SUBMITIT_LOCAL_NTASKS", default=1)
+    rank = _int(environ, "SUBMITIT_LOCAL_GLOBALID", default=0)
+    job_id = environ.get("SUBMITIT_LOCAL_JOB_ID", "local")
+    restarts = _int(environ, "DDLAUNCH_LOCAL_RESTART_COUNT", default=0)
+    return DistEnv(
+        rank=rank,
+        local_rank=_int(environ, "SUBMITIT_LOCAL_LOCALID", default=rank),
+        world_size=world,
+        local_world_size=world,
+        node_rank=_int(environ, "SUBMITIT_LOCAL_NODEID", default=0),
+        num_nodes=_int(environ, "SUBMITIT_LOCAL_JOB_NUM_NODES", default=1),
+        master_addr=LOCAL_MASTER_ADDR,
+        master_port=_port(environ, job_id, restarts),
+        job_id=job_id,
+        restart_count=restarts,
+    )
+
+
+def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
+    rank = _int(environ, "SLURM_PROCID")
+    world = _int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+    # Step values first: a step may use a subset of the job's nodes.
+    num_nodes = _int(
+        environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1
+    )
+    node_rank = _int(environ, "SLURM_NODEID", default=0)
+    nodelist = _first(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    if not nodelist:
+        raise ValueError("no SLURM_STEP_NODELIST / SLURM_JOB_NODELIST: cannot pick MASTER_ADDR")
+    # Block distribution (srun's default) puts rank 0 on the first node of the list.
+    master = expand_hostlist(nodelist)[0]
+    spec = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    if spec:
+        counts = expand_tasks_per_node(spec)
+        local_world = counts[node_rank] if node_rank < len(counts) else counts[-1]
+    else:
+        local_world = _int(environ, "SLURM_NTASKS_PER_NODE", default=max(1, world // num_nodes))
+    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    # An array task's identity is ARRAYJOB_TASK (what squeue shows and submitit uses); its own
+    # SLURM_JOB_ID is a separate number.
+    job_id = (
+        f"{array_job}_{array_task}"
+        if array_job and array_task
+        else environ.get("SLURM_JOB_ID", "unknown")
+    )
+    restarts = _int(environ, "SLURM_RESTART_COUNT", default=0)
+    return DistEnv(
+        rank=rank,
+        local_rank=_int(environ, "SLURM_LOCALID", default=0),
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master,
+        master_port=_port(environ, job_id, restarts),
+        job_id=job_id,
+        restart_count=restarts,
+    )
+
+
+def from_environ(environ: Mapping[str, str]) -> DistEnv:
+    """The distributed identity of this process, from its environment."""
+    if environ.get("SUBMITIT_EXECUTOR") == "local":
+        return _from_submitit_local(environ)
+    if "SLURM_PROCID" in environ:
+        return _from_slurm(environ)
+    job_id = environ.get("DDLAUNCH_RUN_ID", "single")
+    return DistEnv(
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr=LOCAL_MASTER_ADDR,
+        master_port=_port(environ, job_id, 0),
+        job_id=job_id,
+        restart_count=0,
+    )
+
+
+def torchrun_env(d: DistEnv) -> dict[str, str]:
+    """The variables torchrun gives each worker, so an unmodified torchrun script works."""
+    return {
+        "RANK": str(d.rank),
+        "LOCAL_RANK": str(d.local_rank),
+        "WORLD_SIZE": str(d.world_size),
+        "LOCAL_WORLD_SIZE": str(d.local_world_size),
+        "GROUP_RANK": str(d.node_rank),
+        "GROUP_WORLD_SIZE": str(d.num_nodes),
+        "NODE_RANK": str(d.node_rank),
+        "ROLE_RANK": str(d.rank),
+        "ROLE_WORLD_SIZE": str(d.world_size),
+        "MASTER_ADDR": d.master_addr,
+        "MASTER_PORT": str(d.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(d.restart_count),
+    }
+
+
+def pick_device(local_rank: int, device_count: int) -> int:
+    """The CUDA device index of a rank.
+
+    Normally one device per local rank. When Slurm already narrowed the visible devices to
+    one per task (``--gpus-per-task=1``), each task sees its GPU as device 0.
+    """
+    if device_count <= 0:
+        raise ValueError("no CUDA device is visible")
+    if local_rank < device_count:
+        return local_rank
+    if device_count == 1:
+        return 0
+    raise ValueError(
+        f"local rank {local_rank} but only {device_count} CUDA devices are visible "
+        "(CUDA_VISIBLE_DEVICES); ask for one GPU per rank"
+    )
+
+
+def choose_backend(configured: str, cuda_available: bool) -> str:
+    """launch.backend -> the torch.distributed backend: auto = nccl with CUDA, else gloo."""
+    if configured == "auto":
+        return "nccl" if cuda_available else "gloo"
+    if configured == "nccl" and not cuda_available:
+        raise ValueError(
+            "launch.backend is nccl but CUDA is not available on this node; use gloo or auto"
+        )
+    return configured

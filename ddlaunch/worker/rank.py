@@ -1,0 +1,148 @@
+"""The function every rank runs: ``run_rank(run_dir)``.
+
+On Slurm each srun task runs ``python -m submitit.core._submit <run_dir>/submitit``, which
+unpickles ``run_rank`` (by reference, so it must stay a top-level function) and calls it;
+the local runner goes through the same submitit entry. ``run_rank`` turns the job's
+environment into the torchrun contract, pins the device, installs the stop-flag handler and
+runs the configured entry point or script. A failure leaves ``failures/rank-<R>.json``
+behind for ``run_local`` / ``status`` before the exception propagates (the task exits
+nonzero and ``srun --kill-on-bad-exit`` ends its peers).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+from ddlaunch.config import Config, load_config
+from ddlaunch.worker import signals
+from ddlaunch.worker.distenv import (
+    DistEnv,
+    choose_backend,
+    from_environ,
+    pick_device,
+    torchrun_env,
+)
+from ddlaunch.worker.distributed import BACKEND_VAR
+
+FAILURES_DIR = "failures"
+
+
+def failure_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / FAILURES_DIR / f"rank-{rank}.json"
+
+
+def failure_record(exc: BaseException, d: DistEnv, host: str) -> dict[str, Any]:
+    """What ``failures/rank-<R>.json`` holds: enough to name the culprit in one line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+    return {
+        "rank": d.rank,
+        "host": host,
+        "job_id": d.job_id,
+        "attempt": d.restart_count,
+        "exception": type(exc).__name__,
+        "message": str(exc),
+        "where": last,
+        "traceback": "".join(traceback.format_exception(exc)),
+        "time": time.time(),
+    }
+
+
+def _setup_device(d: DistEnv) -> bool:
+    """Pin this rank's GPU; returns whether CUDA is available."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    # With TaskPlugin=task/none every task may see all the node's GPUs: choose explicitly
+    # instead of relying on CUDA_VISIBLE_DEVICES.
+    torch.cuda.set_device(pick_device(d.local_rank, torch.cuda.device_count()))
+    return True
+
+
+def _resolve_entrypoint(spec: str) -> Callable[[Config], Any]:
+    module_name, _, attr = spec.partition(":")
+    fn = getattr(importlib.import_module(module_name), attr, None)
+    if not callable(fn):
+        raise ValueError(f"launch.entrypoint {spec!r}: {module_name} has no callable {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _run_script(script: str, args: list[str]) -> None:
+    """Run a torchrun-style script as ``python script args...`` would, in this process."""
+    path = os.path.abspath(script)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *args]
+    # `python script.py` puts the script's directory first on sys.path; scripts import
+    # their sibling modules that way.
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        # sys.exit(0) / sys.exit() / sys.exit(None) at the end of a script is success.
+        if exc.code not in (0, None):
+            raise
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+def run_rank(run_dir: str) -> dict[str, Any]:
+    """Run this task's rank of the job whose run directory is ``run_dir``."""
+    d = from_environ(os.environ)
+    host = socket.gethostname()
+    os.environ.update(torchrun_env(d))
+    os.environ["DDLAUNCH_RUN_DIR"] = str(run_dir)
+    print(
+        f"[ddlaunch] rank {d.rank}/{d.world_size} local {d.local_rank} host {host} "
+        f"job {d.job_id} attempt {d.restart_count}",
+        flush=True,
+    )
+    try:
+        cfg = load_config(Path(run_dir) / "config.yaml")
+        # Before anything slow (torch import, entry point): from here on the pre-timeout
+        # signal only sets the flag. submitit's rank-0-only handler sits on
+        # $SUBMITIT_PREEMPT_SIGNAL (default USR2): replace it too when the names differ.
+        signals.install(
+            cfg.fault_tolerance.signal,
+            also=("TERM", os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"),
+        )
+        cuda = _setup_device(d)
+        os.environ[BACKEND_VAR] = choose_backend(cfg.launch.backend, cuda)
+        if cfg.launch.entrypoint:
+            result = _resolve_entrypoint(cfg.launch.entrypoint)(cfg)
+        elif cfg.launch.script:
+            _run_script(cfg.launch.script, list(cfg.launch.args))
+            result = None
+        else:
+            raise ValueError("the config sets neither launch.entrypoint nor launch.script")
+    except BaseException as exc:
+        # BaseException: a KeyboardInterrupt or sys.exit(3) is a failure of this rank too.
+        try:
+            fsutil.atomic_write_json(failure_path(run_dir, d.rank), failure_record(exc, d, host))
+        except OSError as write_error:
+            print(
+                f"[ddlaunch] could not write the failure record: {write_error}",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise
+    return {"rank": d.rank, "host": host, "result": _jsonable(result)}

@@ -1,0 +1,147 @@
+"""The rank runtime through the local runner: real processes, real gloo, real signals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import ddlaunch.examples
+from ddlaunch.config import Config, load_config, to_plain
+from ddlaunch.launch.local import LocalRunError, run_local
+from ddlaunch.worker import signals
+
+TORCHRUN_SCRIPT = Path(ddlaunch.examples.__file__).parent / "torchrun_script.py"
+
+
+def make_run(tmp_path: Path, **launch: object) -> Path:
+    """A run directory holding the mlp example's config with ``launch`` fields replaced."""
+    cfg: Config = load_config("examples/mlp")
+    cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, **launch))
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+    return run
+
+
+def test_signal_handler_only_sets_a_flag() -> None:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        signals.reset()
+        assert set(signals.install("USR2")) == {"SIGTERM", "SIGUSR2"}
+        assert not signals.requested()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.01)  # the handler runs between two bytecodes of the main thread
+        assert signals.requested() and signals.reason() == "SIGUSR2"
+        os.kill(os.getpid(), signal.SIGTERM)  # the process survives; the first reason stays
+        time.sleep(0.01)
+        assert signals.reason() == "SIGUSR2"
+        assert signals.agreed()  # no process group: the local flag
+        signals.reset()
+        assert not signals.requested()
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+        signals.reset()
+
+
+def test_signal_names() -> None:
+    assert signals.signal_number("usr1") == signal.SIGUSR1
+    assert signals.signal_number("SIGHUP") == signal.SIGHUP
+    with pytest.raises(ValueError, match="unknown signal"):
+        signals.signal_number("NOPE")
+
+
+def test_unmodified_torchrun_script(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = make_run(
+        tmp_path,
+        entrypoint=None,
+        script=str(TORCHRUN_SCRIPT),
+        args=("--value", "2.5", "--out", str(out)),
+    )
+    results = run_local(run, world_size=2, timeout_s=120)
+    assert [r["rank"] for r in results] == [0, 1]
+    records = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    for rank, record in enumerate(records):
+        assert record["rank"] == record["local_rank"] == rank
+        assert record["world_size"] == 2
+        assert record["rank_sum"] == 0 + 1  # every rank agrees on the all-reduce
+        assert record["value_sum"] == 2.5 * (1 + 2)
+        header = (run / "logs" / f"rank-{rank}.out").read_text()
+        assert f"[ddlaunch] rank {rank}/2 local {rank} host " in header
+
+
+FAILING_ENTRY = """
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from ddlaunch.worker import signals
+    from ddlaunch.worker.distributed import init_distributed
+
+
+    def main(config):
+        run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
+        marker = run_dir / "rank0-survived-signals"
+        if int(os.environ["RANK"]) == 1:
+            # Fail only once rank 0 has recorded its signal check (no race with the kill).
+            deadline = time.monotonic() + 60
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise ValueError("boom on rank one")
+        # Under submitit, SIGUSR2 would run submitit's rank-0 checkpoint-and-requeue handler
+        # (which raises here: nothing to checkpoint). run_rank's handler must have replaced it.
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        marker.write_text(str(signals.reason()))
+        init_distributed()  # rank 1 never joins: blocks until the runner stops this rank
+        dist.barrier()
+"""
+
+
+def test_failing_rank_is_named_and_its_peers_are_stopped(tmp_path: Path) -> None:
+    (tmp_path / "failing_entry.py").write_text(textwrap.dedent(FAILING_ENTRY))
+    run = make_run(tmp_path, entrypoint="failing_entry:main", workdir=str(tmp_path))
+    started = time.monotonic()
+    with pytest.raises(LocalRunError) as info:
+        run_local(run, world_size=2, timeout_s=120)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert info.value.rank == 1
+    assert "rank 1 failed: ValueError: boom on rank one" in message
+    assert "failing_entry.py:" in message  # the failing line
+    record = json.loads((run / "failures" / "rank-1.json").read_text())
+    assert (record["rank"], record["exception"], record["message"]) == (
+        1,
+        "ValueError",
+        "boom on rank one",
+    )
+    assert record["where"].endswith(f"failing_entry.py:{record['where'].rsplit(':', 1)[1]}")
+    assert "raise ValueError" in record["traceback"] and record["attempt"] == 0
+    # Rank 0 was blocked in the rendezvous; the runner ended it (kill-on-bad-exit), long
+    # before the timeout, and it left no failure of its own.
+    assert elapsed < 90
+    assert not (run / "failures" / "rank-0.json").exists()
+    # The pre-timeout signal and SIGTERM only set the flag on rank 0.
+    assert (run / "rank0-survived-signals").read_text() == "SIGUSR2"
+
+
+def test_timeout_stops_the_ranks(tmp_path: Path) -> None:
+    # Killed while still starting up (importing torch): cheap, and the same stop path.
+    run = make_run(tmp_path, entrypoint="time:sleep")
+    started = time.monotonic()
+    with pytest.raises(LocalRunError, match=r"timed out after 1\.5 s; ranks still running: \[0\]"):
+        run_local(run, world_size=1, timeout_s=1.5)
+    assert time.monotonic() - started < 1.5 + 10
