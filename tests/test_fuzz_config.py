@@ -17,12 +17,20 @@ from ddlaunch.prepare import prepare_config
 BASE = load_tree("examples/mlp")
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-    st.text(max_size=20), st.sampled_from(["", "0", "-1", "1:00:00", "USR2", "ib", "/abs"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.sampled_from(["", "0", "-1", "1:00:00", "USR2", "ib", "/abs"]),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-    max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 def key_paths(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -34,14 +42,22 @@ def key_paths(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[
     return out
 
 
-PATHS = key_paths(BASE.tree) + [("job", "nmae"), ("nodes", "gpus_per_node"), ("fabric", "hcas"),
-                                 ("launch", "script"), ("sbatch", "comment"), ("extra",)]
+PATHS = [
+    *key_paths(BASE.tree),
+    ("job", "nmae"),
+    ("nodes", "gpus_per_node"),
+    ("fabric", "hcas"),
+    ("launch", "script"),
+    ("sbatch", "comment"),
+    ("extra",),
+]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(PATHS), values), min_size=1, max_size=4))
-def test_mutated_config_is_clean_error_or_render(mutations: list[tuple[tuple[str, ...], Any]]
-                                                 ) -> None:
+def test_mutated_config_is_clean_error_or_render(
+    mutations: list[tuple[tuple[str, ...], Any]],
+) -> None:
     tree = copy.deepcopy(BASE.tree)
     for path, value in mutations:
         node = tree
@@ -53,8 +69,9 @@ def test_mutated_config_is_clean_error_or_render(mutations: list[tuple[tuple[str
     loaded = LoadedTree(tree=tree, locations=dict(BASE.locations), sources=list(BASE.sources))
     try:
         cfg = validate_tree(loaded)
-        script = prepare_config(cfg, loaded.sources, run_id="fuzz", run_root="/runs",
-                                workdir="/work").script
+        script = prepare_config(
+            cfg, loaded.sources, run_id="fuzz", run_root="/runs", workdir="/work"
+        ).script
     except UserError as exc:
         text = str(exc)
         assert text and "Traceback" not in text

@@ -54,7 +54,9 @@ def test_golden_render(name: str) -> None:
     golden = GOLDEN / f"{name.replace('/', '__')}.sbatch"
     if UPDATE:
         golden.write_text(script)
-    assert golden.exists(), f"no golden file {golden}; run DDLAUNCH_UPDATE_GOLDEN=1 pytest {__file__}"
+    assert golden.exists(), (
+        f"no golden file {golden}; run DDLAUNCH_UPDATE_GOLDEN=1 pytest {__file__}"
+    )
     expected = golden.read_text()
     assert script == expected, (
         f"{name} renders differently from {golden.relative_to(REPO)}. If the change is "
@@ -64,8 +66,9 @@ def test_golden_render(name: str) -> None:
 
 @pytest.mark.parametrize("name", renderable_presets())
 def test_render_passes_bash_syntax_check(name: str) -> None:
-    proc = subprocess.run(["bash", "-n"], input=render_golden(name), text=True,
-                          capture_output=True, check=False)
+    proc = subprocess.run(
+        ["bash", "-n"], input=render_golden(name), text=True, capture_output=True, check=False
+    )
     assert proc.returncode == 0, proc.stderr
 
 

@@ -19,8 +19,19 @@ from ddlaunch.config import Config, ConfigError
 from ddlaunch.errors import UserError
 from ddlaunch.prepare import prepare
 
-HOSTILE = ["a b", "a'b", 'a"b', "$(touch X)", "`touch X`", "a;touch X", "a\ntouch X",
-           "a&&touch X", "a|touch X", "${IFS}touch${IFS}X", "\\$(touch X)"]
+HOSTILE = [
+    "a b",
+    "a'b",
+    'a"b',
+    "$(touch X)",
+    "`touch X`",
+    "a;touch X",
+    "a\ntouch X",
+    "a&&touch X",
+    "a|touch X",
+    "${IFS}touch${IFS}X",
+    "\\$(touch X)",
+]
 # launch.setup is shell code by definition (verbatim lines), so it is not a data field.
 SHELL_CODE_FIELDS = {"launch.setup"}
 BASE = "examples/mlp"
@@ -63,14 +74,15 @@ def preamble(script: str) -> str:
 CASES = [(key, coll, v) for key, coll in string_fields() for v in HOSTILE]
 
 
-@pytest.mark.parametrize(("key", "is_collection", "value"), CASES,
-                         ids=[f"{k}={v!r}" for k, _, v in CASES])
-def test_hostile_string_is_inert(key: str, is_collection: bool, value: str,
-                                 tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("key", "is_collection", "value"), CASES, ids=[f"{k}={v!r}" for k, _, v in CASES]
+)
+def test_hostile_string_is_inert(key: str, is_collection: bool, value: str, tmp_path: Path) -> None:
     overrides = overrides_for(key, is_collection, value)
     try:
-        script = prepare(BASE, overrides, run_id="inj", run_root=str(tmp_path / "runs"),
-                         workdir=str(tmp_path)).script
+        script = prepare(
+            BASE, overrides, run_id="inj", run_root=str(tmp_path / "runs"), workdir=str(tmp_path)
+        ).script
     except ConfigError as exc:
         # A rejection must name the key, not fail somewhere else.
         assert key.split(".")[0] in str(exc)
@@ -79,13 +91,15 @@ def test_hostile_string_is_inert(key: str, is_collection: bool, value: str,
         # e.g. a template name that does not exist: a clean one-line error naming it.
         assert value in str(exc)
         return
-    syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True,
-                            check=False)
+    syntax = subprocess.run(
+        ["bash", "-n"], input=script, text=True, capture_output=True, check=False
+    )
     assert syntax.returncode == 0, syntax.stderr
     work = tmp_path / "work"
     work.mkdir()
-    subprocess.run(["bash", "-c", preamble(script)], cwd=work, capture_output=True,
-                   check=False, timeout=30)
+    subprocess.run(
+        ["bash", "-c", preamble(script)], cwd=work, capture_output=True, check=False, timeout=30
+    )
     assert not (work / "X").exists(), f"{key}={value!r} executed a command"
     assert list(work.iterdir()) == [], list(work.iterdir())
 

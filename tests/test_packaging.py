@@ -24,13 +24,25 @@ print("TORCH_LOADED" if "torch" in sys.modules else "TORCH_ABSENT")
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["render", "examples/mlp"], ["presets"],
-                                  ["submit", "examples/mlp", "--dry-run"],
-                                  ["config-reference"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["render", "examples/mlp"],
+        ["presets"],
+        ["submit", "examples/mlp", "--dry-run"],
+        ["config-reference"],
+    ],
+)
 def test_login_node_commands_do_not_import_torch(argv: list[str], tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", NO_TORCH_PROBE.format(argv=argv)],
-                          capture_output=True, text=True, cwd=tmp_path, check=False,
-                          env={**os.environ, "DDLAUNCH_RUN_ROOT": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_PROBE.format(argv=argv)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        env={**os.environ, "DDLAUNCH_RUN_ROOT": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("TORCH_ABSENT")
 
@@ -42,26 +54,53 @@ def test_non_editable_install_ships_templates_and_configs(tmp_path: Path) -> Non
     venv.create(env_dir, with_pip=True, system_site_packages=True)
     py = env_dir / "bin" / "python"
     install = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--no-deps",
-         str(REPO)], capture_output=True, text=True, check=False, timeout=600)
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", str(REPO)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     assert install.returncode == 0, install.stderr[-2000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["DDLAUNCH_RUN_ROOT"] = str(tmp_path / "runs")
-    where = subprocess.run([str(py), "-c", "import ddlaunch; print(ddlaunch.__file__)"],
-                           capture_output=True, text=True, cwd=elsewhere, env=env, check=True)
+    where = subprocess.run(
+        [str(py), "-c", "import ddlaunch; print(ddlaunch.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+        check=True,
+    )
     assert str(env_dir) in where.stdout, "the venv's copy must be the one imported"
-    render = subprocess.run([str(env_dir / "bin" / "ddlaunch"), "render", "examples/mlp"],
-                            capture_output=True, text=True, cwd=elsewhere, env=env, check=False)
+    render = subprocess.run(
+        [str(env_dir / "bin" / "ddlaunch"), "render", "examples/mlp"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+        check=False,
+    )
     assert render.returncode == 0, render.stderr
     assert "#SBATCH --job-name=mlp-example" in render.stdout
-    presets = subprocess.run([str(env_dir / "bin" / "ddlaunch"), "presets"],
-                             capture_output=True, text=True, cwd=elsewhere, env=env, check=True)
+    presets = subprocess.run(
+        [str(env_dir / "bin" / "ddlaunch"), "presets"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+        check=True,
+    )
     assert "clusters/devcluster" in presets.stdout
 
 
 def test_python_dash_m_entry_point(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ddlaunch", "--version"], capture_output=True,
-                          text=True, cwd=tmp_path, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 0 and "ddlaunch, version" in proc.stdout
