@@ -25,8 +25,9 @@ def median_ms(argv: list[str], repeat: int, env: dict[str, str]) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        subprocess.run(
+            argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1000
 
@@ -40,19 +41,28 @@ def cli_figures(repeat: int) -> list[dict[str, object]]:
     baseline_pass = median_ms([py, "-c", "pass"], repeat, env)
     baseline_submitit = median_ms([py, "-c", "import submitit"], repeat, env)
     rows = []
-    for name, argv in (("ddlaunch --help", [*ddl, "--help"]),
-                       ("ddlaunch render examples/mlp", [*ddl, "render", "examples/mlp"])):
+    for name, argv in (
+        ("ddlaunch --help", [*ddl, "--help"]),
+        ("ddlaunch render examples/mlp", [*ddl, "render", "examples/mlp"]),
+    ):
         ms = median_ms(argv, repeat, env)
-        rows.append({"what": name, "median_ms": round(ms, 1), "target_ms": 150,
-                     "python -c pass": round(baseline_pass, 1),
-                     "import submitit": round(baseline_submitit, 1),
-                     "ok": ms <= 150})
+        rows.append(
+            {
+                "what": name,
+                "median_ms": round(ms, 1),
+                "target_ms": 150,
+                "python -c pass": round(baseline_pass, 1),
+                "import submitit": round(baseline_submitit, 1),
+                "ok": ms <= 150,
+            }
+        )
     return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -60,12 +70,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'command':32} {'median':>9} {'target':>8} {'python -c pass':>15} "
-          f"{'import submitit':>16}")
+    print(
+        f"{'command':32} {'median':>9} {'target':>8} {'python -c pass':>15} {'import submitit':>16}"
+    )
     for r in rows:
-        print(f"{r['what']:32} {r['median_ms']:>7.1f}ms {r['target_ms']:>6}ms "
-              f"{r['python -c pass']:>13.1f}ms {r['import submitit']:>14.1f}ms"
-              f"  {'OK' if r['ok'] else 'SLOW'}")
+        print(
+            f"{r['what']:32} {r['median_ms']:>7.1f}ms {r['target_ms']:>6}ms "
+            f"{r['python -c pass']:>13.1f}ms {r['import submitit']:>14.1f}ms"
+            f"  {'OK' if r['ok'] else 'SLOW'}"
+        )
 
 
 if __name__ == "__main__":
