@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from ddlaunch import fabric
+from ddlaunch import fabric, topology
 from ddlaunch.config.schema import Config
 
 RUN_SCRIPT = "job.sbatch"
@@ -41,6 +41,7 @@ class LaunchPlan:
     ranks_per_node: int
     world_size: int
     signal: str
+    python: str
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -72,8 +73,10 @@ def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[st
     out.append(("--ntasks-per-node", str(cfg.ranks_per_node)))
     if nodes.gpus_per_node:
         out.append(("--gpus-per-node", str(nodes.gpus_per_node)))
-    if nodes.cpus_per_task:
-        out.append(("--cpus-per-task", str(nodes.cpus_per_task)))
+    # nodes.cpus_per_task, or a NUMA-aware default where the preset declares CPU binding.
+    cpus = topology.cpus_per_task(cfg)
+    if cpus:
+        out.append(("--cpus-per-task", str(cpus)))
     for flag, value in (
         ("--mem", nodes.mem),
         ("--mem-per-cpu", nodes.mem_per_cpu),
@@ -92,9 +95,8 @@ def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[st
         out.append(("--exclude", ",".join(excluded)))
     if nodes.nodelist:
         out.append(("--nodelist", ",".join(nodes.nodelist)))
-    if cfg.topology.switches:
-        wait = f"@{cfg.topology.switch_wait}" if cfg.topology.switch_wait else ""
-        out.append(("--switches", f"{cfg.topology.switches}{wait}"))
+    # Leaf-switch (--switches) and block/segment (--segment) placement, version-gated.
+    out += topology.placement_directives(cfg)
     # Signal the step tasks (not the batch shell) ahead of the time limit; the ranks only
     # set a flag and agree on it at the next step boundary.
     out.append(("--signal", f"{ft.signal}@{ft.signal_lead}"))
@@ -139,7 +141,7 @@ def make_plan(
         f"--ntasks-per-node={cfg.ranks_per_node}",
         f"--output={logs / 'rank-%t.out'}",
         f"--error={logs / 'rank-%t.err'}",
-        *fabric.srun_binding_args(cfg),
+        *topology.srun_binding_args(cfg),
     )
     env = fabric.fabric_env(cfg)
     ours = {"DDLAUNCH_CHECKPOINT_DIR": cfg.storage.checkpoint_dir or str(run / "checkpoints")}
@@ -160,6 +162,7 @@ def make_plan(
         ranks_per_node=cfg.ranks_per_node,
         world_size=cfg.world_size,
         signal=cfg.fault_tolerance.signal,
+        python=cfg.launch.python,
         extra=extra,
     )
 

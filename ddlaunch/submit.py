@@ -43,11 +43,20 @@ def create_run_dir(prepared: Prepared, runner: Runner, workdir: str) -> RunDir:
     return run_dir
 
 
-def submit_to_slurm(prepared: Prepared, *, workdir: str, runner: Runner | None = None) -> Submitted:
+def submit_to_slurm(
+    prepared: Prepared,
+    *,
+    workdir: str,
+    runner: Runner | None = None,
+    run_dir: RunDir | None = None,
+) -> Submitted:
+    """Submit ``prepared``; into a new run directory, or (resume) into ``run_dir``."""
     runner = runner or SubprocessRunner()
     client = SlurmClient(runner)
     plan = prepared.plan
-    run_dir = create_run_dir(prepared, runner, workdir)
+    if run_dir is None:
+        run_dir = create_run_dir(prepared, runner, workdir)
+    previous = run_dir.read_json("submission.json", {}) or {}
     intent = {
         "run_id": plan.run_id,
         "created": time.time(),
@@ -55,6 +64,7 @@ def submit_to_slurm(prepared: Prepared, *, workdir: str, runner: Runner | None =
         "sbatch_argv": list(plan.sbatch_argv),
         "sources": list(prepared.sources),
         "state": "submitting",
+        "previous_job_ids": previous.get("job_ids", []),
     }
 
     def before_sbatch() -> None:
@@ -78,6 +88,9 @@ def submit_to_slurm(prepared: Prepared, *, workdir: str, runner: Runner | None =
     except BaseException as exc:
         run_dir.write_json("intent.json", {**intent, "state": "failed", "error": str(exc)})
         raise
-    run_dir.write_json("intent.json", {**intent, "state": "submitted"})
-    run_dir.write_json("submission.json", {"job_ids": [job_id], "submitted": time.time()})
+    run_dir.write_json("intent.json", {**intent, "state": "submitted", "job_id": job_id})
+    run_dir.write_json(
+        "submission.json",
+        {"job_ids": [*previous.get("job_ids", []), job_id], "submitted": time.time()},
+    )
     return Submitted(plan.run_id, run_dir.path, job_id)

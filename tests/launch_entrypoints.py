@@ -55,3 +55,38 @@ def fail_on_rank_1(config: Any) -> None:
     if int(os.environ["RANK"]) == 1:
         raise ValueError("boom on rank 1")
     time.sleep(60)  # the others are killed by srun --kill-on-bad-exit
+
+
+def mlp_stall_commit(config: Any) -> dict[str, Any]:
+    """The example, but in the first attempt the save of ``params.stall_step`` stalls after
+    every rank wrote its shard and before the commit marker, so a test can kill -9 every
+    rank while that checkpoint is being written."""
+    from ddlaunch.checkpoint import manager
+    from ddlaunch.examples import mlp
+
+    stall_step = int(config.params["stall_step"])
+    first_attempt = os.environ.get("SLURM_RESTART_COUNT", "0") in ("", "0")
+    original = manager.CheckpointManager._commit
+
+    def stalling_commit(self: Any, pending: Any) -> Any:
+        if first_attempt and pending.step == stall_step:
+            pending.future.result()  # this rank's shard is on disk
+            _out(f"stalled-{os.environ['RANK']}.json", {"pid": os.getpid(), "step": stall_step})
+            time.sleep(600)
+        return original(self, pending)
+
+    manager.CheckpointManager._commit = stalling_commit  # type: ignore[method-assign]
+    return mlp.main(config)
+
+
+def mlp_raise_at(config: Any) -> dict[str, Any]:
+    """The example, but rank 1 raises at ``params.fail_at`` in every attempt."""
+    from ddlaunch.examples import mlp
+
+    fail_at = int(config.params["fail_at"])
+
+    def on_step(step: int) -> None:
+        if step == fail_at and os.environ["RANK"] == "1":
+            raise RuntimeError(f"deterministic failure at step {step}")
+
+    return mlp.main(config, on_step=on_step)

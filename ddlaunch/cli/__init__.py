@@ -17,6 +17,7 @@ from ddlaunch.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("ddlaunch.cli.render", "Print the batch script a config renders to."),
     "submit": ("ddlaunch.cli.submit", "Create a run directory and submit the job."),
+    "resume": ("ddlaunch.cli.resume", "Resubmit a run from its latest complete checkpoint."),
     "status": ("ddlaunch.cli.status", "Show my runs: state, step, checkpoint, failures."),
     "logs": ("ddlaunch.cli.logs", "Show a run's logs, the failing rank first."),
     "cancel": ("ddlaunch.cli.cancel", "Cancel a run's job; keep its run directory."),

@@ -112,12 +112,36 @@ class ClusterSpec:
         "GPUs a node of this cluster has (upper bound for nodes.gpus_per_node).",
         range=(0, 16),
     )
-    cpus_per_node: int | None = opt(None, "CPU cores a node has.", range=(1, 4096))
-    numa_domains: int | None = opt(None, "NUMA domains per node (for CPU binding).", range=(1, 64))
+    cpus_per_node: int | None = opt(
+        None,
+        "CPUs a node offers to jobs, as Slurm counts them (cores, or threads with SMT).",
+        range=(1, 4096),
+    )
+    numa_domains: int | None = opt(
+        None,
+        "NUMA domains per node; the default per-rank CPU count keeps each rank in one.",
+        range=(1, 64),
+    )
     slurm_version: str | None = opt(
         None,
         "Slurm release of the cluster, e.g. 23.11 (gates version-specific options).",
         parse="version",
+    )
+    cpu_binding: bool = opt(
+        False,
+        "Slurm binds tasks to cores here (task/affinity or task/cgroup): enables srun "
+        "--cpu-bind/--distribution and a per-rank CPU default. False for task/none.",
+    )
+    gpu_binding: bool = opt(
+        False,
+        "Slurm knows each GPU's CPU affinity here (gres.conf Cores= or AutoDetect=nvml): "
+        "enables srun --gpu-bind. False for fake or unbound GPUs.",
+    )
+    topology_plugin: str | None = opt(
+        None,
+        "Slurm TopologyPlugin: flat (topology/none or flat), tree or block; block enables "
+        "topology.segment.",
+        choices=("flat", "tree", "block"),
     )
 
 
@@ -135,6 +159,12 @@ class TopologySpec:
     switch_wait: str | None = opt(
         None, "How long to wait for the switch count (duration).", parse="duration"
     )
+    segment: int | None = opt(
+        None,
+        "Nodes per segment, each segment inside one topology/block block (--segment; "
+        "Slurm >= 24.05, cluster.topology_plugin: block).",
+        range=(1, 100000),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,16 +175,28 @@ class FabricSpec:
         choices=("ib", "roce", "efa", "slingshot", "ethernet"),
     )
     hcas: tuple[str, ...] = opt(
-        [], "Host channel adapters for NCCL_IB_HCA, e.g. [mlx5_0, mlx5_1].", pattern="slurm_token"
+        [],
+        "Host channel adapters for NCCL_IB_HCA, exact names (optionally :port), "
+        "e.g. [mlx5_0, mlx5_1].",
+        pattern="slurm_token",
     )
     interface: str | None = opt(
         None,
         "Network interface for bootstrap traffic (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).",
         pattern="slurm_token",
     )
-    gid_index: int | None = opt(None, "RoCE GID index (NCCL_IB_GID_INDEX).", range=(0, 255))
+    gid_index: int | None = opt(
+        None,
+        "RoCE GID index (NCCL_IB_GID_INDEX); unset lets NCCL >= 2.21 pick the RoCEv2 GID.",
+        range=(0, 255),
+    )
     traffic_class: int | None = opt(None, "RoCE traffic class (NCCL_IB_TC).", range=(0, 255))
     gpudirect: bool = opt(True, "Use GPUDirect RDMA where the fabric supports it.")
+    env: dict[str, str] = opt(
+        {},
+        "Site-specific fabric variables (usually from a cluster preset), exported after the "
+        "profile's defaults; launch.env still wins.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

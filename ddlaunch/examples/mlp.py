@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlaunch import fsutil
 from ddlaunch.config import Config
+from ddlaunch.train import Session
 from ddlaunch.worker.distributed import init_distributed
 
 IN, HIDDEN, OUT = 16, 64, 4
@@ -60,10 +62,12 @@ def param_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def main(config: Config) -> dict[str, Any]:
+def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Train; ``on_step(step)`` runs before each step (fault-injection hook for tests)."""
     p = config.params
     steps, lr = int(p.get("steps", 300)), float(p.get("lr", 0.05))
     batch_size, seed = int(p.get("batch_size", 64)), int(p.get("seed", 0))
+    step_sleep = float(p.get("step_sleep", 0.0))  # slow the loop down to watch it (or kill it)
     # One thread: CPU kernels then reduce in a fixed order (bit-reproducible), and N ranks
     # do not fight over the cores.
     torch.set_num_threads(1)
@@ -74,33 +78,42 @@ def main(config: Config) -> dict[str, Any]:
     net = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
     model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    # What a checkpoint holds; a restore fills it and sets start_step.
-    state: dict[str, Any] = {"model": model, "optimizer": optimizer}
-    start_step = 0
     w = teacher(seed)
     x_eval, y_eval = batch(seed, EVAL_STEP, 0, 1024, w)
 
     def eval_loss() -> float:
         with torch.no_grad():
-            return F.mse_loss(state["model"].module(x_eval), y_eval).item()
+            return F.mse_loss(net(x_eval), y_eval).item()
 
     initial_loss = eval_loss()
     started = time.monotonic()
-    for step in range(start_step, steps):
-        x, y = batch(seed, step, rank, batch_size, w)
-        loss = F.mse_loss(state["model"](x), y)
-        state["optimizer"].zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients over the ranks here
-        state["optimizer"].step()
-        # Step boundary: where a checkpoint would be saved (all ranks, same step).
+    losses: dict[int, float] = {}
+    # The session restores the latest complete checkpoint (model, optimizer, step), saves on
+    # the configured cadence and on the pre-timeout signal, and commits the final step.
+    with Session(config, model, optimizer) as session:
+        start_step = session.start_step
+        for step in session.steps(steps):
+            if on_step is not None:
+                on_step(step)
+            x, y = batch(seed, step, rank, batch_size, w)
+            loss = F.mse_loss(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients over the ranks here
+            optimizer.step()
+            if step % 10 == 0:
+                losses[step] = eval_loss()
+            if step_sleep:
+                time.sleep(step_sleep)
 
     result = {
         "initial_loss": initial_loss,
         "final_loss": eval_loss(),
         "steps": steps,
+        "start_step": start_step,
         "world_size": world,
         "param_sha256": param_sha256(net),
         "train_seconds": round(time.monotonic() - started, 3),
+        "losses": losses,
     }
     run_dir = os.environ.get("DDLAUNCH_RUN_DIR")
     if rank == 0 and run_dir:

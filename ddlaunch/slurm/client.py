@@ -11,6 +11,7 @@ from ddlaunch.slurm.parse import (
     QueueRow,
     parse_sbatch_parsable,
     parse_scontrol_show_job,
+    parse_sinfo_nodes,
     parse_squeue,
 )
 
@@ -54,3 +55,27 @@ class SlurmClient:
         if not result.ok:
             return None
         return parse_scontrol_show_job(result.stdout)
+
+    def requeue(self, job_id: str) -> None:
+        result = self.runner.run(["scontrol", "requeue", job_id], timeout=60)
+        if not result.ok:
+            raise UserError(
+                f"scontrol requeue {job_id} failed: {(result.stderr or result.stdout).strip()}"
+            )
+
+    def exclude_nodes(self, job_id: str, nodes: Iterable[str]) -> bool:
+        """Set the job's excluded nodes (applies to its next start after a requeue)."""
+        names = sorted(set(nodes))
+        if not names:
+            return True
+        argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"]
+        return self.runner.run(argv, timeout=60).ok
+
+    def node_states(self, nodes: Iterable[str] = ()) -> dict[str, str]:
+        """Node name -> long state (``idle``, ``down*``, ``drained``...), one sinfo call."""
+        names = sorted(set(nodes))
+        argv = ["sinfo", "-h", "-N", "-o", "%N|%T", *(["-n", ",".join(names)] if names else [])]
+        result = self.runner.run(argv, timeout=60)
+        if not result.ok:
+            return {}
+        return parse_sinfo_nodes(result.stdout)

@@ -49,3 +49,22 @@ def parse_scontrol_show_job(stdout: str) -> dict[str, str]:
         if sep:
             fields.setdefault(key, value)
     return fields
+
+
+# Node states in which a node is to blame for a job's end (sinfo %T, long form; a trailing
+# "*" means "not responding").
+BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "unknown")
+
+
+def parse_sinfo_nodes(stdout: str) -> dict[str, str]:
+    """``sinfo -h -N -o '%N|%T'``: node -> state (a node listed twice keeps its first)."""
+    states: dict[str, str] = {}
+    for line in stdout.splitlines():
+        name, sep, state = line.strip().partition("|")
+        if sep:
+            states.setdefault(name, state)
+    return states
+
+
+def node_is_bad(state: str) -> bool:
+    return state.endswith("*") or state.rstrip("*+~#!%$@^-").lower() in BAD_NODE_STATES

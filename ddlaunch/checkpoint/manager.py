@@ -1,0 +1,471 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): save, commit, retain, resume.
+
+The protocol, for step N (every rank calls save(); it is a collective):
+
+1. Rank 0 looks at ``step-N``: committed already -> every rank skips (a committed checkpoint
+   is never rewritten); a stale uncommitted directory -> rank 0 removes it first. Rank 0
+   broadcasts the decision so all ranks act on the same view of a shared file system.
+2. Every rank writes its own shard with ``dcp.save`` (sync) or stages a CPU copy and hands
+   it to ``dcp.async_save`` (async: the training loop continues while a thread writes).
+   FileSystemWriter(sync_files=True) fsyncs each shard and ``.metadata``.
+3. When the write has finished on every rank (at once for sync; for async at the next
+   save(), maybe_finish() or wait()), the ranks all-gather which ranks failed. Only if none
+   did does rank 0 write the commit marker (atomic rename, fsync). A failure anywhere
+   leaves the directory uncommitted, and every rank raises the same CheckpointSaveError.
+4. Only then, rank 0 deletes committed checkpoints beyond keep-last-K and partial
+   directories older than N. An older checkpoint is never deleted before the new one is
+   durable.
+
+Process groups. DCP's planning runs object collectives; for async saves they run in a
+background thread. Collectives issued from two threads on one process group may interleave
+differently on different ranks and hang, so the manager creates its own gloo groups: one for
+DCP (possibly used by the thread) and, with async saves, another for the main thread's
+agreement collectives. Gloo also gives ``async_save`` the CPU backend it requires (it asserts
+``cpu`` in the group's device types), whether training runs on gloo or nccl. Creating the
+groups is itself a collective: construct the manager on every rank of ``process_group``.
+
+A training loop::
+
+    manager = CheckpointManager(root, keep_last=3, async_save=True)
+    state = {"train": TrainState(model, optimizer)}
+    info = manager.load_latest(state)                # None on a fresh start
+    start = info.step + 1 if info else 0             # info.metadata: e.g. the data position
+    for step in range(start, total_steps):
+        train_one_step()
+        manager.maybe_finish()                       # commits a finished async save
+        if manager.should_save(step, every_steps=500, every_minutes=30):
+            manager.save(step, state, metadata={"samples_seen": ...})
+    manager.close()                                  # waits for and commits the last save
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+from ddlaunch.checkpoint import layout
+from ddlaunch.checkpoint.layout import CheckpointInfo, CheckpointState, CommitMarker
+from ddlaunch.checkpoint.policy import should_checkpoint
+from ddlaunch.checkpoint.staging import AlreadyStaged, ReusableCpuStager
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# DCP reports a failure on any rank as CheckpointException, which derives from
+# BaseException (not Exception): catch it by name, but never KeyboardInterrupt/SystemExit.
+_SAVE_ERRORS = (Exception, CheckpointException)
+
+# Decisions rank 0 broadcasts before a save (step 1 of the protocol).
+_FRESH, _SKIP = "fresh", "skip"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint operation failed; raised on every rank alike, so none is left waiting."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save did not commit; its directory stays uncommitted and older checkpoints stay."""
+
+    def __init__(self, message: str, *, step: int, failed_ranks: list[int]) -> None:
+        super().__init__(message)
+        self.step = step
+        self.failed_ranks = failed_ranks
+
+
+@dataclass
+class _Pending:
+    """An async save whose write may still be running."""
+
+    step: int
+    path: Path
+    future: Future[Any]
+    metadata: Mapping[str, Any]
+
+
+class TrainState(Stateful):
+    """A model and its optimizer(s) as one DCP ``Stateful``, so that a loop needs two lines::
+
+        state = {"train": TrainState(model, optimizer)}
+        info = manager.load_latest(state)          # ... and later manager.save(step, state)
+
+    Uses DCP's get_state_dict/set_state_dict, which handle FSDP2/DTensor parameters and
+    key optimizer state by parameter name (so it survives resharding).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+        *,
+        options: StateDictOptions | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizers = (
+            (optimizers,) if isinstance(optimizers, torch.optim.Optimizer) else tuple(optimizers)
+        )
+        self.options = options
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.optimizers:
+            return {"model": get_model_state_dict(self.model, options=self.options)}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers, options=self.options)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not self.optimizers:
+            set_model_state_dict(self.model, state_dict["model"], options=self.options)
+            return
+        set_state_dict(
+            self.model,
+            self.optimizers,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+            options=self.options,
+        )
+
+
+class CheckpointManager:
+    """Saves and resumes sharded checkpoints under ``root/step-N`` (see the module docstring).
+
+    Every public method is a collective over ``process_group`` (default: the world) and
+    must be called by all its ranks in the same order. ``keep_last <= 0`` keeps everything.
+    With ``async_save=True``, call ``maybe_finish()`` at step boundaries (it commits a
+    finished save) and ``close()`` (or ``wait()``) before exiting: a save never waited for
+    is never committed.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep_last: int,
+        async_save: bool = False,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise CheckpointError("CheckpointManager needs torch.distributed initialized")
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.async_save = async_save
+        ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+        local = process_group is not None  # only members take part in creating subgroups
+        self._dcp_pg = dist.new_group(ranks, backend="gloo", use_local_synchronization=local)
+        self._ctl_pg = (
+            dist.new_group(ranks, backend="gloo", use_local_synchronization=local)
+            if async_save
+            else self._dcp_pg
+        )
+        self.rank = dist.get_rank(self._ctl_pg)
+        self.world_size = dist.get_world_size(self._ctl_pg)
+        self._stager = ReusableCpuStager() if async_save else None
+        self._pending: _Pending | None = None
+        self._closed = False
+        self.last_committed: CheckpointInfo | None = None
+        # For should_save(): the time trigger counts from construction (the job's start).
+        self._last_save_step: int | None = None
+        self._last_save_time = time.time()
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def pending_step(self) -> int | None:
+        """Step of an async save that has not been committed yet."""
+        return self._pending.step if self._pending else None
+
+    def should_save(
+        self, step: int, *, every_steps: int | None = None, every_minutes: float | None = None
+    ) -> bool:
+        """The policy of policy.should_checkpoint, agreed across ranks (any rank -> all).
+
+        Clocks differ between ranks, so the time trigger needs the agreement; step-only
+        policies are deterministic and skip the collective.
+        """
+        due = should_checkpoint(
+            step,
+            time.time(),
+            self._last_save_step,
+            self._last_save_time,
+            every_steps,
+            every_minutes,
+        )
+        if not every_minutes:
+            return due
+        return any(self._gather_flags(due))
+
+    def save(
+        self,
+        step: int,
+        state_dict: dict[str, Any],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointInfo | None:
+        """Save ``state_dict`` (this rank's shard) as step ``step``.
+
+        Sync: returns the committed CheckpointInfo. Async: returns None once the state is
+        staged (the caller may then modify it); the commit happens later. Returns None
+        without writing when ``step`` is committed already. ``metadata`` (JSON) is stored
+        in the commit marker; rank 0's copy is the one recorded. Raises CheckpointSaveError
+        on every rank when any rank failed, including a previous async save that failed
+        (this save is then not attempted; call save() again to retry).
+        """
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        meta = dict(metadata or {})
+        json.dumps(meta)  # fail here, on the caller's rank, before any collective
+        self.wait()  # one save in flight at a time: it also frees the staging buffers
+        path = self.root / layout.step_dir_name(step)
+        if self._on_rank0(lambda: self._prepare_dir(step, path)) == _SKIP:
+            log.warning("step %d is committed already; not saving it again", step)
+            return None
+        self._last_save_step, self._last_save_time = step, time.time()
+        if not self.async_save:
+            future: Future[Any] = Future()
+            try:
+                future.set_result(
+                    dcp.save(
+                        state_dict, storage_writer=self._writer(path), process_group=self._dcp_pg
+                    )
+                )
+            except _SAVE_ERRORS as exc:  # reported to all ranks by _commit
+                future.set_exception(exc)
+            return self._commit(_Pending(step, path, future, meta))
+        self._pending = _Pending(step, path, self._start_async(state_dict, step, path), meta)
+        return None
+
+    def maybe_finish(self) -> CheckpointInfo | None:
+        """Commit a pending async save if every rank's write has finished; never blocks.
+
+        Call it at step boundaries. Returns the info of the checkpoint committed now.
+        """
+        if self._pending is None:
+            return None
+        if not all(self._gather_flags(self._pending.future.done())):
+            return None
+        return self.wait()
+
+    def wait(self) -> CheckpointInfo | None:
+        """Block until a pending async save is written, then commit it (None if none)."""
+        pending, self._pending = self._pending, None
+        return self._commit(pending) if pending is not None else None
+
+    def load_latest(self, state_dict: dict[str, Any]) -> CheckpointInfo | None:
+        """Load the newest COMPLETE checkpoint into ``state_dict`` in place (None if none).
+
+        DCP reshards: the saving and loading world sizes may differ for DTensor/sharded
+        state; plain tensors must be replicated (same full value on every rank). With
+        ``async_save``, it also prepares the staging buffers (see prepare_staging).
+        """
+        self.wait()
+        info = self._on_rank0(lambda: layout.latest_complete(self.root))
+        if info is not None:
+            dcp.load(
+                state_dict,
+                storage_reader=dcp.FileSystemReader(info.path),
+                process_group=self._dcp_pg,
+            )
+            self._last_save_step, self.last_committed = info.step, info
+        self.prepare_staging(state_dict)
+        return info
+
+    def prepare_staging(self, state_dict: dict[str, Any]) -> None:
+        """Allocate (and touch) the async staging buffers now, at start-up, where a stall
+        is free; otherwise the first async save pays for it (several times a warm save).
+        Local, not a collective; a no-op for sync managers."""
+        if self._stager is not None:
+            self._stager.stage(_without_stateful(state_dict))
+
+    def close(self) -> None:
+        """Commit any pending save and release the staging buffers and process groups."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            if self._stager is not None:
+                self._stager.close()
+            for group in {self._dcp_pg, self._ctl_pg}:
+                dist.destroy_process_group(group)
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # An exception may be unwinding on this rank only: a collective (wait) could hang.
+        # Leave a pending save uncommitted, which is always safe, and release local state.
+        if self._pending is not None:
+            log.warning("abandoning uncommitted async save of step %d", self._pending.step)
+            self._pending = None
+        if self._stager is not None:
+            self._stager.close()
+        self._closed = True
+
+    # ---------------------------------------------------------------- internals
+
+    def _writer(self, path: Path) -> dcp.FileSystemWriter:
+        # sync_files: fsync each shard and .metadata; the marker must mean "durable".
+        # overwrite=False: _prepare_dir emptied the directory; a .metadata found there now
+        # means a second writer, and failing beats mixing two checkpoints.
+        return dcp.FileSystemWriter(path, sync_files=True, overwrite=False)
+
+    def _start_async(self, state_dict: dict[str, Any], step: int, path: Path) -> Future[Any]:
+        """Stage a CPU copy (blocking), agree that every rank staged, start the write."""
+        assert self._stager is not None
+        staged: dict[str, Any] | None = None
+        error: BaseException | None = None
+        try:
+            staged = self._stager.stage(_without_stateful(state_dict))
+        except Exception as exc:
+            error = exc
+        # Agree before any rank enters DCP's collectives: a rank that failed to stage would
+        # otherwise leave the others' writer threads blocked until the collective timeout.
+        self._raise_unless_all(staged is not None, "staging", step, error)
+        assert staged is not None
+        writer = self._writer(path)
+        writer.per_thread_copy_ahead = 0  # the state is on the CPU already
+        response = dcp.async_save(
+            staged,
+            storage_writer=writer,
+            process_group=self._dcp_pg,
+            async_stager=AlreadyStaged(),
+        )
+        # With a non-async stager DCP returns a Future; AsyncSaveResponse is for staging
+        # that itself runs in the background, which we do not use.
+        return response if isinstance(response, Future) else response.upload_completion
+
+    def _commit(self, pending: _Pending) -> CheckpointInfo:
+        """Steps 3 and 4 of the protocol for a write that was started on every rank."""
+        error: BaseException | None = None
+        metadata = None
+        try:
+            metadata = pending.future.result()
+        except _SAVE_ERRORS as exc:
+            error = exc
+        self._raise_unless_all(error is None, "write", pending.step, error)
+
+        def write_marker() -> CheckpointInfo:
+            marker = CommitMarker(
+                step=pending.step,
+                time=time.time(),
+                world_size=self.world_size,
+                num_shard_files=_count_shard_files(metadata),
+                metadata=pending.metadata,
+            )
+            layout.write_commit_marker(pending.path, marker)
+            return CheckpointInfo(
+                step=pending.step,
+                path=pending.path,
+                state=CheckpointState.COMPLETE,
+                marker=marker,
+            )
+
+        try:
+            info = self._on_rank0(write_marker)
+        except CheckpointError as exc:
+            raise CheckpointSaveError(
+                f"checkpoint step {pending.step}: writing the commit marker failed: {exc}",
+                step=pending.step,
+                failed_ranks=[0],
+            ) from exc
+        self.last_committed = info
+        log.info("checkpoint step %d committed at %s", info.step, info.path)
+        if self.rank == 0:
+            self._retain(info.step)
+        return info
+
+    def _retain(self, committed_step: int) -> None:
+        """Best effort: a failed cleanup must not fail a committed save (rank 0 only)."""
+        try:
+            for path in layout.prune(self.root, self.keep_last, protect=(committed_step,)):
+                log.info("deleted old checkpoint %s (keep_last=%d)", path, self.keep_last)
+            for path in layout.remove_partial(self.root, keep_newer_than_step=committed_step):
+                log.info("deleted uncommitted checkpoint directory %s", path)
+        except OSError as exc:
+            log.warning("checkpoint retention failed under %s: %s", self.root, exc)
+
+    def _prepare_dir(self, step: int, path: Path) -> str:
+        """Rank 0: skip a committed step; clear a stale uncommitted one."""
+        if not path.exists():
+            return _FRESH
+        if layout.inspect_step_dir(path, step).complete:
+            return _SKIP
+        # Left by a crashed or failed attempt of this run: its shards may come from another
+        # world size, so start from an empty directory.
+        log.warning("removing uncommitted checkpoint directory %s before saving", path)
+        layout.delete_checkpoint(path)
+        return _FRESH
+
+    def _on_rank0(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on rank 0 and give every rank its result, or raise its error on all."""
+        box: list[Any] = [None, None]
+        if self.rank == 0:
+            try:
+                box = [fn(), None]
+            except Exception as exc:
+                box = [None, f"{type(exc).__name__}: {exc}"]
+        dist.broadcast_object_list(box, group=self._ctl_pg, group_src=0)
+        if box[1] is not None:
+            raise CheckpointError(f"rank 0 failed under {self.root}: {box[1]}")
+        return box[0]
+
+    def _gather_flags(self, flag: bool) -> list[bool]:
+        mine = torch.tensor([int(flag)], dtype=torch.int32)
+        everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(everyone, mine, group=self._ctl_pg)
+        return [bool(t.item()) for t in everyone]
+
+    def _raise_unless_all(
+        self, ok: bool, what: str, step: int, error: BaseException | None
+    ) -> None:
+        """All ranks learn whether every rank succeeded; if not, all raise the same error."""
+        if all(self._gather_flags(ok)):  # the common case: one small tensor collective
+            return
+        # Each rank says whom it blames: DCP re-raises one rank's failure on every rank as a
+        # CheckpointException that names the culprits; any other error blames this rank.
+        blame: list[int] = []
+        if not ok:
+            failures = getattr(error, "failures", None)
+            blame = sorted(failures) if isinstance(failures, dict) and failures else [self.rank]
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, blame, group=self._ctl_pg)
+        failed = sorted({rank for ranks in everyone for rank in ranks})
+        local = f"; here: {type(error).__name__}: {error}" if error is not None else ""
+        raise CheckpointSaveError(
+            f"checkpoint step {step}: {what} failed on rank(s) {failed}; left uncommitted{local}",
+            step=step,
+            failed_ranks=failed,
+        ) from error
+
+
+def _without_stateful(state_dict: dict[str, Any]) -> dict[str, Any]:
+    # DCP turns top-level Stateful objects into their state dicts before staging; so do we.
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+
+
+def _count_shard_files(metadata: Any) -> int:
+    """Distinct data files DCP's metadata refers to (0 if it does not say)."""
+    storage = getattr(metadata, "storage_data", None) or {}
+    return len({getattr(info, "relative_path", None) for info in storage.values()})

@@ -1,0 +1,166 @@
+"""Hooks the batch script runs around srun: ``python -m ddlaunch.jobhooks start|end``.
+
+``start`` opens an attempt record (nodes, the step it resumes from) and, if the previous
+attempt never closed (Slurm requeued the job after a node failure, or the batch host died),
+closes that one and blames the nodes Slurm now reports as bad. ``end`` closes the attempt
+after srun returned and applies the requeue policy (``attempts.decide``): requeue the job
+(excluding blamed nodes) or record the final outcome. Torch-free: it runs on the batch host
+in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from ddlaunch import attempts, fsutil
+from ddlaunch.runs import checkpoint_root
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.parse import node_is_bad
+
+EXCLUDED_FILE = "excluded_nodes.json"
+
+
+def committed_step(run_dir: Path) -> int | None:
+    from ddlaunch.checkpoint.layout import latest_complete
+
+    root = checkpoint_root(run_dir)
+    info = latest_complete(root) if root.is_dir() else None
+    return info.step if info else None
+
+
+def expand(nodelist: str) -> list[str]:
+    from ddlaunch.worker.distenv import expand_hostlist
+
+    return expand_hostlist(nodelist) if nodelist else []
+
+
+def excluded(run_dir: Path) -> list[str]:
+    return list(fsutil.read_json(run_dir / EXCLUDED_FILE, []) or [])
+
+
+def add_excluded(run_dir: Path, nodes: list[str], reason: str) -> list[str]:
+    current = excluded(run_dir)
+    merged = sorted(set(current) | set(nodes))
+    if merged != current:
+        fsutil.atomic_write_json(run_dir / EXCLUDED_FILE, merged, 0o600)
+        log = fsutil.read_json(run_dir / "blame.json", []) or []
+        log.append({"time": time.time(), "nodes": sorted(nodes), "reason": reason})
+        fsutil.atomic_write_json(run_dir / "blame.json", log, 0o600)
+    return merged
+
+
+def start(run_dir: Path, client: SlurmClient) -> None:
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    records = attempts.load(run_dir)
+    step = committed_step(run_dir)
+    if records and "end" not in records[-1]:
+        # The previous attempt was cut off without reaching ``end``: Slurm requeued it.
+        prev_nodes = expand(records[-1].get("nodes", ""))
+        states = client.node_states(prev_nodes) if prev_nodes else {}
+        blamed = sorted(n for n, s in states.items() if node_is_bad(s))
+        records[-1].update(
+            {
+                "end": time.time(),
+                "cause": attempts.CAUSE_REQUEUED_BY_SLURM,
+                "committed_step": step,
+                "blamed": blamed,
+                "node_states": states,
+            }
+        )
+        if blamed:
+            add_excluded(
+                run_dir, blamed, "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
+            )
+    records.append(
+        {
+            "attempt": len(records),
+            "job_id": job_id,
+            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+            "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
+            "batch_host": os.uname().nodename,
+            "start": time.time(),
+            "resumed_from": step,
+        }
+    )
+    attempts.save(run_dir, records)
+    print(
+        f"[ddlaunch] attempt {len(records) - 1} on {records[-1]['nodes']}, resuming from "
+        f"{'step ' + str(step) if step is not None else 'scratch'}",
+        flush=True,
+    )
+
+
+def end(run_dir: Path, exit_code: int, client: SlurmClient, max_requeues: int) -> int:
+    """Close the attempt; requeue or record the outcome. Returns the script's exit code."""
+    records = attempts.load(run_dir)
+    if not records:
+        return exit_code
+    current = records[-1]
+    if "end" in current:
+        # Closed by rank 0 already: it saved on the signal and requeued the job itself.
+        return 0
+    step = committed_step(run_dir)
+    blamed: list[str] = []
+    if (run_dir / "cancel.json").exists():
+        cause = attempts.CAUSE_CANCELLED
+    elif exit_code == 0:
+        cause = attempts.CAUSE_COMPLETED
+    else:
+        cause = attempts.CAUSE_CRASH
+        # srun may return before Slurm requeues the job for a dead node: blame the nodes
+        # of this attempt that Slurm reports as bad, and keep them out of the next one.
+        nodes = expand(current.get("nodes", ""))
+        states = client.node_states(nodes) if nodes else {}
+        blamed = sorted(n for n, s in states.items() if node_is_bad(s))
+        if blamed:
+            cause = attempts.CAUSE_NODE_FAILURE
+            add_excluded(
+                run_dir, blamed, "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
+            )
+    decision = attempts.decide(
+        cause=cause,
+        committed_now=step,
+        resumed_from=current.get("resumed_from"),
+        requeues_so_far=len(records) - 1,
+        max_requeues=max_requeues,
+    )
+    attempts.end_last(
+        run_dir, cause=cause, committed_step=step, exit_code=exit_code, decision=decision.reason
+    )
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if decision.requeue and job_id:
+        client.exclude_nodes(job_id, excluded(run_dir))
+        print(f"[ddlaunch] {decision.reason}", flush=True)
+        client.requeue(job_id)
+        return 0
+    state = {attempts.CAUSE_COMPLETED: "COMPLETED", attempts.CAUSE_CANCELLED: "CANCELLED"}.get(
+        cause, "FAILED"
+    )
+    attempts.write_outcome(run_dir, state, decision.reason)
+    print(f"[ddlaunch] {state}: {decision.reason}", flush=True)
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddlaunch.jobhooks")
+    parser.add_argument("hook", choices=["start", "end"])
+    parser.add_argument("--exit-code", type=int, default=0)
+    args = parser.parse_args(argv)
+    run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
+    import yaml
+
+    tree = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    max_requeues = int((tree.get("fault_tolerance") or {}).get("max_requeues", 3))
+    client = SlurmClient()
+    if args.hook == "start":
+        start(run_dir, client)
+        return 0
+    return end(run_dir, args.exit_code, client, max_requeues)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

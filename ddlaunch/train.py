@@ -1,0 +1,163 @@
+"""The in-job API for training loops: restore, checkpoint, stop on the signal, requeue.
+
+    from ddlaunch.train import Session
+
+    def main(config):
+        model, optimizer = build()
+        with Session(config, model, optimizer) as session:   # restores the latest checkpoint
+            for step in session.steps(total_steps):           # starts at the restored step
+                train_one_step(step)                          # data chosen by `step`
+        # leaving the block commits the final checkpoint
+
+At every step boundary the session (a) commits a finished background save, (b) agrees
+across ranks whether the pre-timeout signal arrived (a collective, so every rank takes the
+same branch), (c) saves on the configured cadence. On the signal, *all* ranks save step N
+synchronously, rank 0 commits, records the attempt and requeues the job; every rank then
+leaves with ``Preempted`` (a clean exit). The next attempt resumes at step N.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddlaunch import attempts, fsutil
+from ddlaunch.checkpoint.manager import CheckpointManager, TrainState
+from ddlaunch.config.schema import Config
+from ddlaunch.worker import signals
+from ddlaunch.worker.distributed import init_distributed
+
+PROGRESS_EVERY_S = 5.0
+
+
+class Preempted(SystemExit):
+    """Raised on every rank after the signal-triggered save; exits the rank with code 0."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(0)
+        self.step = step
+
+
+class Session:
+    def __init__(
+        self,
+        config: Config,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        extra_state: dict[str, Any] | None = None,
+    ) -> None:
+        init_distributed()
+        self.config = config
+        self.rank = dist.get_rank()
+        self.run_dir = Path(os.environ.get("DDLAUNCH_RUN_DIR", "."))
+        root = os.environ.get("DDLAUNCH_CHECKPOINT_DIR") or str(self.run_dir / "checkpoints")
+        ft = config.fault_tolerance
+        self.manager = CheckpointManager(root, keep_last=ft.keep_last, async_save=ft.async_save)
+        self.state: dict[str, Any] = {
+            "train": TrainState(model, optimizer or ()),
+            **(extra_state or {}),
+        }
+        info = self.manager.load_latest(self.state)
+        self.start_step = info.step if info else 0
+        self.resumed = info is not None
+        self._last_progress = 0.0
+        self._final_step: int | None = None
+        if self.rank == 0:
+            where = f"step {self.start_step}" if info else "scratch"
+            print(f"[ddlaunch] starting from {where}", flush=True)
+
+    # ------------------------------------------------------------------ loop
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield the global steps still to run; checkpoint and stop at step boundaries."""
+        step = self.start_step
+        while step < total:
+            yield step
+            step += 1
+            self._boundary(step, total)
+        self._final_step = total  # leaving the ``with`` block saves it
+
+    def _boundary(self, step: int, total: int) -> None:
+        ft = self.config.fault_tolerance
+        self.manager.maybe_finish()
+        self._report(step)
+        if signals.agreed():
+            self._save_and_requeue(step)
+        if step < total and self.manager.should_save(
+            step, every_steps=ft.checkpoint_every_steps, every_minutes=ft.checkpoint_every_minutes
+        ):
+            self.manager.save(step, self.state, {"step": step})
+
+    def _report(self, step: int, force: bool = False) -> None:
+        # Rank 0 only, a few times a minute: cheap enough never to slow a step.
+        now = time.time()
+        if self.rank != 0 or (not force and now - self._last_progress < PROGRESS_EVERY_S):
+            return
+        self._last_progress = now
+        fsutil.atomic_write_json(
+            self.run_dir / "progress.json",
+            {
+                "step": step,
+                "time": now,
+                "host": socket.gethostname(),
+                "job_id": os.environ.get("SLURM_JOB_ID"),
+            },
+        )
+
+    def _save_and_requeue(self, step: int) -> None:
+        self.manager.wait()
+        info = self.manager.save(step, self.state, {"step": step, "reason": "signal"})
+        if info is None:  # async mode: save() only staged it
+            self.manager.wait()
+        dist.barrier()
+        if self.rank == 0:
+            self._report(step, force=True)
+            reason = signals.reason() or "signal"
+            attempts.end_last(
+                self.run_dir, cause=attempts.CAUSE_SIGNAL, committed_step=step, signal=reason
+            )
+            job_id = os.environ.get("SLURM_JOB_ID")
+            if job_id:
+                from ddlaunch.slurm.client import SlurmClient
+
+                records = attempts.load(self.run_dir)
+                decision = attempts.decide(
+                    cause=attempts.CAUSE_SIGNAL,
+                    committed_now=step,
+                    resumed_from=records[-1].get("resumed_from") if records else None,
+                    requeues_so_far=max(len(records) - 1, 0),
+                    max_requeues=self.config.fault_tolerance.max_requeues,
+                )
+                if decision.requeue:
+                    print(f"[ddlaunch] saved step {step} on {reason}; requeueing", flush=True)
+                    SlurmClient().requeue(job_id)
+                else:
+                    attempts.write_outcome(self.run_dir, "STOPPED", decision.reason)
+        raise Preempted(step)
+
+    # ------------------------------------------------------------------ end
+
+    def close(self, final_step: int | None = None) -> None:
+        """Commit what is pending and save ``final_step`` if it is not committed yet."""
+        self.manager.wait()
+        last = self.manager.last_committed
+        if final_step is not None and (last is None or last.step != final_step):
+            self.manager.save(final_step, self.state, {"step": final_step, "final": True})
+            self.manager.wait()
+        self.manager.close()
+        self._report(final_step if final_step is not None else self.start_step, force=True)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            self.close(self._final_step)

@@ -1,0 +1,139 @@
+"""CheckpointManager on real torch.distributed (gloo, CPU, local processes).
+
+Two worlds run once per module (spawning torch ranks is the slow part): four ranks save a
+round trip and the source of the reshard test, then two ranks load it back resharded and run
+the remaining scenarios (tests/ckpt_workers.py). Each rank records what it saw; the tests
+below assert on those records, per rank.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch.distributed.checkpoint")
+
+from ckpt_dist import run_world
+from ckpt_workers import RESHARD_STEP, phase_world2, phase_world4
+
+COMPLETE, PARTIAL = "complete", "partial"
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("ckpt-dist")
+    run_world(phase_world4, 4, str(out), timeout=120)
+    run_world(phase_world2, 2, str(out), timeout=120)
+
+    def ranks(phase: str, world: int) -> list[dict[str, Any]]:
+        return [
+            json.loads(Path(out, f"obs-{phase}-rank{r}.json").read_text()) for r in range(world)
+        ]
+
+    return {"w4": ranks("w4", 4), "w2": ranks("w2", 2)}
+
+
+@pytest.mark.parametrize("phase", ["w4", "w2"])
+def test_save_then_load_is_bit_identical(observed: dict[str, Any], phase: str) -> None:
+    world = int(phase[1:])
+    for rank, obs in enumerate(observed[phase]):
+        identical = {k: v for k, v in obs.items() if k.startswith(f"{phase}.identical.")}
+        assert set(identical) == {
+            f"{phase}.identical.{name}"
+            for name in ("rep_f32", "rep_bf16", "rep_i64", "extra", "dt_local", "model_optim")
+        }
+        assert all(identical.values()), (rank, identical)
+        assert obs[f"{phase}.save_returned_step"] == 5
+        assert obs[f"{phase}.loaded_step"] == 5
+        assert obs[f"{phase}.loaded_metadata"] == {"data_pos": 123, "tag": phase}
+        assert obs[f"{phase}.marker_world_size"] == world
+
+
+@pytest.mark.parametrize("phase", ["w4", "w2"])
+def test_marker_counts_the_shard_files_on_disk(observed: dict[str, Any], phase: str) -> None:
+    rank0 = observed[phase][0]
+    assert rank0[f"{phase}.num_shard_files"] == rank0[f"{phase}.distcp_files"] >= 1
+
+
+def test_dtensor_saved_by_4_ranks_loads_resharded_on_2(observed: dict[str, Any]) -> None:
+    # 10 rows: 3+3+3+1 on four ranks when saved, 5+5 on two ranks when loaded.
+    assert [obs["reshard.saved_local_rows"] for obs in observed["w4"]] == [3, 3, 3, 1]
+    for obs in observed["w2"]:
+        assert obs["reshard.loaded_step"] == RESHARD_STEP
+        assert obs["reshard.saved_world"] == 4
+        assert obs["reshard.local_rows"] == 5
+        assert obs["reshard.dt_full_identical"] is True
+        assert obs["reshard.rep_identical"] is True
+
+
+def test_keep_last_2_after_4_saves_keeps_the_2_newest(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["retain.after_4"] == [[3, COMPLETE], [4, COMPLETE]]
+
+
+def test_save_failing_on_one_rank_stays_uncommitted_and_deletes_nothing(
+    observed: dict[str, Any],
+) -> None:
+    for obs in observed["w2"]:
+        # Both ranks raise, and both name rank 1 (where the write failed) as the culprit.
+        assert obs["retain.failed_save_raised"] == [1]
+        assert obs["retain.step5_has_marker"] is False
+        assert obs["retain.after_failure"] == [[3, COMPLETE], [4, COMPLETE], [5, PARTIAL]]
+        assert obs["retain.latest_complete"] == 4
+        assert obs["retain.loaded_step"] == 4
+        assert obs["retain.loaded_value"] == 4.0
+
+
+def test_stale_partial_dir_is_cleared_and_rewritten(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["retain.resaved_step"] == 5
+        assert obs["retain.final"] == [[4, COMPLETE], [5, COMPLETE]]
+
+
+def test_dcp_metadata_without_marker_is_never_loaded(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["uncommitted.step11_has_metadata"] is True
+        assert obs["uncommitted.latest_complete"] == 10
+        assert obs["uncommitted.loaded_step"] == 10
+        assert obs["uncommitted.loaded_value"] == 10.0
+
+
+def test_committed_step_is_never_rewritten(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["uncommitted.resave_committed"] is True
+        assert obs["uncommitted.marker_unchanged"] is True
+
+
+def test_should_save_agrees_across_ranks(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["uncommitted.time_trigger_agreed"] is True  # only rank 1 was due
+        assert obs["uncommitted.step_trigger"] == [False, True, False]
+
+
+def test_async_save_commits_only_when_waited_for(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["async.save_returned"] is True
+        assert obs["async.pending_step"] == 1
+        assert obs["async.marker_before_wait"] is False
+        assert obs["async.wait_committed"] == 1
+        assert obs["async.marker_after_wait"] is True
+        assert obs["async.maybe_finish_committed"] == 2
+
+
+def test_async_save_is_immune_to_mutation_after_it_returns(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["async.step1_unique_values"] == [1.0]  # not 999.0
+        assert obs["async.step1_n"] == 1
+        assert obs["async.loaded_step"] == 2
+        assert obs["async.loaded_unique_values"] == [2.0]  # not -7.0
+        assert obs["async.loaded_n"] == 2
+        assert obs["async.train_identical"] is True  # model + Adam state, before the update
+
+
+def test_async_failure_raises_on_every_rank_and_keeps_older(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["async.failed_raised"] == [1]
+        assert obs["async.after_failure"] == [[1, COMPLETE], [2, COMPLETE], [3, PARTIAL]]
