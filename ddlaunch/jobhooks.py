@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -94,7 +95,55 @@ def start(run_dir: Path, client: SlurmClient) -> None:
     )
 
 
-def end(run_dir: Path, exit_code: int, client: SlurmClient, max_requeues: int) -> int:
+def silent_ranks(run_dir: Path, job_id: str, restart: int, world_size: int) -> list[int]:
+    """Ranks of this attempt that died without writing a failure record (killed, not
+    raised): their node is a suspect."""
+    from ddlaunch.runs import read_failures
+
+    recorded = {
+        f.rank
+        for f in read_failures(run_dir)
+        if str(f.job_id) == job_id and (f.attempt or 0) == restart
+    }
+    return [r for r in range(world_size) if r not in recorded]
+
+
+def slurmd_reachable(address: str, port: int, timeout: float = 3.0) -> bool:
+    """A TCP connect to the node's slurmd: refused or timed out means the node is gone,
+    seconds before slurmctld declares it down (SlurmdTimeout)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def blame_nodes(
+    run_dir: Path, current: dict, client: SlurmClient, ranks_per_node: int
+) -> tuple[list[str], str]:
+    """Nodes to blame for a failed srun: reported bad by Slurm, or hosting ranks that died
+    silently and whose slurmd no longer answers. Returns (nodes, explanation)."""
+    nodes = expand(current.get("nodes", ""))
+    if not nodes:
+        return [], ""
+    states = client.node_states(nodes)
+    bad = {n: f"{n} {s}" for n, s in states.items() if node_is_bad(s)}
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    silent = silent_ranks(run_dir, job_id, restart, len(nodes) * ranks_per_node)
+    suspects = sorted({nodes[r // ranks_per_node] for r in silent} - set(bad))
+    if suspects:
+        port = client.slurmd_port()
+        for node in suspects:
+            address = client.node_address(node) or node
+            if port and not slurmd_reachable(address, port):
+                bad[node] = f"{node} slurmd unreachable at {address}:{port}"
+    return sorted(bad), ", ".join(bad[n] for n in sorted(bad))
+
+
+def end(
+    run_dir: Path, exit_code: int, client: SlurmClient, max_requeues: int, ranks_per_node: int = 1
+) -> int:
     """Close the attempt; requeue or record the outcome. Returns the script's exit code."""
     records = attempts.load(run_dir)
     if not records:
@@ -155,11 +204,13 @@ def main(argv: list[str] | None = None) -> int:
 
     tree = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     max_requeues = int((tree.get("fault_tolerance") or {}).get("max_requeues", 3))
+    nodes_cfg = tree.get("nodes") or {}
+    ranks_per_node = int(nodes_cfg.get("gpus_per_node") or nodes_cfg.get("tasks_per_node") or 1)
     client = SlurmClient()
     if args.hook == "start":
         start(run_dir, client)
         return 0
-    return end(run_dir, args.exit_code, client, max_requeues)
+    return end(run_dir, args.exit_code, client, max_requeues, ranks_per_node)
 
 
 if __name__ == "__main__":

@@ -269,7 +269,9 @@ def _async(rank: int, world: int, root: Path, rec: _Recorder) -> None:
     model = nn.Linear(8, 4)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     _train_step(model, opt, seed=1)
-    state: dict[str, Any] = {"w": big, "n": 0, "train": TrainState(model, opt)}
+    mesh = init_device_mesh("cpu", (world,))
+    dt = distribute_tensor(expected_full("dt"), mesh, [Shard(0)])
+    state: dict[str, Any] = {"w": big, "n": 0, "train": TrainState(model, opt), "dt": dt}
     with CheckpointManager(root, keep_last=2, async_save=True) as manager:
         big.fill_(1.0)
         state["n"] = 1
@@ -292,6 +294,7 @@ def _async(rank: int, world: int, root: Path, rec: _Recorder) -> None:
         manager.save(2, state)
         big.fill_(-7.0)
         state["n"] = -7
+        dt.to_local().fill_(-7.0)
         _train_step(model, opt, seed=3)  # the optimizer updates parameters in place
         committed = None
         deadline = time.monotonic() + 30
@@ -317,9 +320,17 @@ def _async(rank: int, world: int, root: Path, rec: _Recorder) -> None:
     torch.manual_seed(99)  # a different initialisation, and an optimizer that never stepped
     model2 = nn.Linear(8, 4)
     opt2 = torch.optim.Adam(model2.parameters(), lr=0.1)
-    fresh = {"w": torch.zeros(512, 1024), "n": 0, "train": TrainState(model2, opt2)}
+    fresh = {
+        "w": torch.zeros(512, 1024),
+        "n": 0,
+        "train": TrainState(model2, opt2),
+        "dt": distribute_tensor(
+            torch.zeros(RESHARD_ROWS, 3, dtype=torch.float64), mesh, [Shard(0)]
+        ),
+    }
     with CheckpointManager(root, keep_last=0) as loader:
         info = loader.load_latest(fresh)
+    rec["async.dt_identical"] = _equal_nested(expected_full("dt"), fresh["dt"].full_tensor())
     rec["async.train_identical"] = _equal_nested(train_at_2, TrainState(model2, opt2).state_dict())
     rec["async.loaded_step"] = info.step if info else None
     rec["async.loaded_unique_values"] = sorted({float(v) for v in fresh["w"].unique()})

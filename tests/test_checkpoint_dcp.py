@@ -131,6 +131,7 @@ def test_async_save_is_immune_to_mutation_after_it_returns(observed: dict[str, A
         assert obs["async.loaded_unique_values"] == [2.0]  # not -7.0
         assert obs["async.loaded_n"] == 2
         assert obs["async.train_identical"] is True  # model + Adam state, before the update
+        assert obs["async.dt_identical"] is True  # a DTensor shard, staged then mutated
 
 
 def test_async_failure_raises_on_every_rank_and_keeps_older(observed: dict[str, Any]) -> None:

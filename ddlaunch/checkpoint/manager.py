@@ -253,9 +253,11 @@ class CheckpointManager:
         return None
 
     def maybe_finish(self) -> CheckpointInfo | None:
-        """Commit a pending async save if every rank's write has finished; never blocks.
+        """Commit a pending async save if every rank's write has finished.
 
-        Call it at step boundaries. Returns the info of the checkpoint committed now.
+        Never waits for the write; while a save is pending it costs one small collective,
+        so call it on every rank at step boundaries. Returns the info of the checkpoint
+        committed by this call, else None.
         """
         if self._pending is None:
             return None

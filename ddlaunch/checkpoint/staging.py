@@ -42,6 +42,36 @@ def _layout(obj: Any, path: str = "") -> list[tuple[Any, ...]]:
     return []  # scalars and other objects are copied afresh each time, not cached
 
 
+def _empty_like_on_cpu(obj: Any, pin: bool) -> Any:
+    """Uninitialised CPU buffers shaped like every tensor in ``obj`` (other leaves as-is).
+
+    torch's _create_cpu_state_dict deep-copies each DTensor before swapping in an empty
+    local tensor: a transient extra copy of the whole shard, which doubled both the memory
+    peak and the time of the first async save. Here a DTensor gets only its empty shard.
+    """
+    if isinstance(obj, DTensor):
+        local = torch.empty(obj.to_local().shape, dtype=obj.dtype, pin_memory=pin)
+        return DTensor.from_local(
+            local,
+            obj.device_mesh,
+            obj.placements,
+            run_check=False,
+            shape=obj.shape,
+            stride=obj.stride(),
+        )
+    if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor and not isinstance(obj, torch.nn.Parameter):
+            # Other tensor subclasses (ShardedTensor, ...): torch's own helper knows them.
+            return _create_cpu_state_dict({"t": obj}, pin_memory=pin)["t"]
+        return torch.empty(obj.shape, dtype=obj.dtype, pin_memory=pin)
+    if isinstance(obj, dict):
+        return {key: _empty_like_on_cpu(value, pin) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        items = [_empty_like_on_cpu(value, pin) for value in obj]
+        return tuple(items) if isinstance(obj, tuple) else items
+    return obj
+
+
 class ReusableCpuStager:
     """Copies a state dict into CPU buffers that survive between saves."""
 
@@ -54,7 +84,8 @@ class ReusableCpuStager:
         """A copy of ``state_dict`` that later in-place updates of the original cannot reach."""
         layout = _layout(state_dict)
         if self._cache is None or layout != self._layout:
-            self._cache = _create_cpu_state_dict(state_dict, pin_memory=self._pin)
+            self._cache = None  # free the old buffers before allocating new ones
+            self._cache = _empty_like_on_cpu(state_dict, self._pin)
             self._layout = layout
         # type_check=False: non-tensor leaves (e.g. a data-loader position object) are
         # deep-copied rather than rejected. Blocking copy: it must be done before we return.

@@ -79,3 +79,17 @@ class SlurmClient:
         if not result.ok:
             return {}
         return parse_sinfo_nodes(result.stdout)
+
+    def slurmd_port(self) -> int | None:
+        result = self.runner.run(["scontrol", "show", "config"], timeout=60)
+        for line in result.stdout.splitlines() if result.ok else []:
+            key, _, value = line.partition("=")
+            if key.strip() == "SlurmdPort" and value.strip().isdigit():
+                return int(value.strip())
+        return None
+
+    def node_address(self, node: str) -> str | None:
+        result = self.runner.run(["scontrol", "show", "node", "-o", node], timeout=60)
+        if not result.ok:
+            return None
+        return parse_scontrol_show_job(result.stdout).get("NodeAddr")
