@@ -160,16 +160,12 @@ def end(
         cause = attempts.CAUSE_COMPLETED
     else:
         cause = attempts.CAUSE_CRASH
-        # srun may return before Slurm requeues the job for a dead node: blame the nodes
-        # of this attempt that Slurm reports as bad, and keep them out of the next one.
-        nodes = expand(current.get("nodes", ""))
-        states = client.node_states(nodes) if nodes else {}
-        blamed = sorted(n for n, s in states.items() if node_is_bad(s))
+        # srun may return before Slurm notices a dead node: blame nodes Slurm reports as bad
+        # or whose slurmd stopped answering, and keep them out of the next attempt.
+        blamed, why = blame_nodes(run_dir, current, client, ranks_per_node)
         if blamed:
             cause = attempts.CAUSE_NODE_FAILURE
-            add_excluded(
-                run_dir, blamed, "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
-            )
+            add_excluded(run_dir, blamed, "node failure: " + why)
     decision = attempts.decide(
         cause=cause,
         committed_now=step,
@@ -178,7 +174,12 @@ def end(
         max_requeues=max_requeues,
     )
     attempts.end_last(
-        run_dir, cause=cause, committed_step=step, exit_code=exit_code, decision=decision.reason
+        run_dir,
+        cause=cause,
+        committed_step=step,
+        exit_code=exit_code,
+        decision=decision.reason,
+        blamed=blamed,
     )
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if decision.requeue and job_id:

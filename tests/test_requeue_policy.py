@@ -73,7 +73,7 @@ def test_decide(cause, now, resumed, so_far, cap, requeue, reason) -> None:
 
 
 class FakeRunner:
-    """Replays canned output per command; records every argv."""
+    """Replays canned output for commands whose argv starts with a key; records every argv."""
 
     def __init__(self, outputs: Mapping[str, str]):
         self.outputs = outputs
@@ -81,7 +81,10 @@ class FakeRunner:
 
     def run(self, argv: Sequence[str], **_: object) -> CommandResult:
         self.calls.append(list(argv))
-        return CommandResult(tuple(argv), 0, self.outputs.get(argv[0], ""), "")
+        line = " ".join(argv)
+        keys = [k for k in self.outputs if line.startswith(k)]
+        out = self.outputs[max(keys, key=len)] if keys else ""
+        return CommandResult(tuple(argv), 0, out, "")
 
 
 def make_run(tmp_path: Path, committed: list[int]) -> Path:
@@ -155,3 +158,37 @@ def test_end_stops_a_crash_without_progress(tmp_path, monkeypatch) -> None:
     assert outcome["reason"] == (
         "stopped: no progress in the last attempt (the committed step stayed at 40)"
     )
+
+
+def test_end_blames_the_node_whose_ranks_died_silently(tmp_path, monkeypatch) -> None:
+    run = make_run(tmp_path, [20, 40])
+    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": None}])
+    (run / "failures").mkdir()
+    for rank in (0, 1):  # the ranks on node1 raised (a peer vanished); node2's were killed
+        (run / "failures" / f"rank-{rank}.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "host": "node1",
+                    "job_id": "9",
+                    "attempt": 0,
+                    "exception": "RuntimeError",
+                    "message": "Connection reset by peer",
+                }
+            )
+        )
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    runner = FakeRunner(
+        {
+            "sinfo": "node1|allocated\nnode2|allocated\n",  # Slurm has not noticed yet
+            "scontrol show config": "SlurmdPort              = 1\n",  # nothing listens on port 1
+            "scontrol show node -o node2": "NodeName=node2 NodeAddr=127.0.0.1 State=ALLOCATED",
+        }
+    )
+    assert jobhooks.end(run, 137, SlurmClient(runner), max_requeues=3, ranks_per_node=2) == 0
+    record = attempts.load(run)[0]
+    assert record["cause"] == "node failure" and record["blamed"] == ["node2"]
+    assert ["scontrol", "update", "JobId=9", "ExcNodeList=node2"] in runner.calls
+    assert runner.calls[-1] == ["scontrol", "requeue", "9"]
+    assert not any(c[-1] == "node1" for c in runner.calls if c[:3] == ["scontrol", "show", "node"])
