@@ -389,7 +389,7 @@ def _interconnect_finding(cfg: Config, topo: GpuTopology) -> Finding:
     if declared == "nvswitch":
         # nvidia-smi shows NVSwitch as NV<n> between every pair; a full NVLink mesh looks the
         # same, so "every pair over NVLink" is what can be verified.
-        if False:
+        if others:
             a, b, how = others[0]
             return Finding(
                 check,

@@ -166,8 +166,21 @@ def end(
         if blamed:
             cause = attempts.CAUSE_NODE_FAILURE
             add_excluded(run_dir, blamed, "node failure: " + why)
-    decision = attempts.decide(
+    # The health watchdog ended this attempt (hang or straggler): its verdict names the cause
+    # and the nodes to exclude (ddlaunch.health).
+    from ddlaunch.health import hooks as health_hooks
+    from ddlaunch.health import policy as health_policy
+
+    health = None
+    if cause != attempts.CAUSE_CANCELLED:
+        health = health_hooks.apply_watchdog_verdict(run_dir, current)
+    extra: dict = {}
+    if health is not None:
+        cause, blamed, detail = health
+        extra = {"health": detail}
+    decision = health_policy.decide(
         cause=cause,
+        blamed=blamed if health is not None else [],
         committed_now=step,
         resumed_from=current.get("resumed_from"),
         requeues_so_far=len(records) - 1,
@@ -180,12 +193,13 @@ def end(
         exit_code=exit_code,
         decision=decision.reason,
         blamed=blamed,
+        **extra,
     )
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if decision.requeue and job_id:
-        client.exclude_nodes(job_id, excluded(run_dir))
         print(f"[ddlaunch] {decision.reason}", flush=True)
-        client.requeue(job_id)
+        # Requeue, then exclude: Slurm accepts ExcNodeList only on a pending job.
+        health_hooks.requeue_excluding(client, job_id, excluded(run_dir))
         return 0
     state = {attempts.CAUSE_COMPLETED: "COMPLETED", attempts.CAUSE_CANCELLED: "CANCELLED"}.get(
         cause, "FAILED"
@@ -197,7 +211,7 @@ def end(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.jobhooks")
-    parser.add_argument("hook", choices=["start", "end"])
+    parser.add_argument("hook", choices=["start", "preflight", "end"])
     parser.add_argument("--exit-code", type=int, default=0)
     args = parser.parse_args(argv)
     run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
@@ -211,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.hook == "start":
         start(run_dir, client)
         return 0
+    if args.hook == "preflight":
+        from ddlaunch.health.hooks import preflight_hook
+
+        return preflight_hook(run_dir, client)
     return end(run_dir, args.exit_code, client, max_requeues, ranks_per_node)
 
 

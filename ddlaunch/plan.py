@@ -16,6 +16,36 @@ from ddlaunch import fabric, topology
 from ddlaunch.config.schema import Config
 
 RUN_SCRIPT = "job.sbatch"
+ARRAYS_DIR = "arrays"
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """A job array of sweep members: task ``t`` runs member ``members[t]``.
+
+    Array indices are positions in ``members`` (always ``0..len-1``): Slurm caps the highest
+    index at MaxArraySize - 1, so a split sweep or a resubmission of scattered members cannot
+    use the member numbers themselves as indices. Each member is a normal run directory,
+    ``<members_dir>/<member>``, chosen by the script at run time.
+    """
+
+    name: str  # the array's script is <run_dir>/arrays/<name>.sbatch
+    sweep_id: str
+    members: tuple[int, ...]
+    members_dir: str
+    throttle: int | None = None  # at most this many tasks of the array run at once
+    # Checkpoints of member m: <checkpoint_root>/m when storage.checkpoint_dir is set,
+    # else <member run dir>/checkpoints.
+    checkpoint_root: str | None = None
+
+    @property
+    def spec(self) -> str:
+        """The ``--array`` value: ``0-N`` plus ``%throttle``."""
+        if not self.members:
+            raise ValueError("a job array needs at least one member")
+        last = len(self.members) - 1
+        indices = "0" if last == 0 else f"0-{last}"
+        return f"{indices}%{self.throttle}" if self.throttle else indices
 
 
 @dataclass(frozen=True)
@@ -43,10 +73,17 @@ class LaunchPlan:
     signal: str
     python: str
     extra: dict[str, str] = field(default_factory=dict)
+    array: ArraySpec | None = None  # set for a sweep's job array; run_dir is the sweep dir
 
     @property
     def script_path(self) -> str:
-        return str(PurePosixPath(self.run_dir) / RUN_SCRIPT)
+        return script_path(self.run_dir, self.array)
+
+
+def script_path(run_dir: str, array: ArraySpec | None = None) -> str:
+    if array is None:
+        return str(PurePosixPath(run_dir) / RUN_SCRIPT)
+    return str(PurePosixPath(run_dir) / ARRAYS_DIR / f"{array.name}.sbatch")
 
 
 def _version_at_least(version: str | None, wanted: tuple[int, int]) -> bool:
@@ -123,28 +160,49 @@ def make_plan(
     workdir: str,
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
+    array: ArraySpec | None = None,
 ) -> LaunchPlan:
+    """The plan of one run, or (``array``) of a job array whose tasks are sweep members;
+    then ``run_dir`` is the sweep directory and each task picks its member at run time."""
     facts = facts or ClusterFacts()
     run = PurePosixPath(run_dir)
     logs = run / "logs"
+    if array is None:
+        submission = (f"--output={logs / 'batch-%j.out'}",)
+        # One run: rank logs go straight to its run directory.
+        rank_logs = (f"--output={logs / 'rank-%t.out'}", f"--error={logs / 'rank-%t.err'}")
+    else:
+        if facts.max_array_size is not None and len(array.members) > facts.max_array_size:
+            raise ValueError(
+                f"array {array.name} has {len(array.members)} tasks but the cluster's "
+                f"MaxArraySize is {facts.max_array_size}"
+            )
+        # Only what the script prints before it switches to the member's own batch log.
+        submission = (f"--array={array.spec}", f"--output={logs / 'batch-%A_%a.out'}")
+        # The member is known only at run time: the script points srun at the member's
+        # logs through SLURM_STDOUTMODE / SLURM_STDERRMODE, which srun reads when the
+        # command line has no --output / --error.
+        rank_logs = ()
     sbatch_argv = (
         "sbatch",
         "--parsable",
-        f"--output={logs / 'batch-%j.out'}",
+        *submission,
         f"--chdir={cfg.launch.workdir or workdir}",
-        str(run / RUN_SCRIPT),
+        script_path(run_dir, array),
     )
     srun_argv = (
         "srun",
         "--unbuffered",
         "--kill-on-bad-exit=1",
         f"--ntasks-per-node={cfg.ranks_per_node}",
-        f"--output={logs / 'rank-%t.out'}",
-        f"--error={logs / 'rank-%t.err'}",
+        *rank_logs,
         *topology.srun_binding_args(cfg),
     )
     env = fabric.fabric_env(cfg)
-    ours = {"DDLAUNCH_CHECKPOINT_DIR": cfg.storage.checkpoint_dir or str(run / "checkpoints")}
+    ours: dict[str, str] = {}
+    if array is None:
+        # (An array task exports its member's checkpoint directory itself.)
+        ours["DDLAUNCH_CHECKPOINT_DIR"] = cfg.storage.checkpoint_dir or str(run / "checkpoints")
     if cfg.storage.scratch:
         ours["DDLAUNCH_SCRATCH"] = cfg.storage.scratch
     extra = {"slurm_version": facts.slurm_version or cfg.cluster.slurm_version or ""}
@@ -164,6 +222,7 @@ def make_plan(
         signal=cfg.fault_tolerance.signal,
         python=cfg.launch.python,
         extra=extra,
+        array=array,
     )
 
 

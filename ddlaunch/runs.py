@@ -78,6 +78,10 @@ class RunInfo:
     checkpoint_root: Path | None = None
     latest_step: int | None = None
     progress: dict[str, Any] | None = None
+    excluded: list[str] = field(default_factory=list)
+    preflight: dict[str, Any] | None = None  # health/preflight.json: the latest verdicts
+    watchdog: dict[str, Any] | None = None  # health/watchdog.json: heartbeat summary
+    label: str | None = None  # a sweep member's overrides
 
     @property
     def job_id(self) -> str | None:
@@ -109,28 +113,78 @@ def read_failures(run_dir: Path) -> list[Failure]:
 
 
 def checkpoint_root(run_dir: Path) -> Path:
+    """The run's checkpoint directory: ``storage.checkpoint_dir`` or ``<run dir>/checkpoints``.
+
+    ``status`` reads this for every run it shows, so the common case (the key unset, written
+    by ``yaml.safe_dump`` as ``checkpoint_dir: null``) is recognised from the text without a
+    YAML parse; anything else is parsed properly.
+    """
+    text = (run_dir / "config.yaml").read_text()
+    if text.count("checkpoint_dir:") == 1 and "  checkpoint_dir: null\n" in text:
+        return run_dir / "checkpoints"
     import yaml
 
-    tree = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    tree = yaml.load(text, Loader=loader) or {}  # a safe loader (C or pure Python)
     configured = (tree.get("storage") or {}).get("checkpoint_dir")
     return Path(configured) if configured else run_dir / "checkpoints"
 
 
-def read_run(run_dir: Path) -> RunInfo:
+def _json(path: Path, present: set[str], name: str, default: Any = None) -> Any:
+    # One directory listing per run tells which files exist: status reads hundreds of run
+    # directories per poll, and failed opens of absent files are most of the cost otherwise.
+    if name not in present:
+        return default
+    try:
+        return fsutil.read_json(path / name, default)
+    except ValueError:
+        return default
+
+
+def read_run(run_dir: Path, *, with_checkpoints: bool = True) -> RunInfo:
     from ddlaunch.checkpoint.layout import latest_complete
 
-    submission = fsutil.read_json(run_dir / "submission.json", {}) or {}
+    try:
+        present = set(os.listdir(run_dir))
+    except OSError:
+        present = set()
+    submission = _json(run_dir, present, "submission.json", {}) or {}
     info = RunInfo(path=run_dir, run_id=run_dir.name, job_ids=list(submission.get("job_ids", [])))
-    info.intent = fsutil.read_json(run_dir / "intent.json", {}) or {}
-    info.failures = read_failures(run_dir)
-    info.result = fsutil.read_json(run_dir / "result.json")
-    info.attempts = list(fsutil.read_json(run_dir / "attempts.json", []) or [])
-    info.outcome = fsutil.read_json(run_dir / "outcome.json")
-    info.progress = fsutil.read_json(run_dir / "progress.json")
-    info.checkpoint_root = checkpoint_root(run_dir)
-    latest = latest_complete(info.checkpoint_root) if info.checkpoint_root.is_dir() else None
-    info.latest_step = latest.step if latest else None
+    info.intent = _json(run_dir, present, "intent.json", {}) or {}
+    info.failures = read_failures(run_dir) if "failures" in present else []
+    info.result = _json(run_dir, present, "result.json")
+    info.attempts = list(_json(run_dir, present, "attempts.json", []) or [])
+    info.outcome = _json(run_dir, present, "outcome.json")
+    info.progress = _json(run_dir, present, "progress.json")
+    info.excluded = list(_json(run_dir, present, "excluded_nodes.json", []) or [])
+    if "health" in present:
+        health = run_dir / "health"
+        info.preflight = _json(health, {"preflight.json"}, "preflight.json")
+        info.watchdog = _json(health, {"watchdog.json"}, "watchdog.json")
+    if with_checkpoints and "config.yaml" in present:
+        info.checkpoint_root = checkpoint_root(run_dir)
+        root = info.checkpoint_root
+        if root.parent != run_dir or root.name in present:
+            latest = latest_complete(root) if root.is_dir() else None
+            info.latest_step = latest.step if latest else None
     return info
+
+
+def list_targets(root: Path | None = None) -> list[tuple[str, Path]]:
+    """Runs and sweeps under the run root, oldest first: ("run" | "sweep", path)."""
+    root = root or default_run_root()
+    if not root.is_dir():
+        return []
+    out = []
+    for entry in os.scandir(root):
+        if not entry.is_dir():
+            continue
+        path = Path(entry.path)
+        if (path / "config.yaml").is_file():
+            out.append((entry.stat().st_mtime, "run", path))
+        elif (path / "members.json").is_file():
+            out.append((entry.stat().st_mtime, "sweep", path))
+    return [(kind, path) for _, kind, path in sorted(out)]
 
 
 def rank_log(run_dir: Path, rank: int, stream: str = "out") -> Path:

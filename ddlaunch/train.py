@@ -33,6 +33,7 @@ from ddlaunch.checkpoint.manager import CheckpointManager, TrainState
 from ddlaunch.config.schema import Config
 from ddlaunch.worker import signals
 from ddlaunch.worker.distributed import init_distributed
+from ddlaunch.worker.heartbeat import Heartbeat
 
 PROGRESS_EVERY_S = 5.0
 
@@ -70,6 +71,14 @@ class Session:
         self.resumed = info is not None
         self._last_progress = 0.0
         self._final_step: int | None = None
+        # Step, time and step duration for the watchdog and `status`: in memory per step, a
+        # background thread writes one small file per rank every health.heartbeat_interval.
+        self.heartbeat = Heartbeat(
+            self.run_dir,
+            self.rank,
+            interval=config.health.heartbeat_interval,
+            restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        ).start()
         if self.rank == 0:
             where = f"step {self.start_step}" if info else "scratch"
             print(f"[ddlaunch] starting from {where}", flush=True)
@@ -89,7 +98,11 @@ class Session:
         ft = self.config.fault_tolerance
         self.manager.maybe_finish()
         self._report(step)
-        if signals.agreed():
+        waited = time.monotonic()
+        stop = signals.agreed()
+        # The agreement is a collective: time spent in it is time waiting for slower ranks.
+        self.heartbeat.step(step, wait_s=time.monotonic() - waited)
+        if stop:
             self._save_and_requeue(step)
         if step < total and self.manager.should_save(
             step, every_steps=ft.checkpoint_every_steps, every_minutes=ft.checkpoint_every_minutes
@@ -141,6 +154,7 @@ class Session:
                     SlurmClient().requeue(job_id)
                 else:
                     attempts.write_outcome(self.run_dir, "STOPPED", decision.reason)
+        self.heartbeat.stop("preempted")
         raise Preempted(step)
 
     # ------------------------------------------------------------------ end
@@ -154,6 +168,7 @@ class Session:
             self.manager.wait()
         self.manager.close()
         self._report(final_step if final_step is not None else self.start_step, force=True)
+        self.heartbeat.stop("closed")
 
     def __enter__(self) -> Session:
         return self
@@ -161,3 +176,5 @@ class Session:
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if exc_type is None:
             self.close(self._final_step)
+        elif not issubclass(exc_type, Preempted):
+            self.heartbeat.stop("failed")

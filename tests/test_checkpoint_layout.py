@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddlaunch.checkpoint import layout
@@ -80,6 +80,7 @@ def test_parse_step_dir_rejects_other_names(name: str) -> None:
     assert parse_step_dir(name) is None
 
 
+@settings(max_examples=50, deadline=None)
 @given(st.integers(min_value=0, max_value=10**15))
 def test_step_dir_name_round_trips(step: int) -> None:
     assert parse_step_dir(step_dir_name(step)) == step

@@ -258,3 +258,15 @@ def test_sources_are_recorded_in_the_config_header() -> None:
     for orig in ORIGINALS:
         first = Path(resources.configs_dir() / f"{orig.example}.yaml").read_text().splitlines()[0]
         assert first.startswith("# Mirrors ")
+
+
+def test_presets_listing_describes_every_shipped_config() -> None:
+    from ddlaunch.cli.presets import describe, first_sentence
+    from ddlaunch.config.load import list_presets
+
+    assert first_sentence("# Runs examples.mlp on\n# two nodes. More.\nkey: 1\n# late.") == (
+        "Runs examples.mlp on two nodes."
+    )
+    for name in list_presets():
+        text = describe(name)
+        assert text and "\n" not in text and len(text) <= 100, (name, text)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -82,4 +81,4 @@ def test_mutated_config_is_clean_error_or_render(
 
 def test_fuzz_base_is_valid() -> None:
     assert validate_tree(BASE).nodes.count == 2
-    assert Path(BASE.sources[-1]).name == "mlp.yaml"
+    assert BASE.sources[-1] == "preset:examples/mlp"

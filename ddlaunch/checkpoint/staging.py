@@ -26,7 +26,9 @@ def _layout(obj: Any, path: str = "") -> list[tuple[Any, ...]]:
     """The tensor layout of a (nested) state dict: what a cached copy must match."""
     if isinstance(obj, DTensor):
         local = obj.to_local()
-        return [(path, "dtensor", obj.dtype, tuple(local.shape), str(obj.placements))]
+        return [
+            (path, "dtensor", obj.dtype, tuple(obj.shape), tuple(local.shape), str(obj.placements))
+        ]
     if isinstance(obj, torch.Tensor):
         return [(path, "tensor", obj.dtype, tuple(obj.shape))]
     if isinstance(obj, dict):

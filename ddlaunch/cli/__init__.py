@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("ddlaunch.cli.status", "Show my runs: state, step, checkpoint, failures."),
     "logs": ("ddlaunch.cli.logs", "Show a run's logs, the failing rank first."),
     "cancel": ("ddlaunch.cli.cancel", "Cancel a run's job; keep its run directory."),
+    "sweep": ("ddlaunch.cli.sweep", "Submit a sweep file as job arrays; sweep status/resubmit."),
+    "nodes": ("ddlaunch.cli.nodes", "Show or edit my bad-node list (excluded from submits)."),
+    "doctor": ("ddlaunch.cli.doctor", "Run the node preflight checks as a job; verdict per node."),
+    "report": ("ddlaunch.cli.report", "Draw a run's attempts, nodes, checkpoints and throughput."),
     "presets": ("ddlaunch.cli.presets", "List the shipped cluster presets and examples."),
     "config-reference": ("ddlaunch.cli.reference", "Print every config key with its doc."),
 }

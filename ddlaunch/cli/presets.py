@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 
@@ -15,11 +17,21 @@ def describe(path_name: str) -> str:
     cluster = tree.get("cluster") if isinstance(tree.get("cluster"), dict) else {}
     if cluster.get("description"):
         return str(cluster["description"])
-    # Otherwise the first comment line of the file.
-    for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
+    return first_sentence(path.read_text())
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a file's leading comment block (examples describe themselves
+    there; a sentence may wrap over several comment lines)."""
+    words: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        words += line.lstrip("#").split()
+    joined = " ".join(words)
+    # A period that ends a word (not one inside a name like examples.mlp) ends the sentence.
+    match = re.match(r"(.+?\.)(?:\s|$)", joined)
+    return match.group(1) if match else joined
 
 
 @click.command("presets")

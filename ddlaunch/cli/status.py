@@ -1,55 +1,109 @@
-"""``ddlaunch status``: my runs, or one run, from the run directory plus one squeue call."""
+"""``ddlaunch status``: my runs, one run or a sweep, from the run directories plus one squeue
+call per poll (``ddlaunch.status.poll``)."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
 
-def collect(refs: tuple[str, ...]) -> list:
-    from ddlaunch.runs import find_run, list_runs, read_run
+def collect(
+    refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
+) -> list[Any]:
+    """One poll. ``runner`` is injectable (tests count the Slurm calls it receives)."""
+    from ddlaunch.slurm import queue
     from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.status import run_status
+    from ddlaunch.status import group_sweeps, poll, resolve
 
-    paths = [find_run(r) for r in refs] if refs else list_runs()
-    infos = [read_run(p) for p in paths]
-    client = SlurmClient()
-    job_ids = [i.job_id for i in infos if i.job_id]
-    # One batched squeue call for every job ddlaunch knows, whatever their number.
-    queue = client.queue(job_ids) if job_ids else {}
-    rows = []
-    for info in infos:
-        row = queue.get(info.job_id) if info.job_id else None
-        shown = client.show_job(info.job_id) if info.job_id and row is None else None
-        rows.append(run_status(info, row, shown))
-    return rows
+    targets, _ = resolve(refs)
+    form = queue.choose_form(_slurm_version(targets), _forced_form())
+    rows = poll(targets, SlurmClient(runner), form=form)
+    grouped = not refs if overview is None else overview
+    return group_sweeps(rows) if grouped else rows
 
 
-def render_table(rows: list) -> object:
+def _forced_form() -> str | None:
+    import os
+
+    return os.environ.get("DDLAUNCH_SQUEUE_FORM") or None
+
+
+def _slurm_version(targets: Sequence[Any]) -> str | None:
+    """The cluster's release from the first run's config (cluster.slurm_version): no extra
+    call to Slurm just to learn its version."""
+    import re
+
+    for target in targets[:1]:
+        try:
+            text = (target.path / "config.yaml").read_text()
+        except OSError:
+            return None
+        match = re.search(r"^  slurm_version: '?([0-9.]+)'?$", text, re.M)
+        return match.group(1) if match else None
+    return None
+
+
+def _causes(history: Sequence[dict[str, Any]]) -> str:
+    return ", ".join(str(a.get("cause")) for a in history)
+
+
+def render_table(rows: Sequence[Any]) -> Any:
+    """Rows -> a rich Table (pure: no I/O)."""
     from rich.table import Table
 
     table = Table(show_lines=False)
     for col in ("run", "job", "state", "nodes", "step", "ckpt", "attempts", "note"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("run", "job", "state"))
+        table.add_column(col, overflow="fold", no_wrap=col in ("run", "job"))
     for r in rows:
         note = r.failure or r.detail or r.reason or ""
+        if r.health:
+            note = f"{note}; {r.health}" if note else r.health
+        attempts = str(r.attempts)
+        if len(r.history) > 1:
+            attempts += f" ({_causes(r.history)})"
         table.add_row(
-            r.run_id,
+            r.run_id if not r.label else f"{r.run_id} {r.label}",
             r.job_id or "-",
             r.state,
             r.nodes or "-",
             "-" if r.step is None else str(r.step),
             "-" if r.checkpoint_step is None else str(r.checkpoint_step),
-            str(r.attempts),
+            attempts,
             note,
         )
     return table
 
 
+def attempt_lines(row: Any) -> list[str]:
+    """One run's attempts, one line each (shown under the table for a single run)."""
+    lines = []
+    for a in row.history:
+        took = ""
+        if a.get("start") and a.get("end"):
+            took = f" {a['end'] - a['start']:.0f}s"
+        started = time.strftime("%H:%M:%S", time.localtime(a["start"])) if a.get("start") else "?"
+        resumed = a.get("resumed_from")
+        origin = f"step {resumed}" if resumed is not None else "scratch"
+        text = (
+            f"attempt {a.get('attempt')}: job {a.get('job_id')} on {a.get('nodes') or '?'} "
+            f"at {started}{took}, from {origin} -> {a.get('cause')}"
+        )
+        if a.get("committed_step") is not None:
+            text += f" (committed {a['committed_step']})"
+        if a.get("blamed"):
+            text += f", blamed {','.join(a['blamed'])}"
+        if a.get("detail"):
+            text += f": {a['detail']}"
+        lines.append(text)
+    return lines
+
+
 @click.command("status")
-@click.argument("runs", nargs=-1, metavar="[RUN]...")
+@click.argument("runs", nargs=-1, metavar="[RUN|SWEEP]...")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh in place until interrupted.")
 @click.option(
@@ -57,18 +111,16 @@ def render_table(rows: list) -> object:
     type=float,
     default=30.0,
     show_default=True,
-    help="Seconds between polls with --watch (at least 30 s unless "
-    "DDLAUNCH_MIN_POLL_S allows less).",
+    help="Seconds between polls with --watch (never below $DDLAUNCH_MIN_POLL_S, default 30).",
 )
 def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) -> None:
-    """Show the state of my runs (or the given RUNs: id, id prefix or run directory).
+    """Show my runs (or the given RUNs or SWEEPs: id, id prefix or directory).
 
-    The state comes from one squeue call for all runs; step, checkpoints, attempts and
-    failures come from the run directories. A failed run shows its failing rank, host
-    and exception first.
+    The Slurm state of every job comes from ONE squeue call per poll; step, checkpoint,
+    attempts and their causes, node health and the first failing rank come from the run
+    directories. Without arguments a sweep is one summary row; name it to see its members.
     """
-    import os
-
+    from ddlaunch.status import min_poll_interval
     from ddlaunch.ui import Terminal
 
     term = Terminal()
@@ -80,11 +132,12 @@ def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) 
         if len(rows) == 1 and rows[0].failure:
             term.out(f"FAILED {rows[0].failure}")
         term.print(render_table(rows))
+        if len(rows) == 1 and rows[0].history:
+            term.out("\n".join(attempt_lines(rows[0])))
         return
     from rich.live import Live
 
-    floor = float(os.environ.get("DDLAUNCH_MIN_POLL_S", "30"))
-    interval = max(interval, floor)
+    interval = max(interval, min_poll_interval())
     with Live(render_table(collect(runs)), console=term.console, auto_refresh=False) as live:
         while True:
             time.sleep(interval)

@@ -10,6 +10,15 @@ import click
 from ddlaunch.cli.options import config_argument, set_option
 
 
+def bad_node_exclusions() -> list[str]:
+    """Active entries of my bad-node list that are safe to put in an #SBATCH line."""
+    from ddlaunch.config.schema import PATTERNS
+    from ddlaunch.health import badnodes
+
+    pattern, _ = PATTERNS["slurm_token"]
+    return [n for n in badnodes.active_nodes() if pattern.match(n)]
+
+
 @click.command("submit")
 @config_argument
 @set_option
@@ -38,7 +47,16 @@ def command(
     from ddlaunch.prepare import prepare
 
     workdir = os.getcwd()
-    prepared = prepare(config, overrides, run_root=run_root, workdir=workdir)
+    exclude = bad_node_exclusions()
+    prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+    wanted = set(prepared.config.nodes.nodelist) & set(exclude)
+    if wanted:
+        # Nodes the config asks for by name win over the bad-node list (excluding them
+        # would make the job unschedulable).
+        exclude = [n for n in exclude if n not in wanted]
+        prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+    if exclude:
+        click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
     if dry_run:
         click.echo(prepared.script, nl=False)
         click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")

@@ -1,4 +1,4 @@
-"""Example entry point: a small MLP learns a noisy random linear map with DDP (gloo, CPU).
+"""Example entry point: a small MLP learns a noisy random linear map, data-parallel over gloo.
 
 Deterministic by construction: the teacher, the initial weights and every batch come from
 seeded generators, and the batch of global step ``s`` on rank ``r`` depends only on
@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from ddlaunch import fsutil
 from ddlaunch.config import Config
@@ -62,6 +61,16 @@ def param_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def average_gradients(model: nn.Module, world: int) -> None:
+    """All-reduce each gradient in a fixed order. DDP would do this too, but it rebuilds its
+    gradient buckets after the first iteration, so the first step after a resume would sum in
+    a different layout (and order) than an uninterrupted run: equal in value, not in bits."""
+    for param in model.parameters():
+        if param.grad is not None:
+            dist.all_reduce(param.grad)
+            param.grad /= world
+
+
 def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train; ``on_step(step)`` runs before each step (fault-injection hook for tests)."""
     p = config.params
@@ -74,9 +83,10 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    torch.manual_seed(seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
+    torch.manual_seed(seed)  # the same initial weights on every rank
     net = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
-    model = DistributedDataParallel(net)
+    model = net
+    # Every rank starts from the same weights (same seed); gradients are averaged below.
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     w = teacher(seed)
     x_eval, y_eval = batch(seed, EVAL_STEP, 0, 1024, w)
@@ -98,7 +108,8 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
             x, y = batch(seed, step, rank, batch_size, w)
             loss = F.mse_loss(model(x), y)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients over the ranks here
+            loss.backward()
+            average_gradients(model, world)
             optimizer.step()
             if step % 10 == 0:
                 losses[step] = eval_loss()

@@ -9,6 +9,10 @@ writing results and exceptions. ddlaunch replaces two things:
 * the sbatch call: through ddlaunch's Slurm client and runner (the one subprocess seam),
   after the intent record is written.
 
+A sweep's job array (``plan.array``) goes through the same executor: one pickle per array
+task, ``<ARRAY>_<TASK>_submitted.pkl`` in the sweep's ``submitit/`` folder, each calling the
+rank function on that member's run directory.
+
 Tested with submitit 1.5.x (setup.cfg pins ``>=1.5.2,<1.6``): ``_submit_command`` and
 ``_internal_process_submissions`` are the private hooks used here.
 """
@@ -49,6 +53,38 @@ class DdlaunchSlurmExecutor(SlurmExecutor):
     def _num_tasks(self) -> int:
         return self._plan.world_size
 
+    def _internal_process_submissions(
+        self, delayed_submissions: list[submitit_utils.DelayedSubmission]
+    ) -> list[SlurmJob]:  # type: ignore[override]
+        if self._plan.array is None:
+            return super()._internal_process_submissions(delayed_submissions)  # type: ignore
+        # A sweep's array: submitit's own array path (pickles under temporary names, one
+        # sbatch, then renamed to <ARRAY>_<TASK>_submitted.pkl, which the task waits for),
+        # but with our script and our sbatch call instead of a plain SlurmExecutor's.
+        assert len(delayed_submissions) == len(self._plan.array.members)
+        folder = submitit_utils.JobPaths.get_first_id_independent_folder(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = []
+        for delayed in delayed_submissions:
+            path = folder / f"{uuid.uuid4().hex}.pkl"
+            delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+            delayed.dump(path)
+            temporary.append(path)
+        try:
+            array_job = self._submit_command(self._submitit_command_str)
+        except BaseException:
+            for path in temporary:
+                path.unlink(missing_ok=True)
+            raise
+        ranks = list(range(self._num_tasks()))
+        jobs = [
+            SlurmJob(folder=self.folder, job_id=f"{array_job.job_id}_{task}", tasks=ranks)
+            for task in range(len(delayed_submissions))
+        ]
+        for job, path in zip(jobs, temporary, strict=True):
+            job.paths.move_temporary_file(path, "submitted_pickle")
+        return jobs
+
     def _submit_command(self, command: str) -> SlurmJob:  # type: ignore[override]
         # The script was written to the run dir by the caller; sbatch reads it from there.
         self._before_sbatch()
@@ -70,6 +106,25 @@ def submit_with_submitit(
     executor = DdlaunchSlurmExecutor(plan, script, client, before_sbatch, python=python)
     executor._throttling = 0.0  # one submission; submitit's pacing only matters in loops
     executor.submit(fn, *args)
+    assert executor.job_id is not None
+    return executor.job_id
+
+
+def submit_array_with_submitit(
+    plan: LaunchPlan,
+    script: str,
+    client: SlurmClient,
+    fn: Callable[..., Any],
+    args_per_task: list[tuple[Any, ...]],
+    before_sbatch: Callable[[], None],
+    python: str,
+) -> str:
+    """Pickle ``fn(*args)`` for every task of ``plan.array`` into the sweep's submitit folder
+    and submit ``script`` once as a job array; returns the array job id."""
+    assert plan.array is not None and len(args_per_task) == len(plan.array.members)
+    executor = DdlaunchSlurmExecutor(plan, script, client, before_sbatch, python=python)
+    executor._throttling = 0.0
+    executor.map_array(fn, *zip(*args_per_task, strict=True))
     assert executor.job_id is not None
     return executor.job_id
 

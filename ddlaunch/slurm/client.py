@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ddlaunch.errors import UserError
-from ddlaunch.runner import Runner, SubprocessRunner
+from ddlaunch.runner import CommandResult, Runner, SubprocessRunner
 from ddlaunch.slurm.parse import (
     SQUEUE_FORMAT,
     QueueRow,
@@ -48,6 +48,44 @@ class SlurmClient:
         if not result.ok and "Invalid job id" not in result.stderr:
             raise UserError(f"squeue failed: {(result.stderr or result.stdout).strip()}")
         return parse_squeue(result.stdout)
+
+    def status_rows(self, job_ids: Iterable[str], form: str = "text") -> dict[str, QueueRow]:
+        """``status``: ONE squeue call for every given job, queued or recently ended."""
+        from ddlaunch.slurm import queue
+
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        result = self.runner.run(queue.squeue_argv(ids, form), timeout=60)
+        if not result.ok:
+            # Exit 1 "Invalid job id" when the controller forgot every one of them.
+            if "Invalid job id" in result.stderr:
+                return {}
+            raise UserError(f"squeue failed: {(result.stderr or result.stdout).strip()}")
+        if form == queue.JSON:
+            return queue.parse_json(result.stdout, ids)
+        return queue.parse_text(result.stdout)
+
+    def accounting_rows(self, job_ids: Iterable[str]) -> dict[str, QueueRow]:
+        """One batched sacct call; empty when accounting is disabled or sacct fails."""
+        from ddlaunch.slurm import queue
+
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        result = self.runner.run(queue.sacct_argv(ids), timeout=60)
+        return queue.parse_sacct(result.stdout) if result.ok else {}
+
+    def job_steps(self, job_id: str) -> list[str]:
+        """The job's running numeric steps (``123.0``), without batch and extern."""
+        from ddlaunch.slurm import queue
+
+        result = self.runner.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], timeout=60)
+        return queue.parse_steps(result.stdout) if result.ok else []
+
+    def run_step(self, argv: Sequence[str], timeout: float) -> CommandResult:
+        """Run an srun job step inside an allocation (the batch script's helpers)."""
+        return self.runner.run(argv, timeout=timeout)
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
         """``scontrol show job`` for a job that left the queue (kept for MinJobAge)."""

@@ -1,0 +1,122 @@
+"""``ddlaunch nodes``: show and edit my bad-node list (nodes kept out of later submissions)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+
+def _when(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "never"
+    delta = ts - now
+    sign = "in " if delta >= 0 else ""
+    delta = abs(delta)
+    text = f"{delta / 3600:.1f} h" if delta >= 3600 else f"{delta / 60:.0f} min"
+    return sign + text + ("" if sign else " ago")
+
+
+def entries_table(entries: list, now: float) -> object:
+    from rich.table import Table
+
+    table = Table()
+    for col in ("node", "reason", "added", "expires", "source"):
+        table.add_column(col, overflow="fold")
+    for e in entries:
+        added = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.added)) if e.added else "-"
+        table.add_row(e.node, e.reason, added, _when(e.expires, now), e.source)
+    return table
+
+
+@click.group("nodes", invoke_without_command=True)
+@click.pass_context
+def command(ctx: click.Context) -> None:
+    """Show (or edit) my bad-node list. Listed nodes are excluded from every later
+    `ddlaunch submit` until they expire; health checks add the nodes they blame.
+
+    The list lives in $DDLAUNCH_BAD_NODES, else ~/.config/ddlaunch/bad_nodes.json.
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_cmd)
+
+
+@command.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Include expired entries.")
+def list_cmd(as_json: bool = False, show_all: bool = False) -> None:
+    """List the nodes on my bad-node list."""
+    from ddlaunch.health import badnodes
+    from ddlaunch.ui import Terminal
+
+    now = time.time()
+    entries = badnodes.load()
+    shown = entries if show_all else badnodes.active(entries, now)
+    term = Terminal()
+    if as_json:
+        term.out(json.dumps([e.as_dict() for e in shown], indent=2))
+        return
+    if not shown:
+        term.out(f"no bad nodes ({badnodes.default_path()})")
+        return
+    term.print(entries_table(shown, now))
+
+
+@command.command("add")
+@click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
+@click.option("--reason", default="marked bad by hand", show_default=True)
+@click.option(
+    "--ttl",
+    default="24h",
+    show_default=True,
+    help="How long to keep the node out: 30m, 12h, 2d, or never.",
+)
+def add_cmd(nodes: tuple[str, ...], reason: str, ttl: str) -> None:
+    """Add NODEs (Slurm hostlists such as node[1-3] are expanded)."""
+    from ddlaunch.config.schema import PATTERNS
+    from ddlaunch.errors import UserError
+    from ddlaunch.health import badnodes
+    from ddlaunch.worker.distenv import expand_hostlist
+
+    try:
+        ttl_s = badnodes.parse_ttl(ttl)
+        names = [n for spec in nodes for n in expand_hostlist(spec)]
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    # The names end up in an #SBATCH --exclude line: only Slurm tokens are safe there.
+    pattern, expected = PATTERNS["slurm_token"]
+    bad = [n for n in names if not pattern.match(n)]
+    if bad:
+        raise UserError(f"node name {bad[0]!r} must be {expected}")
+    now = time.time()
+    path = badnodes.save(
+        badnodes.add(badnodes.load(), names, reason=reason, now=now, ttl_s=ttl_s, source="user")
+    )
+    click.echo(f"added {', '.join(names)} (expires {_when(now + ttl_s if ttl_s else None, now)})")
+    click.echo(f"list: {path}")
+
+
+@command.command("remove")
+@click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
+def remove_cmd(nodes: tuple[str, ...]) -> None:
+    """Remove NODEs from the list."""
+    from ddlaunch.health import badnodes
+    from ddlaunch.worker.distenv import expand_hostlist
+
+    names = [n for spec in nodes for n in expand_hostlist(spec)]
+    entries = badnodes.load()
+    kept = badnodes.remove(entries, names)
+    badnodes.save(kept)
+    gone = sorted({e.node for e in entries} - {e.node for e in kept})
+    click.echo(f"removed {', '.join(gone)}" if gone else "none of those nodes was listed")
+
+
+@command.command("clear")
+def clear_cmd() -> None:
+    """Empty the list."""
+    from ddlaunch.health import badnodes
+
+    count = len(badnodes.load())
+    badnodes.save([])
+    click.echo(f"cleared {count} entr{'y' if count == 1 else 'ies'}")

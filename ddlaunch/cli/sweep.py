@@ -1,0 +1,275 @@
+"""``ddlaunch sweep``: submit a sweep file as job arrays; ``sweep status``; ``sweep resubmit``.
+
+``ddlaunch sweep FILE`` is short for ``ddlaunch sweep submit FILE``. Login-node code: no torch
+import on any path (the rank function is pickled by reference).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from ddlaunch.cli.options import set_option
+from ddlaunch.errors import UserError
+
+
+class _SweepGroup(click.Group):
+    """A group whose default verb is ``submit``: ``sweep FILE`` == ``sweep submit FILE``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["submit", *args]
+        return super().parse_args(ctx, args)
+
+
+class _Phases:
+    """A rich progress bar on stderr, one line per phase; nothing when stderr is no TTY."""
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+
+    def phase(self, description: str, total: int) -> Callable[[int], None] | None:
+        if self._bar is None:
+            return None
+        task = self._bar.add_task(description, total=total)
+        return lambda n: self._bar.advance(task, n)
+
+
+@contextmanager
+def _progress() -> Iterator[_Phases]:
+    if not sys.stderr.isatty():
+        yield _Phases(None)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        yield _Phases(bar)
+
+
+def _facts(max_array_size: int | None) -> Any:
+    """Cluster facts, probed once here at the edge: MaxArraySize (capped by the option)."""
+    from ddlaunch.plan import ClusterFacts
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.sweep_slurm import probe_max_array_size
+
+    probed = probe_max_array_size(SlurmClient()) if shutil.which("scontrol") else None
+    sizes = [s for s in (probed, max_array_size) if s]
+    return ClusterFacts(max_array_size=min(sizes) if sizes else None)
+
+
+def _need_slurm() -> None:
+    if shutil.which("sbatch") is None:
+        raise UserError("sweeps run on Slurm and there is no sbatch on PATH (--dry-run works)")
+
+
+def _print_dry_run(arrays: Sequence[Any], header: list[str]) -> None:
+    from ddlaunch.plan import format_argv
+
+    for line in header:
+        click.echo(f"# {line}")
+    for array in arrays:
+        members = array.spec.members
+        click.echo(f"# ---- array {array.spec.name}: {len(members)} tasks, members {members}")
+        click.echo(array.script, nl=False)
+        click.echo(f"# sbatch argv: {format_argv(array.plan.sbatch_argv)}")
+
+
+def _report(outcomes: Sequence[Any], sweep_dir: Any) -> None:
+    from ddlaunch.sweep_submit import outcome_lines
+
+    for line in outcome_lines(outcomes):
+        click.echo(line)
+    failed = [o for o in outcomes if not o.job_id]
+    if failed:
+        count = sum(len(o.members) for o in failed)
+        raise UserError(
+            f"{len(failed)} of {len(outcomes)} arrays were not submitted ({count} members); "
+            f"the others were. Retry those with: ddlaunch sweep resubmit {sweep_dir} --failed"
+        )
+
+
+@click.group("sweep", cls=_SweepGroup)
+def command() -> None:
+    """Run a sweep file's members as Slurm job arrays, and follow them.
+
+    \b
+      ddlaunch sweep configs/sweeps/lr.yaml [--dry-run]   (= sweep submit FILE)
+      ddlaunch sweep status SWEEP [--json]
+      ddlaunch sweep resubmit SWEEP --failed
+
+    SWEEP is a sweep id, a unique prefix of one, or a sweep directory. Each member is a normal
+    run directory (SWEEP/members/<i>): `ddlaunch logs`, `cancel` and `resume` work on it.
+    """
+
+
+@command.command("submit")
+@click.argument("sweep_file", metavar="FILE")
+@set_option
+@click.option("--dry-run", is_flag=True, help="Print the members, scripts and sbatch argv only.")
+@click.option("--run-root", help="Create the sweep directory under this folder.")
+@click.option(
+    "--max-array-size",
+    type=click.IntRange(min=1),
+    help="Split into arrays of at most this many tasks (the cluster's MaxArraySize is the "
+    "upper bound, probed with scontrol).",
+)
+@click.option("--hold", is_flag=True, help="Submit held; `scontrol release JOBID` starts them.")
+def submit(
+    sweep_file: str,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    run_root: str | None,
+    max_array_size: int | None,
+    hold: bool,
+) -> None:
+    """Expand FILE, validate every member, write one run directory per member and submit
+    them as job arrays (one, unless the cluster's MaxArraySize forces a split). Returns as
+    soon as sbatch has accepted the arrays. `--set` applies to every member."""
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.sweep import parse_sweep_file
+    from ddlaunch.sweep_prepare import prepare_sweep
+    from ddlaunch.sweep_submit import submit_sweep
+
+    spec = parse_sweep_file(sweep_file, overrides)
+    if not dry_run:
+        _need_slurm()
+    facts = _facts(max_array_size)
+    with _progress() as bar:
+        prepared = prepare_sweep(
+            spec,
+            workdir=os.getcwd(),
+            facts=facts,
+            run_root=run_root,
+            hold=hold,
+            tick=bar.phase("validating members", spec.size),
+        )
+        size = f"MaxArraySize {facts.max_array_size}" if facts.max_array_size else "no split"
+        head = (
+            f"sweep {prepared.sweep_id}: {len(prepared.members)} members in "
+            f"{len(prepared.arrays)} array(s) ({size})"
+        )
+        if dry_run:
+            table = [f"{m.index:>5}  {m.label}" for m in prepared.members]
+            _print_dry_run(prepared.arrays, [head, f"dir: {prepared.sweep_dir}", *table])
+            return
+        outcomes = submit_sweep(
+            prepared,
+            workdir=os.getcwd(),
+            client=SlurmClient(),
+            tick_create=bar.phase("writing run directories", len(prepared.members)),
+            tick_submit=bar.phase("submitting arrays", len(prepared.members)),
+        )
+    click.echo(head)
+    click.echo(f"sweep dir: {prepared.sweep_dir}")
+    _report(outcomes, prepared.sweep_dir)
+
+
+@command.command("status")
+@click.argument("sweep_ref", metavar="SWEEP")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(sweep_ref: str, as_json: bool) -> None:
+    """One row per member (overrides, state, step, checkpoint, metric) and a summary line.
+    The states come from one squeue call for all the sweep's arrays."""
+    from ddlaunch.runs import default_run_root
+    from ddlaunch.sweep import DEFAULT_METRIC, find_sweep, read_members
+    from ddlaunch.sweep_status import collect, render_table, summary
+    from ddlaunch.ui import Terminal
+
+    path = find_sweep(sweep_ref, default_run_root())
+    rows = collect(path)
+    term = Terminal()
+    if as_json:
+        doc = {
+            "sweep": str(path),
+            "summary": summary(rows),
+            "members": [r.as_dict() for r in rows],
+        }
+        term.out(json.dumps(doc, indent=2))
+        return
+    metric = read_members(path).get("metric") or DEFAULT_METRIC
+    term.print(render_table(rows, metric))
+    term.out(summary(rows))
+
+
+@command.command("resubmit")
+@click.argument("sweep_ref", metavar="SWEEP")
+@click.option("--failed", is_flag=True, help="Every member that ended without completing.")
+@click.option("--member", "members", type=int, multiple=True, help="This member (repeatable).")
+@set_option
+@click.option("--dry-run", is_flag=True, help="Print the scripts and sbatch argv only.")
+@click.option("--max-array-size", type=click.IntRange(min=1), help="As for `sweep submit`.")
+@click.option("--hold", is_flag=True, help="Submit held.")
+def resubmit(
+    sweep_ref: str,
+    failed: bool,
+    members: tuple[int, ...],
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    max_array_size: int | None,
+    hold: bool,
+) -> None:
+    """Submit members again, as a new array, each in its own run directory and from its
+    own latest complete checkpoint. `--failed` picks FAILED, NODE_FAIL, TIMEOUT, PREEMPTED,
+    STOPPED and SUBMIT_FAILED members; `--set` changes their configs."""
+    from ddlaunch.runs import default_run_root
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.sweep import find_sweep
+    from ddlaunch.sweep_status import FAILED_STATES, LIVE_STATES, collect
+    from ddlaunch.sweep_submit import plan_resubmission, resubmit_members
+
+    if not failed and not members:
+        raise UserError("say which members: --failed, or --member N (repeatable)")
+    path = find_sweep(sweep_ref, default_run_root())
+    client = SlurmClient()
+    rows = {r.index: r for r in collect(path, client)}
+    unknown = sorted(set(members) - set(rows))
+    if unknown:
+        raise UserError(f"no member {unknown[0]} in {path} (members 0-{len(rows) - 1})")
+    picked = {i for i, r in rows.items() if failed and r.state in FAILED_STATES}
+    chosen = sorted(picked | set(members))
+    if not chosen:
+        click.echo("no failed members; nothing to resubmit")
+        return
+    live = [i for i in chosen if rows[i].state in LIVE_STATES]
+    if live:
+        raise UserError(
+            f"member {live[0]} is still {rows[live[0]].state} as job {rows[live[0]].job_id}; "
+            f"cancel it first (ddlaunch cancel {rows[live[0]].run_dir})"
+        )
+    if not dry_run:
+        _need_slurm()
+    facts = _facts(max_array_size)
+    configs, arrays, sources = plan_resubmission(
+        path, chosen, workdir=os.getcwd(), facts=facts, overrides=overrides, hold=hold
+    )
+    head = f"resubmitting {len(chosen)} member(s) of {path.name}: {', '.join(map(str, chosen))}"
+    if dry_run:
+        _print_dry_run(arrays, [head])
+        return
+    click.echo(head)
+    with _progress() as bar:
+        outcomes = resubmit_members(
+            path,
+            chosen,
+            configs,
+            arrays,
+            sources,
+            client,
+            bar.phase("submitting arrays", len(chosen)),
+        )
+    _report(outcomes, path)

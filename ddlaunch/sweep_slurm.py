@@ -1,0 +1,61 @@
+"""The Slurm calls a sweep needs, through the Slurm client's runner (the one subprocess seam):
+the MaxArraySize probe, one ``squeue`` for every task of the sweep's arrays, and
+``scontrol show job`` of an array for tasks that already left the queue. Parsers are pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from ddlaunch.errors import UserError
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.parse import SQUEUE_FORMAT, QueueRow, parse_scontrol_show_job, parse_squeue
+
+_MAX_ARRAY = re.compile(r"^\s*MaxArraySize\s*=\s*(\d+)\s*$", re.MULTILINE)
+
+
+def parse_max_array_size(show_config: str) -> int | None:
+    """``scontrol show config`` -> MaxArraySize (tasks per array; index <= value - 1)."""
+    match = _MAX_ARRAY.search(show_config)
+    return int(match.group(1)) if match else None
+
+
+def probe_max_array_size(client: SlurmClient) -> int | None:
+    """The cluster's MaxArraySize, or None when it cannot be asked (no Slurm here)."""
+    result = client.runner.run(["scontrol", "show", "config"], timeout=60)
+    return parse_max_array_size(result.stdout) if result.ok else None
+
+
+def queue_tasks(client: SlurmClient, array_ids: Iterable[str]) -> dict[str, QueueRow]:
+    """One squeue call for all tasks of the given arrays, keyed ``ARRAY_TASK``.
+
+    ``-r`` lists pending tasks one per line (without it, the pending part of an array is
+    one row such as ``12_[4-99%8]``).
+    """
+    ids = sorted(set(array_ids))
+    if not ids:
+        return {}
+    argv = ["squeue", "-h", "-r", "-j", ",".join(ids), "-o", SQUEUE_FORMAT]
+    result = client.runner.run(argv, timeout=60)
+    # squeue exits 1 with "Invalid job id" when none of the ids is known any more.
+    if not result.ok and "Invalid job id" not in result.stderr:
+        raise UserError(f"squeue failed: {(result.stderr or result.stdout).strip()}")
+    return parse_squeue(result.stdout)
+
+
+def parse_array_show_job(stdout: str) -> dict[str, dict[str, str]]:
+    """``scontrol show job -o ARRAY`` prints one line per task still known (MinJobAge):
+    ``ARRAY_TASK`` -> fields. The pending remainder (``ArrayTaskId=4-99``) is skipped."""
+    out: dict[str, dict[str, str]] = {}
+    for line in stdout.splitlines():
+        fields = parse_scontrol_show_job(line)
+        task = fields.get("ArrayTaskId", "")
+        if fields.get("ArrayJobId") and task.isdigit():
+            out[f"{fields['ArrayJobId']}_{task}"] = fields
+    return out
+
+
+def show_array_tasks(client: SlurmClient, array_id: str) -> dict[str, dict[str, str]]:
+    result = client.runner.run(["scontrol", "show", "job", "-o", array_id], timeout=60)
+    return parse_array_show_job(result.stdout) if result.ok else {}

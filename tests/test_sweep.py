@@ -1,0 +1,559 @@
+"""Sweeps without a cluster: the sweep file, expansion, validation of members, the split
+into arrays, the array scripts, the sweep directory and status joining (fake runner,
+recorded real Slurm 22.05 output)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddlaunch.config.load import apply_overrides, load_tree, parse_yaml_value
+from ddlaunch.config.validate import to_plain, validate_tree
+from ddlaunch.plan import ArraySpec, ClusterFacts
+from ddlaunch.runner import CommandResult
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.sweep import (
+    Member,
+    Override,
+    SweepFileError,
+    expand,
+    format_value,
+    is_sweep_dir,
+    member_run_dirs,
+    parse_sweep_file,
+    split_arrays,
+)
+from ddlaunch.sweep_prepare import SweepMembersError, prepare_sweep, validate_members
+from ddlaunch.sweep_slurm import parse_array_show_job, parse_max_array_size, queue_tasks
+from ddlaunch.sweep_status import collect, summary
+from ddlaunch.sweep_submit import (
+    config_text,
+    plan_resubmission,
+    resubmit_members,
+    submit_sweep,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Recorded on the dev cluster (Slurm 22.05.8): `scontrol show job -o 374` of an array of 4
+# (throttle 2) with tasks 0 and 1 running and 2-3 pending, and `squeue -h -r -j 374 -o
+# '%i|%T|%r|%N'` at the same moment.
+SHOW_JOB_ARRAY_374 = (
+    "JobId=374 ArrayJobId=374 ArrayTaskId=2-3%2 ArrayTaskThrottle=2 JobName=wrap "
+    "UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901667 Nice=0 Account=root "
+    "QOS=normal JobState=PENDING Reason=JobArrayTaskLimit Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED "
+    "TimeMin=N/A SubmitTime=2026-11-30T16:02:12 EligibleTime=Unknown "
+    "AccrueTime=2026-11-30T16:02:12 StartTime=Unknown EndTime=Unknown Deadline=N/A "
+    "SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-30T16:02:12 Scheduler=Main "
+    "Partition=debug AllocNode:Sid=localhost:17542 ReqNodeList=(null) ExcNodeList=(null) "
+    "NodeList= NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=1,mem=8G,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null) "
+    "WorkDir=/tmp/sw-probe StdErr=/tmp/sw-probe/q-374_4294967294.out StdIn=/dev/null "
+    "StdOut=/tmp/sw-probe/q-374_4294967294.out Power= \n"
+    "JobId=376 ArrayJobId=374 ArrayTaskId=1 ArrayTaskThrottle=2 JobName=wrap "
+    "UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901667 Nice=0 Account=root "
+    "QOS=normal JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 "
+    "BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:01 TimeLimit=UNLIMITED TimeMin=N/A "
+    "SubmitTime=2026-11-30T16:02:12 EligibleTime=2026-11-30T16:02:12 "
+    "AccrueTime=2026-11-30T16:02:12 StartTime=2026-11-30T16:02:12 EndTime=Unknown "
+    "Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-30T16:02:12 "
+    "Scheduler=Main Partition=debug AllocNode:Sid=localhost:17542 ReqNodeList=(null) "
+    "ExcNodeList=(null) NodeList=node1 BatchHost=node1 NumNodes=1 NumCPUs=1 NumTasks=1 "
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=1,node=1,billing=1 Socks/Node=* "
+    "NtasksPerN:B:S:C=0:0:*:* CoreSpec=* MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 "
+    "Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) "
+    "Network=(null) Command=(null) WorkDir=/tmp/sw-probe StdErr=/tmp/sw-probe/q-374_1.out "
+    "StdIn=/dev/null StdOut=/tmp/sw-probe/q-374_1.out Power= \n"
+    "JobId=375 ArrayJobId=374 ArrayTaskId=0 ArrayTaskThrottle=2 JobName=wrap "
+    "UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901667 Nice=0 Account=root "
+    "QOS=normal JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 "
+    "BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:01 TimeLimit=UNLIMITED TimeMin=N/A "
+    "SubmitTime=2026-11-30T16:02:12 EligibleTime=2026-11-30T16:02:12 "
+    "AccrueTime=2026-11-30T16:02:12 StartTime=2026-11-30T16:02:12 EndTime=Unknown "
+    "Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-30T16:02:12 "
+    "Scheduler=Main Partition=debug AllocNode:Sid=localhost:17542 ReqNodeList=(null) "
+    "ExcNodeList=(null) NodeList=node1 BatchHost=node1 NumNodes=1 NumCPUs=1 NumTasks=1 "
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=1,node=1,billing=1 Socks/Node=* "
+    "NtasksPerN:B:S:C=0:0:*:* CoreSpec=* MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 "
+    "Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) "
+    "Network=(null) Command=(null) WorkDir=/tmp/sw-probe StdErr=/tmp/sw-probe/q-374_0.out "
+    "StdIn=/dev/null StdOut=/tmp/sw-probe/q-374_0.out Power= \n"
+)
+SQUEUE_R_374 = (
+    "374_2|PENDING|JobArrayTaskLimit|\n"
+    "374_3|PENDING|JobArrayTaskLimit|\n"
+    "374_1|RUNNING|None|node1\n"
+    "374_0|RUNNING|None|node1\n"
+)
+SHOW_CONFIG_EXCERPT = (
+    "Licenses                = (null)\n"
+    "LogTimeFormat           = iso8601_ms\n"
+    "MailDomain              = (null)\n"
+    "MailProg                = /bin/true\n"
+    "MaxArraySize            = 101\n"
+    "MaxDBDMsgs              = 200012\n"
+    "MaxJobCount             = 100000\n"
+)
+
+
+Answer = CommandResult | Callable[[tuple[str, ...]], CommandResult]
+
+
+class FakeRunner:
+    """Answers commands from a table of argv prefixes (a result, or a function of the argv:
+    arrays are submitted concurrently); records every call."""
+
+    def __init__(self, answers: Mapping[tuple[str, ...], Answer]):
+        self.answers = dict(answers)
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, argv: Sequence[str], **_: object) -> CommandResult:
+        argv = tuple(argv)
+        self.calls.append(argv)
+        for prefix, answer in self.answers.items():
+            if argv[: len(prefix)] == prefix:
+                return answer if isinstance(answer, CommandResult) else answer(argv)
+        return CommandResult(argv, 1, "", f"{argv[0]}: not faked")
+
+
+def sbatch_ids(*ids: str) -> Callable[[tuple[str, ...]], CommandResult]:
+    """Array <n> (its script arrays/<n>.sbatch, the argv's last word) gets job id ids[n]."""
+    return lambda argv: ok(ids[int(Path(argv[-1]).stem)] + "\n")
+
+
+def ok(stdout: str = "") -> CommandResult:
+    return CommandResult((), 0, stdout, "")
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+BASE = """\
+defaults: [examples/mlp]
+job: {name: t-sweep, time: "00:05:00"}
+nodes: {count: 1, gpus_per_node: 1, cpus_per_task: 1}
+params: {steps: 20, nested: {a: 1}}
+"""
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    return write(tmp_path / "base.yaml", BASE)
+
+
+def sweep_file(tmp_path: Path, body: str) -> Path:
+    return write(tmp_path / "sweep.yaml", "base: base.yaml\n" + body)
+
+
+# ----------------------------------------------------------------------------- file, expand
+
+
+def test_axes_multiply_in_file_order_last_fastest(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(
+        tmp_path,
+        "grid:\n  params.lr: [0.1, 0.2]\n"
+        "zip:\n  params.a: [1, 2, 3]\n  params.b: [x, y, z]\n"
+        "list:\n  - {params.c: 1}\n  - [params.c=2, params.d=true]\n"
+        "seeds: 2\n",
+    )
+    spec = parse_sweep_file(path)
+    members = expand(spec)
+    assert spec.size == len(members) == 2 * 3 * 2 * 2
+    assert members[0].label == "params.lr=0.1 params.a=1 params.b=x params.c=1 params.seed=0"
+    assert members[1].label == "params.lr=0.1 params.a=1 params.b=x params.c=1 params.seed=1"
+    assert members[2].set_args[-3:] == ["params.c=2", "params.d=true", "params.seed=0"]
+    assert (
+        members[-1].label
+        == "params.lr=0.2 params.a=3 params.b=z params.c=2 params.d=true params.seed=1"
+    )
+    assert [m.index for m in members] == list(range(24))
+
+
+def test_set_forms_and_cli_set_join_common_overrides(tmp_path: Path, base: Path) -> None:
+    spec = parse_sweep_file(
+        sweep_file(tmp_path, "set: {params.steps: 5}\nseeds: [3, 7]\nseed_key: params.s\n"),
+        extra_set=["job.time=00:02:00"],
+    )
+    assert spec.common == ("params.steps=5", "job.time=00:02:00")
+    assert [m.label for m in expand(spec)] == ["params.s=3", "params.s=7"]
+
+
+@pytest.mark.parametrize(
+    "value", [0.01, 3e-4, 1e-10, 5, True, None, "3e-4", "1:30:00", "yes", "a b", [1, "x"], {"k": 2}]
+)
+def test_override_text_types_back_like_set(value: object) -> None:
+    text = format_value(value)
+    again = parse_yaml_value(text)
+    assert again == value and type(again) is type(value), text
+
+
+def test_sweep_file_errors_name_file_line_and_key(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(
+        tmp_path,
+        "grid:\n  params.lr: [0.1]\n  params.a: 3\n"
+        "zip:\n  params.b: [1, 2]\n  params.c: [1]\n"
+        "seeds: 2\nseed_key: params.lr\n"
+        "nodes: {count: 2}\nthrottle: 0\n",
+    )
+    with pytest.raises(SweepFileError) as err:
+        parse_sweep_file(path)
+    text = str(err.value)
+    assert text.startswith("invalid sweep file (5 errors):")
+    assert "grid.params.a: expected a non-empty list of values, e.g. [0.01, 0.1] (" in text
+    assert "sweep.yaml:4)" in text
+    assert "zip: zipped lists must have the same length (params.b: 2, params.c: 1)" in text
+    assert "seeds: swept by both grid.params.lr and seeds; sweep each key in one axis" in text
+    assert "nodes: unknown sweep key; config keys belong in the base config (or in set:)" in text
+    assert "throttle: must be a positive integer, got 0" in text
+
+
+def test_missing_base_duplicates_and_no_axis_are_refused(tmp_path: Path, base: Path) -> None:
+    write(tmp_path / "nobase.yaml", "base: nowhere.yaml\nseeds: 2\n")
+    with pytest.raises(SweepFileError, match=r"base: config 'nowhere\.yaml' not found"):
+        parse_sweep_file(tmp_path / "nobase.yaml")
+    with pytest.raises(SweepFileError, match="members 0 and 1 have the same overrides"):
+        parse_sweep_file(sweep_file(tmp_path, "list: [{params.x: 1}, [params.x=1]]\n"))
+    with pytest.raises(SweepFileError, match="needs at least one axis"):
+        parse_sweep_file(sweep_file(tmp_path, "set: [params.x=1]\n"))
+
+
+def test_shipped_sweeps_parse_and_validate(tmp_path: Path) -> None:
+    for path in sorted((REPO / "configs" / "sweeps").glob("*.yaml")):
+        spec = parse_sweep_file(path)
+        prepared = prepare_sweep(spec, workdir="/w", run_root=str(tmp_path), sweep_id="s")
+        assert len(prepared.members) == spec.size > 1
+        assert len(prepared.arrays) == 1
+
+
+def test_split_arrays() -> None:
+    assert split_arrays(list(range(5)), 2) == [(0, 1), (2, 3), (4,)]
+    assert split_arrays(list(range(5)), None) == [(0, 1, 2, 3, 4)]
+    assert split_arrays([3, 9], 101) == [(3, 9)]
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def full_validation(base: Path, member: Member) -> object:
+    return validate_tree(load_tree(base, member.set_args))
+
+
+def test_params_shortcut_equals_validating_each_member(base: Path) -> None:
+    members = [
+        Member(0, (Override("params.lr", 0.1), Override("params.nested.b", [1, 2]))),
+        Member(1, (Override("nodes.count", 2), Override("params.new.deep", "x"))),
+        Member(2, (Override("params.nested", {"z": 1}), Override("params.seed", 4))),
+        Member(3, (Override("params", {"only": 1}),)),
+        Member(4, (Override("nodes.count", 2), Override("params.lr", 0.3))),
+    ]
+    configs = validate_members(load_tree(base), members)
+    for member, cfg in zip(members, configs, strict=True):
+        assert cfg == full_validation(base, member), member.label
+
+
+def test_bad_members_fail_the_sweep_with_their_overrides(base: Path) -> None:
+    members = [
+        Member(0, (Override("params.lr", 0.1),)),
+        Member(1, (Override("nodes.count", 0), Override("params.lr", 0.1))),
+        Member(2, (Override("params.steps.x", 1),)),
+        Member(3, (Override("nodes.count", 0), Override("params.lr", 0.2))),
+    ]
+    with pytest.raises(SweepMembersError) as err:
+        validate_members(load_tree(base), members)
+    text = str(err.value)
+    assert text.startswith("invalid sweep: 3 of 4 members do not validate; nothing was")
+    assert "  member 1 (nodes.count=0 params.lr=0.1):\n    nodes.count: must be " in text
+    assert "(--set nodes.count=0)" in text
+    assert "  member 3 (nodes.count=0 params.lr=0.2):" in text
+    # the params shortcut words it exactly as --set does
+    loaded = load_tree(base)
+    with pytest.raises(Exception) as direct:
+        apply_overrides(loaded, ["params.steps.x=1"])
+    assert f"  member 2 (params.steps.x=1):\n    {direct.value.issues[0]}" in text  # type: ignore[attr-defined]
+
+
+def test_config_text_is_the_yaml_dump_of_the_config(base: Path) -> None:
+    members = [
+        Member(i, (Override("params.lr", 0.1 * i), Override("params.s", "a: b"))) for i in range(3)
+    ]
+    cache: dict = {}
+    for cfg in validate_members(load_tree(base), members):
+        text = config_text(cfg, cache)
+        assert text == yaml.safe_dump(to_plain(cfg), sort_keys=False)
+    assert cache  # shared sections were dumped once
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def test_arrays_split_at_max_array_size_and_group_by_script(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(
+        tmp_path, "grid:\n  nodes.count: [1, 2]\n  params.lr: [1, 2, 3, 4, 5]\nthrottle: 2\n"
+    )
+    prepared = prepare_sweep(
+        parse_sweep_file(path),
+        workdir="/w",
+        facts=ClusterFacts(max_array_size=3),
+        run_root=str(tmp_path / "runs"),
+        sweep_id="sw",
+    )
+    assert [a.spec.members for a in prepared.arrays] == [(0, 1, 2), (3, 4), (5, 6, 7), (8, 9)]
+    assert [a.spec.name for a in prepared.arrays] == ["0", "1", "2", "3"]
+    first, last = prepared.arrays[0], prepared.arrays[-1]
+    argv = first.plan.sbatch_argv
+    sweep_dir = tmp_path / "runs" / "sw"
+    assert argv[:4] == (
+        "sbatch",
+        "--parsable",
+        "--array=0-2%2",
+        f"--output={sweep_dir}/logs/batch-%A_%a.out",
+    )
+    assert argv[-1] == f"{sweep_dir}/arrays/0.sbatch"
+    assert "\nmembers=(0 1 2)\n" in first.script and "\nmembers=(8 9)\n" in last.script
+    assert "#SBATCH --nodes=1" in first.script and "#SBATCH --nodes=2" in last.script
+    srun = next(line for line in first.script.splitlines() if line.startswith("srun "))
+    assert "--output" not in srun and "--error" not in srun
+    assert f"_submit {sweep_dir}/submitit" in first.script
+    # every chunk renders as a full render would
+    from ddlaunch.render import render_script
+
+    assert prepared.arrays[1].script == render_script(
+        prepared.arrays[1].plan, sources=prepared.sources
+    )
+    proc = subprocess.run(["bash", "-n"], input=first.script, text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_array_task_picks_its_member_dir_logs_and_checkpoints(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(tmp_path, "list: [{params.x: 1}, {params.x: 2}, {params.x: 3}]\n")
+    prepared = prepare_sweep(
+        parse_sweep_file(path), workdir="/w", run_root=str(tmp_path / "r"), sweep_id="sw"
+    )
+    script = prepared.arrays[0].script
+    # Run the member-selection part of the script for task 2, as Slurm would.
+    head = script.split("export DDLAUNCH_WORLD_SIZE")[0]
+    probe = head + 'echo "$DDLAUNCH_RUN_DIR|$DDLAUNCH_CHECKPOINT_DIR|$SLURM_STDOUTMODE"\n'
+    members = tmp_path / "r" / "sw" / "members"
+    (members / "2").mkdir(parents=True)
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_JOB_ID": "77"}
+    proc = subprocess.run(["bash", "-c", probe], env=env, text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    out = (members / "2" / "logs" / "batch-77_2.out").read_text().strip()
+    assert out == f"{members}/2|{members}/2/checkpoints|{members}/2/logs/rank-%t.out"
+
+
+def test_checkpoint_dir_of_the_base_becomes_one_per_member(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(
+        tmp_path, "set: [storage.checkpoint_dir=/ckpt]\nlist: [{params.x: 1}, {params.x: 2}]\n"
+    )
+    prepared = prepare_sweep(
+        parse_sweep_file(path), workdir="/w", run_root=str(tmp_path / "r"), sweep_id="sw"
+    )
+    assert [c.storage.checkpoint_dir for c in prepared.configs] == ["/ckpt/sw/0", "/ckpt/sw/1"]
+    assert 'export DDLAUNCH_CHECKPOINT_DIR=/ckpt/sw/"$member"' in prepared.arrays[0].script
+
+
+def test_array_spec_and_plan() -> None:
+    assert ArraySpec("0", "s", (4,), "/m").spec == "0"
+    assert ArraySpec("0", "s", (4, 5, 9), "/m", throttle=8).spec == "0-2%8"
+
+
+# ----------------------------------------------------------------------------- parsers
+
+
+def test_parsers_on_recorded_output() -> None:
+    assert parse_max_array_size(SHOW_CONFIG_EXCERPT) == 101
+    assert parse_max_array_size("nothing") is None
+    tasks = parse_array_show_job(SHOW_JOB_ARRAY_374)
+    assert sorted(tasks) == ["374_0", "374_1"]  # the pending remainder 2-3%2 is not a task
+    assert tasks["374_1"]["JobId"] == "376" and tasks["374_1"]["JobState"] == "RUNNING"
+    runner = FakeRunner({("squeue",): ok(SQUEUE_R_374)})
+    rows = queue_tasks(SlurmClient(runner), ["374"])
+    assert runner.calls == [("squeue", "-h", "-r", "-j", "374", "-o", "%i|%T|%r|%N")]
+    assert {k: r.state for k, r in rows.items()} == {
+        "374_0": "RUNNING",
+        "374_1": "RUNNING",
+        "374_2": "PENDING",
+        "374_3": "PENDING",
+    }
+
+
+# ----------------------------------------------------------------------------- submit, status
+
+
+def submitted_sweep(tmp_path: Path, runner: FakeRunner, members: int = 5, max_size: int = 3):
+    (tmp_path / "base.yaml").write_text(BASE)
+    lrs = ", ".join(str(i) for i in range(members))
+    path = sweep_file(tmp_path, f"grid:\n  params.lr: [{lrs}]\n")
+    prepared = prepare_sweep(
+        parse_sweep_file(path),
+        workdir=str(tmp_path),
+        facts=ClusterFacts(max_array_size=max_size),
+        run_root=str(tmp_path / "runs"),
+        sweep_id="sw",
+    )
+    outcomes = submit_sweep(prepared, workdir=str(tmp_path), client=SlurmClient(runner))
+    return prepared, outcomes
+
+
+def test_submit_writes_member_run_dirs_and_one_pickle_per_task(tmp_path: Path) -> None:
+    runner = FakeRunner({("sbatch",): sbatch_ids("500", "501"), ("git",): ok()})
+    prepared, outcomes = submitted_sweep(tmp_path, runner)
+    sweep_dir = prepared.sweep_dir
+    assert [(o.job_id, o.members) for o in outcomes] == [("500", (0, 1, 2)), ("501", (3, 4))]
+    sbatch_calls = [c for c in runner.calls if c[0] == "sbatch"]
+    assert len(sbatch_calls) == 2 and all(c[2].startswith("--array=0-") for c in sbatch_calls)
+    assert is_sweep_dir(sweep_dir)
+    assert [label for label, _ in member_run_dirs(sweep_dir)][:2] == ["params.lr=0", "params.lr=1"]
+    by_member = {m: o.job_id for o in outcomes for m in o.members}
+    for member, (_, run) in enumerate(member_run_dirs(sweep_dir)):
+        array = next(o for o in outcomes if member in o.members)
+        task = array.members.index(member)
+        job_id = f"{by_member[member]}_{task}"
+        assert yaml.safe_load((run / "config.yaml").read_text())["params"]["lr"] == member
+        assert json.loads((run / "submission.json").read_text())["job_ids"] == [job_id]
+        intent = json.loads((run / "intent.json").read_text())
+        assert intent["state"] == "submitted" and intent["job_id"] == job_id
+        assert (run / "job.sbatch").resolve() == sweep_dir / "arrays" / f"{array.name}.sbatch"
+        with open(sweep_dir / "submitit" / f"{job_id}_submitted.pkl", "rb") as handle:
+            delayed = pickle.load(handle)
+        assert delayed.function.__name__ == "run_rank" and delayed.args == (str(run),)
+        assert oct(run.stat().st_mode & 0o777) == "0o700"
+    record = json.loads((sweep_dir / "arrays" / "0.json").read_text())
+    assert record["state"] == "submitted" and record["members"] == [0, 1, 2]
+    assert not list((sweep_dir / "submitit").glob("????????????????????????????????.pkl"))
+
+
+def test_failed_sbatch_fails_only_its_members_and_resubmit_picks_them(tmp_path: Path) -> None:
+    runner = FakeRunner(
+        {
+            ("sbatch",): CommandResult((), 1, "", "sbatch: error: Batch job submission failed"),
+            ("git",): ok(),
+        }
+    )
+    prepared, outcomes = submitted_sweep(tmp_path, runner, members=3, max_size=None)
+    assert [o.error for o in outcomes] == [
+        "sbatch failed (exit 1): sbatch: error: Batch job submission failed"
+    ]
+    runner.answers = {("squeue",): ok(""), ("scontrol",): ok("")}
+    rows = collect(prepared.sweep_dir, SlurmClient(runner))
+    assert [r.state for r in rows] == ["SUBMIT_FAILED"] * 3
+    assert summary(rows) == "3 members: 3 SUBMIT_FAILED"
+    # no job id was ever given: nothing to ask squeue
+    assert not [c for c in runner.calls if c[0] == "squeue"]
+
+    runner.answers = {("sbatch",): ok("600\n")}
+    configs, arrays, sources = plan_resubmission(
+        prepared.sweep_dir, [0, 2], workdir=str(tmp_path), facts=ClusterFacts()
+    )
+    assert [a.spec.name for a in arrays] == ["1"]  # array 0 (failed) keeps its record
+    outcomes = resubmit_members(
+        prepared.sweep_dir, [0, 2], configs, arrays, sources, SlurmClient(runner)
+    )
+    assert [(o.job_id, o.members) for o in outcomes] == [("600", (0, 2))]
+    ids = [
+        json.loads((run / "submission.json").read_text())["job_ids"]
+        if (run / "submission.json").exists()
+        else []
+        for _, run in member_run_dirs(prepared.sweep_dir)
+    ]
+    assert ids == [["600_0"], [], ["600_1"]]
+
+
+def test_status_joins_one_squeue_call_with_the_run_dirs(tmp_path: Path) -> None:
+    runner = FakeRunner({("sbatch",): sbatch_ids("374", "380"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=5, max_size=4)
+    members = prepared.sweep_dir / "members"
+    write(members / "0" / "result.json", json.dumps({"final_loss": 0.125}))
+    write(members / "0" / "outcome.json", json.dumps({"state": "COMPLETED"}))
+    write(members / "1" / "progress.json", json.dumps({"step": 7}))
+    runner.answers = {
+        ("squeue",): ok(SQUEUE_R_374),  # 374_0..3; 380_0 (member 4) left the queue
+        ("scontrol", "show", "job"): ok(SHOW_JOB_ARRAY_374.replace("374", "380")),
+    }
+    runner.calls.clear()
+    rows = collect(prepared.sweep_dir, SlurmClient(runner))
+    squeues = [c for c in runner.calls if c[0] == "squeue"]
+    assert len(squeues) == 1 and squeues[0][3:5] == ("-j", "374,380")
+    assert [(r.index, r.job_id, r.state) for r in rows] == [
+        (0, "374_0", "RUNNING"),
+        (1, "374_1", "RUNNING"),
+        (2, "374_2", "PENDING"),
+        (3, "374_3", "PENDING"),
+        (4, "380_0", "RUNNING"),
+    ]
+    assert rows[0].metric == 0.125 and rows[1].step == 7
+    assert rows[0].overrides == "params.lr=0"
+    assert summary(rows) == "5 members: 3 RUNNING, 2 PENDING"
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+NO_TORCH_PROBE = """
+import sys
+from ddlaunch.cli import main
+try:
+    main({argv!r})
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("TORCH_LOADED" if "torch" in sys.modules else "TORCH_ABSENT")
+"""
+
+
+def test_dry_run_prints_members_scripts_and_argv_without_torch(tmp_path: Path) -> None:
+    sweep = REPO / "configs" / "sweeps" / "mlp-lr.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_PROBE.format(argv=["sweep", str(sweep), "--dry-run"])],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        env={
+            **os.environ,
+            "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+            "SLURM_CONF": "/nonexistent",
+        },
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.strip().endswith("TORCH_ABSENT")
+    assert "12 members in 1 array(s) (no split)" in out
+    assert "#     0  params.lr=0.01 params.batch_size=32 params.seed=0" in out
+    assert "# sbatch argv: sbatch --parsable --array=0-11%6 " in out
+    assert not (tmp_path / "runs").exists()  # a dry run creates nothing
+
+
+def test_bad_member_message_from_the_cli(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(tmp_path, "grid:\n  nodes.gpus_per_node: [1, 9]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "sweep", str(path), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        env={
+            **os.environ,
+            "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+            "SLURM_CONF": "/nonexistent",
+        },
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: invalid sweep: 1 of 2 members do not validate")
+    assert "member 1 (nodes.gpus_per_node=9):" in proc.stderr
