@@ -1,0 +1,105 @@
+"""Recovery after a node kill on the dev cluster, in one run:
+
+* detection: from the kill until Slurm reports the node not responding / down (the cluster's
+  node-failure detection, SlurmdTimeout-bound);
+* recovery: from the kill until the first training step after the resume;
+* work lost: the step reached before the kill minus the step resumed from.
+
+Target: recovery <= detection + 30 s, and work lost <= one checkpoint interval.
+
+    SLURM_CONF=/etc/ddlaunch-devcluster/slurm.conf python benchmarks/bench_recovery.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+INTERVAL = 20
+CONFIG = """defaults: [clusters/devcluster]
+job: {{name: bench-recovery, time: "00:10:00"}}
+nodes: {{count: 2, gpus_per_node: 2, cpus_per_task: 1}}
+launch: {{entrypoint: "ddlaunch.examples.mlp:main", backend: gloo}}
+fault_tolerance: {{checkpoint_every_steps: {interval}, keep_last: 0}}
+params: {{steps: 400, step_sleep: 0.15}}
+"""
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+def progress(run: Path) -> dict:
+    try:
+        return json.loads((run / "progress.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def main() -> None:
+    os.environ.setdefault("SLURM_CONF", "/etc/ddlaunch-devcluster/slurm.conf")
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-", dir=str(Path.home())) as tmp:
+        cfg = Path(tmp) / "r.yaml"
+        cfg.write_text(CONFIG.format(interval=INTERVAL))
+        out = sh(sys.executable, "-m", "ddlaunch", "submit", str(cfg), "--run-root", tmp)
+        job, run = out.split()[3], Path(tmp) / out.split()[1]
+        try:
+            while progress(run).get("step", -1) < 60:
+                time.sleep(0.2)
+            nodes = sh(
+                "scontrol", "show", "hostnames", sh("squeue", "-h", "-j", job, "-o", "%N").strip()
+            ).split()
+            victim = nodes[1]
+            step_before = progress(run)["step"]
+            killed = time.time()
+            for pid in sh("ip", "netns", "pids", f"ddl-{victim}").split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            detected = None
+            while True:
+                now = time.time()
+                if detected is None:
+                    state = sh("sinfo", "-h", "-n", victim, "-o", "%T").strip()
+                    if state.endswith("*") or state.startswith("down"):
+                        detected = now - killed
+                p = progress(run)
+                if p.get("time", 0) > killed and p.get("job_id") == job and p["step"] > 0:
+                    attempts = json.loads((run / "attempts.json").read_text())
+                    if len(attempts) > 1:
+                        recovered = p["time"] - killed
+                        resumed = attempts[-1]["resumed_from"] or 0
+                        break
+                time.sleep(0.2)
+            while detected is None:  # recovery may beat Slurm's own detection
+                state = sh("sinfo", "-h", "-n", victim, "-o", "%T").strip()
+                if state.endswith("*") or state.startswith("down"):
+                    detected = time.time() - killed
+                time.sleep(0.2)
+        finally:
+            subprocess.run(["scancel", job], check=False)
+            subprocess.run(
+                [str(Path(__file__).resolve().parents[1] / "scripts" / "devcluster"), "up"],
+                check=False,
+                capture_output=True,
+            )
+    lost = step_before - resumed
+    print(f"{'node-failure detection (Slurm)':34} {detected:7.1f} s")
+    print(
+        f"{'kill -> first step after resume':34} {recovered:7.1f} s   target <= "
+        f"{detected + 30:.1f} s  {'OK' if recovered <= detected + 30 else 'SLOW'}"
+    )
+    print(
+        f"{'work lost (steps)':34} {lost:7d}     target <= {INTERVAL} "
+        f"{'OK' if lost <= INTERVAL else 'TOO MUCH'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
