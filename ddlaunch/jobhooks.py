@@ -172,7 +172,7 @@ def end(
     from ddlaunch.health import policy as health_policy
 
     health = None
-    if cause != attempts.CAUSE_CANCELLED:
+    if cause not in (attempts.CAUSE_CANCELLED, attempts.CAUSE_COMPLETED):
         health = health_hooks.apply_watchdog_verdict(run_dir, current)
     extra: dict = {}
     if health is not None:
@@ -198,7 +198,7 @@ def end(
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if decision.requeue and job_id:
         print(f"[ddlaunch] {decision.reason}", flush=True)
-        # Requeue, then exclude: Slurm accepts ExcNodeList only on a pending job.
+        # Exclude and requeue (in the other order when Slurm refuses to update a running job).
         health_hooks.requeue_excluding(client, job_id, excluded(run_dir))
         return 0
     state = {attempts.CAUSE_COMPLETED: "COMPLETED", attempts.CAUSE_CANCELLED: "CANCELLED"}.get(

@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.errors import UserError
-from ddlaunch.rundir import DEFAULT_RUN_ROOT, resolve_run_root
+
+# rundir.DEFAULT_RUN_ROOT (a test keeps them equal).
+DEFAULT_RUN_ROOT = "~/ddlaunch/runs"
 
 
 def default_run_root() -> Path:
-    return resolve_run_root(DEFAULT_RUN_ROOT)
+    """``rundir.resolve_run_root(DEFAULT_RUN_ROOT)``, restated so that ``status`` does not
+    import ``ddlaunch.rundir`` (which pulls in yaml and secrets: ~40 ms of every call);
+    tests/test_status.py checks that both give the same answer."""
+    configured = os.environ.get("DDLAUNCH_RUN_ROOT") or DEFAULT_RUN_ROOT
+    return Path(os.path.expandvars(configured)).expanduser().absolute()
 
 
 def find_run(ref: str, root: Path | None = None) -> Path:
@@ -59,6 +67,7 @@ class Failure:
     job_id: str | None = None
     attempt: int | None = None
     traceback: str = ""
+    time: float = 0.0
 
     def one_line(self) -> str:
         loc = f" at {self.where}" if self.where else ""
@@ -105,11 +114,25 @@ def read_failures(run_dir: Path) -> list[Failure]:
                 job_id=rec.get("job_id"),
                 attempt=rec.get("attempt"),
                 traceback=str(rec.get("traceback", "")),
+                time=float(rec.get("time") or 0.0),
             )
         )
-    # The earliest failure is usually the cause; the others are collateral (killed peers).
-    failures.sort(key=lambda f: (f.attempt or 0, f.rank))
+    # The cause comes first: the newest attempt, then real errors before collateral ones
+    # (a peer's "connection closed" / timeout in a collective), then the earliest.
+    failures.sort(key=lambda f: (-(f.attempt or 0), is_collateral(f), f.time, f.rank))
     return failures
+
+
+# Messages of ranks that failed only because a peer died or hung in a collective.
+_COLLATERAL = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Socket Timeout|"
+    r"timed out|Timeout|NCCL (communicator|error).*(abort|remote)|ProcessGroup.*(abort|timeout)",
+    re.IGNORECASE,
+)
+
+
+def is_collateral(failure: Failure) -> bool:
+    return bool(_COLLATERAL.search(failure.message))
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -141,13 +164,19 @@ def _json(path: Path, present: set[str], name: str, default: Any = None) -> Any:
         return default
 
 
-def read_run(run_dir: Path, *, with_checkpoints: bool = True) -> RunInfo:
-    from ddlaunch.checkpoint.layout import latest_complete
-
-    try:
-        present = set(os.listdir(run_dir))
-    except OSError:
-        present = set()
+def read_run(
+    run_dir: Path, *, with_checkpoints: bool = True, listing: AbstractSet[str] | None = None
+) -> RunInfo:
+    """Everything status needs from a run directory; ``listing`` (its file names) may come
+    from the caller, who listed it already."""
+    present: AbstractSet[str]
+    if listing is not None:
+        present = listing
+    else:
+        try:
+            present = set(os.listdir(run_dir))
+        except OSError:
+            present = set()
     submission = _json(run_dir, present, "submission.json", {}) or {}
     info = RunInfo(path=run_dir, run_id=run_dir.name, job_ids=list(submission.get("job_ids", [])))
     info.intent = _json(run_dir, present, "intent.json", {}) or {}
@@ -161,30 +190,159 @@ def read_run(run_dir: Path, *, with_checkpoints: bool = True) -> RunInfo:
         health = run_dir / "health"
         info.preflight = _json(health, {"preflight.json"}, "preflight.json")
         info.watchdog = _json(health, {"watchdog.json"}, "watchdog.json")
-    if with_checkpoints and "config.yaml" in present:
+    # A run that never started has no checkpoint: skip the config read for pending runs
+    # (most of a large sweep's members while it is queued).
+    started = present & {"attempts.json", "progress.json", "result.json", "outcome.json"}
+    if with_checkpoints and "config.yaml" in present and (started or "checkpoints" in present):
         info.checkpoint_root = checkpoint_root(run_dir)
         root = info.checkpoint_root
         if root.parent != run_dir or root.name in present:
+            from ddlaunch.checkpoint.layout import latest_complete
+
             latest = latest_complete(root) if root.is_dir() else None
             info.latest_step = latest.step if latest else None
     return info
 
 
+STATUS_CACHE = ".ddlaunch-status-cache.json"
+# Names whose presence means a run started (or was acted on): such runs are always read.
+_ACTIVITY = frozenset(
+    {
+        "attempts.json",
+        "progress.json",
+        "result.json",
+        "outcome.json",
+        "failures",
+        "health",
+        "checkpoints",
+        "cancel.json",
+        "excluded_nodes.json",
+    }
+)
+# A directory changed this recently is not cached: on filesystems with coarse timestamps a
+# write in the same tick would not change its mtime again.
+_SETTLE_S = 2.0
+
+
+class QueuedRunCache:
+    """What ``status`` learnt about runs that have not started yet, keyed by the run
+    directory's mtime (``<dir>/.ddlaunch-status-cache.json``).
+
+    A queued run holds only what ``submit`` wrote (job ids, intent). Every later write into
+    the run directory (``attempts.json`` at the first start, ...) is a rename there and
+    changes the directory's mtime, so one stat tells whether the cached record still holds:
+    a 1000-member sweep waiting in the queue costs 1000 stats per poll instead of 1000
+    listings and file reads. Runs that started are never cached. The file is only a cache:
+    unreadable or stale, it is rebuilt."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / STATUS_CACHE
+        self.runs: dict[str, list[Any]] = {}
+        self.changed = False
+        try:
+            data = json.loads(self.path.read_text())
+            if isinstance(data, dict) and data.get("version") == 1:
+                self.runs = dict(data.get("runs", {}))
+        except (OSError, ValueError):
+            pass
+
+    def get(self, run_dir: Path, mtime_ns: int) -> RunInfo | None:
+        entry = self.runs.get(run_dir.name)
+        if not entry or entry[0] != mtime_ns:
+            return None
+        intent = {k: v for k, v in (("state", entry[2]), ("error", entry[3])) if v is not None}
+        return RunInfo(path=run_dir, run_id=run_dir.name, job_ids=list(entry[1]), intent=intent)
+
+    def put(self, info: RunInfo, mtime_ns: int, listing: AbstractSet[str], now: float) -> None:
+        name = info.path.name
+        if listing & _ACTIVITY or now - mtime_ns / 1e9 < _SETTLE_S:
+            if self.runs.pop(name, None) is not None:
+                self.changed = True
+            return
+        entry = [mtime_ns, info.job_ids, info.intent.get("state"), info.intent.get("error")]
+        if self.runs.get(name) != entry:
+            self.runs[name] = entry
+            self.changed = True
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            # No fsync: losing the cache only costs the next poll a full read.
+            tmp.write_text(json.dumps({"version": 1, "runs": self.runs}))
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+        self.changed = False
+
+
+class RunReader:
+    """``read_run`` with the queued-run cache of each parent directory (run root, sweep)."""
+
+    def __init__(self, clock: Any = None) -> None:
+        import time
+
+        self.now = (clock or time.time)()
+        self.caches: dict[Path, QueuedRunCache] = {}
+
+    def cache(self, parent: Path) -> QueuedRunCache:
+        if parent not in self.caches:
+            self.caches[parent] = QueuedRunCache(parent)
+        return self.caches[parent]
+
+    def read(self, run_dir: Path) -> RunInfo:
+        try:
+            mtime_ns = os.stat(run_dir).st_mtime_ns
+        except OSError:
+            return read_run(run_dir)
+        cache = self.cache(run_dir.parent)
+        hit = cache.get(run_dir, mtime_ns)
+        if hit is not None:
+            return hit
+        try:
+            listing = set(os.listdir(run_dir))
+        except OSError:
+            listing = set()
+        info = read_run(run_dir, listing=listing)
+        cache.put(info, mtime_ns, listing, self.now)
+        return info
+
+    def save(self) -> None:
+        for cache in self.caches.values():
+            cache.save()
+
+
 def list_targets(root: Path | None = None) -> list[tuple[str, Path]]:
-    """Runs and sweeps under the run root, oldest first: ("run" | "sweep", path)."""
+    """Runs and sweeps under the run root, oldest first: ("run" | "sweep", path).
+
+    Entries the queued-run cache knows are runs without a further look; the others are
+    listed once to tell a run (config.yaml) from a sweep (members.json)."""
     root = root or default_run_root()
-    if not root.is_dir():
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
         return []
+    known = QueuedRunCache(root).runs
     out = []
-    for entry in os.scandir(root):
-        if not entry.is_dir():
+    for entry in entries:
+        if entry.name.startswith("."):
             continue
-        path = Path(entry.path)
-        if (path / "config.yaml").is_file():
-            out.append((entry.stat().st_mtime, "run", path))
-        elif (path / "members.json").is_file():
-            out.append((entry.stat().st_mtime, "sweep", path))
-    return [(kind, path) for _, kind, path in sorted(out)]
+        try:
+            mtime = entry.stat().st_mtime
+        except OSError:
+            continue
+        if entry.name in known:
+            out.append((mtime, entry.path, "run"))
+            continue
+        try:
+            listing = set(os.listdir(entry.path))
+        except OSError:  # not a directory, or gone meanwhile
+            continue
+        kind = "run" if "config.yaml" in listing else "sweep" if "members.json" in listing else ""
+        if kind:
+            out.append((mtime, entry.path, kind))
+    return [(kind, Path(path)) for _, path, kind in sorted(out)]
 
 
 def rank_log(run_dir: Path, rank: int, stream: str = "out") -> Path:

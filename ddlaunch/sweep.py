@@ -55,6 +55,7 @@ import yaml
 from ddlaunch.config.errors import ConfigIssue
 from ddlaunch.config.load import KeyPath, parse_yaml_value, read_yaml_file, resolve_config_name
 from ddlaunch.errors import UserError
+from ddlaunch.plan import ARRAYS_DIR
 
 SWEEP_FILE = "sweep.yaml"
 MEMBERS_FILE = "members.json"
@@ -399,6 +400,28 @@ def member_run_dirs(path: Path) -> list[tuple[str, Path]]:
         (str(m["label"]), path / MEMBERS_DIR / str(m["index"]))
         for m in read_members(path)["members"]
     ]
+
+
+def array_records(path: Path) -> list[dict[str, Any]]:
+    """Every array submitted for the sweep (``arrays/<n>.json``), in submission order."""
+    records = []
+    for record_path in (path / ARRAYS_DIR).glob("*.json"):
+        try:
+            records.append(json.loads(record_path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: int(r.get("name", 0)))
+
+
+def array_task_ids(path: Path) -> dict[int, str]:
+    """Member -> ``ARRAYJOB_TASK`` of the latest array that holds it (the authoritative
+    record, fsynced; a member's own submission.json is derived from it)."""
+    ids: dict[int, str] = {}
+    for record in array_records(path):
+        if record.get("job_id"):
+            for task, member in enumerate(record.get("members", [])):
+                ids[int(member)] = f"{record['job_id']}_{task}"
+    return ids
 
 
 def find_sweep(ref: str, root: Path) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,10 @@ class ArrayJob:
     def spec(self) -> ArraySpec:
         assert self.plan.array is not None
         return self.plan.array
+
+    @functools.cached_property
+    def script_path(self) -> str:
+        return self.plan.script_path
 
 
 @dataclass(frozen=True)

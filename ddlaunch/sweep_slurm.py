@@ -22,8 +22,9 @@ def parse_max_array_size(show_config: str) -> int | None:
 
 
 def probe_max_array_size(client: SlurmClient) -> int | None:
-    """The cluster's MaxArraySize, or None when it cannot be asked (no Slurm here)."""
-    result = client.runner.run(["scontrol", "show", "config"], timeout=60)
+    """The cluster's MaxArraySize, or None when it cannot be asked (no Slurm here). Bounded:
+    scontrol retries for a minute when its config file is missing."""
+    result = client.runner.run(["scontrol", "show", "config"], timeout=15)
     return parse_max_array_size(result.stdout) if result.ok else None
 
 

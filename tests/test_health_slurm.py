@@ -145,7 +145,9 @@ def test_node_failing_preflight_is_excluded_before_training(runs) -> None:
     log = _batch_log(run_dir)
     assert log.count("Gbit/s ring") == 4, log
     bad = json.loads(Path(runs["env"]["DDLAUNCH_BAD_NODES"]).read_text())
-    assert [e["node"] for e in bad] == [victim] and bad[0]["expires"] > time.time()
+    # The list is shared by both runs (the other may have blamed the same node since).
+    entry = next(e for e in bad if e["node"] == victim)
+    assert entry["expires"] > time.time() and entry["source"].startswith("run h-")
 
 
 def test_hang_is_detected_node_excluded_and_run_finishes_elsewhere(runs) -> None:
@@ -162,12 +164,13 @@ def test_hang_is_detected_node_excluded_and_run_finishes_elsewhere(runs) -> None
     hung_at = json.loads((run_dir / "out" / "hang.json").read_text())["time"]
     assert verdict["time"] - hung_at <= HANG_TIMEOUT + 30, verdict["time"] - hung_at
     assert "[ddlaunch watchdog] hang" in _batch_log(run_dir)
-    assert attempts[2]["resumed_from"] == 40
+    # Step 40's save was still in flight when rank 1 stopped: it resumes from the last commit.
+    assert attempts[2]["resumed_from"] == hang["committed_step"] >= 20
     assert sorted(json.loads((run_dir / "excluded_nodes.json").read_text())) == sorted(
         [attempts[0]["nodes"], attempts[1]["nodes"]]
     )
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["start_step"] == 40 and result["final_loss"] < 0.05
+    assert result["start_step"] == hang["committed_step"] and result["final_loss"] < 0.05
 
 
 def test_status_and_report_show_every_attempt_and_cause(runs) -> None:

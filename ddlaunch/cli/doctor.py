@@ -33,7 +33,11 @@ def table(rows: list[Any]) -> Any:
     for col in ("node", "verdict", "gpus", "disk", "torch", "bandwidth", "fabric"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        disk = "\n".join(v for k, v in r.checks.items() if k.startswith("disk:"))
+        disk = "\n".join(
+            f"{k[5:]}: {v.rsplit(': ', 1)[-1]}"
+            for k, v in r.checks.items()
+            if k.startswith("disk:")
+        )
         t.add_row(
             r.node,
             r.verdict,
@@ -78,7 +82,8 @@ def command(
     prepared = prepare(_config_source(config), overrides)
     cfg, plan = prepared.config, prepared.plan
     run_id = new_run_id("doctor")
-    run_dir = Path(plan.run_dir).parent / run_id
+    # Under <run root>/doctor/: not a run, so `status` does not list it.
+    run_dir = Path(plan.run_dir).parent / "doctor" / run_id
     (run_dir / "logs").mkdir(parents=True, mode=0o700)
     # The node task reads its thresholds from the run directory, as in a training job.
     import yaml

@@ -43,6 +43,10 @@ def load_timeline(run_dir: Path) -> Any:
                 samples.append(json.loads(line))
             except ValueError:
                 continue
+    if not samples:
+        # No watchdog history (an older run, or code without Session): the commit times of
+        # the checkpoints still give a coarse step-over-time curve.
+        samples = [{"time": when, "step": step} for step, when in sorted(checkpoints)]
     preflight = (fsutil.read_json(run_dir / "health" / "preflight.json") or {}).get("verdicts", [])
     return timeline.build(
         info.run_id,
@@ -73,7 +77,7 @@ def draw(t: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from ddlaunch.health.timeline import color, throughput
+    from ddlaunch.health.timeline import color, split_series, throughput
 
     o = t.origin
 
@@ -87,7 +91,7 @@ def draw(t: Any, path: Path) -> None:
         sharex=True,
         gridspec_kw={"height_ratios": [max(len(t.attempts), 1) + 1.5, 3]},
     )
-    fig.suptitle(f"{t.run_id}: {t.state}", fontsize=13, fontweight="bold")
+    fig.suptitle(f"{t.run_id}: {t.state}", fontsize=13, fontweight="bold", y=0.995)
     for i, a in enumerate(t.attempts):
         end = a.end if a.end is not None else a.start
         ax.barh(
@@ -111,6 +115,21 @@ def draw(t: Any, path: Path) -> None:
             s=22,
             zorder=3,
         )
+    span = max([m(e.time) for e in t.events] + [m(a.end or a.start) for a in t.attempts] + [0.1])
+    last_x: float | None = None
+    for e in cks:
+        # Label a checkpoint with its step unless it would overprint the previous label.
+        if last_x is None or m(e.time) - last_x > 0.04 * span:
+            ax.annotate(
+                str(e.step),
+                (m(e.time), ckpt_row),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=7,
+                color="#1565c0",
+            )
+            last_x = m(e.time)
     if fails:
         ax.scatter(
             [m(e.time) for e in fails],
@@ -128,28 +147,40 @@ def draw(t: Any, path: Path) -> None:
     handles = [Patch(color=color(c), label=c) for c in causes]
     if t.excluded:
         handles.append(Patch(color="white", label=f"excluded: {', '.join(t.excluded)}"))
-    ax.legend(handles=handles, loc="lower right", fontsize=8, framealpha=0.9)
-    rates = throughput(t.samples)
-    if rates:
-        bx.plot(
-            [m(x) for x, _ in rates],
-            [r for _, r in rates],
-            color="#2e7d32",
-            marker=".",
-            label="steps/s",
-        )
+    # Above the panel, so that it never covers a bar or its label.
+    ax.legend(
+        handles=handles,
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+    )
+    # One line per attempt: a line must not bridge the gap of a requeue.
+    series = split_series(t)
+    rates = [r for part in series for r in throughput(part)]
+    for part in series:
+        part_rates = throughput(part)
+        if part_rates:
+            bx.plot(
+                [m(x) for x, _ in part_rates],
+                [r for _, r in part_rates],
+                color="#2e7d32",
+                marker=".",
+            )
     bx.set_ylabel("steps / s", color="#2e7d32")
     bx.grid(alpha=0.3)
     if t.samples:
         cx = bx.twinx()
-        cx.plot(
-            [m(x) for x, _ in t.samples],
-            [s for _, s in t.samples],
-            color="#616161",
-            linestyle="--",
-            label="step",
-        )
-        cx.set_ylabel("step reached", color="#616161")
+        for part in series:
+            cx.plot(
+                [m(x) for x, _ in part],
+                [s for _, s in part],
+                color="#616161",
+                linestyle="--",
+                marker="|",
+            )
+        cx.set_ylabel("step reached (dashed)", color="#616161")
     if not rates:
         bx.text(
             0.5,

@@ -51,31 +51,51 @@ def _causes(history: Sequence[dict[str, Any]]) -> str:
     return ", ".join(str(a.get("cause")) for a in history)
 
 
+COLUMNS = ("run", "job", "state", "nodes", "step", "ckpt", "attempts", "note")
+# Above this many rows the table is plain aligned text: rich lays out every cell (folding,
+# measuring) and takes seconds for a 1000-member sweep; plain text takes milliseconds.
+RICH_MAX_ROWS = 100
+
+
+def cells(r: Any) -> tuple[str, ...]:
+    note = r.failure or r.detail or r.reason or ""
+    if r.health:
+        note = f"{note}; {r.health}" if note else r.health
+    attempts = str(r.attempts)
+    if len(r.history) > 1:
+        attempts += f" ({_causes(r.history)})"
+    return (
+        r.run_id if not r.label else f"{r.run_id} {r.label}",
+        r.job_id or "-",
+        r.state,
+        r.nodes or "-",
+        "-" if r.step is None else str(r.step),
+        "-" if r.checkpoint_step is None else str(r.checkpoint_step),
+        attempts,
+        note,
+    )
+
+
 def render_table(rows: Sequence[Any]) -> Any:
     """Rows -> a rich Table (pure: no I/O)."""
     from rich.table import Table
 
     table = Table(show_lines=False)
-    for col in ("run", "job", "state", "nodes", "step", "ckpt", "attempts", "note"):
+    for col in COLUMNS:
         table.add_column(col, overflow="fold", no_wrap=col in ("run", "job"))
     for r in rows:
-        note = r.failure or r.detail or r.reason or ""
-        if r.health:
-            note = f"{note}; {r.health}" if note else r.health
-        attempts = str(r.attempts)
-        if len(r.history) > 1:
-            attempts += f" ({_causes(r.history)})"
-        table.add_row(
-            r.run_id if not r.label else f"{r.run_id} {r.label}",
-            r.job_id or "-",
-            r.state,
-            r.nodes or "-",
-            "-" if r.step is None else str(r.step),
-            "-" if r.checkpoint_step is None else str(r.checkpoint_step),
-            attempts,
-            note,
-        )
+        table.add_row(*cells(r))
     return table
+
+
+def render_plain(rows: Sequence[Any]) -> str:
+    """Rows -> aligned columns (pure), for long listings."""
+    grid = [COLUMNS, *(cells(r) for r in rows)]
+    widths = [max(len(row[i]) for row in grid) for i in range(len(COLUMNS) - 1)]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        for row in grid
+    )
 
 
 def attempt_lines(row: Any) -> list[str]:
@@ -127,11 +147,18 @@ def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) 
     if not watch:
         rows = collect(runs)
         if as_json:
-            term.out(json.dumps([r.as_dict() for r in rows], indent=2))
+            import sys
+
+            # Indented for a person at a terminal; compact (C encoder, fast) for a script.
+            indent = 2 if sys.stdout.isatty() else None
+            term.out(json.dumps([r.as_dict() for r in rows], indent=indent))
             return
         if len(rows) == 1 and rows[0].failure:
             term.out(f"FAILED {rows[0].failure}")
-        term.print(render_table(rows))
+        if len(rows) > RICH_MAX_ROWS:
+            term.out(render_plain(rows))
+        else:
+            term.print(render_table(rows))
         if len(rows) == 1 and rows[0].history:
             term.out("\n".join(attempt_lines(rows[0])))
         return

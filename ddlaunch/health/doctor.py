@@ -72,7 +72,11 @@ class Row:
 def verdict_rows(verdicts: Sequence[Any], reports: Mapping[str, Mapping[str, Any]]) -> list[Row]:
     rows = []
     for v in verdicts:
-        checks = {c.name: f"{c.status}: {c.detail}" for c in v.checks}
+        # The detail alone when the check passed; the status first otherwise.
+        checks = {
+            c.name: c.detail if str(c.status) == "ok" else f"{str(c.status).upper()}: {c.detail}"
+            for c in v.checks
+        }
         report = reports.get(v.node) or {}
         fabric = []
         unchecked = [f"{c.name}: {c.detail}" for c in v.checks if str(c.status) == "unchecked"]

@@ -29,14 +29,17 @@ LATEST_PREFLIGHT = ("health", "preflight.json")
 def requeue_excluding(client: Any, job_id: str, nodes: list[str]) -> bool:
     """Requeue the running job so that its next start avoids ``nodes``.
 
-    Slurm refuses ``ExcNodeList`` updates while a job runs ("Job is no longer pending"), so
-    the order is: requeue first, then update the now pending job, while its batch step is
-    being torn down. That teardown sends SIGTERM to this process, which is ignored for the
-    few seconds this takes (SIGKILL follows only after KillWait). Returns whether the
-    exclusion was set."""
+    Slurm 22.05 refuses ``ExcNodeList`` updates while a job runs ("Job is no longer pending
+    execution"; measured on the dev cluster), so when setting it first fails, the order is:
+    requeue, then update the now pending job while its batch step is being torn down. That
+    teardown sends SIGTERM to this process, which is ignored for the second or two this
+    takes (SIGKILL follows only after KillWait). Returns whether the exclusion was set."""
     import signal
     import time
 
+    if not nodes or client.exclude_nodes(job_id, nodes):
+        client.requeue(job_id)
+        return True
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         client.requeue(job_id)
@@ -127,6 +130,7 @@ def preflight_hook(run_dir: Path, client: Any) -> int:
     if not cfg.health.preflight:
         return 0
     nodes, reports = run_preflight_step(cfg, run_dir, client)
+    defer_signal(run_dir, reports)
     results = evaluate(cfg, nodes, reports)
     decision = verdicts.decide(results)
     stored = verdicts.verdicts_as_dict(results)
@@ -185,6 +189,24 @@ def preflight_hook(run_dir: Path, client: Any) -> int:
     attempts.write_outcome(run_dir, "FAILED", outcome.reason)
     print(f"[ddlaunch] FAILED: {outcome.reason}", flush=True)
     return STOPPED
+
+
+def deferred_signal_path(run_dir: Path, job_id: str, restart: int) -> Path:
+    return run_dir / "health" / f"deferred-signal-{job_id or 'local'}-{restart}.json"
+
+
+def defer_signal(run_dir: Path, reports: dict[str, dict[str, Any]]) -> None:
+    """The pre-timeout signal arrived during preflight (Slurm sends it once): leave it for
+    the watchdog, which sends it to the training step once its ranks report."""
+    names = [str(r["signal"]) for r in reports.values() if r.get("signal")]
+    if not names:
+        return
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    fsutil.atomic_write_json(
+        deferred_signal_path(run_dir, job_id, restart), {"signal": names[0]}, 0o600
+    )
+    print(f"[ddlaunch] {names[0]} arrived during preflight; passed on to the training step")
 
 
 def apply_watchdog_verdict(

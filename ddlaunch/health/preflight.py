@@ -319,9 +319,41 @@ def summary_line(report: Mapping[str, Any]) -> str:
     )
 
 
+def catch_preempt_signal(env: Mapping[str, str]) -> list[str]:
+    """The pre-timeout signal goes to every running step, this one too if it comes early.
+    Its default action would kill the task (and so fail the node); instead it is noted in
+    the report, and the watchdog hands it on to the training step (see ``hooks``)."""
+    import signal
+
+    from ddlaunch.worker.signals import signal_number
+
+    received: list[str] = []
+
+    def note(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+
+    for name in {env.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2", "USR2"}:
+        try:
+            signal.signal(signal_number(name), note)
+        except (ValueError, OSError):
+            continue
+    return received
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    print(summary_line(run(os.environ, doctor="--doctor" in args)), flush=True)
+    received = catch_preempt_signal(os.environ)
+    report = run(os.environ, doctor="--doctor" in args)
+    if received:
+        report["signal"] = received[0]
+        run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
+        directory = reports_dir(
+            run_dir,
+            os.environ.get("SLURM_JOB_ID", ""),
+            int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        )
+        write_report(directory, report["host"], report)
+    print(summary_line(report), flush=True)
     return 0
 
 

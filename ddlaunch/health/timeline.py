@@ -44,6 +44,7 @@ class Timeline:
     attempts: list[AttemptSpan] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (time, step)
+    series: list[str] = field(default_factory=list)  # which attempt each sample belongs to
     excluded: list[str] = field(default_factory=list)
     preflight: list[dict[str, Any]] = field(default_factory=list)
 
@@ -90,12 +91,25 @@ def build(
             label = f"rank {f.get('rank')} on {f.get('host')}: {f.get('exception')}"
             t.events.append(Event(float(f["time"]), "failure", label))
     t.events.sort(key=lambda e: e.time)
-    t.samples = sorted(
-        (float(s["time"]), int(s["step"]))
+    points = sorted(
+        (float(s["time"]), int(s["step"]), f"{s.get('job_id', '')}-{s.get('restart', '')}")
         for s in samples
         if s.get("time") is not None and s.get("step") is not None
     )
+    t.samples = [(time_, step) for time_, step, _ in points]
+    t.series = [key for _, _, key in points]
     return t
+
+
+def split_series(t: Timeline) -> list[list[tuple[float, int]]]:
+    """The samples cut where the attempt changes: a line must not bridge a requeue."""
+    out: list[list[tuple[float, int]]] = []
+    keys = t.series or [""] * len(t.samples)
+    for i, point in enumerate(t.samples):
+        if not out or keys[i] != keys[i - 1]:
+            out.append([])
+        out[-1].append(point)
+    return out
 
 
 def throughput(samples: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:

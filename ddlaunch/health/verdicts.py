@@ -145,7 +145,7 @@ def bandwidth_checks(
         mine = f"ring exchange {rate:.2f} Gbit/s, floor {floor:g}"
         if n in blamed and minority:
             out[n] = Check("bandwidth", Status.FAIL, f"{mine}; neighbours fast, this node slow")
-        elif n in slow or (allreduce_gbps is not None and allreduce_gbps < floor):
+        elif n in slow or (not minority and allreduce_gbps is not None and allreduce_gbps < floor):
             out[n] = Check("bandwidth", Status.WARN, f"{mine}; {overall}; no single node to blame")
         else:
             out[n] = Check("bandwidth", Status.OK, f"{mine}; {overall}".rstrip("; "))

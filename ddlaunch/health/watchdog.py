@@ -57,6 +57,20 @@ def append_sample(run_dir: Path, summary: dict[str, Any]) -> None:
         pass
 
 
+def relay_deferred_signal(run_dir: Path, job_id: str, restart: int, client: Any) -> None:
+    """Send the pre-timeout signal that arrived during preflight to the training step: the
+    ranks have installed their handlers once they send heartbeats."""
+    from ddlaunch.health.hooks import deferred_signal_path
+
+    path = deferred_signal_path(run_dir, job_id, restart)
+    record = fsutil.read_json(path) if path.exists() else None
+    if not record:
+        return
+    os.replace(path, path.with_suffix(".sent"))
+    client.cancel([job_id], signal=str(record["signal"]).removeprefix("SIG"))
+    print(f"[ddlaunch watchdog] sent the deferred {record['signal']} to the ranks", flush=True)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -100,6 +114,8 @@ def watch(
     while srun_pid is None or alive(srun_pid):
         now = clock()
         beats = analysis.current_beats(read_heartbeats(run_dir), job_id, restart, started - 60)
+        if beats and job_id:
+            relay_deferred_signal(run_dir, job_id, restart, client)
         if beats:
             summary = analysis.summary(beats, now)
             summary.update({"job_id": job_id, "restart": restart})

@@ -19,6 +19,7 @@ Tested with submitit 1.5.x (setup.cfg pins ``>=1.5.2,<1.6``): ``_submit_command`
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -64,10 +65,11 @@ class DdlaunchSlurmExecutor(SlurmExecutor):
         assert len(delayed_submissions) == len(self._plan.array.members)
         folder = submitit_utils.JobPaths.get_first_id_independent_folder(self.folder)
         folder.mkdir(parents=True, exist_ok=True)
+        timeout_min = self.parameters.get("time", 5)
         temporary = []
         for delayed in delayed_submissions:
             path = folder / f"{uuid.uuid4().hex}.pkl"
-            delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+            delayed.set_timeout(timeout_min, self.max_num_timeout)
             delayed.dump(path)
             temporary.append(path)
         try:
@@ -81,8 +83,9 @@ class DdlaunchSlurmExecutor(SlurmExecutor):
             SlurmJob(folder=self.folder, job_id=f"{array_job.job_id}_{task}", tasks=ranks)
             for task in range(len(delayed_submissions))
         ]
-        for job, path in zip(jobs, temporary, strict=True):
-            job.paths.move_temporary_file(path, "submitted_pickle")
+        for path, job in zip(temporary, jobs, strict=True):
+            # = job.paths.submitted_pickle, without building path objects per task
+            os.replace(path, os.path.join(folder, f"{job.job_id}_submitted.pkl"))
         return jobs
 
     def _submit_command(self, command: str) -> SlurmJob:  # type: ignore[override]

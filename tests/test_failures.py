@@ -1,0 +1,48 @@
+"""The failure shown first is the cause, not a peer that lost its connection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddlaunch.runs import read_failures
+
+
+def write(run: Path, rank: int, attempt: int, t: float, exc: str, msg: str) -> None:
+    (run / "failures").mkdir(parents=True, exist_ok=True)
+    (run / "failures" / f"rank-{rank}.json").write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "host": f"node{rank // 2 + 1}",
+                "job_id": "5",
+                "attempt": attempt,
+                "time": t,
+                "exception": exc,
+                "message": msg,
+                "where": "train.py:9",
+            }
+        )
+    )
+
+
+def test_cause_first_collateral_after(tmp_path: Path) -> None:
+    # Recorded shape: rank 1 raised; rank 0's gloo call then failed (and was written later).
+    gloo = (
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+        "Connection closed by peer [10.77.0.11]:2445"
+    )
+    write(tmp_path, 0, 1, 100.5, "RuntimeError", gloo)
+    write(tmp_path, 1, 1, 100.2, "RuntimeError", "deterministic failure at step 50")
+    write(tmp_path, 3, 0, 50.0, "ValueError", "an older attempt")
+    ranks = [(f.rank, f.attempt) for f in read_failures(tmp_path)]
+    assert ranks == [(1, 1), (0, 1), (3, 0)]
+    assert read_failures(tmp_path)[0].one_line() == (
+        "rank 1 on node1: RuntimeError: deterministic failure at step 50 at train.py:9"
+    )
+
+
+def test_collateral_error_first_in_time_still_ranks_after_a_real_error(tmp_path: Path) -> None:
+    write(tmp_path, 2, 0, 10.0, "RuntimeError", "Socket Timeout")
+    write(tmp_path, 3, 0, 11.0, "torch.OutOfMemoryError", "CUDA out of memory")
+    assert [f.rank for f in read_failures(tmp_path)] == [3, 2]

@@ -1,0 +1,361 @@
+"""``status``: parsers on recorded real Slurm output (22.05) and the hand-written newer JSON
+shape, the one-call-per-poll query with an injected runner, the join with the run directory,
+sweeps, and no torch on the way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlaunch.runner import CommandResult
+from ddlaunch.slurm import queue
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.status import Target, fold_state, group_sweeps, poll, run_status
+
+FIX = Path(__file__).resolve().parent / "fixtures"
+R22 = FIX / "slurm-22.05"
+R23 = FIX / "slurm-23.11-handwritten"
+
+
+class CountingRunner:
+    def __init__(self, answers: dict[str, CommandResult]):
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    def run(self, argv, *, input=None, env=None, cwd=None, timeout=None) -> CommandResult:
+        self.calls.append(list(argv))
+        return self.answers.get(argv[0], CommandResult(tuple(argv), 0, "", ""))
+
+    def count(self, name: str) -> int:
+        return sum(1 for c in self.calls if c[0] == name)
+
+
+def ok(text: str) -> CommandResult:
+    return CommandResult(("x",), 0, text, "")
+
+
+# ------------------------------------------------------------------ parsers
+
+
+def test_text_form_of_22_05() -> None:
+    rows = queue.parse_text((R22 / "squeue-status.txt").read_text())
+    assert rows["377"].state == "RUNNING" and rows["377"].nodes == "node[1,3]"
+    assert rows["381"].state == "COMPLETED"  # ended, still kept by the controller (-t all)
+    assert [rows[f"380_{i}"].reason for i in range(4)] == ["JobHeldUser"] * 4
+
+
+def test_json_22_05_string_state_and_collapsed_array() -> None:
+    rows = queue.parse_json((R22 / "squeue.json").read_text())
+    assert rows["378"].state == "RUNNING" and rows["378"].restarts == 1
+    assert {k for k in rows if k.startswith("380_")} == {"380_0", "380_1", "380_2", "380_3"}
+    assert rows["381"].nodes == "node1"
+
+
+def test_json_newer_shape_list_state_and_number_objects() -> None:
+    rows = queue.parse_json((R23 / "squeue.json").read_text())
+    assert rows["390"].state == "PENDING" and fold_state(rows["390"].state) == "PENDING"
+    assert rows["400_2"].state == "RUNNING" and rows["400_2"].nodes == "node3"
+    assert rows["377"].restarts == 1
+    # Both releases describe the same jobs alike.
+    old = queue.parse_json((R22 / "squeue.json").read_text())
+    assert {k: r.state for k, r in old.items()} == {k: r.state for k, r in rows.items() if k in old}
+
+
+def test_json_filters_to_the_wanted_jobs() -> None:
+    rows = queue.parse_json((R22 / "squeue.json").read_text(), ["377", "380_2"])
+    assert sorted(rows) == ["377", "380_0", "380_1", "380_2", "380_3"]  # array by base id
+
+
+def test_sacct_and_steps() -> None:
+    rows = queue.parse_sacct((R22 / "sacct.txt").read_text())
+    assert rows["381"].state == "COMPLETED" and rows["377"].reason == "BeginTime"
+    assert queue.parse_steps((R22 / "squeue-steps.txt").read_text()) == ["377.1"]
+
+
+def test_query_ids_collapse_arrays() -> None:
+    ids = [f"500_{i}" for i in range(100)] + ["7", "8_3"]
+    assert queue.query_ids(ids) == ["7", "8_3", "500"]
+    argv = queue.squeue_argv(ids)
+    assert argv[:6] == ["squeue", "-h", "-r", "-t", "all", "-j"] and argv[6] == "7,8_3,500"
+
+
+def test_form_choice_by_measurement() -> None:
+    assert queue.choose_form("22.05") == queue.TEXT
+    assert queue.choose_form("slurm-wlm 22.05.8") == queue.TEXT
+    assert queue.choose_form("24.11") == queue.TEXT
+    assert queue.choose_form("22.05", forced="json") == queue.JSON
+    assert queue.squeue_argv(["1"], queue.JSON)[:2] == ["squeue", "--json"]
+
+
+def test_client_tolerates_forgotten_jobs_and_disabled_accounting() -> None:
+    err = (R22 / "squeue-invalid.err").read_text()
+    runner = CountingRunner(
+        {
+            "squeue": CommandResult(("squeue",), 1, "", err),
+            "sacct": CommandResult(("sacct",), 1, "", "Slurm accounting storage is disabled\n"),
+        }
+    )
+    client = SlurmClient(runner)
+    assert client.status_rows(["999999"]) == {}
+    assert client.accounting_rows(["999999"]) == {}
+
+
+# ------------------------------------------------------------------ poll
+
+
+def make_run(root: Path, name: str, job_id: str | None, **files: object) -> Path:
+    run = root / name
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        "job:\n  name: x\nstorage:\n  run_root: /r\n  checkpoint_dir: null\n"
+        "cluster:\n  slurm_version: '22.05'\n"
+    )
+    if job_id:
+        (run / "submission.json").write_text(json.dumps({"job_ids": [job_id]}))
+    for fname, content in files.items():
+        path = run / fname.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(content))
+    return run
+
+
+def test_one_squeue_call_for_a_thousand_runs(tmp_path: Path) -> None:
+    lines = "".join(f"{a}_{t}|PENDING|JobHeldUser|\n" for a in range(10, 20) for t in range(100))
+    runner = CountingRunner({"squeue": ok(lines)})
+    targets = [
+        Target(make_run(tmp_path, f"r{a}-{t}", f"{a}_{t}"))
+        for a in range(10, 20)
+        for t in range(100)
+    ]
+    rows = poll(targets, SlurmClient(runner))
+    assert runner.count("squeue") == 1 and len(runner.calls) == 1
+    assert {r.state for r in rows} == {"PENDING"} and len(rows) == 1000
+    # The -j list names the ten arrays, not a thousand tasks.
+    assert runner.calls[0][6] == ",".join(str(a) for a in range(10, 20))
+    poll(targets, SlurmClient(runner))
+    assert runner.count("squeue") == 2  # one more per poll
+
+
+def test_forgotten_jobs_cost_one_sacct_call_and_known_outcomes_none(tmp_path: Path) -> None:
+    runner = CountingRunner({"squeue": ok(""), "sacct": ok("41|FAILED|node1|None\n")})
+    targets = [
+        Target(make_run(tmp_path, "a", "41")),
+        Target(make_run(tmp_path, "b", "42")),
+        Target(make_run(tmp_path, "c", "43", **{"outcome.json": {"state": "COMPLETED"}})),
+    ]
+    rows = poll(targets, SlurmClient(runner))
+    assert runner.count("squeue") == 1 and runner.count("sacct") == 1
+    sacct = next(c for c in runner.calls if c[0] == "sacct")
+    assert sacct[sacct.index("-j") + 1] == "41,42"  # 43's run dir knows how it ended
+    assert [r.state for r in rows] == ["FAILED", "UNKNOWN", "COMPLETED"]
+    assert runner.count("scontrol") == 0
+
+
+def test_status_joins_attempts_causes_and_health(tmp_path: Path) -> None:
+    run = make_run(
+        tmp_path,
+        "r",
+        "377",
+        **{
+            "attempts.json": [
+                {
+                    "attempt": 0,
+                    "job_id": "377",
+                    "nodes": "node1",
+                    "start": 1.0,
+                    "end": 2.0,
+                    "cause": "preflight",
+                    "blamed": ["node1"],
+                    "health": "gpus: 1 of 2",
+                },
+                {
+                    "attempt": 1,
+                    "job_id": "377",
+                    "nodes": "node2",
+                    "start": 3.0,
+                    "end": 9.0,
+                    "cause": "hang",
+                    "blamed": ["node2"],
+                    "committed_step": 40,
+                },
+                {
+                    "attempt": 2,
+                    "job_id": "377",
+                    "nodes": "node3",
+                    "start": 10.0,
+                    "resumed_from": 40,
+                },
+            ],
+            "excluded_nodes.json": ["node1", "node2"],
+            "progress.json": {"step": 55},
+            "health__watchdog.json": {"step": 57, "time": 100.0, "oldest_beat_age": 2.0},
+            "health__preflight.json": {"verdicts": [{"node": "node3", "ok": True}]},
+        },
+    )
+    runner = CountingRunner({"squeue": ok((R22 / "squeue-status.txt").read_text())})
+    (row,) = poll([Target(run)], SlurmClient(runner), now=103.0)
+    assert row.state == "RUNNING" and row.nodes == "node[1,3]" and row.step == 57
+    assert [a["cause"] for a in row.history] == ["preflight", "hang", "running"]
+    assert row.history[0]["detail"] == "gpus: 1 of 2"
+    assert row.excluded == ["node1", "node2"]
+    assert row.health == (
+        "preflight 1 ok; preflight on node1; hang on node2; excluded node1,node2; heartbeat 5 s ago"
+    )
+    assert row.attempts == 3
+
+
+def test_old_run_dirs_still_read(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "old", "5", **{"result.json": {"final_loss": 0.1}})
+    from ddlaunch.runs import read_run
+
+    info_row = run_status(read_run(run), None)
+    assert info_row.state == "COMPLETED" and info_row.health == "" and info_row.history == []
+
+
+def _sweep(root: Path, sweep_id: str, n: int) -> Path:
+    sweep = root / sweep_id
+    members = []
+    for i in range(n):
+        make_run(sweep / "members", str(i), f"900_{i}")
+        members.append({"index": i, "label": f"params.lr={i}"})
+    (sweep / "members.json").write_text(json.dumps({"sweep_id": sweep_id, "members": members}))
+    return sweep
+
+
+def test_sweeps_expand_when_named_and_summarise_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ddlaunch.sweep")
+    from ddlaunch.cli.status import collect
+
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
+    _sweep(tmp_path, "lr-sweep", 3)
+    make_run(tmp_path, "single", "901")
+    lines = "900_0|RUNNING|None|node1\n900_1|PENDING|Priority|\n901|RUNNING|None|node2\n"
+    runner = CountingRunner({"squeue": ok(lines), "sacct": ok("")})
+    rows = collect(("lr-sweep",), runner)
+    assert [r.run_id for r in rows] == ["lr-sweep/0", "lr-sweep/1", "lr-sweep/2"]
+    assert rows[0].label == "params.lr=0" and rows[1].state == "PENDING"
+    overview = collect((), runner)
+    assert [r.run_id for r in overview] == ["lr-sweep", "single"] or [
+        r.run_id for r in overview
+    ] == ["single", "lr-sweep"]
+    sweep_row = next(r for r in overview if r.run_id == "lr-sweep")
+    assert "1 RUNNING" in sweep_row.state and sweep_row.job_id == "900"
+    assert runner.count("squeue") == 2  # one per poll, sweeps included
+
+
+def test_group_sweeps_keeps_runs() -> None:
+    from ddlaunch.status import RunStatus
+
+    def row(run_id: str, state: str) -> RunStatus:
+        return RunStatus(run_id, f"/r/{run_id}", "1", state, "", "", None, None, 1, None, None)
+
+    out = group_sweeps([row("a", "RUNNING"), row("s/0", "PENDING"), row("s/1", "PENDING")])
+    assert [r.run_id for r in out] == ["a", "s"] and out[1].state == "2 PENDING"
+
+
+# ------------------------------------------------------------------ CLI
+
+
+NO_TORCH_PROBE = """
+import sys
+from ddlaunch.cli import main
+try:
+    main({argv!r})
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("TORCH_LOADED" if "torch" in sys.modules else "TORCH_ABSENT")
+"""
+
+
+@pytest.mark.parametrize(
+    "argv", [["status"], ["status", "r", "--json"], ["nodes"], ["nodes", "list", "--json"]]
+)
+def test_status_and_nodes_do_not_import_torch(argv: list[str], tmp_path: Path) -> None:
+    make_run(tmp_path / "runs", "r", "377", **{"attempts.json": [{"attempt": 0, "start": 1.0}]})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "squeue"
+    fake.write_text(f"#!/bin/sh\ncat {R22 / 'squeue-status.txt'}\n")
+    fake.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad.json"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_PROBE.format(argv=argv)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("TORCH_ABSENT")
+    if argv[:2] == ["status", "r"]:
+        row = json.loads(proc.stdout.strip().rsplit("\n", 1)[0])[0]
+        assert row["state"] == "RUNNING" and row["nodes"] == "node[1,3]"
+
+
+def test_watch_never_polls_faster_than_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddlaunch.status import min_poll_interval
+
+    monkeypatch.delenv("DDLAUNCH_MIN_POLL_S", raising=False)
+    assert min_poll_interval() == 30.0
+    monkeypatch.setenv("DDLAUNCH_MIN_POLL_S", "5")
+    assert min_poll_interval() == 5.0
+
+
+@pytest.mark.parametrize("root", [None, "/tmp/x", "$HOME/runs", "~/r"])
+def test_default_run_root_matches_rundir(root: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddlaunch import rundir, runs
+
+    if root is None:
+        monkeypatch.delenv("DDLAUNCH_RUN_ROOT", raising=False)
+    else:
+        monkeypatch.setenv("DDLAUNCH_RUN_ROOT", root)
+    assert runs.DEFAULT_RUN_ROOT == rundir.DEFAULT_RUN_ROOT
+    assert runs.default_run_root() == rundir.resolve_run_root(rundir.DEFAULT_RUN_ROOT)
+
+
+def test_queued_runs_are_cached_until_their_directory_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddlaunch import runs
+
+    old = 1_000_000_000  # long settled: cacheable
+    dirs = [make_run(tmp_path, f"q{i}", f"77_{i}") for i in range(3)]
+    for d in dirs:
+        os.utime(d, (old, old))
+    first = [runs.RunReader().read(d) for d in dirs]
+    reader = runs.RunReader()
+    for d in dirs:
+        reader.read(d)
+    reader.save()
+    assert (tmp_path / runs.STATUS_CACHE).is_file()
+    calls: list[Path] = []
+    real = runs.read_run
+    monkeypatch.setattr(runs, "read_run", lambda p, **kw: calls.append(p) or real(p, **kw))
+    again = [runs.RunReader().read(d) for d in dirs]
+    assert calls == [] and [i.job_ids for i in again] == [i.job_ids for i in first]
+    # The job starts: attempts.json appears (a rename in the directory), the cache is bypassed.
+    (dirs[1] / "attempts.json").write_text(json.dumps([{"attempt": 0, "start": 1.0}]))
+    reader = runs.RunReader()
+    info = reader.read(dirs[1])
+    reader.save()
+    assert calls == [dirs[1]] and info.attempts == [{"attempt": 0, "start": 1.0}]
+    # A directory changed within the last seconds is never cached.
+    fresh = make_run(tmp_path, "fresh", "78")
+    reader = runs.RunReader()
+    reader.read(fresh)
+    reader.save()
+    cached = json.loads((tmp_path / runs.STATUS_CACHE).read_text())["runs"]
+    assert "fresh" not in cached and "q0" in cached and "q1" not in cached
