@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ddlaunch import fsutil
 
 DEFAULT_RUN_ROOT = "~/ddlaunch/runs"
@@ -63,7 +61,11 @@ class RunDir:
         return fsutil.read_json(self.path / name, default)
 
     def write_config(self, plain: dict[str, Any]) -> Path:
+        import yaml  # lazy: status and logs import this module but never write configs
+
         return self.write_text("config.yaml", yaml.safe_dump(plain, sort_keys=False))
 
     def read_config_tree(self) -> dict[str, Any]:
+        import yaml
+
         return yaml.safe_load((self.path / "config.yaml").read_text()) or {}

@@ -5,10 +5,19 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 
 import click
 
 from ddlaunch.cli.options import set_option
+
+
+def resume_exclusions(run_path: Path, nodelist: tuple[str, ...]) -> list[str]:
+    """Nodes this run blamed, plus my bad-node list; nodes the config names win."""
+    from ddlaunch.cli.submit import bad_node_exclusions
+    from ddlaunch.jobhooks import excluded
+
+    return sorted((set(excluded(run_path)) | set(bad_node_exclusions())) - set(nodelist))
 
 
 @click.command("resume")
@@ -41,7 +50,6 @@ def command(
     loaded = LoadedTree(tree=tree, locations=locations, sources=[str(run_dir.path / "config.yaml")])
     apply_overrides(loaded, [*overrides, *([f"nodes.count={nodes}"] if nodes else [])])
     cfg = validate_tree(loaded)
-    from ddlaunch.jobhooks import excluded
 
     prepared = prepare_config(
         cfg,
@@ -49,7 +57,7 @@ def command(
         run_id=run_dir.path.name,
         run_root=str(run_dir.path.parent),
         workdir=os.getcwd(),
-        exclude=excluded(run_dir.path),
+        exclude=resume_exclusions(run_dir.path, cfg.nodes.nodelist),
     )
     start = (
         f"step {info.latest_step}"
