@@ -20,7 +20,7 @@ from pathlib import Path
 from ddlaunch import attempts, fsutil
 from ddlaunch.runs import checkpoint_root
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.slurm.parse import node_is_bad
+from ddlaunch.slurm.parse import node_is_bad, requeue_target
 
 EXCLUDED_FILE = "excluded_nodes.json"
 
@@ -195,7 +195,7 @@ def end(
         blamed=blamed,
         **extra,
     )
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    job_id = requeue_target(os.environ)
     if decision.requeue and job_id:
         print(f"[ddlaunch] {decision.reason}", flush=True)
         # Exclude and requeue (in the other order when Slurm refuses to update a running job).

@@ -137,7 +137,9 @@ class Session:
             attempts.end_last(
                 self.run_dir, cause=attempts.CAUSE_SIGNAL, committed_step=step, signal=reason
             )
-            job_id = os.environ.get("SLURM_JOB_ID")
+            from ddlaunch.slurm.parse import requeue_target
+
+            job_id = requeue_target(os.environ)
             if job_id:
                 from ddlaunch.slurm.client import SlurmClient
 

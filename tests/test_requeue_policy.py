@@ -192,3 +192,13 @@ def test_end_blames_the_node_whose_ranks_died_silently(tmp_path, monkeypatch) ->
     assert ["scontrol", "update", "JobId=9", "ExcNodeList=node2"] in runner.calls
     assert runner.calls[-1] == ["scontrol", "requeue", "9"]
     assert not any(c[-1] == "node1" for c in runner.calls if c[:3] == ["scontrol", "show", "node"])
+
+
+def test_array_tasks_requeue_only_themselves() -> None:
+    from ddlaunch.slurm.parse import requeue_target
+
+    # The task that carries the array's own id (SLURM_JOB_ID == SLURM_ARRAY_JOB_ID) must
+    # still name itself, or `scontrol requeue` would requeue every task of the array.
+    env = {"SLURM_JOB_ID": "480", "SLURM_ARRAY_JOB_ID": "480", "SLURM_ARRAY_TASK_ID": "7"}
+    assert requeue_target(env) == "480_7"
+    assert requeue_target({"SLURM_JOB_ID": "481"}) == "481"

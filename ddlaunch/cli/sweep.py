@@ -108,7 +108,7 @@ def command() -> None:
     """Run a sweep file's members as Slurm job arrays, and follow them.
 
     \b
-      ddlaunch sweep configs/sweeps/lr.yaml [--dry-run]   (= sweep submit FILE)
+      ddlaunch sweep configs/sweeps/mlp-lr.yaml [--dry-run]   (= sweep submit FILE)
       ddlaunch sweep status SWEEP [--json]
       ddlaunch sweep resubmit SWEEP --failed
 

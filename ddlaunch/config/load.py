@@ -234,7 +234,9 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
 def list_presets() -> list[str]:
     """Names of the shipped configs, e.g. ``clusters/devcluster``."""
     root = resources.configs_dir()
-    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+    # sweeps/ holds sweep files (ddlaunch sweep), not configs.
+    names = (str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+    return sorted(n for n in names if not n.startswith("sweeps/"))
 
 
 def apply_overrides(loaded: LoadedTree, overrides: Sequence[str]) -> None:

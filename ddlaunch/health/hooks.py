@@ -184,7 +184,9 @@ def preflight_hook(run_dir: Path, client: Any) -> int:
     )
     if outcome.requeue and job_id:
         print(f"[ddlaunch] {outcome.reason}", flush=True)
-        requeue_excluding(client, job_id, excluded(run_dir))
+        from ddlaunch.slurm.parse import requeue_target
+
+        requeue_excluding(client, requeue_target(os.environ), excluded(run_dir))
         return REQUEUED
     attempts.write_outcome(run_dir, "FAILED", outcome.reason)
     print(f"[ddlaunch] FAILED: {outcome.reason}", flush=True)
