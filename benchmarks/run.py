@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 
 def median_ms(argv: list[str], repeat: int, env: dict[str, str]) -> float:
@@ -34,9 +34,10 @@ def median_ms(argv: list[str], repeat: int, env: dict[str, str]) -> float:
 
 def cli_figures(repeat: int) -> list[dict[str, object]]:
     py = sys.executable
-    entry = shutil.which("ddlaunch")
-    # The console script when installed; otherwise the same code through -m.
-    ddl = [entry] if entry else [py, "-m", "ddlaunch"]
+    # The console script installed beside this interpreter (not a version-manager shim on
+    # PATH, which would add its own start-up); otherwise the same code through -m.
+    entry = Path(py).parent / "ddlaunch"
+    ddl = [str(entry)] if entry.exists() else [py, "-m", "ddlaunch"]
     env = {**os.environ, "DDLAUNCH_RUN_ROOT": tempfile.mkdtemp(prefix="ddl-bench-")}
     baseline_pass = median_ms([py, "-c", "pass"], repeat, env)
     baseline_submitit = median_ms([py, "-c", "import submitit"], repeat, env)

@@ -50,8 +50,21 @@ def template_search_path(config_paths: Sequence[str] = ()) -> list[str]:
     return [*paths, str(resources.templates_dir())]
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates cached per user (keyed by template source and Jinja2 version), so
+    `render` and `submit` skip compiling them on every run; None when no cache dir is usable."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(base, "ddlaunch", "jinja")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(directory)
+
+
 def make_environment(search_path: Sequence[str]) -> jinja2.Environment:
     env = jinja2.Environment(
+        bytecode_cache=_bytecode_cache(),
         loader=jinja2.FileSystemLoader(list(search_path)),
         undefined=jinja2.StrictUndefined,
         finalize=_finalize,

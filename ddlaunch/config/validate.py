@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import types
 import typing
@@ -97,6 +98,13 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    # Resolving the string annotations is most of a validation's cost; a sweep validates
+    # the same classes for every member.
+    return typing.get_type_hints(cls)
+
+
 class _Builder:
     """Walks the tree against the schema, converting values and collecting issues."""
 
@@ -125,7 +133,7 @@ class _Builder:
         if not isinstance(data, dict):
             self.fail(path, f"expected a mapping of keys, got {_describe(data)}")
             data = {}
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key in data:
             if key not in fields:
