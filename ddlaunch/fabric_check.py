@@ -69,13 +69,8 @@ class RdmaDevice:
 
 def parse_ibv_devinfo(text: str) -> dict[str, RdmaDevice]:
     """``ibv_devinfo`` output -> devices by name (``hca_id``), with their ports' states."""
-    devices: dict[str, RdmaDevice] = {}
-    name: str | None = None
+    blocks: list[tuple[str, list[dict[str, str]]]] = []  # (device, its ports' fields)
     ports: list[dict[str, str]] = []
-
-    def flush() -> None:
-        if name is not None:
-            devices[name] = RdmaDevice(name, tuple(_port(p) for p in ports))
 
     for raw in text.splitlines():
         line = raw.strip()
@@ -84,14 +79,17 @@ def parse_ibv_devinfo(text: str) -> dict[str, RdmaDevice]:
             continue
         key, value = key.strip(), value.strip()
         if key == "hca_id":
-            flush()
-            name, ports = value, []
-        elif key == "port" and name is not None:
+            ports = []
+            blocks.append((value, ports))
+        elif key == "port" and blocks:
             ports.append({"number": value})
         elif ports and key in ("state", "link_layer"):
             ports[-1][key] = value
-    flush()
-    return devices
+    return _devices(blocks)
+
+
+def _devices(blocks: list[tuple[str, list[dict[str, str]]]]) -> dict[str, RdmaDevice]:
+    return {name: RdmaDevice(name, tuple(_port(p) for p in ports)) for name, ports in blocks}
 
 
 def _port(fields: dict[str, str]) -> RdmaPort:
@@ -107,23 +105,18 @@ def _port(fields: dict[str, str]) -> RdmaPort:
 
 def parse_ibstat(text: str) -> dict[str, RdmaDevice]:
     """``ibstat`` output -> devices by name (``CA 'mlx5_0'``), with their ports' states."""
-    devices: dict[str, RdmaDevice] = {}
-    name: str | None = None
+    blocks: list[tuple[str, list[dict[str, str]]]] = []  # (device, its ports' fields)
     ports: list[dict[str, str]] = []
-
-    def flush() -> None:
-        if name is not None:
-            devices[name] = RdmaDevice(name, tuple(_port(p) for p in ports))
 
     for raw in text.splitlines():
         line = raw.strip()
         ca = re.match(r"^CA '([^']+)'", line)
         if ca:
-            flush()
-            name, ports = ca.group(1), []
+            ports = []
+            blocks.append((ca.group(1), ports))
             continue
         port = re.match(r"^Port (\d+):$", line)
-        if port and name is not None:
+        if port and blocks:
             ports.append({"number": port.group(1)})
             continue
         key, sep, value = line.partition(":")
@@ -133,8 +126,7 @@ def parse_ibstat(text: str) -> dict[str, RdmaDevice]:
                 ports[-1]["state"] = value.strip()
             elif key == "link layer":
                 ports[-1]["link_layer"] = value.strip()
-    flush()
-    return devices
+    return _devices(blocks)
 
 
 # ---------------------------------------------------------------- network interfaces

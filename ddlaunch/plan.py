@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddlaunch import fabric, topology
@@ -72,7 +72,6 @@ class LaunchPlan:
     world_size: int
     signal: str
     python: str
-    extra: dict[str, str] = field(default_factory=dict)
     array: ArraySpec | None = None  # set for a sweep's job array; run_dir is the sweep dir
 
     @property
@@ -205,7 +204,6 @@ def make_plan(
         ours["DDLAUNCH_CHECKPOINT_DIR"] = cfg.storage.checkpoint_dir or str(run / "checkpoints")
     if cfg.storage.scratch:
         ours["DDLAUNCH_SCRATCH"] = cfg.storage.scratch
-    extra = {"slurm_version": facts.slurm_version or cfg.cluster.slurm_version or ""}
     return LaunchPlan(
         run_id=run_id,
         run_dir=str(run),
@@ -221,7 +219,6 @@ def make_plan(
         world_size=cfg.world_size,
         signal=cfg.fault_tolerance.signal,
         python=cfg.launch.python,
-        extra=extra,
         array=array,
     )
 

@@ -16,17 +16,12 @@ from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.errors import UserError
-
-# rundir.DEFAULT_RUN_ROOT (a test keeps them equal).
-DEFAULT_RUN_ROOT = "~/ddlaunch/runs"
+from ddlaunch.rundir import DEFAULT_RUN_ROOT, resolve_run_root
 
 
 def default_run_root() -> Path:
-    """``rundir.resolve_run_root(DEFAULT_RUN_ROOT)``, restated so that ``status`` does not
-    import ``ddlaunch.rundir`` (which pulls in yaml and secrets: ~40 ms of every call);
-    tests/test_status.py checks that both give the same answer."""
-    configured = os.environ.get("DDLAUNCH_RUN_ROOT") or DEFAULT_RUN_ROOT
-    return Path(os.path.expandvars(configured)).expanduser().absolute()
+    """The run root when no config names one: $DDLAUNCH_RUN_ROOT or the built-in default."""
+    return resolve_run_root(DEFAULT_RUN_ROOT)
 
 
 def find_run(ref: str, root: Path | None = None) -> Path:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_packaging import NO_TORCH_PROBE
 
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm import queue
@@ -261,17 +262,6 @@ def test_group_sweeps_keeps_runs() -> None:
 
 
 # ------------------------------------------------------------------ CLI
-
-
-NO_TORCH_PROBE = """
-import sys
-from ddlaunch.cli import main
-try:
-    main({argv!r})
-except SystemExit as exc:
-    assert not exc.code, exc.code
-print("TORCH_LOADED" if "torch" in sys.modules else "TORCH_ABSENT")
-"""
 
 
 @pytest.mark.parametrize(
