@@ -76,10 +76,12 @@ def run_ddlaunch(tmp: Path, i: int, *overrides: str) -> float:
     t0 = time.time()
     proc = subprocess.run(
         [sys.executable, "-m", "ddlaunch", "submit", str(cfg), *extra, "--run-root", str(tmp)],
-        check=True,
+        check=False,
         capture_output=True,
         text=True,
     )
+    if proc.returncode != 0:
+        raise SystemExit(f"ddlaunch submit failed ({proc.returncode}): {proc.stderr}")
     job = proc.stdout.split()[3]
     try:
         return wait_ranks(out) - t0

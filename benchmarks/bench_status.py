@@ -7,9 +7,10 @@ cancelled): 3000 trivial held jobs, cancelled at once, so that the controller re
 thousands of finished jobs (MinJobAge); 1000 held array tasks (ten arrays of 100: the dev
 cluster's MaxArraySize is 101), each with its run directory, once as 1000 plain runs and once
 as one sweep of 1000 members. Figures: median wall time of ``--repeat`` runs of each command,
-each a fresh process; target: status <= 1.2 x squeue + 100 ms. ``ddlaunch --help`` is printed
-as the floor every ddlaunch command pays (interpreter, click), and the first poll (no
-queued-run cache yet) beside the later ones.
+each a fresh process; target: status <= 1.2 x squeue + 100 ms. ``ddlaunch --help`` and
+``python -c 'import click'`` are printed as the floor every ddlaunch command pays (the
+interpreter and the CLI library), and the first poll (no queued-run cache yet) beside the
+later ones.
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def main() -> None:
                 median_ms([*py, "status", sweep_id], args.repeat, sweep_env),
             ),
             ("ddlaunch --help (CLI floor)", median_ms([*py, "--help"], args.repeat, env)),
+            (
+                "python -c 'import click'",
+                median_ms([sys.executable, "-c", "import click"], args.repeat, env),
+            ),
             ("python -c pass", median_ms([sys.executable, "-c", "pass"], args.repeat, env)),
         ]
         base = figures[0][1]

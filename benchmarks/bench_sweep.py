@@ -10,11 +10,23 @@ right after each measurement:
   loop        ``--loop`` sequential sbatch calls, one job per member (the naive sweep);
   map_array   submitit's ``SlurmExecutor.map_array`` over the members, in chunks of the
               cluster's MaxArraySize (one call per chunk: larger arrays are refused);
-  sweep       ``ddlaunch sweep`` of a sweep file with ``--members`` members, in process:
-              expansion + validation + planning, the run directories, then the arrays.
+  sweep       ``ddlaunch sweep`` of a sweep file with ``--members`` members, in process
+              (``prepare_sweep`` + ``submit_sweep``, what the CLI runs): expansion +
+              validation + planning, the sweep directory, then the arrays;
+              with the cluster's MaxArraySize as configured (the dev cluster's 101 splits
+              1000 members into 10 arrays, 10 sbatch calls), and a sweep in ONE array.
 
-Targets: the sweep costs at most 2x one sbatch call plus its expansion time (everything
-before the first sbatch), and it is at least 20x faster than the loop.
+One array needs MaxArraySize > members (Slurm's default is 1001); the dev cluster's is 101
+on purpose. It cannot be raised for one measurement: ``scontrol reconfigure`` shows the new
+value, but slurmctld keeps the MaxArraySize it latched at its first array submission
+(measured on 22.05.8: ``--array=0-500`` still refused with MaxArraySize=1001 after a
+reconfigure), so only a restart of slurmctld would do, which would disturb everyone using
+the cluster. So the one-array case is measured at the largest size the cluster accepts
+in one array (MaxArraySize members), and the output says so.
+
+Targets: the sweep costs at most 2x one sbatch call plus its expansion time (expansion,
+validation and planning: everything before the first file is written), and it is at least
+20x faster than the loop.
 """
 
 from __future__ import annotations
@@ -134,12 +146,13 @@ def write_sweep(tmp: Path, members: int) -> Path:
     return path
 
 
-def bench_sweep(tmp: Path, members: int) -> dict[str, Any]:
+def bench_sweep(tmp: Path, members: int, name: str = "sweep") -> dict[str, Any]:
+    from ddlaunch.plan import ClusterFacts
     from ddlaunch.slurm.client import SlurmClient
     from ddlaunch.sweep import parse_sweep_file
     from ddlaunch.sweep_prepare import prepare_sweep
     from ddlaunch.sweep_slurm import probe_max_array_size
-    from ddlaunch.sweep_submit import create_sweep_dir, submit_arrays
+    from ddlaunch.sweep_submit import submit_sweep
 
     spans: list[tuple[float, float]] = []
 
@@ -154,41 +167,49 @@ def bench_sweep(tmp: Path, members: int) -> dict[str, Any]:
                 spans.append((start, time.perf_counter()))
 
     client = TimedClient()
-    path = write_sweep(tmp, members)
+    work = tmp / name
+    work.mkdir()
+    path = write_sweep(work, members)
     ids: list[str] = []
+    outcomes: list[Any] = []
     cwd = os.getcwd()
-    os.chdir(tmp)
+    os.chdir(work)
     try:
         t0 = time.perf_counter()
-        from ddlaunch.plan import ClusterFacts
-
         facts = ClusterFacts(max_array_size=probe_max_array_size(client))
         spec = parse_sweep_file(path)
         prepared = prepare_sweep(
-            spec, workdir=str(tmp), facts=facts, run_root=str(tmp / "runs"), hold=True
+            spec, workdir=str(work), facts=facts, run_root=str(work / "runs"), hold=True
         )
         t1 = time.perf_counter()
-        sweep_dir = create_sweep_dir(prepared, client.runner, str(tmp))
-        t2 = time.perf_counter()
-        outcomes = submit_arrays(
-            sweep_dir, prepared.arrays, prepared.sources, "python3", client, fresh=True
+        created: list[float] = []  # when the sweep directory was complete (its progress tick)
+        outcomes = submit_sweep(
+            prepared,
+            workdir=str(work),
+            client=client,
+            tick_create=lambda _: created.append(time.perf_counter()),
         )
         t3 = time.perf_counter()
+        t2 = created[0]
+        sweep_dir = prepared.sweep_dir
         ids = [o.job_id for o in outcomes if o.job_id]
     finally:
         os.chdir(cwd)
         cancel(ids)
     assert len(ids) == len(outcomes), [o.error for o in outcomes if not o.job_id]
     assert sum(len(o.members) for o in outcomes) == members
+    files = sum(1 for p in sweep_dir.rglob("*") if p.is_file())
     return {
         "total_s": t3 - t0,
         "prepare_s": t1 - t0,
-        "run_dirs_s": t2 - t1,
+        "sweep_dir_s": t2 - t1,
         "submit_s": t3 - t2,
         # wall time during which at least one sbatch was running
         "sbatch_busy_s": union_length(spans),
         "arrays": len(outcomes),
         "max_array_size": facts.max_array_size,
+        "files_written": files,
+        "members": members,
     }
 
 
@@ -201,6 +222,36 @@ def union_length(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+def bench_one_array(tmp: Path, members: int, max_array: int | None) -> tuple[dict | None, str]:
+    """A sweep in one array: (figures or None, in words which sweep). The full sweep when
+    the cluster takes it in one array; else the largest one-array sweep it accepts."""
+    if max_array is None or max_array >= members:
+        return None, f"the {members}-member sweep is one array already"
+    note = (
+        f"{max_array} members (MaxArraySize {max_array}: a {members}-member array needs "
+        f"MaxArraySize > {members - 1}; slurmctld applies a new MaxArraySize only after a "
+        "restart, not done on a shared cluster)"
+    )
+    return bench_sweep(tmp, max_array, "one-array"), note
+
+
+def target_1(label: str, sweep: dict[str, Any], single: float) -> str:
+    budget = 2 * single + sweep["prepare_s"]
+    total = sweep["total_s"]
+    return (
+        f"target 1 ({label}): sweep <= 2 x sbatch + expansion ({sweep['prepare_s']:.3f}s) = "
+        f"{budget:.3f}s: {'met' if total <= budget else 'MISSED'} ({total:.3f}s)"
+    )
+
+
+def target_2(label: str, sweep: dict[str, Any], loop: float) -> str:
+    total = sweep["total_s"]
+    return (
+        f"target 2 ({label}): sweep >= 20x faster than the loop ({loop:.2f}s): "
+        f"{'met' if loop / total >= 20 else 'MISSED'} ({loop / total:.1f}x)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -209,7 +260,7 @@ def main() -> None:
     parser.add_argument("--loop", type=int, default=1000, help="sbatch calls in the loop")
     parser.add_argument(
         "--dir",
-        help="Where the run directories go (default: the system temp dir); nothing runs, so "
+        help="Where the sweep directories go (default: the system temp dir); nothing runs, so "
         "a node-local one such as /dev/shm shows the cost without the disk's metadata latency",
     )
     parser.add_argument("--json", action="store_true")
@@ -220,55 +271,61 @@ def main() -> None:
     try:
         single = bench_single(tmp)
         sweep = bench_sweep(tmp, args.members)
+        one, one_note = bench_one_array(tmp, args.members, sweep["max_array_size"])
         mapped, chunks = bench_map_array(tmp, args.members, sweep["max_array_size"] or 1000)
-        loop = bench_loop(tmp, args.loop) * args.members / args.loop
+        loop_per = bench_loop(tmp, args.loop) / args.loop
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    # "Expansion": everything the sweep does besides talking to Slurm (expansion, validation,
-    # planning, run directories, pickles, records).
-    expansion = sweep["total_s"] - sweep["sbatch_busy_s"]
-    budget = 2 * single + expansion
-    rows = {
-        "one sbatch call (median of 5)": single,
-        f"loop of {args.members} sbatch calls": loop,
-        f"submitit map_array ({chunks} arrays)": mapped,
-        f"ddlaunch sweep ({args.members} members, {sweep['arrays']} arrays)": sweep["total_s"],
-    }
+    loop = loop_per * args.members
+    rows: list[tuple[str, float, int]] = [
+        ("one sbatch call (median of 5)", single, 1),
+        (f"loop of {args.members} sbatch calls", loop, args.members),
+        (f"submitit map_array ({chunks} arrays)", mapped, args.members),
+        (
+            f"ddlaunch sweep ({args.members} members, {sweep['arrays']} arrays)",
+            sweep["total_s"],
+            args.members,
+        ),
+    ]
+    runs = [(f"{args.members} members, {sweep['arrays']} arrays", sweep)]
+    if one is not None:
+        label = f"{one['members']} members, 1 array"
+        rows.append((f"ddlaunch sweep ({label})", one["total_s"], one["members"]))
+        runs.append((label, one))
+    phases = ("prepare_s", "sweep_dir_s", "submit_s", "sbatch_busy_s", "files_written")
     result = {
-        "rows_s": rows,
-        "sweep_phases_s": {
-            k: sweep[k] for k in ("prepare_s", "run_dirs_s", "submit_s", "sbatch_busy_s")
-        },
-        "sweep_vs_loop": loop / sweep["total_s"],
-        "sweep_budget_s": budget,
-        "ok_budget": sweep["total_s"] <= budget,
-        "ok_vs_loop": loop / sweep["total_s"] >= 20,
+        "rows_s": {name: secs for name, secs, _ in rows},
+        "phases_s": {label: {k: run[k] for k in phases} for label, run in runs},
+        "one_array": one_note,
+        "max_array_size": sweep["max_array_size"],
         "loop_measured_calls": args.loop,
+        # Target 2 is the issue's, for the full sweep; target 1 for each sweep measured.
+        "targets": [
+            *(target_1(label, run, single) for label, run in runs),
+            target_2(runs[0][0], sweep, loop),
+        ],
     }
     if args.json:
         print(json.dumps(result, indent=2))
         return
     print(f"{'what':52} {'wall':>9} {'per member':>11} {'loop / this':>12}")
-    for name, secs in rows.items():
-        per = "" if name.startswith("one") else f"{secs / args.members * 1000:9.2f}ms"
-        ratio = "" if name.startswith("one") else f"{loop / secs:11.1f}x"
+    for name, secs, count in rows:
+        per = "" if count == 1 else f"{secs / count * 1000:9.2f}ms"
+        ratio = "" if count == 1 else f"{loop_per * count / secs:11.1f}x"
         print(f"{name:52} {secs:8.3f}s {per:>11} {ratio:>12}")
-    print(
-        f"  sweep phases: expansion+validation+plan {sweep['prepare_s']:.3f}s, run directories "
-        f"{sweep['run_dirs_s']:.3f}s, pickles+sbatch+records {sweep['submit_s']:.3f}s, of which "
-        f"sbatch running {sweep['sbatch_busy_s']:.3f}s ({sweep['arrays']} calls, concurrent)"
-    )
-    print(f"  run directories in {tmp.parent}")
+    for label, run in runs:
+        print(
+            f"  phases ({label}): expansion+validation+plan {run['prepare_s']:.3f}s, "
+            f"sweep directory {run['sweep_dir_s']:.3f}s, scripts+records+sbatch "
+            f"{run['submit_s']:.3f}s, of which sbatch running {run['sbatch_busy_s']:.3f}s "
+            f"({run['arrays']} calls, concurrent); {run['files_written']} files written"
+        )
+    print(f"  one array: {one_note}")
+    print(f"  sweep directories in {tmp.parent}")
     if args.loop != args.members:
-        print(f"  (loop measured over {args.loop} calls, scaled to {args.members})")
-    print(
-        f"target 1: sweep <= 2 x sbatch + expansion ({expansion:.3f}s) = {budget:.3f}s: "
-        f"{'OK' if result['ok_budget'] else 'MISSED'} ({sweep['total_s']:.3f}s)"
-    )
-    print(
-        f"target 2: sweep >= 20x faster than the loop: "
-        f"{'OK' if result['ok_vs_loop'] else 'MISSED'} ({result['sweep_vs_loop']:.1f}x)"
-    )
+        print(f"  (loop measured over {args.loop} calls, scaled)")
+    for line in result["targets"]:
+        print(line)
 
 
 if __name__ == "__main__":

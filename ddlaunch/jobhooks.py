@@ -154,7 +154,17 @@ def end(
         return 0
     step = committed_step(run_dir)
     blamed: list[str] = []
-    if (run_dir / "cancel.json").exists():
+    cancelled = (run_dir / "cancel.json").exists()
+    if not cancelled:
+        # A node failed the preflight inside the ranks (or the ranks ended before its
+        # verdict): exclude it and requeue, or stop, before anything else is blamed.
+        from ddlaunch.health.hooks import preflight_outcome
+
+        nodes = expand(current.get("nodes", ""))
+        outcome = preflight_outcome(run_dir, client, nodes, failed=exit_code != 0)
+        if outcome is not None:
+            return outcome
+    if cancelled:
         cause = attempts.CAUSE_CANCELLED
     elif exit_code == 0:
         cause = attempts.CAUSE_COMPLETED
@@ -215,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit-code", type=int, default=0)
     args = parser.parse_args(argv)
     run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
+    if args.hook == "start" and os.environ.get("DDLAUNCH_SWEEP_ID"):
+        # A sweep member's run directory is created at its first start (the array script
+        # does it unless Python was not usable before launch.setup): a no-op when done.
+        from ddlaunch.sweep_members import start_task
+
+        start_task(run_dir)
     import yaml
 
     tree = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}

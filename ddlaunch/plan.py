@@ -147,8 +147,9 @@ def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[st
 
 
 def worker_command(cfg: Config, submitit_folder: str) -> list[str]:
-    """What every srun task runs: submitit's job runner on our pickled rank function."""
-    return [cfg.launch.python, "-u", "-m", "submitit.core._submit", submitit_folder]
+    """What every srun task runs: the pickled rank function, through ddlaunch's equivalent of
+    submitit's job runner (``ddlaunch.worker.task``: same files, no submitit import)."""
+    return [cfg.launch.python, "-u", "-m", "ddlaunch.worker.task", submitit_folder]
 
 
 def make_plan(

@@ -15,7 +15,6 @@ Layout (every file written atomically)::
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ def resolve_run_root(configured: str) -> Path:
 
 def new_run_id(job_name: str, now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return f"{job_name}-{stamp}-{secrets.token_hex(2)}"
+    return f"{job_name}-{stamp}-{os.urandom(2).hex()}"  # not secrets: its import costs
 
 
 @dataclass(frozen=True)

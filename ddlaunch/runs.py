@@ -27,9 +27,14 @@ def default_run_root() -> Path:
 def find_run(ref: str, root: Path | None = None) -> Path:
     """A run by path, by id under the run root, or by a unique id prefix."""
     as_path = Path(ref).expanduser()
+    root = root or default_run_root()
+    # A sweep member that has not started has no run directory yet: create it from the
+    # sweep's records, as its array task would (logs, cancel and resume need it).
+    from ddlaunch.sweep_members import ensure_member_dir
+
+    ensure_member_dir(as_path) or ensure_member_dir(root / ref)
     if (as_path / "config.yaml").is_file():
         return as_path.absolute()
-    root = root or default_run_root()
     if (root / ref / "config.yaml").is_file():
         return root / ref
     matches = sorted(p for p in root.glob(f"{ref}*") if (p / "config.yaml").is_file())
@@ -279,18 +284,23 @@ class RunReader:
         import time
 
         self.now = (clock or time.time)()
-        self.caches: dict[Path, QueuedRunCache] = {}
+        # Keyed by the parent's path as a string: hashing a Path costs more than the lookup.
+        self.caches: dict[str, QueuedRunCache] = {}
 
     def cache(self, parent: Path) -> QueuedRunCache:
-        if parent not in self.caches:
-            self.caches[parent] = QueuedRunCache(parent)
-        return self.caches[parent]
+        key = str(parent)
+        cache = self.caches.get(key)
+        if cache is None:
+            cache = self.caches[key] = QueuedRunCache(parent)
+        return cache
 
-    def read(self, run_dir: Path) -> RunInfo:
-        try:
-            mtime_ns = os.stat(run_dir).st_mtime_ns
-        except OSError:
-            return read_run(run_dir)
+    def read(self, run_dir: Path, mtime_ns: int | None = None) -> RunInfo:
+        """``mtime_ns``: the directory's mtime when the caller has stat'ed it already."""
+        if mtime_ns is None:
+            try:
+                mtime_ns = os.stat(run_dir).st_mtime_ns
+            except OSError:
+                return read_run(run_dir)
         cache = self.cache(run_dir.parent)
         hit = cache.get(run_dir, mtime_ns)
         if hit is not None:
@@ -308,36 +318,44 @@ class RunReader:
             cache.save()
 
 
-def list_targets(root: Path | None = None) -> list[tuple[str, Path]]:
-    """Runs and sweeps under the run root, oldest first: ("run" | "sweep", path).
+def list_targets(
+    root: Path | None = None, reader: RunReader | None = None
+) -> list[tuple[str, Path, int]]:
+    """Runs and sweeps under the run root, oldest first: ("run" | "sweep", path, mtime_ns).
 
     Entries the queued-run cache knows are runs without a further look; the others are
-    listed once to tell a run (config.yaml) from a sweep (members.json)."""
+    listed once to tell a run (config.yaml) from a sweep (members.json). ``reader`` shares
+    its already loaded cache. The mtime is returned so that the reader need not stat again.
+    """
     root = root or default_run_root()
     try:
-        entries = list(os.scandir(root))
+        # iterdir, not scandir: it builds child paths without re-parsing them, which is most
+        # of the per-entry cost of a Path; the stat is one syscall either way.
+        entries = list(root.iterdir())
     except OSError:
         return []
-    known = QueuedRunCache(root).runs
+    known = (reader.cache(root) if reader is not None else QueuedRunCache(root)).runs
     out = []
-    for entry in entries:
-        if entry.name.startswith("."):
+    for path in entries:
+        name = path.name
+        if name.startswith("."):
             continue
         try:
-            mtime = entry.stat().st_mtime
+            mtime_ns = os.stat(path).st_mtime_ns
         except OSError:
             continue
-        if entry.name in known:
-            out.append((mtime, entry.path, "run"))
+        if name in known:
+            out.append((mtime_ns, name, "run", path))
             continue
         try:
-            listing = set(os.listdir(entry.path))
+            listing = set(os.listdir(path))
         except OSError:  # not a directory, or gone meanwhile
             continue
         kind = "run" if "config.yaml" in listing else "sweep" if "members.json" in listing else ""
         if kind:
-            out.append((mtime, entry.path, kind))
-    return [(kind, Path(path)) for _, path, kind in sorted(out)]
+            out.append((mtime_ns, name, kind, path))
+    out.sort(key=lambda entry: entry[:2])
+    return [(kind, path, mtime_ns) for mtime_ns, _, kind, path in out]
 
 
 def rank_log(run_dir: Path, rank: int, stream: str = "out") -> Path:

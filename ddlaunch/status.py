@@ -200,6 +200,7 @@ class Target:
     path: Path
     sweep: str | None = None
     label: str | None = None
+    mtime_ns: int | None = None  # the run directory's, when listing it stat'ed it already
 
 
 def poll(
@@ -209,18 +210,24 @@ def poll(
     form: str = "text",
     read: Any = None,
     now: float | None = None,
+    reader: Any = None,
 ) -> list[RunStatus]:
     """Read every run directory, make ONE squeue call for all their jobs (and at most one
-    sacct for jobs the controller forgot), join. ``read`` is ``runs.read_run`` by default."""
+    sacct for jobs the controller forgot), join. ``read`` replaces the cached reader
+    (``runs.RunReader``; pass the one ``resolve`` used to share its loaded cache)."""
     from ddlaunch.runs import RunReader
 
-    reader = RunReader()
+    reader = reader or RunReader()
     infos = []
     for t in targets:
-        info = read(t.path) if read is not None else reader.read(t.path)
+        info = read(t.path) if read is not None else reader.read(t.path, t.mtime_ns)
         info.label = t.label
         if t.sweep:
             info.run_id = f"{t.sweep}/{t.path.name}"
+            if not info.job_ids:  # a member that has not started has no run directory yet
+                from ddlaunch.sweep_members import complete_member_info
+
+                complete_member_info(info)
         infos.append(info)
     reader.save()
     job_ids = [i.job_id for i in infos if i.job_id]
@@ -236,9 +243,12 @@ def poll(
     ]
 
 
-def resolve(refs: Iterable[str], root: Path | None = None) -> tuple[list[Target], list[str]]:
+def resolve(
+    refs: Iterable[str], root: Path | None = None, reader: Any = None
+) -> tuple[list[Target], list[str]]:
     """RUN or SWEEP references -> targets. Without refs: every run and sweep under the run
-    root (sweeps are summarised by the caller). Returns (targets, sweep ids named)."""
+    root (sweeps are summarised by the caller). Returns (targets, sweep ids named).
+    ``reader`` (a ``runs.RunReader``) lends its queued-run cache to the listing."""
     from ddlaunch.runs import default_run_root, find_run, list_targets
 
     root = root or default_run_root()
@@ -246,9 +256,9 @@ def resolve(refs: Iterable[str], root: Path | None = None) -> tuple[list[Target]
     sweeps: list[str] = []
     refs = list(refs)
     if not refs:
-        for kind, path in list_targets(root):
+        for kind, path, mtime_ns in list_targets(root, reader):
             if kind == "run":
-                targets.append(Target(path))
+                targets.append(Target(path, mtime_ns=mtime_ns))
             elif (sweep := _sweep_module()) is not None:
                 targets += _members(sweep, path)
         return targets, sweeps
@@ -270,9 +280,10 @@ def resolve(refs: Iterable[str], root: Path | None = None) -> tuple[list[Target]
 
 
 def _sweep_module() -> Any:
-    # Sweeps are optional here: status keeps working (runs only) without ddlaunch.sweep.
+    # Sweeps are optional here: status keeps working (runs only) without them. The light
+    # module (json, os), not ddlaunch.sweep, which parses sweep files (YAML, the schema).
     try:
-        from ddlaunch import sweep
+        from ddlaunch import sweep_members as sweep
     except ImportError:
         return None
     if not hasattr(sweep, "is_sweep_dir") or not hasattr(sweep, "member_run_dirs"):

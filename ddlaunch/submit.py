@@ -7,6 +7,7 @@ the script and the intent record (state ``failed`` and the reason): nothing is l
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from dataclasses import dataclass
@@ -43,6 +44,16 @@ def create_run_dir(prepared: Prepared, runner: Runner, workdir: str) -> RunDir:
     return run_dir
 
 
+def write_rank_pickle(run_dir: Path, job_id: str) -> None:
+    """submitit's pickle of the rank function for ``job_id``, written right after sbatch: the
+    job's tasks wait for it (``ddlaunch.worker.task``), and importing submitit (a quarter of a
+    second) is no longer on the way from ``submit`` to the job's start."""
+    from ddlaunch.launch.slurm import write_pickle_only
+    from ddlaunch.worker.rank import run_rank
+
+    write_pickle_only(run_dir / "submitit", run_rank, (str(run_dir),), job_id)
+
+
 def submit_to_slurm(
     prepared: Prepared,
     *,
@@ -67,26 +78,23 @@ def submit_to_slurm(
         "previous_job_ids": previous.get("job_ids", []),
     }
 
-    def before_sbatch() -> None:
-        # Written before sbatch runs: a crash or a dropped SSH session between here and
-        # the job id leaves a record that a submission was attempted.
-        run_dir.write_json("intent.json", intent)
-
-    from ddlaunch.launch.slurm import submit_with_submitit
-    from ddlaunch.worker.rank import run_rank
-
+    # Written before sbatch runs: a crash or a dropped SSH session between here and the job
+    # id leaves a record that a submission was attempted.
+    run_dir.write_json("intent.json", intent)
     try:
-        job_id = submit_with_submitit(
-            plan,
-            prepared.script,
-            client,
-            run_rank,
-            (str(run_dir.path),),
-            before_sbatch,
-            python=prepared.config.launch.python,
-        )
+        job_id = client.sbatch(plan.sbatch_argv)
     except BaseException as exc:
         run_dir.write_json("intent.json", {**intent, "state": "failed", "error": str(exc)})
+        raise
+    try:
+        write_rank_pickle(run_dir.path, job_id)
+    except BaseException as exc:
+        # Without its pickle the job cannot run: take it back rather than let it fail later.
+        with contextlib.suppress(Exception):
+            client.cancel([job_id])
+        run_dir.write_json(
+            "intent.json", {**intent, "state": "failed", "job_id": job_id, "error": str(exc)}
+        )
         raise
     run_dir.write_json("intent.json", {**intent, "state": "submitted", "job_id": job_id})
     run_dir.write_json(

@@ -30,12 +30,13 @@ setting sit next to each other. Values are typed as YAML, exactly as ``--set`` t
 A sweep directory (``<run_root>/<sweep_id>/``)::
 
     sweep.yaml            the sweep file as given
-    members.json          every member: index, overrides, run directory
+    members.json          every member: index, overrides, resolved config (the commit point)
     arrays/<n>.sbatch     the script of each array submitted (first submission and resubmits)
     arrays/<n>.json       its intent record: members, sbatch argv, state, job id
-    submitit/             one pickle per array task: <ARRAY>_<TASK>_submitted.pkl
     logs/                 what an array task prints before it switches to its member's logs
-    members/<i>/          member i: a normal run directory (status, logs, resume work on it)
+    members/<i>/          member i: a normal run directory (status, logs, resume work on it),
+                          created when the member first starts (``ddlaunch.sweep_members``)
+    submitit/             one pickle per started task: <ARRAY>_<TASK>_submitted.pkl
 """
 
 from __future__ import annotations
@@ -55,11 +56,18 @@ import yaml
 from ddlaunch.config.errors import ConfigIssue
 from ddlaunch.config.load import KeyPath, parse_yaml_value, read_yaml_file, resolve_config_name
 from ddlaunch.errors import UserError
-from ddlaunch.plan import ARRAYS_DIR
+
+# Re-exported: status and the sweep commands know this module as the sweeps' entry.
+from ddlaunch.sweep_members import MEMBERS_DIR as MEMBERS_DIR
+from ddlaunch.sweep_members import MEMBERS_FILE as MEMBERS_FILE
+from ddlaunch.sweep_members import array_records as array_records
+from ddlaunch.sweep_members import complete_member_info as complete_member_info
+from ddlaunch.sweep_members import is_sweep_dir as is_sweep_dir
+from ddlaunch.sweep_members import member_jobs
+from ddlaunch.sweep_members import member_run_dirs as member_run_dirs
+from ddlaunch.sweep_members import read_members as read_members
 
 SWEEP_FILE = "sweep.yaml"
-MEMBERS_FILE = "members.json"
-MEMBERS_DIR = "members"
 DEFAULT_METRIC = "final_loss"
 DEFAULT_SEED_KEY = "params.seed"
 SWEEP_KEYS = (
@@ -380,48 +388,10 @@ def parse_sweep_file(path: str | Path, extra_set: Sequence[str] = ()) -> SweepSp
 # ----------------------------------------------------------------------------- sweep dirs
 
 
-def is_sweep_dir(path: Path) -> bool:
-    """Whether ``path`` is a sweep directory (as opposed to a run directory)."""
-    return (path / MEMBERS_FILE).is_file() and (path / MEMBERS_DIR).is_dir()
-
-
-def read_members(path: Path) -> dict[str, Any]:
-    """The sweep's ``members.json``: sweep id, metric and every member's record."""
-    try:
-        data = json.loads((path / MEMBERS_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is not a readable sweep directory: {exc}") from None
-    return data  # type: ignore[no-any-return]
-
-
-def member_run_dirs(path: Path) -> list[tuple[str, Path]]:
-    """(label of the member's overrides, its run directory) for every member, in order."""
-    return [
-        (str(m["label"]), path / MEMBERS_DIR / str(m["index"]))
-        for m in read_members(path)["members"]
-    ]
-
-
-def array_records(path: Path) -> list[dict[str, Any]]:
-    """Every array submitted for the sweep (``arrays/<n>.json``), in submission order."""
-    records = []
-    for record_path in (path / ARRAYS_DIR).glob("*.json"):
-        try:
-            records.append(json.loads(record_path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return sorted(records, key=lambda r: int(r.get("name", 0)))
-
-
 def array_task_ids(path: Path) -> dict[int, str]:
-    """Member -> ``ARRAYJOB_TASK`` of the latest array that holds it (the authoritative
-    record, fsynced; a member's own submission.json is derived from it)."""
-    ids: dict[int, str] = {}
-    for record in array_records(path):
-        if record.get("job_id"):
-            for task, member in enumerate(record.get("members", [])):
-                ids[int(member)] = f"{record['job_id']}_{task}"
-    return ids
+    """Member -> ``ARRAYJOB_TASK`` of the latest array that holds it with a job id (the
+    authoritative record, fsynced before and after sbatch)."""
+    return {m: jobs.job_ids[-1] for m, jobs in member_jobs(path).items() if jobs.job_ids}
 
 
 def find_sweep(ref: str, root: Path) -> Path:

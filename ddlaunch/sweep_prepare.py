@@ -18,7 +18,7 @@ from typing import Any
 
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.load import LoadedTree, apply_overrides, load_tree
-from ddlaunch.config.schema import Config
+from ddlaunch.config.schema import Config, StorageSpec
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
 from ddlaunch.plan import ArraySpec, ClusterFacts, LaunchPlan, make_plan
@@ -99,6 +99,8 @@ def _set_param(params: dict[str, Any], override: Override) -> ConfigIssue | None
             return ConfigIssue(
                 key, "is not a mapping, so it has no sub-keys", f"--set {override.text}"
             )
+        else:  # copied on the way down: the original may be shared (see validate_members)
+            child = node[part] = dict(child)
         node = child
     node[path[-1]] = copy.deepcopy(override.value)
     return None
@@ -113,6 +115,8 @@ def validate_members(
     schema) share the validation of their other overrides: their config is that validated
     config with their own params, exactly what validating them one by one gives (a unit test
     holds the two equal) at a fraction of the cost, which matters for thousands of members.
+    Their params share what their overrides do not touch (mappings on an override's path
+    are copied, never changed in place): configs are values, nothing mutates them.
     """
     validated: dict[tuple[str, ...], Config | ConfigError] = {}
     configs: list[Config] = []
@@ -136,7 +140,7 @@ def validate_members(
         elif not own:
             configs.append(result)
         else:
-            params = copy.deepcopy(result.params)
+            params = dict(result.params)
             issues = [issue for o in own if (issue := _set_param(params, o)) is not None]
             if issues:
                 bad.append((member, ConfigError(issues)))
@@ -177,9 +181,27 @@ def member_checkpoint_root(cfg: Config, index: int) -> str | None:
     return str(path.parent)
 
 
-def _members_line(members: Sequence[int]) -> str:
-    """The line of the built-in template that lists an array's members."""
-    return f"\nmembers=({' '.join(map(str, members))})\n"
+_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in ("params", "storage"))
+_STORAGE = tuple(f.name for f in dataclasses.fields(StorageSpec) if f.name != "checkpoint_dir")
+
+
+def _script_inputs(cfg: Config, root: str | None) -> tuple[Any, ...]:
+    """What an array's plan and script depend on, cheaply: every section but ``params``
+    (the plan never reads it), by identity (members share the sections they do not
+    override: ``validate_members``), and the storage section but for the per-member
+    checkpoint directory (``root`` stands for it). Equal inputs -> equal scripts; unequal
+    inputs may still give equal scripts (the planned key then decides)."""
+    storage: Any = cfg.storage
+    if storage.checkpoint_dir is not None:
+        storage = tuple(getattr(storage, name) for name in _STORAGE)
+    else:
+        storage = id(storage)
+    return (root, storage, *(id(getattr(cfg, name)) for name in _SECTIONS))
+
+
+def _members_line(name: str, members: Sequence[int]) -> str:
+    """The lines of the built-in template that name an array and list its members."""
+    return f"\nexport DDLAUNCH_SWEEP_ARRAY={name}\nmembers=({' '.join(map(str, members))})\n"
 
 
 def plan_arrays(
@@ -204,11 +226,17 @@ def plan_arrays(
     members_dir = str(sweep_dir / MEMBERS_DIR)
     groups: dict[str, list[int]] = {}
     firsts: dict[str, tuple[Config, str | None]] = {}
+    known: dict[tuple[Any, ...], str] = {}  # _script_inputs -> the script's key
     for index, cfg in members:
         root = member_checkpoint_root(cfg, index)
-        probe = ArraySpec("", sweep_id, (0,), members_dir, throttle, root)
-        plan = make_plan(cfg, run_id=sweep_id, run_dir=str(sweep_dir), workdir=workdir, array=probe)
-        key = repr((plan, cfg.templates.main, cfg.templates.search_path))
+        inputs = _script_inputs(cfg, root)
+        key = known.get(inputs)
+        if key is None:
+            probe = ArraySpec("", sweep_id, (0,), members_dir, throttle, root)
+            plan = make_plan(
+                cfg, run_id=sweep_id, run_dir=str(sweep_dir), workdir=workdir, array=probe
+            )
+            key = known[inputs] = repr((plan, cfg.templates.main, cfg.templates.search_path))
         groups.setdefault(key, []).append(index)
         firsts.setdefault(key, (cfg, root))
     arrays: list[ArrayJob] = []
@@ -231,7 +259,7 @@ def plan_arrays(
             if hold:  # submitted held: nothing starts until `scontrol release`
                 argv = plan.sbatch_argv
                 plan = dataclasses.replace(plan, sbatch_argv=(*argv[:2], "--hold", *argv[2:]))
-            line = _members_line(chunk)
+            line = _members_line(spec.name, chunk)
             if rendered is not None:
                 # Chunks of one group differ only in their member list: rendering costs
                 # tens of ms (the templates are compiled each time), a split sweep of

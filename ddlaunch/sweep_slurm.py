@@ -47,13 +47,33 @@ def queue_tasks(client: SlurmClient, array_ids: Iterable[str]) -> dict[str, Queu
 
 def parse_array_show_job(stdout: str) -> dict[str, dict[str, str]]:
     """``scontrol show job -o ARRAY`` prints one line per task still known (MinJobAge):
-    ``ARRAY_TASK`` -> fields. The pending remainder (``ArrayTaskId=4-99``) is skipped."""
+    ``ARRAY_TASK`` -> fields. The tasks that never started share one line, the array's own
+    record (``ArrayTaskId=4-99%8``: pending, or e.g. CANCELLED while pending): each of them
+    gets its fields (a task's own line wins)."""
     out: dict[str, dict[str, str]] = {}
+    shared: list[tuple[str, dict[str, str]]] = []
     for line in stdout.splitlines():
         fields = parse_scontrol_show_job(line)
-        task = fields.get("ArrayTaskId", "")
-        if fields.get("ArrayJobId") and task.isdigit():
-            out[f"{fields['ArrayJobId']}_{task}"] = fields
+        array, task = fields.get("ArrayJobId"), fields.get("ArrayTaskId", "")
+        if not array:
+            continue
+        if task.isdigit():
+            out[f"{array}_{task}"] = fields
+        else:
+            shared += [(f"{array}_{t}", fields) for t in task_indices(task)]
+    for key, fields in shared:
+        out.setdefault(key, fields)
+    return out
+
+
+def task_indices(spec: str) -> list[int]:
+    """Slurm's task list ``0-3,7,9-11%2`` -> [0, 1, 2, 3, 7, 9, 10, 11] ([] if malformed)."""
+    out: list[int] = []
+    for part in spec.split("%")[0].split(","):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            return []
+        out += range(int(first), int(last or first) + 1)
     return out
 
 

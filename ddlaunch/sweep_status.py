@@ -1,5 +1,6 @@
-"""``ddlaunch sweep status``: one row per member, from its run directory plus ONE squeue call
-for every task of every array of the sweep (torch-free)."""
+"""``ddlaunch sweep status``: one row per member, from its run directory (or, for a member
+that has not started, the sweep's records) plus ONE squeue call for every task of every
+array of the sweep (torch-free)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from ddlaunch.runs import RunInfo, read_run
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.status import run_status
-from ddlaunch.sweep import DEFAULT_METRIC, MEMBERS_DIR, array_task_ids, read_members
+from ddlaunch.sweep import DEFAULT_METRIC, MEMBERS_DIR, read_members
+from ddlaunch.sweep_members import member_jobs
 from ddlaunch.sweep_slurm import queue_tasks, show_array_tasks
 
 # States after which a member will not run again by itself and did not complete: what
@@ -79,11 +81,16 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
     metric = meta.get("metric") or DEFAULT_METRIC
     members = meta["members"]
     infos = [read_run(sweep_dir / MEMBERS_DIR / str(m["index"])) for m in members]
-    recorded = array_task_ids(sweep_dir)
+    recorded = member_jobs(sweep_dir)
     for m, info in zip(members, infos, strict=True):
-        if not info.job_ids and int(m["index"]) in recorded:
-            # submission.json not written (a crash right after sbatch): the array's record
-            info.job_ids = [recorded[int(m["index"])]]
+        jobs = recorded.get(int(m["index"]))
+        if jobs is None or info.job_ids or info.intent:
+            continue
+        # A member that has not started has no run directory yet (or a crash cut its
+        # submission.json short): the arrays' records say what was submitted.
+        info.job_ids = list(jobs.job_ids)
+        if jobs.state == "failed":
+            info.intent = {"state": "failed", "error": jobs.error}
     client = client or SlurmClient()
     arrays = {i.job_id.split("_")[0] for i in infos if i.job_id}
     queue = queue_tasks(client, arrays)  # the one squeue call

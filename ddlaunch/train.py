@@ -61,7 +61,12 @@ class Session:
         self.run_dir = Path(os.environ.get("DDLAUNCH_RUN_DIR", "."))
         root = os.environ.get("DDLAUNCH_CHECKPOINT_DIR") or str(self.run_dir / "checkpoints")
         ft = config.fault_tolerance
-        self.manager = CheckpointManager(root, keep_last=ft.keep_last, async_save=ft.async_save)
+        self.manager = CheckpointManager(
+            root,
+            keep_last=ft.keep_last,
+            async_save=ft.async_save,
+            overlap_staging=ft.overlap_staging,
+        )
         self.state: dict[str, Any] = {
             "train": TrainState(model, optimizer or ()),
             **(extra_state or {}),
@@ -140,7 +145,11 @@ class Session:
             from ddlaunch.slurm.parse import requeue_target
 
             job_id = requeue_target(os.environ)
-            if job_id:
+            cancelled = self._cancelled(job_id)
+            if cancelled:
+                print(f"[ddlaunch] saved step {step}; {cancelled}: not requeueing", flush=True)
+                attempts.write_outcome(self.run_dir, "CANCELLED", f"{cancelled}; saved step {step}")
+            elif job_id:
                 from ddlaunch.slurm.client import SlurmClient
 
                 records = attempts.load(self.run_dir)
@@ -158,6 +167,25 @@ class Session:
                     attempts.write_outcome(self.run_dir, "STOPPED", decision.reason)
         self.heartbeat.stop("preempted")
         raise Preempted(step)
+
+    def _cancelled(self, job_id: str | None) -> str | None:
+        """Why the signal means "stop" rather than "come back": a cancel. Slurm sends the
+        same SIGTERM at cancel and at preemption, shows a cancelled job as COMPLETING in
+        squeue and scontrol alike, and would requeue it. ``ddlaunch cancel`` records the
+        cancel in the run directory; a plain scancel is seen in accounting (sacct), when the
+        cluster keeps it (measured on 22.05: CANCELLED there while scontrol says COMPLETING).
+        """
+        if (self.run_dir / "cancel.json").exists():
+            return "cancelled with ddlaunch cancel"
+        if not job_id:
+            return None
+        from ddlaunch.slurm.client import SlurmClient
+
+        try:
+            row = SlurmClient().accounting_rows([job_id]).get(job_id)
+        except Exception:  # no accounting, or Slurm unreachable: the signal's usual meaning
+            return None
+        return "cancelled (scancel)" if row and row.state.startswith("CANCELLED") else None
 
     # ------------------------------------------------------------------ end
 

@@ -26,6 +26,7 @@ from ddlaunch.checkpoint import (
     TrainState,
     latest_complete,
     list_checkpoints,
+    staging,
 )
 
 RESHARD_STEP = 7
@@ -344,6 +345,89 @@ def _async(rank: int, world: int, root: Path, rec: _Recorder) -> None:
     rec["async.step1_n"] = one["n"]
 
 
+COPY_DELAY_S = 0.5  # the background copy is held back this long in _async_overlap
+
+
+def _slow_background_copy(delay: float, fail: bool = False) -> Any:
+    """Hold back the background copy of optimizer-owned tensors (or make it fail), so the
+    training loop surely reaches optimizer.step() while the copy has not run yet."""
+    original = staging.copy_pairs
+
+    def slow(pairs: Any) -> None:
+        time.sleep(delay)
+        if fail:
+            raise MemoryError("staging copy failed (simulated)")
+        original(pairs)
+
+    staging.copy_pairs = slow  # type: ignore[assignment]
+    return original
+
+
+def _async_overlap(rank: int, world: int, root: Path, rec: _Recorder) -> None:
+    """The copy of parameters and optimizer state overlaps the next step; the optimizer's
+    step waits for it, so the checkpoint holds the values at save() and not after it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.BatchNorm1d(64), nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    _train_step(model, opt, seed=1)  # Adam's state exists from here on
+    state: dict[str, Any] = {"train": TrainState(model, opt)}
+    hooks_before = len(opt._optimizer_step_pre_hooks)
+    original = _slow_background_copy(COPY_DELAY_S)
+    try:
+        with CheckpointManager(root, keep_last=0, async_save=True) as manager:
+            at_save = _clone(TrainState(model, opt).state_dict())
+            start = time.perf_counter()
+            manager.save(1, state)
+            rec["overlap.save_s"] = time.perf_counter() - start
+            # The next step right away: its forward updates the batch-norm statistics (copied
+            # inside save()), its optimizer step the parameters and Adam's moments (copied in
+            # the background, which the step pre-hook waits for).
+            _train_step(model, opt, seed=2)
+            rec["overlap.hook_waited_s"] = manager.staging_wait_s
+            rec["overlap.changed_by_step"] = not _equal_nested(
+                at_save, TrainState(model, opt).state_dict()
+            )
+            info = manager.wait()
+            rec["overlap.committed"] = info.step if info else None
+            # A failed background copy leaves the save uncommitted on every rank.
+            staging.copy_pairs = original  # type: ignore[assignment]
+            _slow_background_copy(0.0, fail=rank == 1)
+            try:
+                manager.save(2, state)
+                manager.wait()
+                rec["overlap.failed_copy_raised"] = None
+            except CheckpointSaveError as exc:
+                rec["overlap.failed_copy_raised"] = exc.failed_ranks
+        rec["overlap.hooks_left"] = len(opt._optimizer_step_pre_hooks) - hooks_before
+        # overlap_staging=False: all is copied inside save(); the step has nothing to wait
+        # for (a deferred copy would be held back, and waited for, again).
+        staging.copy_pairs = original  # type: ignore[assignment]
+        _slow_background_copy(COPY_DELAY_S)
+        with CheckpointManager(
+            root / "no-overlap", keep_last=0, async_save=True, overlap_staging=False
+        ) as manager:
+            at_save3 = _clone(TrainState(model, opt).state_dict())
+            manager.save(3, state)
+            _train_step(model, opt, seed=3)
+            rec["nooverlap.hook_waited_s"] = manager.staging_wait_s
+            manager.wait()
+    finally:
+        staging.copy_pairs = original  # type: ignore[assignment]
+    _barrier()
+    rec["overlap.checkpoints"] = [(i.step, i.state.value) for i in list_checkpoints(root)]
+    for key, where, expected in (
+        ("overlap", root, at_save),
+        ("nooverlap", root / "no-overlap", at_save3),
+    ):
+        torch.manual_seed(99)
+        model2 = nn.Sequential(nn.Linear(8, 64), nn.BatchNorm1d(64), nn.Linear(64, 4))
+        opt2 = torch.optim.Adam(model2.parameters(), lr=0.1)
+        with CheckpointManager(where, keep_last=0) as loader:
+            info = loader.load_latest({"train": TrainState(model2, opt2)})
+        rec[f"{key}.loaded_step"] = info.step if info else None
+        rec[f"{key}.identical"] = _equal_nested(expected, TrainState(model2, opt2).state_dict())
+
+
 def phase_world4(rank: int, world: int, out: str) -> None:
     """World size 4: a bit-identical round trip, and the source of the reshard test."""
     out_path = Path(out)
@@ -361,3 +445,4 @@ def phase_world2(rank: int, world: int, out: str) -> None:
     _retention_and_failure(rank, world, out_path / "retain", rec)
     _uncommitted_metadata(rank, world, out_path / "uncommitted", rec)
     _async(rank, world, out_path / "async", rec)
+    _async_overlap(rank, world, out_path / "overlap", rec)

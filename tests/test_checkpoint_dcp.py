@@ -21,15 +21,17 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reaso
 
 COMPLETE, PARTIAL = "complete", "partial"
 RESHARD_STEP = 7  # ckpt_workers.RESHARD_STEP
+COPY_DELAY_S = 0.5  # ckpt_workers.COPY_DELAY_S
 
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     from ckpt_dist import run_world
+    from ckpt_workers import COPY_DELAY_S as worker_delay
     from ckpt_workers import RESHARD_STEP as worker_step
     from ckpt_workers import phase_world2, phase_world4
 
-    assert worker_step == RESHARD_STEP
+    assert (worker_step, worker_delay) == (RESHARD_STEP, COPY_DELAY_S)
     out = tmp_path_factory.mktemp("ckpt-dist")
     run_world(phase_world4, 4, str(out), timeout=120)
     run_world(phase_world2, 2, str(out), timeout=120)
@@ -144,3 +146,54 @@ def test_async_failure_raises_on_every_rank_and_keeps_older(observed: dict[str, 
     for obs in observed["w2"]:
         assert obs["async.failed_raised"] == [1]
         assert obs["async.after_failure"] == [[1, COMPLETE], [2, COMPLETE], [3, PARTIAL]]
+
+
+def test_async_copy_of_optimizer_state_overlaps_the_next_step(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        # save() returned before the (held back) copy ran; the step waited for it ...
+        assert obs["overlap.save_s"] < COPY_DELAY_S
+        assert obs["overlap.hook_waited_s"] > COPY_DELAY_S / 2
+        assert obs["overlap.changed_by_step"] is True
+        assert obs["overlap.committed"] == 1
+        # ... so the checkpoint holds the parameters, Adam state and batch-norm statistics
+        # of step 1, not those of the step that ran while the copy was pending.
+        assert obs["overlap.loaded_step"] == 1
+        assert obs["overlap.identical"] is True
+        assert obs["overlap.hooks_left"] == 0
+
+
+def test_without_overlap_everything_is_copied_inside_save(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["nooverlap.hook_waited_s"] == 0.0
+        assert obs["nooverlap.loaded_step"] == 3
+        assert obs["nooverlap.identical"] is True
+
+
+def test_failed_background_copy_is_never_committed(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert obs["overlap.failed_copy_raised"] == [1]
+        assert obs["overlap.checkpoints"] == [[1, COMPLETE], [2, PARTIAL]]
+
+
+def test_stager_defers_only_the_chosen_tensors() -> None:
+    import torch
+
+    from ddlaunch.checkpoint.staging import ReusableCpuStager, copy_pairs
+
+    owned, other = torch.zeros(1000), torch.zeros(10)
+    state = {"model": {"w": owned, "stats": other}, "pos": {"epoch": 1}}
+    stager = ReusableCpuStager(pin_memory=False)
+    stager.stage(state)  # everything copied: the cache holds zeros
+    owned.fill_(1.0)
+    other.fill_(2.0)
+    state["pos"]["epoch"] = 2
+    staged = stager.stage(state, defer=lambda t: t is owned)
+    state["pos"]["epoch"] = 3  # after stage(): must not reach the staged copy
+    copied = staged.state_dict["model"]
+    assert [src is owned for src, _ in staged.deferred] == [True]
+    assert float(copied["w"].max()) == 0.0  # not copied yet
+    assert float(copied["stats"].min()) == 2.0  # copied inside stage()
+    assert staged.state_dict["pos"] == {"epoch": 2}
+    copy_pairs(staged.deferred)
+    assert float(copied["w"].min()) == 1.0
+    assert copied["w"].data_ptr() != owned.data_ptr()

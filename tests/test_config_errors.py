@@ -10,6 +10,8 @@ import pytest
 
 from ddlaunch.config import ConfigError, load_config
 
+REPO = Path(__file__).resolve().parents[1]
+
 # (case id, bad.yaml text, --set overrides, expected message lines after the header)
 CASES = [
     (
@@ -326,3 +328,36 @@ def test_set_overrides_are_yaml_typed() -> None:
     )
     assert cfg.nodes.count == 3 and cfg.launch.env == {"A": "1"}
     assert cfg.job.exclusive is True and cfg.params["lr"] == 3e-4
+
+
+EDGE_SCALARS = """\
+time: 1:30:00
+octal: 0o17
+old_octal: 017
+hex: 0x1F
+sexagesimal_float: 1:30.5
+exp: 1e3
+flag: yes
+empty:
+list: [1, "2", 3.5, null, ~, true]
+nested: {a: {b: [x, {c: 1}]}}
+"""
+
+
+@pytest.mark.parametrize(
+    "source",
+    [EDGE_SCALARS, *sorted(str(p) for p in (REPO / "configs").rglob("*.yaml"))],
+    ids=lambda s: "edge-scalars" if "\n" in s else Path(s).relative_to(REPO).as_posix(),
+)
+def test_libyaml_and_python_parsers_agree(source: str) -> None:
+    # Configs are parsed with libyaml for speed; the pure-Python parser (same resolvers) is
+    # the reference. Same values, same types, same line for every key.
+    from ddlaunch.config import load
+
+    if load._FastLoader is load._Loader:
+        pytest.skip("PyYAML without libyaml: one parser only")
+    text = source if "\n" in source else Path(source).read_text()
+    fast = load._parse(text, "f", load._FastLoader)
+    reference = load._parse(text, "f", load._Loader)
+    assert fast == reference
+    assert repr(fast[0]) == repr(reference[0])  # 1 vs 1.0 vs True compare equal otherwise

@@ -563,6 +563,152 @@ def test_preflight_off_runs_nothing(tmp_path: Path) -> None:
     assert hooks.preflight_hook(run_dir, SlurmClient(runner)) == 0 and runner.calls == []
 
 
+_OK_REPORT = {
+    "checks": [{"name": "gpus", "status": "ok", "detail": "2"}],
+    "net": {"ring_gbps": 4.0, "allreduce_gbps": 3.0, "backend": "gloo"},
+}
+
+
+def _in_rank_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reports: dict[str, dict], gate: dict | None
+) -> tuple[Path, FakeRunner]:
+    """Attempt 0 of job 377 on node[1-2] after its ranks ran the preflight gate: node reports
+    on disk, the gate record (or none: the ranks ended before the verdict)."""
+    from ddlaunch.health import gate as gate_mod
+
+    run_dir = _run_dir(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "377")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
+    attempts.save(
+        run_dir,
+        [{"attempt": 0, "job_id": "377", "nodes": "node[1-2]", "start": 1.0, "restart_count": 0}],
+    )
+    d = preflight.reports_dir(run_dir, "377", 0)
+    d.mkdir(parents=True)
+    for host, rep in reports.items():
+        (d / f"{host}.json").write_text(json.dumps({"host": host, **rep}))
+    if gate is not None:
+        gate_mod.gate_path(run_dir, "377", 0).write_text(
+            json.dumps({"job_id": "377", "restart": 0, **gate})
+        )
+    return run_dir, _fake_preflight(run_dir, "377", {})
+
+
+def test_end_hook_excludes_the_node_that_failed_the_gate_and_requeues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ddlaunch import jobhooks
+
+    full = {
+        "checks": [{"name": "disk:checkpoints", "status": "fail", "detail": "0.00 GB free"}],
+        "net": {"ring_gbps": 4.0, "backend": "gloo"},
+    }
+    run_dir, runner = _in_rank_preflight(
+        tmp_path,
+        monkeypatch,
+        {"node1": _OK_REPORT, "node2": full},
+        {"passed": False, "reason": "preflight failed: node2: disk:checkpoints: 0.00 GB free"},
+    )
+    assert jobhooks.end(run_dir, 75, SlurmClient(runner), max_requeues=3) == 0
+    (rec,) = attempts.load(run_dir)
+    assert rec["cause"] == "preflight" and rec["blamed"] == ["node2"]
+    assert "disk:checkpoints" in rec["health"]
+    assert runner.calls[-1] == ["scontrol", "update", "JobId=377", "ExcNodeList=node2"]
+    assert ["scontrol", "requeue", "377"] in runner.calls
+    assert badnodes.active_nodes(tmp_path / "bad.json") == ["node2"]
+    # The verdicts reach the batch log once.
+    assert capsys.readouterr().out.count("[ddlaunch preflight node") == 2
+
+
+def test_end_hook_blames_a_node_that_never_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks ended before the verdict (node2 died or hung before its report): the end hook
+    judges from the reports on disk and records the verdicts itself."""
+    from ddlaunch import jobhooks
+
+    run_dir, runner = _in_rank_preflight(tmp_path, monkeypatch, {"node1": _OK_REPORT}, None)
+    assert jobhooks.end(run_dir, 1, SlurmClient(runner), max_requeues=3) == 0
+    (rec,) = attempts.load(run_dir)
+    assert rec["cause"] == "preflight" and rec["blamed"] == ["node2"]
+    assert [p["ok"] for p in rec["preflight"]] == [True, False]
+    latest = json.loads((run_dir / "health" / "preflight.json").read_text())
+    assert latest["job_id"] == "377" and "no preflight report" in latest["decision"]
+
+
+def test_end_hook_treats_a_crash_after_a_passed_gate_as_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddlaunch import jobhooks
+
+    run_dir, runner = _in_rank_preflight(
+        tmp_path,
+        monkeypatch,
+        {"node1": _OK_REPORT, "node2": _OK_REPORT},
+        {"passed": True, "reason": "every node passed", "printed": True},
+    )
+    assert jobhooks.end(run_dir, 1, SlurmClient(runner), max_requeues=3) == 1
+    (rec,) = attempts.load(run_dir)
+    assert rec["cause"] == "crash" and not any(
+        c[:2] == ["scontrol", "requeue"] for c in runner.calls
+    )
+
+
+def test_gate_fails_every_rank_before_training_and_records_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rank, one node whose checkpoint directory is full: the gate records the verdict,
+    the attempt's preflight and the gate record, then raises instead of training."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from ddlaunch.config import load_config
+    from ddlaunch.health import gate
+    from ddlaunch.worker.distenv import from_environ
+
+    run_dir = _run_dir(tmp_path)
+    env = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "41",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_TASKS_PER_NODE": "1",
+        "DDLAUNCH_MASTER_PORT": str(29000 + os.getpid() % 1000),
+        gate.preflight.INJECT_VAR: json.dumps([{"index": 0, "free_gb": 0}]),
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    d = from_environ(env)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(d.master_port))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    attempts.save(run_dir, [{"attempt": 0, "job_id": "41", "nodes": "node1", "restart_count": 0}])
+    cfg = load_config(run_dir / "config.yaml")
+    assert gate.enabled(cfg, env)
+    report = gate.node_phase(cfg, run_dir, d, env, "node1")
+    gate.import_torch(run_dir, env, report)
+    try:
+        with pytest.raises(gate.PreflightFailed) as failed:
+            gate.check(cfg, run_dir, d, env, report, "gloo", keep_group=True)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert failed.value.code == gate.GATE_EXIT and "disk:checkpoints" in failed.value.reason
+    record = gate.read_gate(run_dir, "41", 0)
+    assert record is not None and record["passed"] is False
+    (rec,) = attempts.load(run_dir)
+    assert rec["preflight"] == [
+        {"node": "node1", "ok": False, "reason": rec["preflight"][0]["reason"]}
+    ]
+    on_disk = json.loads((preflight.reports_dir(run_dir, "41", 0) / "node1.json").read_text())
+    assert on_disk["net"]["skipped"] and on_disk["facts"]["torch"]["version"]
+
+
 def test_end_hook_consumes_the_watchdog_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -724,3 +870,99 @@ def test_preempt_signal_during_preflight_is_kept_and_relayed(tmp_path: Path) -> 
     assert runner.calls == [["scancel", "--signal=USR2", ""]]
     relay_deferred_signal(tmp_path, "", 0, SlurmClient(runner))  # once only
     assert len(runner.calls) == 1
+
+
+def test_watchdog_names_a_node_that_died_under_the_attempt_and_leaves_srun_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """node2's ranks vanished; node1's failed (connection closed) and srun waits for node2:
+    the watchdog probes slurmd (refused) and says so at once, but neither ends srun nor
+    requeues: Slurm requeues when it declares the node down (NodeFailureWatch says why)."""
+    import socket
+
+    from ddlaunch.health.watchdog import NodeFailureWatch
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: connecting is refused
+    failures = tmp_path / "failures"
+    failures.mkdir()
+    now = time.time()
+    for rank in (0, 1):
+        (failures / f"rank-{rank}.json").write_text(
+            json.dumps({"rank": rank, "job_id": "7", "attempt": 0, "time": now - 5})
+        )
+    answers = {
+        "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
+        "scontrol": CommandResult(
+            ("scontrol",), 0, f"SlurmdPort = {port}\nNodeName=node2 NodeAddr=127.0.0.1\n", ""
+        ),
+    }
+    runner = FakeRunner(answers)
+    srun = subprocess.Popen(["sleep", "60"])
+    nodes = NodeFailureWatch(tmp_path, 0, now - 60, 2, "node[1-2]")
+    try:
+        watch(
+            tmp_path,
+            job_id="7",
+            restart=0,
+            thresholds=analysis.Thresholds(600, 10, 2.0, 300),
+            expected_ranks=4,
+            srun_pid=srun.pid,
+            client=SlurmClient(runner),
+            max_polls=3,
+            sleep=lambda s: None,
+            nodes=nodes,
+        )
+        assert srun.poll() is None  # still running
+    finally:
+        srun.kill()
+        srun.wait()
+    assert nodes.found == ["node2"]
+    out = capsys.readouterr().out
+    assert out.count("node failure: node2 slurmd unreachable") == 1, out
+    assert not any(c[0] == "scancel" or c[:2] == ["scontrol", "requeue"] for c in runner.calls)
+
+
+def test_watchdog_leaves_a_live_allocation_alone(tmp_path: Path) -> None:
+    """Ranks failed but every slurmd answers: a crash, not a node failure; srun is left to
+    return by itself."""
+    import socket
+
+    from ddlaunch.health.watchdog import NodeFailureWatch
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    failures = tmp_path / "failures"
+    failures.mkdir()
+    (failures / "rank-0.json").write_text(
+        json.dumps({"rank": 0, "attempt": 0, "time": time.time() - 5})
+    )
+    out = f"SlurmdPort = {server.getsockname()[1]}\nNodeName=n NodeAddr=127.0.0.1\n"
+    runner = FakeRunner(
+        {
+            "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
+            "scontrol": CommandResult(("scontrol",), 0, out, ""),
+        }
+    )
+    try:
+        nodes = NodeFailureWatch(tmp_path, 0, 0.0, 1, "node[1-2]")
+        watch(
+            tmp_path,
+            job_id="7",
+            restart=0,
+            thresholds=analysis.Thresholds(600, 10, 2.0, 300),
+            expected_ranks=2,
+            srun_pid=None,
+            client=SlurmClient(runner),
+            max_polls=2,
+            sleep=lambda s: None,
+            nodes=nodes,
+        )
+    finally:
+        server.close()
+    assert nodes.found == []
+    assert any(c[0] == "sinfo" for c in runner.calls)  # it did look

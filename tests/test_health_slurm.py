@@ -139,8 +139,13 @@ def test_node_failing_preflight_is_excluded_before_training(runs) -> None:
     assert "disk:checkpoints" in attempts[0]["health"]
     assert victim not in cluster.hostnames(attempts[1]["nodes"])
     assert json.loads((run_dir / "excluded_nodes.json").read_text()) == [victim]
-    # The rank logs hold only the second attempt: training never started in the first.
-    assert "attempt 0" not in (run_dir / "logs" / "rank-0.out").read_text()
+    # The ranks of attempt 0 ran the preflight and stopped at its gate: no training step ran
+    # (no heartbeat, no step history of that attempt).
+    assert "no training in this attempt" in (run_dir / "logs" / "rank-0.out").read_text()
+    steps = (run_dir / "health" / "steps.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["restart"] == 1 for line in steps), steps
+    gate = json.loads((run_dir / "health" / f"gate-{attempts[0]['job_id']}-0.json").read_text())
+    assert gate["passed"] is False and victim in gate["reason"]
     # Both attempts measured the all-reduce bandwidth between their two nodes.
     log = _batch_log(run_dir)
     assert log.count("Gbit/s ring") == 4, log

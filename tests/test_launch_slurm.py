@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,37 @@ def test_two_jobs_on_the_same_nodes_do_not_collide(
     first = (min(x["start"] for x in recs[0]), max(x["end"] for x in recs[0]))
     second = (min(x["start"] for x in recs[1]), max(x["end"] for x in recs[1]))
     assert first[0] < second[1] and second[0] < first[1], (first, second)
+
+
+@pytest.mark.parametrize("how", ["ddlaunch cancel", "scancel"])
+def test_cancel_stops_the_run_for_good(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path, how: str
+) -> None:
+    """Slurm sends a cancelled job the same SIGTERM as a preempted one, and would requeue
+    even a cancelled job: the ranks save, but do not come back."""
+    config = write_config(
+        tmp_path,
+        "t-cancel",
+        {"entrypoint": "ddlaunch.examples.mlp:main"},
+        params={"steps": 100000, "step_sleep": 0.05},
+        fault_tolerance={"checkpoint_every_steps": 1000},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    progress = run_dir / "progress.json"
+    deadline = time.time() + 120
+    while not (progress.exists() and json.loads(progress.read_text()).get("step", 0) >= 5):
+        assert time.time() < deadline, "training never reached step 5"
+        time.sleep(0.5)
+    if how == "scancel":
+        slurm_cluster.cancel([job_id])
+    else:
+        proc = ddlaunch("cancel", run_dir.name, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    slurm_cluster.wait_job_state(job_id, "CANCELLED", timeout=60)
+    time.sleep(8)  # a requeue issued by the job would show by now (PENDING/REQUEUED)
+    assert slurm_cluster.job_state(job_id) == "CANCELLED"
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["state"] == "CANCELLED", outcome
+    assert outcome["reason"].startswith(
+        "cancelled with ddlaunch cancel" if how == "ddlaunch cancel" else "cancelled (scancel)"
+    )

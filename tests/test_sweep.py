@@ -4,6 +4,8 @@ recorded real Slurm 22.05 output)."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import os
 import pickle
@@ -31,11 +33,20 @@ from ddlaunch.sweep import (
     parse_sweep_file,
     split_arrays,
 )
+from ddlaunch.sweep_members import (
+    complete_member_info,
+    ensure_member_dir,
+    is_materialized,
+    packed_config_text,
+    start_task,
+)
 from ddlaunch.sweep_prepare import SweepMembersError, prepare_sweep, validate_members
 from ddlaunch.sweep_slurm import parse_array_show_job, parse_max_array_size, queue_tasks
 from ddlaunch.sweep_status import collect, summary
 from ddlaunch.sweep_submit import (
     config_text,
+    create_sweep_dir,
+    packed_members,
     plan_resubmission,
     resubmit_members,
     submit_sweep,
@@ -327,7 +338,7 @@ def test_arrays_split_at_max_array_size_and_group_by_script(tmp_path: Path, base
     assert "#SBATCH --nodes=1" in first.script and "#SBATCH --nodes=2" in last.script
     srun = next(line for line in first.script.splitlines() if line.startswith("srun "))
     assert "--output" not in srun and "--error" not in srun
-    assert f"_submit {sweep_dir}/submitit" in first.script
+    assert f" {sweep_dir}/submitit &\n" in first.script  # the task runner's job folder
     # every chunk renders as a full render would
     from ddlaunch.render import render_script
 
@@ -343,17 +354,31 @@ def test_array_task_picks_its_member_dir_logs_and_checkpoints(tmp_path: Path, ba
     prepared = prepare_sweep(
         parse_sweep_file(path), workdir="/w", run_root=str(tmp_path / "r"), sweep_id="sw"
     )
+    create_sweep_dir(prepared, FakeRunner({}), "/w")
     script = prepared.arrays[0].script
-    # Run the member-selection part of the script for task 2, as Slurm would.
-    head = script.split("export DDLAUNCH_WORLD_SIZE")[0]
+    # Run the member-selection part of the script for task 2, as Slurm would: it creates
+    # the member's run directory (python -m ddlaunch.sweep_members start) and switches to
+    # its logs.
+    head = script.split("export DDLAUNCH_WORLD_SIZE")[0].replace("\npython3 -m", "\n$PY -m")
     probe = head + 'echo "$DDLAUNCH_RUN_DIR|$DDLAUNCH_CHECKPOINT_DIR|$SLURM_STDOUTMODE"\n'
     members = tmp_path / "r" / "sw" / "members"
-    (members / "2").mkdir(parents=True)
-    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_JOB_ID": "77"}
+    env = {
+        **os.environ,
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_ARRAY_JOB_ID": "77",
+        "PY": sys.executable,
+        "PYTHONPATH": str(REPO),
+    }
     proc = subprocess.run(["bash", "-c", probe], env=env, text=True, capture_output=True)
     assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr, proc.stderr
     out = (members / "2" / "logs" / "batch-77_2.out").read_text().strip()
     assert out == f"{members}/2|{members}/2/checkpoints|{members}/2/logs/rank-%t.out"
+    assert yaml.safe_load((members / "2" / "config.yaml").read_text())["params"]["x"] == 3
+    submission = json.loads((members / "2" / "submission.json").read_text())
+    assert submission["job_ids"] == ["77_2"] and submission["array"] == "0"
+    assert (tmp_path / "r" / "sw" / "submitit" / "77_2_submitted.pkl").is_file()
+    assert sorted(p.name for p in members.iterdir()) == ["2"]
 
 
 def test_checkpoint_dir_of_the_base_becomes_one_per_member(tmp_path: Path, base: Path) -> None:
@@ -379,8 +404,15 @@ def test_parsers_on_recorded_output() -> None:
     assert parse_max_array_size(SHOW_CONFIG_EXCERPT) == 101
     assert parse_max_array_size("nothing") is None
     tasks = parse_array_show_job(SHOW_JOB_ARRAY_374)
-    assert sorted(tasks) == ["374_0", "374_1"]  # the pending remainder 2-3%2 is not a task
+    assert sorted(tasks) == ["374_0", "374_1", "374_2", "374_3"]
     assert tasks["374_1"]["JobId"] == "376" and tasks["374_1"]["JobState"] == "RUNNING"
+    # the tasks that never started share the array's own record (here: pending, 2-3%2)
+    assert tasks["374_2"]["JobId"] == tasks["374_3"]["JobId"] == "374"
+    assert tasks["374_3"]["JobState"] == "PENDING"
+    cancelled = SHOW_JOB_ARRAY_374.splitlines()[0].replace("JobState=PENDING", "JobState=CANCELLED")
+    tasks = parse_array_show_job(cancelled.replace("ArrayTaskId=2-3%2", "ArrayTaskId=0-1,4"))
+    assert sorted(tasks) == ["374_0", "374_1", "374_4"]
+    assert {f["JobState"] for f in tasks.values()} == {"CANCELLED"}
     runner = FakeRunner({("squeue",): ok(SQUEUE_R_374)})
     rows = queue_tasks(SlurmClient(runner), ["374"])
     assert runner.calls == [("squeue", "-h", "-r", "-j", "374", "-o", "%i|%T|%r|%N")]
@@ -410,21 +442,51 @@ def submitted_sweep(tmp_path: Path, runner: FakeRunner, members: int = 5, max_si
     return prepared, outcomes
 
 
-def test_submit_writes_member_run_dirs_and_one_pickle_per_task(tmp_path: Path) -> None:
+def start(run: Path, job_id: str) -> Path:
+    """What the array script's first command does for the task ``job_id`` (ARRAY_TASK)."""
+    array, task = job_id.split("_")
+    return start_task(run, {"SLURM_ARRAY_JOB_ID": array, "SLURM_ARRAY_TASK_ID": task})
+
+
+def tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_submit_writes_o1_files_and_members_start_lazily(tmp_path: Path) -> None:
     runner = FakeRunner({("sbatch",): sbatch_ids("500", "501"), ("git",): ok()})
     prepared, outcomes = submitted_sweep(tmp_path, runner)
     sweep_dir = prepared.sweep_dir
     assert [(o.job_id, o.members) for o in outcomes] == [("500", (0, 1, 2)), ("501", (3, 4))]
     sbatch_calls = [c for c in runner.calls if c[0] == "sbatch"]
     assert len(sbatch_calls) == 2 and all(c[2].startswith("--array=0-") for c in sbatch_calls)
+    # Submitting wrote a fixed number of files: none per member.
+    assert tree(sweep_dir) == [
+        "arrays",
+        "arrays/0.json",
+        "arrays/0.sbatch",
+        "arrays/1.json",
+        "arrays/1.sbatch",
+        "git.json",
+        "logs",
+        "members",
+        "members.json",
+        "sweep.yaml",
+    ]
     assert is_sweep_dir(sweep_dir)
     assert [label for label, _ in member_run_dirs(sweep_dir)][:2] == ["params.lr=0", "params.lr=1"]
-    by_member = {m: o.job_id for o in outcomes for m in o.members}
+    record = json.loads((sweep_dir / "arrays" / "0.json").read_text())
+    assert record["state"] == "submitted" and record["members"] == [0, 1, 2]
+    assert record["job_id"] == "500"
+
+    by_member = {m: o for o in outcomes for m in o.members}
     for member, (_, run) in enumerate(member_run_dirs(sweep_dir)):
-        array = next(o for o in outcomes if member in o.members)
-        task = array.members.index(member)
-        job_id = f"{by_member[member]}_{task}"
-        assert yaml.safe_load((run / "config.yaml").read_text())["params"]["lr"] == member
+        assert not run.exists()
+        array = by_member[member]
+        job_id = f"{array.job_id}_{array.members.index(member)}"
+        assert start(run, job_id) == run
+        config = (run / "config.yaml").read_text()
+        assert config == yaml.safe_dump(to_plain(prepared.configs[member]), sort_keys=False)
+        assert yaml.safe_load(config)["params"]["lr"] == member
         submission = json.loads((run / "submission.json").read_text())
         assert submission["job_ids"] == [job_id]
         assert submission["script"] == str(sweep_dir / "arrays" / f"{array.name}.sbatch")
@@ -433,9 +495,80 @@ def test_submit_writes_member_run_dirs_and_one_pickle_per_task(tmp_path: Path) -
             delayed = pickle.load(handle)
         assert delayed.function.__name__ == "run_rank" and delayed.args == (str(run),)
         assert oct(run.stat().st_mode & 0o777) == "0o700"
-    record = json.loads((sweep_dir / "arrays" / "0.json").read_text())
-    assert record["state"] == "submitted" and record["members"] == [0, 1, 2]
-    assert not list((sweep_dir / "submitit").glob("????????????????????????????????.pkl"))
+        assert (run / "logs").is_dir()
+        # A requeue starts the same task again: nothing changes.
+        before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+        start(run, job_id)
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert not list((sweep_dir / "members").glob(".*"))  # no temporary left behind
+
+
+def test_no_sbatch_before_the_commit_point_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ddlaunch.sweep_submit as sweep_submit
+
+    def disk_full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sweep_submit, "_commit", disk_full)
+    runner = FakeRunner({("sbatch",): sbatch_ids("500", "501"), ("git",): ok()})
+    with pytest.raises(OSError, match="No space left"):
+        submitted_sweep(tmp_path, runner)
+    assert not [c for c in runner.calls if c[0] == "sbatch"]
+    assert not is_sweep_dir(tmp_path / "runs" / "sw")
+
+
+def test_member_dir_made_by_a_command_or_by_mkdir_p_first(tmp_path: Path) -> None:
+    runner = FakeRunner({("sbatch",): sbatch_ids("500"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=3, max_size=None)
+    members = prepared.sweep_dir / "members"
+    # `ddlaunch logs/cancel/resume` of a member that has not started: created from the
+    # records, with the job id the array's record gives it.
+    assert ensure_member_dir(members / "1")
+    assert json.loads((members / "1" / "submission.json").read_text())["job_ids"] == ["500_1"]
+    assert not ensure_member_dir(members / "7") and not (members / "7").exists()
+    assert not ensure_member_dir(tmp_path / "runs")  # not a member at all
+    # The script's `mkdir -p logs` ran first (Python was not usable before setup): the
+    # start hook completes the directory, config.yaml last.
+    (members / "2" / "logs").mkdir(parents=True)
+    assert not is_materialized(members / "2")
+    start(members / "2", "500_2")
+    assert is_materialized(members / "2")
+    assert yaml.safe_load((members / "2" / "config.yaml").read_text())["params"]["lr"] == 2
+    # A task starting before its array's record has its id (the submitter has not written
+    # it yet) records its own id anyway.
+    record_path = prepared.sweep_dir / "arrays" / "0.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "state": "submitting", "job_id": None}))
+    os.utime(prepared.sweep_dir / "arrays", ns=(1, 1))  # the record cache keys on the mtime
+    start(members / "0", "500_0")
+    assert json.loads((members / "0" / "submission.json").read_text())["job_ids"] == ["500_0"]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"lr": 0.1, "name": "a: b", "deep": {"x": [1, 2.5, None, True]}},
+        {"when": datetime.date(2026, 11, 30)},  # no JSON for dates: stored as YAML
+        {1: "int key"},  # JSON would turn the key into "1"
+        {},
+    ],
+)
+def test_packed_config_is_the_yaml_dump_of_the_config(tmp_path: Path, params: dict) -> None:
+    (tmp_path / "base.yaml").write_text(BASE)
+    spec = parse_sweep_file(sweep_file(tmp_path, "seeds: 2\n"))
+    prepared = prepare_sweep(spec, workdir="/w", run_root=str(tmp_path / "r"), sweep_id="sw")
+    configs = tuple(
+        dataclasses.replace(c, params={**params, "i": i})
+        if params
+        else dataclasses.replace(c, params={})
+        for i, c in enumerate(prepared.configs)
+    )
+    packed = json.loads(packed_members(dataclasses.replace(prepared, configs=configs)))
+    for i, cfg in enumerate(configs):
+        assert packed_config_text(packed, i) == yaml.safe_dump(to_plain(cfg), sort_keys=False)
+    assert len(packed["sections"]) < 2 * len(packed["members"][0]["config"])  # shared once
 
 
 def test_failed_sbatch_fails_only_its_members_and_resubmit_picks_them(tmp_path: Path) -> None:
@@ -465,24 +598,33 @@ def test_failed_sbatch_fails_only_its_members_and_resubmit_picks_them(tmp_path: 
         prepared.sweep_dir, [0, 2], configs, arrays, sources, SlurmClient(runner)
     )
     assert [(o.job_id, o.members) for o in outcomes] == [("600", (0, 2))]
-    ids = [
-        json.loads((run / "submission.json").read_text())["job_ids"]
-        if (run / "submission.json").exists()
-        else []
-        for _, run in member_run_dirs(prepared.sweep_dir)
+    # The resubmitted members got their run directories (their records follow the new
+    # array from now on); member 1 still has none and reads as before.
+    members = [run for _, run in member_run_dirs(prepared.sweep_dir)]
+    assert [is_materialized(run) for run in members] == [True, False, True]
+    for run, job_id in ((members[0], "600_0"), (members[2], "600_1")):
+        assert json.loads((run / "submission.json").read_text())["job_ids"] == [job_id]
+        assert not (run / "intent.json").exists()
+        assert list((run / "history").glob("*-config.yaml"))
+    runner.answers = {("squeue",): ok("600_0|PENDING|None|\n600_1|PENDING|None|\n")}
+    rows = collect(prepared.sweep_dir, SlurmClient(runner))
+    assert [(r.job_id, r.state) for r in rows] == [
+        ("600_0", "PENDING"),
+        (None, "SUBMIT_FAILED"),
+        ("600_1", "PENDING"),
     ]
-    assert ids == [["600_0"], [], ["600_1"]]
 
 
 def test_status_joins_one_squeue_call_with_the_run_dirs(tmp_path: Path) -> None:
     runner = FakeRunner({("sbatch",): sbatch_ids("374", "380"), ("git",): ok()})
     prepared, _ = submitted_sweep(tmp_path, runner, members=5, max_size=4)
     members = prepared.sweep_dir / "members"
+    # Members 0 and 1 started (2, 3 and 4 have no run directory yet: the records say)
+    start(members / "0", "374_0")
+    start(members / "1", "374_1")
     write(members / "0" / "result.json", json.dumps({"final_loss": 0.125}))
     write(members / "0" / "outcome.json", json.dumps({"state": "COMPLETED"}))
     write(members / "1" / "progress.json", json.dumps({"step": 7}))
-    # a crash right after sbatch: the array's record still names the task
-    (members / "4" / "submission.json").unlink()
     runner.answers = {
         ("squeue",): ok(SQUEUE_R_374),  # 374_0..3; 380_0 (member 4) left the queue
         ("scontrol", "show", "job"): ok(SHOW_JOB_ARRAY_374.replace("374", "380")),
@@ -501,6 +643,53 @@ def test_status_joins_one_squeue_call_with_the_run_dirs(tmp_path: Path) -> None:
     assert rows[0].metric == 0.125 and rows[1].step == 7
     assert rows[0].overrides == "params.lr=0"
     assert summary(rows) == "5 members: 3 RUNNING, 2 PENDING"
+
+
+def test_status_of_members_that_have_not_started(tmp_path: Path) -> None:
+    """`ddlaunch status` (ddlaunch.status.poll) completes what it read from a member's
+    missing run directory with ``complete_member_info``."""
+    from ddlaunch.runs import read_run
+
+    runner = FakeRunner({("sbatch",): sbatch_ids("374", "380"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=5, max_size=4)
+    members = prepared.sweep_dir / "members"
+    info = complete_member_info(read_run(members / "4"))
+    assert info.job_ids == ["380_0"] and not info.intent
+    start(members / "2", "374_2")
+    assert complete_member_info(read_run(members / "2")).job_ids == ["374_2"]
+    assert complete_member_info(read_run(tmp_path)).job_ids == []  # not a member: unchanged
+
+
+def test_ddlaunch_status_and_find_run_before_members_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generic commands on a sweep none of whose members started: `status SWEEP` shows
+    each member's array task (from the records, one squeue call), and `logs`/`cancel`/
+    `resume` (runs.find_run) get a member's run directory, created on demand."""
+    from ddlaunch.cli.status import collect as status_collect
+    from ddlaunch.runs import find_run
+
+    runner = FakeRunner({("sbatch",): sbatch_ids("374", "380"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=5, max_size=4)
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(prepared.sweep_dir.parent))
+    runner.answers = {("squeue",): ok(SQUEUE_R_374)}
+    runner.calls.clear()
+    rows = status_collect(("sw",), runner)
+    assert [c[0] for c in runner.calls] == ["squeue", "sacct"]  # 380_0 left the queue
+    assert [(r.run_id, r.job_id) for r in rows] == [
+        ("sw/0", "374_0"),
+        ("sw/1", "374_1"),
+        ("sw/2", "374_2"),
+        ("sw/3", "374_3"),
+        ("sw/4", "380_0"),
+    ]
+    assert [r.state for r in rows[:4]] == ["RUNNING", "RUNNING", "PENDING", "PENDING"]
+    member = prepared.sweep_dir / "members" / "3"
+    assert not member.exists()
+    assert find_run("sw/members/3") == member
+    assert (member / "config.yaml").read_text() == packed_config_text(
+        json.loads((prepared.sweep_dir / "members.json").read_text()), 3
+    )
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from ddlaunch.checkpoint.layout import latest_complete
-from ddlaunch.sweep import member_run_dirs
+from ddlaunch.sweep import array_task_ids, member_run_dirs
 from ddlaunch.sweep_status import collect, summary
 
 pytestmark = pytest.mark.slurm
@@ -129,7 +129,8 @@ def sweep_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory):
     run = SweepRun(cwd, sweep_dir, proc.stdout)
     try:
         victim = sweep_dir / "members" / str(VICTIM)
-        run.victim_job = json.loads((victim / "submission.json").read_text())["job_ids"][0]
+        # Its run directory appears when it starts; the array's record has its id now.
+        run.victim_job = array_task_ids(sweep_dir)[VICTIM]
         # Kill the victim's step once it committed a checkpoint: the end hook then sees a
         # crash that made progress and requeues this array task only.
         wait_for(
@@ -248,6 +249,9 @@ def test_held_sweep_above_max_array_size_is_split(slurm_cluster, tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     sweep_dir = Path(proc.stdout.splitlines()[1].split(": ", 1)[1])
     try:
+        # Submitting wrote no file per member: held, none started to create its directory.
+        assert not list((sweep_dir / "members").iterdir())
+        assert not (sweep_dir / "submitit").exists()
         assert "150 members in 2 array(s) (MaxArraySize 101)" in proc.stdout
         assert "(101 tasks, members 0-100)" in proc.stdout
         assert "(49 tasks, members 101-149)" in proc.stdout

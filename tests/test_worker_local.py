@@ -145,3 +145,40 @@ def test_timeout_stops_the_ranks(tmp_path: Path) -> None:
     with pytest.raises(LocalRunError, match=r"timed out after 1\.5 s; ranks still running: \[0\]"):
         run_local(run, world_size=1, timeout_s=1.5)
     assert time.monotonic() - started < 1.5 + 10
+
+
+def test_task_runner_runs_a_submitit_pickle_without_importing_submitit(tmp_path: Path) -> None:
+    """``ddlaunch.worker.task`` reads submitit's pickle and writes submitit's result file, and
+    its task process never imports submitit."""
+    import pickle
+    import subprocess
+    import sys
+
+    from ddlaunch.launch.slurm import write_pickle_only
+
+    write_pickle_only(tmp_path, json.dumps, ([1, 2],), "4242_3")
+    probe = (
+        "import sys; from pathlib import Path; from ddlaunch.worker import task; "
+        "print(task.run(Path(sys.argv[1]))); "
+        "assert not [m for m in sys.modules if m.startswith('submitit')], 'submitit imported'"
+    )
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "999",
+        "SLURM_ARRAY_JOB_ID": "4242",
+        "SLURM_ARRAY_TASK_ID": "3",
+        "SLURM_PROCID": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[1, 2]"
+    with open(tmp_path / "4242_3_1_result.pkl", "rb") as handle:
+        assert pickle.load(handle) == ("success", "[1, 2]")
+    # The seam with submitit: its own job paths name that file, and its loader reads it.
+    from submitit.core.utils import JobPaths, pickle_load
+
+    paths = JobPaths(tmp_path, job_id="4242_3", task_id=1)
+    assert paths.submitted_pickle == tmp_path / "4242_3_submitted.pkl"
+    assert pickle_load(paths.result_pickle) == ("success", "[1, 2]")

@@ -16,6 +16,13 @@ The protocol, for step N (every rank calls save(); it is a collective):
    directories older than N. An older checkpoint is never deleted before the new one is
    durable.
 
+Async staging. save() copies the state into reused CPU buffers (staging.py), but the
+tensors owned by the optimizers of ``TrainState`` entries (parameters, optimizer state),
+usually nearly all the bytes, are copied by a background thread while the loop runs the
+next forward/backward. Only ``optimizer.step()`` changes them, so a step pre-hook on those
+optimizers waits for the copy first: the checkpoint holds exactly the state at the saved
+step. maybe_finish(), wait(), save() and close() wait for it as well.
+
 Process groups. DCP's planning runs object collectives; for async saves they run in a
 background thread. Collectives issued from two threads on one process group may interleave
 differently on different ranks and hang, so the manager creates its own gloo groups: one for
@@ -66,7 +73,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from ddlaunch.checkpoint import layout
 from ddlaunch.checkpoint.layout import CheckpointInfo, CheckpointState, CommitMarker
 from ddlaunch.checkpoint.policy import should_checkpoint
-from ddlaunch.checkpoint.staging import AlreadyStaged, ReusableCpuStager
+from ddlaunch.checkpoint.staging import HandOff, ReusableCpuStager, Staged, storage_key
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +108,7 @@ class _Pending:
     path: Path
     future: Future[Any]
     metadata: Mapping[str, Any]
+    staging: Future[BaseException | None] | None = None  # the background copy, if any
 
 
 class TrainState(Stateful):
@@ -152,7 +160,8 @@ class CheckpointManager:
     must be called by all its ranks in the same order. ``keep_last <= 0`` keeps everything.
     With ``async_save=True``, call ``maybe_finish()`` at step boundaries (it commits a
     finished save) and ``close()`` (or ``wait()``) before exiting: a save never waited for
-    is never committed.
+    is never committed. ``overlap_staging=False`` copies everything inside save(), for
+    loops that change parameters or optimizer state other than by ``optimizer.step()``.
     """
 
     def __init__(
@@ -161,6 +170,7 @@ class CheckpointManager:
         *,
         keep_last: int,
         async_save: bool = False,
+        overlap_staging: bool = True,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
         if not dist.is_initialized():
@@ -179,6 +189,12 @@ class CheckpointManager:
         self.rank = dist.get_rank(self._ctl_pg)
         self.world_size = dist.get_world_size(self._ctl_pg)
         self._stager = ReusableCpuStager() if async_save else None
+        self.overlap_staging = overlap_staging
+        # The background copy of optimizer-owned tensors, and the step pre-hooks that wait
+        # for it (one per optimizer, by id; removed at close).
+        self._staging: Future[BaseException | None] | None = None
+        self._hooks: dict[int, Any] = {}
+        self.staging_wait_s = 0.0  # total time the hooks and boundaries waited (benchmarks)
         self._pending: _Pending | None = None
         self._closed = False
         self.last_committed: CheckpointInfo | None = None
@@ -222,11 +238,13 @@ class CheckpointManager:
         """Save ``state_dict`` (this rank's shard) as step ``step``.
 
         Sync: returns the committed CheckpointInfo. Async: returns None once the state is
-        staged (the caller may then modify it); the commit happens later. Returns None
-        without writing when ``step`` is committed already. ``metadata`` (JSON) is stored
-        in the commit marker; rank 0's copy is the one recorded. Raises CheckpointSaveError
-        on every rank when any rank failed, including a previous async save that failed
-        (this save is then not attempted; call save() again to retry).
+        staged (the caller may then modify it); the commit happens later. Tensors owned by
+        the optimizers of ``TrainState`` entries are still being copied then: change them
+        only through ``optimizer.step()``, which waits for the copy (see the module doc).
+        Returns None without writing when ``step`` is committed already. ``metadata`` (JSON)
+        is stored in the commit marker; rank 0's copy is the one recorded. Raises
+        CheckpointSaveError on every rank when any rank failed, including a previous async
+        save that failed (this save is then not attempted; call save() again to retry).
         """
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
@@ -234,6 +252,9 @@ class CheckpointManager:
         json.dumps(meta)  # fail here, on the caller's rank, before any collective
         self.wait()  # one save in flight at a time: it also frees the staging buffers
         path = self.root / layout.step_dir_name(step)
+        # Async: stage first (local), so that the background copy runs during the
+        # collectives below. Wasted, but harmless, in the rare case of a skipped step.
+        staged = self._stage(state_dict) if self.async_save else None
         if self._on_rank0(lambda: self._prepare_dir(step, path)) == _SKIP:
             log.warning("step %d is committed already; not saving it again", step)
             return None
@@ -249,7 +270,9 @@ class CheckpointManager:
             except _SAVE_ERRORS as exc:  # reported to all ranks by _commit
                 future.set_exception(exc)
             return self._commit(_Pending(step, path, future, meta))
-        self._pending = _Pending(step, path, self._start_async(state_dict, step, path), meta)
+        assert staged is not None
+        future = self._start_write(staged, step, path)
+        self._pending = _Pending(step, path, future, meta, self._staging)
         return None
 
     def maybe_finish(self) -> CheckpointInfo | None:
@@ -261,14 +284,28 @@ class CheckpointManager:
         """
         if self._pending is None:
             return None
+        # The optimizer hook normally waited already; this covers loops that had no
+        # optimizer.step() since save() (gradient accumulation), at the latest one step on.
+        self.wait_staging()
         if not all(self._gather_flags(self._pending.future.done())):
             return None
         return self.wait()
 
     def wait(self) -> CheckpointInfo | None:
         """Block until a pending async save is written, then commit it (None if none)."""
+        self.wait_staging()
         pending, self._pending = self._pending, None
         return self._commit(pending) if pending is not None else None
+
+    def wait_staging(self) -> None:
+        """Block until the background copy of the last save is done (local, not a
+        collective). After it, every tensor of the saved state may change."""
+        staging, self._staging = self._staging, None
+        if staging is None or staging.done():
+            return
+        start = time.perf_counter()
+        staging.result()  # never raises: a copy error is reported by the commit
+        self.staging_wait_s += time.perf_counter() - start
 
     def load_latest(self, state_dict: dict[str, Any]) -> CheckpointInfo | None:
         """Load the newest COMPLETE checkpoint into ``state_dict`` in place (None if none).
@@ -304,8 +341,7 @@ class CheckpointManager:
             self.wait()
         finally:
             self._closed = True
-            if self._stager is not None:
-                self._stager.close()
+            self._release_local()
             for group in {self._dcp_pg, self._ctl_pg}:
                 dist.destroy_process_group(group)
 
@@ -321,9 +357,19 @@ class CheckpointManager:
         if self._pending is not None:
             log.warning("abandoning uncommitted async save of step %d", self._pending.step)
             self._pending = None
+        self._release_local()
+        self._closed = True
+
+    def _release_local(self) -> None:
+        """Remove the step hooks and free the staging buffers (a running copy keeps its own
+        references; the hooks must not outlive the manager, or a later step would wait on
+        a manager that is gone)."""
+        self._staging = None
+        for handle in self._hooks.values():
+            handle.remove()
+        self._hooks.clear()
         if self._stager is not None:
             self._stager.close()
-        self._closed = True
 
     # ---------------------------------------------------------------- internals
 
@@ -333,30 +379,54 @@ class CheckpointManager:
         # means a second writer, and failing beats mixing two checkpoints.
         return dcp.FileSystemWriter(path, sync_files=True, overwrite=False)
 
-    def _start_async(self, state_dict: dict[str, Any], step: int, path: Path) -> Future[Any]:
-        """Stage a CPU copy (blocking), agree that every rank staged, start the write."""
+    def _stage(self, state_dict: dict[str, Any]) -> Staged | BaseException:
+        """Copy the state into the staging buffers and start the background copy of the
+        optimizer-owned tensors (``self._staging``); local, so an error is returned, for
+        _start_write to agree on."""
         assert self._stager is not None
-        staged: dict[str, Any] | None = None
-        error: BaseException | None = None
         try:
-            staged = self._stager.stage(_without_stateful(state_dict))
+            defer = self._guard_optimizers(state_dict) if self.overlap_staging else None
+            staged = self._stager.stage(_without_stateful(state_dict), defer)
         except Exception as exc:
-            error = exc
+            return exc
+        if not staged.complete:
+            self._staging = self._stager.start_deferred(staged)
+        return staged
+
+    def _start_write(self, staged: Staged | BaseException, step: int, path: Path) -> Future[Any]:
+        """Agree that every rank staged, then start DCP's writer thread, which begins once
+        the background copy is done."""
         # Agree before any rank enters DCP's collectives: a rank that failed to stage would
         # otherwise leave the others' writer threads blocked until the collective timeout.
-        self._raise_unless_all(staged is not None, "staging", step, error)
-        assert staged is not None
+        error = staged if isinstance(staged, BaseException) else None
+        self._raise_unless_all(error is None, "staging", step, error)
+        assert isinstance(staged, Staged)
         writer = self._writer(path)
         writer.per_thread_copy_ahead = 0  # the state is on the CPU already
         response = dcp.async_save(
-            staged,
+            staged.state_dict,
             storage_writer=writer,
             process_group=self._dcp_pg,
-            async_stager=AlreadyStaged(),
+            async_stager=HandOff(staged.state_dict, self._staging),
         )
-        # With a non-async stager DCP returns a Future; AsyncSaveResponse is for staging
-        # that itself runs in the background, which we do not use.
+        # A staging Future makes DCP answer with an AsyncSaveResponse; without one, a Future.
         return response if isinstance(response, Future) else response.upload_completion
+
+    def _guard_optimizers(self, state_dict: dict[str, Any]) -> Callable[[torch.Tensor], bool]:
+        """Hook the optimizers of the TrainState entries to wait for the background copy;
+        return the test for "only optimizer.step() changes this tensor", which may then be
+        copied in the background. Parameters outside every optimizer (frozen ones), buffers
+        (batch-norm statistics change in the forward pass) and everything else are not."""
+        owned: set[int] = set()
+        for value in state_dict.values():
+            for optimizer in value.optimizers if isinstance(value, TrainState) else ():
+                if id(optimizer) not in self._hooks:
+                    self._hooks[id(optimizer)] = optimizer.register_step_pre_hook(
+                        lambda *_: self.wait_staging()
+                    )
+                owned |= _optimizer_storages(optimizer)
+        owned.discard(0)  # empty tensors: nothing to copy, and their key is shared
+        return lambda tensor: storage_key(tensor) in owned
 
     def _commit(self, pending: _Pending) -> CheckpointInfo:
         """Steps 3 and 4 of the protocol for a write that was started on every rank."""
@@ -366,6 +436,9 @@ class CheckpointManager:
             metadata = pending.future.result()
         except _SAVE_ERRORS as exc:
             error = exc
+        if error is None and pending.staging is not None:
+            # DCP wrote whatever the buffers held: a failed copy must not be committed.
+            error = pending.staging.result()
         self._raise_unless_all(error is None, "write", pending.step, error)
 
         def write_marker() -> CheckpointInfo:
@@ -465,6 +538,14 @@ class CheckpointManager:
 def _without_stateful(state_dict: dict[str, Any]) -> dict[str, Any]:
     # DCP turns top-level Stateful objects into their state dicts before staging; so do we.
     return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+
+
+def _optimizer_storages(optimizer: torch.optim.Optimizer) -> set[int]:
+    """The memory of the parameters an optimizer updates and of its state tensors."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    for per_param in optimizer.state.values():
+        tensors += [v for v in per_param.values() if isinstance(v, torch.Tensor)]
+    return {storage_key(t) for t in tensors}
 
 
 def _count_shard_files(metadata: Any) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import traceback
 from typing import Any
 
 import click
@@ -79,6 +78,8 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(130)
     except UserError as exc:
         if debug:
+            import traceback  # lazy: only --debug needs it
+
             traceback.print_exc()
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(exc.exit_code)
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(130)
     except Exception:  # last resort: a bug, not a user mistake
         if debug:
+            import traceback  # lazy: only --debug needs it
+
             traceback.print_exc()
         else:
             exc_type, exc_value = sys.exc_info()[:2]

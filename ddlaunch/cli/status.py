@@ -15,13 +15,15 @@ def collect(
     refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
 ) -> list[Any]:
     """One poll. ``runner`` is injectable (tests count the Slurm calls it receives)."""
+    from ddlaunch.runs import RunReader
     from ddlaunch.slurm import queue
     from ddlaunch.slurm.client import SlurmClient
     from ddlaunch.status import group_sweeps, poll, resolve
 
-    targets, _ = resolve(refs)
+    reader = RunReader()  # one queued-run cache load for both the listing and the reads
+    targets, _ = resolve(refs, reader=reader)
     form = queue.choose_form(_slurm_version(targets), _forced_form())
-    rows = poll(targets, SlurmClient(runner), form=form)
+    rows = poll(targets, SlurmClient(runner), form=form, reader=reader)
     grouped = not refs if overview is None else overview
     return group_sweeps(rows) if grouped else rows
 

@@ -113,7 +113,8 @@ def command() -> None:
       ddlaunch sweep resubmit SWEEP --failed
 
     SWEEP is a sweep id, a unique prefix of one, or a sweep directory. Each member is a normal
-    run directory (SWEEP/members/<i>): `ddlaunch logs`, `cancel` and `resume` work on it.
+    run directory (SWEEP/members/<i>, created when the member first starts): `ddlaunch logs`,
+    `cancel` and `resume` work on it.
     """
 
 
@@ -137,9 +138,11 @@ def submit(
     max_array_size: int | None,
     hold: bool,
 ) -> None:
-    """Expand FILE, validate every member, write one run directory per member and submit
-    them as job arrays (one, unless the cluster's MaxArraySize forces a split). Returns as
-    soon as sbatch has accepted the arrays. `--set` applies to every member."""
+    """Expand FILE, validate every member, write the sweep directory (every member's
+    resolved config in members.json) and submit the members as job arrays (one, unless the
+    cluster's MaxArraySize forces a split). Returns as soon as sbatch has accepted the
+    arrays; each member's run directory is created when it first starts. `--set` applies
+    to every member."""
     from ddlaunch.slurm.client import SlurmClient
     from ddlaunch.sweep import parse_sweep_file
     from ddlaunch.sweep_prepare import prepare_sweep
@@ -171,7 +174,7 @@ def submit(
             prepared,
             workdir=os.getcwd(),
             client=SlurmClient(),
-            tick_create=bar.phase("writing run directories", len(prepared.members)),
+            tick_create=bar.phase("writing the sweep directory", len(prepared.members)),
             tick_submit=bar.phase("submitting arrays", len(prepared.members)),
         )
     click.echo(head)

@@ -6,6 +6,7 @@ The result is a plain tree plus ``locations``: for every key path, the ``file:li
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -48,6 +49,19 @@ _Loader.add_implicit_resolver(
 )
 
 
+# libyaml composes the same nodes, marks included, several times faster than the pure-Python
+# parser; that one stays for error messages (its wording is the one users see) and for
+# installs without libyaml.
+_FastLoader: type[Any] = _Loader
+if hasattr(yaml, "CSafeLoader"):
+
+    class _CLoader(yaml.CSafeLoader):  # type: ignore[name-defined,misc]
+        """_Loader's resolvers on libyaml's parser."""
+
+    _CLoader.yaml_implicit_resolvers = _Loader.yaml_implicit_resolvers
+    _FastLoader = _CLoader
+
+
 @dataclass
 class LoadedTree:
     """A merged config tree and where each key path was last set."""
@@ -62,23 +76,29 @@ def parse_yaml_value(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
+@functools.cache
+def _shipped_configs() -> Path:
+    return resources.configs_dir().resolve()  # realpath: a syscall per path component
+
+
 def _display(path: Path) -> str:
     """A short, stable name for messages: ``preset:NAME`` for shipped configs, else the
     path relative to the working directory when below it."""
+    resolved = path.resolve()
     try:
-        shipped = path.resolve().relative_to(resources.configs_dir().resolve())
+        shipped = resolved.relative_to(_shipped_configs())
         return f"preset:{shipped.with_suffix('')}"
     except ValueError:
         pass
     try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
+        return str(resolved.relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
 
 
 def _node_to_tree(
     node: yaml.Node,
-    loader: _Loader,
+    loader: Any,  # _Loader or _CLoader: a constructor for the scalars
     where: str,
     prefix: KeyPath,
     locations: dict[KeyPath, str],
@@ -108,6 +128,29 @@ def _node_to_tree(
     return loader.construct_object(node, deep=True)
 
 
+def _parse(
+    text: str, where: str, loader_class: type[Any]
+) -> tuple[Any, dict[KeyPath, str], list[ConfigIssue]]:
+    loader = loader_class(text)
+    try:
+        node = loader.get_single_node()
+        locations: dict[KeyPath, str] = {}
+        issues: list[ConfigIssue] = []
+        tree = {} if node is None else _node_to_tree(node, loader, where, (), locations, issues)
+        return tree, locations, issues
+    finally:
+        loader.dispose()
+
+
+def _yaml_error(exc: yaml.YAMLError, where: str) -> ConfigError:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line = f"{where}:{mark.line + 1}" if mark else where
+        problem = exc.problem or exc.context or "invalid YAML"
+        return ConfigError([ConfigIssue("", f"invalid YAML: {problem}", line)])
+    return ConfigError([ConfigIssue("", f"invalid YAML: {exc}", where)])
+
+
 def read_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, str]]:
     """Parse one YAML file into (tree, locations); raise ConfigError on any problem."""
     where = _display(path)
@@ -117,21 +160,14 @@ def read_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, str]]:
         raise ConfigError([ConfigIssue("", "file not found", where)]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue("", f"cannot read file: {exc}", where)]) from None
-    loader = _Loader(text)
     try:
-        node = loader.get_single_node()
-        locations: dict[KeyPath, str] = {}
-        issues: list[ConfigIssue] = []
-        tree = {} if node is None else _node_to_tree(node, loader, where, (), locations, issues)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f"{where}:{mark.line + 1}" if mark else where
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError([ConfigIssue("", f"invalid YAML: {problem}", line)]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError([ConfigIssue("", f"invalid YAML: {exc}", where)]) from None
-    finally:
-        loader.dispose()
+        tree, locations, issues = _parse(text, where, _FastLoader)
+    except yaml.YAMLError:
+        # libyaml refused it: the pure-Python parser says why, in the words users know.
+        try:
+            tree, locations, issues = _parse(text, where, _Loader)
+        except yaml.YAMLError as exc:
+            raise _yaml_error(exc, where) from None
     if not isinstance(tree, dict):
         issues.append(
             ConfigIssue("", f"the file must hold a mapping, got {type(tree).__name__}", where)

@@ -222,6 +222,12 @@ class FaultToleranceSpec:
     )
     keep_last: int = opt(3, "Committed checkpoints to keep; 0 keeps all.", range=(0, 10**6))
     async_save: bool = opt(True, "Write checkpoints in the background while training continues.")
+    overlap_staging: bool = opt(
+        True,
+        "With async_save: copy parameters and optimizer state during the next forward/backward "
+        "(the next optimizer.step() waits for the copy). Set false if the loop changes "
+        "parameters outside optimizer.step().",
+    )
     max_requeues: int = opt(
         3, "Most requeues of one run; each must have advanced the step.", range=(0, 1000)
     )

@@ -8,7 +8,6 @@ Every problem is collected (not just the first) and reported with its key path a
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import re
 import types
@@ -67,6 +66,13 @@ _RESERVED_SBATCH = {
     "chdir": "launch.workdir",
     "dependency": "job.dependency",
 }
+
+
+def _close_matches(word: str, candidates: list[str], n: int, cutoff: float) -> list[str]:
+    # difflib is imported only for a "did you mean": a valid config never needs it.
+    import difflib
+
+    return difflib.get_close_matches(word, candidates, n=n, cutoff=cutoff)
 
 
 def parse_duration(text: str) -> int | None:
@@ -137,7 +143,7 @@ class _Builder:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key in data:
             if key not in fields:
-                close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+                close = _close_matches(str(key), list(fields), n=1, cutoff=0.6)
                 hint = (
                     f"; did you mean {close[0]!r}?"
                     if close
@@ -206,7 +212,7 @@ class _Builder:
 
     def check(self, value: Any, path: KeyPath, meta: dict[str, Any]) -> Any:
         if "choices" in meta and value not in meta["choices"]:
-            close = difflib.get_close_matches(str(value), meta["choices"], n=1, cutoff=0.5)
+            close = _close_matches(str(value), meta["choices"], n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             self.fail(path, f"must be one of {', '.join(meta['choices'])}, got {value!r}{hint}")
             return _INVALID

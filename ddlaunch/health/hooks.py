@@ -1,9 +1,11 @@
 """Health steps of the batch script (torch-free), called from ``ddlaunch.jobhooks``.
 
-``preflight``: run the preflight node task on every node (one srun step), join the reports
-into verdicts, record them in the attempt, and either let training start (0), or exclude the
-failing nodes and requeue (``REQUEUED``), or stop the run (``STOPPED``) when every node failed
-alike or no requeue is left.
+``preflight_outcome``: in the end hook, after the ranks failed: if this attempt failed
+preflight (the in-rank gate, ``ddlaunch.health.gate``, or node reports on disk when the ranks
+ended before the verdict), exclude the failing nodes and requeue, or stop the run when every
+node failed alike or no requeue is left (``apply_decision``). ``preflight_hook`` does the same
+around a separate srun step of node tasks (``jobhooks preflight``; the batch script no longer
+runs it).
 
 ``apply_watchdog_verdict``: in the end hook, turn the watchdog's verdict for this attempt into
 the attempt's cause and blamed nodes, and exclude those nodes.
@@ -122,9 +124,38 @@ def run_preflight_step(
     return nodes, reports
 
 
+def attempt_verdicts(results: list[verdicts.NodeVerdict]) -> list[dict[str, Any]]:
+    """The per-node verdicts as the attempt record keeps them."""
+    return [
+        {"node": v.node, "ok": v.ok, **({"reason": v.reason()} if not v.ok else {})}
+        for v in results
+    ]
+
+
+def record_verdicts(
+    run_dir: Path, nodes: list[str], results: list[verdicts.NodeVerdict], reason: str
+) -> None:
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    fsutil.atomic_write_json(
+        run_dir.joinpath(*LATEST_PREFLIGHT),
+        {
+            "job_id": job_id,
+            "nodes": nodes,
+            "verdicts": verdicts.verdicts_as_dict(results),
+            "decision": reason,
+        },
+        0o600,
+    )
+    records = attempts.load(run_dir)
+    if records and "end" not in records[-1]:
+        records[-1]["preflight"] = attempt_verdicts(results)
+        attempts.save(run_dir, records)
+
+
 def preflight_hook(run_dir: Path, client: Any) -> int:
+    """``jobhooks preflight``: the checks as a separate srun step before training (the
+    batch script runs them inside the ranks instead, ``ddlaunch.health.gate``)."""
     from ddlaunch.config import load_config
-    from ddlaunch.jobhooks import add_excluded, committed_step, excluded
 
     cfg = load_config(run_dir / "config.yaml")
     if not cfg.health.preflight:
@@ -133,23 +164,73 @@ def preflight_hook(run_dir: Path, client: Any) -> int:
     defer_signal(run_dir, reports)
     results = evaluate(cfg, nodes, reports)
     decision = verdicts.decide(results)
-    stored = verdicts.verdicts_as_dict(results)
-    job_id = os.environ.get("SLURM_JOB_ID", "")
-    fsutil.atomic_write_json(
-        run_dir.joinpath(*LATEST_PREFLIGHT),
-        {"job_id": job_id, "nodes": nodes, "verdicts": stored, "decision": decision.reason},
-        0o600,
-    )
-    records = attempts.load(run_dir)
-    if records and "end" not in records[-1]:
-        records[-1]["preflight"] = [
-            {"node": v.node, "ok": v.ok, **({"reason": v.reason()} if not v.ok else {})}
-            for v in results
-        ]
-        attempts.save(run_dir, records)
+    record_verdicts(run_dir, nodes, results, decision.reason)
     print(f"[ddlaunch] preflight: {decision.reason}", flush=True)
+    return apply_decision(cfg, run_dir, client, decision)
+
+
+def preflight_outcome(
+    run_dir: Path, client: Any, nodes: list[str], failed: bool = True
+) -> int | None:
+    """End hook: did this attempt fail preflight (inside the ranks)? (``failed``: srun
+    returned nonzero; otherwise only the verdicts are printed, if nobody did yet.)
+
+    The gate record says so when the ranks got that far; otherwise the node reports on disk
+    decide (a node without one died, hung or could not import torch before the verdict).
+    Returns the script's exit code (0 requeued, 1 stopped) or None: not a preflight failure,
+    the usual crash handling applies."""
+    from ddlaunch.config import load_config
+    from ddlaunch.health import gate
+
+    if not nodes:
+        return None
+    job_id, restart = gate.attempt_of(os.environ)
+    record = gate.read_gate(run_dir, job_id, restart)
+    reports = read_reports(preflight.reports_dir(run_dir, job_id, restart))
+    if record is not None and record.get("passed"):
+        print_verdicts(run_dir, nodes, reports, record)
+        return None
+    # No reports: preflight is off, or the ranks never got as far (srun itself failed).
+    if not failed or not reports:
+        return None
+    cfg = load_config(run_dir / "config.yaml")
+    results = evaluate(cfg, nodes, reports)
+    decision = verdicts.decide(results)
+    if not decision.exclude and not decision.stop:
+        return None
+    if record is None:
+        # The ranks ended before the verdict: record it here.
+        record_verdicts(run_dir, nodes, results, decision.reason)
+    print_verdicts(run_dir, nodes, reports, record or {"reason": decision.reason})
+    return 0 if apply_decision(cfg, run_dir, client, decision) == REQUEUED else 1
+
+
+def print_verdicts(
+    run_dir: Path, nodes: list[str], reports: dict[str, dict[str, Any]], record: dict[str, Any]
+) -> None:
+    """Into the batch log, once per attempt (the watchdog does it as soon as the gate opens;
+    this covers an attempt that ended first)."""
+    from ddlaunch.health import gate
+
+    if record.get("printed"):
+        return
+    for node in nodes:
+        if node in reports:
+            print(preflight.summary_line(reports[node]), flush=True)
+    print(f"[ddlaunch] preflight: {record.get('reason', '')}", flush=True)
+    if "job_id" in record:
+        gate.mark_printed(run_dir, str(record["job_id"]), int(record.get("restart", 0)), record)
+
+
+def apply_decision(cfg: Any, run_dir: Path, client: Any, decision: verdicts.Decision) -> int:
+    """Act on the preflight decision: 0 (train), ``REQUEUED`` (failing nodes excluded, job
+    requeued) or ``STOPPED`` (outcome recorded)."""
+    from ddlaunch.jobhooks import add_excluded, committed_step, excluded
+
     if not decision.exclude and not decision.stop:
         return 0
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    records = attempts.load(run_dir)
     step = committed_step(run_dir)
     current = records[-1] if records else {}
     if decision.stop:

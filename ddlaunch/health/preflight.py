@@ -110,10 +110,11 @@ def checked_paths(cfg: Any, run_dir: Path, env: Mapping[str, str]) -> list[tuple
     return paths
 
 
-def local_checks(
+def node_checks(
     cfg: Any, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
 ) -> tuple[list[v.Check], dict[str, Any]]:
-    """Phase 1; returns the checks and the facts behind them."""
+    """The torch-free part of phase 1 (GPUs, free space); returns the checks and the facts
+    behind them. The in-rank preflight (``ddlaunch.health.gate``) runs it before torch."""
     facts: dict[str, Any] = {}
     assigned = assigned_gpus(env)
     smi_count, smi_error = nvidia_smi(runner)
@@ -128,6 +129,14 @@ def local_checks(
             free, error = float(inject["free_gb"]), ""
         facts[f"free_gb:{label}"] = free
         checks.append(v.disk_check(label, path, free, cfg.health.min_free_gb, error))
+    return checks, facts
+
+
+def local_checks(
+    cfg: Any, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
+) -> tuple[list[v.Check], dict[str, Any]]:
+    """Phase 1 of the node task; returns the checks and the facts behind them."""
+    checks, facts = node_checks(cfg, run_dir, env, runner, inject)
     started = time.monotonic()
     version, error = None, inject.get("torch_error")
     if not error:

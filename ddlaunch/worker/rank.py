@@ -25,6 +25,7 @@ from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.config import Config, load_config
+from ddlaunch.health import gate
 from ddlaunch.worker import signals
 from ddlaunch.worker.distenv import (
     DistEnv,
@@ -125,8 +126,24 @@ def run_rank(run_dir: str) -> dict[str, Any]:
             cfg.fault_tolerance.signal,
             also=("TERM", os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"),
         )
+        # Preflight (health.preflight) runs here, in the ranks, before the first step: see
+        # ddlaunch.health.gate. The node facts need no torch; torch is imported once for both.
+        gated = gate.enabled(cfg, os.environ)
+        report = gate.node_phase(cfg, Path(run_dir), d, os.environ, host) if gated else None
+        if gated:
+            gate.import_torch(Path(run_dir), os.environ, report)
         cuda = _setup_device(d)
-        os.environ[BACKEND_VAR] = choose_backend(cfg.launch.backend, cuda)
+        backend = choose_backend(cfg.launch.backend, cuda)
+        os.environ[BACKEND_VAR] = backend
+        if gated:
+            # An entry point keeps the process group the test ran on (init_distributed is
+            # idempotent); a torchrun script creates its own.
+            keep = bool(cfg.launch.entrypoint)
+            gate.check(cfg, Path(run_dir), d, os.environ, report, backend, keep_group=keep)
+        if d.rank == 0 and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+            # The start hook runs beside srun; no checkpoint may be committed (rank 0 commits)
+            # before it has read the step this attempt resumes from.
+            gate.wait_for_attempt(Path(run_dir), *gate.attempt_of(os.environ))
         if cfg.launch.entrypoint:
             result = _resolve_entrypoint(cfg.launch.entrypoint)(cfg)
         elif cfg.launch.script:
@@ -134,6 +151,10 @@ def run_rank(run_dir: str) -> dict[str, Any]:
             result = None
         else:
             raise ValueError("the config sets neither launch.entrypoint nor launch.script")
+    except gate.PreflightFailed as exc:
+        # A node verdict, not a crash of this rank: the end hook acts on it.
+        print(f"[ddlaunch] no training in this attempt: {exc.reason}", flush=True)
+        raise
     except BaseException as exc:
         # BaseException: a KeyboardInterrupt or sys.exit(3) is a failure of this rank too.
         try:

@@ -1,0 +1,409 @@
+"""Sweep members' run directories, created lazily from the sweep's packed file.
+
+Submitting a sweep writes O(1) files, whatever its size: ``members.json`` holds every
+member's index, overrides and resolved config (the commit point of the sweep directory),
+``arrays/<n>.json`` every array's members and job id. A member's own run directory,
+``members/<i>/``, is created the first time someone needs it, normally the member's array
+task when it starts (``python -m ddlaunch.sweep_members start``, run by the array script
+before anything writes into the directory). A file create costs ~0.4 ms on an ext4 VM disk
+and milliseconds on Lustre or GPFS: a thousand members' directories at submit time cost
+more than the rest of the submission, sbatch included.
+
+Creation is idempotent and crash-safe. The directory is built under a temporary name and
+renamed into place, so it appears complete or not at all; ``config.yaml`` is the marker of
+a complete member directory (as of any run directory, see ``runs.find_run``), written last
+when the directory already existed (a ``mkdir -p`` of the script when Python was not
+usable before ``launch.setup``; the start hook then completes it). Its content is derived
+from the sweep's records only, so whoever creates it (the task, ``sweep resubmit``,
+``resume``) creates the same directory.
+
+Until a member's directory exists, readers take its config from ``members.json`` and its
+job ids (or its failed submission) from the arrays' records: ``member_jobs``,
+``complete_member_info``. Torch-free and light (json, os): ``status`` imports it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+
+MEMBERS_FILE = "members.json"
+MEMBERS_DIR = "members"
+ARRAYS_DIR = "arrays"  # = ddlaunch.plan.ARRAYS_DIR (not imported: status imports this module)
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class MemberJobs:
+    """What the arrays' records say about one member."""
+
+    job_ids: list[str] = field(default_factory=list)  # ARRAY_TASK of every array that held it
+    array: str | None = None  # the latest array that holds it
+    state: str | None = None  # that array's state: submitting, submitted, failed
+    error: str | None = None  # why its sbatch failed
+    time: float | None = None  # when that array was submitted
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+# A version of a file is known by its mtime and size. One changed this recently is cached
+# for _FRESH_S only: with coarse timestamps a second write in the same tick would leave its
+# mtime unchanged (runs.QueuedRunCache has the same rule). Status reads the sweep's records
+# once per member: the cache makes that once per poll.
+_SETTLE_S = 2.0
+_FRESH_S = 0.5
+_Stamp = tuple[int, int, float]  # mtime_ns, size, when read (0.0: settled)
+
+
+def _stamp(path: Path) -> _Stamp | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    now = time.time()
+    return st.st_mtime_ns, st.st_size, 0.0 if now - st.st_mtime >= _SETTLE_S else now
+
+
+def _valid(cached: _Stamp, current: _Stamp | None) -> bool:
+    if current is None or cached[:2] != current[:2]:
+        return False
+    return cached[2] == 0.0 or time.time() - cached[2] < _FRESH_S
+
+
+_packed_cache: dict[Path, tuple[_Stamp, dict[str, Any]]] = {}
+_jobs_cache: dict[Path, tuple[_Stamp, dict[int, MemberJobs]]] = {}
+
+
+def read_packed(sweep_dir: Path) -> dict[str, Any]:
+    """``members.json``, parsed once per version of the file (status reads it per member)."""
+    path = sweep_dir / MEMBERS_FILE
+    stamp = _stamp(path)
+    hit = _packed_cache.get(path)
+    if hit is not None and _valid(hit[0], stamp):
+        return hit[1]
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if stamp is not None:
+        _packed_cache[path] = (stamp, data)
+    return data  # type: ignore[no-any-return]
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """Whether ``path`` is a sweep directory (as opposed to a run directory)."""
+    return (path / MEMBERS_FILE).is_file() and (path / MEMBERS_DIR).is_dir()
+
+
+def read_members(path: Path) -> dict[str, Any]:
+    """The sweep's ``members.json``: sweep id, metric, every member's record and config."""
+    from ddlaunch.errors import UserError
+
+    try:
+        return read_packed(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is not a readable sweep directory: {exc}") from None
+
+
+def member_run_dirs(path: Path) -> list[tuple[str, Path]]:
+    """(label of the member's overrides, its run directory) for every member, in order.
+    A member's directory exists once it started (``start_task``)."""
+    return [
+        (str(m["label"]), path / MEMBERS_DIR / str(m["index"]))
+        for m in read_members(path)["members"]
+    ]
+
+
+def array_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every array submitted for the sweep (``arrays/<n>.json``), in submission order."""
+    records = []
+    try:
+        names = os.listdir(sweep_dir / ARRAYS_DIR)
+    except OSError:
+        return []
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        try:
+            with open(sweep_dir / ARRAYS_DIR / name, encoding="utf-8") as handle:
+                records.append(json.load(handle))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: int(r.get("name", 0)))
+
+
+def member_jobs(sweep_dir: Path) -> dict[int, MemberJobs]:
+    """Member -> its job ids and latest array, from the arrays' records (the authority:
+    fsynced before and after each sbatch). Cached per version of ``arrays/`` (every record
+    is written by a rename there, which changes the directory's mtime)."""
+    arrays = sweep_dir / ARRAYS_DIR
+    stamp = _stamp(arrays)
+    hit = _jobs_cache.get(arrays)
+    if hit is not None and _valid(hit[0], stamp):
+        return hit[1]
+    out: dict[int, MemberJobs] = {}
+    for record in array_records(sweep_dir):
+        job_id = record.get("job_id")
+        for task, member in enumerate(record.get("members", [])):
+            jobs = out.setdefault(int(member), MemberJobs())
+            if job_id:
+                jobs.job_ids.append(f"{job_id}_{task}")
+            jobs.array = str(record.get("name"))
+            jobs.state = record.get("state")
+            jobs.error = record.get("error")
+            jobs.time = record.get("time")
+    if stamp is not None:
+        _jobs_cache[arrays] = (stamp, out)
+    return out
+
+
+def member_row(packed: dict[str, Any], index: int) -> dict[str, Any]:
+    rows = packed.get("members", [])
+    # Rows are stored in index order; the scan is only a fallback for hand-made files.
+    if 0 <= index < len(rows) and rows[index].get("index") == index:
+        return rows[index]  # type: ignore[no-any-return]
+    for row in rows:
+        if row.get("index") == index:
+            return row  # type: ignore[no-any-return]
+    raise KeyError(index)
+
+
+PARAMS_SECTION = -1  # a member's own params (its "params" entry, JSON), see sweep_submit
+
+
+def packed_config_text(packed: dict[str, Any], index: int) -> str:
+    """Member ``index``'s resolved config as ``members.json`` holds it: the sections it is
+    made of (members share all of them but a few, so each is stored once), its params
+    stored as JSON and dumped here, exactly as ``yaml.safe_dump`` of the config would."""
+    sections = packed["sections"]
+    row = member_row(packed, index)
+    parts = []
+    for number in row["config"]:
+        if number == PARAMS_SECTION:
+            import yaml
+
+            dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+            params = row["params"]
+            text = (
+                yaml.dump({"params": params}, Dumper=dumper, sort_keys=False)
+                if params
+                else "params: {}\n"
+            )
+            parts.append(text)
+        else:
+            parts.append(sections[number])
+    return "".join(parts)
+
+
+def is_materialized(run_dir: Path) -> bool:
+    return (run_dir / CONFIG_FILE).is_file()
+
+
+def member_config_text(sweep_dir: Path, index: int) -> tuple[str, str]:
+    """(config text, where it came from): the member's own ``config.yaml`` once its
+    directory exists (resubmissions may have changed it), else ``members.json``."""
+    own = sweep_dir / MEMBERS_DIR / str(index) / CONFIG_FILE
+    try:
+        return own.read_text(encoding="utf-8"), str(own)
+    except FileNotFoundError:
+        text = packed_config_text(read_packed(sweep_dir), index)
+        return text, f"{sweep_dir / MEMBERS_FILE} (member {index})"
+
+
+# ----------------------------------------------------------------------------- creating
+
+
+def _member_files(
+    sweep_dir: Path, index: int, job_id: str | None, array: str | None
+) -> dict[str, Any]:
+    """The records a member directory starts with, derived from the sweep's records plus
+    the starting task's own id (its array's record may not have it yet: the task can start
+    before the submitter wrote the id down)."""
+    jobs = member_jobs(sweep_dir).get(index, MemberJobs())
+    ids = list(jobs.job_ids)
+    if job_id and job_id not in ids:
+        ids.append(job_id)
+    array = array or jobs.array
+    files: dict[str, Any] = {}
+    about = {"sweep_id": sweep_dir.name}
+    if array is not None:
+        about |= {"array": array, "script": str(sweep_dir / ARRAYS_DIR / f"{array}.sbatch")}
+    if ids:
+        files["submission.json"] = {"job_ids": ids, "submitted": jobs.time, **about}
+    if jobs.state == "failed" and not job_id:
+        # Its latest array's sbatch failed: status shows SUBMIT_FAILED, as for a run.
+        files["intent.json"] = {
+            "run_id": str(index),
+            **about,
+            "state": "failed",
+            "error": jobs.error,
+            "previous_job_ids": ids,
+        }
+    return files
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    fsutil.atomic_write_json(path, obj, 0o600)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def materialize(
+    sweep_dir: Path, index: int, job_id: str | None = None, array: str | None = None
+) -> Path:
+    """Create member ``index``'s run directory if it is not complete yet; returns it.
+
+    ``job_id``, ``array``: the starting task's ``ARRAY_TASK`` id and its array's name; the
+    id is added to ``submission.json`` (also when the directory exists: a resubmitted
+    member starting before the submitter wrote its new id down)."""
+    sweep_dir = Path(sweep_dir)
+    run = sweep_dir / MEMBERS_DIR / str(index)
+    if is_materialized(run):
+        if job_id:
+            _add_job_id(run, job_id)
+        return run
+    packed = read_packed(sweep_dir)
+    text = packed_config_text(packed, index)  # KeyError: no such member
+    files = _member_files(sweep_dir, index, job_id, array)
+    if not run.exists():
+        tmp = run.with_name(f".{index}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
+        try:
+            tmp.mkdir(mode=0o700)
+            (tmp / "logs").mkdir()
+            for name, obj in files.items():
+                _write_json(tmp / name, obj)
+            fsutil.atomic_write_text(tmp / CONFIG_FILE, text, 0o600)
+            os.rename(tmp, run)  # replaces nothing but an empty directory
+            _fsync_dir(run.parent)
+            return run
+        except OSError as exc:
+            import shutil  # only here: status imports this module
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            # Someone else created it meanwhile: complete it below if need be.
+    if is_materialized(run):
+        if job_id:
+            _add_job_id(run, job_id)
+        return run
+    # The directory exists without its config: made by the script's `mkdir -p` (Python was
+    # not usable before launch.setup) or left by a crash. Complete it, config last.
+    (run / "logs").mkdir(exist_ok=True)
+    for name, obj in files.items():
+        if name == "submission.json" or not (run / name).exists():
+            _write_json(run / name, obj)
+    fsutil.atomic_write_text(run / CONFIG_FILE, text, 0o600)
+    return run
+
+
+def _add_job_id(run: Path, job_id: str) -> None:
+    path = run / "submission.json"
+    try:
+        submission = fsutil.read_json(path, {}) or {}
+    except ValueError:
+        submission = {}
+    ids = list(submission.get("job_ids", []))
+    if job_id not in ids:
+        submitted = submission.get("submitted") or time.time()
+        _write_json(path, {**submission, "job_ids": [*ids, job_id], "submitted": submitted})
+
+
+def member_of(run_dir: Path) -> tuple[Path, int] | None:
+    """(sweep directory, index) when ``run_dir`` is ``<sweep>/members/<i>`` of a sweep."""
+    run_dir = Path(run_dir)
+    if not run_dir.name.isdigit() or run_dir.parent.name != MEMBERS_DIR:
+        return None
+    sweep_dir = run_dir.parent.parent
+    if not (sweep_dir / MEMBERS_FILE).is_file():
+        return None
+    return sweep_dir, int(run_dir.name)
+
+
+def ensure_member_dir(run_dir: str | os.PathLike[str]) -> bool:
+    """Create ``run_dir`` if it is a sweep member's directory that does not exist yet (for
+    commands that need a member's run directory: logs, cancel, resume). Returns whether it
+    is a complete member directory now; False for anything that is not a sweep member."""
+    found = member_of(Path(run_dir).expanduser().absolute())
+    if found is None:
+        return False
+    sweep_dir, index = found
+    try:
+        materialize(sweep_dir, index)
+    except KeyError:  # no such member in members.json
+        return False
+    return True
+
+
+def start_task(run_dir: Path, environ: dict[str, str] | None = None) -> Path:
+    """What an array task does before anything else: make sure its member's directory
+    exists (with this task's id) and that submitit finds the task's pickle,
+    ``<sweep>/submitit/<ARRAY>_<TASK>_submitted.pkl`` (written here, not at submission:
+    one file per task is what submitting must not pay)."""
+    env = os.environ if environ is None else environ
+    found = member_of(run_dir)
+    if found is None:
+        raise SystemExit(f"{run_dir} is not a member directory of a sweep (members.json)")
+    sweep_dir, index = found
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if not array or not task:  # not an array task (e.g. `ddlaunch resume` of a member)
+        return materialize(sweep_dir, index)
+    job_id = f"{array}_{task}"
+    run = materialize(sweep_dir, index, job_id, env.get("DDLAUNCH_SWEEP_ARRAY"))
+    pickle = sweep_dir / "submitit" / f"{job_id}_submitted.pkl"
+    if not pickle.exists():
+        from ddlaunch.launch.slurm import write_pickle_only
+        from ddlaunch.worker.rank import run_rank
+
+        write_pickle_only(pickle.parent, run_rank, (str(run),), job_id)
+    return run
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def complete_member_info(info: Any) -> Any:
+    """``ddlaunch status`` for a member that has not started yet: its run directory does
+    not exist, so take its job ids (or its failed submission) from the arrays' records.
+    ``info`` is a ``runs.RunInfo`` read from ``<sweep>/members/<i>``; returned completed
+    (unchanged for anything else)."""
+    if info.job_ids or info.intent:
+        return info
+    found = member_of(info.path)
+    if found is None:
+        return info
+    jobs = member_jobs(found[0]).get(found[1])
+    if jobs is None:
+        return info
+    info.job_ids = list(jobs.job_ids)
+    if jobs.state == "failed":
+        info.intent = {"state": "failed", "error": jobs.error}
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ddlaunch.sweep_members start RUN_DIR`` (the array script)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "start":
+        print("usage: python -m ddlaunch.sweep_members start MEMBER_RUN_DIR", file=sys.stderr)
+        return 2
+    run = start_task(Path(args[1]))
+    print(f"[ddlaunch] member directory {run}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""What every srun task runs: ``python -u -m ddlaunch.worker.task <submitit folder>``.
+
+The same protocol as submitit's own task runner (``submitit.core._submit``): load
+``<job>_submitted.pkl`` from the job folder, call the pickled function, write
+``("success", result)`` or ``("error", traceback)`` to ``<job>_<task>_result.pkl`` (renamed
+into place), where ``<job>`` is ``ARRAY_TASK`` for an array task. The pickles are submitit's.
+
+Why not submitit's runner: it imports all of submitit (~0.15 s of CPU per rank, on a node
+whose ranks all start at once and are busy importing torch) and polls for the pickle once a
+second. The pickle holds a ``submitit.core.utils.DelayedSubmission``; it is unpickled into a
+stand-in with the same fields, so submitit is imported only if the pickle refers to anything
+else of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+WAIT_FOR_PICKLE_S = 60.0  # submitit's runner waits as long
+
+
+class Delayed:
+    """Stand-in for ``submitit.core.utils.DelayedSubmission``: the call to make."""
+
+    function: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def call(self) -> Any:
+        return self.function(*self.args, **self.kwargs)
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("submitit.core.utils", "DelayedSubmission"):
+            return Delayed
+        return super().find_class(module, name)
+
+
+def job_id(env: dict[str, str] | os._Environ[str]) -> str:
+    """submitit's job id: ``ARRAY_TASK`` for an array task, else the job id."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
+
+
+def load(path: Path, wait_s: float = WAIT_FOR_PICKLE_S) -> Delayed:
+    """The pickled call; waits for the file (submit writes it right after sbatch returns)."""
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"waited {wait_s:.0f} s for the job pickle {path}")
+        time.sleep(0.05)
+    with open(path, "rb") as handle:
+        delayed = _Unpickler(handle).load()
+    if not isinstance(delayed, Delayed):
+        raise RuntimeError(f"{path} does not hold a submitit DelayedSubmission")
+    return delayed
+
+
+def write_result(path: Path, outcome: tuple[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as handle:
+        pickle.dump(outcome, handle)
+    os.replace(tmp, path)
+
+
+def run(folder: Path, env: dict[str, str] | os._Environ[str] = os.environ) -> Any:
+    job, task = job_id(env), env.get("SLURM_PROCID", "0")
+    delayed = load(folder / f"{job}_submitted.pkl")
+    result_path = folder / f"{job}_{task}_result.pkl"
+    try:
+        result = delayed.call()
+    except Exception:
+        # As submitit records it; the exception still ends the task with a nonzero status.
+        with contextlib.suppress(OSError):
+            write_result(result_path, ("error", traceback.format_exc()))
+        raise
+    try:
+        write_result(result_path, ("success", result))
+    except (OSError, pickle.PicklingError) as exc:
+        print(f"[ddlaunch] could not write the task result: {exc}", file=sys.stderr, flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ddlaunch.worker.task SUBMITIT_FOLDER", file=sys.stderr)
+        return 2
+    from ddlaunch.worker import signals
+
+    # Before anything else, as submitit's runner does: the pre-timeout signal (and SIGTERM)
+    # only set the stop flag; their default action would end the task.
+    signals.install(os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2", also=("TERM",))
+    run(Path(args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
