@@ -239,6 +239,25 @@ class DevCluster:
     def resume_process(pid: int) -> None:
         os.kill(pid, _signal.SIGCONT)
 
+    @staticmethod
+    def rank_pids(run_dir: Path) -> list[int]:
+        """The rank processes (``ddlaunch.worker.task``) of a run, found by their environment:
+        the nodes share this machine's PID namespace. Killing them is a crash, unlike
+        ``scancel --signal=KILL``, which Slurm 22.05 records as a cancel (CANCELLED)."""
+        wanted = f"DDLAUNCH_RUN_DIR={run_dir}".encode()
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                environ = (entry / "environ").read_bytes()
+            except OSError:  # gone meanwhile, or a kernel thread
+                continue
+            if b"ddlaunch.worker.task" in cmdline and wanted in environ.split(b"\0"):
+                pids.append(int(entry.name))
+        return pids
+
 
 def wait_for_text(path: Path, needle: str, timeout: float) -> str:
     """Poll a job's output file until it contains ``needle``; return the whole text."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -140,7 +141,12 @@ def sweep_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory):
             poll=0.2,
         )
         run.victim_raw_id = slurm_cluster.job_field(run.victim_job, "JobId")
-        slurm_cluster.signal_job(run.victim_job, "KILL")
+        # A crash of its rank (kill -9), not `scancel --signal=KILL`: Slurm records that as
+        # a cancel, and a cancelled job is not requeued.
+        pids = slurm_cluster.rank_pids(victim)
+        assert pids, "the victim's rank process was not found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
         # Resubmit the failing members as soon as they failed, while the others still run.
         run.first_round = wait_states(sweep_dir, cwd, dict.fromkeys(FAILING, "FAILED"), 300)
         proc = ddlaunch("sweep", "resubmit", sweep_dir.name, "--failed", cwd=cwd)
@@ -194,10 +200,9 @@ def test_killed_member_is_requeued_alone_from_its_own_checkpoint(sweep_run: Swee
     members = dict(enumerate(run for _, run in member_run_dirs(sweep_run.sweep_dir)))
     victim = json.loads((members[VICTIM] / "attempts.json").read_text())
     assert len(victim) == 2, victim
-    # Slurm ends a killed step with SIGCONT+SIGTERM, then SIGKILL: the rank saves on the
-    # TERM and requeues ("signal"), or dies first and the end hook requeues ("crash"). Either
-    # way with the task's own SLURM_JOB_ID, and only this task.
-    assert victim[0]["cause"] in ("signal", "crash"), victim
+    # The killed rank's step fails; the end hook sees a crash that made progress and
+    # requeues with the task's own SLURM_JOB_ID, so only this task.
+    assert victim[0]["cause"] == "crash", victim
     assert victim[0]["job_id"] == victim[1]["job_id"] == sweep_run.victim_raw_id
     resumed = victim[1]["resumed_from"]
     assert resumed is not None and resumed >= 5
