@@ -17,6 +17,7 @@ from ddlaunch import fsutil
 
 ATTEMPTS_FILE = "attempts.json"
 OUTCOME_FILE = "outcome.json"
+CANCEL_FILE = "cancel.json"  # written by `ddlaunch cancel` before it calls scancel
 
 # How an attempt ended.
 CAUSE_COMPLETED = "completed"
@@ -92,6 +93,22 @@ def end_last(run_dir: Path, *, cause: str, committed_step: int | None, **extra: 
         {"end": time.time(), "cause": cause, "committed_step": committed_step, **extra}
     )
     save(run_dir, attempts)
+
+
+def cancel_reason(run_dir: Path, job_id: str | None = None, client: Any = None) -> str | None:
+    """Why the run's job was cancelled, or None. ``ddlaunch cancel`` leaves CANCEL_FILE; a
+    plain scancel is seen only in accounting (``client``'s sacct; measured on 22.05: CANCELLED
+    there while squeue and scontrol say COMPLETING). Slurm sends the same SIGTERM at cancel
+    and at preemption, and would requeue even a cancelled job, so a requeue asks this first."""
+    if (run_dir / CANCEL_FILE).exists():
+        return "cancelled with ddlaunch cancel"
+    if not job_id or client is None:
+        return None
+    try:
+        row = client.accounting_rows([job_id]).get(job_id)
+    except Exception:  # no accounting, or Slurm unreachable: not known to be cancelled
+        return None
+    return "cancelled (scancel)" if row and row.state.startswith("CANCELLED") else None
 
 
 def write_outcome(run_dir: Path, state: str, reason: str) -> None:

@@ -154,7 +154,7 @@ def end(
         return 0
     step = committed_step(run_dir)
     blamed: list[str] = []
-    cancelled = (run_dir / "cancel.json").exists()
+    cancelled = attempts.cancel_reason(run_dir) is not None
     if not cancelled:
         # A node failed the preflight inside the ranks (or the ranks ended before its
         # verdict): exclude it and requeue, or stop, before anything else is blamed.

@@ -259,8 +259,8 @@ def resolve(
         for kind, path, mtime_ns in list_targets(root, reader):
             if kind == "run":
                 targets.append(Target(path, mtime_ns=mtime_ns))
-            elif (sweep := _sweep_module()) is not None:
-                targets += _members(sweep, path)
+            else:
+                targets += _members(path)
         return targets, sweeps
     for ref in refs:
         # A run first: the sweep module is imported only when a sweep is named.
@@ -269,29 +269,19 @@ def resolve(
         ).is_file():
             targets.append(Target(find_run(ref, root)))
             continue
-        sweep = _sweep_module()
-        path = _find_sweep(sweep, ref, root) if sweep is not None else None
+        path = _find_sweep(ref, root)
         if path is not None:
             sweeps.append(path.name)
-            targets += _members(sweep, path)
+            targets += _members(path)
         else:
             targets.append(Target(find_run(ref, root)))
     return targets, sweeps
 
 
-def _sweep_module() -> Any:
-    # Sweeps are optional here: status keeps working (runs only) without them. The light
-    # module (json, os), not ddlaunch.sweep, which parses sweep files (YAML, the schema).
-    try:
-        from ddlaunch import sweep_members as sweep
-    except ImportError:
-        return None
-    if not hasattr(sweep, "is_sweep_dir") or not hasattr(sweep, "member_run_dirs"):
-        return None
-    return sweep
+def _find_sweep(ref: str, root: Path) -> Path | None:
+    # The light sweep module (json, os), not ddlaunch.sweep, which parses sweep files.
+    from ddlaunch import sweep_members as sweep
 
-
-def _find_sweep(sweep: Any, ref: str, root: Path) -> Path | None:
     for candidate in (Path(ref).expanduser(), root / ref):
         if candidate.is_dir() and sweep.is_sweep_dir(candidate):
             return candidate.absolute()
@@ -301,7 +291,9 @@ def _find_sweep(sweep: Any, ref: str, root: Path) -> Path | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def _members(sweep: Any, path: Path) -> list[Target]:
+def _members(path: Path) -> list[Target]:
+    from ddlaunch import sweep_members as sweep
+
     try:
         members = sweep.member_run_dirs(path)
     except Exception:  # a broken sweep must not hide the other runs

@@ -145,13 +145,13 @@ class Session:
             from ddlaunch.slurm.parse import requeue_target
 
             job_id = requeue_target(os.environ)
-            cancelled = self._cancelled(job_id)
+            from ddlaunch.slurm.client import SlurmClient
+
+            cancelled = attempts.cancel_reason(self.run_dir, job_id, SlurmClient())
             if cancelled:
                 print(f"[ddlaunch] saved step {step}; {cancelled}: not requeueing", flush=True)
                 attempts.write_outcome(self.run_dir, "CANCELLED", f"{cancelled}; saved step {step}")
             elif job_id:
-                from ddlaunch.slurm.client import SlurmClient
-
                 records = attempts.load(self.run_dir)
                 decision = attempts.decide(
                     cause=attempts.CAUSE_SIGNAL,
@@ -167,25 +167,6 @@ class Session:
                     attempts.write_outcome(self.run_dir, "STOPPED", decision.reason)
         self.heartbeat.stop("preempted")
         raise Preempted(step)
-
-    def _cancelled(self, job_id: str | None) -> str | None:
-        """Why the signal means "stop" rather than "come back": a cancel. Slurm sends the
-        same SIGTERM at cancel and at preemption, shows a cancelled job as COMPLETING in
-        squeue and scontrol alike, and would requeue it. ``ddlaunch cancel`` records the
-        cancel in the run directory; a plain scancel is seen in accounting (sacct), when the
-        cluster keeps it (measured on 22.05: CANCELLED there while scontrol says COMPLETING).
-        """
-        if (self.run_dir / "cancel.json").exists():
-            return "cancelled with ddlaunch cancel"
-        if not job_id:
-            return None
-        from ddlaunch.slurm.client import SlurmClient
-
-        try:
-            row = SlurmClient().accounting_rows([job_id]).get(job_id)
-        except Exception:  # no accounting, or Slurm unreachable: the signal's usual meaning
-            return None
-        return "cancelled (scancel)" if row and row.state.startswith("CANCELLED") else None
 
     # ------------------------------------------------------------------ end
 

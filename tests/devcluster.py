@@ -12,6 +12,7 @@ import os
 import re
 import signal as _signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -273,3 +274,30 @@ def wait_for_text(path: Path, needle: str, timeout: float) -> str:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{needle!r} not in {path} after {timeout} s; it holds:\n{text}")
         time.sleep(0.2)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+
+def run_ddlaunch(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ddlaunch ARGS`` in ``cwd``; runs live under ``cwd/runs`` unless ``env``
+    (the whole environment) says otherwise."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=timeout,
+        env=env if env is not None else {**os.environ, "DDLAUNCH_RUN_ROOT": str(cwd / "runs")},
+    )

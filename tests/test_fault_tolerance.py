@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from devcluster import wait_for
 from test_launch_slurm import TESTS, ddlaunch, submit
 
 from ddlaunch.checkpoint.layout import list_checkpoints, read_commit_marker
@@ -60,16 +61,6 @@ def reference_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
     run_local(run_dir, cfg.world_size, timeout_s=300)
     return json.loads((run_dir / "result.json").read_text())["param_sha256"]
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
 def progress_step(run_dir: Path) -> int:

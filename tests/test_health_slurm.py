@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from devcluster import run_ddlaunch as _ddlaunch
 
 TESTS = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slurm
@@ -64,20 +64,6 @@ def _config(tmp: Path, name: str, nodes: int, params: dict) -> Path:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def _ddlaunch(*args: str, cwd: Path, env: dict, timeout: float = 120):
-    import subprocess
-
-    return subprocess.run(
-        [sys.executable, "-m", "ddlaunch", *args],
-        cwd=cwd,
-        text=True,
-        capture_output=True,
-        check=False,
-        timeout=timeout,
-        env=env,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from devcluster import run_ddlaunch as ddlaunch
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -30,18 +28,6 @@ def write_config(tmp_path: Path, name: str, launch: dict, **sections: dict) -> P
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def ddlaunch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ddlaunch", *args],
-        cwd=cwd,
-        text=True,
-        capture_output=True,
-        check=False,
-        timeout=120,
-        env={**os.environ, "DDLAUNCH_RUN_ROOT": str(cwd / "runs")},
-    )
 
 
 def submit(config: Path, cwd: Path, cleanup: list[str], *overrides: str) -> tuple[str, Path]:

@@ -202,3 +202,30 @@ def test_array_tasks_requeue_only_themselves() -> None:
     env = {"SLURM_JOB_ID": "480", "SLURM_ARRAY_JOB_ID": "480", "SLURM_ARRAY_TASK_ID": "7"}
     assert requeue_target(env) == "480_7"
     assert requeue_target({"SLURM_JOB_ID": "481"}) == "481"
+
+
+class _Accounting:
+    def __init__(self, state: str | None = None, fail: bool = False) -> None:
+        self.state, self.fail, self.asked = state, fail, []
+
+    def accounting_rows(self, job_ids):  # type: ignore[no-untyped-def]
+        from ddlaunch.slurm.parse import QueueRow
+
+        self.asked.append(list(job_ids))
+        if self.fail:
+            raise OSError("sacct: slurmdbd unreachable")
+        return {"7_1": QueueRow("7_1", self.state, "", "")} if self.state else {}
+
+
+def test_cancel_reason_from_the_run_dir_then_accounting(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ddlaunch.attempts import CANCEL_FILE, cancel_reason
+
+    running = _Accounting("RUNNING")
+    assert cancel_reason(tmp_path, "7_1", running) is None and running.asked == [["7_1"]]
+    assert cancel_reason(tmp_path, "7_1", _Accounting("CANCELLED")) == "cancelled (scancel)"
+    assert cancel_reason(tmp_path, "7_1", _Accounting(fail=True)) is None
+    assert cancel_reason(tmp_path, "7_1", _Accounting()) is None  # accounting disabled
+    (tmp_path / CANCEL_FILE).write_text("{}")
+    untouched = _Accounting("RUNNING")
+    assert cancel_reason(tmp_path, "7_1", untouched) == "cancelled with ddlaunch cancel"
+    assert untouched.asked == []  # the run directory answers first

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
+from devcluster import run_ddlaunch as ddlaunch
+from devcluster import wait_for
 
 from ddlaunch.checkpoint.layout import latest_complete
 from ddlaunch.sweep import array_task_ids, member_run_dirs
@@ -32,18 +31,6 @@ FAILING = {8, 9}  # lr 0.05 (zip: fail_once true), seeds 0 and 1
 VICTIM = 0
 
 
-def ddlaunch(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ddlaunch", *args],
-        cwd=cwd,
-        text=True,
-        capture_output=True,
-        check=False,
-        timeout=timeout,
-        env={**os.environ, "DDLAUNCH_RUN_ROOT": str(cwd / "runs")},
-    )
-
-
 def sweep_status(sweep_dir: Path, cwd: Path) -> dict:
     proc = ddlaunch("sweep", "status", str(sweep_dir), "--json", cwd=cwd)
     assert proc.returncode == 0, proc.stderr
@@ -54,16 +41,6 @@ def array_ids(sweep_dir: Path) -> list[str]:
     records = [json.loads(p.read_text()) for p in (sweep_dir / "arrays").glob("*.json")]
     records.sort(key=lambda r: int(r["name"]))
     return [r["job_id"] for r in records if r.get("job_id")]
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
 def wait_states(sweep_dir: Path, cwd: Path, wanted: dict[int, str], timeout: float) -> dict:
