@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from devcluster import run_ddlaunch
 
 from ddlaunch import attempts
 from ddlaunch.health import analysis, badnodes, doctor, hooks, policy, preflight, timeline
@@ -279,15 +280,7 @@ def test_parse_ttl() -> None:
 
 
 def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ddlaunch", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        check=False,
-        timeout=120,
-    )
+    return run_ddlaunch(*args, cwd=cwd, env=env)
 
 
 def test_nodes_cli_and_submit_applies_the_list(tmp_path: Path) -> None:
