@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import gc
 
+GC_THRESHOLD = (100_000, 50, 50)
+
 
 def main() -> None:
-    gc.set_threshold(100_000, 50, 50)  # before the imports, which allocate the most
+    gc.set_threshold(*GC_THRESHOLD)  # before the imports, which allocate the most
     from ddlaunch.cli import main as cli_main
 
     cli_main()

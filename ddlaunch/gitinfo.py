@@ -10,23 +10,41 @@ from ddlaunch.runner import Runner
 @dataclass(frozen=True)
 class GitState:
     commit: str
-    branch: str
-    dirty: bool
-    diff: str
+    branch: str  # "HEAD" when detached, as `git rev-parse --abbrev-ref HEAD` says
+    dirty: bool  # tracked changes or untracked files
+    diff: str  # `git diff --binary HEAD`: empty unless tracked files changed
 
 
 def git_state(runner: Runner, cwd: str) -> GitState | None:
-    """The work tree's state, or None outside a git repository (or without git)."""
-    head = runner.run(["git", "rev-parse", "HEAD"], cwd=cwd, timeout=30)
-    if not head.ok:
+    """The work tree's state, or None outside a git repository, without a commit, or
+    without git.
+
+    One ``git status`` gives the commit, the branch and whether anything changed; the diff
+    is asked for only when tracked files changed. A git command costs several ms (a process
+    and a walk of the index): submission waits for this, a sweep as well as a run."""
+    status = runner.run(["git", "status", "--porcelain=v2", "--branch"], cwd=cwd, timeout=60)
+    if not status.ok:
         return None
-    branch = runner.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=cwd, timeout=30)
-    # --binary keeps the diff applicable even for binary files.
-    diff = runner.run(["git", "diff", "--binary", "HEAD"], cwd=cwd, timeout=60)
-    untracked = runner.run(["git", "status", "--porcelain"], cwd=cwd, timeout=60)
+    commit, branch, tracked_changes, untracked = "", "", False, False
+    for line in status.stdout.splitlines():
+        if line.startswith("# branch.oid "):
+            commit = line.removeprefix("# branch.oid ").strip()
+        elif line.startswith("# branch.head "):
+            branch = line.removeprefix("# branch.head ").strip()
+        elif line.startswith("? "):
+            untracked = True
+        elif line[:2] in ("1 ", "2 ", "u "):  # changed, renamed or copied, unmerged
+            tracked_changes = True
+    if not commit or commit == "(initial)":
+        return None
+    diff = ""
+    if tracked_changes:
+        # --binary keeps the diff applicable even for binary files.
+        result = runner.run(["git", "diff", "--binary", "HEAD"], cwd=cwd, timeout=60)
+        diff = result.stdout if result.ok else ""
     return GitState(
-        commit=head.stdout.strip(),
-        branch=branch.stdout.strip() if branch.ok else "",
-        dirty=bool(untracked.stdout.strip()),
-        diff=diff.stdout if diff.ok else "",
+        commit=commit,
+        branch="HEAD" if branch == "(detached)" else branch,
+        dirty=tracked_changes or untracked,
+        diff=diff,
     )

@@ -1,8 +1,9 @@
 """Sweep members' run directories, created lazily from the sweep's packed file.
 
-Submitting a sweep writes O(1) files, whatever its size: ``members.json`` holds every
-member's index, overrides and resolved config (the commit point of the sweep directory),
-``arrays/<n>.json`` every array's members and job id. A member's own run directory,
+Submitting a sweep writes O(1) files, whatever its size: ``members.json`` (the commit point
+of the sweep directory) holds the sweep's axes, whose product are the members, how each
+member's resolved config is made (``packed_config_text``) and every array's intent;
+``arrays/<n>.json`` every submitted array's members and job id. A member's own run directory,
 ``members/<i>/``, is created the first time someone needs it, normally the member's array
 task when it starts (``python -m ddlaunch.sweep_members start``, run by the array script
 before anything writes into the directory). A file create costs ~0.4 ms on an ext4 VM disk
@@ -25,12 +26,14 @@ job ids (or its failed submission) from the arrays' records: ``member_jobs``,
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ddlaunch import fsutil
@@ -99,7 +102,7 @@ def read_packed(sweep_dir: Path) -> dict[str, Any]:
 
 def is_sweep_dir(path: Path) -> bool:
     """Whether ``path`` is a sweep directory (as opposed to a run directory)."""
-    return (path / MEMBERS_FILE).is_file() and (path / MEMBERS_DIR).is_dir()
+    return (path / MEMBERS_FILE).is_file()
 
 
 def read_members(path: Path) -> dict[str, Any]:
@@ -115,34 +118,46 @@ def read_members(path: Path) -> dict[str, Any]:
 def member_run_dirs(path: Path) -> list[tuple[str, Path]]:
     """(label of the member's overrides, its run directory) for every member, in order.
     A member's directory exists once it started (``start_task``)."""
+    overrides = member_overrides(read_members(path))
     return [
-        (str(m["label"]), path / MEMBERS_DIR / str(m["index"]))
-        for m in read_members(path)["members"]
+        (member_label(texts), path / MEMBERS_DIR / str(index))
+        for index, texts in enumerate(overrides)
     ]
 
 
 def array_records(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Every array submitted for the sweep (``arrays/<n>.json``), in submission order."""
-    records = []
+    """Every array submitted for the sweep, in submission order: its record
+    (``arrays/<n>.json``, written after its sbatch; before it, too, for a resubmission), else
+    its intent in ``members.json`` (state ``submitting``: its sbatch has not returned, or
+    the submitter died before it wrote the record)."""
+    records: dict[str, dict[str, Any]] = {}
     try:
         names = os.listdir(sweep_dir / ARRAYS_DIR)
     except OSError:
-        return []
+        names = []
     for name in names:
         if not name.endswith(".json") or name.startswith("."):
             continue
         try:
             with open(sweep_dir / ARRAYS_DIR / name, encoding="utf-8") as handle:
-                records.append(json.load(handle))
+                record = json.load(handle)
         except (OSError, ValueError):
             continue
-    return sorted(records, key=lambda r: int(r.get("name", 0)))
+        records[str(record.get("name"))] = record
+    try:
+        intents = read_packed(sweep_dir).get("arrays", [])
+    except (OSError, ValueError):
+        intents = []
+    for intent in intents:
+        records.setdefault(str(intent.get("name")), intent)
+    return sorted(records.values(), key=lambda r: int(r.get("name", 0)))
 
 
 def member_jobs(sweep_dir: Path) -> dict[int, MemberJobs]:
-    """Member -> its job ids and latest array, from the arrays' records (the authority:
-    fsynced before and after each sbatch). Cached per version of ``arrays/`` (every record
-    is written by a rename there, which changes the directory's mtime)."""
+    """Member -> its job ids and latest array, from the arrays' records and intents (the
+    authority: durable before and after each sbatch). Cached per version of ``arrays/``
+    (every record and script is written by a rename there, which changes the directory's
+    mtime; ``members.json`` does not change after the sweep's commit)."""
     arrays = sweep_dir / ARRAYS_DIR
     stamp = _stamp(arrays)
     hit = _jobs_cache.get(arrays)
@@ -164,42 +179,118 @@ def member_jobs(sweep_dir: Path) -> dict[int, MemberJobs]:
     return out
 
 
-def member_row(packed: dict[str, Any], index: int) -> dict[str, Any]:
-    rows = packed.get("members", [])
-    # Rows are stored in index order; the scan is only a fallback for hand-made files.
-    if 0 <= index < len(rows) and rows[index].get("index") == index:
-        return rows[index]  # type: ignore[no-any-return]
-    for row in rows:
-        if row.get("index") == index:
-            return row  # type: ignore[no-any-return]
-    raise KeyError(index)
+def _member_table(packed: dict[str, Any], index: int) -> tuple[list[str], dict[str, Any]]:
+    """Member ``index``'s overrides and its layout (KeyError: no such member)."""
+    table = packed["members"]
+    layouts = table["layout"]
+    if not 0 <= index < len(layouts):
+        raise KeyError(index)
+    points = []
+    rest = index
+    for axis in reversed(table["axes"]):  # the last axis varies fastest
+        rest, digit = divmod(rest, len(axis))
+        points.append(axis[digit])
+    return [t for point in reversed(points) for t in point], packed["layouts"][layouts[index]]
 
 
-PARAMS_SECTION = -1  # a member's own params (its "params" entry, JSON), see sweep_submit
+def member_overrides(packed: dict[str, Any]) -> list[list[str]]:
+    """Every member's overrides (``--set`` texts), in member order: the product of the
+    sweep's axes (``members.json`` stores each axis's points, not each member's)."""
+    axes = packed["members"]["axes"]
+    return [[t for point in combo for t in point] for combo in itertools.product(*axes)]
+
+
+def member_label(overrides: list[str]) -> str:
+    """What sets a member apart: its overrides as ``--set`` would take them."""
+    return " ".join(overrides) or "(base)"
+
+
+def own_params_positions(keys: Sequence[str]) -> list[int]:
+    """Which of a member's overrides (by their keys) it applies on its group's params.
+
+    Members are validated in groups of equal non-``params`` overrides (the schema passes
+    params through unchecked): a member's config is its group's with the member's own
+    ``params.*`` overrides set. A member that replaces ``params`` whole is validated with
+    all its overrides and owns its group: nothing is left to apply. ``validate_members``
+    and the readers of ``members.json`` share this rule."""
+    if "params" in keys:
+        return []
+    return [i for i, key in enumerate(keys) if key.startswith("params.")]
+
+
+def set_param(params: dict[str, Any], key: str, value: Any) -> int | None:
+    """Set ``params.a.b`` (``key``) in ``params`` as ``--set`` would: missing mappings are
+    created, mappings on the way are copied, never changed in place (they may be shared
+    with other members). Returns None, or how many parts of the path below ``params``
+    lead to a value that is not a mapping."""
+    path = key.split(".")[1:]
+    node = params
+    for depth, part in enumerate(path[:-1], start=1):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            return depth
+        else:
+            child = node[part] = dict(child)
+        node = child
+    node[path[-1]] = value
+    return None
+
+
+def dump_section(name: str, plain: Any) -> str:
+    """One top-level entry of a config's YAML, exactly as ``yaml.safe_dump`` of the whole
+    config writes it (its top-level entries dump independently)."""
+    if isinstance(plain, dict) and not plain:  # e.g. `sbatch: {}`, without YAML's cost
+        return f"{name}: {{}}\n"
+    import yaml  # lazy: status imports this module and never dumps configs
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump({name: plain}, Dumper=dumper, sort_keys=False)  # type: ignore[no-any-return]
+
+
+def _load_section(name: str, text: str) -> Any:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)[name]
 
 
 def packed_config_text(packed: dict[str, Any], index: int) -> str:
-    """Member ``index``'s resolved config as ``members.json`` holds it: the sections it is
-    made of (members share all of them but a few, so each is stored once), its params
-    stored as JSON and dumped here, exactly as ``yaml.safe_dump`` of the config would."""
+    """Member ``index``'s resolved config as ``members.json`` holds it: its group's layout
+    (the config's top-level sections, each stored once for the whole sweep, as its plain
+    value or its YAML) with the member's own ``params.*`` overrides set and, where the
+    sweep has a checkpoint root, its own checkpoint directory; exactly what
+    ``yaml.safe_dump`` of the config writes."""
+    overrides, layout = _member_table(packed, index)
     sections = packed["sections"]
-    row = member_row(packed, index)
     parts = []
-    for number in row["config"]:
-        if number == PARAMS_SECTION:
-            import yaml
-
-            dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-            params = row["params"]
-            text = (
-                yaml.dump({"params": params}, Dumper=dumper, sort_keys=False)
-                if params
-                else "params: {}\n"
-            )
-            parts.append(text)
-        else:
-            parts.append(sections[number])
+    for name, number in layout["sections"].items():
+        entry = sections[number]
+        text: str | None = entry.get("yaml")
+        # The packed file is cached (read_packed): values are copied before a change.
+        if name == "params":
+            keys = [t.partition("=")[0] for t in overrides]
+            own = [overrides[i] for i in own_params_positions(keys)]
+            if own:
+                params = dict(entry["value"]) if text is None else _load_section(name, text)
+                text = dump_section(name, _with_params(params, own))
+        elif name == "storage" and layout.get("checkpoint_root"):
+            storage = dict(entry["value"]) if text is None else _load_section(name, text)
+            storage["checkpoint_dir"] = str(PurePosixPath(layout["checkpoint_root"]) / str(index))
+            text = dump_section(name, storage)
+        parts.append(dump_section(name, entry["value"]) if text is None else text)
     return "".join(parts)
+
+
+def _with_params(params: dict[str, Any], texts: list[str]) -> dict[str, Any]:
+    from ddlaunch.config.load import parse_yaml_value  # the parser --set texts are made for
+
+    for text in texts:
+        key, _, value = text.partition("=")
+        if set_param(params, key, parse_yaml_value(value)) is not None:
+            raise ValueError(f"members.json: cannot set {key}: not a mapping on the way")
+    return params
 
 
 def is_materialized(run_dir: Path) -> bool:
@@ -279,6 +370,7 @@ def materialize(
     text = packed_config_text(packed, index)  # KeyError: no such member
     files = _member_files(sweep_dir, index, job_id, array)
     if not run.exists():
+        run.parent.mkdir(exist_ok=True)  # members/: with the first member's directory
         tmp = run.with_name(f".{index}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
         try:
             tmp.mkdir(mode=0o700)

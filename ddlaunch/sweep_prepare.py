@@ -25,6 +25,7 @@ from ddlaunch.plan import ArraySpec, ClusterFacts, LaunchPlan, make_plan
 from ddlaunch.render import render_script, template_search_path
 from ddlaunch.rundir import new_run_id, resolve_run_root
 from ddlaunch.sweep import MEMBERS_DIR, Member, Override, SweepSpec, expand, split_arrays
+from ddlaunch.sweep_members import own_params_positions, set_param
 
 Tick = Callable[[int], None]  # advances a progress display by n
 _SHOWN_BAD_MEMBERS = 10
@@ -74,41 +75,42 @@ class PreparedSweep:
     configs: tuple[Config, ...]  # configs[i] is member i's resolved config
     arrays: tuple[ArrayJob, ...]
     facts: ClusterFacts
+    # How the configs were made (ValidatedMembers): member i's is group_configs[groups[i]]
+    # with its own params.* overrides and, under checkpoint_roots[groups[i]] when that is
+    # set, its own checkpoint directory. members.json stores them so, each group once.
+    groups: tuple[int, ...]
+    group_configs: tuple[Config, ...]
+    checkpoint_roots: tuple[str | None, ...]
 
 
 def _copy(loaded: LoadedTree) -> LoadedTree:
     return LoadedTree(copy.deepcopy(loaded.tree), dict(loaded.locations), list(loaded.sources))
 
 
-def _only_params(key: str) -> bool:
-    return key.startswith("params.")
-
-
 def _set_param(params: dict[str, Any], override: Override) -> ConfigIssue | None:
-    """Set ``params.a.b`` as ``--set params.a.b=v`` would (missing mappings are created; a
-    non-mapping on the way is an error, worded as ``apply_overrides`` words it). The value
-    is the one the override's text YAML-types to, so no text is parsed again."""
-    path = override.key.split(".")[1:]
-    node = params
-    for i, part in enumerate(path[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        elif not isinstance(child, dict):
-            key = ".".join(["params", *path[: i + 1]])
-            return ConfigIssue(
-                key, "is not a mapping, so it has no sub-keys", f"--set {override.text}"
-            )
-        else:  # copied on the way down: the original may be shared (see validate_members)
-            child = node[part] = dict(child)
-        node = child
-    node[path[-1]] = copy.deepcopy(override.value)
-    return None
+    """Set ``params.a.b`` as ``--set params.a.b=v`` would; a non-mapping on the way is an
+    error, worded as ``apply_overrides`` words it. The value is the one the override's text
+    YAML-types to, so no text is parsed again."""
+    depth = set_param(params, override.key, copy.deepcopy(override.value))
+    if depth is None:
+        return None
+    key = ".".join(override.key.split(".")[: depth + 1])
+    return ConfigIssue(key, "is not a mapping, so it has no sub-keys", f"--set {override.text}")
+
+
+@dataclass(frozen=True)
+class ValidatedMembers:
+    """Members' configs and how they were validated: in groups of equal non-``params``
+    overrides (``own_params_positions``), each group's config once."""
+
+    configs: list[Config]  # member i's resolved config
+    groups: list[int]  # member i's group
+    group_configs: list[Config]  # a group's config, before its members' own params.* overrides
 
 
 def validate_members(
     base: LoadedTree, members: Sequence[Member], tick: Tick | None = None
-) -> list[Config]:
+) -> ValidatedMembers:
     """Every member's validated config, or SweepMembersError naming each bad member.
 
     Members that differ only below ``params`` (free-form and passed through unchecked by the
@@ -118,39 +120,45 @@ def validate_members(
     Their params share what their overrides do not touch (mappings on an override's path
     are copied, never changed in place): configs are values, nothing mutates them.
     """
-    validated: dict[tuple[str, ...], Config | ConfigError] = {}
-    configs: list[Config] = []
+    validated: dict[tuple[str, ...], int | ConfigError] = {}  # shared overrides -> group
+    out = ValidatedMembers([], [], [])
     bad: list[tuple[Member, ConfigError]] = []
+    positions: dict[tuple[str, ...], frozenset[int]] = {}  # override keys -> own positions
     for member in members:
-        if any(o.key == "params" for o in member.overrides):
-            shared, own = tuple(member.set_args), []  # replaces params whole: no shortcut
-        else:
-            shared = tuple(o.text for o in member.overrides if not _only_params(o.key))
-            own = [o for o in member.overrides if _only_params(o.key)]
+        keys = tuple(o.key for o in member.overrides)
+        own_at = positions.get(keys)
+        if own_at is None:
+            own_at = positions[keys] = frozenset(own_params_positions(keys))
+        overrides = member.overrides
+        shared = tuple(o.text for i, o in enumerate(overrides) if i not in own_at)
         if shared not in validated:
             loaded = _copy(base)
             try:
                 apply_overrides(loaded, shared)
-                validated[shared] = validate_tree(loaded)
+                out.group_configs.append(validate_tree(loaded))
+                validated[shared] = len(out.group_configs) - 1
             except ConfigError as exc:
                 validated[shared] = exc
-        result = validated[shared]
-        if isinstance(result, ConfigError):
-            bad.append((member, result))
-        elif not own:
-            configs.append(result)
+        group = validated[shared]
+        if isinstance(group, ConfigError):
+            bad.append((member, group))
+        elif not own_at:
+            out.configs.append(out.group_configs[group])
+            out.groups.append(group)
         else:
-            params = dict(result.params)
+            params = dict(out.group_configs[group].params)
+            own = [overrides[i] for i in sorted(own_at)]
             issues = [issue for o in own if (issue := _set_param(params, o)) is not None]
             if issues:
                 bad.append((member, ConfigError(issues)))
             else:
-                configs.append(dataclasses.replace(result, params=params))
+                out.configs.append(dataclasses.replace(out.group_configs[group], params=params))
+                out.groups.append(group)
         if tick:
             tick(1)
     if bad:
         raise SweepMembersError(bad, len(members))
-    return configs
+    return out
 
 
 def checkpoint_root(cfg: Config, sweep_id: str) -> str | None:
@@ -295,14 +303,17 @@ def prepare_sweep(
     facts = facts or ClusterFacts()
     base = load_tree(spec.base, spec.common)
     members = expand(spec)
-    configs = validate_members(base, members, tick)
-    first = configs[0]
+    validated = validate_members(base, members, tick)
+    first = validated.configs[0]
     sweep_id = sweep_id or new_run_id(spec.name or first.job.name)
     root = Path(run_root) if run_root else resolve_run_root(first.storage.run_root)
     sweep_dir = root / sweep_id
-    placed = []
-    for member, cfg in zip(members, configs, strict=True):
-        placed.append(with_member_checkpoints(cfg, checkpoint_root(cfg, sweep_id), member.index))
+    # A member's storage is its group's (only params differ within a group).
+    roots = [checkpoint_root(cfg, sweep_id) for cfg in validated.group_configs]
+    placed = [
+        with_member_checkpoints(cfg, roots[group], member.index)
+        for member, cfg, group in zip(members, validated.configs, validated.groups, strict=True)
+    ]
     sources = (*base.sources, f"sweep {spec.path}")
     arrays = plan_arrays(
         [(m.index, cfg) for m, cfg in zip(members, placed, strict=True)],
@@ -315,5 +326,15 @@ def prepare_sweep(
         hold=hold,
     )
     return PreparedSweep(
-        spec, sweep_id, sweep_dir, sources, tuple(members), tuple(placed), tuple(arrays), facts
+        spec,
+        sweep_id,
+        sweep_dir,
+        sources,
+        tuple(members),
+        tuple(placed),
+        tuple(arrays),
+        facts,
+        groups=tuple(validated.groups),
+        group_configs=tuple(validated.group_configs),
+        checkpoint_roots=tuple(roots),
     )

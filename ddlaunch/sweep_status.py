@@ -15,7 +15,7 @@ from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.status import run_status
 from ddlaunch.sweep import DEFAULT_METRIC, MEMBERS_DIR, read_members
-from ddlaunch.sweep_members import member_jobs
+from ddlaunch.sweep_members import member_jobs, member_label, member_overrides
 from ddlaunch.sweep_slurm import queue_tasks, show_array_tasks
 
 # States after which a member will not run again by itself and did not complete: what
@@ -79,11 +79,11 @@ def summary(rows: Sequence[MemberStatus]) -> str:
 def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberStatus]:
     meta = read_members(sweep_dir)
     metric = meta.get("metric") or DEFAULT_METRIC
-    members = meta["members"]
-    infos = [read_run(sweep_dir / MEMBERS_DIR / str(m["index"])) for m in members]
+    overrides = member_overrides(meta)
+    infos = [read_run(sweep_dir / MEMBERS_DIR / str(i)) for i in range(len(overrides))]
     recorded = member_jobs(sweep_dir)
-    for m, info in zip(members, infos, strict=True):
-        jobs = recorded.get(int(m["index"]))
+    for index, info in enumerate(infos):
+        jobs = recorded.get(index)
         if jobs is None or info.job_ids or info.intent:
             continue
         # A member that has not started has no run directory yet (or a crash cut its
@@ -106,14 +106,14 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
         shown.update(show_array_tasks(client, array))
     return [
         member_status(
-            int(m["index"]),
-            str(m["label"]),
+            index,
+            member_label(texts),
             info,
             queue.get(info.job_id) if info.job_id else None,
             shown.get(info.job_id) if info.job_id else None,
             metric,
         )
-        for m, info in zip(members, infos, strict=True)
+        for index, (texts, info) in enumerate(zip(overrides, infos, strict=True))
     ]
 
 

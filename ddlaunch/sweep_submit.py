@@ -4,18 +4,19 @@ Cost model: a sweep of thousands must not pay per member in filesystem metadata 
 (a file or directory create: ~0.4 ms on this VM's ext4, milliseconds on Lustre or GPFS),
 nor in fsyncs (~2-10 ms). So submitting writes O(1) files, each atomic and fsynced:
 
-1. ``sweep.yaml``, then ``members.json`` (every member's index, overrides and resolved
-   config, shared config sections stored once): the commit point (``is_sweep_dir``),
-   durable before any sbatch;
-2. per array, ``arrays/<n>.sbatch`` and its intent record ``arrays/<n>.json`` (state
-   ``submitting``, its members; durable) before its ``sbatch`` runs; after sbatch, the job
-   id (or the error) in that record, durable. A crash in between leaves a record naming
-   the members an array may hold, never a member submitted without trace;
+1. ``sweep.yaml`` and the arrays' scripts ``arrays/<n>.sbatch``, then ``members.json``
+   (the sweep's axes and how each member's resolved config is made, config sections
+   stored once; the arrays about to be submitted, state ``submitting``): the commit point
+   (``is_sweep_dir``), durable before any sbatch;
+2. per array, its sbatch, then its record ``arrays/<n>.json`` with the job id (or the
+   error), durable. A crash in between leaves the intent naming the members an array may
+   hold, never a member submitted without trace;
 3. ``git.json`` (the work tree's state, probed meanwhile in a thread).
 
-Only the records that crash recovery relies on are fsynced (~4 ms each on this VM): the
+Only the records that crash recovery relies on are fsynced (~1-4 ms each on this VM): the
 copy of the sweep file, the git state and the scripts (sbatch hands Slurm its own copy)
-are renamed into place without one.
+are renamed into place without one. A resubmission (members exist already) writes an
+array's script and intent record before its sbatch: it does not rewrite ``members.json``.
 
 Members' run directories and their submitit pickles are created when each member first
 starts (``ddlaunch.sweep_members``), from these records. A resubmission concerns members
@@ -32,7 +33,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +46,13 @@ from ddlaunch.config.errors import ConfigError
 from ddlaunch.config.load import LoadedTree, apply_overrides
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import to_plain, validate_tree
-from ddlaunch.gitinfo import GitState, git_state
+from ddlaunch.gitinfo import git_state
 from ddlaunch.plan import ARRAYS_DIR, ClusterFacts
 from ddlaunch.rundir import RunDir
 from ddlaunch.runner import Runner
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.sweep import MEMBERS_DIR, MEMBERS_FILE, SWEEP_FILE, Member, read_members
-from ddlaunch.sweep_members import PARAMS_SECTION, materialize, member_config_text
+from ddlaunch.sweep_members import dump_section, materialize, member_config_text, member_overrides
 from ddlaunch.sweep_prepare import (
     ArrayJob,
     PreparedSweep,
@@ -83,7 +84,9 @@ def _put(path: Path, text: str, mode: int = 0o600) -> None:
 
 
 def _put_json(path: Path, obj: Any) -> None:
-    fsutil.atomic_write_json(path, obj, 0o600)
+    """``_put`` of ``obj`` as compact JSON: json's C encoder (an indent forces the
+    pure-Python one, ~1 ms for an array record's thousand members)."""
+    _put(path, json.dumps(obj, sort_keys=True) + "\n")
 
 
 def _put_informational(path: Path, text: str, mode: int = 0o600) -> None:
@@ -98,36 +101,24 @@ def _put_informational(path: Path, text: str, mode: int = 0o600) -> None:
 
 
 SectionCache = dict[tuple[str, int], tuple[Any, str]]
-# libyaml's emitter writes what PyYAML's does (a unit test holds them equal on configs) at a
-# fifth of the cost; the pure-Python one where libyaml is missing.
-_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
 
 
-def config_parts(cfg: Config, cache: SectionCache, dump_params: bool = True) -> list[str | None]:
-    """The top-level sections of ``yaml.safe_dump(to_plain(cfg), sort_keys=False)``
-    (``None`` in place of params unless ``dump_params``).
+def config_parts(cfg: Config, cache: SectionCache) -> list[str]:
+    """The top-level sections of ``yaml.safe_dump(to_plain(cfg), sort_keys=False)``.
 
-    A block mapping's top-level entries dump independently, and members share their
-    sections (``dataclasses.replace`` keeps them: same objects) except params: each shared
-    section is dumped once (and returned as the same string object). Pure-Python YAML
-    costs milliseconds per config, which thousands of members would otherwise pay in full.
-    """
-    parts: list[str | None] = []
+    A block mapping's top-level entries dump independently, and configs share their
+    sections (``dataclasses.replace`` keeps them: same objects): each shared section is
+    dumped once (and returned as the same string object)."""
+    parts: list[str] = []
     for name in _CONFIG_FIELDS:
-        if name == "params" and not dump_params:
-            parts.append(None)
-            continue
         value = getattr(cfg, name)
         key = (name, id(value))
         hit = cache.get(key)
         if hit is not None and hit[0] is value:
             parts.append(hit[1])
             continue
-        if not dataclasses.is_dataclass(value) and not value:  # e.g. `sbatch: {}`
-            parts.append(f"{name}: {{}}\n")
-            continue
-        text = yaml.dump({name: to_plain(value)}, Dumper=_DUMPER, sort_keys=False)
+        text = dump_section(name, to_plain(value))
         if dataclasses.is_dataclass(value):  # frozen sections only; the value is kept
             cache[key] = (value, text)  # alive, so its id cannot be reused meanwhile
         parts.append(text)
@@ -136,15 +127,19 @@ def config_parts(cfg: Config, cache: SectionCache, dump_params: bool = True) -> 
 
 def config_text(cfg: Config, cache: SectionCache) -> str:
     """``yaml.safe_dump(to_plain(cfg), sort_keys=False)``, built section by section."""
-    return "".join(p for p in config_parts(cfg, cache) if p is not None)
+    return "".join(config_parts(cfg, cache))
 
 
 def packed_members(prepared: PreparedSweep) -> str:
     """The text of ``members.json``: the sweep's settings, every distinct config section
-    once (``sections``) and one line per member: index, label, overrides, run directory,
-    its config as section numbers, and its ``params`` (see ``_packed_params``). json's C
-    encoder throughout (an indent forces the pure-Python one)."""
+    once (``sections``, see ``_packed_section``), one layout per group of members validated
+    together (its sections by name, its checkpoint root), the axes' points (members are
+    their product) and each member's layout. A member's overrides and config are rebuilt
+    from these (``member_overrides``, ``packed_config_text``): nothing is stored per member
+    but its layout number (per-member params or configs cost tens of ms per thousand
+    members, at submission and in the file's size)."""
     spec = prepared.spec
+    assert len(prepared.members) == spec.size, "members are the product of the axes"
     head = {
         "sweep_id": prepared.sweep_id,
         "source": str(spec.path.absolute()),
@@ -154,54 +149,44 @@ def packed_members(prepared: PreparedSweep) -> str:
         "throttle": spec.throttle,
         "created": time.time(),
     }
-    cache: SectionCache = {}
-    # Section text -> its number. Shared sections are the same string objects (the cache),
-    # whose hash Python computes once.
-    numbers: dict[str, int] = {}
-    # Members share every section but params (validate_members): their section numbers are
-    # looked up once per combination of section objects, not once per section and member.
-    layouts: dict[tuple[int, ...], list[int]] = {}
-    rows = []
-    for member, cfg in zip(prepared.members, prepared.configs, strict=True):
-        exact = _json_exact(cfg.params)
-        key = (exact, *(id(getattr(cfg, name)) for name in _CONFIG_FIELDS if name != "params"))
-        ids = layouts.get(key) if exact else None
-        if ids is None:
-            parts = config_parts(cfg, cache, dump_params=not exact)
-            ids = [
-                PARAMS_SECTION if t is None else numbers.setdefault(t, len(numbers)) for t in parts
-            ]
-            if exact:  # the key's section objects are kept alive by the cache
-                layouts[key] = ids
-        row = {
-            "index": member.index,
-            "label": member.label,
-            "overrides": member.set_args,
-            "dir": f"{MEMBERS_DIR}/{member.index}",
-            "config": ids,
-        }
-        if exact:
-            row["params"] = cfg.params
-        rows.append(row)
-    text = json.dumps(head)[:-1] + ', "sections": ' + json.dumps(list(numbers))
-    return text + ', "members": [\n' + ",\n".join(map(_ENCODE, rows)) + "\n]}\n"
+    cache: dict[tuple[str, int], tuple[Any, str]] = {}  # as config_parts's
+    numbers: dict[str, int] = {}  # a section's JSON text -> its number
+    layouts = []
+    for cfg, root in zip(prepared.group_configs, prepared.checkpoint_roots, strict=True):
+        sections = {}
+        for name in _CONFIG_FIELDS:
+            value = getattr(cfg, name)
+            hit = cache.get((name, id(value)))
+            if hit is None or hit[0] is not value:
+                hit = cache[(name, id(value))] = (value, _packed_section(name, value))
+            sections[name] = numbers.setdefault(hit[1], len(numbers))
+        layouts.append({"sections": sections, "checkpoint_root": root})
+    # Members are the product of the axes' points, the last axis fastest (sweep.expand):
+    # each point's --set texts are stored once, not once per member.
+    axes = [[[o.text for o in point] for point in axis] for axis in spec.axes]
+    members = {"layout": list(prepared.groups), "axes": axes}
+    # The arrays about to be submitted: a crash before an array's own record is written
+    # (after its sbatch) leaves the members it may hold here (state "submitting").
+    arrays = [array_intent(array, head["created"]) for array in prepared.arrays]
+    body = json.dumps({"layouts": layouts, "members": members, "arrays": arrays})
+    # json's C encoder throughout (an indent would force the pure-Python one); the sections
+    # are JSON texts already.
+    sections_text = '"sections": [' + ", ".join(numbers) + "], "
+    return json.dumps(head)[:-1] + ", " + sections_text + body[1:] + "\n"
 
 
-# json.dumps without its per-call Python checks (one call per member); C encoder, compact.
-_ENCODE = json.JSONEncoder(separators=(", ", ": ")).encode
-
-
-def _json_exact(value: Any) -> bool:
-    """Whether JSON holds ``value`` exactly (YAML also has dates, non-string keys, ...):
-    such params are stored as JSON and dumped as YAML only when the member's directory is
-    created, not for every member at submission (libyaml: ~0.3 ms a member)."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return type(value) in (str, bool, int, float, type(None))  # no subclasses
-    if type(value) is list:
-        return all(_json_exact(v) for v in value)
-    if type(value) is dict:
-        return all(type(k) is str and _json_exact(v) for k, v in value.items())
-    return False
+def _packed_section(name: str, value: Any) -> str:
+    """A config section as ``members.json`` stores it, as JSON text: ``{"value": ...}``,
+    its plain value, where JSON holds it exactly (a tenth of the cost of dumping YAML),
+    else ``{"yaml": ...}``, its YAML (dates, say). ``packed_config_text`` dumps values."""
+    plain = to_plain(value)
+    try:
+        text = json.dumps(plain)
+        if json.loads(text) == plain:  # no tuple, non-string key or NaN
+            return '{"value": ' + text + "}"
+    except (TypeError, ValueError):  # not JSON at all
+        pass
+    return json.dumps({"yaml": dump_section(name, plain)})
 
 
 def member_dir(sweep_dir: Path, index: int) -> Path:
@@ -214,96 +199,127 @@ def member_dir(sweep_dir: Path, index: int) -> Path:
 def create_sweep_dir(
     prepared: PreparedSweep, runner: Runner, workdir: str, tick: Tick | None = None
 ) -> Path:
-    """The sweep directory: the sweep file, the work tree's state and ``members.json``
-    (written last: until it exists the directory is not a sweep, see ``is_sweep_dir``).
-    No member directory: each is created when the member first starts."""
-    git = _GitProbe(runner, workdir)
-    path = _create_dirs(prepared)
-    _commit(prepared, tick)
-    git.write(path)
-    return path
+    """The sweep directory: the sweep file, the arrays' scripts, the work tree's state and
+    ``members.json`` (written last: until it exists the directory is not a sweep, see
+    ``is_sweep_dir``). No member directory: each is created when the member first starts."""
+    _write_sweep_dir(prepared, runner, workdir, tick).finish()
+    return prepared.sweep_dir
 
 
-def _create_dirs(prepared: PreparedSweep) -> Path:
-    """The sweep directory without its commit point: not a sweep yet (``is_sweep_dir``)."""
+def _write_sweep_dir(
+    prepared: PreparedSweep, runner: Runner, workdir: str, tick: Tick | None
+) -> _GitProbe:
+    """All a sweep writes before its first sbatch; returns the git probe, still running.
+
+    A thread creates the directory and writes the copies (file-system calls, which release
+    the GIL) while this one serialises ``members.json`` (Python): the two overlap."""
+    git = _GitProbe(runner, workdir, prepared.sweep_dir)
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            creating = pool.submit(_create_dirs, prepared)
+            text = packed_members(prepared)
+            creating.result()
+        git.directory_created()
+        _commit(prepared, text, tick)
+    except BaseException:
+        git.finish()
+        raise
+    return git
+
+
+def _create_dirs(prepared: PreparedSweep) -> None:
+    """The sweep directory without its commit point: not a sweep yet (``is_sweep_dir``).
+    The arrays' scripts are written here: sbatch reads them."""
     sweep = RunDir.create(prepared.sweep_dir.parent, prepared.sweep_id)
-    (sweep.path / ARRAYS_DIR).mkdir()
-    (sweep.path / MEMBERS_DIR).mkdir()
+    assert sweep.path == prepared.sweep_dir
+    (sweep.path / ARRAYS_DIR).mkdir()  # members/ comes with the first member's directory
     sweep_file = prepared.spec.path.read_text(encoding="utf-8")
     _put_informational(sweep.path / SWEEP_FILE, sweep_file)
-    return sweep.path
+    for array in prepared.arrays:
+        _put_informational(Path(array.script_path), array.script, 0o700)
 
 
-def _commit(prepared: PreparedSweep, tick: Tick | None) -> None:
-    """``members.json``, durable: the commit point of the sweep directory. The array tasks
-    read it, so it is durable before any sbatch runs."""
-    _put(prepared.sweep_dir / MEMBERS_FILE, packed_members(prepared))
+def _commit(prepared: PreparedSweep, text: str, tick: Tick | None) -> None:
+    """``members.json`` (``text``), durable: the commit point of the sweep directory. The
+    array tasks read it, so it is durable before any sbatch runs."""
+    _put(prepared.sweep_dir / MEMBERS_FILE, text)
     fsutil._fsync_dir(prepared.sweep_dir.parent)  # the sweep directory's own entry
     if tick:
         tick(len(prepared.members))
 
 
 class _GitProbe:
-    """``git_state`` in a thread (four git commands, tens of ms): it runs while the sweep
+    """``git_state`` in a thread (one or two git commands, 5-25 ms), which writes
+    ``git.json`` (and ``git.diff``) once the sweep directory exists: both run while the
     directory is written and the arrays are submitted."""
 
-    def __init__(self, runner: Runner, workdir: str) -> None:
-        self.workdir = workdir
-        self.state: GitState | None = None
+    def __init__(self, runner: Runner, workdir: str, sweep_dir: Path) -> None:
+        self.workdir, self.sweep_dir = workdir, sweep_dir
+        self.error: BaseException | None = None
+        self._created = False
+        self._decided = threading.Event()  # the directory exists, or never will
         self.thread = threading.Thread(target=self._run, args=(runner,), daemon=True)
         self.thread.start()
 
-    def _run(self, runner: Runner) -> None:
-        self.state = git_state(runner, self.workdir)
+    def directory_created(self) -> None:
+        self._created = True
+        self._decided.set()
 
-    def write(self, sweep_dir: Path) -> None:
+    def finish(self) -> None:
+        """Wait for the probe; raise what writing its files raised."""
+        self._decided.set()
         self.thread.join()
-        git = self.state
-        if git is None:
-            return
-        state = {
-            "commit": git.commit,
-            "branch": git.branch,
-            "dirty": git.dirty,
-            "workdir": self.workdir,
-        }
-        _put_informational(sweep_dir / "git.json", json.dumps(state, indent=2) + "\n")
-        if git.diff:
-            _put_informational(sweep_dir / "git.diff", git.diff)
+        if self.error is not None:
+            raise self.error
+
+    def _run(self, runner: Runner) -> None:
+        try:
+            git = git_state(runner, self.workdir)
+            self._decided.wait()
+            if git is None or not self._created:
+                return
+            state = {
+                "commit": git.commit,
+                "branch": git.branch,
+                "dirty": git.dirty,
+                "workdir": self.workdir,
+            }
+            _put_informational(self.sweep_dir / "git.json", json.dumps(state, indent=2) + "\n")
+            if git.diff:
+                _put_informational(self.sweep_dir / "git.diff", git.diff)
+        except BaseException as exc:  # re-raised by finish, in the submitting thread
+            self.error = exc
 
 
 # ----------------------------------------------------------------------------- submit
 
 
-def _submit_one(
-    sweep_dir: Path,
-    array: ArrayJob,
-    client: SlurmClient,
-    sources: Sequence[str],
-    existing: bool,
-    before_sbatch: Callable[[], Any] | None = None,
-) -> ArrayOutcome:
-    """One array: script and intent record (durable), sbatch, the record's outcome.
-    ``existing``: its members have run directories whose own records follow the array's
-    (a resubmission); a new sweep's members read the array's record when they start.
-    ``before_sbatch``: waits for (or raises on) what must be durable first."""
-    spec, plan = array.spec, array.plan
-    script_path = Path(plan.script_path)
-    _put_informational(script_path, array.script, 0o700)
-    record_path = sweep_dir / ARRAYS_DIR / f"{spec.name}.json"
-    record: dict[str, Any] = {
-        "name": spec.name,
-        "members": list(spec.members),
-        "sbatch_argv": list(plan.sbatch_argv),
-        "script": str(script_path),
+def array_intent(array: ArrayJob, when: float) -> dict[str, Any]:
+    """What an array's record says before its sbatch runs."""
+    return {
+        "name": array.spec.name,
+        "members": list(array.spec.members),
+        "sbatch_argv": list(array.plan.sbatch_argv),
+        "script": array.script_path,
         "submit_host": socket.gethostname(),
-        "time": time.time(),
+        "time": when,
         "state": "submitting",
     }
-    # Durable before sbatch runs: a crash after it leaves the members it may hold.
-    _put_json(record_path, record)
-    if before_sbatch is not None:
-        before_sbatch()
+
+
+def _submit_one(
+    sweep_dir: Path, array: ArrayJob, client: SlurmClient, sources: Sequence[str], existing: bool
+) -> ArrayOutcome:
+    """One array: sbatch, then its record with the job id (or the error), durable.
+    ``existing``: a resubmission, whose members have run directories with their own
+    records, which follow the array's; its script and intent record are written first. A
+    new sweep's are in its directory already (its intents in ``members.json``)."""
+    spec, plan = array.spec, array.plan
+    record_path = sweep_dir / ARRAYS_DIR / f"{spec.name}.json"
+    record = array_intent(array, time.time())
+    if existing:  # a crash after sbatch leaves the members the array may hold
+        _put_informational(Path(array.script_path), array.script, 0o700)
+        _put_json(record_path, record)
     try:
         job_id = client.sbatch(plan.sbatch_argv)
     except Exception as exc:  # recorded for every member; the other arrays still go
@@ -362,13 +378,12 @@ def submit_arrays(
     client: SlurmClient,
     tick: Tick | None = None,
     existing: bool = False,
-    before_sbatch: Callable[[], Any] | None = None,
 ) -> list[ArrayOutcome]:
     """Submit every array (a few at once); a failed sbatch fails only its own members.
     ``existing``: the members' run directories exist (a resubmission)."""
 
     def one(array: ArrayJob) -> ArrayOutcome:
-        outcome = _submit_one(sweep_dir, array, client, sources, existing, before_sbatch)
+        outcome = _submit_one(sweep_dir, array, client, sources, existing)
         if tick:
             tick(len(outcome.members))
         return outcome
@@ -387,22 +402,17 @@ def submit_sweep(
     tick_create: Tick | None = None,
     tick_submit: Tick | None = None,
 ) -> list[ArrayOutcome]:
-    """Create the sweep directory and submit its arrays. ``members.json`` (the commit
-    point) is written while the arrays' intent records are: both durable before the first
-    sbatch, one fsync latency instead of two (~4 ms each here, more on a shared
-    filesystem); the git state is probed meanwhile too."""
-    git = _GitProbe(client.runner, workdir)
-    sweep_dir = _create_dirs(prepared)
-    assert sweep_dir == prepared.sweep_dir
+    """Create the sweep directory and submit its arrays: ``members.json``, the commit point
+    with the arrays' intents, is durable before the first sbatch; each array's record with
+    its job id after its sbatch. Two fsync latencies in all (~1-4 ms each here, more on a
+    shared filesystem). The git state is probed meanwhile."""
+    git = _write_sweep_dir(prepared, client.runner, workdir, tick_create)
     try:
-        with ThreadPoolExecutor(max_workers=1) as committer:
-            commit = committer.submit(_commit, prepared, tick_create)
-            arrays, sources = prepared.arrays, prepared.sources
-            return submit_arrays(
-                sweep_dir, arrays, sources, client, tick_submit, before_sbatch=commit.result
-            )
+        return submit_arrays(
+            prepared.sweep_dir, prepared.arrays, prepared.sources, client, tick_submit
+        )
     finally:
-        git.write(sweep_dir)
+        git.finish()
 
 
 # ----------------------------------------------------------------------------- resubmit
@@ -413,7 +423,7 @@ def load_member_configs(
 ) -> list[Config]:
     """Members' resolved configs (plus ``overrides``), validated; all problems at once.
     A member that never started has its config in ``members.json`` only."""
-    labels = {m["index"]: m for m in read_members(sweep_dir)["members"]}
+    recorded = member_overrides(read_members(sweep_dir))
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     configs: list[Config] = []
     bad: list[tuple[Member, ConfigError]] = []
@@ -427,7 +437,7 @@ def load_member_configs(
             apply_overrides(loaded, overrides)
             configs.append(validate_tree(loaded))
         except ConfigError as exc:
-            texts = labels.get(index, {}).get("overrides", [])
+            texts = recorded[index] if 0 <= index < len(recorded) else []
             bad.append((Member.from_texts(index, texts), exc))
     if bad:
         raise SweepMembersError(bad, len(indices))

@@ -220,10 +220,10 @@ def test_old_run_dirs_still_read(tmp_path: Path) -> None:
 
 def _sweep(root: Path, sweep_id: str, n: int) -> Path:
     sweep = root / sweep_id
-    members = []
     for i in range(n):
         make_run(sweep / "members", str(i), f"900_{i}")
-        members.append({"index": i, "label": f"params.lr={i}"})
+    # members.json as ddlaunch.sweep_submit.packed_members writes it (no config needed here)
+    members = {"layout": [0] * n, "axes": [[[f"params.lr={i}"] for i in range(n)]]}
     (sweep / "members.json").write_text(json.dumps({"sweep_id": sweep_id, "members": members}))
     return sweep
 

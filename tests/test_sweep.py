@@ -4,8 +4,6 @@ recorded real Slurm 22.05 output)."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import json
 import os
 import pickle
@@ -37,6 +35,7 @@ from ddlaunch.sweep_members import (
     complete_member_info,
     ensure_member_dir,
     is_materialized,
+    member_overrides,
     packed_config_text,
     start_task,
 )
@@ -44,6 +43,7 @@ from ddlaunch.sweep_prepare import SweepMembersError, prepare_sweep, validate_me
 from ddlaunch.sweep_slurm import parse_array_show_job, parse_max_array_size, queue_tasks
 from ddlaunch.sweep_status import collect, summary
 from ddlaunch.sweep_submit import (
+    _CONFIG_FIELDS,
     config_text,
     create_sweep_dir,
     packed_members,
@@ -271,9 +271,14 @@ def test_params_shortcut_equals_validating_each_member(base: Path) -> None:
         Member(3, (Override("params", {"only": 1}),)),
         Member(4, (Override("nodes.count", 2), Override("params.lr", 0.3))),
     ]
-    configs = validate_members(load_tree(base), members)
-    for member, cfg in zip(members, configs, strict=True):
+    validated = validate_members(load_tree(base), members)
+    for member, cfg in zip(members, validated.configs, strict=True):
         assert cfg == full_validation(base, member), member.label
+    # validated together: members 0 and 2 (params only), 1 and 4 (nodes.count=2); member 3
+    # replaces params whole and is validated alone
+    assert validated.groups == [0, 1, 0, 2, 1]
+    assert validated.group_configs[1].nodes.count == 2
+    assert validated.group_configs[0] == full_validation(base, Member(5, ()))
 
 
 def test_bad_members_fail_the_sweep_with_their_overrides(base: Path) -> None:
@@ -302,7 +307,7 @@ def test_config_text_is_the_yaml_dump_of_the_config(base: Path) -> None:
         Member(i, (Override("params.lr", 0.1 * i), Override("params.s", "a: b"))) for i in range(3)
     ]
     cache: dict = {}
-    for cfg in validate_members(load_tree(base), members):
+    for cfg in validate_members(load_tree(base), members).configs:
         text = config_text(cfg, cache)
         assert text == yaml.safe_dump(to_plain(cfg), sort_keys=False)
     assert cache  # shared sections were dumped once
@@ -452,10 +457,15 @@ def tree(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
+# `git status --porcelain=v2 --branch` of a clean work tree (git 2.39)
+GIT_STATUS = "# branch.oid 30a66f1eaa796eaa0b5b7313a4990f3db91cf10c\n# branch.head main\n"
+
+
 def test_submit_writes_o1_files_and_members_start_lazily(tmp_path: Path) -> None:
-    runner = FakeRunner({("sbatch",): sbatch_ids("500", "501"), ("git",): ok()})
+    runner = FakeRunner({("sbatch",): sbatch_ids("500", "501"), ("git",): ok(GIT_STATUS)})
     prepared, outcomes = submitted_sweep(tmp_path, runner)
     sweep_dir = prepared.sweep_dir
+    assert json.loads((sweep_dir / "git.json").read_text())["commit"].startswith("30a66f1e")
     assert [(o.job_id, o.members) for o in outcomes] == [("500", (0, 1, 2)), ("501", (3, 4))]
     sbatch_calls = [c for c in runner.calls if c[0] == "sbatch"]
     assert len(sbatch_calls) == 2 and all(c[2].startswith("--array=0-") for c in sbatch_calls)
@@ -468,7 +478,6 @@ def test_submit_writes_o1_files_and_members_start_lazily(tmp_path: Path) -> None
         "arrays/1.sbatch",
         "git.json",
         "logs",
-        "members",
         "members.json",
         "sweep.yaml",
     ]
@@ -549,26 +558,46 @@ def test_member_dir_made_by_a_command_or_by_mkdir_p_first(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     "params",
     [
-        {"lr": 0.1, "name": "a: b", "deep": {"x": [1, 2.5, None, True]}},
-        {"when": datetime.date(2026, 11, 30)},  # no JSON for dates: stored as YAML
-        {1: "int key"},  # JSON would turn the key into "1"
-        {},
+        "{lr: 0.1, name: 'a: b', deep: {x: [1, 2.5, null, true]}}",
+        # no JSON for some of these; YAML must keep the strings strings
+        "{when: 2026-11-30, s: '3e-4', y: 'yes', big: 12345678901234567890, inf: .inf, e: ''}",
+        "{}",
     ],
 )
-def test_packed_config_is_the_yaml_dump_of_the_config(tmp_path: Path, params: dict) -> None:
-    (tmp_path / "base.yaml").write_text(BASE)
-    spec = parse_sweep_file(sweep_file(tmp_path, "seeds: 2\n"))
-    prepared = prepare_sweep(spec, workdir="/w", run_root=str(tmp_path / "r"), sweep_id="sw")
-    configs = tuple(
-        dataclasses.replace(c, params={**params, "i": i})
-        if params
-        else dataclasses.replace(c, params={})
-        for i, c in enumerate(prepared.configs)
+def test_packed_config_is_the_yaml_dump_of_the_config(tmp_path: Path, params: str) -> None:
+    """members.json stores each group of members once and the axes' --set texts: the
+    overrides and config rebuilt from them are the member's, the config byte for byte the
+    YAML dump, for params-only members, members with their own validation group, members
+    replacing params whole, and per-member checkpoint directories; over grid, list, zip and
+    seed axes."""
+    (tmp_path / "base.yaml").write_text(
+        BASE.replace("params: {steps: 20, nested: {a: 1}}", f"params: {params}")
     )
-    packed = json.loads(packed_members(dataclasses.replace(prepared, configs=configs)))
-    for i, cfg in enumerate(configs):
+    path = sweep_file(
+        tmp_path,
+        "set: [storage.checkpoint_dir=/ckpt]\n"
+        "grid:\n  nodes.count: [1, 2]\n  params.lr: [0.5, '1e-3', 3]\n"
+        "list:\n  - {params.nested.b: [1, {c: 2}]}\n  - {params.new.deep: '2026-12-01'}\n"
+        "  - {params: {whole: 1}, params.x: 7}\n  - {job.time: '00:09:00'}\n"
+        "zip:\n  params.z1: [a, b]\n  params.z2: [1, 2]\nseeds: 2\n",
+    )
+    prepared = prepare_sweep(
+        parse_sweep_file(path), workdir="/w", run_root=str(tmp_path / "r"), sweep_id="sw"
+    )
+    packed = json.loads(packed_members(prepared))
+    assert len(prepared.members) == 2 * 3 * 4 * 2 * 2
+    assert member_overrides(packed) == [m.set_args for m in prepared.members]
+    for i, cfg in enumerate(prepared.configs):
+        assert cfg.storage.checkpoint_dir == f"/ckpt/sw/{i}"
         assert packed_config_text(packed, i) == yaml.safe_dump(to_plain(cfg), sort_keys=False)
-    assert len(packed["sections"]) < 2 * len(packed["members"][0]["config"])  # shared once
+    # one layout per validation group: nodes.count x (job.time or not) = 4, and each of the
+    # 2 x 3 x 2 x 2 members replacing params whole (their other params.* are validated too)
+    assert len(packed["layouts"]) == len(set(prepared.groups)) == 4 + 24
+    assert len(packed["sections"]) < 3 * len(_CONFIG_FIELDS)
+    with pytest.raises(KeyError):
+        packed_config_text(packed, len(prepared.members))
+    with pytest.raises(KeyError):
+        packed_config_text(packed, -1)
 
 
 def test_failed_sbatch_fails_only_its_members_and_resubmit_picks_them(tmp_path: Path) -> None:
