@@ -4,7 +4,7 @@
 
 Needs a Slurm cluster (the dev cluster: ``export SLURM_CONF=/etc/ddlaunch-devcluster/slurm.conf``).
 In one run, all submitted *held* (``--hold``), so nothing starts, and cancelled by job id
-right after each measurement:
+once everything is measured:
 
   sbatch      one ``sbatch --hold`` of a trivial script (median of 9): the unit of cost;
   loop        ``--loop`` sequential sbatch calls, one job per member (the naive sweep);
@@ -25,6 +25,10 @@ one array on the dev cluster, bring it up with Slurm's default (a restart of its
 slurmctld applies a new MaxArraySize only when it starts):
 
     DDL_DEVCLUSTER_MAX_ARRAY=1001 scripts/devcluster up   # and =101 ... up afterwards
+
+Each run leaves some 10,000 job records (a cancelled array task is one), which slurmctld keeps
+for MinJobAge (300 s on the dev cluster): runs in quick succession reach its MaxJobCount
+(100,000), and sbatch then sleeps and retries, which the output flags.
 
 Targets: the sweep costs at most 2x one sbatch call plus its expansion time (expansion,
 validation and planning: everything before the first file is written), and it is at least
@@ -53,10 +57,23 @@ if str(REPO) not in sys.path:  # run from a checkout, without installing ddlaunc
 TRIVIAL = "#!/bin/bash\ntrue\n"
 
 
+# Every job submitted, cancelled when all is measured: cancelling a held array makes Slurm
+# write one accounting record per task (slurmdbd, MariaDB), disk and CPU load that would
+# slow the measurements that follow.
+SUBMITTED: list[str] = []
+REFUSED: list[str] = []  # sbatch's complaints that the controller refused a job for now
+
+
 def cancel(job_ids: list[str]) -> None:
-    """scancel exactly these ids (never --user: other people's jobs share the cluster)."""
-    for start in range(0, len(job_ids), 500):
-        subprocess.run(["scancel", *job_ids[start : start + 500]], check=False, timeout=120)
+    """Cancel these ids at the end of the run (never --user: other people's jobs share
+    the cluster)."""
+    SUBMITTED.extend(job_ids)
+
+
+def cancel_all() -> None:
+    for start in range(0, len(SUBMITTED), 500):
+        subprocess.run(["scancel", *SUBMITTED[start : start + 500]], check=False, timeout=120)
+    SUBMITTED.clear()
 
 
 def sbatch(script: Path, out: Path) -> str:
@@ -77,6 +94,8 @@ def sbatch(script: Path, out: Path) -> str:
         check=True,
         timeout=120,
     )
+    if "temporarily unable" in proc.stderr:  # sbatch slept and retried: figures are off
+        REFUSED.append(proc.stderr.strip())
     return proc.stdout.strip().split(";")[0]
 
 
@@ -157,7 +176,20 @@ def write_sweep(tmp: Path, members: int) -> Path:
     return path
 
 
-def bench_sweep(tmp: Path, members: int, name: str = "sweep") -> dict[str, Any]:
+def work_tree(tmp: Path, members: int) -> Path:
+    """The work tree a sweep of ``members`` is submitted from (made once, before anything
+    is measured: a repository committed a moment ago makes its first `git status` re-read
+    the files, which a user's repository does not) and the run root, which exists."""
+    work = tmp / f"work-{members}"
+    if not work.is_dir():
+        work.mkdir()
+        write_sweep(work, members)
+        git_work_tree(work)
+        (tmp / "runs").mkdir(exist_ok=True)
+    return work
+
+
+def bench_sweep(tmp: Path, members: int) -> dict[str, Any]:
     from ddlaunch.plan import ClusterFacts
     from ddlaunch.slurm.client import SlurmClient
     from ddlaunch.sweep import parse_sweep_file
@@ -178,10 +210,8 @@ def bench_sweep(tmp: Path, members: int, name: str = "sweep") -> dict[str, Any]:
                 spans.append((start, time.perf_counter()))
 
     client = TimedClient()
-    work = tmp / name
-    work.mkdir()
-    path = write_sweep(work, members)
-    git_work_tree(work)
+    work = work_tree(tmp, members)
+    path = work / "sweep.yaml"
     ids: list[str] = []
     outcomes: list[Any] = []
     cwd = os.getcwd()
@@ -191,7 +221,7 @@ def bench_sweep(tmp: Path, members: int, name: str = "sweep") -> dict[str, Any]:
         facts = ClusterFacts(max_array_size=probe_max_array_size(client))
         spec = parse_sweep_file(path)
         prepared = prepare_sweep(
-            spec, workdir=str(work), facts=facts, run_root=str(tmp / f"{name}-runs"), hold=True
+            spec, workdir=str(work), facts=facts, run_root=str(tmp / "runs"), hold=True
         )
         t1 = time.perf_counter()
         created: list[float] = []  # when the sweep directory was complete (its progress tick)
@@ -227,10 +257,10 @@ def bench_sweep(tmp: Path, members: int, name: str = "sweep") -> dict[str, Any]:
     }
 
 
-def bench_sweeps(tmp: Path, members: int, repeat: int, name: str = "sweep") -> dict[str, Any]:
+def bench_sweeps(tmp: Path, members: int, repeat: int) -> dict[str, Any]:
     """``repeat`` sweeps: the figures of the one with the median total, and every total."""
     runs = sorted(
-        (bench_sweep(tmp, members, f"{name}-{i}") for i in range(repeat)),
+        (bench_sweep(tmp, members) for _ in range(repeat)),
         key=lambda r: r["total_s"],
     )
     return {**runs[len(runs) // 2], "totals_s": [r["total_s"] for r in runs]}
@@ -256,7 +286,7 @@ def bench_one_array(
         f"{max_array} members (MaxArraySize {max_array}: a {members}-member array needs "
         f"MaxArraySize > {members - 1}, see --help)"
     )
-    return bench_sweeps(tmp, max_array, repeat, "one-array"), note
+    return bench_sweeps(tmp, max_array, repeat), note
 
 
 def target_1(label: str, sweep: dict[str, Any], single: float) -> str:
@@ -299,12 +329,19 @@ def main() -> None:
         sys.exit("bench_sweep: no sbatch on PATH (start the dev cluster, export SLURM_CONF)")
     tmp = Path(tempfile.mkdtemp(prefix="ddl-bench-sweep-", dir=args.dir))
     try:
+        from ddlaunch.slurm.client import SlurmClient
+        from ddlaunch.sweep_slurm import probe_max_array_size
+
+        max_array = probe_max_array_size(SlurmClient())
+        for members in {args.members, min(args.members, max_array or args.members)}:
+            work_tree(tmp, members)
         single = bench_single(tmp)
         sweep = bench_sweeps(tmp, args.members, args.repeat)
         one, one_note = bench_one_array(tmp, args.members, sweep["max_array_size"], args.repeat)
         mapped, chunks = bench_map_array(tmp, args.members, sweep["max_array_size"] or 1000)
         loop_per = bench_loop(tmp, args.loop) / args.loop
     finally:
+        cancel_all()
         shutil.rmtree(tmp, ignore_errors=True)
     loop = loop_per * args.members
     rows: list[tuple[str, float, int]] = [
@@ -329,6 +366,7 @@ def main() -> None:
         "one_array": one_note,
         "max_array_size": sweep["max_array_size"],
         "loop_measured_calls": args.loop,
+        "controller_refused": REFUSED[:1],
         # Target 2 is the issue's, for the full sweep; target 1 for each sweep measured.
         "targets": [
             *(target_1(label, run, single) for label, run in runs),
@@ -360,6 +398,8 @@ def main() -> None:
         print(f"  (loop measured over {args.loop} calls, scaled)")
     for line in result["targets"]:
         print(line)
+    if REFUSED:
+        print(f"WARNING: the controller refused jobs for a while, figures are off: {REFUSED[0]}")
 
 
 if __name__ == "__main__":

@@ -123,12 +123,12 @@ def validate_members(
     validated: dict[tuple[str, ...], int | ConfigError] = {}  # shared overrides -> group
     out = ValidatedMembers([], [], [])
     bad: list[tuple[Member, ConfigError]] = []
-    positions: dict[tuple[str, ...], frozenset[int]] = {}  # override keys -> own positions
+    positions: dict[tuple[str, ...], tuple[int, ...]] = {}  # override keys -> own positions
     for member in members:
         keys = tuple(o.key for o in member.overrides)
         own_at = positions.get(keys)
         if own_at is None:
-            own_at = positions[keys] = frozenset(own_params_positions(keys))
+            own_at = positions[keys] = tuple(own_params_positions(keys))
         overrides = member.overrides
         shared = tuple(o.text for i, o in enumerate(overrides) if i not in own_at)
         if shared not in validated:
@@ -147,7 +147,7 @@ def validate_members(
             out.groups.append(group)
         else:
             params = dict(out.group_configs[group].params)
-            own = [overrides[i] for i in sorted(own_at)]
+            own = [overrides[i] for i in own_at]
             issues = [issue for o in own if (issue := _set_param(params, o)) is not None]
             if issues:
                 bad.append((member, ConfigError(issues)))

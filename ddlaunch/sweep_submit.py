@@ -51,7 +51,14 @@ from ddlaunch.plan import ARRAYS_DIR, ClusterFacts
 from ddlaunch.rundir import RunDir
 from ddlaunch.runner import Runner
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.sweep import MEMBERS_DIR, MEMBERS_FILE, SWEEP_FILE, Member, read_members
+from ddlaunch.sweep import (
+    MEMBERS_DIR,
+    MEMBERS_FILE,
+    SWEEP_FILE,
+    Member,
+    array_records,
+    read_members,
+)
 from ddlaunch.sweep_members import dump_section, materialize, member_config_text, member_overrides
 from ddlaunch.sweep_prepare import (
     ArrayJob,
@@ -445,7 +452,9 @@ def load_member_configs(
 
 
 def next_array_name(sweep_dir: Path) -> int:
-    names = [p.stem for p in (sweep_dir / ARRAYS_DIR).glob("*.json")]
+    """A name no array of the sweep has: not among the records, nor the intents of arrays
+    whose record a crash may have left unwritten."""
+    names = [str(r.get("name")) for r in array_records(sweep_dir)]
     return max((int(n) for n in names if n.isdigit()), default=-1) + 1
 
 

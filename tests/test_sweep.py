@@ -24,6 +24,7 @@ from ddlaunch.sweep import (
     Member,
     Override,
     SweepFileError,
+    array_records,
     expand,
     format_value,
     is_sweep_dir,
@@ -642,6 +643,34 @@ def test_failed_sbatch_fails_only_its_members_and_resubmit_picks_them(tmp_path: 
         (None, "SUBMIT_FAILED"),
         ("600_1", "PENDING"),
     ]
+
+
+def test_a_crash_between_sbatch_and_its_record_leaves_the_intent(tmp_path: Path) -> None:
+    """The arrays' intents are in members.json, durable before any sbatch: an array whose
+    record was never written (the submitter died after its sbatch) still names its
+    members, which read as UNKNOWN (they may well be queued), not as never submitted, and a
+    resubmission does not reuse its name."""
+    runner = FakeRunner({("sbatch",): sbatch_ids("500", "501", "502"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=7)
+    for name in ("1", "2"):  # as if the crash came after their sbatch, before the records
+        (prepared.sweep_dir / "arrays" / f"{name}.json").unlink()
+    records = array_records(prepared.sweep_dir)
+    assert [(r["name"], r["state"], r["members"]) for r in records] == [
+        ("0", "submitted", [0, 1, 2]),
+        ("1", "submitting", [3, 4, 5]),
+        ("2", "submitting", [6]),
+    ]
+    queued = "".join(f"500_{t}|PENDING|None|\n" for t in range(3))
+    runner.answers = {("squeue",): ok(queued)}
+    rows = collect(prepared.sweep_dir, SlurmClient(runner))
+    assert [(r.job_id, r.state) for r in rows] == [
+        *[(f"500_{t}", "PENDING") for t in range(3)],
+        *[(None, "UNKNOWN")] * 4,
+    ]
+    _, arrays, _ = plan_resubmission(
+        prepared.sweep_dir, [3], workdir=str(tmp_path), facts=ClusterFacts()
+    )
+    assert [a.spec.name for a in arrays] == ["3"]
 
 
 def test_status_joins_one_squeue_call_with_the_run_dirs(tmp_path: Path) -> None:
