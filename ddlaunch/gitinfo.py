@@ -22,7 +22,10 @@ def git_state(runner: Runner, cwd: str) -> GitState | None:
     One ``git status`` gives the commit, the branch and whether anything changed; the diff
     is asked for only when tracked files changed. A git command costs several ms (a process
     and a walk of the index): submission waits for this, a sweep as well as a run."""
-    status = runner.run(["git", "status", "--porcelain=v2", "--branch"], cwd=cwd, timeout=60)
+    # --no-optional-locks: no index refresh written back (no index.lock to collide with the
+    # user's own git commands, no write on the submission's path).
+    argv = ["git", "--no-optional-locks", "status", "--porcelain=v2", "--branch"]
+    status = runner.run(argv, cwd=cwd, timeout=60)
     if not status.ok:
         return None
     commit, branch, tracked_changes, untracked = "", "", False, False
