@@ -344,14 +344,6 @@ def _write_json(path: Path, obj: Any) -> None:
     fsutil.atomic_write_json(path, obj, 0o600)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def materialize(
     sweep_dir: Path, index: int, job_id: str | None = None, array: str | None = None
 ) -> Path:
@@ -379,7 +371,7 @@ def materialize(
                 _write_json(tmp / name, obj)
             fsutil.atomic_write_text(tmp / CONFIG_FILE, text, 0o600)
             os.rename(tmp, run)  # replaces nothing but an empty directory
-            _fsync_dir(run.parent)
+            fsutil.fsync_dir(run.parent)
             return run
         except OSError as exc:
             import shutil  # only here: status imports this module

@@ -33,7 +33,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,12 +111,10 @@ SectionCache = dict[tuple[str, int], tuple[Any, str]]
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
 
 
-def config_parts(cfg: Config, cache: SectionCache) -> list[str]:
-    """The top-level sections of ``yaml.safe_dump(to_plain(cfg), sort_keys=False)``.
-
-    A block mapping's top-level entries dump independently, and configs share their
+def _sections(cfg: Config, cache: SectionCache, render: Callable[[str, Any], str]) -> list[str]:
+    """``render(name, value)`` of each top-level section of ``cfg``. Configs share their
     sections (``dataclasses.replace`` keeps them: same objects): each shared section is
-    dumped once (and returned as the same string object)."""
+    rendered once (and returned as the same string object)."""
     parts: list[str] = []
     for name in _CONFIG_FIELDS:
         value = getattr(cfg, name)
@@ -125,11 +123,17 @@ def config_parts(cfg: Config, cache: SectionCache) -> list[str]:
         if hit is not None and hit[0] is value:
             parts.append(hit[1])
             continue
-        text = dump_section(name, to_plain(value))
+        text = render(name, value)
         if dataclasses.is_dataclass(value):  # frozen sections only; the value is kept
             cache[key] = (value, text)  # alive, so its id cannot be reused meanwhile
         parts.append(text)
     return parts
+
+
+def config_parts(cfg: Config, cache: SectionCache) -> list[str]:
+    """The top-level sections of ``yaml.safe_dump(to_plain(cfg), sort_keys=False)`` (a
+    block mapping's top-level entries dump independently)."""
+    return _sections(cfg, cache, lambda name, value: dump_section(name, to_plain(value)))
 
 
 def config_text(cfg: Config, cache: SectionCache) -> str:
@@ -156,17 +160,12 @@ def packed_members(prepared: PreparedSweep) -> str:
         "throttle": spec.throttle,
         "created": time.time(),
     }
-    cache: dict[tuple[str, int], tuple[Any, str]] = {}  # as config_parts's
+    cache: SectionCache = {}
     numbers: dict[str, int] = {}  # a section's JSON text -> its number
     layouts = []
     for cfg, root in zip(prepared.group_configs, prepared.checkpoint_roots, strict=True):
-        sections = {}
-        for name in _CONFIG_FIELDS:
-            value = getattr(cfg, name)
-            hit = cache.get((name, id(value)))
-            if hit is None or hit[0] is not value:
-                hit = cache[(name, id(value))] = (value, _packed_section(name, value))
-            sections[name] = numbers.setdefault(hit[1], len(numbers))
+        named = zip(_CONFIG_FIELDS, _sections(cfg, cache, _packed_section), strict=True)
+        sections = {name: numbers.setdefault(text, len(numbers)) for name, text in named}
         layouts.append({"sections": sections, "checkpoint_root": root})
     # Members are the product of the axes' points, the last axis fastest (sweep.expand):
     # each point's --set texts are stored once, not once per member.
@@ -250,7 +249,7 @@ def _commit(prepared: PreparedSweep, text: str, tick: Tick | None) -> None:
     """``members.json`` (``text``), durable: the commit point of the sweep directory. The
     array tasks read it, so it is durable before any sbatch runs."""
     _put(prepared.sweep_dir / MEMBERS_FILE, text)
-    fsutil._fsync_dir(prepared.sweep_dir.parent)  # the sweep directory's own entry
+    fsutil.fsync_dir(prepared.sweep_dir.parent)  # the sweep directory's own entry
     if tick:
         tick(len(prepared.members))
 

@@ -451,6 +451,13 @@ def test_assigned_gpus() -> None:
     assert preflight.assigned_gpus({}) is None
 
 
+def _in_attempt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, job_id: str, restart: int) -> None:
+    """The environment of a batch-script hook in attempt ``restart`` of job ``job_id``."""
+    monkeypatch.setenv("SLURM_JOB_ID", job_id)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", str(restart))
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
+
+
 def _run_dir(tmp_path: Path, **health) -> Path:
     from ddlaunch.config.validate import to_plain
     from ddlaunch.prepare import prepare
@@ -570,9 +577,7 @@ def _in_rank_preflight(
     from ddlaunch.health import gate as gate_mod
 
     run_dir = _run_dir(tmp_path)
-    monkeypatch.setenv("SLURM_JOB_ID", "377")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
+    _in_attempt(monkeypatch, tmp_path, "377", 0)
     attempts.save(
         run_dir,
         [{"attempt": 0, "job_id": "377", "nodes": "node[1-2]", "start": 1.0, "restart_count": 0}],
@@ -709,9 +714,7 @@ def test_end_hook_consumes_the_watchdog_verdict(
     from ddlaunch.health.watchdog import verdict_path
 
     run_dir = _run_dir(tmp_path)
-    monkeypatch.setenv("SLURM_JOB_ID", "9")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
+    _in_attempt(monkeypatch, tmp_path, "9", 1)
     attempts.save(
         run_dir,
         [

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.checkpoint.policy import to_delete
-from ddlaunch.fsutil import atomic_write_json
+from ddlaunch.fsutil import atomic_write_json, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def write_commit_marker(step_dir: str | os.PathLike[str], marker: CommitMarker) 
     target = atomic_write_json(Path(step_dir, COMMIT_MARKER), marker.to_json())
     # atomic_write_json fsyncs the step directory (so the marker and DCP's files are listed
     # durably); the step directory's own entry lives in the root, which DCP never fsyncs.
-    _fsync_dir(Path(step_dir).parent)
+    fsync_dir(Path(step_dir).parent)
     return target
 
 
@@ -254,7 +254,7 @@ def delete_checkpoint(path: str | os.PathLike[str]) -> None:
         raise ValueError(f"refusing to delete through a symlink: {path}")
     try:
         (path / COMMIT_MARKER).unlink()
-        _fsync_dir(path)
+        fsync_dir(path)
     except FileNotFoundError:
         pass
     shutil.rmtree(path)
@@ -276,11 +276,3 @@ def prune(
             delete_checkpoint(info.path)
             deleted.append(info.path)
     return deleted
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
