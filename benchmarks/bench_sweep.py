@@ -190,12 +190,12 @@ def work_tree(tmp: Path, members: int) -> Path:
 
 
 def bench_sweep(tmp: Path, members: int) -> dict[str, Any]:
-    from ddlaunch.plan import ClusterFacts
+    from ddlaunch.planning.plan import ClusterFacts
+    from ddlaunch.slurm.arrays import probe_max_array_size
     from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.sweep import parse_sweep_file
-    from ddlaunch.sweep_prepare import prepare_sweep
-    from ddlaunch.sweep_slurm import probe_max_array_size
-    from ddlaunch.sweep_submit import submit_sweep
+    from ddlaunch.sweeps.prepare import prepare_sweep
+    from ddlaunch.sweeps.spec import parse_sweep_file
+    from ddlaunch.sweeps.submit import submit_sweep
 
     spans: list[tuple[float, float]] = []
 
@@ -329,8 +329,8 @@ def main() -> None:
         sys.exit("bench_sweep: no sbatch on PATH (start the dev cluster, export SLURM_CONF)")
     tmp = Path(tempfile.mkdtemp(prefix="ddl-bench-sweep-", dir=args.dir))
     try:
+        from ddlaunch.slurm.arrays import probe_max_array_size
         from ddlaunch.slurm.client import SlurmClient
-        from ddlaunch.sweep_slurm import probe_max_array_size
 
         max_array = probe_max_array_size(SlurmClient())
         for members in {args.members, min(args.members, max_array or args.members)}:

@@ -19,7 +19,6 @@ leaves with ``Preempted`` (a clean exit). The next attempt resumes at step N.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +27,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddlaunch import attempts, fsutil
 from ddlaunch.checkpoint.manager import CheckpointManager, TrainState
+from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
+from ddlaunch.policy.requeue import CAUSE_SIGNAL
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.progress import write_progress
+from ddlaunch.store.rundir import CHECKPOINTS_DIR
 from ddlaunch.worker import signals
 from ddlaunch.worker.distributed import init_distributed
 from ddlaunch.worker.heartbeat import Heartbeat
@@ -59,7 +62,8 @@ class Session:
         self.config = config
         self.rank = dist.get_rank()
         self.run_dir = Path(os.environ.get("DDLAUNCH_RUN_DIR", "."))
-        root = os.environ.get("DDLAUNCH_CHECKPOINT_DIR") or str(self.run_dir / "checkpoints")
+        self.attempt = AttemptId.from_env(os.environ)
+        root = os.environ.get("DDLAUNCH_CHECKPOINT_DIR") or str(self.run_dir / CHECKPOINTS_DIR)
         ft = config.fault_tolerance
         self.manager = CheckpointManager(
             root,
@@ -82,7 +86,8 @@ class Session:
             self.run_dir,
             self.rank,
             interval=config.health.heartbeat_interval,
-            restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+            job_id=self.attempt.job_id,
+            restart=self.attempt.restart,
         ).start()
         if self.rank == 0:
             where = f"step {self.start_step}" if info else "scratch"
@@ -120,15 +125,7 @@ class Session:
         if self.rank != 0 or (not force and now - self._last_progress < PROGRESS_EVERY_S):
             return
         self._last_progress = now
-        fsutil.atomic_write_json(
-            self.run_dir / "progress.json",
-            {
-                "step": step,
-                "time": now,
-                "host": socket.gethostname(),
-                "job_id": os.environ.get("SLURM_JOB_ID"),
-            },
-        )
+        write_progress(self.run_dir, step, self.attempt.job_id or None)
 
     def _save_and_requeue(self, step: int) -> None:
         self.manager.wait()
@@ -138,35 +135,28 @@ class Session:
         dist.barrier()
         if self.rank == 0:
             self._report(step, force=True)
-            reason = signals.reason() or "signal"
-            attempts.end_last(
-                self.run_dir, cause=attempts.CAUSE_SIGNAL, committed_step=step, signal=reason
-            )
-            from ddlaunch.slurm.parse import requeue_target
-
-            job_id = requeue_target(os.environ)
-            from ddlaunch.slurm.client import SlurmClient
-
-            cancelled = attempts.cancel_reason(self.run_dir, job_id, SlurmClient())
-            if cancelled:
-                print(f"[ddlaunch] saved step {step}; {cancelled}: not requeueing", flush=True)
-                attempts.write_outcome(self.run_dir, "CANCELLED", f"{cancelled}; saved step {step}")
-            elif job_id:
-                records = attempts.load(self.run_dir)
-                decision = attempts.decide(
-                    cause=attempts.CAUSE_SIGNAL,
-                    committed_now=step,
-                    resumed_from=records[-1].get("resumed_from") if records else None,
-                    requeues_so_far=max(len(records) - 1, 0),
-                    max_requeues=self.config.fault_tolerance.max_requeues,
-                )
-                if decision.requeue:
-                    print(f"[ddlaunch] saved step {step} on {reason}; requeueing", flush=True)
-                    SlurmClient().requeue(job_id)
-                else:
-                    attempts.write_outcome(self.run_dir, "STOPPED", decision.reason)
+            if self.attempt.job_id:  # a local run has no attempt to conclude
+                self._conclude(step)
         self.heartbeat.stop("preempted")
         raise Preempted(step)
+
+    def _conclude(self, step: int) -> None:
+        """Rank 0, after the signal save: conclude the attempt here (requeue, or record why
+        not). On preemption the batch shell may never reach the end hook."""
+        from ddlaunch.slurm.client import SlurmClient
+
+        reason = signals.reason() or "signal"
+        print(f"[ddlaunch] saved step {step} on {reason}", flush=True)
+        conclude(
+            self.run_dir,
+            cause=CAUSE_SIGNAL,
+            committed_step=step,
+            max_requeues=self.config.fault_tolerance.max_requeues,
+            client=SlurmClient(),
+            job=self.attempt.task,
+            saved_step=step,
+            signal=reason,
+        )
 
     # ------------------------------------------------------------------ end
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the local Slurm dev cluster (see scripts/devcluster and tests/devcluster.py)."""
+"""Shared fixtures: the local Slurm dev cluster (scripts/devcluster, tests/support/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 import pytest
-from devcluster import SLURM_CONF, DevCluster, DevClusterError, bring_up
+from support.devcluster import SLURM_CONF, DevCluster, DevClusterError, bring_up
 
 
 def _in_ci() -> bool:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from devcluster import DevCluster, wait_for_text
+from support.devcluster import DevCluster, wait_for_text
 
 # A generous safety net: the first test also pays for the session's `scripts/devcluster up`,
 # which on a fresh CI machine includes installing the packages. Every wait below has its own limit.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ddlaunch.config.load import load_tree
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
-from ddlaunch.fabric_check import (
+from ddlaunch.policy.fabric import (
     COMMANDS,
     IBSTAT,
     IBV_DEVINFO,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddlaunch import resources
-from ddlaunch.prepare import prepare
+from ddlaunch.app.prepare import prepare
 
 RESOURCE_FLAGS = {"--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-node", "--gpus-per-task"}
 RESOURCE_FLAGS |= {"--cpus-per-task", "--gres"}

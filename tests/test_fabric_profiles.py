@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddlaunch import fabric, topology
+from ddlaunch.app.prepare import prepare
 from ddlaunch.config import Config, ConfigError
 from ddlaunch.config.schema import (
     ClusterSpec,
@@ -13,8 +13,8 @@ from ddlaunch.config.schema import (
     NodesSpec,
     TopologySpec,
 )
-from ddlaunch.plan import LaunchPlan, make_plan
-from ddlaunch.prepare import prepare
+from ddlaunch.planning import fabric, topology
+from ddlaunch.planning.plan import LaunchPlan, make_plan
 
 # Each fabric profile: the fabric section and the block it must produce (in this order).
 FABRICS: dict[str, tuple[FabricSpec, list[tuple[str, str]]]] = {

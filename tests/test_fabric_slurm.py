@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 
 import pytest
-from devcluster import DevCluster
+from support.devcluster import DevCluster
 
+from ddlaunch.app.prepare import prepare
 from ddlaunch.config.load import list_presets, load_tree
-from ddlaunch.prepare import prepare
 
 NATIVE = {"clusters/devcluster", "examples/mlp"}
 # sbatch options of other sites' plugins, unknown to a stock Slurm.

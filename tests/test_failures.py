@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddlaunch.runs import read_failures
+from ddlaunch.store.failures import read_failures
 
 
 def write(run: Path, rank: int, attempt: int, t: float, exc: str, msg: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from devcluster import wait_for
+from support.devcluster import wait_for
 from test_launch_slurm import TESTS, ddlaunch, submit
 
 from ddlaunch.checkpoint.layout import list_checkpoints, read_commit_marker

@@ -8,10 +8,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddlaunch.app.prepare import prepare_config
 from ddlaunch.config.load import LoadedTree, load_tree
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
-from ddlaunch.prepare import prepare_config
 
 BASE = load_tree("examples/mlp")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlaunch.gitinfo import git_state
+from ddlaunch.app.gitinfo import git_state
 from ddlaunch.runner import SubprocessRunner
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from ddlaunch.app.prepare import prepare
 from ddlaunch.config import ConfigError
 from ddlaunch.config.load import list_presets
-from ddlaunch.prepare import prepare
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

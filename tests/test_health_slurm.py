@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from devcluster import run_ddlaunch as _ddlaunch
+from support.devcluster import run_ddlaunch as _ddlaunch
 
 TESTS = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slurm

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from ddlaunch.app.prepare import prepare
 from ddlaunch.config import Config, ConfigError
 from ddlaunch.errors import UserError
-from ddlaunch.prepare import prepare
 
 HOSTILE = [
     "a b",

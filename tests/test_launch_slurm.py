@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from devcluster import run_ddlaunch as ddlaunch
+from support.devcluster import run_ddlaunch as ddlaunch
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

@@ -11,29 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.fakes import FakeRunner
 from test_packaging import NO_TORCH_PROBE
 
+from ddlaunch.app.status import Target, fold_state, group_sweeps, poll, run_status
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.status import Target, fold_state, group_sweeps, poll, run_status
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 R22 = FIX / "slurm-22.05"
 R23 = FIX / "slurm-23.11-handwritten"
-
-
-class CountingRunner:
-    def __init__(self, answers: dict[str, CommandResult]):
-        self.answers = answers
-        self.calls: list[list[str]] = []
-
-    def run(self, argv, *, input=None, env=None, cwd=None, timeout=None) -> CommandResult:
-        self.calls.append(list(argv))
-        return self.answers.get(argv[0], CommandResult(tuple(argv), 0, "", ""))
-
-    def count(self, name: str) -> int:
-        return sum(1 for c in self.calls if c[0] == name)
 
 
 def ok(text: str) -> CommandResult:
@@ -95,7 +83,7 @@ def test_form_choice_by_measurement() -> None:
 
 def test_client_tolerates_forgotten_jobs_and_disabled_accounting() -> None:
     err = (R22 / "squeue-invalid.err").read_text()
-    runner = CountingRunner(
+    runner = FakeRunner(
         {
             "squeue": CommandResult(("squeue",), 1, "", err),
             "sacct": CommandResult(("sacct",), 1, "", "Slurm accounting storage is disabled\n"),
@@ -127,7 +115,7 @@ def make_run(root: Path, name: str, job_id: str | None, **files: object) -> Path
 
 def test_one_squeue_call_for_a_thousand_runs(tmp_path: Path) -> None:
     lines = "".join(f"{a}_{t}|PENDING|JobHeldUser|\n" for a in range(10, 20) for t in range(100))
-    runner = CountingRunner({"squeue": ok(lines)})
+    runner = FakeRunner({"squeue": ok(lines)})
     targets = [
         Target(make_run(tmp_path, f"r{a}-{t}", f"{a}_{t}"))
         for a in range(10, 20)
@@ -143,7 +131,7 @@ def test_one_squeue_call_for_a_thousand_runs(tmp_path: Path) -> None:
 
 
 def test_forgotten_jobs_cost_one_sacct_call_and_known_outcomes_none(tmp_path: Path) -> None:
-    runner = CountingRunner({"squeue": ok(""), "sacct": ok("41|FAILED|node1|None\n")})
+    runner = FakeRunner({"squeue": ok(""), "sacct": ok("41|FAILED|node1|None\n")})
     targets = [
         Target(make_run(tmp_path, "a", "41")),
         Target(make_run(tmp_path, "b", "42")),
@@ -198,7 +186,7 @@ def test_status_joins_attempts_causes_and_health(tmp_path: Path) -> None:
             "health__preflight.json": {"verdicts": [{"node": "node3", "ok": True}]},
         },
     )
-    runner = CountingRunner({"squeue": ok((R22 / "squeue-status.txt").read_text())})
+    runner = FakeRunner({"squeue": ok((R22 / "squeue-status.txt").read_text())})
     (row,) = poll([Target(run)], SlurmClient(runner), now=103.0)
     assert row.state == "RUNNING" and row.nodes == "node[1,3]" and row.step == 57
     assert [a["cause"] for a in row.history] == ["preflight", "hang", "running"]
@@ -212,7 +200,7 @@ def test_status_joins_attempts_causes_and_health(tmp_path: Path) -> None:
 
 def test_old_run_dirs_still_read(tmp_path: Path) -> None:
     run = make_run(tmp_path, "old", "5", **{"result.json": {"final_loss": 0.1}})
-    from ddlaunch.runs import read_run
+    from ddlaunch.app.runs import read_run
 
     info_row = run_status(read_run(run), None)
     assert info_row.state == "COMPLETED" and info_row.health == "" and info_row.history == []
@@ -222,7 +210,7 @@ def _sweep(root: Path, sweep_id: str, n: int) -> Path:
     sweep = root / sweep_id
     for i in range(n):
         make_run(sweep / "members", str(i), f"900_{i}")
-    # members.json as ddlaunch.sweep_submit.packed_members writes it (no config needed here)
+    # members.json as ddlaunch.sweeps.submit.packed_members writes it (no config needed here)
     members = {"layout": [0] * n, "axes": [[[f"params.lr={i}"] for i in range(n)]]}
     (sweep / "members.json").write_text(json.dumps({"sweep_id": sweep_id, "members": members}))
     return sweep
@@ -231,14 +219,14 @@ def _sweep(root: Path, sweep_id: str, n: int) -> Path:
 def test_sweeps_expand_when_named_and_summarise_otherwise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("ddlaunch.sweep")
+    pytest.importorskip("ddlaunch.sweeps.spec")
     from ddlaunch.cli.status import collect
 
     monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
     _sweep(tmp_path, "lr-sweep", 3)
     make_run(tmp_path, "single", "901")
     lines = "900_0|RUNNING|None|node1\n900_1|PENDING|Priority|\n901|RUNNING|None|node2\n"
-    runner = CountingRunner({"squeue": ok(lines), "sacct": ok("")})
+    runner = FakeRunner({"squeue": ok(lines), "sacct": ok("")})
     rows = collect(("lr-sweep",), runner)
     assert [r.run_id for r in rows] == ["lr-sweep/0", "lr-sweep/1", "lr-sweep/2"]
     assert rows[0].label == "params.lr=0" and rows[1].state == "PENDING"
@@ -252,7 +240,7 @@ def test_sweeps_expand_when_named_and_summarise_otherwise(
 
 
 def test_group_sweeps_keeps_runs() -> None:
-    from ddlaunch.status import RunStatus
+    from ddlaunch.app.status import RunStatus
 
     def row(run_id: str, state: str) -> RunStatus:
         return RunStatus(run_id, f"/r/{run_id}", "1", state, "", "", None, None, 1, None, None)
@@ -296,7 +284,7 @@ def test_status_and_nodes_do_not_import_torch(argv: list[str], tmp_path: Path) -
 
 
 def test_watch_never_polls_faster_than_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddlaunch.status import min_poll_interval
+    from ddlaunch.app.status import min_poll_interval
 
     monkeypatch.delenv("DDLAUNCH_MIN_POLL_S", raising=False)
     assert min_poll_interval() == 30.0
@@ -304,22 +292,27 @@ def test_watch_never_polls_faster_than_the_floor(monkeypatch: pytest.MonkeyPatch
     assert min_poll_interval() == 5.0
 
 
-@pytest.mark.parametrize("root", [None, "/tmp/x", "$HOME/runs", "~/r"])
-def test_default_run_root_matches_rundir(root: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddlaunch import rundir, runs
+@pytest.mark.parametrize(
+    ("root", "expected"),
+    [(None, "~/ddlaunch/runs"), ("/tmp/x", "/tmp/x"), ("$HOME/runs", "~/runs"), ("~/r", "~/r")],
+)
+def test_default_run_root_follows_the_environment(
+    root: str | None, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddlaunch.store.rundir import default_run_root
 
     if root is None:
         monkeypatch.delenv("DDLAUNCH_RUN_ROOT", raising=False)
     else:
         monkeypatch.setenv("DDLAUNCH_RUN_ROOT", root)
-    assert runs.DEFAULT_RUN_ROOT == rundir.DEFAULT_RUN_ROOT
-    assert runs.default_run_root() == rundir.resolve_run_root(rundir.DEFAULT_RUN_ROOT)
+    assert default_run_root() == Path(expected).expanduser()
 
 
 def test_queued_runs_are_cached_until_their_directory_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ddlaunch import runs
+    from ddlaunch.app import runs
+    from ddlaunch.store.status_cache import STATUS_CACHE
 
     old = 1_000_000_000  # long settled: cacheable
     dirs = [make_run(tmp_path, f"q{i}", f"77_{i}") for i in range(3)]
@@ -330,7 +323,7 @@ def test_queued_runs_are_cached_until_their_directory_changes(
     for d in dirs:
         reader.read(d)
     reader.save()
-    assert (tmp_path / runs.STATUS_CACHE).is_file()
+    assert (tmp_path / STATUS_CACHE).is_file()
     calls: list[Path] = []
     real = runs.read_run
     monkeypatch.setattr(runs, "read_run", lambda p, **kw: calls.append(p) or real(p, **kw))
@@ -347,5 +340,5 @@ def test_queued_runs_are_cached_until_their_directory_changes(
     reader = runs.RunReader()
     reader.read(fresh)
     reader.save()
-    cached = json.loads((tmp_path / runs.STATUS_CACHE).read_text())["runs"]
+    cached = json.loads((tmp_path / STATUS_CACHE).read_text())["runs"]
     assert "fresh" not in cached and "q0" in cached and "q1" not in cached

@@ -6,20 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from ddlaunch.runner import SubprocessRunner
+from support.fakes import RecordingRunner
 
 pytestmark = pytest.mark.slurm
 ARRAYS, TASKS = 10, 100  # MaxArraySize is 101 on the dev cluster: ten arrays of 100
-
-
-class CountingRunner(SubprocessRunner):
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-
-    def run(self, argv, **kw):  # type: ignore[no-untyped-def]
-        self.calls.append(list(argv))
-        return super().run(argv, **kw)
 
 
 def test_status_of_1000_array_tasks_is_one_squeue_call_per_poll(
@@ -42,7 +32,7 @@ def test_status_of_1000_array_tasks_is_one_squeue_call_per_poll(
             (run / "config.yaml").write_text("storage:\n  checkpoint_dir: null\n")
             (run / "submission.json").write_text(json.dumps({"job_ids": [f"{job}_{task}"]}))
     monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(root))
-    runner = CountingRunner()
+    runner = RecordingRunner()
     for poll in (1, 2):
         rows = collect((), runner)
         assert len(rows) == ARRAYS * TASKS

@@ -9,41 +9,43 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 import yaml
+from support.fakes import Answer, failed, ok
+from support.fakes import FakeRunner as Fake
 
+from ddlaunch.app.runs import complete_member_info
 from ddlaunch.config.load import apply_overrides, load_tree, parse_yaml_value
 from ddlaunch.config.validate import to_plain, validate_tree
-from ddlaunch.plan import ArraySpec, ClusterFacts
+from ddlaunch.job.sweep_task import start_task
+from ddlaunch.planning.plan import ArraySpec, ClusterFacts
 from ddlaunch.runner import CommandResult
+from ddlaunch.slurm.arrays import parse_array_show_job, parse_max_array_size, queue_tasks
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.sweep import (
+from ddlaunch.store.sweeps import (
+    array_records,
+    ensure_member_dir,
+    is_materialized,
+    is_sweep_dir,
+    member_overrides,
+    member_run_dirs,
+    packed_config_text,
+)
+from ddlaunch.sweeps.prepare import SweepMembersError, prepare_sweep, validate_members
+from ddlaunch.sweeps.spec import (
     Member,
     Override,
     SweepFileError,
-    array_records,
     expand,
     format_value,
-    is_sweep_dir,
-    member_run_dirs,
     parse_sweep_file,
     split_arrays,
 )
-from ddlaunch.sweep_members import (
-    complete_member_info,
-    ensure_member_dir,
-    is_materialized,
-    member_overrides,
-    packed_config_text,
-    start_task,
-)
-from ddlaunch.sweep_prepare import SweepMembersError, prepare_sweep, validate_members
-from ddlaunch.sweep_slurm import parse_array_show_job, parse_max_array_size, queue_tasks
-from ddlaunch.sweep_status import collect, summary
-from ddlaunch.sweep_submit import (
+from ddlaunch.sweeps.status import collect, summary
+from ddlaunch.sweeps.submit import (
     _CONFIG_FIELDS,
     config_text,
     create_sweep_dir,
@@ -119,33 +121,15 @@ SHOW_CONFIG_EXCERPT = (
 )
 
 
-Answer = CommandResult | Callable[[tuple[str, ...]], CommandResult]
-
-
-class FakeRunner:
-    """Answers commands from a table of argv prefixes (a result, or a function of the argv:
-    arrays are submitted concurrently); records every call."""
-
-    def __init__(self, answers: Mapping[tuple[str, ...], Answer]):
-        self.answers = dict(answers)
-        self.calls: list[tuple[str, ...]] = []
-
-    def run(self, argv: Sequence[str], **_: object) -> CommandResult:
-        argv = tuple(argv)
-        self.calls.append(argv)
-        for prefix, answer in self.answers.items():
-            if argv[: len(prefix)] == prefix:
-                return answer if isinstance(answer, CommandResult) else answer(argv)
-        return CommandResult(argv, 1, "", f"{argv[0]}: not faked")
+def FakeRunner(answers: Mapping[tuple[str, ...], Answer]) -> Fake:
+    """Commands answered by argv prefix (a result, or a function of the argv: arrays are
+    submitted concurrently); anything else fails as not faked."""
+    return Fake(answers, default=failed("not faked"))
 
 
 def sbatch_ids(*ids: str) -> Callable[[tuple[str, ...]], CommandResult]:
     """Array <n> (its script arrays/<n>.sbatch, the argv's last word) gets job id ids[n]."""
     return lambda argv: ok(ids[int(Path(argv[-1]).stem)] + "\n")
-
-
-def ok(stdout: str = "") -> CommandResult:
-    return CommandResult((), 0, stdout, "")
 
 
 def write(path: Path, text: str) -> Path:
@@ -346,7 +330,7 @@ def test_arrays_split_at_max_array_size_and_group_by_script(tmp_path: Path, base
     assert "--output" not in srun and "--error" not in srun
     assert f" {sweep_dir}/submitit &\n" in first.script  # the task runner's job folder
     # every chunk renders as a full render would
-    from ddlaunch.render import render_script
+    from ddlaunch.planning.render import render_script
 
     assert prepared.arrays[1].script == render_script(
         prepared.arrays[1].plan, sources=prepared.sources
@@ -363,7 +347,7 @@ def test_array_task_picks_its_member_dir_logs_and_checkpoints(tmp_path: Path, ba
     create_sweep_dir(prepared, FakeRunner({}), "/w")
     script = prepared.arrays[0].script
     # Run the member-selection part of the script for task 2, as Slurm would: it creates
-    # the member's run directory (python -m ddlaunch.sweep_members start) and switches to
+    # the member's run directory (python -m ddlaunch.job.sweep_task start) and switches to
     # its logs.
     head = script.split("export DDLAUNCH_WORLD_SIZE")[0].replace("\npython3 -m", "\n$PY -m")
     probe = head + 'echo "$DDLAUNCH_RUN_DIR|$DDLAUNCH_CHECKPOINT_DIR|$SLURM_STDOUTMODE"\n'
@@ -421,7 +405,7 @@ def test_parsers_on_recorded_output() -> None:
     assert {f["JobState"] for f in tasks.values()} == {"CANCELLED"}
     runner = FakeRunner({("squeue",): ok(SQUEUE_R_374)})
     rows = queue_tasks(SlurmClient(runner), ["374"])
-    assert runner.calls == [("squeue", "-h", "-r", "-j", "374", "-o", "%i|%T|%r|%N")]
+    assert runner.calls == [["squeue", "-h", "-r", "-j", "374", "-o", "%i|%T|%r|%N"]]
     assert {k: r.state for k, r in rows.items()} == {
         "374_0": "RUNNING",
         "374_1": "RUNNING",
@@ -516,7 +500,7 @@ def test_submit_writes_o1_files_and_members_start_lazily(tmp_path: Path) -> None
 def test_no_sbatch_before_the_commit_point_is_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ddlaunch.sweep_submit as sweep_submit
+    import ddlaunch.sweeps.submit as sweep_submit
 
     def disk_full(*_: object) -> None:
         raise OSError(28, "No space left on device")
@@ -690,7 +674,7 @@ def test_status_joins_one_squeue_call_with_the_run_dirs(tmp_path: Path) -> None:
     runner.calls.clear()
     rows = collect(prepared.sweep_dir, SlurmClient(runner))
     squeues = [c for c in runner.calls if c[0] == "squeue"]
-    assert len(squeues) == 1 and squeues[0][3:5] == ("-j", "374,380")
+    assert len(squeues) == 1 and squeues[0][3:5] == ["-j", "374,380"]
     assert [(r.index, r.job_id, r.state) for r in rows] == [
         (0, "374_0", "RUNNING"),
         (1, "374_1", "RUNNING"),
@@ -704,9 +688,9 @@ def test_status_joins_one_squeue_call_with_the_run_dirs(tmp_path: Path) -> None:
 
 
 def test_status_of_members_that_have_not_started(tmp_path: Path) -> None:
-    """`ddlaunch status` (ddlaunch.status.poll) completes what it read from a member's
+    """`ddlaunch status` (ddlaunch.app.status.poll) completes what it read from a member's
     missing run directory with ``complete_member_info``."""
-    from ddlaunch.runs import read_run
+    from ddlaunch.app.runs import read_run
 
     runner = FakeRunner({("sbatch",): sbatch_ids("374", "380"), ("git",): ok()})
     prepared, _ = submitted_sweep(tmp_path, runner, members=5, max_size=4)
@@ -723,9 +707,11 @@ def test_ddlaunch_status_and_find_run_before_members_start(
 ) -> None:
     """The generic commands on a sweep none of whose members started: `status SWEEP` shows
     each member's array task (from the records, one squeue call), and `logs`/`cancel`/
-    `resume` (runs.find_run) get a member's run directory, created on demand."""
+    `resume` (runs.find_run_materialized) get a member's run directory, created on demand;
+    plain readers (runs.find_run) never create it."""
+    from ddlaunch.app.runs import find_run, find_run_materialized
     from ddlaunch.cli.status import collect as status_collect
-    from ddlaunch.runs import find_run
+    from ddlaunch.errors import UserError
 
     runner = FakeRunner({("sbatch",): sbatch_ids("374", "380"), ("git",): ok()})
     prepared, _ = submitted_sweep(tmp_path, runner, members=5, max_size=4)
@@ -744,7 +730,10 @@ def test_ddlaunch_status_and_find_run_before_members_start(
     assert [r.state for r in rows[:4]] == ["RUNNING", "RUNNING", "PENDING", "PENDING"]
     member = prepared.sweep_dir / "members" / "3"
     assert not member.exists()
-    assert find_run("sw/members/3") == member
+    with pytest.raises(UserError, match="no run 'sw/members/3'"):
+        find_run("sw/members/3")
+    assert not member.exists()
+    assert find_run_materialized("sw/members/3") == member
     assert (member / "config.yaml").read_text() == packed_config_text(
         json.loads((prepared.sweep_dir / "members.json").read_text()), 3
     )

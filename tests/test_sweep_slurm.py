@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from devcluster import run_ddlaunch as ddlaunch
-from devcluster import wait_for
+from support.devcluster import run_ddlaunch as ddlaunch
+from support.devcluster import wait_for
 
 from ddlaunch.checkpoint.layout import latest_complete
-from ddlaunch.sweep import array_task_ids, member_run_dirs
-from ddlaunch.sweep_status import collect, summary
+from ddlaunch.store.sweeps import array_task_ids, member_run_dirs
+from ddlaunch.sweeps.status import collect, summary
 
 pytestmark = pytest.mark.slurm
 TESTS = Path(__file__).resolve().parent

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from ddlaunch.app.prepare import prepare
 from ddlaunch.cli.reference import reference_lines
 from ddlaunch.config.schema import Config
-from ddlaunch.prepare import prepare
 
 REPO = Path(__file__).resolve().parent.parent
 SITE = REPO / "templates" / "site-example"

@@ -154,9 +154,9 @@ def test_task_runner_runs_a_submitit_pickle_without_importing_submitit(tmp_path:
     import subprocess
     import sys
 
-    from ddlaunch.launch.slurm import write_pickle_only
+    from ddlaunch.launch.slurm import write_pickle
 
-    write_pickle_only(tmp_path, json.dumps, ([1, 2],), "4242_3")
+    write_pickle(tmp_path, "4242_3", json.dumps, [1, 2])
     probe = (
         "import sys; from pathlib import Path; from ddlaunch.worker import task; "
         "print(task.run(Path(sys.argv[1]))); "
@@ -182,3 +182,25 @@ def test_task_runner_runs_a_submitit_pickle_without_importing_submitit(tmp_path:
     paths = JobPaths(tmp_path, job_id="4242_3", task_id=1)
     assert paths.submitted_pickle == tmp_path / "4242_3_submitted.pkl"
     assert pickle_load(paths.result_pickle) == ("success", "[1, 2]")
+
+
+def test_the_rank_pickle_names_the_rank_function_without_importing_it(tmp_path: Path) -> None:
+    """Writing a job's pickle (``submit``, a sweep task's start on the batch host) imports none
+    of the ranks' code; loading it (in the rank) gives ``run_rank`` on the run directory."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from pathlib import Path; from ddlaunch.launch import slurm; "
+        "slurm.write_rank_pickle(Path(sys.argv[1]), '/runs/r', '77'); "
+        "assert not [m for m in sys.modules if m.startswith('ddlaunch.worker')], 'worker imported'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    from ddlaunch.worker import task
+    from ddlaunch.worker.rank import run_rank
+
+    delayed = task.load(tmp_path / "77_submitted.pkl")
+    assert delayed.function is run_rank and delayed.args == ("/runs/r",)

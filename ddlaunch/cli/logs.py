@@ -55,9 +55,11 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
 
     RUN is a run id, an id prefix or a run directory.
     """
-    from ddlaunch.runs import batch_logs, find_run, rank_log, read_failures
+    from ddlaunch.app.runs import find_run_materialized
+    from ddlaunch.store.failures import read_failures
+    from ddlaunch.store.rundir import LOGS_DIR, batch_logs, rank_log
 
-    run_dir = find_run(run)
+    run_dir = find_run_materialized(run)
     if batch:
         paths = batch_logs(run_dir)[-1:]
     elif rank is not None:
@@ -81,7 +83,7 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
                 click.echo(text)
             shown = True
     if not shown and not follow_:
-        click.echo(f"no log yet in {run_dir / 'logs'}", err=True)
+        click.echo(f"no log yet in {run_dir / LOGS_DIR}", err=True)
     if follow_:
         with contextlib.suppress(KeyboardInterrupt):
             follow(paths)

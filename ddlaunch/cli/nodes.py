@@ -47,8 +47,8 @@ def command(ctx: click.Context) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Include expired entries.")
 def list_cmd(as_json: bool = False, show_all: bool = False) -> None:
     """List the nodes on my bad-node list."""
-    from ddlaunch.health import badnodes
-    from ddlaunch.ui import Terminal
+    from ddlaunch.cli.terminal import Terminal
+    from ddlaunch.store import badnodes
 
     now = time.time()
     entries = badnodes.load()
@@ -76,8 +76,8 @@ def add_cmd(nodes: tuple[str, ...], reason: str, ttl: str) -> None:
     """Add NODEs (Slurm hostlists such as node[1-3] are expanded)."""
     from ddlaunch.config.schema import PATTERNS
     from ddlaunch.errors import UserError
-    from ddlaunch.health import badnodes
-    from ddlaunch.worker.distenv import expand_hostlist
+    from ddlaunch.slurm.hostlist import expand_hostlist
+    from ddlaunch.store import badnodes
 
     try:
         ttl_s = badnodes.parse_ttl(ttl)
@@ -101,8 +101,8 @@ def add_cmd(nodes: tuple[str, ...], reason: str, ttl: str) -> None:
 @click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
 def remove_cmd(nodes: tuple[str, ...]) -> None:
     """Remove NODEs from the list."""
-    from ddlaunch.health import badnodes
-    from ddlaunch.worker.distenv import expand_hostlist
+    from ddlaunch.slurm.hostlist import expand_hostlist
+    from ddlaunch.store import badnodes
 
     names = [n for spec in nodes for n in expand_hostlist(spec)]
     entries = badnodes.load()
@@ -115,7 +115,7 @@ def remove_cmd(nodes: tuple[str, ...]) -> None:
 @command.command("clear")
 def clear_cmd() -> None:
     """Empty the list."""
-    from ddlaunch.health import badnodes
+    from ddlaunch.store import badnodes
 
     count = len(badnodes.load())
     badnodes.save([])

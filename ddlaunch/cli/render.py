@@ -20,7 +20,7 @@ def command(
     CONFIG is a YAML file or a shipped preset name such as examples/mlp.
     Nothing is created or submitted.
     """
-    from ddlaunch.prepare import prepare
+    from ddlaunch.app.prepare import prepare
 
     prepared = prepare(config, overrides, run_id=run_id, run_root=run_root)
     click.echo(prepared.script, nl=False)

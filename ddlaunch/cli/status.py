@@ -1,5 +1,5 @@
 """``ddlaunch status``: my runs, one run or a sweep, from the run directories plus one squeue
-call per poll (``ddlaunch.status.poll``)."""
+call per poll (``ddlaunch.app.status.poll``)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ def collect(
     refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
 ) -> list[Any]:
     """One poll. ``runner`` is injectable (tests count the Slurm calls it receives)."""
-    from ddlaunch.runs import RunReader
+    from ddlaunch.app.runs import RunReader
+    from ddlaunch.app.status import group_sweeps, poll, resolve
     from ddlaunch.slurm import queue
     from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.status import group_sweeps, poll, resolve
 
     reader = RunReader()  # one queued-run cache load for both the listing and the reads
     targets, _ = resolve(refs, reader=reader)
@@ -142,8 +142,8 @@ def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) 
     attempts and their causes, node health and the first failing rank come from the run
     directories. Without arguments a sweep is one summary row; name it to see its members.
     """
-    from ddlaunch.status import min_poll_interval
-    from ddlaunch.ui import Terminal
+    from ddlaunch.app.status import min_poll_interval
+    from ddlaunch.cli.terminal import Terminal
 
     term = Terminal()
     if not watch:

@@ -10,15 +10,6 @@ import click
 from ddlaunch.cli.options import config_argument, set_option
 
 
-def bad_node_exclusions() -> list[str]:
-    """Active entries of my bad-node list that are safe to put in an #SBATCH line."""
-    from ddlaunch.config.schema import PATTERNS
-    from ddlaunch.health import badnodes
-
-    pattern, _ = PATTERNS["slurm_token"]
-    return [n for n in badnodes.active_nodes() if pattern.match(n)]
-
-
 @click.command("submit")
 @config_argument
 @set_option
@@ -43,18 +34,11 @@ def command(
     (mode 0700) keeps the resolved config, the script, the git state and the job ids.
     `submit` returns as soon as sbatch has accepted the job.
     """
-    from ddlaunch.plan import format_argv
-    from ddlaunch.prepare import prepare
+    from ddlaunch.app.prepare import prepare_submission
+    from ddlaunch.planning.plan import format_argv
 
     workdir = os.getcwd()
-    exclude = bad_node_exclusions()
-    prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
-    wanted = set(prepared.config.nodes.nodelist) & set(exclude)
-    if wanted:
-        # Nodes the config asks for by name win over the bad-node list (excluding them
-        # would make the job unschedulable).
-        exclude = [n for n in exclude if n not in wanted]
-        prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+    prepared, exclude = prepare_submission(config, overrides, run_root=run_root, workdir=workdir)
     if exclude:
         click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
     if dry_run:
@@ -64,11 +48,16 @@ def command(
     if local or shutil.which("sbatch") is None:
         if not local:
             click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
-        from ddlaunch.launch.run_local import submit_local
+        from ddlaunch.app.submit import create_run_dir
+        from ddlaunch.cli.local import run_here
+        from ddlaunch.runner import SubprocessRunner
 
-        submit_local(prepared, workdir=workdir)
+        run_dir = create_run_dir(prepared, SubprocessRunner(), workdir)
+        click.echo(f"run {prepared.plan.run_id}  local, {prepared.config.world_size} ranks")
+        click.echo(f"run dir: {run_dir.path}")
+        run_here(run_dir.path, prepared.config)
         return
-    from ddlaunch.submit import submit_to_slurm
+    from ddlaunch.app.submit import submit_to_slurm
 
     submitted = submit_to_slurm(prepared, workdir=workdir)
     click.echo(f"run {submitted.run_id}  job {submitted.job_id}")

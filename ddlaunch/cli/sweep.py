@@ -63,9 +63,9 @@ def _progress() -> Iterator[_Phases]:
 
 def _facts(max_array_size: int | None) -> Any:
     """Cluster facts, probed once here at the edge: MaxArraySize (capped by the option)."""
-    from ddlaunch.plan import ClusterFacts
+    from ddlaunch.planning.plan import ClusterFacts
+    from ddlaunch.slurm.arrays import probe_max_array_size
     from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.sweep_slurm import probe_max_array_size
 
     probed = probe_max_array_size(SlurmClient()) if shutil.which("scontrol") else None
     sizes = [s for s in (probed, max_array_size) if s]
@@ -78,7 +78,7 @@ def _need_slurm() -> None:
 
 
 def _print_dry_run(arrays: Sequence[Any], header: list[str]) -> None:
-    from ddlaunch.plan import format_argv
+    from ddlaunch.planning.plan import format_argv
 
     for line in header:
         click.echo(f"# {line}")
@@ -90,7 +90,7 @@ def _print_dry_run(arrays: Sequence[Any], header: list[str]) -> None:
 
 
 def _report(outcomes: Sequence[Any], sweep_dir: Any) -> None:
-    from ddlaunch.sweep_submit import outcome_lines
+    from ddlaunch.sweeps.submit import outcome_lines
 
     for line in outcome_lines(outcomes):
         click.echo(line)
@@ -144,9 +144,9 @@ def submit(
     arrays; each member's run directory is created when it first starts. `--set` applies
     to every member."""
     from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.sweep import parse_sweep_file
-    from ddlaunch.sweep_prepare import prepare_sweep
-    from ddlaunch.sweep_submit import submit_sweep
+    from ddlaunch.sweeps.prepare import prepare_sweep
+    from ddlaunch.sweeps.spec import parse_sweep_file
+    from ddlaunch.sweeps.submit import submit_sweep
 
     spec = parse_sweep_file(sweep_file, overrides)
     if not dry_run:
@@ -188,10 +188,11 @@ def submit(
 def status(sweep_ref: str, as_json: bool) -> None:
     """One row per member (overrides, state, step, checkpoint, metric) and a summary line.
     The states come from one squeue call for all the sweep's arrays."""
-    from ddlaunch.runs import default_run_root
-    from ddlaunch.sweep import DEFAULT_METRIC, find_sweep, read_members
-    from ddlaunch.sweep_status import collect, render_table, summary
-    from ddlaunch.ui import Terminal
+    from ddlaunch.cli.terminal import Terminal
+    from ddlaunch.store.rundir import default_run_root
+    from ddlaunch.store.sweeps import find_sweep, read_members
+    from ddlaunch.sweeps.spec import DEFAULT_METRIC
+    from ddlaunch.sweeps.status import collect, render_table, summary
 
     path = find_sweep(sweep_ref, default_run_root())
     rows = collect(path)
@@ -229,11 +230,11 @@ def resubmit(
     """Submit members again, as a new array, each in its own run directory and from its
     own latest complete checkpoint. `--failed` picks FAILED, NODE_FAIL, TIMEOUT, PREEMPTED,
     STOPPED and SUBMIT_FAILED members; `--set` changes their configs."""
-    from ddlaunch.runs import default_run_root
     from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.sweep import find_sweep
-    from ddlaunch.sweep_status import FAILED_STATES, LIVE_STATES, collect
-    from ddlaunch.sweep_submit import plan_resubmission, resubmit_members
+    from ddlaunch.store.rundir import default_run_root
+    from ddlaunch.store.sweeps import find_sweep
+    from ddlaunch.sweeps.status import FAILED_STATES, LIVE_STATES, collect
+    from ddlaunch.sweeps.submit import plan_resubmission, resubmit_members
 
     if not failed and not members:
         raise UserError("say which members: --failed, or --member N (repeatable)")

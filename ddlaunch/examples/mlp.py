@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ddlaunch import fsutil
 from ddlaunch.config import Config
+from ddlaunch.store.progress import write_result
 from ddlaunch.train import Session
 from ddlaunch.worker.distributed import init_distributed
 
@@ -128,6 +128,6 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
     }
     run_dir = os.environ.get("DDLAUNCH_RUN_DIR")
     if rank == 0 and run_dir:
-        fsutil.atomic_write_json(Path(run_dir) / "result.json", result)
+        write_result(Path(run_dir), result)
     dist.destroy_process_group()
     return result

@@ -28,14 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
-from submitit.core.utils import DelayedSubmission, JobPaths
+from submitit.core.utils import JobPaths
 
 import ddlaunch
 from ddlaunch import fsutil
 from ddlaunch.config import Config, load_config
 from ddlaunch.errors import UserError
+from ddlaunch.launch.slurm import rank_call
+from ddlaunch.store.failures import read_failure_record
+from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR, config_path
 from ddlaunch.worker.distenv import PORT_OVERRIDE_VAR
-from ddlaunch.worker.rank import failure_path, run_rank
 
 POLL_S = 0.05
 # Like Slurm's KillWait: ranks treat SIGTERM as a stop request, SIGKILL follows.
@@ -112,8 +114,8 @@ def _last_line(path: Path) -> str:
 
 def _describe_failure(run_dir: Path, job_id: str, rank: int, code: int | None) -> str:
     """One line naming the rank and its exception, from the failure record when there is one."""
-    record = fsutil.read_json(failure_path(run_dir, rank))
-    err_log = run_dir / "logs" / f"rank-{rank}.err"
+    record = read_failure_record(run_dir, rank)
+    err_log = run_dir / LOGS_DIR / f"rank-{rank}.err"
     if record and record.get("job_id") == job_id:
         where = f" at {record['where']}" if record.get("where") else ""
         what = f"{record['exception']}: {record['message']}{where}"
@@ -129,7 +131,7 @@ def _first_failure(run_dir: Path, job_id: str, ranks: list[int]) -> int:
     fails right after it (its collective loses a connection), so the earliest record wins."""
 
     def when(rank: int) -> float:
-        record = fsutil.read_json(failure_path(run_dir, rank)) or {}
+        record = read_failure_record(run_dir, rank) or {}
         return float(record.get("time", math.inf)) if record.get("job_id") == job_id else math.inf
 
     return min(ranks, key=lambda r: (when(r), r))
@@ -146,17 +148,17 @@ def _read_result(folder: Path, job_id: str, rank: int) -> Any:
 def run_local(run_dir: Path, world_size: int, timeout_s: float) -> list[dict[str, Any]]:
     """Run ``world_size`` ranks of the run in ``run_dir`` here; per-rank results by rank."""
     run_dir = Path(run_dir).absolute()
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(config_path(run_dir))
     # No "_" in the id: submitit reads JOB_TASK as an array job's identity.
     job_id = f"local-{secrets.token_hex(4)}"
-    folder = run_dir / "submitit"
-    delayed = DelayedSubmission(run_rank, str(run_dir))
+    folder = run_dir / SUBMITIT_DIR
+    delayed = rank_call(run_dir)
     delayed.set_timeout(max(1, math.ceil(timeout_s / 60)), 0)
     fsutil.atomic_write_bytes(
         JobPaths(folder, job_id).submitted_pickle, cloudpickle.dumps(delayed), 0o600
     )
     env = _base_env(cfg, run_dir, job_id, world_size)
-    logs = run_dir / "logs"
+    logs = run_dir / LOGS_DIR
     logs.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)]
     procs: list[subprocess.Popen[bytes]] = []
@@ -207,8 +209,7 @@ def run_local(run_dir: Path, world_size: int, timeout_s: float) -> list[dict[str
         others = [
             r
             for r in range(world_size)
-            if r != failed
-            and (fsutil.read_json(failure_path(run_dir, r)) or {}).get("job_id") == job_id
+            if r != failed and (read_failure_record(run_dir, r) or {}).get("job_id") == job_id
         ]
         if others:
             message += f"; ranks {others} failed too"

@@ -10,10 +10,13 @@ submitit, whose import cost every rank paid before its first step. ddlaunch keep
 script (our Jinja2 render, which site templates govern) and the sbatch call (ddlaunch's
 Slurm client).
 
-One run (``ddlaunch.submit``) runs sbatch first and then writes its pickle for the job id:
-the tasks wait for the file. A sweep's array task writes its own pickle when it starts
-(``ddlaunch.sweep_members``): one file per task is not paid at submission. A requeued job
+One run (``ddlaunch.app.submit``) runs sbatch first and then writes its pickle for the job
+id: the tasks wait for the file. A sweep's array task writes its own pickle when it starts
+(``ddlaunch.job.sweep_task``): one file per task is not paid at submission. A requeued job
 keeps its id and so its pickle; ``resume`` writes one for the new job id.
+
+The rank function is pickled by name (``RankFunction``): writing the pickle imports none of
+the ranks' code, so the login node and the batch host never load it.
 
 Tested with submitit 1.5.x (setup.cfg pins ``>=1.5.2,<1.6``): ``DelayedSubmission`` and
 the ``JobPaths`` file names are what this relies on.
@@ -21,18 +24,35 @@ the ``JobPaths`` file names are what this relies on.
 
 from __future__ import annotations
 
+import pkgutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from submitit.core import utils as submitit_utils
+RANK_FUNCTION = "ddlaunch.worker.rank:run_rank"
 
 
-def write_pickle_only(
-    folder: Path, fn: Callable[..., Any], args: tuple[Any, ...], job_id: str
-) -> Path:
-    """Write the pickle the tasks of job ``job_id`` load (after sbatch: the id is known)."""
+class RankFunction:
+    """Stands for ``ddlaunch.worker.rank.run_rank`` in a pickle: it unpickles as that function
+    (``pkgutil.resolve_name`` in the rank), so pickling it imports nothing of the ranks."""
+
+    def __reduce__(self) -> tuple[Callable[[str], Any], tuple[str]]:
+        return pkgutil.resolve_name, (RANK_FUNCTION,)
+
+
+def rank_call(run_dir: str | Path) -> Any:
+    """submitit's ``DelayedSubmission`` of the rank function on ``run_dir``."""
+    from submitit.core import utils as submitit_utils
+
+    return submitit_utils.DelayedSubmission(RankFunction(), str(run_dir))
+
+
+def write_pickle(folder: Path, job_id: str, fn: Callable[..., Any], *args: Any) -> Path:
+    """Write the pickle the tasks of job ``job_id`` load (after sbatch: the id is known):
+    submitit's ``DelayedSubmission`` of ``fn(*args)``, renamed into place."""
+    from submitit.core import utils as submitit_utils
+
     delayed = submitit_utils.DelayedSubmission(fn, *args)
     tmp = folder / f"{uuid.uuid4().hex}.pkl"
     folder.mkdir(parents=True, exist_ok=True)
@@ -40,3 +60,8 @@ def write_pickle_only(
     final = folder / f"{job_id}_submitted.pkl"
     tmp.replace(final)
     return final
+
+
+def write_rank_pickle(folder: Path, run_dir: str | Path, job_id: str) -> Path:
+    """The rank function on ``run_dir``, for the tasks of job ``job_id``."""
+    return write_pickle(folder, job_id, RankFunction(), str(run_dir))

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ddlaunch.slurm.parse import SQUEUE_FORMAT, QueueRow, parse_squeue
+from ddlaunch.slurm.version import version_tuple
 
 TEXT = "text"
 JSON = "json"
@@ -29,16 +30,6 @@ FORMS = (TEXT, JSON)
 MEASURED_FORMS: dict[tuple[int, int], str] = {(22, 5): TEXT}
 
 SACCT_FIELDS = "JobID,State,NodeList,Reason"
-
-
-def version_tuple(version: str | None) -> tuple[int, int] | None:
-    if not version:
-        return None
-    parts = version.strip().split()[-1].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def choose_form(version: str | None, forced: str | None = None) -> str:

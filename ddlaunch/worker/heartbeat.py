@@ -4,7 +4,7 @@ The training loop calls ``Heartbeat.step(n, wait_s)`` at each step boundary: a l
 additions in memory, no I/O. A daemon thread writes ``<run_dir>/health/heartbeat/rank-<R>.json``
 every ``interval`` seconds (one small file per rank, overwritten by rename, never fsynced: a
 lost heartbeat is harmless, an fsync storm from thousands of ranks is not). The watchdog reads
-these files (see ``ddlaunch.health.analysis``).
+these files (see ``ddlaunch.policy.heartbeats``).
 
 Why a thread: it keeps writing while the main thread is blocked, so the file tells apart a
 process that is frozen (SIGSTOP, stuck in the kernel, holding the GIL: the file goes stale)
@@ -18,16 +18,14 @@ Torch-free (the watchdog and tests import it without torch).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-HEARTBEAT_DIR = ("health", "heartbeat")
+from ddlaunch.store.heartbeats import heartbeat_path, write_heartbeat
 
 # A main thread whose Python stack passes through one of these is waiting for its peers
 # (a collective, DDP's gradient all-reduce inside backward, the step-boundary agreement).
@@ -39,14 +37,6 @@ WAIT_MARKERS = (
     "torch/cuda/",
     "ddlaunch/worker/signals.py",
 )
-
-
-def heartbeat_dir(run_dir: str | os.PathLike[str]) -> Path:
-    return Path(run_dir).joinpath(*HEARTBEAT_DIR)
-
-
-def heartbeat_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    return heartbeat_dir(run_dir) / f"rank-{rank}.json"
 
 
 def describe_stack(frame: Any) -> tuple[str, bool]:
@@ -148,12 +138,7 @@ class Heartbeat:
         return record
 
     def write(self) -> None:
-        record = self.snapshot()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        # No fsync on purpose (see the module doc); rename keeps readers from torn files.
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.path)
+        write_heartbeat(self.path, self.snapshot())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -174,22 +159,3 @@ class Heartbeat:
         self._state = state
         with contextlib.suppress(OSError):
             self.write()
-
-
-def read_heartbeats(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every rank's latest heartbeat record (unreadable or half-written files are skipped)."""
-    records = []
-    directory = heartbeat_dir(run_dir)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    for name in names:
-        if not (name.startswith("rank-") and name.endswith(".json")):
-            continue
-        try:
-            with open(directory / name, encoding="utf-8") as handle:
-                records.append(json.load(handle))
-        except (OSError, ValueError):
-            continue
-    return records

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddlaunch import fsutil
 from ddlaunch.config import Config, load_config
-from ddlaunch.health import gate
-from ddlaunch.worker import signals
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.failures import write_failure
+from ddlaunch.store.rundir import config_path
+from ddlaunch.worker import gate, signals
 from ddlaunch.worker.distenv import (
     DistEnv,
     choose_backend,
@@ -35,12 +36,6 @@ from ddlaunch.worker.distenv import (
     torchrun_env,
 )
 from ddlaunch.worker.distributed import BACKEND_VAR
-
-FAILURES_DIR = "failures"
-
-
-def failure_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(run_dir) / FAILURES_DIR / f"rank-{rank}.json"
 
 
 def failure_record(exc: BaseException, d: DistEnv, host: str) -> dict[str, Any]:
@@ -118,7 +113,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
         flush=True,
     )
     try:
-        cfg = load_config(Path(run_dir) / "config.yaml")
+        cfg = load_config(config_path(Path(run_dir)))
         # Before anything slow (torch import, entry point): from here on the pre-timeout
         # signal only sets the flag. submitit's rank-0-only handler sits on
         # $SUBMITIT_PREEMPT_SIGNAL (default USR2): replace it too when the names differ.
@@ -127,7 +122,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
             also=("TERM", os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"),
         )
         # Preflight (health.preflight) runs here, in the ranks, before the first step: see
-        # ddlaunch.health.gate. The node facts need no torch; torch is imported once for both.
+        # ddlaunch.worker.gate. The node facts need no torch; torch is imported once for both.
         gated = gate.enabled(cfg, os.environ)
         report = gate.node_phase(cfg, Path(run_dir), d, os.environ, host) if gated else None
         if gated:
@@ -143,7 +138,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
         if d.rank == 0 and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
             # The start hook runs beside srun; no checkpoint may be committed (rank 0 commits)
             # before it has read the step this attempt resumes from.
-            gate.wait_for_attempt(Path(run_dir), *gate.attempt_of(os.environ))
+            gate.wait_for_attempt(Path(run_dir), AttemptId.from_env(os.environ))
         if cfg.launch.entrypoint:
             result = _resolve_entrypoint(cfg.launch.entrypoint)(cfg)
         elif cfg.launch.script:
@@ -158,7 +153,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
     except BaseException as exc:
         # BaseException: a KeyboardInterrupt or sys.exit(3) is a failure of this rank too.
         try:
-            fsutil.atomic_write_json(failure_path(run_dir, d.rank), failure_record(exc, d, host))
+            write_failure(run_dir, d.rank, failure_record(exc, d, host))
         except OSError as write_error:
             print(
                 f"[ddlaunch] could not write the failure record: {write_error}",

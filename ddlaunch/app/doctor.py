@@ -1,0 +1,189 @@
+"""``ddlaunch doctor``: a preflight-only job and its per-node verdict table.
+
+``doctor_script`` turns a launch plan into a short batch script that runs the preflight node
+task (with ``--doctor``: fabric checks too) once per node; ``verdict_rows`` joins the node
+reports with the same rules as the in-job preflight (``policy.preflight.evaluate``) and adds
+the fabric findings (``ddlaunch.policy.fabric``) and what could not be checked. ``run_doctor``
+submits the job, waits for it and reads the reports.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+from ddlaunch.app.prepare import prepare
+from ddlaunch.app.runs import list_runs
+from ddlaunch.app.status import ACTIVE_STATES, fold_state
+from ddlaunch.config.validate import to_plain
+from ddlaunch.errors import UserError
+from ddlaunch.planning.plan import LaunchPlan
+from ddlaunch.planning.render import directive_lines, render_template, template_search_path
+from ddlaunch.policy.preflight import evaluate
+from ddlaunch.slurm.hostlist import expand_hostlist
+from ddlaunch.store import preflight as records
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.rundir import CONFIG_FILE, LOGS_DIR, RunDir, new_run_id
+
+DOCTOR_DIR = "doctor"  # under the run root: not a run, so `status` does not list it
+SCRIPT_FILE = "doctor.sbatch"
+
+# Directives of the training plan that a doctor job must not inherit.
+_DROP = {"--signal", "--requeue", "--no-requeue", "--open-mode", "--ntasks-per-node", "--time"}
+
+
+def doctor_directives(
+    plan_directives: Sequence[tuple[str, str | None]],
+    *,
+    nodes: int | None,
+    nodelist: Sequence[str],
+    minutes: int,
+) -> list[tuple[str, str | None]]:
+    out: list[tuple[str, str | None]] = []
+    for flag, value in plan_directives:
+        if flag in _DROP or (flag == "--exclude" and nodelist):
+            continue
+        if flag == "--job-name":
+            value = "ddlaunch-doctor"
+        elif flag == "--nodes":
+            value = str(len(nodelist) if nodelist else nodes or value)
+        elif flag == "--nodelist" and nodelist:
+            continue
+        out.append((flag, value))
+    out += [("--ntasks-per-node", "1"), ("--time", str(minutes)), ("--no-requeue", None)]
+    if nodelist:
+        out.append(("--nodelist", ",".join(nodelist)))
+    return out
+
+
+def doctor_script(
+    plan: LaunchPlan,
+    directives: Sequence[tuple[str, str | None]],
+    run_dir: str,
+    search_path: Sequence[str] | None = None,
+) -> str:
+    """The doctor's batch script, rendered like a training job's (same templates, same
+    quoting): the plan's fabric and user environment and ``launch.setup``, then the node task
+    once per node (``ddlaunch.worker.node_task --doctor``: fabric checks too)."""
+    return render_template(
+        "doctor.sh.j2",
+        search_path,
+        plan=plan,
+        run_dir=run_dir,
+        directives=directive_lines(directives),
+    )
+
+
+@dataclass(frozen=True)
+class Row:
+    node: str
+    verdict: str
+    checks: dict[str, str]
+    fabric: list[str]
+    unchecked: list[str]
+
+
+def verdict_rows(verdicts: Sequence[Any], reports: Mapping[str, Mapping[str, Any]]) -> list[Row]:
+    rows = []
+    for v in verdicts:
+        # The detail alone when the check passed; the status first otherwise.
+        checks = {
+            c.name: c.detail if str(c.status) == "ok" else f"{str(c.status).upper()}: {c.detail}"
+            for c in v.checks
+        }
+        report = reports.get(v.node) or {}
+        fabric = []
+        unchecked = [f"{c.name}: {c.detail}" for c in v.checks if str(c.status) == "unchecked"]
+        for f in report.get("fabric", []):
+            line = f"{f.get('check')}: {f.get('status')} ({f.get('detail')})"
+            if f.get("status") == "unchecked":
+                unchecked.append(f"{f.get('check')}: {f.get('detail')}")
+            else:
+                fabric.append(line)
+        mismatch = any(f.get("status") == "mismatch" for f in report.get("fabric", []))
+        verdict = "FAIL" if not v.ok else ("MISMATCH" if mismatch else "ok")
+        rows.append(Row(v.node, verdict, checks, fabric, unchecked))
+    return rows
+
+
+def config_source(config: str | None) -> str:
+    """The config to check against: the one given, else that of my latest run."""
+    if config:
+        return config
+    runs = list_runs()
+    if not runs:
+        raise UserError("give a CONFIG (no earlier run to take the cluster settings from)")
+    return str(runs[-1] / CONFIG_FILE)
+
+
+@dataclass(frozen=True)
+class DoctorRun:
+    job_id: str
+    run_dir: Path
+    rows: list[Row]
+
+    @property
+    def unchecked(self) -> list[str]:
+        return sorted({u for r in self.rows for u in r.unchecked})
+
+
+def run_doctor(
+    config: str | None,
+    overrides: Sequence[str],
+    *,
+    count: int | None,
+    nodelist: str | None,
+    timeout: float,
+    client: Any,
+    started: Callable[[str, Path], None] = lambda job_id, run_dir: None,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> DoctorRun:
+    """Submit the doctor job, wait for it (``started`` is told its id), judge the reports."""
+    names = expand_hostlist(nodelist) if nodelist else []
+    prepared = prepare(config_source(config), overrides)
+    cfg, plan = prepared.config, prepared.plan
+    run = RunDir.create(Path(plan.run_dir).parent / DOCTOR_DIR, new_run_id("doctor"))
+    # The node task reads its thresholds from the run directory, as in a training job.
+    run.write_config(to_plain(cfg))
+    minutes = max(2, math.ceil(cfg.health.preflight_timeout / 60) + 1)
+    directives = doctor_directives(plan.directives, nodes=count, nodelist=names, minutes=minutes)
+    search_path = template_search_path(cfg.templates.search_path)
+    script = doctor_script(plan, directives, str(run.path), search_path)
+    fsutil.atomic_write_text(run.path / SCRIPT_FILE, script, 0o700)
+    job_id = client.sbatch(
+        [
+            "sbatch",
+            "--parsable",
+            f"--output={run.path / LOGS_DIR / 'batch-%j.out'}",
+            f"--chdir={run.path}",
+            str(run.path / SCRIPT_FILE),
+        ]
+    )
+    started(job_id, run.path)
+    nodes_seen = wait_for_job(client, job_id, timeout, sleep)
+    reports = records.read_reports(run.path, AttemptId(job_id, 0, job_id))
+    nodes = expand_hostlist(nodes_seen) if nodes_seen else sorted(reports)
+    if not nodes:
+        raise UserError(f"doctor job {job_id} left no report; see {run.path / LOGS_DIR}")
+    return DoctorRun(job_id, run.path, verdict_rows(evaluate(cfg, nodes, reports), reports))
+
+
+def wait_for_job(client: Any, job_id: str, timeout: float, sleep: Callable[[float], Any]) -> str:
+    """Until the job leaves the queue (cancelled after ``timeout``); the nodes it ran on."""
+    deadline = time.monotonic() + timeout
+    nodes_seen = ""
+    while True:
+        row = client.status_rows([job_id]).get(job_id)
+        if row is not None and row.nodes:
+            nodes_seen = row.nodes
+        if row is None or fold_state(row.state) not in ACTIVE_STATES:
+            return nodes_seen
+        if time.monotonic() > deadline:
+            client.cancel([job_id])
+            raise UserError(f"doctor job {job_id} did not finish in {timeout:.0f} s; cancelled")
+        sleep(2)

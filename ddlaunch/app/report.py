@@ -1,0 +1,240 @@
+"""A run's history as plain data for ``ddlaunch report``.
+
+Attempts (start, end, nodes, cause, blamed nodes), checkpoint commits, rank failures and
+the step history (``health/steps.jsonl``, one sample per watchdog poll in which the step
+advanced) become one ``Timeline`` (``build`` is pure; ``load_timeline`` reads the run
+directory); ``throughput`` turns the samples into steps per second; ``html_page`` lays it
+out around the picture (drawn by ``app.report_figure``).
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+from ddlaunch.app.runs import read_run
+from ddlaunch.app.status import run_status
+from ddlaunch.checkpoint.layout import list_checkpoints
+from ddlaunch.store import preflight as preflight_records
+from ddlaunch.store import watchdog as watchdog_records
+from ddlaunch.store.failures import FAILURES_DIR
+
+
+@dataclass(frozen=True)
+class AttemptSpan:
+    attempt: int
+    job_id: str
+    nodes: str
+    start: float
+    end: float | None
+    cause: str
+    blamed: tuple[str, ...] = ()
+    resumed_from: int | None = None
+    committed_step: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float
+    kind: str  # "checkpoint" | "failure"
+    label: str
+    step: int | None = None
+
+
+@dataclass
+class Timeline:
+    run_id: str
+    state: str
+    attempts: list[AttemptSpan] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (time, step)
+    series: list[str] = field(default_factory=list)  # which attempt each sample belongs to
+    excluded: list[str] = field(default_factory=list)
+    preflight: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def origin(self) -> float:
+        times = [a.start for a in self.attempts] + [e.time for e in self.events]
+        times += [t for t, _ in self.samples]
+        return min(times) if times else 0.0
+
+
+def build(
+    run_id: str,
+    state: str,
+    attempts: Sequence[Mapping[str, Any]],
+    checkpoints: Sequence[tuple[int, float]],
+    failures: Sequence[Mapping[str, Any]],
+    samples: Sequence[Mapping[str, Any]],
+    excluded: Sequence[str] = (),
+    preflight: Sequence[Mapping[str, Any]] = (),
+    now: float | None = None,
+) -> Timeline:
+    t = Timeline(run_id, state, excluded=list(excluded), preflight=[dict(p) for p in preflight])
+    for rec in attempts:
+        if rec.get("start") is None:
+            continue
+        t.attempts.append(
+            AttemptSpan(
+                attempt=int(rec.get("attempt", len(t.attempts))),
+                job_id=str(rec.get("job_id", "")),
+                nodes=str(rec.get("nodes", "")),
+                start=float(rec["start"]),
+                end=float(rec["end"]) if rec.get("end") is not None else now,
+                cause=str(rec.get("cause") or "running"),
+                blamed=tuple(rec.get("blamed") or ()),
+                resumed_from=rec.get("resumed_from"),
+                committed_step=rec.get("committed_step"),
+                detail=str(rec.get("health") or rec.get("decision") or ""),
+            )
+        )
+    for step, when in checkpoints:
+        t.events.append(Event(float(when), "checkpoint", f"step {step}", step))
+    for f in failures:
+        if f.get("time") is not None:
+            label = f"rank {f.get('rank')} on {f.get('host')}: {f.get('exception')}"
+            t.events.append(Event(float(f["time"]), "failure", label))
+    t.events.sort(key=lambda e: e.time)
+    points = sorted(
+        (float(s["time"]), int(s["step"]), f"{s.get('job_id', '')}-{s.get('restart', '')}")
+        for s in samples
+        if s.get("time") is not None and s.get("step") is not None
+    )
+    t.samples = [(time_, step) for time_, step, _ in points]
+    t.series = [key for _, _, key in points]
+    return t
+
+
+def split_series(t: Timeline) -> list[list[tuple[float, int]]]:
+    """The samples cut where the attempt changes: a line must not bridge a requeue."""
+    out: list[list[tuple[float, int]]] = []
+    keys = t.series or [""] * len(t.samples)
+    for i, point in enumerate(t.samples):
+        if not out or keys[i] != keys[i - 1]:
+            out.append([])
+        out[-1].append(point)
+    return out
+
+
+def throughput(samples: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
+    """(time at the interval's end, steps per second) between consecutive samples; a step
+    that went back (a resume from an older checkpoint) starts a new series."""
+    out = []
+    for (t0, s0), (t1, s1) in itertools.pairwise(samples):
+        if t1 > t0 and s1 >= s0:
+            out.append((t1, (s1 - s0) / (t1 - t0)))
+    return out
+
+
+CAUSE_COLORS = {
+    "completed": "#2e7d32",
+    "signal": "#1565c0",
+    "preflight": "#ef6c00",
+    "hang": "#c62828",
+    "straggler": "#ad1457",
+    "crash": "#b71c1c",
+    "node failure": "#6a1b9a",
+    "requeued by Slurm": "#6a1b9a",
+    "cancelled": "#616161",
+    "running": "#90a4ae",
+}
+
+
+def color(cause: str) -> str:
+    return CAUSE_COLORS.get(cause, "#757575")
+
+
+def _fmt_time(ts: float | None, origin: float) -> str:
+    return "-" if ts is None else f"+{(ts - origin) / 60:.1f} min"
+
+
+def html_page(t: Timeline, png_b64: str) -> str:
+    """The report page: the picture (embedded) and the same facts as tables."""
+    e = html.escape
+    o = t.origin
+    rows = "".join(
+        f"<tr><td>{a.attempt}</td><td>{e(a.job_id)}</td><td>{e(a.nodes)}</td>"
+        f"<td>{_fmt_time(a.start, o)}</td>"
+        f"<td>{'' if a.end is None else f'{a.end - a.start:.0f} s'}</td>"
+        f"<td style='color:{color(a.cause)}'><b>{e(a.cause)}</b></td>"
+        f"<td>{'' if a.resumed_from is None else a.resumed_from}</td>"
+        f"<td>{'' if a.committed_step is None else a.committed_step}</td>"
+        f"<td>{e(','.join(a.blamed))}</td><td>{e(a.detail)}</td></tr>"
+        for a in t.attempts
+    )
+    events = "".join(
+        f"<tr><td>{_fmt_time(ev.time, o)}</td><td>{e(ev.kind)}</td><td>{e(ev.label)}</td></tr>"
+        for ev in t.events
+    )
+
+    def checks(v: Mapping[str, Any]) -> str:
+        return "; ".join(f"{c.get('name', '')}: {c.get('detail', '')}" for c in v.get("checks", []))
+
+    preflight = "".join(
+        f"<tr><td>{e(str(v.get('node')))}</td><td>{'ok' if v.get('ok') else 'FAILED'}</td>"
+        f"<td>{e(checks(v))}</td></tr>"
+        for v in t.preflight
+    )
+    excluded = e(", ".join(t.excluded)) or "none"
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>ddlaunch report {e(t.run_id)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;
+font-size:13px;text-align:left}}th{{background:#eee}}img{{max-width:100%}}</style></head>
+<body><h1>Run {e(t.run_id)}: {e(t.state)}</h1>
+<img alt="timeline of attempts, checkpoints, failures and step throughput"
+ src="data:image/png;base64,{png_b64}">
+<h2>Attempts</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>start</th>
+<th>duration</th><th>cause</th><th>resumed from</th><th>committed</th><th>blamed</th>
+<th>detail</th></tr>{rows}</table>
+<p>Excluded nodes: {excluded}</p>
+<h2>Checkpoints and failures</h2><table><tr><th>time</th><th>what</th><th>detail</th></tr>
+{events}</table>
+<h2>Latest preflight</h2><table><tr><th>node</th><th>verdict</th><th>checks</th></tr>
+{preflight}</table></body></html>
+"""
+
+
+def load_timeline(run_dir: Path) -> Timeline:
+    """Everything ``report`` draws, from the run directory."""
+    info = read_run(run_dir)
+    state = run_status(info, None).state
+    checkpoints = []
+    if info.checkpoint_root is not None and info.checkpoint_root.is_dir():
+        for c in list_checkpoints(info.checkpoint_root):
+            if c.complete and c.marker is not None:
+                checkpoints.append((c.step, c.marker.time))
+    failures = []
+    for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
+        try:
+            failures.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    samples = watchdog_records.read_samples(run_dir)
+    if not samples:
+        # No watchdog history (an older run, or code without Session): the commit times of
+        # the checkpoints still give a coarse step-over-time curve.
+        samples = [{"time": when, "step": step} for step, when in sorted(checkpoints)]
+    try:
+        latest = fsutil.read_json(preflight_records.latest_path(run_dir)) or {}
+    except ValueError:
+        latest = {}
+    return build(
+        info.run_id,
+        state,
+        info.attempts,
+        checkpoints,
+        failures,
+        samples,
+        info.excluded,
+        latest.get("verdicts", []),
+        now=time.time(),
+    )

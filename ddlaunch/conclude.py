@@ -1,0 +1,132 @@
+"""Concluding an attempt: the one place that closes an attempt's record, checks for a cancel,
+applies the requeue policy, and either requeues the job (excluding blamed nodes) or records
+the run's outcome. Torch-free; called by the end hook and the preflight outcome on the batch
+host, and by rank 0 after a signal save (on preemption the batch shell may never reach the
+end hook, so the rank requeues the job itself).
+
+The batch host and the ranks meet only here and in ``ddlaunch.store``.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.policy import requeue as policy
+from ddlaunch.store import attempts, exclusions, outcome
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    cause: str
+    decision: policy.Decision
+    state: str | None  # the final state recorded in outcome.json; None when requeued
+
+    @property
+    def requeued(self) -> bool:
+        return self.state is None
+
+
+def cancel_reason(run_dir: Path, job_id: str | None = None, client: Any = None) -> str | None:
+    """Why the run's job was cancelled, or None. ``ddlaunch cancel`` leaves ``cancel.json``;
+    a plain scancel is seen only in accounting (``client``'s sacct; measured on 22.05:
+    CANCELLED there while squeue and scontrol say COMPLETING). Slurm sends the same SIGTERM
+    at cancel and at preemption, and would requeue even a cancelled job, so a requeue asks
+    this first."""
+    if outcome.cancel_requested(run_dir):
+        return "cancelled with ddlaunch cancel"
+    if not job_id or client is None:
+        return None
+    try:
+        row = client.accounting_rows([job_id]).get(job_id)
+    except Exception:  # no accounting, or Slurm unreachable: not known to be cancelled
+        return None
+    return "cancelled (scancel)" if row and row.state.startswith("CANCELLED") else None
+
+
+def requeue_excluding(client: Any, job_id: str, nodes: Sequence[str]) -> bool:
+    """Requeue the running job so that its next start avoids ``nodes``.
+
+    Slurm 22.05 refuses ``ExcNodeList`` updates while a job runs ("Job is no longer pending
+    execution"; measured on the dev cluster), so when setting it first fails, the order is:
+    requeue, then update the now pending job while its batch step is being torn down. That
+    teardown sends SIGTERM to this process, which is ignored for the second or two this
+    takes (SIGKILL follows only after KillWait). Returns whether the exclusion was set."""
+    if not nodes or client.exclude_nodes(job_id, nodes):
+        client.requeue(job_id)
+        return True
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        client.requeue(job_id)
+        for _ in range(20):
+            if client.exclude_nodes(job_id, nodes):
+                return True
+            time.sleep(0.2)
+        print(f"[ddlaunch] warning: could not exclude {','.join(nodes)}", flush=True)
+        return False
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def conclude(
+    run_dir: Path,
+    *,
+    cause: str,
+    committed_step: int | None,
+    max_requeues: int,
+    client: Any,
+    job: str,
+    blamed: Sequence[str] = (),
+    final: str | None = None,
+    saved_step: int | None = None,
+    **record: Any,
+) -> Conclusion:
+    """Close the newest attempt and act on the requeue policy.
+
+    ``job``: what to requeue (``AttemptId.task``; empty outside Slurm: nothing to requeue).
+    ``blamed``: the nodes this attempt blamed (the caller added them to the run's exclusions),
+    recorded with it; the requeue then sets the job's excluded nodes anew, and for a health
+    finding the policy lets the retry skip the progress test. ``final``: a reason that
+    rules out any retry (every node failed preflight). ``saved_step``: the step a signal save
+    just committed, said in a cancelled run's outcome. ``record``: more fields for the
+    attempt record (exit code, health detail, signal...)."""
+    records = attempts.load(run_dir)
+    current = records[-1] if records else {}
+    if final is not None:
+        decision = policy.Decision(False, final)
+    else:
+        decision = policy.decide(
+            cause=cause,
+            blamed=blamed,
+            committed_now=committed_step,
+            resumed_from=current.get("resumed_from"),
+            requeues_so_far=max(len(records) - 1, 0),
+            max_requeues=max_requeues,
+        )
+    if cause == policy.CAUSE_SIGNAL or decision.requeue:
+        # A cancel and a preemption look alike from inside the job: ask before requeueing.
+        why = cancel_reason(run_dir, job, client)
+        if why:
+            cause = policy.CAUSE_CANCELLED
+            saved = f"; saved step {saved_step}" if saved_step is not None else ""
+            decision = policy.Decision(False, f"{why}{saved}")
+    attempts.end_last(
+        run_dir,
+        cause=cause,
+        committed_step=committed_step,
+        decision=decision.reason,
+        blamed=list(blamed),
+        **record,
+    )
+    if decision.requeue and job:
+        print(f"[ddlaunch] {decision.reason}", flush=True)
+        requeue_excluding(client, job, exclusions.excluded(run_dir) if blamed else [])
+        return Conclusion(cause, decision, None)
+    state = policy.final_state(cause)
+    outcome.write_outcome(run_dir, state, decision.reason)
+    print(f"[ddlaunch] {state}: {decision.reason}", flush=True)
+    return Conclusion(cause, decision, state)

@@ -1,0 +1,155 @@
+"""Node checks (compute node, torch-free, seconds): GPUs visible vs requested, free space in
+the checkpoint directory and scratch, whether torch imports, and (for ``ddlaunch doctor``)
+the node's fabric compared with its profile where the tools exist. The facts come from the
+node; the verdicts are pure (``ddlaunch.policy.preflight``).
+
+Testing hook: ``$DDLAUNCH_HEALTH_INJECT`` holds a JSON list of overrides, each applied to the
+node named by ``node`` (host name) or ``index`` (position in the allocation), optionally only
+at ``restart`` N: ``free_gb`` (every checked path), ``gpus`` (GPUs assigned), ``torch_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.policy import preflight as v
+from ddlaunch.runner import Runner
+
+INJECT_VAR = "DDLAUNCH_HEALTH_INJECT"
+
+
+def injection(spec: str | None, host: str, index: int, restart: int) -> dict[str, Any]:
+    """The overrides of ``$DDLAUNCH_HEALTH_INJECT`` that apply to this node and attempt."""
+    if not spec:
+        return {}
+    try:
+        items = json.loads(spec)
+    except ValueError:
+        return {}
+    merged: dict[str, Any] = {}
+    for item in items if isinstance(items, list) else [items]:
+        if not isinstance(item, dict):
+            continue
+        if "node" in item and item["node"] != host:
+            continue
+        if "index" in item and int(item["index"]) != index:
+            continue
+        if "restart" in item and int(item["restart"]) != restart:
+            continue
+        merged.update({k: val for k, val in item.items() if k not in ("node", "index", "restart")})
+    return merged
+
+
+def assigned_gpus(env: Mapping[str, str]) -> int | None:
+    """GPUs Slurm gave this step: CUDA_VISIBLE_DEVICES, else the gres variables."""
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        value = env.get(name)
+        if value is None:
+            continue
+        value = value.strip()
+        if value in ("", "NoDevFiles"):
+            return 0
+        return len([x for x in value.split(",") if x.strip()])
+    value = env.get("SLURM_GPUS_ON_NODE")
+    return int(value) if value and value.isdigit() else None
+
+
+def nvidia_smi(runner: Runner) -> tuple[int | None, str | None]:
+    """(GPUs listed, error) from ``nvidia-smi -L``; (None, None) when it is not installed."""
+    if shutil.which("nvidia-smi") is None:
+        return None, None
+    result = runner.run(["nvidia-smi", "-L"], timeout=60)
+    if not result.ok:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        return None, detail[-1] if detail else f"exit {result.returncode}"
+    return sum(1 for line in result.stdout.splitlines() if line.startswith("GPU ")), None
+
+
+def free_gb(path: str) -> tuple[float | None, str]:
+    """Free space for an unprivileged writer at ``path`` (or its nearest existing parent: the
+    checkpoint directory may not exist before the first save)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError as exc:
+        return None, str(exc)
+    return st.f_bavail * st.f_frsize / 1e9, ""
+
+
+def checked_paths(cfg: Any, run_dir: Path, env: Mapping[str, str]) -> list[tuple[str, str]]:
+    ckpt = env.get("DDLAUNCH_CHECKPOINT_DIR") or cfg.storage.checkpoint_dir
+    paths = [("checkpoints", ckpt or str(run_dir / "checkpoints"))]
+    scratch = env.get("DDLAUNCH_SCRATCH") or cfg.storage.scratch
+    if scratch:
+        paths.append(("scratch", os.path.expandvars(scratch)))
+    return paths
+
+
+def node_checks(
+    cfg: Any, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
+) -> tuple[list[v.Check], dict[str, Any]]:
+    """The torch-free part of phase 1 (GPUs, free space); returns the checks and the facts
+    behind them. The in-rank preflight (``ddlaunch.worker.gate``) runs it before torch."""
+    facts: dict[str, Any] = {}
+    assigned = assigned_gpus(env)
+    smi_count, smi_error = nvidia_smi(runner)
+    if "gpus" in inject:
+        assigned = int(inject["gpus"])
+        smi_count = min(smi_count, assigned) if smi_count is not None else None
+    facts["gpus"] = {"assigned": assigned, "nvidia_smi": smi_count, "error": smi_error}
+    checks = [v.gpu_check(cfg.nodes.gpus_per_node, assigned, smi_count, smi_error)]
+    for label, path in checked_paths(cfg, run_dir, env):
+        free, error = free_gb(path)
+        if "free_gb" in inject:
+            free, error = float(inject["free_gb"]), ""
+        facts[f"free_gb:{label}"] = free
+        checks.append(v.disk_check(label, path, free, cfg.health.min_free_gb, error))
+    return checks, facts
+
+
+def local_checks(
+    cfg: Any, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
+) -> tuple[list[v.Check], dict[str, Any]]:
+    """Phase 1 of the node task; returns the checks and the facts behind them."""
+    checks, facts = node_checks(cfg, run_dir, env, runner, inject)
+    started = time.monotonic()
+    version, error = None, inject.get("torch_error")
+    if not error:
+        try:
+            import torch
+
+            version = str(torch.__version__)
+        except Exception as exc:  # any import failure is the finding
+            error = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - started
+    facts["torch"] = {"version": version, "error": error, "import_s": round(took, 2)}
+    checks.append(v.torch_check(version, error, took))
+    return checks, facts
+
+
+def doctor_findings(cfg: Any, runner: Runner) -> list[dict[str, str]]:
+    """``ddlaunch doctor``: compare the node with its fabric profile where the tools exist."""
+    try:
+        from ddlaunch.policy import fabric as fabric_check
+    except ImportError as exc:
+        return [{"check": "fabric", "status": "unchecked", "detail": f"fabric_check: {exc}"}]
+    outputs: dict[str, str | None] = {}
+    for key, argv in fabric_check.COMMANDS.items():
+        if shutil.which(argv[0]) is None:
+            outputs[key] = None
+            continue
+        result = runner.run(list(argv), timeout=30)
+        outputs[key] = result.stdout if result.ok else None
+    try:
+        findings = fabric_check.check_node(cfg, outputs)
+    except Exception as exc:  # a parser bug must not hide the other checks
+        return [{"check": "fabric", "status": "unchecked", "detail": f"fabric_check failed: {exc}"}]
+    return [{"check": f.check, "status": str(f.status), "detail": f.detail} for f in findings]

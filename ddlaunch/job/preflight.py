@@ -1,0 +1,187 @@
+"""The preflight seen from the batch host (torch-free), called by the end hook.
+
+``preflight_outcome``: after the ranks failed, did this attempt fail preflight (the in-rank
+gate, ``ddlaunch.worker.gate``, or node reports on disk when the ranks ended before the
+verdict)? Then exclude the failing nodes and requeue, or stop the run when every node failed
+alike or no requeue is left (``apply_decision``, through ``ddlaunch.conclude``).
+``preflight_hook`` does the same around a separate srun step of node tasks
+(``python -m ddlaunch.job.hooks preflight``; the batch script no longer runs it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.conclude import conclude
+from ddlaunch.config import Config, load_config
+from ddlaunch.policy import preflight as verdicts
+from ddlaunch.policy.requeue import CAUSE_PREFLIGHT
+from ddlaunch.store import badnodes, exclusions
+from ddlaunch.store import preflight as records
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.rundir import LOGS_DIR, committed_step
+
+REQUEUED = 75  # the batch script exits 0 without training: Slurm restarts the job
+STOPPED = 76  # the batch script exits 1 without training: the outcome is recorded
+
+
+def preflight_argv(
+    python: str, nodes: int, timeout_s: int, log_dir: Path, doctor: bool = False
+) -> list[str]:
+    return [
+        "srun",
+        # Explicit logs: a sweep task exports SLURM_STDOUTMODE for the training ranks' logs.
+        f"--output={log_dir / 'preflight-%N.out'}",
+        f"--error={log_dir / 'preflight-%N.out'}",
+        "--open-mode=append",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0",
+        f"--time={max(1, math.ceil(timeout_s / 60))}",
+        "--job-name=ddlaunch-preflight",
+        python,
+        "-m",
+        "ddlaunch.worker.node_task",
+        *(["--doctor"] if doctor else []),
+    ]
+
+
+def run_preflight_step(
+    cfg: Config, run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Run the node task on every node of the allocation; return the reports by host."""
+    timeout = cfg.health.preflight_timeout
+    argv = preflight_argv(cfg.launch.python, len(nodes), timeout, run_dir / LOGS_DIR)
+    result = client.run_step(argv, timeout=timeout + 30)
+    for line in (result.stdout + result.stderr).splitlines():
+        if line.strip():
+            print(line, flush=True)
+    reports = records.read_reports(run_dir, attempt)
+    for node in nodes:
+        if node in reports:
+            print(verdicts.node_report_line(reports[node]), flush=True)
+    return reports
+
+
+def record_verdicts(
+    run_dir: Path,
+    attempt: AttemptId,
+    nodes: Sequence[str],
+    results: Sequence[verdicts.NodeVerdict],
+    reason: str,
+) -> None:
+    records.record_verdicts(
+        run_dir,
+        attempt,
+        list(nodes),
+        verdicts.verdicts_as_dict(results),
+        verdicts.attempt_verdicts(results),
+        reason,
+    )
+
+
+def preflight_hook(run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequence[str]) -> int:
+    """``job.hooks preflight``: the checks as a separate srun step before training (the
+    batch script runs them inside the ranks instead, ``ddlaunch.worker.gate``)."""
+    cfg = load_config(run_dir / "config.yaml")
+    if not cfg.health.preflight:
+        return 0
+    reports = run_preflight_step(cfg, run_dir, client, attempt, nodes)
+    defer_signal(run_dir, attempt, reports)
+    results = verdicts.evaluate(cfg, nodes, reports)
+    decision = verdicts.decide(results)
+    record_verdicts(run_dir, attempt, nodes, results, decision.reason)
+    print(f"[ddlaunch] preflight: {decision.reason}", flush=True)
+    return apply_decision(cfg, run_dir, client, attempt, decision)
+
+
+def preflight_outcome(
+    run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequence[str], failed: bool = True
+) -> int | None:
+    """End hook: did this attempt fail preflight (inside the ranks)? (``failed``: srun
+    returned nonzero; otherwise only the verdicts are printed, if nobody did yet.)
+
+    The gate record says so when the ranks got that far; otherwise the node reports on disk
+    decide (a node without one died, hung or could not import torch before the verdict).
+    Returns the script's exit code (0 requeued, 1 stopped) or None: not a preflight failure,
+    the usual crash handling applies."""
+    if not nodes:
+        return None
+    gate = records.read_gate(run_dir, attempt)
+    reports = records.read_reports(run_dir, attempt)
+    if gate is not None and gate.get("passed"):
+        print_verdicts(run_dir, attempt, nodes, reports, gate)
+        return None
+    # No reports: preflight is off, or the ranks never got as far (srun itself failed).
+    if not failed or not reports:
+        return None
+    cfg = load_config(run_dir / "config.yaml")
+    results = verdicts.evaluate(cfg, nodes, reports)
+    decision = verdicts.decide(results)
+    if not decision.exclude and not decision.stop:
+        return None
+    if gate is None:
+        # The ranks ended before the verdict: record it here.
+        record_verdicts(run_dir, attempt, nodes, results, decision.reason)
+    print_verdicts(run_dir, attempt, nodes, reports, gate or {"reason": decision.reason})
+    code = apply_decision(cfg, run_dir, client, attempt, decision)
+    return 0 if code == REQUEUED else 1
+
+
+def print_verdicts(
+    run_dir: Path,
+    attempt: AttemptId,
+    nodes: Sequence[str],
+    reports: Mapping[str, Mapping[str, Any]],
+    gate: dict[str, Any],
+) -> None:
+    """Into the batch log, once per attempt (the watchdog does it as soon as the gate opens;
+    this covers an attempt that ended first)."""
+    if gate.get("printed"):
+        return
+    for node in nodes:
+        if node in reports:
+            print(verdicts.node_report_line(reports[node]), flush=True)
+    print(f"[ddlaunch] preflight: {gate.get('reason', '')}", flush=True)
+    if "job_id" in gate:
+        records.mark_printed(run_dir, attempt, gate)
+
+
+def apply_decision(
+    cfg: Config, run_dir: Path, client: Any, attempt: AttemptId, decision: verdicts.Decision
+) -> int:
+    """Act on the preflight decision: 0 (train), ``REQUEUED`` (failing nodes excluded, job
+    requeued) or ``STOPPED`` (outcome recorded)."""
+    if not decision.exclude and not decision.stop:
+        return 0
+    blamed = list(decision.exclude)
+    if blamed:
+        exclusions.add_excluded(run_dir, blamed, decision.reason)
+        source = f"run {run_dir.name}"
+        badnodes.record(blamed, decision.reason, cfg.health.bad_node_ttl_hours, source)
+    conclusion = conclude(
+        run_dir,
+        cause=CAUSE_PREFLIGHT,
+        committed_step=committed_step(run_dir),
+        max_requeues=cfg.fault_tolerance.max_requeues,
+        client=client,
+        job=attempt.task,
+        blamed=blamed,
+        final=decision.reason if decision.stop else None,
+        **({"health": decision.reason} if blamed else {}),
+    )
+    return REQUEUED if conclusion.requeued else STOPPED
+
+
+def defer_signal(run_dir: Path, attempt: AttemptId, reports: dict[str, dict[str, Any]]) -> None:
+    """The pre-timeout signal arrived during preflight (Slurm sends it once): leave it for
+    the watchdog, which sends it to the training step once its ranks report."""
+    names = [str(r["signal"]) for r in reports.values() if r.get("signal")]
+    if not names:
+        return
+    records.defer_signal(run_dir, attempt, names[0])
+    print(f"[ddlaunch] {names[0]} arrived during preflight; passed on to the training step")

@@ -1,0 +1,208 @@
+"""The watchdog: ``python -m ddlaunch.job.watchdog --srun-pid PID`` (batch host, torch-free).
+
+Runs in the background beside the training step on the batch host. Every few seconds it reads
+the ranks' heartbeat files of this attempt, writes ``health/watchdog.json`` (a summary for
+``status``) and asks ``policy.heartbeats.analyse`` whether the attempt is hung or a node
+straggles. On a finding it writes ``health/verdict-<job>-<restart>.json`` (cause, blamed
+nodes, detail) and ends the training step with ``scancel --signal=KILL`` on it; srun then
+returns, and the end hook (``job.hooks end``) reads the verdict, excludes the nodes and
+requeues through the usual path. It exits when srun does. Inert for code that never beats
+(no ``Session``).
+
+Two more duties (``job.watches``): it prints the in-rank preflight's verdicts into the batch
+log and ends a preflight that has not decided within ``health.preflight_timeout``; and when a
+node dies under the attempt (its ranks' peers fail, srun keeps waiting for it) it says so in
+the batch log at once; Slurm's own requeue follows when Slurm declares the node down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.job.watches import NodeFailureWatch, PreflightWatch, end_step
+from ddlaunch.policy import heartbeats as analysis
+from ddlaunch.store import preflight as preflight_records
+from ddlaunch.store import watchdog as records
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.heartbeats import read_heartbeats
+
+
+def relay_deferred_signal(run_dir: Path, attempt: AttemptId, client: Any) -> None:
+    """Send the pre-timeout signal that arrived during preflight to the training step: the
+    ranks have installed their handlers once they send heartbeats."""
+    name = preflight_records.take_deferred_signal(run_dir, attempt)
+    if name is None:
+        return
+    client.cancel([attempt.job_id], signal=name.removeprefix("SIG"))
+    print(f"[ddlaunch watchdog] sent the deferred {name} to the ranks", flush=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def poll_period(t: analysis.Thresholds) -> float:
+    return max(1.0, min(5.0, t.hang_timeout / 6, t.heartbeat_interval))
+
+
+@dataclass
+class _Watch:
+    """What one watchdog keeps between polls."""
+
+    run_dir: Path
+    attempt: AttemptId
+    thresholds: analysis.Thresholds
+    expected_ranks: int | None
+    client: Any
+    started: float
+    state: analysis.StragglerState = field(default_factory=analysis.StragglerState)
+    last_step: int | None = None
+
+    def beats(self) -> list[analysis.Beat]:
+        records_ = read_heartbeats(self.run_dir)
+        return analysis.current_beats(
+            records_, self.attempt.job_id, self.attempt.restart, self.started - 60
+        )
+
+    def report_dead_nodes(
+        self, nodes: NodeFailureWatch | None, now: float, beats: list[analysis.Beat]
+    ) -> None:
+        if nodes is None or nodes.found:
+            return
+        dead, why = nodes.poll(now, beats, self.thresholds.stale_after, self.client)
+        if dead:
+            # Said, not acted on: see NodeFailureWatch for why Slurm must requeue.
+            print(
+                f"[ddlaunch watchdog] node failure: {why} ({now - self.started:.0f} s into the "
+                "attempt); Slurm requeues the job once it declares the node down",
+                flush=True,
+            )
+
+    def analyse(self, now: float, beats: list[analysis.Beat]) -> analysis.Finding | None:
+        """Summarise the beats for ``status`` and ``report``; the finding, if any."""
+        if self.attempt.job_id:
+            relay_deferred_signal(self.run_dir, self.attempt, self.client)
+        summary = analysis.summary(beats, now)
+        summary.update({"job_id": self.attempt.job_id, "restart": self.attempt.restart})
+        records.write_summary(self.run_dir, summary)
+        if summary["step"] is not None and summary["step"] != self.last_step:
+            self.last_step = summary["step"]
+            records.append_sample(self.run_dir, summary)
+        return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks)
+
+    def act(self, finding: analysis.Finding, now: float) -> None:
+        """Record the verdict for the end hook, then end the training step."""
+        records.write_verdict(
+            self.run_dir,
+            self.attempt,
+            {
+                "cause": finding.cause,
+                "nodes": list(finding.nodes),
+                "ranks": list(finding.ranks),
+                "detail": finding.detail,
+                "time": now,
+                "job_id": self.attempt.job_id,
+                "restart": self.attempt.restart,
+            },
+        )
+        print(f"[ddlaunch watchdog] {finding.cause}: {finding.detail}", flush=True)
+        if self.attempt.job_id:
+            ended = end_step(self.attempt.job_id, self.client)
+            print(f"[ddlaunch watchdog] ended step(s) {', '.join(ended)}", flush=True)
+
+
+def watch(
+    run_dir: Path,
+    *,
+    attempt: AttemptId,
+    thresholds: analysis.Thresholds,
+    expected_ranks: int | None,
+    srun_pid: int | None,
+    client: Any,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Any] = time.sleep,
+    max_polls: int | None = None,
+    preflight_timeout: float | None = None,
+    heartbeats: bool = True,
+    nodes: NodeFailureWatch | None = None,
+) -> analysis.Finding | None:
+    """Poll until srun ends (or ``max_polls``); the finding that ended the step, if any."""
+    w = _Watch(run_dir, attempt, thresholds, expected_ranks, client, clock())
+    gate = PreflightWatch(run_dir, attempt, preflight_timeout)
+    polls = 0
+    while srun_pid is None or alive(srun_pid):
+        now = clock()
+        if gate.poll(now - w.started, client):
+            return None
+        beats = w.beats() if heartbeats else []
+        w.report_dead_nodes(nodes, now, beats)
+        if beats:
+            finding = w.analyse(now, beats)
+            if finding is not None:
+                w.act(finding, now)
+                return finding
+        polls += 1
+        if max_polls is not None and polls >= max_polls:
+            return None
+        if not heartbeats:
+            sleep(1.0)
+            continue
+        # Ranks failed while srun still runs: look again soon, a node may be gone.
+        soon = nodes is not None and not nodes.found and nodes.pending()
+        sleep(min(1.0, poll_period(thresholds)) if soon else poll_period(thresholds))
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.watchdog")
+    parser.add_argument("--srun-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    from ddlaunch.config import load_config
+    from ddlaunch.slurm.client import SlurmClient
+
+    run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
+    cfg = load_config(run_dir / "config.yaml")
+    h = cfg.health
+    thresholds = analysis.Thresholds(
+        hang_timeout=h.hang_timeout,
+        heartbeat_interval=h.heartbeat_interval,
+        straggler_factor=h.straggler_factor,
+        straggler_patience=h.straggler_patience,
+    )
+    world = os.environ.get("DDLAUNCH_WORLD_SIZE", "")
+    attempt = AttemptId.from_env(os.environ)
+    watch(
+        run_dir,
+        attempt=attempt,
+        thresholds=thresholds,
+        expected_ranks=int(world) if world.isdigit() else None,
+        srun_pid=args.srun_pid,
+        client=SlurmClient(),
+        preflight_timeout=float(h.preflight_timeout) if h.preflight else None,
+        heartbeats=h.watchdog,
+        nodes=NodeFailureWatch(
+            run_dir,
+            attempt,
+            time.time() - 5,
+            cfg.ranks_per_node,
+            os.environ.get("SLURM_JOB_NODELIST", ""),
+        ),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

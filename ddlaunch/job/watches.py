@@ -1,0 +1,153 @@
+"""Two duties of the watchdog besides hangs and stragglers (batch host, torch-free).
+
+``PreflightWatch``: the in-rank preflight (``ddlaunch.worker.gate``) seen from the batch
+host: print its verdicts into the batch log once the gate opens, and end the step when it has
+not decided within ``health.preflight_timeout``.
+
+``NodeFailureWatch``: a node that died under the attempt, found before Slurm marks it DOWN,
+said in the batch log with its time, not acted on (its docstring says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+from ddlaunch.job.blame import blame_nodes, expand
+from ddlaunch.policy.heartbeats import Beat
+from ddlaunch.policy.preflight import node_report_line
+from ddlaunch.store import preflight as records
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.failures import FAILURES_DIR
+
+
+def end_step(job_id: str, client: Any) -> list[str]:
+    """End the job's running steps (``scancel --signal=KILL JOB.STEP``, never the batch step);
+    returns them."""
+    steps: list[str] = client.job_steps(job_id)
+    if steps:
+        client.cancel(steps, signal="KILL")
+    return steps
+
+
+class PreflightWatch:
+    """Print the gate's verdicts once it opens; end a preflight that has not decided within
+    ``timeout`` (a node hung in the rendezvous or in ``import torch``: the end hook then
+    judges from the node reports on disk)."""
+
+    def __init__(self, run_dir: Path, attempt: AttemptId, timeout: float | None) -> None:
+        self.run_dir, self.attempt, self.timeout = run_dir, attempt, timeout
+        self.done = timeout is None
+
+    def poll(self, elapsed: float, client: Any) -> bool:
+        """True when the step was ended because the preflight timed out."""
+        if self.done:
+            return False
+        gate = records.read_gate(self.run_dir, self.attempt)
+        if gate is not None:
+            self.done = True
+            if gate.get("passed") and not gate.get("printed"):
+                self._print_passed(str(gate.get("reason", "")))
+                records.mark_printed(self.run_dir, self.attempt, gate)
+            return False
+        assert self.timeout is not None
+        if elapsed < self.timeout:
+            return False
+        self.done = True
+        print(
+            f"[ddlaunch watchdog] preflight undecided after {self.timeout:.0f} s "
+            "(health.preflight_timeout): ending the step",
+            flush=True,
+        )
+        if self.attempt.job_id:
+            end_step(self.attempt.job_id, client)
+        return True
+
+    def _print_passed(self, reason: str) -> None:
+        for report in records.read_reports(self.run_dir, self.attempt).values():
+            if "checks" in report:
+                print(node_report_line(report), flush=True)
+        print(f"[ddlaunch] preflight: {reason}", flush=True)
+
+
+def failed_ranks(run_dir: Path, restart: int, not_before: float) -> list[float]:
+    """Times of this attempt's rank failure records (``failures/rank-<R>.json``)."""
+    times = []
+    try:
+        paths = list((run_dir / FAILURES_DIR).glob("rank-*.json"))
+    except OSError:
+        return []
+    for path in paths:
+        try:
+            rec = fsutil.read_json(path) or {}
+        except (OSError, ValueError):
+            continue
+        when = float(rec.get("time") or 0.0)
+        if int(rec.get("attempt") or 0) == restart and when >= not_before:
+            times.append(when)
+    return times
+
+
+class NodeFailureWatch:
+    """A node that died under the attempt, found from the batch host before Slurm marks it
+    DOWN: said in the batch log with its time, not acted on.
+
+    Trigger: ranks of this attempt failed (a peer's connection closed) and srun has not
+    returned ``grace`` seconds later, because it waits for tasks on a node that no longer
+    answers; or some ranks' heartbeats went stale while others' did not (a node that vanished
+    without closing its connections). Then the nodes are probed as the end hook does
+    (``job.blame.blame_nodes``: Slurm's node state, a TCP connect to slurmd of the nodes
+    whose ranks went silent).
+
+    Why not end the attempt and requeue at once (measured on the dev cluster, Slurm 22.05):
+    a requeued job stays COMPLETING until Slurm declares the dead node DOWN, so it cannot
+    start earlier anyway (the only saving is Slurm's own post-requeue delay, the credential
+    lifetime + 1 s); and a GPU job requeued while one of its nodes does not respond comes
+    back with a broken gres allocation ("srun: error: Unable to create step ... Invalid
+    generic resource (gres) specification"; slurmctld: "_step_get_gres_cnt ... node offset
+    invalid"), so its next attempt fails at once. Slurm's own requeue at DOWN is not
+    affected. Ending srun early (``scancel`` of the step blocks for MessageTimeout while
+    the node does not answer) would only lead the end hook into that requeue."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        attempt: AttemptId,
+        not_before: float,
+        ranks_per_node: int,
+        nodelist: str,
+        grace: float = 2.0,
+        probe_every: float = 5.0,
+    ) -> None:
+        self.run_dir, self.attempt, self.not_before = run_dir, attempt, not_before
+        self.ranks_per_node, self.nodes = ranks_per_node, expand(nodelist)
+        self.grace, self.probe_every = grace, probe_every
+        self.last_probe = float("-inf")
+        self.found: list[str] = []
+
+    def triggered(self, now: float, beats: Sequence[Beat], stale_after: float) -> bool:
+        failures = failed_ranks(self.run_dir, self.attempt.restart, self.not_before)
+        if failures and now - min(failures) >= self.grace:
+            return True
+        running = [b for b in beats if b.state == "running"]
+        stale = [b for b in running if now - b.beat > stale_after]
+        return bool(stale) and len(stale) < len(running)
+
+    def pending(self) -> bool:
+        """Ranks failed but srun is still running: poll again soon."""
+        return bool(failed_ranks(self.run_dir, self.attempt.restart, self.not_before))
+
+    def poll(
+        self, now: float, beats: Sequence[Beat], stale_after: float, client: Any
+    ) -> tuple[list[str], str]:
+        """(dead nodes, why); empty when nothing is found (or it is not time to probe)."""
+        if not self.nodes or not self.triggered(now, beats, stale_after):
+            return [], ""
+        if now - self.last_probe < self.probe_every:
+            return [], ""
+        self.last_probe = now
+        dead, why = blame_nodes(self.run_dir, self.nodes, self.attempt, client, self.ranks_per_node)
+        self.found = dead
+        return dead, why

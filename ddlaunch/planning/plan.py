@@ -1,0 +1,220 @@
+"""Config + cluster facts -> LaunchPlan (pure: no I/O, no Slurm calls).
+
+The plan holds everything the template and the submitter need: the ``#SBATCH`` directives,
+the sbatch argv, the environment blocks and the srun launch line. ``render`` and ``submit``
+both start from it, so a dry run shows exactly what a submission would do.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from ddlaunch.config.schema import Config
+from ddlaunch.planning import fabric, topology
+from ddlaunch.store.rundir import SCRIPT_FILE
+from ddlaunch.store.sweeps import ARRAYS_DIR
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """A job array of sweep members: task ``t`` runs member ``members[t]``.
+
+    Array indices are positions in ``members`` (always ``0..len-1``): Slurm caps the highest
+    index at MaxArraySize - 1, so a split sweep or a resubmission of scattered members cannot
+    use the member numbers themselves as indices. Each member is a normal run directory,
+    ``<members_dir>/<member>``, chosen by the script at run time.
+    """
+
+    name: str  # the array's script is <run_dir>/arrays/<name>.sbatch
+    sweep_id: str
+    members: tuple[int, ...]
+    members_dir: str
+    throttle: int | None = None  # at most this many tasks of the array run at once
+    # Checkpoints of member m: <checkpoint_root>/m when storage.checkpoint_dir is set,
+    # else <member run dir>/checkpoints.
+    checkpoint_root: str | None = None
+
+    @property
+    def spec(self) -> str:
+        """The ``--array`` value: ``0-N`` plus ``%throttle``."""
+        if not self.members:
+            raise ValueError("a job array needs at least one member")
+        last = len(self.members) - 1
+        indices = "0" if last == 0 else f"0-{last}"
+        return f"{indices}%{self.throttle}" if self.throttle else indices
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What was probed from the cluster at the edge (all optional: rendering works offline)."""
+
+    slurm_version: str | None = None
+    max_array_size: int | None = None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_id: str
+    run_dir: str
+    directives: tuple[tuple[str, str | None], ...]
+    sbatch_argv: tuple[str, ...]
+    ddlaunch_env: tuple[tuple[str, str], ...]
+    fabric_env: tuple[tuple[str, str], ...]
+    user_env: tuple[tuple[str, str], ...]
+    setup: tuple[str, ...]
+    srun_argv: tuple[str, ...]
+    worker_argv: tuple[str, ...]
+    ranks_per_node: int
+    world_size: int
+    signal: str
+    python: str
+    array: ArraySpec | None = None  # set for a sweep's job array; run_dir is the sweep dir
+
+    @property
+    def script_path(self) -> str:
+        return script_path(self.run_dir, self.array)
+
+
+def script_path(run_dir: str, array: ArraySpec | None = None) -> str:
+    if array is None:
+        return str(PurePosixPath(run_dir) / SCRIPT_FILE)
+    return str(PurePosixPath(run_dir) / ARRAYS_DIR / f"{array.name}.sbatch")
+
+
+def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[str, str | None]]:
+    """``#SBATCH`` options in a stable order; every value was validated as a Slurm token."""
+    job, nodes, ft = cfg.job, cfg.nodes, cfg.fault_tolerance
+    out: list[tuple[str, str | None]] = [("--job-name", job.name)]
+    for flag, value in (
+        ("--partition", job.partition),
+        ("--account", job.account),
+        ("--qos", job.qos),
+        ("--reservation", job.reservation),
+    ):
+        if value:
+            out.append((flag, value))
+    out.append(("--time", job.time))
+    out.append(("--nodes", str(nodes.count)))
+    out.append(("--ntasks-per-node", str(cfg.ranks_per_node)))
+    if nodes.gpus_per_node:
+        out.append(("--gpus-per-node", str(nodes.gpus_per_node)))
+    # nodes.cpus_per_task, or a NUMA-aware default where the preset declares CPU binding.
+    cpus = topology.cpus_per_task(cfg)
+    if cpus:
+        out.append(("--cpus-per-task", str(cpus)))
+    for flag, value in (
+        ("--mem", nodes.mem),
+        ("--mem-per-cpu", nodes.mem_per_cpu),
+        ("--mem-per-gpu", nodes.mem_per_gpu),
+        ("--constraint", job.constraint),
+        ("--dependency", job.dependency),
+        ("--mail-user", job.mail_user),
+        ("--mail-type", job.mail_type),
+    ):
+        if value:
+            out.append((flag, value))
+    if job.exclusive:
+        out.append(("--exclusive", None))
+    excluded = sorted(set(nodes.exclude) | set(exclude))
+    if excluded:
+        out.append(("--exclude", ",".join(excluded)))
+    if nodes.nodelist:
+        out.append(("--nodelist", ",".join(nodes.nodelist)))
+    # Leaf-switch (--switches) and block/segment (--segment) placement, version-gated.
+    out += topology.placement_directives(cfg)
+    # Signal the step tasks (not the batch shell) ahead of the time limit; the ranks only
+    # set a flag and agree on it at the next step boundary.
+    out.append(("--signal", f"{ft.signal}@{ft.signal_lead}"))
+    out.append(("--requeue", None) if job.requeue else ("--no-requeue", None))
+    # Keep earlier attempts' output when Slurm requeues the job.
+    out.append(("--open-mode", "append"))
+    for option, value in cfg.sbatch.items():
+        if value is False or value is None:
+            continue
+        out.append((f"--{option}", None if value is True else str(value)))
+    return out
+
+
+def worker_command(cfg: Config, submitit_folder: str) -> list[str]:
+    """What every srun task runs: the pickled rank function, through ddlaunch's equivalent of
+    submitit's job runner (``ddlaunch.worker.task``: same files, no submitit import)."""
+    return [cfg.launch.python, "-u", "-m", "ddlaunch.worker.task", submitit_folder]
+
+
+def make_plan(
+    cfg: Config,
+    *,
+    run_id: str,
+    run_dir: str,
+    workdir: str,
+    facts: ClusterFacts | None = None,
+    exclude: Sequence[str] = (),
+    array: ArraySpec | None = None,
+) -> LaunchPlan:
+    """The plan of one run, or (``array``) of a job array whose tasks are sweep members;
+    then ``run_dir`` is the sweep directory and each task picks its member at run time."""
+    facts = facts or ClusterFacts()
+    run = PurePosixPath(run_dir)
+    logs = run / "logs"
+    if array is None:
+        submission = (f"--output={logs / 'batch-%j.out'}",)
+        # One run: rank logs go straight to its run directory.
+        rank_logs = (f"--output={logs / 'rank-%t.out'}", f"--error={logs / 'rank-%t.err'}")
+    else:
+        if facts.max_array_size is not None and len(array.members) > facts.max_array_size:
+            raise ValueError(
+                f"array {array.name} has {len(array.members)} tasks but the cluster's "
+                f"MaxArraySize is {facts.max_array_size}"
+            )
+        # Only what the script prints before it switches to the member's own batch log.
+        submission = (f"--array={array.spec}", f"--output={logs / 'batch-%A_%a.out'}")
+        # The member is known only at run time: the script points srun at the member's
+        # logs through SLURM_STDOUTMODE / SLURM_STDERRMODE, which srun reads when the
+        # command line has no --output / --error.
+        rank_logs = ()
+    sbatch_argv = (
+        "sbatch",
+        "--parsable",
+        *submission,
+        f"--chdir={cfg.launch.workdir or workdir}",
+        script_path(run_dir, array),
+    )
+    srun_argv = (
+        "srun",
+        "--unbuffered",
+        "--kill-on-bad-exit=1",
+        f"--ntasks-per-node={cfg.ranks_per_node}",
+        *rank_logs,
+        *topology.srun_binding_args(cfg),
+    )
+    env = fabric.fabric_env(cfg)
+    ours: dict[str, str] = {}
+    if array is None:
+        # (An array task exports its member's checkpoint directory itself.)
+        ours["DDLAUNCH_CHECKPOINT_DIR"] = cfg.storage.checkpoint_dir or str(run / "checkpoints")
+    if cfg.storage.scratch:
+        ours["DDLAUNCH_SCRATCH"] = cfg.storage.scratch
+    return LaunchPlan(
+        run_id=run_id,
+        run_dir=str(run),
+        directives=tuple(sbatch_directives(cfg, exclude)),
+        sbatch_argv=sbatch_argv,
+        ddlaunch_env=tuple(ours.items()),
+        fabric_env=tuple((k, v) for k, v in env.items() if k not in cfg.launch.env),
+        user_env=tuple(cfg.launch.env.items()),
+        setup=cfg.launch.setup,
+        srun_argv=srun_argv,
+        worker_argv=tuple(worker_command(cfg, str(run / "submitit"))),
+        ranks_per_node=cfg.ranks_per_node,
+        world_size=cfg.world_size,
+        signal=cfg.fault_tolerance.signal,
+        python=cfg.launch.python,
+        array=array,
+    )
+
+
+def format_argv(argv: Sequence[str]) -> str:
+    return shlex.join(argv)

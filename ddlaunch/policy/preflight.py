@@ -1,0 +1,295 @@
+"""Preflight verdicts (pure): node facts + thresholds -> checks -> which nodes to exclude.
+
+A node (``ddlaunch.health.checks``, inside the ranks through ``ddlaunch.worker.gate``)
+gathers facts and runs the local checks below; every node's report is then joined, with the
+cross-node bandwidth verdicts, and decided on (``evaluate``, ``decide``). ``unchecked`` never
+fails a node: it says what could not be checked and why (no nvidia-smi, single node, torch
+missing...).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Status(StrEnum):
+    OK = "ok"
+    FAIL = "fail"
+    WARN = "warn"
+    UNCHECKED = "unchecked"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "status": str(self.status), "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Check:
+        return cls(
+            str(d.get("name", "?")), Status(d.get("status", "unchecked")), str(d.get("detail", ""))
+        )
+
+
+# Floors for the all-reduce bus bandwidth (Gbit/s, nccl-tests' busbw convention), far below
+# the nominal rate of each fabric on purpose: preflight must catch a broken or fallen-back
+# link (NCCL over TCP on an IB cluster, a port trained at a fraction of its speed), not
+# grade a healthy one. gloo moves CPU tensors over TCP sockets whatever the fabric.
+NCCL_FLOOR_GBPS = {"ib": 100.0, "roce": 50.0, "efa": 50.0, "slingshot": 50.0, "ethernet": 5.0}
+GLOO_FLOOR_GBPS = 0.2
+
+
+def bandwidth_floor(configured: float | None, backend: str, fabric_kind: str) -> float:
+    if configured is not None:
+        return configured
+    if backend == "nccl":
+        return NCCL_FLOOR_GBPS.get(fabric_kind, NCCL_FLOOR_GBPS["ethernet"])
+    return GLOO_FLOOR_GBPS
+
+
+def gpu_check(
+    requested: int,
+    assigned: int | None,
+    smi_count: int | None,
+    smi_error: str | None = None,
+) -> Check:
+    """GPUs visible vs requested. ``assigned``: what Slurm gave the step (CUDA_VISIBLE_DEVICES
+    or SLURM_JOB_GPUS); ``smi_count``: what nvidia-smi lists, None when it is absent."""
+    if requested == 0:
+        return Check("gpus", Status.OK, "no GPUs requested")
+    if smi_error:
+        return Check("gpus", Status.FAIL, f"nvidia-smi failed: {smi_error}")
+    if assigned is None and smi_count is None:
+        return Check("gpus", Status.FAIL, f"requested {requested} GPUs, none assigned by Slurm")
+    if assigned is not None and assigned < requested:
+        return Check("gpus", Status.FAIL, f"Slurm assigned {assigned} GPUs, requested {requested}")
+    if smi_count is not None and smi_count < requested:
+        return Check(
+            "gpus", Status.FAIL, f"nvidia-smi lists {smi_count} GPUs, requested {requested}"
+        )
+    if smi_count is None:
+        return Check(
+            "gpus",
+            Status.OK,
+            f"{assigned} assigned by Slurm (nvidia-smi absent: device health not checked)",
+        )
+    return Check("gpus", Status.OK, f"{smi_count} listed by nvidia-smi, {requested} requested")
+
+
+def disk_check(
+    label: str, path: str, free_gb: float | None, min_free_gb: float, error: str = ""
+) -> Check:
+    name = f"disk:{label}"
+    if free_gb is None:
+        return Check(name, Status.FAIL, f"{path}: {error or 'cannot stat'}")
+    if free_gb < min_free_gb:
+        return Check(
+            name,
+            Status.FAIL,
+            f"{path}: {free_gb:.2f} GB free, needs {min_free_gb:g} (health.min_free_gb)",
+        )
+    return Check(name, Status.OK, f"{path}: {free_gb:.1f} GB free")
+
+
+def torch_check(version: str | None, error: str | None, seconds: float | None = None) -> Check:
+    if error:
+        return Check("torch", Status.FAIL, f"import torch failed: {error}")
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    return Check("torch", Status.OK, f"torch {version} imported{took}")
+
+
+def bandwidth_checks(
+    ring_gbps: Mapping[str, float | None],
+    allreduce_gbps: float | None,
+    floor: float,
+    order: Sequence[str],
+    skipped: str = "",
+) -> dict[str, Check]:
+    """Per node. Each node timed an exchange with its ring neighbours (send to the next, receive
+    from the previous), so one bad node slows three measurements: its own and its two
+    neighbours'. A node is blamed only when its own and both neighbours' rates are below the
+    floor, and only when that leaves a minority of the nodes: if most are slow, the fabric (or
+    the floor) is the problem, not a node, and excluding them would stall the run."""
+    if skipped:
+        return {n: Check("bandwidth", Status.UNCHECKED, skipped) for n in order}
+    members = [n for n in order if ring_gbps.get(n) is not None]
+    if len(members) < 2:
+        why = "fewer than two nodes could join the all-reduce test"
+        return {n: Check("bandwidth", Status.UNCHECKED, why) for n in order}
+    slow = {n for n in members if (ring_gbps[n] or 0.0) < floor}
+    k = len(members)
+    blamed = set()
+    if k >= 3:
+        for i, n in enumerate(members):
+            if {n, members[i - 1], members[(i + 1) % k]} <= slow:
+                blamed.add(n)
+    overall = (
+        f"all-reduce {allreduce_gbps:.2f} Gbit/s over {k} nodes"
+        if allreduce_gbps is not None
+        else ""
+    )
+    out: dict[str, Check] = {}
+    minority = 0 < len(blamed) < k / 2
+    for n in order:
+        rate = ring_gbps.get(n)
+        if rate is None:
+            out[n] = Check("bandwidth", Status.UNCHECKED, "did not take part in the test")
+            continue
+        mine = f"ring exchange {rate:.2f} Gbit/s, floor {floor:g}"
+        if n in blamed and minority:
+            out[n] = Check("bandwidth", Status.FAIL, f"{mine}; neighbours fast, this node slow")
+        elif n in slow or (not minority and allreduce_gbps is not None and allreduce_gbps < floor):
+            out[n] = Check("bandwidth", Status.WARN, f"{mine}; {overall}; no single node to blame")
+        else:
+            out[n] = Check("bandwidth", Status.OK, f"{mine}; {overall}".rstrip("; "))
+    return out
+
+
+@dataclass
+class NodeVerdict:
+    node: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == Status.FAIL]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def reason(self) -> str:
+        return "; ".join(f"{c.name}: {c.detail}" for c in self.failed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "ok": self.ok, "checks": [c.as_dict() for c in self.checks]}
+
+
+def join_reports(
+    nodes: Sequence[str],
+    reports: Mapping[str, Mapping[str, Any]],
+    floor: float,
+) -> list[NodeVerdict]:
+    """Every node of the allocation, in order: its local checks, plus bandwidth; a node with
+    no report fails (its preflight task died, hung or never started)."""
+    ring: dict[str, float | None] = {}
+    allreduce: list[float] = []
+    skipped = ""
+    for n in nodes:
+        net = (reports.get(n) or {}).get("net") or {}
+        ring[n] = net.get("ring_gbps")
+        if net.get("allreduce_gbps") is not None:
+            allreduce.append(float(net["allreduce_gbps"]))
+        if net.get("skipped") and not skipped and len(nodes) == 1:
+            skipped = str(net["skipped"])
+    if len(nodes) == 1:
+        skipped = skipped or "single node: no inter-node test"
+    bw = bandwidth_checks(
+        ring, statistics.median(allreduce) if allreduce else None, floor, nodes, skipped
+    )
+    verdicts = []
+    for n in nodes:
+        report = reports.get(n)
+        if report is None:
+            verdicts.append(
+                NodeVerdict(
+                    n,
+                    [
+                        Check(
+                            "report",
+                            Status.FAIL,
+                            "no preflight report (task died, hung or timed out)",
+                        )
+                    ],
+                )
+            )
+            continue
+        checks = [Check.from_dict(c) for c in report.get("checks", [])]
+        verdicts.append(NodeVerdict(n, [*checks, bw[n]]))
+    return verdicts
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``exclude``: nodes to keep out and requeue without; ``stop``: fail the run instead
+    (every node of a multi-node allocation failed: a shared cause such as a full checkpoint
+    filesystem, which no exclusion fixes). A single node that fails is excluded."""
+
+    exclude: tuple[str, ...]
+    stop: bool
+    reason: str
+
+
+def decide(verdicts: Sequence[NodeVerdict]) -> Decision:
+    failed = [v for v in verdicts if not v.ok]
+    if not failed:
+        return Decision((), False, "every node passed")
+    why = "; ".join(f"{v.node}: {v.reason()}" for v in failed)
+    if len(failed) == len(verdicts) > 1:
+        return Decision((), True, f"preflight failed on every node ({why})")
+    return Decision(tuple(v.node for v in failed), False, f"preflight failed: {why}")
+
+
+def verdicts_as_dict(verdicts: Sequence[NodeVerdict]) -> list[dict[str, Any]]:
+    return [v.as_dict() for v in verdicts]
+
+
+def summary_line(verdicts: Sequence[dict[str, Any]]) -> str:
+    """``2 ok, 1 failed (node2: disk:checkpoints ...)`` from stored verdicts (for status)."""
+    bad = [v for v in verdicts if not v.get("ok", True)]
+    text = f"{len(verdicts) - len(bad)} ok"
+    if bad:
+        reasons = []
+        for v in bad:
+            failed = [c for c in v.get("checks", []) if c.get("status") == "fail"]
+            reasons.append(f"{v['node']}: {failed[0]['name'] if failed else '?'}")
+        text += f", {len(bad)} failed ({', '.join(reasons)})"
+    return text
+
+
+def evaluate(
+    cfg: Any, nodes: Sequence[str], reports: Mapping[str, Mapping[str, Any]]
+) -> list[NodeVerdict]:
+    """Every node's verdict from the reports, with the bandwidth floor of the backend the
+    reports measured (``health.min_bandwidth_gbps``, else the fabric's default)."""
+    backends = [
+        (r.get("net") or {}).get("backend")
+        for r in reports.values()
+        if (r.get("net") or {}).get("backend")
+    ]
+    floor = bandwidth_floor(
+        cfg.health.min_bandwidth_gbps, backends[0] if backends else "gloo", cfg.fabric.kind
+    )
+    return join_reports(nodes, reports, floor)
+
+
+def attempt_verdicts(results: Sequence[NodeVerdict]) -> list[dict[str, Any]]:
+    """The per-node verdicts as the attempt record keeps them."""
+    return [
+        {"node": v.node, "ok": v.ok, **({"reason": v.reason()} if not v.ok else {})}
+        for v in results
+    ]
+
+
+def node_report_line(report: Mapping[str, Any]) -> str:
+    """One node's report in one line of the batch log."""
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    net = report.get("net", {})
+    bw = (
+        f"{net['ring_gbps']} Gbit/s ring"
+        if "ring_gbps" in net
+        else net.get("skipped") or net.get("error", "")
+    )
+    return (
+        f"[ddlaunch preflight {report['host']}] "
+        + ("; ".join(f"{c['name']}: {c['detail']}" for c in failed) if failed else "ok")
+        + f"; bandwidth: {bw} ({report.get('elapsed_s', '?')} s)"
+    )

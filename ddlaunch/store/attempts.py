@@ -1,0 +1,103 @@
+"""``attempts.json``: one record per start of the batch script (the first submission, each
+requeue): when it started, on which nodes, from which committed step it resumed, and how
+and why it ended. Opened by the start hook, closed by whoever concludes the attempt
+(``ddlaunch.conclude``).
+
+``AttemptId`` names an attempt as every record of it does: the Slurm job id and its restart
+count, read from the job's environment in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+
+ATTEMPTS_FILE = "attempts.json"
+
+
+@dataclass(frozen=True)
+class AttemptId:
+    """``job_id``: ``SLURM_JOB_ID`` (empty outside Slurm), the name the batch-host records
+    use; ``task``: the job as Slurm addresses it, ``ARRAY_TASK`` for an array task (what
+    ``scontrol requeue`` must be given, what the ranks' failure records carry);
+    ``restart``: ``SLURM_RESTART_COUNT``."""
+
+    job_id: str
+    restart: int
+    task: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> AttemptId:
+        job_id = env.get("SLURM_JOB_ID", "")
+        array, index = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+        # `scontrol requeue A` (the array's own id, which one task carries as SLURM_JOB_ID)
+        # would requeue every task of the array (measured on 22.05.8): name the task.
+        task = f"{array}_{index}" if array and index else job_id
+        return cls(job_id, int(env.get("SLURM_RESTART_COUNT", "0") or 0), task)
+
+    @property
+    def key(self) -> str:
+        """The attempt in per-attempt file names: ``<job>-<restart>`` (``local`` outside Slurm)."""
+        return f"{self.job_id or 'local'}-{self.restart}"
+
+    def matches(self, record: Mapping[str, Any]) -> bool:
+        """Whether an attempt record (``job_id``, ``restart_count``) is this attempt."""
+        return str(record.get("job_id")) == self.job_id and (
+            int(record.get("restart_count", 0) or 0) == self.restart
+        )
+
+
+def load(run_dir: Path) -> list[dict[str, Any]]:
+    return list(fsutil.read_json(run_dir / ATTEMPTS_FILE, []) or [])
+
+
+def save(run_dir: Path, attempts: list[dict[str, Any]]) -> None:
+    fsutil.atomic_write_json(run_dir / ATTEMPTS_FILE, attempts, 0o600)
+
+
+def is_open(record: Mapping[str, Any]) -> bool:
+    return "end" not in record
+
+
+def close(record: dict[str, Any], *, cause: str, committed_step: int | None, **extra: Any) -> None:
+    """Mark ``record`` ended now (in memory; the caller saves)."""
+    record.update({"end": time.time(), "cause": cause, "committed_step": committed_step, **extra})
+
+
+def end_last(run_dir: Path, *, cause: str, committed_step: int | None, **extra: Any) -> bool:
+    """Close the newest open attempt; False when there is none (closed already, or none)."""
+    attempts = load(run_dir)
+    if not attempts or not is_open(attempts[-1]):
+        return False
+    close(attempts[-1], cause=cause, committed_step=committed_step, **extra)
+    save(run_dir, attempts)
+    return True
+
+
+def update_open(run_dir: Path, **fields: Any) -> bool:
+    """Add ``fields`` to the newest attempt while it is open (e.g. its preflight verdicts)."""
+    attempts = load(run_dir)
+    if not attempts or not is_open(attempts[-1]):
+        return False
+    attempts[-1].update(fields)
+    save(run_dir, attempts)
+    return True
+
+
+def new_record(
+    index: int, attempt: AttemptId, *, nodes: str, host: str, resumed_from: int | None
+) -> dict[str, Any]:
+    return {
+        "attempt": index,
+        "job_id": attempt.job_id,
+        "restart_count": attempt.restart,
+        "nodes": nodes,
+        "batch_host": host,
+        "start": time.time(),
+        "resumed_from": resumed_from,
+    }

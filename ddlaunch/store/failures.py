@@ -1,0 +1,87 @@
+"""``failures/rank-<R>.json``: a rank's exception (type, message, where, traceback), written by
+the rank before the exception ends it; read by ``status``, ``logs``, the end hook (ranks
+without a record died silently: their node is a suspect) and the local launcher."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+
+FAILURES_DIR = "failures"
+
+
+def failure_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / FAILURES_DIR / f"rank-{rank}.json"
+
+
+def write_failure(run_dir: str | Path, rank: int, record: dict[str, Any]) -> None:
+    fsutil.atomic_write_json(failure_path(run_dir, rank), record)
+
+
+def read_failure_record(run_dir: str | Path, rank: int) -> dict[str, Any] | None:
+    try:
+        record = fsutil.read_json(failure_path(run_dir, rank))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+@dataclass
+class Failure:
+    rank: int
+    host: str
+    exception: str
+    message: str
+    where: str | None
+    job_id: str | None = None
+    attempt: int | None = None
+    traceback: str = ""
+    time: float = 0.0
+
+    def one_line(self) -> str:
+        loc = f" at {self.where}" if self.where else ""
+        return f"rank {self.rank} on {self.host}: {self.exception}: {self.message}{loc}"
+
+
+def read_failures(run_dir: Path) -> list[Failure]:
+    """Every rank's failure record, the cause first: the newest attempt, then real errors
+    before collateral ones (a peer's "connection closed" / timeout in a collective), then
+    the earliest."""
+    failures = []
+    for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        failures.append(
+            Failure(
+                rank=int(rec.get("rank", -1)),
+                host=str(rec.get("host", "?")),
+                exception=str(rec.get("exception", "?")),
+                message=str(rec.get("message", "")),
+                where=rec.get("where"),
+                job_id=rec.get("job_id"),
+                attempt=rec.get("attempt"),
+                traceback=str(rec.get("traceback", "")),
+                time=float(rec.get("time") or 0.0),
+            )
+        )
+    failures.sort(key=lambda f: (-(f.attempt or 0), is_collateral(f), f.time, f.rank))
+    return failures
+
+
+# Messages of ranks that failed only because a peer died or hung in a collective.
+_COLLATERAL = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Socket Timeout|"
+    r"timed out|Timeout|NCCL (communicator|error).*(abort|remote)|ProcessGroup.*(abort|timeout)",
+    re.IGNORECASE,
+)
+
+
+def is_collateral(failure: Failure) -> bool:
+    return bool(_COLLATERAL.search(failure.message))

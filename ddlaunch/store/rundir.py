@@ -1,0 +1,165 @@
+"""The run directory itself: where it lives, its id, its layout and the config it keeps.
+
+Layout (every file written atomically; the records' own modules name their files)::
+
+    <run_root>/<run_id>/            mode 0700
+        config.yaml                 resolved config (what the job runs with)
+        job.sbatch                  the rendered batch script
+        intent.json, submission.json, git.json, git.diff      (store.submission)
+        attempts.json               (store.attempts)
+        outcome.json, cancel.json   (store.outcome)
+        excluded_nodes.json, blame.json                       (store.exclusions)
+        progress.json, result.json  (store.progress)
+        failures/rank-<R>.json      (store.failures)
+        health/                     (store.preflight, store.watchdog, store.heartbeats)
+        history/                    earlier configs and scripts (``archive``)
+        logs/                       batch and per-rank logs
+        submitit/                   submitit's job folder (pickled rank function, results)
+        checkpoints/                the default checkpoint directory
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+
+CONFIG_FILE = "config.yaml"
+SCRIPT_FILE = "job.sbatch"
+LOGS_DIR = "logs"
+SUBMITIT_DIR = "submitit"
+CHECKPOINTS_DIR = "checkpoints"
+HISTORY_DIR = "history"
+
+DEFAULT_RUN_ROOT = "~/ddlaunch/runs"
+
+
+def resolve_run_root(configured: str) -> Path:
+    """$DDLAUNCH_RUN_ROOT replaces the built-in default; an explicit config value wins."""
+    if configured == DEFAULT_RUN_ROOT and os.environ.get("DDLAUNCH_RUN_ROOT"):
+        configured = os.environ["DDLAUNCH_RUN_ROOT"]
+    return Path(os.path.expandvars(configured)).expanduser().absolute()
+
+
+def default_run_root() -> Path:
+    """The run root when no config names one: $DDLAUNCH_RUN_ROOT or the built-in default."""
+    return resolve_run_root(DEFAULT_RUN_ROOT)
+
+
+def new_run_id(job_name: str, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{job_name}-{stamp}-{os.urandom(2).hex()}"  # not secrets: its import costs
+
+
+def is_run_dir(path: Path) -> bool:
+    """A complete run directory: its config is the last thing a creator writes."""
+    return (path / CONFIG_FILE).is_file()
+
+
+def config_path(run_dir: Path) -> Path:
+    return run_dir / CONFIG_FILE
+
+
+def read_config_tree(run_dir: Path) -> dict[str, Any]:
+    """The resolved config as plain YAML data (no validation: a hook needs a key or two)."""
+    import yaml  # lazy: status and logs import this module but rarely parse a config
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    tree = yaml.load(config_path(run_dir).read_text(), Loader=loader)  # a safe loader
+    return tree if isinstance(tree, dict) else {}
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    """The run's checkpoint directory: ``storage.checkpoint_dir`` or ``<run dir>/checkpoints``.
+
+    ``status`` reads this for every run it shows, so the common case (the key unset, written
+    by ``yaml.safe_dump`` as ``checkpoint_dir: null``) is recognised from the text without a
+    YAML parse; anything else is parsed properly.
+    """
+    text = config_path(run_dir).read_text()
+    if text.count("checkpoint_dir:") == 1 and "  checkpoint_dir: null\n" in text:
+        return run_dir / CHECKPOINTS_DIR
+    configured = (read_config_tree(run_dir).get("storage") or {}).get("checkpoint_dir")
+    return Path(configured) if configured else run_dir / CHECKPOINTS_DIR
+
+
+def committed_step(run_dir: Path) -> int | None:
+    """The step of the run's latest complete checkpoint (torch-free discovery)."""
+    from ddlaunch.checkpoint.layout import latest_complete
+
+    root = checkpoint_root(run_dir)
+    info = latest_complete(root) if root.is_dir() else None
+    return info.step if info else None
+
+
+def rank_log(run_dir: Path, rank: int, stream: str = "out") -> Path:
+    return run_dir / LOGS_DIR / f"rank-{rank}.{stream}"
+
+
+def batch_logs(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / LOGS_DIR).glob("batch-*.out"), key=os.path.getmtime)
+
+
+def archive(
+    run_dir: Path,
+    *,
+    copy: Iterable[str] = (),
+    move: Iterable[str] = (),
+    remove: Iterable[str] = (),
+    stamp: str | None = None,
+) -> Path:
+    """Before a run is submitted again (``resume``, ``sweep resubmit``): copy ``copy`` and
+    move ``move`` into ``history/<stamp>-<name>``, delete ``remove`` (end records of the
+    previous submission). Missing names are skipped. Returns the history directory."""
+    history = run_dir / HISTORY_DIR
+    history.mkdir(exist_ok=True)
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    for name in copy:
+        if (run_dir / name).exists():
+            shutil.copy2(run_dir / name, history / f"{stamp}-{name}")
+    for name in move:
+        if (run_dir / name).exists():
+            os.replace(run_dir / name, history / f"{stamp}-{name}")
+    for name in remove:
+        (run_dir / name).unlink(missing_ok=True)
+    return history
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, root: Path, run_id: str) -> RunDir:
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / run_id
+        path.mkdir(mode=0o700)  # fails if it exists: a run id is never reused
+        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+        (path / LOGS_DIR).mkdir()
+        return cls(path)
+
+    def write_text(self, name: str, text: str, mode: int = 0o600) -> Path:
+        return fsutil.atomic_write_text(self.path / name, text, mode)
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        return fsutil.atomic_write_json(self.path / name, obj, 0o600)
+
+    def read_json(self, name: str, default: Any = None) -> Any:
+        return fsutil.read_json(self.path / name, default)
+
+    def write_config(self, plain: dict[str, Any]) -> Path:
+        import yaml  # lazy: status and logs import this module but never write configs
+
+        return self.write_text(CONFIG_FILE, yaml.safe_dump(plain, sort_keys=False))
+
+    def write_script(self, text: str) -> Path:
+        return self.write_text(SCRIPT_FILE, text, 0o700)
+
+    def read_config_tree(self) -> dict[str, Any]:
+        return read_config_tree(self.path)

@@ -1,0 +1,456 @@
+"""Sweep members' run directories, created lazily from the sweep's packed file.
+
+Submitting a sweep writes O(1) files, whatever its size: ``members.json`` (the commit point
+of the sweep directory) holds the sweep's axes, whose product are the members, how each
+member's resolved config is made (``packed_config_text``) and every array's intent;
+``arrays/<n>.json`` every submitted array's members and job id. A member's own run directory,
+``members/<i>/``, is created the first time someone needs it, normally the member's array
+task when it starts (``python -m ddlaunch.store.sweeps start``, run by the array script
+before anything writes into the directory). A file create costs ~0.4 ms on an ext4 VM disk
+and milliseconds on Lustre or GPFS: a thousand members' directories at submit time cost
+more than the rest of the submission, sbatch included.
+
+Creation is idempotent and crash-safe. The directory is built under a temporary name and
+renamed into place, so it appears complete or not at all; ``config.yaml`` is the marker of
+a complete member directory (as of any run directory, see ``runs.find_run``), written last
+when the directory already existed (a ``mkdir -p`` of the script when Python was not
+usable before ``launch.setup``; the start hook then completes it). Its content is derived
+from the sweep's records only, so whoever creates it (the task, ``sweep resubmit``,
+``resume``) creates the same directory.
+
+Until a member's directory exists, readers take its config from ``members.json`` and its
+job ids (or its failed submission) from the arrays' records: ``member_jobs``,
+``complete_member_info``. Torch-free and light (json, os): ``status`` imports it.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ddlaunch import fsutil
+from ddlaunch.errors import UserError
+
+SWEEP_FILE = "sweep.yaml"  # the sweep file as given
+MEMBERS_FILE = "members.json"
+MEMBERS_DIR = "members"
+ARRAYS_DIR = "arrays"  # arrays/<n>.sbatch and arrays/<n>.json
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class MemberJobs:
+    """What the arrays' records say about one member."""
+
+    job_ids: list[str] = field(default_factory=list)  # ARRAY_TASK of every array that held it
+    array: str | None = None  # the latest array that holds it
+    state: str | None = None  # that array's state: submitting, submitted, failed
+    error: str | None = None  # why its sbatch failed
+    time: float | None = None  # when that array was submitted
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+# A version of a file is known by its mtime and size. One changed this recently is cached
+# for _FRESH_S only: with coarse timestamps a second write in the same tick would leave its
+# mtime unchanged (runs.QueuedRunCache has the same rule). Status reads the sweep's records
+# once per member: the cache makes that once per poll.
+_SETTLE_S = 2.0
+_FRESH_S = 0.5
+_Stamp = tuple[int, int, float]  # mtime_ns, size, when read (0.0: settled)
+
+
+def _stamp(path: Path) -> _Stamp | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    now = time.time()
+    return st.st_mtime_ns, st.st_size, 0.0 if now - st.st_mtime >= _SETTLE_S else now
+
+
+def _valid(cached: _Stamp, current: _Stamp | None) -> bool:
+    if current is None or cached[:2] != current[:2]:
+        return False
+    return cached[2] == 0.0 or time.time() - cached[2] < _FRESH_S
+
+
+_packed_cache: dict[Path, tuple[_Stamp, dict[str, Any]]] = {}
+_jobs_cache: dict[Path, tuple[_Stamp, dict[int, MemberJobs]]] = {}
+
+
+def read_packed(sweep_dir: Path) -> dict[str, Any]:
+    """``members.json``, parsed once per version of the file (status reads it per member)."""
+    path = sweep_dir / MEMBERS_FILE
+    stamp = _stamp(path)
+    hit = _packed_cache.get(path)
+    if hit is not None and _valid(hit[0], stamp):
+        return hit[1]
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if stamp is not None:
+        _packed_cache[path] = (stamp, data)
+    return data  # type: ignore[no-any-return]
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """Whether ``path`` is a sweep directory (as opposed to a run directory)."""
+    return (path / MEMBERS_FILE).is_file()
+
+
+def read_members(path: Path) -> dict[str, Any]:
+    """The sweep's ``members.json``: sweep id, metric, every member's record and config."""
+    try:
+        return read_packed(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is not a readable sweep directory: {exc}") from None
+
+
+def member_run_dirs(path: Path) -> list[tuple[str, Path]]:
+    """(label of the member's overrides, its run directory) for every member, in order.
+    A member's directory exists once it started (``start_task``)."""
+    overrides = member_overrides(read_members(path))
+    return [
+        (member_label(texts), path / MEMBERS_DIR / str(index))
+        for index, texts in enumerate(overrides)
+    ]
+
+
+def array_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every array submitted for the sweep, in submission order: its record
+    (``arrays/<n>.json``, written after its sbatch; before it, too, for a resubmission), else
+    its intent in ``members.json`` (state ``submitting``: its sbatch has not returned, or
+    the submitter died before it wrote the record)."""
+    records: dict[str, dict[str, Any]] = {}
+    try:
+        names = os.listdir(sweep_dir / ARRAYS_DIR)
+    except OSError:
+        names = []
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        try:
+            with open(sweep_dir / ARRAYS_DIR / name, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        records[str(record.get("name"))] = record
+    try:
+        intents = read_packed(sweep_dir).get("arrays", [])
+    except (OSError, ValueError):
+        intents = []
+    for intent in intents:
+        records.setdefault(str(intent.get("name")), intent)
+    return sorted(records.values(), key=lambda r: int(r.get("name", 0)))
+
+
+def member_jobs(sweep_dir: Path) -> dict[int, MemberJobs]:
+    """Member -> its job ids and latest array, from the arrays' records and intents (the
+    authority: durable before and after each sbatch). Cached per version of ``arrays/``
+    (every record and script is written by a rename there, which changes the directory's
+    mtime; ``members.json`` does not change after the sweep's commit)."""
+    arrays = sweep_dir / ARRAYS_DIR
+    stamp = _stamp(arrays)
+    hit = _jobs_cache.get(arrays)
+    if hit is not None and _valid(hit[0], stamp):
+        return hit[1]
+    out: dict[int, MemberJobs] = {}
+    for record in array_records(sweep_dir):
+        job_id = record.get("job_id")
+        for task, member in enumerate(record.get("members", [])):
+            jobs = out.setdefault(int(member), MemberJobs())
+            if job_id:
+                jobs.job_ids.append(f"{job_id}_{task}")
+            jobs.array = str(record.get("name"))
+            jobs.state = record.get("state")
+            jobs.error = record.get("error")
+            jobs.time = record.get("time")
+    if stamp is not None:
+        _jobs_cache[arrays] = (stamp, out)
+    return out
+
+
+def _member_table(packed: dict[str, Any], index: int) -> tuple[list[str], dict[str, Any]]:
+    """Member ``index``'s overrides and its layout (KeyError: no such member)."""
+    table = packed["members"]
+    layouts = table["layout"]
+    if not 0 <= index < len(layouts):
+        raise KeyError(index)
+    points = []
+    rest = index
+    for axis in reversed(table["axes"]):  # the last axis varies fastest
+        rest, digit = divmod(rest, len(axis))
+        points.append(axis[digit])
+    return [t for point in reversed(points) for t in point], packed["layouts"][layouts[index]]
+
+
+def member_overrides(packed: dict[str, Any]) -> list[list[str]]:
+    """Every member's overrides (``--set`` texts), in member order: the product of the
+    sweep's axes (``members.json`` stores each axis's points, not each member's)."""
+    axes = packed["members"]["axes"]
+    return [[t for point in combo for t in point] for combo in itertools.product(*axes)]
+
+
+def member_label(overrides: list[str]) -> str:
+    """What sets a member apart: its overrides as ``--set`` would take them."""
+    return " ".join(overrides) or "(base)"
+
+
+def own_params_positions(keys: Sequence[str]) -> list[int]:
+    """Which of a member's overrides (by their keys) it applies on its group's params.
+
+    Members are validated in groups of equal non-``params`` overrides (the schema passes
+    params through unchecked): a member's config is its group's with the member's own
+    ``params.*`` overrides set. A member that replaces ``params`` whole is validated with
+    all its overrides and owns its group: nothing is left to apply. ``validate_members``
+    and the readers of ``members.json`` share this rule."""
+    if "params" in keys:
+        return []
+    return [i for i, key in enumerate(keys) if key.startswith("params.")]
+
+
+def set_param(params: dict[str, Any], key: str, value: Any) -> int | None:
+    """Set ``params.a.b`` (``key``) in ``params`` as ``--set`` would: missing mappings are
+    created, mappings on the way are copied, never changed in place (they may be shared
+    with other members). Returns None, or how many parts of the path below ``params``
+    lead to a value that is not a mapping."""
+    path = key.split(".")[1:]
+    node = params
+    for depth, part in enumerate(path[:-1], start=1):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            return depth
+        else:
+            child = node[part] = dict(child)
+        node = child
+    node[path[-1]] = value
+    return None
+
+
+def dump_section(name: str, plain: Any) -> str:
+    """One top-level entry of a config's YAML, exactly as ``yaml.safe_dump`` of the whole
+    config writes it (its top-level entries dump independently)."""
+    if isinstance(plain, dict) and not plain:  # e.g. `sbatch: {}`, without YAML's cost
+        return f"{name}: {{}}\n"
+    import yaml  # lazy: status imports this module and never dumps configs
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump({name: plain}, Dumper=dumper, sort_keys=False)  # type: ignore[no-any-return]
+
+
+def _load_section(name: str, text: str) -> Any:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)[name]
+
+
+def packed_config_text(packed: dict[str, Any], index: int) -> str:
+    """Member ``index``'s resolved config as ``members.json`` holds it: its group's layout
+    (the config's top-level sections, each stored once for the whole sweep, as its plain
+    value or its YAML) with the member's own ``params.*`` overrides set and, where the
+    sweep has a checkpoint root, its own checkpoint directory; exactly what
+    ``yaml.safe_dump`` of the config writes."""
+    overrides, layout = _member_table(packed, index)
+    sections = packed["sections"]
+    parts = []
+    for name, number in layout["sections"].items():
+        entry = sections[number]
+        text: str | None = entry.get("yaml")
+        # The packed file is cached (read_packed): values are copied before a change.
+        if name == "params":
+            keys = [t.partition("=")[0] for t in overrides]
+            own = [overrides[i] for i in own_params_positions(keys)]
+            if own:
+                params = dict(entry["value"]) if text is None else _load_section(name, text)
+                text = dump_section(name, _with_params(params, own))
+        elif name == "storage" and layout.get("checkpoint_root"):
+            storage = dict(entry["value"]) if text is None else _load_section(name, text)
+            storage["checkpoint_dir"] = str(PurePosixPath(layout["checkpoint_root"]) / str(index))
+            text = dump_section(name, storage)
+        parts.append(dump_section(name, entry["value"]) if text is None else text)
+    return "".join(parts)
+
+
+def _with_params(params: dict[str, Any], texts: list[str]) -> dict[str, Any]:
+    from ddlaunch.config.load import parse_yaml_value  # the parser --set texts are made for
+
+    for text in texts:
+        key, _, value = text.partition("=")
+        if set_param(params, key, parse_yaml_value(value)) is not None:
+            raise ValueError(f"members.json: cannot set {key}: not a mapping on the way")
+    return params
+
+
+def is_materialized(run_dir: Path) -> bool:
+    return (run_dir / CONFIG_FILE).is_file()
+
+
+def member_config_text(sweep_dir: Path, index: int) -> tuple[str, str]:
+    """(config text, where it came from): the member's own ``config.yaml`` once its
+    directory exists (resubmissions may have changed it), else ``members.json``."""
+    own = sweep_dir / MEMBERS_DIR / str(index) / CONFIG_FILE
+    try:
+        return own.read_text(encoding="utf-8"), str(own)
+    except FileNotFoundError:
+        text = packed_config_text(read_packed(sweep_dir), index)
+        return text, f"{sweep_dir / MEMBERS_FILE} (member {index})"
+
+
+# ----------------------------------------------------------------------------- creating
+
+
+def _member_files(
+    sweep_dir: Path, index: int, job_id: str | None, array: str | None
+) -> dict[str, Any]:
+    """The records a member directory starts with, derived from the sweep's records plus
+    the starting task's own id (its array's record may not have it yet: the task can start
+    before the submitter wrote the id down)."""
+    jobs = member_jobs(sweep_dir).get(index, MemberJobs())
+    ids = list(jobs.job_ids)
+    if job_id and job_id not in ids:
+        ids.append(job_id)
+    array = array or jobs.array
+    files: dict[str, Any] = {}
+    about = {"sweep_id": sweep_dir.name}
+    if array is not None:
+        about |= {"array": array, "script": str(sweep_dir / ARRAYS_DIR / f"{array}.sbatch")}
+    if ids:
+        files["submission.json"] = {"job_ids": ids, "submitted": jobs.time, **about}
+    if jobs.state == "failed" and not job_id:
+        # Its latest array's sbatch failed: status shows SUBMIT_FAILED, as for a run.
+        files["intent.json"] = {
+            "run_id": str(index),
+            **about,
+            "state": "failed",
+            "error": jobs.error,
+            "previous_job_ids": ids,
+        }
+    return files
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    fsutil.atomic_write_json(path, obj, 0o600)
+
+
+def materialize(
+    sweep_dir: Path, index: int, job_id: str | None = None, array: str | None = None
+) -> Path:
+    """Create member ``index``'s run directory if it is not complete yet; returns it.
+
+    ``job_id``, ``array``: the starting task's ``ARRAY_TASK`` id and its array's name; the
+    id is added to ``submission.json`` (also when the directory exists: a resubmitted
+    member starting before the submitter wrote its new id down)."""
+    sweep_dir = Path(sweep_dir)
+    run = sweep_dir / MEMBERS_DIR / str(index)
+    if is_materialized(run):
+        if job_id:
+            _add_job_id(run, job_id)
+        return run
+    packed = read_packed(sweep_dir)
+    text = packed_config_text(packed, index)  # KeyError: no such member
+    files = _member_files(sweep_dir, index, job_id, array)
+    if not run.exists():
+        run.parent.mkdir(exist_ok=True)  # members/: with the first member's directory
+        tmp = run.with_name(f".{index}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
+        try:
+            tmp.mkdir(mode=0o700)
+            (tmp / "logs").mkdir()
+            for name, obj in files.items():
+                _write_json(tmp / name, obj)
+            fsutil.atomic_write_text(tmp / CONFIG_FILE, text, 0o600)
+            os.rename(tmp, run)  # replaces nothing but an empty directory
+            fsutil.fsync_dir(run.parent)
+            return run
+        except OSError as exc:
+            import shutil  # only here: status imports this module
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            # Someone else created it meanwhile: complete it below if need be.
+    if is_materialized(run):
+        if job_id:
+            _add_job_id(run, job_id)
+        return run
+    # The directory exists without its config: made by the script's `mkdir -p` (Python was
+    # not usable before launch.setup) or left by a crash. Complete it, config last.
+    (run / "logs").mkdir(exist_ok=True)
+    for name, obj in files.items():
+        if name == "submission.json" or not (run / name).exists():
+            _write_json(run / name, obj)
+    fsutil.atomic_write_text(run / CONFIG_FILE, text, 0o600)
+    return run
+
+
+def _add_job_id(run: Path, job_id: str) -> None:
+    path = run / "submission.json"
+    try:
+        submission = fsutil.read_json(path, {}) or {}
+    except ValueError:
+        submission = {}
+    ids = list(submission.get("job_ids", []))
+    if job_id not in ids:
+        submitted = submission.get("submitted") or time.time()
+        _write_json(path, {**submission, "job_ids": [*ids, job_id], "submitted": submitted})
+
+
+def member_of(run_dir: Path) -> tuple[Path, int] | None:
+    """(sweep directory, index) when ``run_dir`` is ``<sweep>/members/<i>`` of a sweep."""
+    run_dir = Path(run_dir)
+    if not run_dir.name.isdigit() or run_dir.parent.name != MEMBERS_DIR:
+        return None
+    sweep_dir = run_dir.parent.parent
+    if not (sweep_dir / MEMBERS_FILE).is_file():
+        return None
+    return sweep_dir, int(run_dir.name)
+
+
+def ensure_member_dir(run_dir: str | os.PathLike[str]) -> bool:
+    """Create ``run_dir`` if it is a sweep member's directory that does not exist yet (for
+    commands that need a member's run directory: logs, cancel, resume). Returns whether it
+    is a complete member directory now; False for anything that is not a sweep member."""
+    found = member_of(Path(run_dir).expanduser().absolute())
+    if found is None:
+        return False
+    sweep_dir, index = found
+    try:
+        materialize(sweep_dir, index)
+    except KeyError:  # no such member in members.json
+        return False
+    return True
+
+
+def array_task_ids(path: Path) -> dict[int, str]:
+    """Member -> ``ARRAYJOB_TASK`` of the latest array that holds it with a job id (the
+    authoritative record, fsynced before and after sbatch)."""
+    return {m: jobs.job_ids[-1] for m, jobs in member_jobs(path).items() if jobs.job_ids}
+
+
+def find_sweep(ref: str, root: Path) -> Path:
+    """A sweep by path, by id under the run root, or by a unique prefix of its id."""
+    as_path = Path(ref).expanduser()
+    if is_sweep_dir(as_path):
+        return as_path.absolute()
+    if is_sweep_dir(root / ref):
+        return root / ref
+    matches = sorted(p for p in root.glob(f"{ref}*") if is_sweep_dir(p)) if root.is_dir() else []
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UserError(
+            f"no sweep {ref!r} (looked for a sweep directory at that path and under {root}; "
+            "set DDLAUNCH_RUN_ROOT or pass the sweep directory)"
+        )
+    names = ", ".join(p.name for p in matches[:5])
+    raise UserError(f"{ref!r} matches {len(matches)} sweeps ({names}...); give more of the id")

@@ -1,0 +1,340 @@
+"""Sweep -> validated members -> job arrays with their scripts (no Slurm calls, no writes).
+
+The same path serves ``ddlaunch sweep --dry-run``, ``ddlaunch sweep`` and ``sweep resubmit``:
+the cluster's MaxArraySize comes in as a fact (``ClusterFacts.max_array_size``), probed once
+by the caller.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.load import LoadedTree, apply_overrides, load_tree
+from ddlaunch.config.schema import Config, StorageSpec
+from ddlaunch.config.validate import validate_tree
+from ddlaunch.errors import UserError
+from ddlaunch.planning.plan import ArraySpec, ClusterFacts, LaunchPlan, make_plan
+from ddlaunch.planning.render import render_script, template_search_path
+from ddlaunch.store.rundir import new_run_id, resolve_run_root
+from ddlaunch.store.sweeps import MEMBERS_DIR, own_params_positions, set_param
+from ddlaunch.sweeps.spec import Member, Override, SweepSpec, expand, split_arrays
+
+Tick = Callable[[int], None]  # advances a progress display by n
+_SHOWN_BAD_MEMBERS = 10
+
+
+class SweepMembersError(UserError):
+    """Members whose config does not validate; the whole sweep is refused."""
+
+    def __init__(self, bad: list[tuple[Member, ConfigError]], total: int):
+        self.bad = bad
+        lines = [
+            f"invalid sweep: {len(bad)} of {total} members do not validate; "
+            "nothing was created or submitted:"
+        ]
+        for member, error in bad[:_SHOWN_BAD_MEMBERS]:
+            lines.append(f"  member {member.index} ({member.label}):")
+            lines += [f"    {issue}" for issue in error.issues]
+        if len(bad) > _SHOWN_BAD_MEMBERS:
+            lines.append(f"  ... and {len(bad) - _SHOWN_BAD_MEMBERS} more members")
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class ArrayJob:
+    """One ``sbatch --array`` submission: its plan (``plan.array`` names the members)."""
+
+    plan: LaunchPlan
+    script: str
+
+    @property
+    def spec(self) -> ArraySpec:
+        assert self.plan.array is not None
+        return self.plan.array
+
+    @functools.cached_property
+    def script_path(self) -> str:
+        return self.plan.script_path
+
+
+@dataclass(frozen=True)
+class PreparedSweep:
+    spec: SweepSpec
+    sweep_id: str
+    sweep_dir: Path
+    sources: tuple[str, ...]
+    members: tuple[Member, ...]
+    configs: tuple[Config, ...]  # configs[i] is member i's resolved config
+    arrays: tuple[ArrayJob, ...]
+    facts: ClusterFacts
+    # How the configs were made (ValidatedMembers): member i's is group_configs[groups[i]]
+    # with its own params.* overrides and, under checkpoint_roots[groups[i]] when that is
+    # set, its own checkpoint directory. members.json stores them so, each group once.
+    groups: tuple[int, ...]
+    group_configs: tuple[Config, ...]
+    checkpoint_roots: tuple[str | None, ...]
+
+
+def _copy(loaded: LoadedTree) -> LoadedTree:
+    return LoadedTree(copy.deepcopy(loaded.tree), dict(loaded.locations), list(loaded.sources))
+
+
+def _set_param(params: dict[str, Any], override: Override) -> ConfigIssue | None:
+    """Set ``params.a.b`` as ``--set params.a.b=v`` would; a non-mapping on the way is an
+    error, worded as ``apply_overrides`` words it. The value is the one the override's text
+    YAML-types to, so no text is parsed again."""
+    depth = set_param(params, override.key, copy.deepcopy(override.value))
+    if depth is None:
+        return None
+    key = ".".join(override.key.split(".")[: depth + 1])
+    return ConfigIssue(key, "is not a mapping, so it has no sub-keys", f"--set {override.text}")
+
+
+@dataclass(frozen=True)
+class ValidatedMembers:
+    """Members' configs and how they were validated: in groups of equal non-``params``
+    overrides (``own_params_positions``), each group's config once."""
+
+    configs: list[Config]  # member i's resolved config
+    groups: list[int]  # member i's group
+    group_configs: list[Config]  # a group's config, before its members' own params.* overrides
+
+
+def validate_members(
+    base: LoadedTree, members: Sequence[Member], tick: Tick | None = None
+) -> ValidatedMembers:
+    """Every member's validated config, or SweepMembersError naming each bad member.
+
+    Members that differ only below ``params`` (free-form and passed through unchecked by the
+    schema) share the validation of their other overrides: their config is that validated
+    config with their own params, exactly what validating them one by one gives (a unit test
+    holds the two equal) at a fraction of the cost, which matters for thousands of members.
+    Their params share what their overrides do not touch (mappings on an override's path
+    are copied, never changed in place): configs are values, nothing mutates them.
+    """
+    validated: dict[tuple[str, ...], int | ConfigError] = {}  # shared overrides -> group
+    out = ValidatedMembers([], [], [])
+    bad: list[tuple[Member, ConfigError]] = []
+    positions: dict[tuple[str, ...], tuple[int, ...]] = {}  # override keys -> own positions
+    for member in members:
+        keys = tuple(o.key for o in member.overrides)
+        own_at = positions.get(keys)
+        if own_at is None:
+            own_at = positions[keys] = tuple(own_params_positions(keys))
+        overrides = member.overrides
+        shared = tuple(o.text for i, o in enumerate(overrides) if i not in own_at)
+        if shared not in validated:
+            loaded = _copy(base)
+            try:
+                apply_overrides(loaded, shared)
+                out.group_configs.append(validate_tree(loaded))
+                validated[shared] = len(out.group_configs) - 1
+            except ConfigError as exc:
+                validated[shared] = exc
+        group = validated[shared]
+        if isinstance(group, ConfigError):
+            bad.append((member, group))
+        elif not own_at:
+            out.configs.append(out.group_configs[group])
+            out.groups.append(group)
+        else:
+            params = dict(out.group_configs[group].params)
+            own = [overrides[i] for i in own_at]
+            issues = [issue for o in own if (issue := _set_param(params, o)) is not None]
+            if issues:
+                bad.append((member, ConfigError(issues)))
+            else:
+                out.configs.append(dataclasses.replace(out.group_configs[group], params=params))
+                out.groups.append(group)
+        if tick:
+            tick(1)
+    if bad:
+        raise SweepMembersError(bad, len(members))
+    return out
+
+
+def checkpoint_root(cfg: Config, sweep_id: str) -> str | None:
+    """Where members keep checkpoints when the base sets ``storage.checkpoint_dir``: under
+    ``<checkpoint_dir>/<sweep_id>/<member>``, never one directory shared by all members."""
+    if not cfg.storage.checkpoint_dir:
+        return None
+    return str(PurePosixPath(os.path.expandvars(cfg.storage.checkpoint_dir)) / sweep_id)
+
+
+def with_member_checkpoints(cfg: Config, root: str | None, index: int) -> Config:
+    if root is None:
+        return cfg
+    storage = dataclasses.replace(cfg.storage, checkpoint_dir=str(PurePosixPath(root) / str(index)))
+    return dataclasses.replace(cfg, storage=storage)
+
+
+def member_checkpoint_root(cfg: Config, index: int) -> str | None:
+    """The array's checkpoint root from a member's resolved config (resubmission)."""
+    if not cfg.storage.checkpoint_dir:
+        return None
+    path = PurePosixPath(cfg.storage.checkpoint_dir)
+    if path.name != str(index):
+        raise UserError(
+            f"member {index}: storage.checkpoint_dir {path} does not end in /{index}; "
+            "a member's checkpoints must stay in their own directory"
+        )
+    return str(path.parent)
+
+
+_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in ("params", "storage"))
+_STORAGE = tuple(f.name for f in dataclasses.fields(StorageSpec) if f.name != "checkpoint_dir")
+
+
+def _script_inputs(cfg: Config, root: str | None) -> tuple[Any, ...]:
+    """What an array's plan and script depend on, cheaply: every section but ``params``
+    (the plan never reads it), by identity (members share the sections they do not
+    override: ``validate_members``), and the storage section but for the per-member
+    checkpoint directory (``root`` stands for it). Equal inputs -> equal scripts; unequal
+    inputs may still give equal scripts (the planned key then decides)."""
+    storage: Any = cfg.storage
+    if storage.checkpoint_dir is not None:
+        storage = tuple(getattr(storage, name) for name in _STORAGE)
+    else:
+        storage = id(storage)
+    return (root, storage, *(id(getattr(cfg, name)) for name in _SECTIONS))
+
+
+def _members_line(name: str, members: Sequence[int]) -> str:
+    """The lines of the built-in template that name an array and list its members."""
+    return f"\nexport DDLAUNCH_SWEEP_ARRAY={name}\nmembers=({' '.join(map(str, members))})\n"
+
+
+def plan_arrays(
+    members: Sequence[tuple[int, Config]],
+    *,
+    sweep_id: str,
+    sweep_dir: Path,
+    workdir: str,
+    sources: Sequence[str],
+    facts: ClusterFacts,
+    throttle: int | None = None,
+    first_name: int = 0,
+    hold: bool = False,
+) -> list[ArrayJob]:
+    """Group members whose array scripts are identical, split each group at MaxArraySize,
+    and plan and render one array per chunk.
+
+    Members differing only in what the job reads (params, most keys) share one script and
+    thus one array; a member that changes the script (nodes, time, env...) is put into an
+    array of its own kind. Checkpoint roots differ -> different arrays, too.
+    """
+    members_dir = str(sweep_dir / MEMBERS_DIR)
+    groups: dict[str, list[int]] = {}
+    firsts: dict[str, tuple[Config, str | None]] = {}
+    known: dict[tuple[Any, ...], str] = {}  # _script_inputs -> the script's key
+    for index, cfg in members:
+        root = member_checkpoint_root(cfg, index)
+        inputs = _script_inputs(cfg, root)
+        key = known.get(inputs)
+        if key is None:
+            probe = ArraySpec("", sweep_id, (0,), members_dir, throttle, root)
+            plan = make_plan(
+                cfg, run_id=sweep_id, run_dir=str(sweep_dir), workdir=workdir, array=probe
+            )
+            key = known[inputs] = repr((plan, cfg.templates.main, cfg.templates.search_path))
+        groups.setdefault(key, []).append(index)
+        firsts.setdefault(key, (cfg, root))
+    arrays: list[ArrayJob] = []
+    for key, indices in groups.items():
+        cfg, root = firsts[key]
+        search_path = template_search_path(cfg.templates.search_path)
+        rendered: tuple[str, str] | None = None  # (script, its members line)
+        for chunk in split_arrays(indices, facts.max_array_size):
+            spec = ArraySpec(
+                str(first_name + len(arrays)), sweep_id, chunk, members_dir, throttle, root
+            )
+            plan = make_plan(
+                cfg,
+                run_id=sweep_id,
+                run_dir=str(sweep_dir),
+                workdir=workdir,
+                facts=facts,
+                array=spec,
+            )
+            if hold:  # submitted held: nothing starts until `scontrol release`
+                argv = plan.sbatch_argv
+                plan = dataclasses.replace(plan, sbatch_argv=(*argv[:2], "--hold", *argv[2:]))
+            line = _members_line(spec.name, chunk)
+            if rendered is not None:
+                # Chunks of one group differ only in their member list: rendering costs
+                # tens of ms (the templates are compiled each time), a split sweep of
+                # thousands would pay it per chunk.
+                script = rendered[0].replace(rendered[1], line, 1)
+            else:
+                script = render_script(
+                    plan, template=cfg.templates.main, search_path=search_path, sources=sources
+                )
+                if script.count(line) == 1:
+                    rendered = (script, line)
+            if "SLURM_ARRAY_TASK_ID" not in script:
+                raise UserError(
+                    f"template {cfg.templates.main!r} does not handle job arrays (it never "
+                    "reads SLURM_ARRAY_TASK_ID); see the array branch of the built-in "
+                    "templates/sbatch.sh.j2"
+                )
+            arrays.append(ArrayJob(plan, script))
+    return arrays
+
+
+def prepare_sweep(
+    spec: SweepSpec,
+    *,
+    workdir: str,
+    facts: ClusterFacts | None = None,
+    run_root: str | None = None,
+    sweep_id: str | None = None,
+    hold: bool = False,
+    tick: Tick | None = None,
+) -> PreparedSweep:
+    """Expand, validate every member (all problems at once), and plan the arrays."""
+    facts = facts or ClusterFacts()
+    base = load_tree(spec.base, spec.common)
+    members = expand(spec)
+    validated = validate_members(base, members, tick)
+    first = validated.configs[0]
+    sweep_id = sweep_id or new_run_id(spec.name or first.job.name)
+    root = Path(run_root) if run_root else resolve_run_root(first.storage.run_root)
+    sweep_dir = root / sweep_id
+    # A member's storage is its group's (only params differ within a group).
+    roots = [checkpoint_root(cfg, sweep_id) for cfg in validated.group_configs]
+    placed = [
+        with_member_checkpoints(cfg, roots[group], member.index)
+        for member, cfg, group in zip(members, validated.configs, validated.groups, strict=True)
+    ]
+    sources = (*base.sources, f"sweep {spec.path}")
+    arrays = plan_arrays(
+        [(m.index, cfg) for m, cfg in zip(members, placed, strict=True)],
+        sweep_id=sweep_id,
+        sweep_dir=sweep_dir,
+        workdir=workdir,
+        sources=sources,
+        facts=facts,
+        throttle=spec.throttle,
+        hold=hold,
+    )
+    return PreparedSweep(
+        spec,
+        sweep_id,
+        sweep_dir,
+        sources,
+        tuple(members),
+        tuple(placed),
+        tuple(arrays),
+        facts,
+        groups=tuple(validated.groups),
+        group_configs=tuple(validated.group_configs),
+        checkpoint_roots=tuple(roots),
+    )

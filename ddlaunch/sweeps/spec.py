@@ -1,0 +1,374 @@
+"""Sweeps: one base config plus axes of ``--set``-style overrides, submitted as job arrays.
+
+This module is the pure core: the sweep file (parsed with file:line errors), its expansion
+into members, the split of members into arrays no larger than the cluster allows, and the
+layout of a sweep directory (read by ``ddlaunch sweep status`` and ``ddlaunch status``).
+
+A sweep file::
+
+    base: ../examples/mlp.yaml      # a config: path (relative to this file) or preset name
+    name: mlp-lr                    # prefix of the sweep id (default: the base's job.name)
+    set: [params.steps=100]         # overrides every member gets (list of k=v, or a mapping)
+    grid:                           # every combination of these values
+      params.lr: [0.01, 0.03, 0.1]
+      params.batch_size: [32, 64]
+    zip:                            # these keys advance together (lists of equal length);
+      params.warmup: [0, 10]        #   a list of such mappings makes several zip axes
+      params.decay: [0.9, 0.99]
+    list:                           # members spelled out one by one
+      - {params.lr: 0.3, params.steps: 200}
+      - [params.lr=1.0, params.clip=1]
+    seeds: 3                        # or [0, 7, 42]: values of seed_key
+    seed_key: params.seed
+    throttle: 8                     # at most 8 tasks of an array run at once (--array=...%8)
+    metric: final_loss              # key of result.json shown by `ddlaunch sweep status`
+
+Each axis (each grid key, each zip group, the list, the seeds) multiplies the member count;
+members are numbered in that order with the last axis varying fastest, so the seeds of one
+setting sit next to each other. Values are typed as YAML, exactly as ``--set`` types them.
+
+A sweep directory (``<run_root>/<sweep_id>/``)::
+
+    sweep.yaml            the sweep file as given
+    members.json          every member: index, overrides, resolved config (the commit point)
+    arrays/<n>.sbatch     the script of each array submitted (first submission and resubmits)
+    arrays/<n>.json       its intent record: members, sbatch argv, state, job id
+    logs/                 what an array task prints before it switches to its member's logs
+    members/<i>/          member i: a normal run directory (status, logs, resume work on it),
+                          created when the member first starts (``ddlaunch.store.sweeps``)
+    submitit/             one pickle per started task: <ARRAY>_<TASK>_submitted.pkl
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddlaunch.config.errors import ConfigIssue
+from ddlaunch.config.load import KeyPath, parse_yaml_value, read_yaml_file, resolve_config_name
+from ddlaunch.errors import UserError
+
+DEFAULT_METRIC = "final_loss"
+DEFAULT_SEED_KEY = "params.seed"
+SWEEP_KEYS = (
+    *("base", "name", "set", "grid", "zip", "list"),
+    *("seeds", "seed_key", "throttle", "metric"),
+)
+# The sweep id is a directory name and a prefix of Slurm job names.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*$")
+
+
+class SweepFileError(UserError):
+    """Every problem found in a sweep file, reported at once."""
+
+    def __init__(self, issues: list[ConfigIssue]):
+        self.issues = list(issues)
+        noun = "error" if len(issues) == 1 else "errors"
+        lines = [f"invalid sweep file ({len(issues)} {noun}):", *(f"  {i}" for i in issues)]
+        super().__init__("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def format_value(value: Any) -> str:
+    """``value`` as ``--set`` text that YAML-types back to the same value."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
+    text = text.removesuffix("\n...").removesuffix("...").strip()
+    try:
+        same = parse_yaml_value(text)
+    except yaml.YAMLError:
+        same = None
+    if same == value and type(same) is type(value):
+        return text
+    # e.g. the string "3e-4", which ddlaunch's YAML would read as a float: quote it (JSON
+    # strings are YAML double-quoted scalars).
+    return json.dumps(value)
+
+
+@dataclass(frozen=True)
+class Override:
+    key: str
+    value: Any
+
+    @functools.cached_property
+    def text(self) -> str:
+        """As ``--set`` takes it: ``params.lr=0.01`` (computed once: axes share their
+        Override objects among all the members)."""
+        return f"{self.key}={format_value(self.value)}"
+
+
+@dataclass(frozen=True)
+class Member:
+    index: int
+    overrides: tuple[Override, ...]
+
+    @property
+    def label(self) -> str:
+        """What sets this member apart: its overrides, as ``--set`` would take them."""
+        return " ".join(o.text for o in self.overrides) or "(base)"
+
+    @property
+    def set_args(self) -> list[str]:
+        return [o.text for o in self.overrides]
+
+    @classmethod
+    def from_texts(cls, index: int, texts: Sequence[str]) -> Member:
+        """A member as recorded in members.json (its overrides as --set texts)."""
+        pairs = [t.partition("=") for t in texts]
+        return cls(index, tuple(Override(k, parse_yaml_value(v)) for k, _, v in pairs))
+
+
+Point = tuple[Override, ...]  # one value of an axis: the overrides it applies
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A parsed sweep file."""
+
+    path: Path
+    base: Path
+    name: str | None
+    common: tuple[str, ...]  # --set texts every member gets, applied before its own
+    axes: tuple[tuple[Point, ...], ...]
+    throttle: int | None = None
+    metric: str = DEFAULT_METRIC
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(axis) for axis in self.axes)
+
+
+def expand(spec: SweepSpec) -> list[Member]:
+    """Every member of the sweep, numbered from 0 (the last axis varies fastest)."""
+    members = [
+        Member(i, tuple(o for point in combo for o in point))
+        for i, combo in enumerate(itertools.product(*spec.axes))
+    ]
+    return members
+
+
+def duplicate_members(members: Sequence[Member]) -> list[tuple[int, int]]:
+    """Pairs (first, again) of members with the same overrides (a sweep-file mistake)."""
+    seen: dict[tuple[str, ...], int] = {}
+    pairs = []
+    for m in members:
+        key = tuple(sorted(m.set_args))
+        if key in seen:
+            pairs.append((seen[key], m.index))
+        else:
+            seen[key] = m.index
+    return pairs
+
+
+def split_arrays(indices: Sequence[int], max_array_size: int | None) -> list[tuple[int, ...]]:
+    """Consecutive chunks of at most ``max_array_size`` members (Slurm: task index
+    <= MaxArraySize - 1, so an array holds at most MaxArraySize tasks)."""
+    size = max_array_size if max_array_size and max_array_size > 0 else max(len(indices), 1)
+    return [tuple(indices[i : i + size]) for i in range(0, len(indices), size)]
+
+
+# ----------------------------------------------------------------------------- sweep file
+
+
+class _Parser:
+    def __init__(self, path: Path, locations: dict[KeyPath, str]):
+        self.path = path
+        self.locations = locations
+        self.issues: list[ConfigIssue] = []
+
+    def where(self, *path: str) -> str:
+        for end in range(len(path), 0, -1):
+            if tuple(path[:end]) in self.locations:
+                return self.locations[tuple(path[:end])]
+        return str(self.path)
+
+    def fail(self, message: str, *path: str) -> None:
+        self.issues.append(ConfigIssue(".".join(path), message, self.where(*path)))
+
+    def key(self, key: Any, *path: str) -> str | None:
+        if not isinstance(key, str) or not _KEY.match(key):
+            self.fail(f"{key!r} is not a config key path such as params.lr", *path)
+            return None
+        return key
+
+    def values(self, values: Any, *path: str) -> list[Any] | None:
+        if not isinstance(values, list) or not values:
+            self.fail("expected a non-empty list of values, e.g. [0.01, 0.1]", *path)
+            return None
+        return values
+
+    def overrides(self, raw: Any, *path: str) -> list[Override] | None:
+        """A mapping ``{key: value}``, a list of ``key=value`` strings, or one such string."""
+        if isinstance(raw, dict):
+            out = []
+            for key, value in raw.items():
+                if self.key(key, *path, str(key)) is not None:
+                    out.append(Override(key, value))
+            return out
+        items = [raw] if isinstance(raw, str) else raw
+        if not isinstance(items, list):
+            self.fail("expected a mapping {key: value} or a list of key=value", *path)
+            return None
+        out = []
+        for item in items:
+            text = item if isinstance(item, str) else ""
+            key, sep, value_text = text.partition("=")
+            key = key.strip()
+            if not sep or self.key(key, *path) is None:
+                self.fail(f"expected key.path=value (as --set takes it), got {item!r}", *path)
+                continue
+            try:
+                out.append(Override(key, parse_yaml_value(value_text)))
+            except yaml.YAMLError:
+                self.fail(f"value of {key} is not valid YAML: {value_text!r}", *path)
+        return out
+
+
+def parse_sweep_file(path: str | Path, extra_set: Sequence[str] = ()) -> SweepSpec:
+    """Read and check a sweep file; ``extra_set`` (the CLI's ``--set``) joins its ``set``."""
+    path = Path(path)
+    if not path.is_file():  # a shipped sweep by name, e.g. sweeps/mlp-lr
+        path = resolve_config_name(str(path)) or path
+    tree, locations = read_yaml_file(path)
+    p = _Parser(path, locations)
+    for key in tree:
+        if key not in SWEEP_KEYS:
+            hint = f"; known keys: {', '.join(SWEEP_KEYS)}"
+            if key in ("job", "nodes", "launch", "params", "defaults"):
+                hint = "; config keys belong in the base config (or in set:)"
+            p.fail(f"unknown sweep key{hint}", str(key))
+
+    base: Path | None = None
+    if not isinstance(tree.get("base"), str):
+        p.fail("required: the base config, a path or a preset name (base: examples/mlp)", "base")
+    else:
+        base = resolve_config_name(tree["base"], base_dir=path.parent)
+        if base is None:
+            p.fail(
+                f"config {tree['base']!r} not found next to the sweep file, nor as a preset", "base"
+            )
+        else:
+            base = base.absolute()
+
+    name = tree.get("name")
+    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+        p.fail("must be letters, digits, '.', '_' or '-' (at most 64)", "name")
+
+    common = [o.text for o in p.overrides(tree.get("set", []), "set") or []]
+    axes: list[tuple[Point, ...]] = []
+    owners: dict[str, str] = {}  # key -> the axis that sweeps it
+
+    def claim(key: str, axis: str) -> None:
+        if key in owners and owners[key] != axis:
+            p.fail(f"swept by both {owners[key]} and {axis}; sweep each key in one axis", axis)
+        owners.setdefault(key, axis)
+
+    grid = tree.get("grid", {})
+    if not isinstance(grid, dict):
+        p.fail("expected a mapping of key: [values]", "grid")
+        grid = {}
+    for key, values in grid.items():
+        if p.key(key, "grid", str(key)) and (vals := p.values(values, "grid", str(key))):
+            claim(key, f"grid.{key}")
+            axes.append(tuple((Override(key, v),) for v in vals))
+
+    zips = tree.get("zip", [])
+    zips = [zips] if isinstance(zips, dict) else zips
+    if not isinstance(zips, list):
+        p.fail("expected a mapping of key: [values] (or a list of them)", "zip")
+        zips = []
+    for n, group in enumerate(zips):
+        label = "zip" if len(zips) == 1 else f"zip[{n}]"
+        if not isinstance(group, dict) or not group:
+            p.fail("expected a mapping of key: [values]", label)
+            continue
+        columns = []
+        for key, values in group.items():
+            if p.key(key, "zip", str(key)) and (vals := p.values(values, "zip", str(key))):
+                claim(key, label)
+                columns.append([Override(key, v) for v in vals])
+        lengths = {len(c) for c in columns}
+        if len(lengths) > 1:
+            sizes = ", ".join(f"{c[0].key}: {len(c)}" for c in columns)
+            p.fail(f"zipped lists must have the same length ({sizes})", label)
+        elif columns:
+            axes.append(tuple(zip(*columns, strict=True)))
+
+    entries = tree.get("list", [])
+    if not isinstance(entries, list):
+        p.fail("expected a list of members, each {key: value} or [key=value, ...]", "list")
+        entries = []
+    points = []
+    for entry in entries:
+        overrides = p.overrides(entry, "list")
+        if overrides is not None:
+            for o in overrides:
+                claim(o.key, "list")
+            points.append(tuple(overrides))
+    if points:
+        axes.append(tuple(points))
+
+    seed_key = tree.get("seed_key", DEFAULT_SEED_KEY)
+    if p.key(seed_key, "seed_key") is None:
+        seed_key = DEFAULT_SEED_KEY
+    seeds = tree.get("seeds")
+    if seeds is not None:
+        if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
+            seeds = list(range(seeds))
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+            p.fail("expected a count (seeds: 3 means 0, 1, 2) or a list of integers", "seeds")
+        elif len(set(seeds)) != len(seeds):
+            p.fail("the same seed appears twice", "seeds")
+        else:
+            claim(seed_key, "seeds")
+            axes.append(tuple((Override(seed_key, s),) for s in seeds))
+
+    throttle = tree.get("throttle")
+    if throttle is not None and (
+        not isinstance(throttle, int) or isinstance(throttle, bool) or throttle < 1
+    ):
+        p.fail(f"must be a positive integer, got {throttle!r}", "throttle")
+        throttle = None
+    metric = tree.get("metric", DEFAULT_METRIC)
+    if not isinstance(metric, str) or not metric:
+        p.fail("must be the name of a key of result.json, e.g. final_loss", "metric")
+        metric = DEFAULT_METRIC
+    if not axes and not p.issues:
+        p.fail("a sweep needs at least one axis: grid, zip, list or seeds", "")
+    if p.issues:
+        raise SweepFileError(p.issues)
+    assert base is not None
+    spec = SweepSpec(
+        path=path,
+        base=base,
+        name=name,
+        common=(*common, *extra_set),
+        axes=tuple(axes),
+        throttle=throttle,
+        metric=metric,
+    )
+    twins = duplicate_members(expand(spec))
+    if twins:
+        first, again = twins[0]
+        raise SweepFileError(
+            [
+                ConfigIssue(
+                    "",
+                    f"members {first} and {again} have the same overrides "
+                    f"({len(twins)} duplicate(s)); use seeds to repeat a setting",
+                    str(path),
+                )
+            ]
+        )
+    return spec

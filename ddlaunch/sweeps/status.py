@@ -1,0 +1,152 @@
+"""``ddlaunch sweep status``: one row per member, from its run directory (or, for a member
+that has not started, the sweep's records) plus ONE squeue call for every task of every
+array of the sweep (torch-free)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.app.runs import RunInfo, read_run
+from ddlaunch.app.status import run_status
+from ddlaunch.slurm.arrays import queue_tasks, show_array_tasks
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.parse import QueueRow
+from ddlaunch.store.sweeps import (
+    MEMBERS_DIR,
+    member_jobs,
+    member_label,
+    member_overrides,
+    read_members,
+)
+from ddlaunch.sweeps.spec import DEFAULT_METRIC
+
+# States after which a member will not run again by itself and did not complete: what
+# `sweep resubmit --failed` picks. STOPPED: requeues exhausted or no progress.
+FAILED_STATES = frozenset(
+    {"FAILED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "SUBMIT_FAILED", "STOPPED", "BOOT_FAIL"}
+)
+# States in which a member still holds (or waits for) resources.
+LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+
+
+@dataclass
+class MemberStatus:
+    index: int
+    overrides: str
+    run_dir: str
+    job_id: str | None
+    state: str
+    step: int | None
+    checkpoint_step: int | None
+    attempts: int
+    metric: Any
+    note: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def member_status(
+    index: int,
+    label: str,
+    info: RunInfo,
+    queued: QueueRow | None,
+    shown: dict[str, str] | None,
+    metric: str = DEFAULT_METRIC,
+) -> MemberStatus:
+    """One member's row: the same join as ``ddlaunch status`` plus the member's metric."""
+    s = run_status(info, queued, shown)
+    value = (info.result or {}).get(metric) if isinstance(info.result, dict) else None
+    return MemberStatus(
+        index=index,
+        overrides=label,
+        run_dir=str(info.path),
+        job_id=s.job_id,
+        state=s.state,
+        step=s.step,
+        checkpoint_step=s.checkpoint_step,
+        attempts=s.attempts,
+        metric=value,
+        note=s.failure or s.detail or s.reason or "",
+    )
+
+
+def summary(rows: Sequence[MemberStatus]) -> str:
+    """``12 members: 10 COMPLETED, 1 RUNNING, 1 FAILED`` (most frequent state first)."""
+    counts = Counter(r.state for r in rows)
+    parts = ", ".join(f"{n} {state}" for state, n in counts.most_common())
+    return f"{len(rows)} members: {parts}" if rows else "0 members"
+
+
+def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberStatus]:
+    meta = read_members(sweep_dir)
+    metric = meta.get("metric") or DEFAULT_METRIC
+    overrides = member_overrides(meta)
+    infos = [read_run(sweep_dir / MEMBERS_DIR / str(i)) for i in range(len(overrides))]
+    recorded = member_jobs(sweep_dir)
+    for index, info in enumerate(infos):
+        jobs = recorded.get(index)
+        if jobs is None or info.job_ids or info.intent:
+            continue
+        # A member that has not started has no run directory yet (or a crash cut its
+        # submission.json short): the arrays' records say what was submitted.
+        info.job_ids = list(jobs.job_ids)
+        if jobs.state == "failed":
+            info.intent = {"state": "failed", "error": jobs.error}
+    client = client or SlurmClient()
+    arrays = {i.job_id.split("_")[0] for i in infos if i.job_id}
+    queue = queue_tasks(client, arrays)  # the one squeue call
+    # Tasks that left the queue and whose run directory does not say how they ended (e.g.
+    # cancelled while pending): one scontrol per array, only then.
+    unsettled = {
+        i.job_id.split("_")[0]
+        for i in infos
+        if i.job_id and i.job_id not in queue and not i.outcome and i.result is None
+    }
+    shown: dict[str, dict[str, str]] = {}
+    for array in sorted(unsettled):
+        shown.update(show_array_tasks(client, array))
+    return [
+        member_status(
+            index,
+            member_label(texts),
+            info,
+            queue.get(info.job_id) if info.job_id else None,
+            shown.get(info.job_id) if info.job_id else None,
+            metric,
+        )
+        for index, (texts, info) in enumerate(zip(overrides, infos, strict=True))
+    ]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def render_table(rows: Sequence[MemberStatus], metric: str = DEFAULT_METRIC) -> Any:
+    from rich.table import Table
+
+    table = Table(show_lines=False)
+    for col in ("#", "overrides", "job", "state", "step", "ckpt", "attempts", metric, "note"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("#", "job", "state"))
+    for r in rows:
+        table.add_row(
+            str(r.index),
+            r.overrides,
+            r.job_id or "-",
+            r.state,
+            _cell(r.step),
+            _cell(r.checkpoint_step),
+            str(r.attempts),
+            _cell(r.metric),
+            r.note,
+        )
+    return table

@@ -1,0 +1,1 @@
+"""Test support: the one fake runner, run-directory builders, the dev-cluster handle."""

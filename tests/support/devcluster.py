@@ -1,0 +1,303 @@
+"""Handle on the local Slurm dev cluster (``scripts/devcluster``) for integration tests.
+
+``bring_up()`` runs ``scripts/devcluster up`` (idempotent: about 1 s when the cluster is already
+up) and returns a :class:`DevCluster`: the environment to give Slurm clients, the node names, and
+helpers to submit/wait/cancel jobs and to inject faults (kill a node, change node states, signal
+jobs, stop processes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal as _signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "devcluster"
+SLURM_CONF = "/etc/ddlaunch-devcluster/slurm.conf"
+NETNS_PREFIX = "ddl-"  # node "node2" lives in network namespace "ddl-node2"
+
+# Slurm job states after which a job will not run again by itself.
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+
+
+class DevClusterError(RuntimeError):
+    """The dev cluster could not be brought up or a Slurm command failed."""
+
+
+def bring_up(timeout: float = 300.0) -> DevCluster:
+    """Run ``scripts/devcluster up`` (installs, starts or repairs) and describe the cluster."""
+    try:
+        proc = subprocess.run(
+            [str(SCRIPT), "up"], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DevClusterError(f"scripts/devcluster up did not finish: {exc}") from exc
+    if proc.returncode != 0:
+        raise DevClusterError(
+            f"scripts/devcluster up failed (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+        )
+    env = {**os.environ, "SLURM_CONF": SLURM_CONF}
+    out = _run(["sinfo", "-h", "-N", "-o", "%N %G"], env).stdout
+    nodes: list[str] = []
+    gpus = 0
+    for line in out.splitlines():
+        name, gres = line.split(maxsplit=1)
+        if name not in nodes:
+            nodes.append(name)
+        match = re.search(r"gpu:(?:[^:,()]+:)?(\d+)", gres)
+        gpus = int(match.group(1)) if match else 0
+    nodes.sort(key=lambda n: (len(n), n))
+    return DevCluster(env=env, nodes=nodes, gpus_per_node=gpus)
+
+
+def _run(
+    cmd: Sequence[str], env: dict[str, str], timeout: float = 30.0, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        list(cmd), env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and proc.returncode != 0:
+        raise DevClusterError(
+            f"{' '.join(cmd)} failed (rc {proc.returncode}): {proc.stderr.strip()}"
+        )
+    return proc
+
+
+@dataclass
+class DevCluster:
+    """The running dev cluster. Every method talks to it through ``env`` (its SLURM_CONF)."""
+
+    env: dict[str, str]
+    nodes: list[str]
+    gpus_per_node: int
+
+    def slurm(
+        self, *cmd: str, timeout: float = 30.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command (sbatch, squeue, scontrol, ...) against the dev cluster."""
+        return _run(cmd, self.env, timeout=timeout, check=check)
+
+    # ------------------------------------------------------------------ jobs
+    def sbatch(self, args: Sequence[str], script_text: str, out_dir: Path) -> str:
+        """Submit ``script_text`` with ``args``; return the job id.
+
+        Output goes to ``out_dir/<jobid>.out`` / ``.err`` and the job runs in ``out_dir``: without
+        ``-o`` sbatch would drop ``slurm-<id>.out`` into the caller's cwd (recipe pitfall 13).
+        Our ``--output``/``--error``/``--chdir`` come last, so they win over anything in ``args``.
+        """
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not script_text.startswith("#!"):
+            script_text = "#!/bin/bash\n" + script_text
+        fd, script = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=out_dir)
+        with os.fdopen(fd, "w") as f:
+            f.write(script_text)
+        proc = self.slurm(
+            "sbatch",
+            "--parsable",
+            *args,
+            f"--output={out_dir}/%j.out",
+            f"--error={out_dir}/%j.err",
+            f"--chdir={out_dir}",
+            script,
+        )
+        return proc.stdout.strip().split(";")[0]
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        """Cancel exactly these jobs (never a user's or partition's other jobs)."""
+        ids = [str(j) for j in job_ids]
+        if ids:
+            self.slurm("scancel", *ids, check=False)
+
+    def job_state(self, job_id: str) -> str | None:
+        """Current state: from squeue while queued, then scontrol (kept MinJobAge=300 s after
+        the end), then sacct. None if no source knows the job."""
+        proc = self.slurm("squeue", "-h", "-j", job_id, "-o", "%T", check=False)
+        lines = proc.stdout.split()
+        if proc.returncode == 0 and lines:
+            return lines[0]
+        proc = self.slurm("scontrol", "show", "job", "-o", job_id, check=False)
+        match = re.search(r"\bJobState=(\S+)", proc.stdout)
+        if proc.returncode == 0 and match:
+            return match.group(1)
+        proc = self.slurm("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State", check=False)
+        words = proc.stdout.split()  # "CANCELLED by 0" -> "CANCELLED"
+        return words[0] if proc.returncode == 0 and words else None
+
+    def wait_job_state(self, job_id: str, states: str | Iterable[str], timeout: float) -> str:
+        """Poll until the job is in one of ``states``; return it. TimeoutError otherwise."""
+        wanted = {states} if isinstance(states, str) else set(states)
+        deadline = time.monotonic() + timeout
+        seen: list[str | None] = []
+        while True:
+            state = self.job_state(job_id)
+            if not seen or seen[-1] != state:
+                seen.append(state)
+            if state in wanted:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"job {job_id} not in {sorted(wanted)} after {timeout} s: {seen}"
+                )
+            time.sleep(0.25)
+
+    def job_field(self, job_id: str, field: str) -> str:
+        """One field of ``scontrol show job`` (e.g. NodeList, Restarts, BatchHost)."""
+        out = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
+        match = re.search(rf"\b{re.escape(field)}=(\S*)", out)
+        if not match:
+            raise DevClusterError(f"no {field}= in scontrol show job {job_id}: {out.strip()}")
+        return match.group(1)
+
+    def hostnames(self, hostlist: str) -> list[str]:
+        """Expand a Slurm hostlist ("node[1-2]") into names."""
+        return self.slurm("scontrol", "show", "hostnames", hostlist).stdout.split()
+
+    def signal_job(
+        self, job_id: str, signal: str | int, *, batch: bool = False, full: bool = False
+    ) -> None:
+        """``scancel --signal``: steps only by default, the batch shell only with ``batch``,
+        both with ``full`` (recipe section 5)."""
+        flags = ["--batch"] if batch else []
+        flags += ["--full"] if full else []
+        self.slurm("scancel", f"--signal={signal}", *flags, job_id)
+
+    # ------------------------------------------------------------------ nodes
+    def node_state(self, name: str) -> str:
+        """sinfo's long state, e.g. ``idle``, ``allocated``, ``down*`` (``*`` = not responding)."""
+        return self.slurm("sinfo", "-h", "-N", "-n", name, "-o", "%T").stdout.split()[0]
+
+    def wait_node_state(self, name: str, states: str | Iterable[str], timeout: float) -> str:
+        wanted = {states} if isinstance(states, str) else set(states)
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.node_state(name)
+            if state in wanted:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} is {state}, not in {sorted(wanted)} after {timeout} s")
+            time.sleep(0.25)
+
+    def kill_node(self, name: str) -> int:
+        """SIGKILL every process in the node's network namespace (slurmd, slurmstepd, tasks):
+        a hard node failure. Returns how many processes were killed."""
+        ns = NETNS_PREFIX + name
+        proc = subprocess.run(
+            ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10, check=True
+        )
+        killed = 0
+        for pid in proc.stdout.split():
+            try:
+                os.kill(int(pid), _signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        return killed
+
+    def revive_node(self, name: str, timeout: float = 120.0) -> None:
+        """Restart the node's slurmd and wait until it responds again.
+
+        ``scripts/devcluster up`` does exactly that: it restarts only dead daemons and returns
+        once every node is registered and usable (it also resumes nodes left DOWN/DRAIN).
+        """
+        bring_up(timeout=timeout)
+        self.wait_node_state(name, {"idle", "mixed", "allocated", "completing"}, timeout=30)
+
+    def set_node_state(self, name: str, state: str, reason: str = "ddlaunch test") -> None:
+        """``scontrol update state=down|drain|resume`` (down/drain need a reason)."""
+        args = ["scontrol", "update", f"nodename={name}", f"state={state}"]
+        if state.lower() != "resume":
+            args.append(f"reason={reason}")
+        self.slurm(*args)
+
+    # ------------------------------------------------------------------ processes
+    @staticmethod
+    def hang_process(pid: int) -> None:
+        """SIGSTOP: the process stays alive but makes no progress (a hung rank)."""
+        os.kill(pid, _signal.SIGSTOP)
+
+    @staticmethod
+    def resume_process(pid: int) -> None:
+        os.kill(pid, _signal.SIGCONT)
+
+    @staticmethod
+    def rank_pids(run_dir: Path) -> list[int]:
+        """The rank processes (``ddlaunch.worker.task``) of a run, found by their environment:
+        the nodes share this machine's PID namespace. Killing them is a crash, unlike
+        ``scancel --signal=KILL``, which Slurm 22.05 records as a cancel (CANCELLED)."""
+        wanted = f"DDLAUNCH_RUN_DIR={run_dir}".encode()
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                environ = (entry / "environ").read_bytes()
+            except OSError:  # gone meanwhile, or a kernel thread
+                continue
+            if b"ddlaunch.worker.task" in cmdline and wanted in environ.split(b"\0"):
+                pids.append(int(entry.name))
+        return pids
+
+
+def wait_for_text(path: Path, needle: str, timeout: float) -> str:
+    """Poll a job's output file until it contains ``needle``; return the whole text."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while True:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except FileNotFoundError:
+            text = ""
+        if needle in text:
+            return text
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{needle!r} not in {path} after {timeout} s; it holds:\n{text}")
+        time.sleep(0.2)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+
+def run_ddlaunch(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ddlaunch ARGS`` in ``cwd``; runs live under ``cwd/runs`` unless ``env``
+    (the whole environment) says otherwise."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=timeout,
+        env=env if env is not None else {**os.environ, "DDLAUNCH_RUN_ROOT": str(cwd / "runs")},
+    )

@@ -1,0 +1,66 @@
+"""Run-directory builders for unit tests: real run directories made by the code that makes
+them (``prepare``, the store's writers), or by hand where a test needs a state no code path
+produces on purpose (a torn record, a partial checkpoint)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddlaunch.app.prepare import prepare
+from ddlaunch.config.validate import to_plain
+from ddlaunch.store.attempts import AttemptId
+
+
+def example_run_dir(tmp_path: Path, **health: Any) -> Path:
+    """``<tmp>/r``: the resolved config of examples/mlp (with ``health.<k>`` overrides)."""
+    cfg = prepare(
+        "examples/mlp",
+        [f"health.{k}={val}" for k, val in health.items()],
+        run_id="r",
+        run_root=str(tmp_path),
+        workdir=str(tmp_path),
+    ).config
+    run_dir = tmp_path / "r"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+    return run_dir
+
+
+def committed_run(tmp_path: Path, committed: list[int], config: str | None = None) -> Path:
+    """``<tmp>/run`` with complete checkpoints at ``committed`` (DCP metadata + marker)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(config or "fault_tolerance: {max_requeues: 3}\n")
+    for step in committed:
+        d = run / "checkpoints" / f"step-{step}"
+        d.mkdir()
+        (d / ".metadata").write_text("x")
+        (d / ".ddlaunch-commit.json").write_text(
+            json.dumps(
+                {"format": 1, "step": step, "time": 1.0, "world_size": 4, "num_shard_files": 4}
+            )
+        )
+    return run
+
+
+def in_attempt(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, job_id: str, restart: int
+) -> AttemptId:
+    """The environment of a batch-script hook in attempt ``restart`` of job ``job_id``, with
+    the test's own bad-node list."""
+    monkeypatch.setenv("SLURM_JOB_ID", job_id)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", str(restart))
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
+    return AttemptId(job_id, restart, job_id)
+
+
+def write_beat(run_dir: Path, **rec: Any) -> None:
+    """One rank's heartbeat record, as the rank's writer thread leaves it."""
+    d = run_dir / "health" / "heartbeat"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"rank-{rec['rank']}.json").write_text(json.dumps(rec))

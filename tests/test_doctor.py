@@ -1,0 +1,49 @@
+"""``ddlaunch doctor``: its job script and its verdict rows."""
+
+from __future__ import annotations
+
+import subprocess
+
+from ddlaunch.app import doctor
+from ddlaunch.app.prepare import prepare
+from ddlaunch.policy import preflight as v
+
+
+def test_doctor_script_is_valid_bash() -> None:
+    directives = [
+        ("--job-name", "x"),
+        ("--nodes", "2"),
+        ("--ntasks-per-node", "4"),
+        ("--signal", "USR2@120"),
+        ("--requeue", None),
+        ("--exclude", "n9"),
+        ("--gpus-per-node", "4"),
+    ]
+    out = doctor.doctor_directives(directives, nodes=None, nodelist=["n1", "n2", "n3"], minutes=4)
+    assert ("--nodes", "3") in out and ("--nodelist", "n1,n2,n3") in out
+    assert all(f not in ("--signal", "--requeue", "--exclude") for f, _ in out)
+    plan = prepare(
+        "examples/mlp", ["launch.env={NCCL_X: a b}", "launch.setup=[module load x]"]
+    ).plan
+    script = doctor.doctor_script(plan, out, "/runs/doc 1")
+    assert "export DDLAUNCH_RUN_DIR='/runs/doc 1'" in script
+    assert "export NCCL_X='a b'" in script and "\nmodule load x\n" in script
+    assert script.rstrip().endswith("-m ddlaunch.worker.node_task --doctor")
+    assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
+
+
+def test_doctor_rows_join_fabric_findings_and_unchecked() -> None:
+    ok = {
+        "checks": [{"name": "gpus", "status": "ok", "detail": "4 listed"}],
+        "net": {"ring_gbps": 90.0, "allreduce_gbps": 80.0, "backend": "nccl"},
+        "fabric": [
+            {"check": "rdma.mlx5_0", "status": "mismatch", "detail": "port down"},
+            {"check": "topology.gpus", "status": "unchecked", "detail": "no nvidia-smi"},
+        ],
+    }
+    results = v.join_reports(["n1", "n2"], {"n1": ok, "n2": {**ok, "fabric": []}}, 50.0)
+    rows = doctor.verdict_rows(results, {"n1": ok, "n2": {**ok, "fabric": []}})
+    assert [r.verdict for r in rows] == ["MISMATCH", "ok"]
+    assert rows[0].fabric == ["rdma.mlx5_0: mismatch (port down)"]
+    assert rows[0].unchecked == ["topology.gpus: no nvidia-smi"]
+    assert rows[1].checks["gpus"] == "4 listed"

@@ -1,0 +1,104 @@
+"""The batch-script hooks with recorded Slurm output: the start hook closes a cut-off attempt
+and blames down nodes; the end hook requeues a crash that made progress, stops one that did
+not, and blames the node whose ranks died silently."""
+
+from __future__ import annotations
+
+import json
+
+from support.fakes import FakeRunner
+from support.rundirs import committed_run
+
+from ddlaunch.job import hooks
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store import attempts
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.exclusions import excluded
+
+JOB_9 = AttemptId("9", 0, "9")
+
+
+def test_start_closes_a_cut_off_attempt_and_blames_down_nodes(tmp_path) -> None:
+    run = committed_run(tmp_path, [20, 40])
+    attempts.save(
+        run,
+        [{"attempt": 0, "job_id": "7", "nodes": "node[1-2]", "start": 1.0, "resumed_from": None}],
+    )
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "node[1,3]"}
+    # Recorded from the dev cluster: `sinfo -h -N -o '%N|%T' -n node1,node2` after a node kill.
+    runner = FakeRunner({"sinfo": "node1|allocated\nnode2|down*\n"})
+    hooks.start(run, SlurmClient(runner), AttemptId.from_env(env), env)
+    records = attempts.load(run)
+    assert records[0]["cause"] == "requeued by Slurm" and records[0]["blamed"] == ["node2"]
+    assert records[0]["committed_step"] == 40
+    assert records[1] == {
+        **records[1],
+        "attempt": 1,
+        "restart_count": 1,
+        "nodes": "node[1,3]",
+        "resumed_from": 40,
+    }
+    assert excluded(run) == ["node2"]
+    assert runner.calls == [["sinfo", "-h", "-N", "-o", "%N|%T", "-n", "node1,node2"]]
+
+
+def test_end_requeues_a_crash_that_made_progress(tmp_path) -> None:
+    run = committed_run(tmp_path, [20, 40])
+    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
+    runner = FakeRunner({"sinfo": "node1|allocated\nnode2|allocated\n"})
+    assert hooks.end(run, 1, SlurmClient(runner), JOB_9) == 0
+    assert ["scontrol", "requeue", "9"] in runner.calls
+    assert attempts.load(run)[0]["cause"] == "crash"
+    assert not (run / "outcome.json").exists()
+
+
+def test_end_stops_a_crash_without_progress(tmp_path) -> None:
+    run = committed_run(tmp_path, [20, 40])
+    attempts.save(
+        run,
+        [
+            {"attempt": 0, "nodes": "node[1-2]", "resumed_from": None, "end": 1},
+            {"attempt": 1, "nodes": "node[1-2]", "resumed_from": 40},
+        ],
+    )
+    runner = FakeRunner({"sinfo": "node1|allocated\nnode2|allocated\n"})
+    assert hooks.end(run, 1, SlurmClient(runner), JOB_9) == 1
+    assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
+    outcome = json.loads((run / "outcome.json").read_text())
+    assert outcome["state"] == "FAILED"
+    assert outcome["reason"] == (
+        "stopped: no progress in the last attempt (the committed step stayed at 40)"
+    )
+
+
+def test_end_blames_the_node_whose_ranks_died_silently(tmp_path) -> None:
+    run = committed_run(tmp_path, [20, 40])
+    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": None}])
+    (run / "failures").mkdir()
+    for rank in (0, 1):  # the ranks on node1 raised (a peer vanished); node2's were killed
+        (run / "failures" / f"rank-{rank}.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "host": "node1",
+                    "job_id": "9",
+                    "attempt": 0,
+                    "exception": "RuntimeError",
+                    "message": "Connection reset by peer",
+                }
+            )
+        )
+    runner = FakeRunner(
+        {
+            "sinfo": "node1|allocated\nnode2|allocated\n",  # Slurm has not noticed yet
+            "scontrol show config": "SlurmdPort              = 1\n",  # nothing listens on port 1
+            "scontrol show node -o node2": "NodeName=node2 NodeAddr=127.0.0.1 State=ALLOCATED",
+        }
+    )
+    settings = hooks.HookSettings(ranks_per_node=2)
+    assert hooks.end(run, 137, SlurmClient(runner), JOB_9, settings) == 0
+    record = attempts.load(run)[0]
+    assert record["cause"] == "node failure" and record["blamed"] == ["node2"]
+    assert ["scontrol", "update", "JobId=9", "ExcNodeList=node2"] in runner.calls
+    assert runner.calls[-1] == ["scontrol", "requeue", "9"]
+    assert not any(c[-1] == "node1" for c in runner.calls if c[:3] == ["scontrol", "show", "node"])

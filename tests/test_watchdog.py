@@ -1,0 +1,204 @@
+"""The watchdog (batch host): verdicts and ending the step, the deferred pre-timeout signal,
+and a node that dies under the attempt (said, not acted on)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from support.fakes import FakeRunner
+from support.rundirs import write_beat
+
+from ddlaunch.job.preflight import defer_signal
+from ddlaunch.job.watchdog import relay_deferred_signal, watch
+from ddlaunch.job.watches import NodeFailureWatch
+from ddlaunch.policy import heartbeats as analysis
+from ddlaunch.runner import CommandResult
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.worker.node_task import catch_preempt_signal
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm-22.05"
+T = analysis.Thresholds(
+    hang_timeout=60, heartbeat_interval=5, straggler_factor=2.0, straggler_patience=30
+)
+
+
+def test_watchdog_writes_the_verdict_and_ends_the_step(tmp_path: Path) -> None:
+    steps = (FIXTURES / "squeue-steps.txt").read_text()
+    runner = FakeRunner({"squeue": CommandResult(("squeue",), 0, steps, "")})
+    now = 5000.0
+    for rank, (host, waiting) in enumerate([("a", True), ("b", False)]):
+        write_beat(
+            tmp_path,
+            rank=rank,
+            host=host,
+            job_id="377",
+            restart=1,
+            step=40,
+            step_wall=now - 100,
+            beat=now - 1,
+            started=now - 200,
+            state="running",
+            waiting=waiting,
+            where="x.py:1 in f",
+        )
+    finding = watch(
+        tmp_path,
+        attempt=AttemptId("377", 1, "377"),
+        thresholds=T,
+        expected_ranks=2,
+        srun_pid=None,
+        client=SlurmClient(runner),
+        clock=iter([now - 250, now]).__next__,  # the watchdog started before the ranks
+        sleep=lambda s: None,
+        max_polls=1,
+    )
+    assert finding is not None and finding.nodes == ("b",)
+    verdict = json.loads((tmp_path / "health" / "verdict-377-1.json").read_text())
+    assert verdict["cause"] == "hang" and verdict["nodes"] == ["b"]
+    assert ["scancel", "--signal=KILL", "377.1"] in runner.calls  # not 377.batch
+    assert json.loads((tmp_path / "health" / "watchdog.json").read_text())["step"] == 40
+    assert (tmp_path / "health" / "steps.jsonl").read_text().count("\n") == 1
+
+
+def test_watchdog_is_inert_without_heartbeats(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    assert (
+        watch(
+            tmp_path,
+            attempt=AttemptId("1", 0, "1"),
+            thresholds=T,
+            expected_ranks=4,
+            srun_pid=None,
+            client=SlurmClient(runner),
+            clock=lambda: 1e9,
+            sleep=lambda s: None,
+            max_polls=3,
+        )
+        is None
+    )
+    assert runner.calls == []
+
+
+def test_preempt_signal_during_preflight_is_kept_and_relayed(tmp_path: Path) -> None:
+    import signal
+
+    saved = signal.getsignal(signal.SIGUSR2)
+    try:
+        received = catch_preempt_signal({"SUBMITIT_PREEMPT_SIGNAL": "USR2"})
+        os.kill(os.getpid(), signal.SIGUSR2)  # would end the task with the default action
+        time.sleep(0.05)
+        assert received == ["SIGUSR2"]
+    finally:
+        signal.signal(signal.SIGUSR2, saved)
+    defer_signal(tmp_path, AttemptId("", 0), {"n1": {"signal": "SIGUSR2"}, "n2": {}})
+    runner = FakeRunner()
+    write_beat(
+        tmp_path,
+        rank=0,
+        host="n1",
+        job_id="",
+        restart=0,
+        step=1,
+        step_wall=1.0,
+        beat=1.0,
+        started=1.0,
+        state="running",
+    )
+    relay_deferred_signal(tmp_path, AttemptId("", 0), SlurmClient(runner))
+    assert runner.calls == [["scancel", "--signal=USR2", ""]]
+    relay_deferred_signal(tmp_path, AttemptId("", 0), SlurmClient(runner))  # once only
+    assert len(runner.calls) == 1
+
+
+def test_watchdog_names_a_node_that_died_under_the_attempt_and_leaves_srun_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """node2's ranks vanished; node1's failed (connection closed) and srun waits for node2:
+    the watchdog probes slurmd (refused) and says so at once, but neither ends srun nor
+    requeues: Slurm requeues when it declares the node down (NodeFailureWatch says why)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: connecting is refused
+    failures = tmp_path / "failures"
+    failures.mkdir()
+    now = time.time()
+    for rank in (0, 1):
+        (failures / f"rank-{rank}.json").write_text(
+            json.dumps({"rank": rank, "job_id": "7", "attempt": 0, "time": now - 5})
+        )
+    answers = {
+        "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
+        "scontrol": CommandResult(
+            ("scontrol",), 0, f"SlurmdPort = {port}\nNodeName=node2 NodeAddr=127.0.0.1\n", ""
+        ),
+    }
+    runner = FakeRunner(answers)
+    srun = subprocess.Popen(["sleep", "60"])
+    nodes = NodeFailureWatch(tmp_path, AttemptId("7", 0, "7"), now - 60, 2, "node[1-2]")
+    try:
+        watch(
+            tmp_path,
+            attempt=AttemptId("7", 0, "7"),
+            thresholds=analysis.Thresholds(600, 10, 2.0, 300),
+            expected_ranks=4,
+            srun_pid=srun.pid,
+            client=SlurmClient(runner),
+            max_polls=3,
+            sleep=lambda s: None,
+            nodes=nodes,
+        )
+        assert srun.poll() is None  # still running
+    finally:
+        srun.kill()
+        srun.wait()
+    assert nodes.found == ["node2"]
+    out = capsys.readouterr().out
+    assert out.count("node failure: node2 slurmd unreachable") == 1, out
+    assert not any(c[0] == "scancel" or c[:2] == ["scontrol", "requeue"] for c in runner.calls)
+
+
+def test_watchdog_leaves_a_live_allocation_alone(tmp_path: Path) -> None:
+    """Ranks failed but every slurmd answers: a crash, not a node failure; srun is left to
+    return by itself."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    failures = tmp_path / "failures"
+    failures.mkdir()
+    (failures / "rank-0.json").write_text(
+        json.dumps({"rank": 0, "attempt": 0, "time": time.time() - 5})
+    )
+    out = f"SlurmdPort = {server.getsockname()[1]}\nNodeName=n NodeAddr=127.0.0.1\n"
+    runner = FakeRunner(
+        {
+            "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
+            "scontrol": CommandResult(("scontrol",), 0, out, ""),
+        }
+    )
+    try:
+        nodes = NodeFailureWatch(tmp_path, AttemptId("7", 0, "7"), 0.0, 1, "node[1-2]")
+        watch(
+            tmp_path,
+            attempt=AttemptId("7", 0, "7"),
+            thresholds=analysis.Thresholds(600, 10, 2.0, 300),
+            expected_ranks=2,
+            srun_pid=None,
+            client=SlurmClient(runner),
+            max_polls=2,
+            sleep=lambda s: None,
+            nodes=nodes,
+        )
+    finally:
+        server.close()
+    assert nodes.found == []
+    assert any(c[0] == "sinfo" for c in runner.calls)  # it did look
