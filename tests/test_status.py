@@ -210,7 +210,7 @@ def _sweep(root: Path, sweep_id: str, n: int) -> Path:
     sweep = root / sweep_id
     for i in range(n):
         make_run(sweep / "members", str(i), f"900_{i}")
-    # members.json as ddlaunch.sweeps.submit.packed_members writes it (no config needed here)
+    # members.json as ddlaunch.sweeps.packing.packed_members writes it (no config needed here)
     members = {"layout": [0] * n, "axes": [[[f"params.lr={i}"] for i in range(n)]]}
     (sweep / "members.json").write_text(json.dumps({"sweep_id": sweep_id, "members": members}))
     return sweep

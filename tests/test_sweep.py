@@ -25,15 +25,15 @@ from ddlaunch.planning.plan import ArraySpec, ClusterFacts
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.arrays import parse_array_show_job, parse_max_array_size, queue_tasks
 from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store.members import ensure_member_dir, is_materialized
 from ddlaunch.store.sweeps import (
     array_records,
-    ensure_member_dir,
-    is_materialized,
     is_sweep_dir,
     member_overrides,
     member_run_dirs,
     packed_config_text,
 )
+from ddlaunch.sweeps.packing import CONFIG_FIELDS, config_text, packed_members
 from ddlaunch.sweeps.prepare import SweepMembersError, prepare_sweep, validate_members
 from ddlaunch.sweeps.spec import (
     Member,
@@ -46,10 +46,7 @@ from ddlaunch.sweeps.spec import (
 )
 from ddlaunch.sweeps.status import collect, summary
 from ddlaunch.sweeps.submit import (
-    _CONFIG_FIELDS,
-    config_text,
     create_sweep_dir,
-    packed_members,
     plan_resubmission,
     resubmit_members,
     submit_sweep,
@@ -578,7 +575,7 @@ def test_packed_config_is_the_yaml_dump_of_the_config(tmp_path: Path, params: st
     # one layout per validation group: nodes.count x (job.time or not) = 4, and each of the
     # 2 x 3 x 2 x 2 members replacing params whole (their other params.* are validated too)
     assert len(packed["layouts"]) == len(set(prepared.groups)) == 4 + 24
-    assert len(packed["sections"]) < 3 * len(_CONFIG_FIELDS)
+    assert len(packed["sections"]) < 3 * len(CONFIG_FIELDS)
     with pytest.raises(KeyError):
         packed_config_text(packed, len(prepared.members))
     with pytest.raises(KeyError):

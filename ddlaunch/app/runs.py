@@ -18,6 +18,7 @@ from ddlaunch.errors import UserError
 from ddlaunch.store import exclusions, outcome, preflight, progress, submission, watchdog
 from ddlaunch.store.attempts import ATTEMPTS_FILE
 from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures
+from ddlaunch.store.members import ensure_member_dir, member_of
 from ddlaunch.store.rundir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -26,7 +27,7 @@ from ddlaunch.store.rundir import (
     is_run_dir,
 )
 from ddlaunch.store.status_cache import QueuedRunCache
-from ddlaunch.store.sweeps import MEMBERS_FILE, member_jobs, member_of
+from ddlaunch.store.sweeps import MEMBERS_FILE, member_jobs
 
 
 def find_run(ref: str, root: Path | None = None) -> Path:
@@ -55,7 +56,6 @@ def find_run_materialized(ref: str, root: Path | None = None) -> Path:
     """``find_run`` for commands that act on a run (cancel, resume, logs): a sweep member
     that has not started gets its run directory first, from the sweep's records, as its
     array task would create it."""
-    from ddlaunch.store.sweeps import ensure_member_dir
 
     root = root or default_run_root()
     ensure_member_dir(Path(ref).expanduser()) or ensure_member_dir(root / ref)

@@ -50,34 +50,28 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ddlaunch.checkpoint import layout
+from ddlaunch.checkpoint.agreement import Agreement, CheckpointError, CheckpointSaveError
 from ddlaunch.checkpoint.layout import CheckpointInfo, CheckpointState, CommitMarker
 from ddlaunch.checkpoint.policy import should_checkpoint
 from ddlaunch.checkpoint.staging import HandOff, ReusableCpuStager, Staged, storage_key
+from ddlaunch.checkpoint.state import TrainState
+
+__all__ = ["CheckpointError", "CheckpointManager", "CheckpointSaveError", "TrainState"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # DCP reports a failure on any rank as CheckpointException, which derives from
 # BaseException (not Exception): catch it by name, but never KeyboardInterrupt/SystemExit.
@@ -85,19 +79,6 @@ _SAVE_ERRORS = (Exception, CheckpointException)
 
 # Decisions rank 0 broadcasts before a save (step 1 of the protocol).
 _FRESH, _SKIP = "fresh", "skip"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint operation failed; raised on every rank alike, so none is left waiting."""
-
-
-class CheckpointSaveError(CheckpointError):
-    """A save did not commit; its directory stays uncommitted and older checkpoints stay."""
-
-    def __init__(self, message: str, *, step: int, failed_ranks: list[int]) -> None:
-        super().__init__(message)
-        self.step = step
-        self.failed_ranks = failed_ranks
 
 
 @dataclass
@@ -109,48 +90,6 @@ class _Pending:
     future: Future[Any]
     metadata: Mapping[str, Any]
     staging: Future[BaseException | None] | None = None  # the background copy, if any
-
-
-class TrainState(Stateful):
-    """A model and its optimizer(s) as one DCP ``Stateful``, so that a loop needs two lines::
-
-        state = {"train": TrainState(model, optimizer)}
-        info = manager.load_latest(state)          # ... and later manager.save(step, state)
-
-    Uses DCP's get_state_dict/set_state_dict, which handle FSDP2/DTensor parameters and
-    key optimizer state by parameter name (so it survives resharding).
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
-        *,
-        options: StateDictOptions | None = None,
-    ) -> None:
-        self.model = model
-        self.optimizers = (
-            (optimizers,) if isinstance(optimizers, torch.optim.Optimizer) else tuple(optimizers)
-        )
-        self.options = options
-
-    def state_dict(self) -> dict[str, Any]:
-        if not self.optimizers:
-            return {"model": get_model_state_dict(self.model, options=self.options)}
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizers, options=self.options)
-        return {"model": model_sd, "optim": optim_sd}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not self.optimizers:
-            set_model_state_dict(self.model, state_dict["model"], options=self.options)
-            return
-        set_state_dict(
-            self.model,
-            self.optimizers,
-            model_state_dict=state_dict["model"],
-            optim_state_dict=state_dict["optim"],
-            options=self.options,
-        )
 
 
 class CheckpointManager:
@@ -188,6 +127,7 @@ class CheckpointManager:
         )
         self.rank = dist.get_rank(self._ctl_pg)
         self.world_size = dist.get_world_size(self._ctl_pg)
+        self._agree = Agreement(self._ctl_pg, self.rank, self.world_size, str(self.root))
         self._stager = ReusableCpuStager() if async_save else None
         self.overlap_staging = overlap_staging
         # The background copy of optimizer-owned tensors, and the step pre-hooks that wait
@@ -227,7 +167,7 @@ class CheckpointManager:
         )
         if not every_minutes:
             return due
-        return any(self._gather_flags(due))
+        return any(self._agree.gather_flags(due))
 
     def save(
         self,
@@ -255,7 +195,7 @@ class CheckpointManager:
         # Async: stage first (local), so that the background copy runs during the
         # collectives below. Wasted, but harmless, in the rare case of a skipped step.
         staged = self._stage(state_dict) if self.async_save else None
-        if self._on_rank0(lambda: self._prepare_dir(step, path)) == _SKIP:
+        if self._agree.on_rank0(lambda: self._prepare_dir(step, path)) == _SKIP:
             log.warning("step %d is committed already; not saving it again", step)
             return None
         self._last_save_step, self._last_save_time = step, time.time()
@@ -287,7 +227,7 @@ class CheckpointManager:
         # The optimizer hook normally waited already; this covers loops that had no
         # optimizer.step() since save() (gradient accumulation), at the latest one step on.
         self.wait_staging()
-        if not all(self._gather_flags(self._pending.future.done())):
+        if not all(self._agree.gather_flags(self._pending.future.done())):
             return None
         return self.wait()
 
@@ -315,7 +255,7 @@ class CheckpointManager:
         ``async_save``, it also prepares the staging buffers (see prepare_staging).
         """
         self.wait()
-        info = self._on_rank0(lambda: layout.latest_complete(self.root))
+        info = self._agree.on_rank0(lambda: layout.latest_complete(self.root))
         if info is not None:
             dcp.load(
                 state_dict,
@@ -399,7 +339,7 @@ class CheckpointManager:
         # Agree before any rank enters DCP's collectives: a rank that failed to stage would
         # otherwise leave the others' writer threads blocked until the collective timeout.
         error = staged if isinstance(staged, BaseException) else None
-        self._raise_unless_all(error is None, "staging", step, error)
+        self._agree.raise_unless_all(error is None, "staging", step, error)
         assert isinstance(staged, Staged)
         writer = self._writer(path)
         writer.per_thread_copy_ahead = 0  # the state is on the CPU already
@@ -439,7 +379,7 @@ class CheckpointManager:
         if error is None and pending.staging is not None:
             # DCP wrote whatever the buffers held: a failed copy must not be committed.
             error = pending.staging.result()
-        self._raise_unless_all(error is None, "write", pending.step, error)
+        self._agree.raise_unless_all(error is None, "write", pending.step, error)
 
         def write_marker() -> CheckpointInfo:
             marker = CommitMarker(
@@ -458,7 +398,7 @@ class CheckpointManager:
             )
 
         try:
-            info = self._on_rank0(write_marker)
+            info = self._agree.on_rank0(write_marker)
         except CheckpointError as exc:
             raise CheckpointSaveError(
                 f"checkpoint step {pending.step}: writing the commit marker failed: {exc}",
@@ -492,47 +432,6 @@ class CheckpointManager:
         log.warning("removing uncommitted checkpoint directory %s before saving", path)
         layout.delete_checkpoint(path)
         return _FRESH
-
-    def _on_rank0(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on rank 0 and give every rank its result, or raise its error on all."""
-        box: list[Any] = [None, None]
-        if self.rank == 0:
-            try:
-                box = [fn(), None]
-            except Exception as exc:
-                box = [None, f"{type(exc).__name__}: {exc}"]
-        dist.broadcast_object_list(box, group=self._ctl_pg, group_src=0)
-        if box[1] is not None:
-            raise CheckpointError(f"rank 0 failed under {self.root}: {box[1]}")
-        return box[0]
-
-    def _gather_flags(self, flag: bool) -> list[bool]:
-        mine = torch.tensor([int(flag)], dtype=torch.int32)
-        everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(everyone, mine, group=self._ctl_pg)
-        return [bool(t.item()) for t in everyone]
-
-    def _raise_unless_all(
-        self, ok: bool, what: str, step: int, error: BaseException | None
-    ) -> None:
-        """All ranks learn whether every rank succeeded; if not, all raise the same error."""
-        if all(self._gather_flags(ok)):  # the common case: one small tensor collective
-            return
-        # Each rank says whom it blames: DCP re-raises one rank's failure on every rank as a
-        # CheckpointException that names the culprits; any other error blames this rank.
-        blame: list[int] = []
-        if not ok:
-            failures = getattr(error, "failures", None)
-            blame = sorted(failures) if isinstance(failures, dict) and failures else [self.rank]
-        everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, blame, group=self._ctl_pg)
-        failed = sorted({rank for ranks in everyone for rank in ranks})
-        local = f"; here: {type(error).__name__}: {error}" if error is not None else ""
-        raise CheckpointSaveError(
-            f"checkpoint step {step}: {what} failed on rank(s) {failed}; left uncommitted{local}",
-            step=step,
-            failed_ranks=failed,
-        ) from error
 
 
 def _without_stateful(state_dict: dict[str, Any]) -> dict[str, Any]:

@@ -253,7 +253,12 @@ _INVALID = object()
 
 def check_contradictions(cfg: Config, b: _Builder) -> None:
     """Rules that involve more than one key."""
-    n, job, ft, launch = cfg.nodes, cfg.job, cfg.fault_tolerance, cfg.launch
+    for check in (_node_rules, _launch_rules, _sbatch_rules):
+        check(cfg, b)
+
+
+def _node_rules(cfg: Config, b: _Builder) -> None:
+    n = cfg.nodes
     if cfg.cluster.gpus_per_node is not None and n.gpus_per_node > cfg.cluster.gpus_per_node:
         b.fail(
             ("nodes", "gpus_per_node"),
@@ -281,6 +286,10 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
             f"{n.cpus_per_task} CPUs x {cfg.ranks_per_node} ranks "
             f"per node exceeds the {cpus} CPUs a node of {cfg.cluster.name!r} has",
         )
+
+
+def _launch_rules(cfg: Config, b: _Builder) -> None:
+    job, ft, launch = cfg.job, cfg.fault_tolerance, cfg.launch
     for key in ("checkpoint_dir",):
         value = getattr(cfg.storage, key)
         if value is not None and not Path(value).is_absolute():
@@ -303,6 +312,9 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
     for name in launch.env:
         if not pattern.match(name):
             b.fail(("launch", "env", name), f"must be {expected}")
+
+
+def _sbatch_rules(cfg: Config, b: _Builder) -> None:
     opt_pattern, opt_expected = PATTERNS["sbatch_option"]
     for option, value in cfg.sbatch.items():
         path = ("sbatch", str(option))

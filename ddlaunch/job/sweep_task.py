@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ddlaunch.launch.slurm import write_rank_pickle
+from ddlaunch.store.members import materialize, member_of
 from ddlaunch.store.rundir import SUBMITIT_DIR
-from ddlaunch.store.sweeps import materialize, member_of
 
 
 def start_task(run_dir: Path, environ: Mapping[str, str] | None = None) -> Path:

@@ -182,10 +182,13 @@ def split_arrays(indices: Sequence[int], max_array_size: int | None) -> list[tup
 
 
 class _Parser:
+    """Reads one sweep file, collecting every problem (with its file:line) before failing."""
+
     def __init__(self, path: Path, locations: dict[KeyPath, str]):
         self.path = path
         self.locations = locations
         self.issues: list[ConfigIssue] = []
+        self.owners: dict[str, str] = {}  # key -> the axis that sweeps it
 
     def where(self, *path: str) -> str:
         for end in range(len(path), 0, -1):
@@ -208,14 +211,22 @@ class _Parser:
             return None
         return values
 
+    def claim(self, key: str, axis: str) -> None:
+        """``key`` is swept by ``axis``; a key swept by two axes is an error."""
+        if key in self.owners and self.owners[key] != axis:
+            self.fail(
+                f"swept by both {self.owners[key]} and {axis}; sweep each key in one axis", axis
+            )
+        self.owners.setdefault(key, axis)
+
     def overrides(self, raw: Any, *path: str) -> list[Override] | None:
         """A mapping ``{key: value}``, a list of ``key=value`` strings, or one such string."""
         if isinstance(raw, dict):
-            out = []
-            for key, value in raw.items():
-                if self.key(key, *path, str(key)) is not None:
-                    out.append(Override(key, value))
-            return out
+            return [
+                Override(key, value)
+                for key, value in raw.items()
+                if self.key(key, *path, str(key)) is not None
+            ]
         items = [raw] if isinstance(raw, str) else raw
         if not isinstance(items, list):
             self.fail("expected a mapping {key: value} or a list of key=value", *path)
@@ -234,6 +245,125 @@ class _Parser:
                 self.fail(f"value of {key} is not valid YAML: {value_text!r}", *path)
         return out
 
+    # ------------------------------------------------------------------ the file's keys
+
+    def unknown_keys(self, tree: dict[str, Any]) -> None:
+        for key in tree:
+            if key not in SWEEP_KEYS:
+                hint = f"; known keys: {', '.join(SWEEP_KEYS)}"
+                if key in ("job", "nodes", "launch", "params", "defaults"):
+                    hint = "; config keys belong in the base config (or in set:)"
+                self.fail(f"unknown sweep key{hint}", str(key))
+
+    def base(self, tree: dict[str, Any]) -> Path | None:
+        if not isinstance(tree.get("base"), str):
+            self.fail(
+                "required: the base config, a path or a preset name (base: examples/mlp)", "base"
+            )
+            return None
+        base = resolve_config_name(tree["base"], base_dir=self.path.parent)
+        if base is None:
+            self.fail(
+                f"config {tree['base']!r} not found next to the sweep file, nor as a preset",
+                "base",
+            )
+            return None
+        return base.absolute()
+
+    def name(self, tree: dict[str, Any]) -> str | None:
+        name = tree.get("name")
+        if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+            self.fail("must be letters, digits, '.', '_' or '-' (at most 64)", "name")
+        return name
+
+    def grid_axes(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
+        grid = tree.get("grid", {})
+        if not isinstance(grid, dict):
+            self.fail("expected a mapping of key: [values]", "grid")
+            return []
+        axes = []
+        for key, values in grid.items():
+            if self.key(key, "grid", str(key)) and (vals := self.values(values, "grid", str(key))):
+                self.claim(key, f"grid.{key}")
+                axes.append(tuple((Override(key, v),) for v in vals))
+        return axes
+
+    def zip_axes(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
+        zips = tree.get("zip", [])
+        zips = [zips] if isinstance(zips, dict) else zips
+        if not isinstance(zips, list):
+            self.fail("expected a mapping of key: [values] (or a list of them)", "zip")
+            return []
+        axes = []
+        for n, group in enumerate(zips):
+            axis = self.zip_axis(group, "zip" if len(zips) == 1 else f"zip[{n}]")
+            if axis is not None:
+                axes.append(axis)
+        return axes
+
+    def zip_axis(self, group: Any, label: str) -> tuple[Point, ...] | None:
+        if not isinstance(group, dict) or not group:
+            self.fail("expected a mapping of key: [values]", label)
+            return None
+        columns = []
+        for key, values in group.items():
+            if self.key(key, "zip", str(key)) and (vals := self.values(values, "zip", str(key))):
+                self.claim(key, label)
+                columns.append([Override(key, v) for v in vals])
+        if len({len(c) for c in columns}) > 1:
+            sizes = ", ".join(f"{c[0].key}: {len(c)}" for c in columns)
+            self.fail(f"zipped lists must have the same length ({sizes})", label)
+            return None
+        return tuple(zip(*columns, strict=True)) if columns else None
+
+    def list_axis(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
+        entries = tree.get("list", [])
+        if not isinstance(entries, list):
+            self.fail("expected a list of members, each {key: value} or [key=value, ...]", "list")
+            return []
+        points = []
+        for entry in entries:
+            overrides = self.overrides(entry, "list")
+            if overrides is not None:
+                for o in overrides:
+                    self.claim(o.key, "list")
+                points.append(tuple(overrides))
+        return [tuple(points)] if points else []
+
+    def seed_axis(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
+        seed_key = tree.get("seed_key", DEFAULT_SEED_KEY)
+        if self.key(seed_key, "seed_key") is None:
+            seed_key = DEFAULT_SEED_KEY
+        seeds = tree.get("seeds")
+        if seeds is None:
+            return []
+        if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
+            seeds = list(range(seeds))
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+            self.fail("expected a count (seeds: 3 means 0, 1, 2) or a list of integers", "seeds")
+            return []
+        if len(set(seeds)) != len(seeds):
+            self.fail("the same seed appears twice", "seeds")
+            return []
+        self.claim(seed_key, "seeds")
+        return [tuple((Override(seed_key, s),) for s in seeds)]
+
+    def throttle(self, tree: dict[str, Any]) -> int | None:
+        throttle = tree.get("throttle")
+        if throttle is not None and (
+            not isinstance(throttle, int) or isinstance(throttle, bool) or throttle < 1
+        ):
+            self.fail(f"must be a positive integer, got {throttle!r}", "throttle")
+            return None
+        return throttle
+
+    def metric(self, tree: dict[str, Any]) -> str:
+        metric = tree.get("metric", DEFAULT_METRIC)
+        if not isinstance(metric, str) or not metric:
+            self.fail("must be the name of a key of result.json, e.g. final_loss", "metric")
+            return DEFAULT_METRIC
+        return metric
+
 
 def parse_sweep_file(path: str | Path, extra_set: Sequence[str] = ()) -> SweepSpec:
     """Read and check a sweep file; ``extra_set`` (the CLI's ``--set``) joins its ``set``."""
@@ -242,108 +372,13 @@ def parse_sweep_file(path: str | Path, extra_set: Sequence[str] = ()) -> SweepSp
         path = resolve_config_name(str(path)) or path
     tree, locations = read_yaml_file(path)
     p = _Parser(path, locations)
-    for key in tree:
-        if key not in SWEEP_KEYS:
-            hint = f"; known keys: {', '.join(SWEEP_KEYS)}"
-            if key in ("job", "nodes", "launch", "params", "defaults"):
-                hint = "; config keys belong in the base config (or in set:)"
-            p.fail(f"unknown sweep key{hint}", str(key))
-
-    base: Path | None = None
-    if not isinstance(tree.get("base"), str):
-        p.fail("required: the base config, a path or a preset name (base: examples/mlp)", "base")
-    else:
-        base = resolve_config_name(tree["base"], base_dir=path.parent)
-        if base is None:
-            p.fail(
-                f"config {tree['base']!r} not found next to the sweep file, nor as a preset", "base"
-            )
-        else:
-            base = base.absolute()
-
-    name = tree.get("name")
-    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
-        p.fail("must be letters, digits, '.', '_' or '-' (at most 64)", "name")
-
+    p.unknown_keys(tree)
+    base = p.base(tree)
+    name = p.name(tree)
     common = [o.text for o in p.overrides(tree.get("set", []), "set") or []]
-    axes: list[tuple[Point, ...]] = []
-    owners: dict[str, str] = {}  # key -> the axis that sweeps it
-
-    def claim(key: str, axis: str) -> None:
-        if key in owners and owners[key] != axis:
-            p.fail(f"swept by both {owners[key]} and {axis}; sweep each key in one axis", axis)
-        owners.setdefault(key, axis)
-
-    grid = tree.get("grid", {})
-    if not isinstance(grid, dict):
-        p.fail("expected a mapping of key: [values]", "grid")
-        grid = {}
-    for key, values in grid.items():
-        if p.key(key, "grid", str(key)) and (vals := p.values(values, "grid", str(key))):
-            claim(key, f"grid.{key}")
-            axes.append(tuple((Override(key, v),) for v in vals))
-
-    zips = tree.get("zip", [])
-    zips = [zips] if isinstance(zips, dict) else zips
-    if not isinstance(zips, list):
-        p.fail("expected a mapping of key: [values] (or a list of them)", "zip")
-        zips = []
-    for n, group in enumerate(zips):
-        label = "zip" if len(zips) == 1 else f"zip[{n}]"
-        if not isinstance(group, dict) or not group:
-            p.fail("expected a mapping of key: [values]", label)
-            continue
-        columns = []
-        for key, values in group.items():
-            if p.key(key, "zip", str(key)) and (vals := p.values(values, "zip", str(key))):
-                claim(key, label)
-                columns.append([Override(key, v) for v in vals])
-        lengths = {len(c) for c in columns}
-        if len(lengths) > 1:
-            sizes = ", ".join(f"{c[0].key}: {len(c)}" for c in columns)
-            p.fail(f"zipped lists must have the same length ({sizes})", label)
-        elif columns:
-            axes.append(tuple(zip(*columns, strict=True)))
-
-    entries = tree.get("list", [])
-    if not isinstance(entries, list):
-        p.fail("expected a list of members, each {key: value} or [key=value, ...]", "list")
-        entries = []
-    points = []
-    for entry in entries:
-        overrides = p.overrides(entry, "list")
-        if overrides is not None:
-            for o in overrides:
-                claim(o.key, "list")
-            points.append(tuple(overrides))
-    if points:
-        axes.append(tuple(points))
-
-    seed_key = tree.get("seed_key", DEFAULT_SEED_KEY)
-    if p.key(seed_key, "seed_key") is None:
-        seed_key = DEFAULT_SEED_KEY
-    seeds = tree.get("seeds")
-    if seeds is not None:
-        if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
-            seeds = list(range(seeds))
-        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-            p.fail("expected a count (seeds: 3 means 0, 1, 2) or a list of integers", "seeds")
-        elif len(set(seeds)) != len(seeds):
-            p.fail("the same seed appears twice", "seeds")
-        else:
-            claim(seed_key, "seeds")
-            axes.append(tuple((Override(seed_key, s),) for s in seeds))
-
-    throttle = tree.get("throttle")
-    if throttle is not None and (
-        not isinstance(throttle, int) or isinstance(throttle, bool) or throttle < 1
-    ):
-        p.fail(f"must be a positive integer, got {throttle!r}", "throttle")
-        throttle = None
-    metric = tree.get("metric", DEFAULT_METRIC)
-    if not isinstance(metric, str) or not metric:
-        p.fail("must be the name of a key of result.json, e.g. final_loss", "metric")
-        metric = DEFAULT_METRIC
+    # Each axis multiplies the member count, in this order (the last varies fastest).
+    axes = [*p.grid_axes(tree), *p.zip_axes(tree), *p.list_axis(tree), *p.seed_axis(tree)]
+    throttle, metric = p.throttle(tree), p.metric(tree)
     if not axes and not p.issues:
         p.fail("a sweep needs at least one axis: grid, zip, list or seeds", "")
     if p.issues:

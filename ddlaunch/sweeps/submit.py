@@ -26,13 +26,12 @@ records as ``ddlaunch resume`` does for a run.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +44,13 @@ from ddlaunch.app.gitinfo import git_state
 from ddlaunch.config.errors import ConfigError
 from ddlaunch.config.load import LoadedTree, apply_overrides
 from ddlaunch.config.schema import Config
-from ddlaunch.config.validate import to_plain, validate_tree
+from ddlaunch.config.validate import validate_tree
 from ddlaunch.planning.plan import ClusterFacts
 from ddlaunch.runner import Runner
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import submission
 from ddlaunch.store.failures import FAILURES_DIR
+from ddlaunch.store.members import materialize, member_config_text
 from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE
 from ddlaunch.store.rundir import CONFIG_FILE, RunDir, archive
 from ddlaunch.store.sweeps import (
@@ -59,12 +59,10 @@ from ddlaunch.store.sweeps import (
     MEMBERS_FILE,
     SWEEP_FILE,
     array_records,
-    dump_section,
-    materialize,
-    member_config_text,
     member_overrides,
     read_members,
 )
+from ddlaunch.sweeps.packing import SectionCache, array_intent, config_text, packed_members
 from ddlaunch.sweeps.prepare import (
     ArrayJob,
     PreparedSweep,
@@ -111,94 +109,6 @@ def _put_informational(path: Path, text: str, mode: int = 0o600) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
-
-
-SectionCache = dict[tuple[str, int], tuple[Any, str]]
-_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
-
-
-def _sections(cfg: Config, cache: SectionCache, render: Callable[[str, Any], str]) -> list[str]:
-    """``render(name, value)`` of each top-level section of ``cfg``. Configs share their
-    sections (``dataclasses.replace`` keeps them: same objects): each shared section is
-    rendered once (and returned as the same string object)."""
-    parts: list[str] = []
-    for name in _CONFIG_FIELDS:
-        value = getattr(cfg, name)
-        key = (name, id(value))
-        hit = cache.get(key)
-        if hit is not None and hit[0] is value:
-            parts.append(hit[1])
-            continue
-        text = render(name, value)
-        if dataclasses.is_dataclass(value):  # frozen sections only; the value is kept
-            cache[key] = (value, text)  # alive, so its id cannot be reused meanwhile
-        parts.append(text)
-    return parts
-
-
-def config_parts(cfg: Config, cache: SectionCache) -> list[str]:
-    """The top-level sections of ``yaml.safe_dump(to_plain(cfg), sort_keys=False)`` (a
-    block mapping's top-level entries dump independently)."""
-    return _sections(cfg, cache, lambda name, value: dump_section(name, to_plain(value)))
-
-
-def config_text(cfg: Config, cache: SectionCache) -> str:
-    """``yaml.safe_dump(to_plain(cfg), sort_keys=False)``, built section by section."""
-    return "".join(config_parts(cfg, cache))
-
-
-def packed_members(prepared: PreparedSweep) -> str:
-    """The text of ``members.json``: the sweep's settings, every distinct config section
-    once (``sections``, see ``_packed_section``), one layout per group of members validated
-    together (its sections by name, its checkpoint root), the axes' points (members are
-    their product) and each member's layout. A member's overrides and config are rebuilt
-    from these (``member_overrides``, ``packed_config_text``): nothing is stored per member
-    but its layout number (per-member params or configs cost tens of ms per thousand
-    members, at submission and in the file's size)."""
-    spec = prepared.spec
-    assert len(prepared.members) == spec.size, "members are the product of the axes"
-    head = {
-        "sweep_id": prepared.sweep_id,
-        "source": str(spec.path.absolute()),
-        "base": str(spec.base.absolute()),
-        "set": list(spec.common),
-        "metric": spec.metric,
-        "throttle": spec.throttle,
-        "created": time.time(),
-    }
-    cache: SectionCache = {}
-    numbers: dict[str, int] = {}  # a section's JSON text -> its number
-    layouts = []
-    for cfg, root in zip(prepared.group_configs, prepared.checkpoint_roots, strict=True):
-        named = zip(_CONFIG_FIELDS, _sections(cfg, cache, _packed_section), strict=True)
-        sections = {name: numbers.setdefault(text, len(numbers)) for name, text in named}
-        layouts.append({"sections": sections, "checkpoint_root": root})
-    # Members are the product of the axes' points, the last axis fastest (sweep.expand):
-    # each point's --set texts are stored once, not once per member.
-    axes = [[[o.text for o in point] for point in axis] for axis in spec.axes]
-    members = {"layout": list(prepared.groups), "axes": axes}
-    # The arrays about to be submitted: a crash before an array's own record is written
-    # (after its sbatch) leaves the members it may hold here (state "submitting").
-    arrays = [array_intent(array, head["created"]) for array in prepared.arrays]
-    body = json.dumps({"layouts": layouts, "members": members, "arrays": arrays})
-    # json's C encoder throughout (an indent would force the pure-Python one); the sections
-    # are JSON texts already.
-    sections_text = '"sections": [' + ", ".join(numbers) + "], "
-    return json.dumps(head)[:-1] + ", " + sections_text + body[1:] + "\n"
-
-
-def _packed_section(name: str, value: Any) -> str:
-    """A config section as ``members.json`` stores it, as JSON text: ``{"value": ...}``,
-    its plain value, where JSON holds it exactly (a tenth of the cost of dumping YAML),
-    else ``{"yaml": ...}``, its YAML (dates, say). ``packed_config_text`` dumps values."""
-    plain = to_plain(value)
-    try:
-        text = json.dumps(plain)
-        if json.loads(text) == plain:  # no tuple, non-string key or NaN
-            return '{"value": ' + text + "}"
-    except (TypeError, ValueError):  # not JSON at all
-        pass
-    return json.dumps({"yaml": dump_section(name, plain)})
 
 
 def member_dir(sweep_dir: Path, index: int) -> Path:
@@ -306,19 +216,6 @@ class _GitProbe:
 
 
 # ----------------------------------------------------------------------------- submit
-
-
-def array_intent(array: ArrayJob, when: float) -> dict[str, Any]:
-    """What an array's record says before its sbatch runs."""
-    return {
-        "name": array.spec.name,
-        "members": list(array.spec.members),
-        "sbatch_argv": list(array.plan.sbatch_argv),
-        "script": array.script_path,
-        "submit_host": socket.gethostname(),
-        "time": when,
-        "state": "submitting",
-    }
 
 
 def _submit_one(
