@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,7 +83,7 @@ def conclude(
     blamed: Sequence[str] = (),
     final: str | None = None,
     saved_step: int | None = None,
-    **record: Any,
+    record: Mapping[str, Any] | None = None,
 ) -> Conclusion:
     """Close the newest attempt and act on the requeue policy.
 
@@ -120,7 +120,7 @@ def conclude(
         committed_step=committed_step,
         decision=decision.reason,
         blamed=list(blamed),
-        **record,
+        **(record or {}),
     )
     if decision.requeue and job:
         print(f"[ddlaunch] {decision.reason}", flush=True)

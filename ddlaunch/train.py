@@ -31,6 +31,7 @@ from ddlaunch.checkpoint.manager import CheckpointManager, TrainState
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
 from ddlaunch.policy.requeue import CAUSE_SIGNAL
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
@@ -143,8 +144,6 @@ class Session:
     def _conclude(self, step: int) -> None:
         """Rank 0, after the signal save: conclude the attempt here (requeue, or record why
         not). On preemption the batch shell may never reach the end hook."""
-        from ddlaunch.slurm.client import SlurmClient
-
         reason = signals.reason() or "signal"
         print(f"[ddlaunch] saved step {step} on {reason}", flush=True)
         conclude(
@@ -155,7 +154,7 @@ class Session:
             client=SlurmClient(),
             job=self.attempt.task,
             saved_step=step,
-            signal=reason,
+            record={"signal": reason},
         )
 
     # ------------------------------------------------------------------ end

@@ -10,6 +10,7 @@ from support.rundirs import example_run_dir
 
 from ddlaunch.health import checks
 from ddlaunch.policy.preflight import Status
+from ddlaunch.worker import node_task
 
 
 def test_injection_matches_node_index_and_restart() -> None:
@@ -34,7 +35,7 @@ def test_local_checks_with_injected_faults(tmp_path: Path) -> None:
     run_dir = example_run_dir(tmp_path)
     cfg = load_config(run_dir / "config.yaml")
     env = {"CUDA_VISIBLE_DEVICES": "0,1", "DDLAUNCH_SCRATCH": str(tmp_path)}
-    found, facts = checks.local_checks(
+    found, facts = node_task.local_checks(
         cfg, run_dir, env, FakeRunner(), {"free_gb": 0.5, "gpus": 1, "torch_error": "boom"}
     )
     by = {c.name: c for c in found}

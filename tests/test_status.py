@@ -220,7 +220,7 @@ def test_sweeps_expand_when_named_and_summarise_otherwise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("ddlaunch.sweeps.spec")
-    from ddlaunch.cli.status import collect
+    from ddlaunch.app.status import collect
 
     monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
     _sweep(tmp_path, "lr-sweep", 3)

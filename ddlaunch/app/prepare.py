@@ -12,6 +12,7 @@ from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.planning.plan import ClusterFacts, LaunchPlan, make_plan
 from ddlaunch.planning.render import render_script, template_search_path
+from ddlaunch.store import badnodes
 from ddlaunch.store.rundir import new_run_id, resolve_run_root
 
 
@@ -85,8 +86,6 @@ def prepare_submission(
     """``prepare`` for ``submit``: my bad-node list is excluded, except nodes the config asks
     for by name (excluding them would make the job unschedulable). Returns the prepared run
     and the nodes it excludes."""
-    from ddlaunch.store import badnodes
-
     exclude = badnodes.submittable_nodes()
     prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
     wanted = set(prepared.config.nodes.nodelist) & set(exclude)

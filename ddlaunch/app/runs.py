@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.checkpoint.layout import latest_complete
 from ddlaunch.errors import UserError
 from ddlaunch.store import exclusions, outcome, preflight, progress, submission, watchdog
 from ddlaunch.store.attempts import ATTEMPTS_FILE
@@ -93,7 +94,7 @@ class RunInfo:
         return self.job_ids[-1] if self.job_ids else None
 
 
-def _json(path: Path, present: set[str], name: str, default: Any = None) -> Any:
+def _json(path: Path, present: AbstractSet[str], name: str, default: Any = None) -> Any:
     # One directory listing per run tells which files exist: status reads hundreds of run
     # directories per poll, and failed opens of absent files are most of the cost otherwise.
     if name not in present:
@@ -148,8 +149,6 @@ def read_run(
         info.checkpoint_root = checkpoint_root(run_dir)
         root = info.checkpoint_root
         if root.parent != run_dir or root.name in present:
-            from ddlaunch.checkpoint.layout import latest_complete
-
             latest = latest_complete(root) if root.is_dir() else None
             info.latest_step = latest.step if latest else None
     return info

@@ -11,6 +11,7 @@ Everything else (``run_status``, ``health_line``, ``sweep_row``) is pure.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -27,9 +28,11 @@ from ddlaunch.app.runs import (
 )
 from ddlaunch.policy.preflight import summary_line
 from ddlaunch.policy.requeue import HEALTH_CAUSES
+from ddlaunch.slurm import queue
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import sweeps
-from ddlaunch.store.rundir import default_run_root, is_run_dir
+from ddlaunch.store.rundir import config_path, default_run_root, is_run_dir
 
 # Slurm's many job states folded into the few a user acts on.
 STATE_MAP = {
@@ -268,10 +271,10 @@ def resolve(
         if is_run_dir(Path(ref).expanduser()) or is_run_dir(root / ref):
             targets.append(Target(find_run(ref, root)))
             continue
-        path = _find_sweep(ref, root)
-        if path is not None:
-            sweeps.append(path.name)
-            targets += _members(path)
+        sweep = _find_sweep(ref, root)
+        if sweep is not None:
+            sweeps.append(sweep.name)
+            targets += _members(sweep)
         else:
             targets.append(Target(find_run(ref, root)))
     return targets, sweeps
@@ -340,3 +343,33 @@ def min_poll_interval() -> float:
         return float(os.environ.get("DDLAUNCH_MIN_POLL_S", "30"))
     except ValueError:
         return 30.0
+
+
+def collect(
+    refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
+) -> list[Any]:
+    """One poll of ``status``: the runs and sweeps named by ``refs`` (all when empty), with
+    ONE squeue call. ``runner`` is injectable (tests count the Slurm calls it receives)."""
+    reader = RunReader()  # one queued-run cache load for both the listing and the reads
+    targets, _ = resolve(refs, reader=reader)
+    form = queue.choose_form(_slurm_version(targets), _forced_form())
+    rows = poll(targets, SlurmClient(runner), form=form, reader=reader)
+    grouped = not refs if overview is None else overview
+    return group_sweeps(rows) if grouped else rows
+
+
+def _forced_form() -> str | None:
+    return os.environ.get("DDLAUNCH_SQUEUE_FORM") or None
+
+
+def _slurm_version(targets: Sequence[Any]) -> str | None:
+    """The cluster's release from the first run's config (cluster.slurm_version): no extra
+    call to Slurm just to learn its version."""
+    for target in targets[:1]:
+        try:
+            text = config_path(target.path).read_text()
+        except OSError:
+            return None
+        match = re.search(r"^  slurm_version: '?([0-9.]+)'?$", text, re.M)
+        return match.group(1) if match else None
+    return None

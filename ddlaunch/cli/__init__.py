@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> Any:
 
             traceback.print_exc()
         else:
-            exc_type, exc_value = sys.exc_info()[:2]
+            exc_value = sys.exc_info()[1]
             sys.stderr.write(
-                f"internal error: {exc_type.__name__}: {exc_value}\n"
+                f"internal error: {type(exc_value).__name__}: {exc_value}\n"
                 "run again with --debug for the traceback\n"
             )
         sys.exit(70)

@@ -14,8 +14,8 @@ def describe(path_name: str) -> str:
     if path is None:
         return ""
     tree, _ = read_yaml_file(path)
-    cluster = tree.get("cluster") if isinstance(tree.get("cluster"), dict) else {}
-    if cluster.get("description"):
+    cluster = tree.get("cluster")
+    if isinstance(cluster, dict) and cluster.get("description"):
         return str(cluster["description"])
     return first_sentence(path.read_text())
 

@@ -27,7 +27,9 @@ def reference_lines(cls: type, prefix: str = "") -> list[str]:
             lines.append(f"{key}:  {doc}")
             lines += reference_lines(hints[f.name], f"{key}.")
             continue
-        default: Any = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default: Any = f.default
+        if default is dataclasses.MISSING and callable(f.default_factory):
+            default = f.default_factory()
         if isinstance(default, tuple):
             default = list(default)
         lines.append(f"  {key} ({type_label(hints[f.name])}, default {default!r}): {doc}")

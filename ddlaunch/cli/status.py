@@ -11,44 +11,6 @@ from typing import Any
 import click
 
 
-def collect(
-    refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
-) -> list[Any]:
-    """One poll. ``runner`` is injectable (tests count the Slurm calls it receives)."""
-    from ddlaunch.app.runs import RunReader
-    from ddlaunch.app.status import group_sweeps, poll, resolve
-    from ddlaunch.slurm import queue
-    from ddlaunch.slurm.client import SlurmClient
-
-    reader = RunReader()  # one queued-run cache load for both the listing and the reads
-    targets, _ = resolve(refs, reader=reader)
-    form = queue.choose_form(_slurm_version(targets), _forced_form())
-    rows = poll(targets, SlurmClient(runner), form=form, reader=reader)
-    grouped = not refs if overview is None else overview
-    return group_sweeps(rows) if grouped else rows
-
-
-def _forced_form() -> str | None:
-    import os
-
-    return os.environ.get("DDLAUNCH_SQUEUE_FORM") or None
-
-
-def _slurm_version(targets: Sequence[Any]) -> str | None:
-    """The cluster's release from the first run's config (cluster.slurm_version): no extra
-    call to Slurm just to learn its version."""
-    import re
-
-    for target in targets[:1]:
-        try:
-            text = (target.path / "config.yaml").read_text()
-        except OSError:
-            return None
-        match = re.search(r"^  slurm_version: '?([0-9.]+)'?$", text, re.M)
-        return match.group(1) if match else None
-    return None
-
-
 def _causes(history: Sequence[dict[str, Any]]) -> str:
     return ", ".join(str(a.get("cause")) for a in history)
 
@@ -142,7 +104,7 @@ def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) 
     attempts and their causes, node health and the first failing rank come from the run
     directories. Without arguments a sweep is one summary row; name it to see its members.
     """
-    from ddlaunch.app.status import min_poll_interval
+    from ddlaunch.app.status import collect, min_poll_interval
     from ddlaunch.cli.terminal import Terminal
 
     term = Terminal()

@@ -55,7 +55,7 @@ _Loader.add_implicit_resolver(
 _FastLoader: type[Any] = _Loader
 if hasattr(yaml, "CSafeLoader"):
 
-    class _CLoader(yaml.CSafeLoader):  # type: ignore[name-defined,misc]
+    class _CLoader(yaml.CSafeLoader):
         """_Loader's resolvers on libyaml's parser."""
 
     _CLoader.yaml_implicit_resolvers = _Loader.yaml_implicit_resolvers

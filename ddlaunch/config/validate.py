@@ -160,7 +160,7 @@ class _Builder:
         return cls(**kwargs)
 
     def convert(self, tp: Any, value: Any, path: KeyPath, meta: dict[str, Any]) -> Any:
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             return self.build(tp, value, path)
         args = typing.get_args(tp)
         if isinstance(tp, types.UnionType):

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.policy import fabric as fabric_check
 from ddlaunch.policy import preflight as v
 from ddlaunch.runner import Runner
+from ddlaunch.store.layout import CHECKPOINTS_DIR
 
 INJECT_VAR = "DDLAUNCH_HEALTH_INJECT"
 
@@ -86,7 +87,7 @@ def free_gb(path: str) -> tuple[float | None, str]:
 
 def checked_paths(cfg: Any, run_dir: Path, env: Mapping[str, str]) -> list[tuple[str, str]]:
     ckpt = env.get("DDLAUNCH_CHECKPOINT_DIR") or cfg.storage.checkpoint_dir
-    paths = [("checkpoints", ckpt or str(run_dir / "checkpoints"))]
+    paths = [("checkpoints", ckpt or str(run_dir / CHECKPOINTS_DIR))]
     scratch = env.get("DDLAUNCH_SCRATCH") or cfg.storage.scratch
     if scratch:
         paths.append(("scratch", os.path.expandvars(scratch)))
@@ -115,32 +116,8 @@ def node_checks(
     return checks, facts
 
 
-def local_checks(
-    cfg: Any, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
-) -> tuple[list[v.Check], dict[str, Any]]:
-    """Phase 1 of the node task; returns the checks and the facts behind them."""
-    checks, facts = node_checks(cfg, run_dir, env, runner, inject)
-    started = time.monotonic()
-    version, error = None, inject.get("torch_error")
-    if not error:
-        try:
-            import torch
-
-            version = str(torch.__version__)
-        except Exception as exc:  # any import failure is the finding
-            error = f"{type(exc).__name__}: {exc}"
-    took = time.monotonic() - started
-    facts["torch"] = {"version": version, "error": error, "import_s": round(took, 2)}
-    checks.append(v.torch_check(version, error, took))
-    return checks, facts
-
-
 def doctor_findings(cfg: Any, runner: Runner) -> list[dict[str, str]]:
     """``ddlaunch doctor``: compare the node with its fabric profile where the tools exist."""
-    try:
-        from ddlaunch.policy import fabric as fabric_check
-    except ImportError as exc:
-        return [{"check": "fabric", "status": "unchecked", "detail": f"fabric_check: {exc}"}]
     outputs: dict[str, str | None] = {}
     for key, argv in fabric_check.COMMANDS.items():
         if shutil.which(argv[0]) is None:

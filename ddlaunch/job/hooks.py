@@ -22,6 +22,7 @@ from typing import Any
 from ddlaunch.conclude import cancel_reason, conclude
 from ddlaunch.job.blame import bad_nodes, blame_nodes, expand
 from ddlaunch.job.preflight import preflight_hook, preflight_outcome
+from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, badnodes, exclusions
@@ -153,8 +154,7 @@ def end(
         client=client,
         job=attempt.task,
         blamed=ending.blamed,
-        exit_code=exit_code,
-        **ending.record,
+        record={"exit_code": exit_code, **ending.record},
     )
     return 0 if conclusion.requeued else exit_code
 
@@ -169,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.hook == "start" and os.environ.get("DDLAUNCH_SWEEP_ID"):
         # A sweep member's run directory is created at its first start (the array script
         # does it unless Python was not usable before launch.setup): a no-op when done.
-        from ddlaunch.job.sweep_task import start_task
 
         start_task(run_dir)
     client = SlurmClient()

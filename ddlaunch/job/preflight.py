@@ -22,7 +22,7 @@ from ddlaunch.policy.requeue import CAUSE_PREFLIGHT
 from ddlaunch.store import badnodes, exclusions
 from ddlaunch.store import preflight as records
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.store.rundir import LOGS_DIR, committed_step
+from ddlaunch.store.rundir import LOGS_DIR, committed_step, config_path
 
 REQUEUED = 75  # the batch script exits 0 without training: Slurm restarts the job
 STOPPED = 76  # the batch script exits 1 without training: the outcome is recorded
@@ -87,7 +87,7 @@ def record_verdicts(
 def preflight_hook(run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequence[str]) -> int:
     """``job.hooks preflight``: the checks as a separate srun step before training (the
     batch script runs them inside the ranks instead, ``ddlaunch.worker.gate``)."""
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(config_path(run_dir))
     if not cfg.health.preflight:
         return 0
     reports = run_preflight_step(cfg, run_dir, client, attempt, nodes)
@@ -119,7 +119,7 @@ def preflight_outcome(
     # No reports: preflight is off, or the ranks never got as far (srun itself failed).
     if not failed or not reports:
         return None
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(config_path(run_dir))
     results = verdicts.evaluate(cfg, nodes, reports)
     decision = verdicts.decide(results)
     if not decision.exclude and not decision.stop:
@@ -172,7 +172,7 @@ def apply_decision(
         job=attempt.task,
         blamed=blamed,
         final=decision.reason if decision.stop else None,
-        **({"health": decision.reason} if blamed else {}),
+        record={"health": decision.reason} if blamed else None,
     )
     return REQUEUED if conclusion.requeued else STOPPED
 

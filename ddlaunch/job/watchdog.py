@@ -26,12 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.config import load_config
 from ddlaunch.job.watches import NodeFailureWatch, PreflightWatch, end_step
 from ddlaunch.policy import heartbeats as analysis
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.heartbeats import read_heartbeats
+from ddlaunch.store.rundir import config_path
 
 
 def relay_deferred_signal(run_dir: Path, attempt: AttemptId, client: Any) -> None:
@@ -170,11 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.watchdog")
     parser.add_argument("--srun-pid", type=int, required=True)
     args = parser.parse_args(argv)
-    from ddlaunch.config import load_config
-    from ddlaunch.slurm.client import SlurmClient
 
     run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(config_path(run_dir))
     h = cfg.health
     thresholds = analysis.Thresholds(
         hang_timeout=h.hang_timeout,

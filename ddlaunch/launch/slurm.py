@@ -40,6 +40,9 @@ class RankFunction:
     def __reduce__(self) -> tuple[Callable[[str], Any], tuple[str]]:
         return pkgutil.resolve_name, (RANK_FUNCTION,)
 
+    def __call__(self, run_dir: str) -> Any:
+        return pkgutil.resolve_name(RANK_FUNCTION)(run_dir)
+
 
 def rank_call(run_dir: str | Path) -> Any:
     """submitit's ``DelayedSubmission`` of the rank function on ``run_dir``."""

@@ -14,8 +14,7 @@ from pathlib import PurePosixPath
 
 from ddlaunch.config.schema import Config
 from ddlaunch.planning import fabric, topology
-from ddlaunch.store.rundir import SCRIPT_FILE
-from ddlaunch.store.sweeps import ARRAYS_DIR
+from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,9 @@ def make_plan(
     then ``run_dir`` is the sweep directory and each task picks its member at run time."""
     facts = facts or ClusterFacts()
     run = PurePosixPath(run_dir)
-    logs = run / "logs"
+    logs = run / LOGS_DIR
+    submission: tuple[str, ...]
+    rank_logs: tuple[str, ...]
     if array is None:
         submission = (f"--output={logs / 'batch-%j.out'}",)
         # One run: rank logs go straight to its run directory.
@@ -194,7 +195,7 @@ def make_plan(
     ours: dict[str, str] = {}
     if array is None:
         # (An array task exports its member's checkpoint directory itself.)
-        ours["DDLAUNCH_CHECKPOINT_DIR"] = cfg.storage.checkpoint_dir or str(run / "checkpoints")
+        ours["DDLAUNCH_CHECKPOINT_DIR"] = cfg.storage.checkpoint_dir or str(run / CHECKPOINTS_DIR)
     if cfg.storage.scratch:
         ours["DDLAUNCH_SCRATCH"] = cfg.storage.scratch
     return LaunchPlan(
@@ -207,7 +208,7 @@ def make_plan(
         user_env=tuple(cfg.launch.env.items()),
         setup=cfg.launch.setup,
         srun_argv=srun_argv,
-        worker_argv=tuple(worker_command(cfg, str(run / "submitit"))),
+        worker_argv=tuple(worker_command(cfg, str(run / SUBMITIT_DIR))),
         ranks_per_node=cfg.ranks_per_node,
         world_size=cfg.world_size,
         signal=cfg.fault_tolerance.signal,

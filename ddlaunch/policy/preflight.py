@@ -261,7 +261,7 @@ def evaluate(
     """Every node's verdict from the reports, with the bandwidth floor of the backend the
     reports measured (``health.min_bandwidth_gbps``, else the fabric's default)."""
     backends = [
-        (r.get("net") or {}).get("backend")
+        str((r.get("net") or {}).get("backend"))
         for r in reports.values()
         if (r.get("net") or {}).get("backend")
     ]

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from ddlaunch.errors import UserError
 from ddlaunch.runner import CommandResult, Runner, SubprocessRunner
+from ddlaunch.slurm import queue
 from ddlaunch.slurm.parse import (
     SQUEUE_FORMAT,
     QueueRow,
@@ -51,8 +52,6 @@ class SlurmClient:
 
     def status_rows(self, job_ids: Iterable[str], form: str = "text") -> dict[str, QueueRow]:
         """``status``: ONE squeue call for every given job, queued or recently ended."""
-        from ddlaunch.slurm import queue
-
         ids = sorted(set(job_ids))
         if not ids:
             return {}
@@ -68,8 +67,6 @@ class SlurmClient:
 
     def accounting_rows(self, job_ids: Iterable[str]) -> dict[str, QueueRow]:
         """One batched sacct call; empty when accounting is disabled or sacct fails."""
-        from ddlaunch.slurm import queue
-
         ids = sorted(set(job_ids))
         if not ids:
             return {}
@@ -78,8 +75,6 @@ class SlurmClient:
 
     def job_steps(self, job_id: str) -> list[str]:
         """The job's running numeric steps (``123.0``), without batch and extern."""
-        from ddlaunch.slurm import queue
-
         result = self.runner.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], timeout=60)
         return queue.parse_steps(result.stdout) if result.ok else []
 

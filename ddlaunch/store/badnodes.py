@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.config.schema import PATTERNS
 
 ENV_PATH = "DDLAUNCH_BAD_NODES"
 
@@ -138,7 +139,5 @@ def parse_ttl(text: str) -> float | None:
 def submittable_nodes(path: Path | None = None, now: float | None = None) -> list[str]:
     """Active entries that are safe to put in an ``#SBATCH --exclude`` line (Slurm tokens: a
     hand-edited file must not inject into the script)."""
-    from ddlaunch.config.schema import PATTERNS
-
     pattern, _ = PATTERNS["slurm_token"]
     return [n for n in active_nodes(path, now) if pattern.match(n)]

@@ -22,7 +22,7 @@ def write_outcome(run_dir: Path, state: str, reason: str = "", **extra: Any) -> 
 
 
 def read_outcome(run_dir: Path) -> dict[str, Any] | None:
-    return fsutil.read_json(run_dir / OUTCOME_FILE)  # type: ignore[no-any-return]
+    return fsutil.read_json(run_dir / OUTCOME_FILE)
 
 
 def write_cancel(run_dir: Path, job_ids: list[str]) -> None:

@@ -72,7 +72,7 @@ def gate_path(run_dir: Path, attempt: AttemptId) -> Path:
 
 def read_gate(run_dir: Path, attempt: AttemptId) -> dict[str, Any] | None:
     try:
-        return fsutil.read_json(gate_path(run_dir, attempt))  # type: ignore[no-any-return]
+        return fsutil.read_json(gate_path(run_dir, attempt))
     except (OSError, ValueError):
         return None
 

@@ -26,4 +26,4 @@ def write_result(run_dir: Path, result: dict[str, Any]) -> None:
 
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
-    return fsutil.read_json(run_dir / RESULT_FILE)  # type: ignore[no-any-return]
+    return fsutil.read_json(run_dir / RESULT_FILE)

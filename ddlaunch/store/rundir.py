@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.checkpoint.layout import latest_complete
 
-CONFIG_FILE = "config.yaml"
-SCRIPT_FILE = "job.sbatch"
-LOGS_DIR = "logs"
-SUBMITIT_DIR = "submitit"
-CHECKPOINTS_DIR = "checkpoints"
-HISTORY_DIR = "history"
+# Re-exported: the run directory's layout names, for the modules that import this one.
+from ddlaunch.store.layout import CHECKPOINTS_DIR as CHECKPOINTS_DIR
+from ddlaunch.store.layout import CONFIG_FILE as CONFIG_FILE
+from ddlaunch.store.layout import HISTORY_DIR as HISTORY_DIR
+from ddlaunch.store.layout import LOGS_DIR as LOGS_DIR
+from ddlaunch.store.layout import SCRIPT_FILE as SCRIPT_FILE
+from ddlaunch.store.layout import SUBMITIT_DIR as SUBMITIT_DIR
 
 DEFAULT_RUN_ROOT = "~/ddlaunch/runs"
 
@@ -91,8 +93,6 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 def committed_step(run_dir: Path) -> int | None:
     """The step of the run's latest complete checkpoint (torch-free discovery)."""
-    from ddlaunch.checkpoint.layout import latest_complete
-
     root = checkpoint_root(run_dir)
     info = latest_complete(root) if root.is_dir() else None
     return info.step if info else None

@@ -35,11 +35,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ddlaunch.errors import UserError
+from ddlaunch.store.layout import ARRAYS_DIR, MEMBERS_DIR
 
 SWEEP_FILE = "sweep.yaml"  # the sweep file as given
 MEMBERS_FILE = "members.json"
-MEMBERS_DIR = "members"
-ARRAYS_DIR = "arrays"  # arrays/<n>.sbatch and arrays/<n>.json
 
 
 @dataclass
@@ -95,7 +94,7 @@ def read_packed(sweep_dir: Path) -> dict[str, Any]:
         data = json.load(handle)
     if stamp is not None:
         _packed_cache[path] = (stamp, data)
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def is_sweep_dir(path: Path) -> bool:
@@ -242,7 +241,7 @@ def dump_section(name: str, plain: Any) -> str:
     import yaml  # lazy: status imports this module and never dumps configs
 
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return yaml.dump({name: plain}, Dumper=dumper, sort_keys=False)  # type: ignore[no-any-return]
+    return yaml.dump({name: plain}, Dumper=dumper, sort_keys=False)
 
 
 def _load_section(name: str, text: str) -> Any:

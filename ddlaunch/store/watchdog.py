@@ -28,7 +28,7 @@ def verdict_path(run_dir: Path, attempt: AttemptId) -> Path:
 
 def read_verdict(run_dir: Path, attempt: AttemptId) -> dict[str, Any] | None:
     try:
-        return fsutil.read_json(verdict_path(run_dir, attempt))  # type: ignore[no-any-return]
+        return fsutil.read_json(verdict_path(run_dir, attempt))
     except (OSError, ValueError):
         return None
 

@@ -84,7 +84,7 @@ def packed_members(prepared: PreparedSweep) -> str:
     members = {"layout": list(prepared.groups), "axes": axes}
     # The arrays about to be submitted: a crash before an array's own record is written
     # (after its sbatch) leaves the members it may hold here (state "submitting").
-    arrays = [array_intent(array, head["created"]) for array in prepared.arrays]
+    arrays = [array_intent(array, float(str(head["created"]))) for array in prepared.arrays]
     body = json.dumps({"layouts": layouts, "members": members, "arrays": arrays})
     # json's C encoder throughout (an indent would force the pure-Python one); the sections
     # are JSON texts already.

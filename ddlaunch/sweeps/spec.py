@@ -281,7 +281,7 @@ class _Parser:
         if not isinstance(grid, dict):
             self.fail("expected a mapping of key: [values]", "grid")
             return []
-        axes = []
+        axes: list[tuple[Point, ...]] = []
         for key, values in grid.items():
             if self.key(key, "grid", str(key)) and (vals := self.values(values, "grid", str(key))):
                 self.claim(key, f"grid.{key}")

@@ -373,7 +373,7 @@ def plan_resubmission(
 ) -> tuple[list[Config], list[ArrayJob], tuple[str, ...]]:
     meta = read_members(sweep_dir)
     configs = load_member_configs(sweep_dir, indices, overrides)
-    sources = (f"resubmission in sweep {meta['sweep_id']}",)
+    sources: tuple[str, ...] = (f"resubmission in sweep {meta['sweep_id']}",)
     if overrides:
         sources += (f"--set ({len(overrides)})",)
     arrays = plan_arrays(

@@ -164,7 +164,8 @@ def measure(backend: str, rank: int, world: int, leaders: list[int]) -> dict[str
         t0 = time.perf_counter()
         nxt, prv = leaders[(i + 1) % len(leaders)], leaders[i - 1]
         for req in (dist.isend(data, nxt), dist.irecv(recv, prv)):
-            req.wait()
+            if req is not None:  # None only for a rank outside the group
+                req.wait()
         sync()
         times.append(time.perf_counter() - t0)
     if times:

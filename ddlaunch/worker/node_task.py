@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config import load_config
-from ddlaunch.health.checks import INJECT_VAR, doctor_findings, injection, local_checks
+from ddlaunch.health.checks import INJECT_VAR, doctor_findings, injection, node_checks
+from ddlaunch.policy import preflight as v
 from ddlaunch.policy.preflight import node_report_line
 from ddlaunch.runner import Runner, SubprocessRunner
 from ddlaunch.slurm.hostlist import expand_hostlist
@@ -37,6 +38,26 @@ from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import config_path
 from ddlaunch.worker.distenv import choose_backend, master_port_for
 from ddlaunch.worker.signals import signal_number
+
+
+def local_checks(
+    cfg: Any, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
+) -> tuple[list[v.Check], dict[str, Any]]:
+    """Phase 1 of the node task; returns the checks and the facts behind them."""
+    checks, facts = node_checks(cfg, run_dir, env, runner, inject)
+    started = time.monotonic()
+    version, error = None, inject.get("torch_error")
+    if not error:
+        try:
+            import torch
+
+            version = str(torch.__version__)
+        except Exception as exc:  # any import failure is the finding
+            error = f"{type(exc).__name__}: {exc}"
+    took = time.monotonic() - started
+    facts["torch"] = {"version": version, "error": error, "import_s": round(took, 2)}
+    checks.append(v.torch_check(version, error, took))
+    return checks, facts
 
 
 def wait_for_reports(directory: Path, count: int, deadline: float) -> dict[str, dict[str, Any]]:
@@ -110,9 +131,9 @@ def bandwidth_phase(
         for _ in range(iters):
             dist.barrier()
             t0 = time.perf_counter()
-            reqs = [dist.isend(data, nxt), dist.irecv(recv, prv)]
-            for req in reqs:
-                req.wait()
+            for req in (dist.isend(data, nxt), dist.irecv(recv, prv)):
+                if req is not None:  # None only for a rank outside the group
+                    req.wait()
             sync()
             times.append(time.perf_counter() - t0)
         ring = nbytes * 8 / 1e9 / min(times)

@@ -72,7 +72,7 @@ def _resolve_entrypoint(spec: str) -> Callable[[Config], Any]:
     fn = getattr(importlib.import_module(module_name), attr, None)
     if not callable(fn):
         raise ValueError(f"launch.entrypoint {spec!r}: {module_name} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _run_script(script: str, args: list[str]) -> None:

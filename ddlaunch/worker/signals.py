@@ -24,6 +24,7 @@ import signal
 import threading
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 _requested: str | None = None  # the name of the first signal received
 
@@ -78,7 +79,7 @@ def reset() -> None:
     _requested = None
 
 
-def agreed(group: object | None = None) -> bool:
+def agreed(group: Any = None) -> bool:
     """True on every rank when any rank received a stop signal. A collective: call it at the
     same step boundary on every rank of ``group`` (default: the world)."""
     import torch
@@ -88,5 +89,5 @@ def agreed(group: object | None = None) -> bool:
     if dist.is_available() and dist.is_initialized():
         if dist.get_backend(group) == "nccl":
             flag = flag.cuda()
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)  # type: ignore[arg-type]
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return bool(flag.item())

@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.worker import signals
+
 WAIT_FOR_PICKLE_S = 60.0  # submitit's runner waits as long
 
 
@@ -97,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m ddlaunch.worker.task SUBMITIT_FOLDER", file=sys.stderr)
         return 2
-    from ddlaunch.worker import signals
 
     # Before anything else, as submitit's runner does: the pre-timeout signal (and SIGTERM)
     # only set the stop flag; their default action would end the task.

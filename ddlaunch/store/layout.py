@@ -1,0 +1,11 @@
+"""The names of a run directory's (and a sweep directory's) entries that code outside the store
+needs without touching the disk (the planner puts the script there). Constants only."""
+
+CONFIG_FILE = "config.yaml"  # the resolved config; a complete run directory has one
+SCRIPT_FILE = "job.sbatch"  # the rendered batch script
+LOGS_DIR = "logs"  # batch and per-rank logs
+SUBMITIT_DIR = "submitit"  # submitit's job folder: the pickled rank function, results
+CHECKPOINTS_DIR = "checkpoints"  # the default checkpoint directory
+HISTORY_DIR = "history"  # earlier configs and scripts of a resumed run
+ARRAYS_DIR = "arrays"  # a sweep's arrays/<n>.sbatch and arrays/<n>.json
+MEMBERS_DIR = "members"  # a sweep's members/<i>/: each a run directory
