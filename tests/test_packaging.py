@@ -47,6 +47,27 @@ def test_login_node_commands_do_not_import_torch(argv: list[str], tmp_path: Path
     assert proc.stdout.strip().endswith("TORCH_ABSENT")
 
 
+BATCH_HOST_PROBE = """
+import sys
+from ddlaunch.job import hooks, sweep_task, watchdog
+from ddlaunch import conclude
+for name in ("torch", "ddlaunch.worker", "ddlaunch.train", "ddlaunch.app", "ddlaunch.cli"):
+    assert not [m for m in sys.modules if m == name or m.startswith(name + ".")], name
+print("CLEAN")
+"""
+
+
+def test_the_batch_host_hooks_and_the_watchdog_import_no_torch_and_no_rank_code() -> None:
+    """What the batch script runs beside srun (start/end hooks, watchdog, a sweep task's
+    start) loads neither torch nor the ranks' code: the batch host may lack both, and the
+    hooks must run in a fraction of a second."""
+    proc = subprocess.run(
+        [sys.executable, "-c", BATCH_HOST_PROBE], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "CLEAN"
+
+
 def test_non_editable_install_ships_templates_and_configs(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     # System site-packages provide the dependencies; the project itself is installed
