@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -67,3 +68,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "tests using the slurm_cluster fixture must be marked @pytest.mark.slurm: "
             + ", ".join(unmarked)
         )
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    """The base config of the sweep tests (support.sweeps.BASE), as ``<tmp>/base.yaml``."""
+    from support.sweeps import BASE, write
+
+    return write(tmp_path / "base.yaml", BASE)

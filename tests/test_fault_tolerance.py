@@ -18,7 +18,7 @@ import yaml
 from support.devcluster import wait_for
 from test_launch_slurm import TESTS, ddlaunch, submit
 
-from ddlaunch.checkpoint.layout import list_checkpoints, read_commit_marker
+from ddlaunch.checkpoint.layout import latest_complete, list_checkpoints, read_commit_marker
 from ddlaunch.config import load_config
 from ddlaunch.config.validate import to_plain
 
@@ -70,6 +70,11 @@ def progress_step(run_dir: Path) -> int:
         return -1
 
 
+def committed(run_dir: Path) -> int:
+    info = latest_complete(run_dir / "checkpoints")
+    return info.step if info is not None else -1
+
+
 def attempts(run_dir: Path) -> list[dict]:
     return json.loads((run_dir / "attempts.json").read_text())
 
@@ -83,7 +88,9 @@ def test_node_kill_requeues_and_ends_bit_identical(
 ) -> None:
     config = mlp_config(tmp_path, "ft-kill", params={"step_sleep": 0.15})
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    wait_for(lambda: progress_step(run_dir) >= 60, 180, "step 60")
+    # The checkpoint of step 60 committed (the async save of a step commits a few steps later,
+    # later still on a loaded machine): the resumed attempt must start from at least there.
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
     nodes = slurm_cluster.hostnames(slurm_cluster.job_field(job_id, "NodeList"))
     victim = nodes[1]
     killed_at = time.monotonic()

@@ -67,23 +67,6 @@ def run_preflight_step(
     return reports
 
 
-def record_verdicts(
-    run_dir: Path,
-    attempt: AttemptId,
-    nodes: Sequence[str],
-    results: Sequence[verdicts.NodeVerdict],
-    reason: str,
-) -> None:
-    records.record_verdicts(
-        run_dir,
-        attempt,
-        list(nodes),
-        verdicts.verdicts_as_dict(results),
-        verdicts.attempt_verdicts(results),
-        reason,
-    )
-
-
 def preflight_hook(run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequence[str]) -> int:
     """``job.hooks preflight``: the checks as a separate srun step before training (the
     batch script runs them inside the ranks instead, ``ddlaunch.worker.gate``)."""
@@ -94,7 +77,9 @@ def preflight_hook(run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequen
     defer_signal(run_dir, attempt, reports)
     results = verdicts.evaluate(cfg, nodes, reports)
     decision = verdicts.decide(results)
-    record_verdicts(run_dir, attempt, nodes, results, decision.reason)
+    records.record_verdicts(
+        run_dir, attempt, list(nodes), *verdicts.as_records(results), decision.reason
+    )
     print(f"[ddlaunch] preflight: {decision.reason}", flush=True)
     return apply_decision(cfg, run_dir, client, attempt, decision)
 
@@ -126,7 +111,9 @@ def preflight_outcome(
         return None
     if gate is None:
         # The ranks ended before the verdict: record it here.
-        record_verdicts(run_dir, attempt, nodes, results, decision.reason)
+        records.record_verdicts(
+            run_dir, attempt, list(nodes), *verdicts.as_records(results), decision.reason
+        )
     print_verdicts(run_dir, attempt, nodes, reports, gate or {"reason": decision.reason})
     code = apply_decision(cfg, run_dir, client, attempt, decision)
     return 0 if code == REQUEUED else 1

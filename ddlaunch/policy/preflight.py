@@ -279,6 +279,13 @@ def attempt_verdicts(results: Sequence[NodeVerdict]) -> list[dict[str, Any]]:
     ]
 
 
+def as_records(
+    results: Sequence[NodeVerdict],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The verdicts as ``health/preflight.json`` keeps them, and as the attempt record does."""
+    return verdicts_as_dict(results), attempt_verdicts(results)
+
+
 def node_report_line(report: Mapping[str, Any]) -> str:
     """One node's report in one line of the batch log."""
     failed = [c for c in report["checks"] if c["status"] == "fail"]

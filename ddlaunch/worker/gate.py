@@ -262,14 +262,7 @@ def record(
     """Rank 0: the verdicts for ``status`` and ``report``, the attempt, the gate record."""
     attempt = AttemptId.from_env(env)
     wait_for_attempt(run_dir, attempt)
-    records.record_verdicts(
-        run_dir,
-        attempt,
-        list(nodes),
-        verdicts.verdicts_as_dict(results),
-        verdicts.attempt_verdicts(results),
-        reason,
-    )
+    records.record_verdicts(run_dir, attempt, list(nodes), *verdicts.as_records(results), reason)
     for node in nodes:
         if node in reports:
             print(verdicts.node_report_line(reports[node]), flush=True)

@@ -1,0 +1,103 @@
+"""The sweep file: axes, overrides, errors with file:line, shipped sweeps, array splits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.sweeps import sweep_file, write
+
+from ddlaunch.config.load import parse_yaml_value
+from ddlaunch.sweeps.prepare import prepare_sweep
+from ddlaunch.sweeps.spec import (
+    SweepFileError,
+    expand,
+    format_value,
+    parse_sweep_file,
+    split_arrays,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_axes_multiply_in_file_order_last_fastest(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(
+        tmp_path,
+        "grid:\n  params.lr: [0.1, 0.2]\n"
+        "zip:\n  params.a: [1, 2, 3]\n  params.b: [x, y, z]\n"
+        "list:\n  - {params.c: 1}\n  - [params.c=2, params.d=true]\n"
+        "seeds: 2\n",
+    )
+    spec = parse_sweep_file(path)
+    members = expand(spec)
+    assert spec.size == len(members) == 2 * 3 * 2 * 2
+    assert members[0].label == "params.lr=0.1 params.a=1 params.b=x params.c=1 params.seed=0"
+    assert members[1].label == "params.lr=0.1 params.a=1 params.b=x params.c=1 params.seed=1"
+    assert members[2].set_args[-3:] == ["params.c=2", "params.d=true", "params.seed=0"]
+    assert (
+        members[-1].label
+        == "params.lr=0.2 params.a=3 params.b=z params.c=2 params.d=true params.seed=1"
+    )
+    assert [m.index for m in members] == list(range(24))
+
+
+def test_set_forms_and_cli_set_join_common_overrides(tmp_path: Path, base: Path) -> None:
+    spec = parse_sweep_file(
+        sweep_file(tmp_path, "set: {params.steps: 5}\nseeds: [3, 7]\nseed_key: params.s\n"),
+        extra_set=["job.time=00:02:00"],
+    )
+    assert spec.common == ("params.steps=5", "job.time=00:02:00")
+    assert [m.label for m in expand(spec)] == ["params.s=3", "params.s=7"]
+
+
+@pytest.mark.parametrize(
+    "value", [0.01, 3e-4, 1e-10, 5, True, None, "3e-4", "1:30:00", "yes", "a b", [1, "x"], {"k": 2}]
+)
+def test_override_text_types_back_like_set(value: object) -> None:
+    text = format_value(value)
+    again = parse_yaml_value(text)
+    assert again == value and type(again) is type(value), text
+
+
+def test_sweep_file_errors_name_file_line_and_key(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(
+        tmp_path,
+        "grid:\n  params.lr: [0.1]\n  params.a: 3\n"
+        "zip:\n  params.b: [1, 2]\n  params.c: [1]\n"
+        "seeds: 2\nseed_key: params.lr\n"
+        "nodes: {count: 2}\nthrottle: 0\n",
+    )
+    with pytest.raises(SweepFileError) as err:
+        parse_sweep_file(path)
+    text = str(err.value)
+    assert text.startswith("invalid sweep file (5 errors):")
+    assert "grid.params.a: expected a non-empty list of values, e.g. [0.01, 0.1] (" in text
+    assert "sweep.yaml:4)" in text
+    assert "zip: zipped lists must have the same length (params.b: 2, params.c: 1)" in text
+    assert "seeds: swept by both grid.params.lr and seeds; sweep each key in one axis" in text
+    assert "nodes: unknown sweep key; config keys belong in the base config (or in set:)" in text
+    assert "throttle: must be a positive integer, got 0" in text
+
+
+def test_missing_base_duplicates_and_no_axis_are_refused(tmp_path: Path, base: Path) -> None:
+    write(tmp_path / "nobase.yaml", "base: nowhere.yaml\nseeds: 2\n")
+    with pytest.raises(SweepFileError, match=r"base: config 'nowhere\.yaml' not found"):
+        parse_sweep_file(tmp_path / "nobase.yaml")
+    with pytest.raises(SweepFileError, match="members 0 and 1 have the same overrides"):
+        parse_sweep_file(sweep_file(tmp_path, "list: [{params.x: 1}, [params.x=1]]\n"))
+    with pytest.raises(SweepFileError, match="needs at least one axis"):
+        parse_sweep_file(sweep_file(tmp_path, "set: [params.x=1]\n"))
+
+
+def test_shipped_sweeps_parse_and_validate(tmp_path: Path) -> None:
+    for path in sorted((REPO / "configs" / "sweeps").glob("*.yaml")):
+        spec = parse_sweep_file(path)
+        prepared = prepare_sweep(spec, workdir="/w", run_root=str(tmp_path), sweep_id="s")
+        assert len(prepared.members) == spec.size > 1
+        assert len(prepared.arrays) == 1
+
+
+def test_split_arrays() -> None:
+    assert split_arrays(list(range(5)), 2) == [(0, 1), (2, 3), (4,)]
+    assert split_arrays(list(range(5)), None) == [(0, 1, 2, 3, 4)]
+    assert split_arrays([3, 9], 101) == [(3, 9)]
