@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
-from ddlaunch.checkpoint.layout import latest_complete
 from ddlaunch.errors import UserError
 from ddlaunch.store import exclusions, outcome, preflight, progress, submission, watchdog
 from ddlaunch.store.attempts import ATTEMPTS_FILE
@@ -149,6 +148,9 @@ def read_run(
         info.checkpoint_root = checkpoint_root(run_dir)
         root = info.checkpoint_root
         if root.parent != run_dir or root.name in present:
+            # Lazy: logging and shutil with it are a tenth of `status` when no run has one.
+            from ddlaunch.checkpoint.layout import latest_complete
+
             latest = latest_complete(root) if root.is_dir() else None
             info.latest_step = latest.step if latest else None
     return info

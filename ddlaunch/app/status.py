@@ -26,7 +26,6 @@ from ddlaunch.app.runs import (
     find_run,
     list_targets,
 )
-from ddlaunch.policy.preflight import summary_line
 from ddlaunch.policy.requeue import HEALTH_CAUSES
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import SlurmClient
@@ -121,6 +120,9 @@ def health_line(info: RunInfo, now: float) -> str:
     """Node health in one line: the latest preflight, exclusions, the heartbeat."""
     parts = []
     if info.preflight:
+        # Lazy: the verdicts module (statistics, enum) costs more than the rest of a poll.
+        from ddlaunch.policy.preflight import summary_line
+
         parts.append("preflight " + summary_line(info.preflight.get("verdicts", [])))
     blamed = [
         f"{a.get('cause')} on {','.join(a['blamed'])}"

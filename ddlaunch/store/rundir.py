@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
-from ddlaunch.checkpoint.layout import latest_complete
 
 # Re-exported: the run directory's layout names, for the modules that import this one.
 from ddlaunch.store.layout import CHECKPOINTS_DIR as CHECKPOINTS_DIR
@@ -93,6 +92,8 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 def committed_step(run_dir: Path) -> int | None:
     """The step of the run's latest complete checkpoint (torch-free discovery)."""
+    from ddlaunch.checkpoint.layout import latest_complete  # lazy: `status` imports this module
+
     root = checkpoint_root(run_dir)
     info = latest_complete(root) if root.is_dir() else None
     return info.step if info else None
