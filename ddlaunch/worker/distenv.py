@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddlaunch.slurm.hostlist import expand_hostlist, expand_tasks_per_node
+from ddlaunch.store.attempts import AttemptId
 
 PORT_LOW = 20000
 PORT_HIGH = 60000  # exclusive
@@ -127,15 +128,10 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         local_world = counts[node_rank] if node_rank < len(counts) else counts[-1]
     else:
         local_world = _int(environ, "SLURM_NTASKS_PER_NODE", default=max(1, world // num_nodes))
-    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
     # An array task's identity is ARRAYJOB_TASK (what squeue shows and submitit uses); its own
     # SLURM_JOB_ID is a separate number.
-    job_id = (
-        f"{array_job}_{array_task}"
-        if array_job and array_task
-        else environ.get("SLURM_JOB_ID", "unknown")
-    )
-    restarts = _int(environ, "SLURM_RESTART_COUNT", default=0)
+    attempt = AttemptId.from_env(environ)
+    job_id, restarts = attempt.task or "unknown", attempt.restart
     return DistEnv(
         rank=rank,
         local_rank=_int(environ, "SLURM_LOCALID", default=0),

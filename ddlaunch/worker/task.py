@@ -20,9 +20,11 @@ import pickle
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.store.attempts import AttemptId
 from ddlaunch.worker import signals
 
 WAIT_FOR_PICKLE_S = 60.0  # submitit's runner waits as long
@@ -49,10 +51,12 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def job_id(env: dict[str, str] | os._Environ[str]) -> str:
+def job_id(env: Mapping[str, str]) -> str:
     """submitit's job id: ``ARRAY_TASK`` for an array task, else the job id."""
-    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
+    task = AttemptId.from_env(env).task
+    if not task:
+        raise RuntimeError("no SLURM_JOB_ID: not a Slurm task")
+    return task
 
 
 def load(path: Path, wait_s: float = WAIT_FOR_PICKLE_S) -> Delayed:
@@ -76,7 +80,7 @@ def write_result(path: Path, outcome: tuple[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run(folder: Path, env: dict[str, str] | os._Environ[str] = os.environ) -> Any:
+def run(folder: Path, env: Mapping[str, str] = os.environ) -> Any:
     job, task = job_id(env), env.get("SLURM_PROCID", "0")
     delayed = load(folder / f"{job}_submitted.pkl")
     result_path = folder / f"{job}_{task}_result.pkl"
