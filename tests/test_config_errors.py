@@ -90,13 +90,13 @@ CASES = [
         "fabric_choice",
         "fabric:\n  kind: infiniband\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  fabric.kind: must be one of ib, roce, efa, slingshot, ethernet, got 'infiniband' (bad.yaml:2)",
+        "  fabric.kind: must be one of auto, ib, roce, efa, slingshot, ethernet, got 'infiniband' (bad.yaml:2)",
     ),
     (
         "interconnect_choice",
         "topology:\n  interconnect: nvlnk\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  topology.interconnect: must be one of nvswitch, nvlink, pcie, got 'nvlnk' (did you mean 'nvlink'?) (bad.yaml:2)",
+        "  topology.interconnect: must be one of auto, nvswitch, nvlink, pcie, got 'nvlnk' (did you mean 'nvlink'?) (bad.yaml:2)",
     ),
     (
         "signal_choice",
@@ -240,7 +240,7 @@ CASES = [
         "many_at_once",
         "job:\n  time: soon\nnodes:\n  count: 0\nfabric:\n  kind: tcp\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  job.time: must be a Slurm duration (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), got 'soon' (bad.yaml:2)\n  nodes.count: must be 1..100000, got 0 (bad.yaml:4)\n  fabric.kind: must be one of ib, roce, efa, slingshot, ethernet, got 'tcp' (bad.yaml:6)",
+        "  job.time: must be a Slurm duration (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), got 'soon' (bad.yaml:2)\n  nodes.count: must be 1..100000, got 0 (bad.yaml:4)\n  fabric.kind: must be one of auto, ib, roce, efa, slingshot, ethernet, got 'tcp' (bad.yaml:6)",
     ),
 ]
 

@@ -149,9 +149,10 @@ class ClusterSpec:
 class TopologySpec:
     gpu_model: str | None = opt(None, "GPU model, e.g. H100-SXM (informational, shown by status).")
     interconnect: str = opt(
-        "pcie",
-        "How GPUs in a node talk: nvswitch, nvlink or pcie.",
-        choices=("nvswitch", "nvlink", "pcie"),
+        "auto",
+        "How GPUs in a node talk: nvswitch, nvlink or pcie; auto sets no NCCL_P2P_LEVEL and "
+        "leaves the choice to NCCL.",
+        choices=("auto", "nvswitch", "nvlink", "pcie"),
     )
     switches: int | None = opt(
         None, "Ask Slurm for at most this many leaf switches (--switches).", range=(1, 1024)
@@ -170,9 +171,10 @@ class TopologySpec:
 @dataclass(frozen=True, kw_only=True)
 class FabricSpec:
     kind: str = opt(
-        "ethernet",
-        "Network fabric: ib, roce, efa, slingshot or ethernet.",
-        choices=("ib", "roce", "efa", "slingshot", "ethernet"),
+        "auto",
+        "Network fabric: ib, roce, efa, slingshot or ethernet; auto exports no fabric variable "
+        "and lets NCCL choose (`ddlaunch doctor` says what the nodes have).",
+        choices=("auto", "ib", "roce", "efa", "slingshot", "ethernet"),
     )
     hcas: tuple[str, ...] = opt(
         [],
