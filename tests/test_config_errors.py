@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,12 @@ CASES = [
         "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi) (bad.yaml:1)",
     ),
     (
+        "mistyped_preset",
+        "defaults: [clusters/dgx-h10]\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  defaults: preset 'clusters/dgx-h10' not found; did you mean 'clusters/dgx-h100'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi) (bad.yaml:1)",
+    ),
+    (
         "set_bad_key",
         "launch:\n  entrypoint: m:f\n",
         ["nodes.cuont=2"],
@@ -361,3 +368,21 @@ def test_libyaml_and_python_parsers_agree(source: str) -> None:
     reference = load._parse(text, "f", load._Loader)
     assert fast == reference
     assert repr(fast[0]) == repr(reference[0])  # 1 vs 1.0 vs True compare equal otherwise
+
+
+def test_mistyped_config_name_on_the_command_line_gets_a_did_you_mean(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "render", "examples/mpl"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == (
+        "error: invalid config (1 error):\n"
+        "  (top level): config file not found; did you mean 'examples/mlp'? (give a path, or a "
+        "shipped preset name; `ddlaunch presets` lists them) (examples/mpl)\n"
+    )
