@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from pathlib import Path
 from ddlaunch.config.load import load_tree
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
-from ddlaunch.planning.plan import ClusterFacts, LaunchPlan, make_plan
+from ddlaunch.planning.plan import ClusterFacts, CodePaths, LaunchPlan, make_plan
 from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.store import badnodes
 from ddlaunch.store.rundir import new_run_id, resolve_run_root
@@ -33,6 +34,7 @@ def prepare(
     workdir: str | None = None,
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
+    code: CodePaths | None = None,
 ) -> Prepared:
     loaded = load_tree(config, overrides)
     cfg = validate_tree(loaded)
@@ -44,7 +46,16 @@ def prepare(
         workdir=workdir,
         facts=facts,
         exclude=exclude,
+        code=code,
     )
+
+
+def ddlaunch_root() -> str:
+    """The directory holding the ``ddlaunch`` package that runs now (a checkout or
+    site-packages): a container gets this very ddlaunch mounted."""
+    import ddlaunch
+
+    return str(Path(ddlaunch.__file__).resolve().parent.parent)
 
 
 def prepare_config(
@@ -56,8 +67,14 @@ def prepare_config(
     workdir: str | None = None,
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
+    code: CodePaths | None = None,
 ) -> Prepared:
     run_id = run_id or new_run_id(cfg.job.name)
+    code = code or CodePaths()
+    if cfg.container.runtime != "none" and code.ddlaunch_root is None:
+        code = dataclasses.replace(
+            code, ddlaunch_root=ddlaunch_root(), home=os.path.expanduser("~")
+        )
     root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
     plan = make_plan(
         cfg,
@@ -66,6 +83,7 @@ def prepare_config(
         workdir=workdir or os.getcwd(),
         facts=facts,
         exclude=exclude,
+        code=code,
     )
     script = render_script(
         plan,
