@@ -33,6 +33,7 @@ from ddlaunch.config.schema import Config
 from ddlaunch.policy.requeue import CAUSE_SIGNAL
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store import signal_save
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
 from ddlaunch.worker import signals
@@ -146,6 +147,11 @@ class Session:
         not). On preemption the batch shell may never reach the end hook."""
         reason = signals.reason() or "signal"
         print(f"[ddlaunch] saved step {step} on {reason}", flush=True)
+        if os.environ.get(signal_save.CONCLUDE_ON_HOST_VAR):
+            # In a container: no scontrol here. The end hook on the host concludes when srun
+            # returns (these ranks now leave with exit code 0).
+            signal_save.write(self.run_dir, self.attempt, step, reason)
+            return
         conclude(
             self.run_dir,
             cause=CAUSE_SIGNAL,

@@ -30,10 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddlaunch.config.schema import Config
-
-# Set for the ranks when they run in a container: rank 0 records a signal save for the end
-# hook instead of calling scontrol itself (``train.Session``).
-CONCLUDE_ON_HOST_VAR = "DDLAUNCH_CONCLUDE_ON_HOST"
+from ddlaunch.store.signal_save import CONCLUDE_ON_HOST_VAR as CONCLUDE_ON_HOST_VAR
 # Variables every rank needs whatever the runtime, by prefix.
 _PREFIXES = ("DDLAUNCH_", "SLURM_", "SUBMITIT_")
 
