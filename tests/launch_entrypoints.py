@@ -90,3 +90,24 @@ def mlp_raise_at(config: Any) -> dict[str, Any]:
             raise RuntimeError(f"deterministic failure at step {step}")
 
     return mlp.main(config, on_step=on_step)
+
+
+def mlp_in_image(config: Any) -> dict[str, Any]:
+    """The example MLP, after recording what this rank sees of the filesystem: the image's
+    marker file (absent on the host) and whether scontrol is there."""
+    import shutil
+
+    from ddlaunch.examples.mlp import main
+
+    marker = Path("/etc/ddlaunch-test-image")
+    rank = int(os.environ.get("RANK", "0"))
+    _out(
+        f"image-{rank}.json",
+        {
+            "marker": marker.read_text() if marker.exists() else None,
+            "scontrol": shutil.which("scontrol"),
+            "cwd": os.getcwd(),
+            "checkpoint_dir": os.environ.get("DDLAUNCH_CHECKPOINT_DIR"),
+        },
+    )
+    return main(config)

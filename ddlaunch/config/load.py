@@ -88,7 +88,8 @@ def _display(path: Path) -> str:
     try:
         shipped = resolved.relative_to(_shipped_configs())
         return f"preset:{shipped.with_suffix('')}"
-    except ValueError:
+    except (ValueError, FileNotFoundError):
+        # FileNotFoundError: no shipped configs here (a container gets the package only).
         pass
     try:
         return str(resolved.relative_to(Path.cwd().resolve()))
