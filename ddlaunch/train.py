@@ -32,8 +32,8 @@ from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
 from ddlaunch.policy.requeue import CAUSE_SIGNAL
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store import signal_save
+from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
 from ddlaunch.worker import signals

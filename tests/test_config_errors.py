@@ -370,7 +370,9 @@ def test_libyaml_and_python_parsers_agree(source: str) -> None:
     assert repr(fast[0]) == repr(reference[0])  # 1 vs 1.0 vs True compare equal otherwise
 
 
-def test_mistyped_config_name_on_the_command_line_gets_a_did_you_mean(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_mistyped_config_name_on_the_command_line_gets_a_did_you_mean(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.chdir(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "ddlaunch", "render", "examples/mpl"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import click
 
@@ -25,8 +26,28 @@ from ddlaunch.cli.options import config_argument, set_option
     "no sbatch is on PATH).",
 )
 @click.option("--run-root", help="Create the run directory under this folder.")
+@click.option(
+    "--follow",
+    "follow_",
+    is_flag=True,
+    help="Stream the batch log and rank 0's log until the run ends, across requeues; exit 0 "
+    "if it completed, 1 otherwise. Ctrl-C detaches without cancelling.",
+)
+@click.option(
+    "--ranks",
+    default="0",
+    show_default=True,
+    metavar="all|N,M",
+    help="With --follow: whose logs to stream (all: every rank, lines prefixed by rank).",
+)
 def command(
-    config: str, overrides: tuple[str, ...], dry_run: bool, local: bool, run_root: str | None
+    config: str,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    local: bool,
+    run_root: str | None,
+    follow_: bool,
+    ranks: str,
 ) -> None:
     """Submit CONFIG to Slurm and print the run id and job id.
 
@@ -58,7 +79,15 @@ def command(
         run_here(run_dir.path, prepared.config)
         return
     from ddlaunch.app.submit import submit_to_slurm
+    from ddlaunch.cli.follow import parse_ranks
 
+    chosen = parse_ranks(ranks) if follow_ else (0,)
     submitted = submit_to_slurm(prepared, workdir=workdir)
     click.echo(f"run {submitted.run_id}  job {submitted.job_id}")
     click.echo(f"run dir: {submitted.run_dir}")
+    if follow_:
+        from ddlaunch.app.follow import LogStream
+        from ddlaunch.cli.follow import follow_run
+
+        sys.stdout.flush()
+        follow_run(submitted.run_dir, LogStream(submitted.run_dir, chosen, prefix=chosen != (0,)))

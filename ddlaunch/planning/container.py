@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ddlaunch.config.schema import Config
 from ddlaunch.store.signal_save import CONCLUDE_ON_HOST_VAR as CONCLUDE_ON_HOST_VAR
+
 # Variables every rank needs whatever the runtime, by prefix.
 _PREFIXES = ("DDLAUNCH_", "SLURM_", "SUBMITIT_")
 

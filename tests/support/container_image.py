@@ -69,7 +69,12 @@ def _rootfs(token: str) -> bytes:
             if name.startswith("lib/"):
                 name = "usr/" + name
             _add(tar, name, Path(real).read_bytes(), 0o755)
-        _add(tar, "usr/bin/sh", Path(os.path.realpath(shutil.which("sh") or "/bin/sh")).read_bytes(), 0o755)
+        _add(
+            tar,
+            "usr/bin/sh",
+            Path(os.path.realpath(shutil.which("sh") or "/bin/sh")).read_bytes(),
+            0o755,
+        )
         _symlink(tar, "usr/bin/python3", os.path.realpath(sys.executable))
         _add(tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
         _add(tar, "etc/group", b"root:x:0:\n")
@@ -100,4 +105,8 @@ def vm_run_args() -> list[str]:
 
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 32768)
-    return ["--runtime=runc", f"--ulimit=nofile={nofile}:{nofile}", f"--ulimit=nproc={nproc}:{nproc}"]
+    return [
+        "--runtime=runc",
+        f"--ulimit=nofile={nofile}:{nofile}",
+        f"--ulimit=nproc={nproc}:{nproc}",
+    ]

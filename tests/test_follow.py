@@ -1,0 +1,187 @@
+"""The follow engine (``logs -f``, ``submit --follow``, the ``--local`` stream): whole outputs,
+file headers on every switch, the end of the run, and the Slurm calls it makes."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from support.fakes import FakeRunner, ok
+from support.rundirs import example_run_dir
+
+from ddlaunch.app.follow import LogStream, RunWatch, follow
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store.outcome import write_outcome
+from ddlaunch.store.submission import write_submission
+
+ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "80"}
+
+
+def ddlaunch(*args: str, root: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ddlaunch", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**ENV, "DDLAUNCH_RUN_ROOT": str(root)},
+    )
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a") as handle:
+        handle.write(text)
+
+
+def test_logs_follow_on_a_finished_run_prints_its_end_and_exits(tmp_path: Path) -> None:
+    run = example_run_dir(tmp_path)
+    (run / "logs" / "rank-0.out").write_text("[ddlaunch] starting from scratch\nstep 300\n")
+    (run / "logs" / "rank-0.err").write_text("a warning\n")
+    write_outcome(run, "COMPLETED", "finished all 300 steps")
+    proc = ddlaunch("logs", "-f", "r", root=tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (
+        0,
+        f"==> {run}/logs/rank-0.out <==\n[ddlaunch] starting from scratch\nstep 300\n"
+        f"==> {run}/logs/rank-0.err <==\na warning\n",
+        "[ddlaunch] run r: COMPLETED (finished all 300 steps)\n",
+    )
+
+
+def test_logs_follow_prints_a_header_at_every_switch_and_stops_at_the_final_state(
+    tmp_path: Path,
+) -> None:
+    run = example_run_dir(tmp_path)
+    out_log, err_log = run / "logs" / "rank-0.out", run / "logs" / "rank-0.err"
+    out_log.write_text("out 1\n")
+    err_log.write_text("err 1\n")
+    proc = ddlaunch("logs", "-f", "r", root=tmp_path)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+
+    def expect(*wanted: str) -> None:
+        for line in wanted:
+            assert lines.get(timeout=20) == line + "\n"
+
+    expect(f"==> {out_log} <==", "out 1", f"==> {err_log} <==", "err 1")
+    append(err_log, "err 2\n")  # the same file as the last one printed: no header
+    expect("err 2")
+    append(out_log, "out 2\n")
+    expect(f"==> {out_log} <==", "out 2")
+    append(err_log, "Traceback: boom\n")
+    expect(f"==> {err_log} <==", "Traceback: boom")
+    write_outcome(run, "FAILED", "crash")
+    assert proc.wait(timeout=20) == 1
+    assert lines.empty()
+    assert proc.stderr.read() == "[ddlaunch] run r: FAILED (crash)\n"  # type: ignore[union-attr]
+
+
+def test_follow_goes_on_across_a_requeue_and_asks_slurm_once_per_interval(tmp_path: Path) -> None:
+    # Recorded forms of squeue's status line (tests/fixtures/slurm-22.05): the job runs, is
+    # requeued (pending again), runs its second attempt; then the end hook writes the outcome.
+    run = example_run_dir(tmp_path)
+    write_submission(run, {"job_ids": ["41"]})
+    states = iter(
+        [
+            "41|RUNNING|None|node[1-2]",
+            "41|PENDING|BeginTime|",
+            "41|RUNNING|None|node1",
+            "41|RUNNING|None|node1",
+        ]
+    )
+    runner = FakeRunner({"squeue": lambda argv: ok(next(states))})
+    now = [0.0]
+    printed: list[str] = []
+    batch = run / "logs" / "batch-41.out"
+    script = {
+        2.0: "[ddlaunch] attempt 0 on node[1-2], resuming from scratch\n",
+        40.0: "[ddlaunch] requeued: progress 0 -> 60\n",
+        70.0: "[ddlaunch] attempt 1 on node1, resuming from step 60\n",
+    }
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        for at in [t for t in script if t <= now[0]]:
+            append(batch, script.pop(at))
+        if now[0] >= 95 and not (run / "outcome.json").exists():
+            append(batch, "[ddlaunch] COMPLETED: finished\n")
+            write_outcome(run, "COMPLETED", "finished")
+
+    watch = RunWatch(run, SlurmClient(runner), interval=30.0, clock=lambda: now[0])
+    end = follow(LogStream(run), watch, printed.append, sleep=sleep, clock=lambda: now[0])
+    assert end.state == "COMPLETED" and end.exit_code == 0
+    assert "".join(printed) == (
+        f"==> {batch} <==\n"
+        "[ddlaunch] attempt 0 on node[1-2], resuming from scratch\n"
+        "[ddlaunch] requeued: progress 0 -> 60\n"
+        "[ddlaunch] attempt 1 on node1, resuming from step 60\n"
+        "[ddlaunch] COMPLETED: finished\n"
+    )
+    # ~190 polls of the files in 95 s, and Slurm was asked at 0, 30, 60 and 90 s only.
+    assert runner.count("squeue") == 4 == watch.queries
+    assert all(c[0] == "squeue" for c in runner.calls)
+
+
+def test_follow_ends_when_slurm_says_the_job_ended_without_an_outcome(tmp_path: Path) -> None:
+    run = example_run_dir(tmp_path)
+    write_submission(run, {"job_ids": ["52"]})
+    runner = FakeRunner({"squeue": "52|TIMEOUT|TimeLimit|node1\n"})
+    end = follow(
+        LogStream(run), RunWatch(run, SlurmClient(runner)), [].append, sleep=lambda s: None
+    )
+    assert (end.state, end.exit_code) == ("TIMEOUT", 1)
+    assert runner.count("squeue") == 1
+
+
+def test_prefix_mode_labels_every_line(tmp_path: Path) -> None:
+    run = example_run_dir(tmp_path)
+    (run / "logs" / "batch-7.out").write_text("[ddlaunch] attempt 0\n")
+    (run / "logs" / "rank-0.out").write_text("a\n")
+    (run / "logs" / "rank-1.err").write_text("b\npartial")
+    printed: list[str] = []
+    stream = LogStream(run, ranks=None, prefix=True)
+    stream.pump(printed.append)
+    stream.flush(printed.append)
+    assert "".join(printed) == (
+        "[batch] [ddlaunch] attempt 0\n[rank 0] a\n[rank 1] b\n[rank 1] partial\n"
+    )
+
+
+def test_ctrl_c_detaches_without_cancelling(tmp_path: Path) -> None:
+    run = example_run_dir(tmp_path)
+    write_submission(run, {"job_ids": ["63"]})
+    (run / "logs" / "rank-0.out").write_text("step 1\n")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("squeue", "scancel", "sacct", "scontrol"):
+        (fake_bin / tool).write_text(
+            f'#!/bin/sh\necho {tool} "$@" >> {calls}\n'
+            + ('echo "63|RUNNING|None|node1"\n' if tool == "squeue" else "")
+        )
+        (fake_bin / tool).chmod(0o755)
+    env = {**ENV, "DDLAUNCH_RUN_ROOT": str(tmp_path), "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlaunch", "logs", "-f", "r"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout.readline() == f"==> {run}/logs/rank-0.out <==\n"  # type: ignore[union-attr]
+    time.sleep(1.0)
+    proc.send_signal(2)  # SIGINT, as Ctrl-C
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    assert out == "step 1\n"
+    assert err == (
+        "\n[ddlaunch] detached; run r goes on (ddlaunch logs -f r to follow it again, "
+        "ddlaunch cancel to stop it)\n"
+    )
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["squeue"]
+    assert json.loads((run / "submission.json").read_text())["job_ids"] == ["63"]
