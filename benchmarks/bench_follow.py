@@ -34,13 +34,22 @@ def shims(directory: Path, log: Path) -> dict[str, str]:
         real = shutil.which(tool)
         if real is None:
             sys.exit(f"{tool} not on PATH: is the dev cluster's Slurm installed?")
-        (directory / tool).write_text(f'#!/bin/sh\necho {tool} >> {log}\nexec {real} "$@"\n')
+        (directory / tool).write_text(
+            f'#!/bin/sh\necho {tool} $(date +%s.%N) >> {log}\nexec {real} "$@"\n'
+        )
         (directory / tool).chmod(0o755)
     return {**os.environ, "PATH": f"{directory}:{os.environ['PATH']}", "NO_COLOR": "1"}
 
 
-def counts(log: Path) -> Counter[str]:
-    return Counter(log.read_text().split()) if log.exists() else Counter()
+def calls(log: Path) -> list[tuple[str, float]]:
+    if not log.exists():
+        return []
+    return [(line.split()[0], float(line.split()[1])) for line in log.read_text().splitlines()]
+
+
+def min_gap(times: list[float]) -> float:
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    return min(gaps) if gaps else float("nan")
 
 
 def main() -> None:
@@ -90,19 +99,19 @@ def main() -> None:
         watcher.wait()
         subprocess.run(["scancel", job_id], check=False)
     seconds = time.monotonic() - started
-    follow_calls, watch_calls = counts(work / "calls-follow"), counts(work / "calls-watch")
-    lines = out.count("\n") + 1
-    print(f"run {run_id} (job {job_id}): {seconds:.0f} s, exit {follower.returncode}, {lines} lines")
-    print(f"  {err.strip().splitlines()[-1] if err.strip() else ''}")
-    print(f"{'process':<30}{'squeue':>8}{'sacct':>7}{'other':>7}{'s per squeue':>14}")
-    for name, c in (("submit --follow", follow_calls), ("status --watch (baseline)", watch_calls)):
+    followed, watched = calls(work / "calls-follow"), calls(work / "calls-watch")
+    lines = out.count("\n")
+    print(f"run {run_id} (job {job_id}): {seconds:.0f} s followed, exit {follower.returncode}")
+    print(f"  {lines} lines streamed; {err.strip().splitlines()[-1] if err.strip() else ''}")
+    print(f"{'process':<28}{'squeue':>7}{'sacct':>6}{'other':>6}{'min gap s':>10}")
+    for name, made in (("submit --follow", followed), ("status --watch (baseline)", watched)):
+        c = Counter(tool for tool, _ in made)
         other = sum(n for t, n in c.items() if t not in ("squeue", "sacct"))
-        per = seconds / c["squeue"] if c["squeue"] else float("inf")
-        print(f"{name:<30}{c['squeue']:>8}{c['sacct']:>7}{other:>7}{per:>14.1f}")
-    naive = int(seconds / 0.5)
-    print(f"{'squeue every 0.5 s poll':<30}{naive:>8}")
-    ratio = follow_calls["squeue"] / max(watch_calls["squeue"], 1)
-    print(f"--follow / status --watch squeue calls: {ratio:.2f}")
+        gap = min_gap([t for tool, t in made if tool == "squeue"])
+        print(f"{name:<28}{c['squeue']:>7}{c['sacct']:>6}{other:>6}{gap:>10.1f}")
+    print(f"{'squeue on every 0.5 s poll':<28}{int(seconds / 0.5):>7}")
+    ratio = Counter(t for t, _ in followed)["squeue"] / max(len(watched), 1)
+    print(f"--follow / status --watch Slurm calls: {ratio:.2f}")
     shutil.rmtree(work, ignore_errors=True)
 
 

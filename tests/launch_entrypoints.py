@@ -111,3 +111,32 @@ def mlp_in_image(config: Any) -> dict[str, Any]:
         },
     )
     return main(config)
+
+
+def mlp_with_wandb(config: Any) -> dict[str, Any]:
+    """The example MLP, rank 0 logging its steps to W&B in offline mode. The run's identity
+    comes from the environment only (WANDB_RUN_ID, WANDB_RESUME: ``tracking.wandb``)."""
+    import torch.distributed as dist
+
+    from ddlaunch.examples.mlp import main
+    from ddlaunch.worker.distributed import init_distributed
+
+    init_distributed()
+    run = None
+    if dist.get_rank() == 0:
+        import wandb
+
+        run = wandb.init(
+            mode="offline", project="ddlaunch-test", dir=os.environ["DDLAUNCH_RUN_DIR"]
+        )
+        _out(f"wandb-{os.environ.get('SLURM_RESTART_COUNT', '0')}.json", {"id": run.id})
+
+    def log(step: int) -> None:
+        if run is not None and step % 10 == 0:
+            run.log({"step": step}, step=step)
+
+    try:
+        return main(config, on_step=log)
+    finally:
+        if run is not None:
+            run.finish()

@@ -17,7 +17,7 @@ from ddlaunch.config import ConfigError, load_config
 from ddlaunch.planning.plan import CodePaths
 
 REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "container"
 UPDATE = os.environ.get("DDLAUNCH_UPDATE_GOLDEN") == "1"
 CODE = CodePaths(
     snapshot="/runs/.snapshots/git-0123abcd",
@@ -65,7 +65,7 @@ def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("runtime", list(CASES))
 def test_container_golden_render(runtime: str) -> None:
     script = render(CASES[runtime])
-    golden = GOLDEN / f"container__{runtime}.sbatch"
+    golden = GOLDEN / f"{runtime}.sbatch"
     if UPDATE:
         golden.write_text(script)
     assert script == golden.read_text(), f"regenerate with DDLAUNCH_UPDATE_GOLDEN=1 ({golden})"

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlaunch.app.snapshot import Snapshot, take
 from ddlaunch.config.load import load_tree
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.planning.plan import ClusterFacts, CodePaths, LaunchPlan, make_plan
 from ddlaunch.planning.render import render_script, template_search_path
+from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
 from ddlaunch.store.rundir import new_run_id, resolve_run_root
 
@@ -23,6 +25,7 @@ class Prepared:
     sources: tuple[str, ...]
     plan: LaunchPlan
     script: str
+    snapshot: Snapshot | None = None  # the code the ranks run from (launch.snapshot)
 
 
 def prepare(
@@ -35,10 +38,20 @@ def prepare(
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
     code: CodePaths | None = None,
+    snapshot: str = "skip",
 ) -> Prepared:
+    """``snapshot``: ``skip`` (the ranks run from the live directory; tests, doctor), ``path``
+    (the script names the snapshot launch.snapshot asks for, nothing is stored: render,
+    --dry-run) or ``store`` (take and store it: submit)."""
     loaded = load_tree(config, overrides)
     cfg = validate_tree(loaded)
-    return prepare_config(
+    snap = None
+    if snapshot != "skip":
+        root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
+        where = Path(cfg.launch.workdir or workdir or os.getcwd())
+        snap = take(cfg, root, where, SubprocessRunner(), store=snapshot == "store")
+        code = _code_of(snap) or code
+    prepared = prepare_config(
         cfg,
         tuple(loaded.sources),
         run_id=run_id,
@@ -48,6 +61,7 @@ def prepare(
         exclude=exclude,
         code=code,
     )
+    return dataclasses.replace(prepared, snapshot=snap)
 
 
 def ddlaunch_root() -> str:
@@ -100,14 +114,33 @@ def prepare_submission(
     *,
     run_root: str | None = None,
     workdir: str | None = None,
+    snapshot: str = "store",
 ) -> tuple[Prepared, list[str]]:
-    """``prepare`` for ``submit``: my bad-node list is excluded, except nodes the config asks
-    for by name (excluding them would make the job unschedulable). Returns the prepared run
-    and the nodes it excludes."""
+    """``prepare`` for ``submit``: the code snapshot (``snapshot``, see ``prepare``), and my
+    bad-node list excluded, except nodes the config asks for by name (excluding them would
+    make the job unschedulable). Returns the prepared run and the nodes it excludes."""
     exclude = badnodes.submittable_nodes()
-    prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+    prepared = prepare(
+        config, overrides, run_root=run_root, workdir=workdir, exclude=exclude, snapshot=snapshot
+    )
     wanted = set(prepared.config.nodes.nodelist) & set(exclude)
     if wanted:
         exclude = [n for n in exclude if n not in wanted]
-        prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+        plan = prepared.plan  # the snapshot is taken already; only the exclusions change
+        prepared = dataclasses.replace(
+            prepare_config(
+                prepared.config,
+                prepared.sources,
+                run_id=plan.run_id,
+                run_root=str(Path(plan.run_dir).parent),
+                workdir=workdir,
+                exclude=exclude,
+                code=_code_of(prepared.snapshot),
+            ),
+            snapshot=prepared.snapshot,
+        )
     return prepared, exclude
+
+
+def _code_of(snap: Snapshot | None) -> CodePaths | None:
+    return CodePaths(snapshot=str(snap.path), workdir=str(snap.workdir)) if snap else None
