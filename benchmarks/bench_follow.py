@@ -14,6 +14,7 @@ Target: ``--follow`` makes no Slurm call beyond status's one squeue per >= 30 s.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import subprocess
@@ -48,7 +49,7 @@ def calls(log: Path) -> list[tuple[str, float]]:
 
 
 def min_gap(times: list[float]) -> float:
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return min(gaps) if gaps else float("nan")
 
 
