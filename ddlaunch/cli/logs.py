@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from ddlaunch.cli.completion import complete_runs
+
 
 def tail(path: Path, lines: int, upto: int | None = None) -> str:
     """The last ``lines`` lines of ``path`` (0: all), of its first ``upto`` bytes if given."""
@@ -19,7 +21,7 @@ def tail(path: Path, lines: int, upto: int | None = None) -> str:
 
 
 @click.command("logs")
-@click.argument("run", metavar="RUN")
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
 @click.option("--rank", type=int, help="Show this rank's stdout and stderr.")
 @click.option("--batch", is_flag=True, help="Show the batch script's own log.")
 @click.option(

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from ddlaunch.cli.completion import complete_sweeps
 from ddlaunch.cli.options import set_option
 from ddlaunch.errors import UserError
 
@@ -183,7 +184,7 @@ def submit(
 
 
 @command.command("status")
-@click.argument("sweep_ref", metavar="SWEEP")
+@click.argument("sweep_ref", metavar="SWEEP", shell_complete=complete_sweeps)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(sweep_ref: str, as_json: bool) -> None:
     """One row per member (overrides, state, step, checkpoint, metric) and a summary line.
@@ -211,7 +212,7 @@ def status(sweep_ref: str, as_json: bool) -> None:
 
 
 @command.command("resubmit")
-@click.argument("sweep_ref", metavar="SWEEP")
+@click.argument("sweep_ref", metavar="SWEEP", shell_complete=complete_sweeps)
 @click.option("--failed", is_flag=True, help="Every member that ended without completing.")
 @click.option("--member", "members", type=int, multiple=True, help="This member (repeatable).")
 @set_option
