@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -185,3 +186,51 @@ def test_ctrl_c_detaches_without_cancelling(tmp_path: Path) -> None:
     )
     assert [line.split()[0] for line in calls.read_text().splitlines()] == ["squeue"]
     assert json.loads((run / "submission.json").read_text())["job_ids"] == ["63"]
+
+
+def test_submit_local_streams_rank_0_with_the_loss_lines(tmp_path: Path) -> None:
+    env = {
+        **ENV,
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad-nodes.json"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "submit", "examples/mlp", "--local"]
+        + ["--set", "nodes.count=1", "--set", "params.steps=40", "--set", "params.log_every=20"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.split()[1]
+    # Only what varies from run to run is replaced: the run id, the time, the job id, numbers.
+    text = proc.stdout.replace(run_id, "RUN").replace(str(tmp_path), "TMP")
+    for pattern, repl in (
+        (r"\(\d{4}-\d\d-\d\d [\d:,]+\)", "(TIME)"),
+        (r"local-[0-9a-f]{8}", "local-JOB"),
+        (r"host \S+", "host HOST"),
+        (r"hostname=[^,]+", "hostname=HOST"),
+        (r"\d+\.\d+", "N"),
+        (r"[0-9a-f]{64}", "SHA"),
+    ):
+        text = re.sub(pattern, repl, text)
+    assert text.splitlines() == [
+        "run RUN  local, 2 ranks",
+        "run dir: TMP/runs/RUN",
+        "==> TMP/runs/RUN/logs/rank-0.out <==",
+        "submitit INFO (TIME) - Starting with JobEnvironment(job_id=local-JOB, hostname=HOST, "
+        "local_rank=0(2), node=0(1), global_rank=0(2))",
+        "submitit INFO (TIME) - Loading pickle: TMP/runs/RUN/submitit/local-JOB_submitted.pkl",
+        "[ddlaunch] rank 0/2 local 0 host HOST job local-JOB attempt 0",
+        "[ddlaunch] starting from scratch",
+        "[mlp] step 20/40 loss N eval N",
+        "[mlp] step 40/40 loss N eval N",
+        "submitit INFO (TIME) - Job completed successfully",
+        "submitit INFO (TIME) - Exiting after successful completion",
+        "result: final_loss=N, initial_loss=N, param_sha256=SHA, start_step=0, steps=40, "
+        "train_seconds=N, world_size=2",
+        "completed in N s",
+    ]
+    assert proc.stderr == ""
