@@ -5,6 +5,7 @@ requeue."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -60,7 +61,12 @@ def test_the_job_runs_the_submitted_code_after_edits_and_a_requeue(
             }
         )
     )
-    proc = run_ddlaunch("submit", "job.yaml", cwd=repo, env=None)
+    env = {
+        **os.environ,
+        "DDLAUNCH_RUN_ROOT": str(repo / "runs"),  # inside the work tree, untracked
+        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad-nodes.json"),
+    }
+    proc = run_ddlaunch("submit", "job.yaml", cwd=repo, env=env)
     assert proc.returncode == 0, proc.stderr
     run_id, job_id = proc.stdout.split()[1], proc.stdout.split()[3]
     slurm_job_cleanup.append(job_id)
