@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ddlaunch.app.snapshot import take  # noqa: E402
-from ddlaunch.config.schema import Config, LaunchSpec  # noqa: E402
-from ddlaunch.runner import SubprocessRunner  # noqa: E402
+from ddlaunch.app.snapshot import take
+from ddlaunch.config.schema import Config, LaunchSpec
+from ddlaunch.runner import SubprocessRunner
 
 REPO = Path(__file__).resolve().parent.parent
 GIT = ["git", "-c", "user.email=b@example.com", "-c", "user.name=b"]

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ddlaunch.checkpoint.manager import CheckpointManager, TrainState
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
+from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
 from ddlaunch.policy.requeue import CAUSE_SIGNAL
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import signal_save
@@ -147,7 +148,7 @@ class Session:
         not). On preemption the batch shell may never reach the end hook."""
         reason = signals.reason() or "signal"
         print(f"[ddlaunch] saved step {step} on {reason}", flush=True)
-        if os.environ.get(signal_save.CONCLUDE_ON_HOST_VAR):
+        if os.environ.get(CONCLUDE_ON_HOST_VAR):
             # In a container: no scontrol here. The end hook on the host concludes when srun
             # returns (these ranks now leave with exit code 0).
             signal_save.write(self.run_dir, self.attempt, step, reason)

@@ -195,8 +195,10 @@ def test_submit_local_streams_rank_0_with_the_loss_lines(tmp_path: Path) -> None
         "DDLAUNCH_BAD_NODES": str(tmp_path / "bad-nodes.json"),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "ddlaunch", "submit", "examples/mlp", "--local"]
-        + ["--set", "nodes.count=1", "--set", "params.steps=40", "--set", "params.log_every=20"],
+        [
+            *(sys.executable, "-m", "ddlaunch", "submit", "examples/mlp", "--local"),
+            *("--set", "nodes.count=1", "--set", "params.steps=40", "--set", "params.log_every=20"),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

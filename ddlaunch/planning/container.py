@@ -30,7 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddlaunch.config.schema import Config
-from ddlaunch.store.signal_save import CONCLUDE_ON_HOST_VAR as CONCLUDE_ON_HOST_VAR
+
+# Exported to containerised ranks: rank 0 records a signal save for the end hook instead of
+# calling scontrol itself (``train.Session``, ``store.signal_save``).
+CONCLUDE_ON_HOST_VAR = "DDLAUNCH_CONCLUDE_ON_HOST"
 
 # Variables every rank needs whatever the runtime, by prefix.
 _PREFIXES = ("DDLAUNCH_", "SLURM_", "SUBMITIT_")

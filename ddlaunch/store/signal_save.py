@@ -1,10 +1,10 @@
 """``health/signal-save-<job>-<restart>.json``: rank 0 saved step N on the pre-timeout signal and
 leaves the attempt's conclusion (requeue, or the outcome) to the end hook on the batch host.
 
-Written only when the ranks run in a container (``CONCLUDE_ON_HOST_VAR`` set): inside the image
-there is usually no ``scontrol``, while the host's end hook has Slurm's commands. Without a
-container rank 0 concludes itself, since on preemption the batch shell may never reach the end
-hook.
+Written only when the ranks run in a container (``planning.container.CONCLUDE_ON_HOST_VAR``
+is set for them): inside the image there is usually no ``scontrol``, while the host's end hook
+has Slurm's commands. Without a container rank 0 concludes itself, since on preemption the
+batch shell may never reach the end hook.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from typing import Any
 from ddlaunch import fsutil
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.preflight import HEALTH_DIR
-
-# Exported to the ranks by the batch script when container.runtime is set.
-CONCLUDE_ON_HOST_VAR = "DDLAUNCH_CONCLUDE_ON_HOST"
 
 
 def path(run_dir: Path, attempt: AttemptId) -> Path:
