@@ -175,7 +175,10 @@ def test_ctrl_c_detaches_without_cancelling(tmp_path: Path) -> None:
         env=env,
     )
     assert proc.stdout.readline() == f"==> {run}/logs/rank-0.out <==\n"  # type: ignore[union-attr]
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while not calls.exists() and time.monotonic() < deadline:  # following: it asked squeue
+        time.sleep(0.1)
+    time.sleep(0.5)
     proc.send_signal(2)  # SIGINT, as Ctrl-C
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130

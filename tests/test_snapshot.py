@@ -108,7 +108,12 @@ def test_the_script_runs_the_ranks_from_the_snapshot(tmp_path: Path) -> None:
 def test_submit_records_the_snapshot_and_says_which(tmp_path: Path) -> None:
     repo = git_repo(tmp_path / "repo")
     cfg = config(tmp_path, entrypoint=None, script="train.py")
-    env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin"}
+    env = {
+        **os.environ,
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad-nodes.json"),
+        "PATH": "/usr/bin:/bin",
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "ddlaunch", "submit", str(cfg), "--dry-run"],
         cwd=repo,
