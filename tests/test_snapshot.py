@@ -149,3 +149,17 @@ def test_warns_when_the_entry_point_is_imported_from_outside_the_snapshot(tmp_pa
         )
     inside = load_config(config(tmp_path, script=None, entrypoint="pkg.model:main"))
     assert live_entrypoint_warning(inside, snap) is None  # not importable here: no claim
+
+
+def test_copy_snapshot_default_ignores_leave_out_git_and_caches(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for name in (".git/config", "__pycache__/m.pyc", "pkg/m.pyc", ".venv/bin/python", "pkg/m.py"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text("x")
+    cfg = load_config(config(tmp_path, snapshot="copy"))  # launch.snapshot_ignore: its default
+    snap = take(cfg, tmp_path / "runs", src, SubprocessRunner())
+    assert snap is not None
+    assert sorted(str(p.relative_to(snap.path)) for p in snap.path.rglob("*")) == [
+        "pkg",
+        "pkg/m.py",
+    ]

@@ -48,9 +48,11 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
 
 def opt(default: Any = None, doc: str = "", **checks: Any) -> Any:
     """A schema field: its default, its one-line doc and its checks."""
-    if isinstance(default, list | dict):
-        factory = (lambda d=default: type(d)(d)) if isinstance(default, dict) else tuple
-        return field(default_factory=factory, metadata={"doc": doc, **checks})
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata={"doc": doc, **checks})
+    if isinstance(default, list):  # frozen configs hold tuples, with the list's items
+        items = tuple(default)
+        return field(default_factory=lambda: items, metadata={"doc": doc, **checks})
     return field(default=default, metadata={"doc": doc, **checks})
 
 
@@ -354,18 +356,14 @@ class ContainerSpec:
         "More bind mounts, src:dst[:flags] with absolute paths (flags joined by +, e.g. "
         "ro); the run, checkpoint and code directories are mounted at their own paths anyway.",
     )
-    workdir: str | None = opt(
-        None, "Working directory inside the container (absolute); default the ranks' own."
-    )
+    workdir: str | None = opt(None, "Working directory in the container (absolute); default the ranks'.")
     env: tuple[str, ...] = opt(
         [],
         "Names of more environment variables to pass into the container (ddlaunch's, "
         "Slurm's, the fabric's, launch.env and tracking variables always are).",
         pattern="env_name",
     )
-    mount_home: bool = opt(
-        False, "Mount $HOME into the container (pyxis and apptainer otherwise would)."
-    )
+    mount_home: bool = opt(False, "Mount $HOME into the container (pyxis, apptainer would).")
     extra_args: tuple[str, ...] = opt(
         [],
         "More runtime arguments, verbatim: srun's for pyxis, apptainer exec's, podman run's.",
