@@ -356,7 +356,7 @@ class ContainerSpec:
         "More bind mounts, src:dst[:flags] with absolute paths (flags joined by +, e.g. "
         "ro); the run, checkpoint and code directories are mounted at their own paths anyway.",
     )
-    workdir: str | None = opt(None, "Working directory in the container (absolute); default the ranks'.")
+    workdir: str | None = opt(None, "Working directory in the container (absolute path).")
     env: tuple[str, ...] = opt(
         [],
         "Names of more environment variables to pass into the container (ddlaunch's, "
