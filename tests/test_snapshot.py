@@ -163,3 +163,21 @@ def test_copy_snapshot_default_ignores_leave_out_git_and_caches(tmp_path: Path) 
         "pkg",
         "pkg/m.py",
     ]
+
+
+def test_a_sweep_runs_every_member_from_one_snapshot(tmp_path: Path) -> None:
+    from ddlaunch.sweeps.prepare import prepare_sweep
+    from ddlaunch.sweeps.spec import parse_sweep_file
+
+    repo = git_repo(tmp_path / "repo")
+    (repo / "base.yaml").write_text("launch: {script: train.py}\nnodes: {count: 1}\n")
+    (repo / "sweep.yaml").write_text("base: base.yaml\ngrid:\n  params.lr: [0.1, 0.2]\n")
+    spec = parse_sweep_file(repo / "sweep.yaml")
+    prepared = prepare_sweep(
+        spec, workdir=str(repo), run_root=str(tmp_path / "runs"), sweep_id="s", snapshot="path"
+    )
+    snap = prepared.snapshot
+    assert snap is not None and snap.kind == "git" and not snap.path.exists()
+    for array in prepared.arrays:
+        assert f"export DDLAUNCH_CODE_DIR={snap.path}\n" in array.script
+        assert f"--chdir={snap.path}" in array.plan.sbatch_argv

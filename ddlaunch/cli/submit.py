@@ -5,31 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from typing import Any
 
 import click
 
 from ddlaunch.cli.options import config_argument, set_option
-
-
-def report_snapshot(prepared: Any, *, stored: bool) -> None:
-    """One line on stderr about the code the ranks will run, and a warning if the entry
-    point's package lives outside the snapshot."""
-    from ddlaunch.app.snapshot import live_entrypoint_warning
-
-    snap = prepared.snapshot
-    if snap is None:
-        return
-    if not stored:
-        how = "not stored by --dry-run"
-    elif snap.created:
-        how = f"stored, {snap.files} files, {snap.seconds:.2f} s"
-    else:
-        how = "stored already"
-    click.echo(f"code: {snap.kind} snapshot {snap.id} of {snap.source} ({how})", err=True)
-    warning = live_entrypoint_warning(prepared.config, snap)
-    if warning:
-        click.echo(f"warning: {warning}", err=True)
+from ddlaunch.cli.snapshot import report_snapshot
 
 
 @click.command("submit")
@@ -89,7 +69,7 @@ def command(
     )
     if exclude:
         click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
-    report_snapshot(prepared, stored=not dry_run)
+    report_snapshot(prepared.config, prepared.snapshot, stored=not dry_run)
     if dry_run:
         click.echo(prepared.script, nl=False)
         click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")

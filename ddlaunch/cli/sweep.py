@@ -18,6 +18,7 @@ import click
 
 from ddlaunch.cli.completion import complete_sweeps
 from ddlaunch.cli.options import set_option
+from ddlaunch.cli.snapshot import report_snapshot
 from ddlaunch.errors import UserError
 
 
@@ -161,7 +162,9 @@ def submit(
             run_root=run_root,
             hold=hold,
             tick=bar.phase("validating members", spec.size),
+            snapshot="path" if dry_run else "store",
         )
+        report_snapshot(prepared.configs[0], prepared.snapshot, stored=not dry_run)
         size = f"MaxArraySize {facts.max_array_size}" if facts.max_array_size else "no split"
         head = (
             f"sweep {prepared.sweep_id}: {len(prepared.members)} members in "
