@@ -32,7 +32,7 @@ from ddlaunch.config.schema import Config, LaunchSpec
 from ddlaunch.runner import SubprocessRunner
 
 REPO = Path(__file__).resolve().parent.parent
-GIT = ["git", "-c", "user.email=b@example.com", "-c", "user.name=b"]
+GIT = ["git", "-c", "user.email=b@example.com", "-c", "user.name=b", "-c", "gc.auto=0"]
 
 
 def make_tree(root: Path, files: int) -> Path:
@@ -45,7 +45,7 @@ def make_tree(root: Path, files: int) -> Path:
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     subprocess.run([*GIT, "-C", str(root), "add", "-A"], check=True)
     subprocess.run([*GIT, "-C", str(root), "commit", "-qm", "tree"], check=True)
-    subprocess.run(["git", "-C", str(root), "gc", "-q"], check=True)  # packed, as repos are
+    subprocess.run(["git", "-C", str(root), "repack", "-adq"], check=True)  # packed, as repos are
     (root / "pkg000" / "mod00.py").write_text("# edited after the commit\n")
     return root
 
