@@ -47,7 +47,10 @@ def test_submit_follow_covers_both_attempts_and_exits_with_the_run_status(
             if line.startswith("[mlp] step 40/"):
                 slurm_cluster.signal_job(job_id, "USR2")
                 break
-        rest, err = proc.communicate(timeout=300)
+        # The same file object to the end: communicate() would skip what it buffered.
+        rest = proc.stdout.read()
+        err = proc.stderr.read()  # type: ignore[union-attr]
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -112,7 +112,9 @@ def test_ctrl_c_detaches_without_cancelling(tmp_path: Path) -> None:
         time.sleep(0.1)
     time.sleep(0.5)
     proc.send_signal(2)  # SIGINT, as Ctrl-C
-    out, err = proc.communicate(timeout=20)
+    assert proc.wait(timeout=20) == 130
+    # The same file objects as readline's (communicate would skip what they buffered).
+    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
     assert proc.returncode == 130
     assert out == "step 1\n"
     assert err == (
