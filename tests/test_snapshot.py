@@ -181,3 +181,23 @@ def test_a_sweep_runs_every_member_from_one_snapshot(tmp_path: Path) -> None:
     for array in prepared.arrays:
         assert f"export DDLAUNCH_CODE_DIR={snap.path}\n" in array.script
         assert f"--chdir={snap.path}" in array.plan.sbatch_argv
+
+
+def test_a_tree_git_cannot_stash_is_an_error_not_a_snapshot_without_the_changes(
+    tmp_path: Path,
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    subprocess.run(["git", "-C", str(repo), "checkout", "-qb", "other"], check=True)
+    (repo / "train.py").write_text("VERSION = 'other'\n")
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-qam", "other"], check=True)
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-"], check=True)
+    (repo / "train.py").write_text("VERSION = 'main'\n")
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-qam", "main"], check=True)
+    merge = subprocess.run([*GIT, "-C", str(repo), "merge", "-q", "other"], capture_output=True)
+    assert merge.returncode != 0  # a conflict: train.py is unmerged
+    with pytest.raises(UserError) as info:
+        take(load_config(config(tmp_path)), tmp_path / "runs", repo, SubprocessRunner())
+    assert str(info.value) == (
+        f"launch.snapshot git: `git stash create` failed in {repo}: Cannot save the current "
+        "index state (unmerged paths? resolve them, or use launch.snapshot: copy or none)"
+    )

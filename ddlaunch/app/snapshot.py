@@ -68,9 +68,19 @@ def _git_tree(runner: Runner, workdir: Path) -> tuple[Path, str] | None:
     top = _git(runner, workdir, "rev-parse", "--show-toplevel")
     if not top:
         return None
+    if _git(runner, workdir, "rev-parse", "--verify", "-q", "HEAD") is None:
+        return None  # no commit yet
     # `git stash create` commits the index and work tree without touching either (and prints
-    # nothing when there is no change); it needs a HEAD.
-    commit = _git(runner, workdir, "stash", "create") or "HEAD"
+    # nothing when there is no change). It fails on unmerged paths: then the snapshot would
+    # silently lack the changes, so that is an error.
+    stash = runner.run(["git", "stash", "create"], cwd=str(workdir), timeout=120)
+    if not stash.ok:
+        said = (stash.stderr.strip() or stash.stdout.strip() or "no message").splitlines()[-1]
+        raise UserError(
+            f"launch.snapshot git: `git stash create` failed in {top}: {said} (unmerged "
+            "paths? resolve them, or use launch.snapshot: copy or none)"
+        )
+    commit = stash.stdout.strip() or "HEAD"
     tree = _git(runner, workdir, "rev-parse", f"{commit}^{{tree}}")
     return (Path(top), tree) if tree else None
 
