@@ -128,6 +128,19 @@ def test_submit_records_the_snapshot_and_says_which(tmp_path: Path) -> None:
     )
     snap_id = Path(snap_dir).name
     assert proc.stderr == f"code: git snapshot {snap_id} of {repo} (not stored by --dry-run)\n"
+    (repo / "new_module.py").write_text("x = 1\n")  # never added: not in a git snapshot
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "submit", str(cfg), "--dry-run"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.stderr.splitlines()[1:] == [
+        "note: 1 untracked file(s) not in the snapshot (new_module.py); git add them to "
+        "include them"
+    ]
     assert not (tmp_path / "runs").exists()
 
 

@@ -44,6 +44,7 @@ class Snapshot:
     created: bool = False  # False: it was stored already (or not stored: render)
     files: int | None = None
     seconds: float = 0.0
+    untracked: tuple[str, ...] = ()  # git: files not in the snapshot (not ignored, not added)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -175,6 +176,8 @@ def take(
             )
         source, tree = found
         snap_id = f"git-{tree[:20]}"
+        others = _git(runner, source, "ls-files", "--others", "--exclude-standard")
+        untracked = tuple((others or "").splitlines())
 
         def fill(tmp: Path) -> None:
             script = 'git archive --format=tar "$1" | tar -x -C "$2"'
@@ -182,7 +185,7 @@ def take(
             if not result.ok:
                 raise OSError(f"git archive failed: {result.stderr.strip()}")
     else:
-        source = workdir
+        source, untracked = workdir, ()
         skip = {run_root.resolve(), root.resolve()}
         files = _walk(source, cfg.launch.snapshot_ignore, skip)
         snap_id = f"copy-{_copy_id(source, files)}"
@@ -202,6 +205,7 @@ def take(
         created,
         count if created else None,
         time.monotonic() - started,
+        untracked,
     )
 
 

@@ -25,6 +25,14 @@ def report_snapshot(cfg: Config, snap: Snapshot | None, *, stored: bool) -> None
     else:
         how = "stored already"
     click.echo(f"code: {snap.kind} snapshot {snap.id} of {snap.source} ({how})", err=True)
+    if snap.untracked:
+        # A new module that was never added is the usual surprise: the job cannot import it.
+        names = ", ".join(snap.untracked[:3]) + (", ..." if len(snap.untracked) > 3 else "")
+        click.echo(
+            f"note: {len(snap.untracked)} untracked file(s) not in the snapshot ({names}); "
+            "git add them to include them",
+            err=True,
+        )
     warning = live_entrypoint_warning(cfg, snap)
     if warning:
         click.echo(f"warning: {warning}", err=True)
