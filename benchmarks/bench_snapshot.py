@@ -7,7 +7,7 @@ generated git repository of ``--files`` small files (100 per directory, 0.5-4 KB
 one commit, packed, one uncommitted change). For each: the baseline ``git archive <tree> |
 tar -x`` into a fresh directory; ``launch.snapshot: git`` the first time (stash create,
 rev-parse, archive, extract, rename) and again with the tree unchanged (the snapshot exists:
-two git commands); ``launch.snapshot: copy`` the first time (walk, sha256 of every file,
+a few git commands); ``launch.snapshot: copy`` the first time (walk, sha256 of every file,
 copy) and again (walk and hash only). Medians of ``--repeat`` runs, each first-time run
 into a fresh run root.
 """

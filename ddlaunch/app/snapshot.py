@@ -6,7 +6,7 @@ a job that waits in the queue, or is requeued tomorrow, runs code edited after t
 * ``git`` (the default in a git work tree): the tracked files plus uncommitted changes, as
   ``git stash create`` (a commit of the work tree and index, HEAD when nothing changed) and
   ``git archive`` of its tree. The id is git's own tree hash, so asking whether the snapshot
-  exists costs two git commands and no file reads. Untracked files and submodules are not in
+  exists costs a few git commands and no copy. Untracked files and submodules are not in
   it (as with ``git stash`` and ``git archive``).
 * ``copy``: every file below the directory except ``launch.snapshot_ignore`` (and the run
   root), identified by a sha256 over paths, modes and contents.
