@@ -13,8 +13,9 @@ once everything is measured:
   sweep       ``ddlaunch sweep`` of a sweep file with ``--members`` members, in process
               (``prepare_sweep`` + ``submit_sweep``, what the CLI runs, with the garbage
               collector's thresholds of the ``ddlaunch`` command), from a clean git
-              work tree (its state is recorded, as for every submission): expansion +
-              validation + planning, the sweep directory, then the arrays. ``--repeat``
+              work tree (its state is recorded and its code snapshot taken, as for
+              every submission): expansion + validation + planning, the sweep
+              directory, then the arrays. ``--repeat``
               sweeps; the one with the median total is shown.
 
 A sweep is one array when MaxArraySize > members. Slurm's default, 1001, takes 1000 members
@@ -221,7 +222,12 @@ def bench_sweep(tmp: Path, members: int) -> dict[str, Any]:
         facts = ClusterFacts(max_array_size=probe_max_array_size(client))
         spec = parse_sweep_file(path)
         prepared = prepare_sweep(
-            spec, workdir=str(work), facts=facts, run_root=str(tmp / "runs"), hold=True
+            spec,
+            workdir=str(work),
+            facts=facts,
+            run_root=str(tmp / "runs"),
+            hold=True,
+            snapshot="store",  # as the CLI: the code snapshot (stored once, then found)
         )
         t1 = time.perf_counter()
         created: list[float] = []  # when the sweep directory was complete (its progress tick)

@@ -30,8 +30,10 @@ import torch.distributed as dist
 from ddlaunch.checkpoint.manager import CheckpointManager, TrainState
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
+from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
 from ddlaunch.policy.requeue import CAUSE_SIGNAL
 from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store import signal_save
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
@@ -146,6 +148,11 @@ class Session:
         not). On preemption the batch shell may never reach the end hook."""
         reason = signals.reason() or "signal"
         print(f"[ddlaunch] saved step {step} on {reason}", flush=True)
+        if os.environ.get(CONCLUDE_ON_HOST_VAR):
+            # In a container: no scontrol here. The end hook on the host concludes when srun
+            # returns (these ranks now leave with exit code 0).
+            signal_save.write(self.run_dir, self.attempt, step, reason)
+            return
         conclude(
             self.run_dir,
             cause=CAUSE_SIGNAL,

@@ -90,3 +90,53 @@ def mlp_raise_at(config: Any) -> dict[str, Any]:
             raise RuntimeError(f"deterministic failure at step {step}")
 
     return mlp.main(config, on_step=on_step)
+
+
+def mlp_in_image(config: Any) -> dict[str, Any]:
+    """The example MLP, after recording what this rank sees of the filesystem: the image's
+    marker file (absent on the host) and whether scontrol is there."""
+    import shutil
+
+    from ddlaunch.examples.mlp import main
+
+    marker = Path("/etc/ddlaunch-test-image")
+    rank = int(os.environ.get("RANK", "0"))
+    _out(
+        f"image-{rank}.json",
+        {
+            "marker": marker.read_text() if marker.exists() else None,
+            "scontrol": shutil.which("scontrol"),
+            "cwd": os.getcwd(),
+            "checkpoint_dir": os.environ.get("DDLAUNCH_CHECKPOINT_DIR"),
+        },
+    )
+    return main(config)
+
+
+def mlp_with_wandb(config: Any) -> dict[str, Any]:
+    """The example MLP, rank 0 logging its steps to W&B in offline mode. The run's identity
+    comes from the environment only (WANDB_RUN_ID, WANDB_RESUME: ``tracking.wandb``)."""
+    import torch.distributed as dist
+
+    from ddlaunch.examples.mlp import main
+    from ddlaunch.worker.distributed import init_distributed
+
+    init_distributed()
+    run = None
+    if dist.get_rank() == 0:
+        import wandb
+
+        run = wandb.init(
+            mode="offline", project="ddlaunch-test", dir=os.environ["DDLAUNCH_RUN_DIR"]
+        )
+        _out(f"wandb-{os.environ.get('SLURM_RESTART_COUNT', '0')}.json", {"id": run.id})
+
+    def log(step: int) -> None:
+        if run is not None and step % 10 == 0:
+            run.log({"step": step}, step=step)
+
+    try:
+        return main(config, on_step=log)
+    finally:
+        if run is not None:
+            run.finish()

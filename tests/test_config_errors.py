@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,13 +91,13 @@ CASES = [
         "fabric_choice",
         "fabric:\n  kind: infiniband\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  fabric.kind: must be one of ib, roce, efa, slingshot, ethernet, got 'infiniband' (bad.yaml:2)",
+        "  fabric.kind: must be one of auto, ib, roce, efa, slingshot, ethernet, got 'infiniband' (bad.yaml:2)",
     ),
     (
         "interconnect_choice",
         "topology:\n  interconnect: nvlnk\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  topology.interconnect: must be one of nvswitch, nvlink, pcie, got 'nvlnk' (did you mean 'nvlink'?) (bad.yaml:2)",
+        "  topology.interconnect: must be one of auto, nvswitch, nvlink, pcie, got 'nvlnk' (did you mean 'nvlink'?) (bad.yaml:2)",
     ),
     (
         "signal_choice",
@@ -207,6 +208,12 @@ CASES = [
         "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi) (bad.yaml:1)",
     ),
     (
+        "mistyped_preset",
+        "defaults: [clusters/dgx-h10]\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  defaults: preset 'clusters/dgx-h10' not found; did you mean 'clusters/dgx-h100'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi) (bad.yaml:1)",
+    ),
+    (
         "set_bad_key",
         "launch:\n  entrypoint: m:f\n",
         ["nodes.cuont=2"],
@@ -240,7 +247,7 @@ CASES = [
         "many_at_once",
         "job:\n  time: soon\nnodes:\n  count: 0\nfabric:\n  kind: tcp\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  job.time: must be a Slurm duration (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), got 'soon' (bad.yaml:2)\n  nodes.count: must be 1..100000, got 0 (bad.yaml:4)\n  fabric.kind: must be one of ib, roce, efa, slingshot, ethernet, got 'tcp' (bad.yaml:6)",
+        "  job.time: must be a Slurm duration (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), got 'soon' (bad.yaml:2)\n  nodes.count: must be 1..100000, got 0 (bad.yaml:4)\n  fabric.kind: must be one of auto, ib, roce, efa, slingshot, ethernet, got 'tcp' (bad.yaml:6)",
     ),
 ]
 
@@ -361,3 +368,23 @@ def test_libyaml_and_python_parsers_agree(source: str) -> None:
     reference = load._parse(text, "f", load._Loader)
     assert fast == reference
     assert repr(fast[0]) == repr(reference[0])  # 1 vs 1.0 vs True compare equal otherwise
+
+
+def test_mistyped_config_name_on_the_command_line_gets_a_did_you_mean(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "render", "examples/mpl"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == (
+        "error: invalid config (1 error):\n"
+        "  (top level): config file not found; did you mean 'examples/mlp'? (give a path, or a "
+        "shipped preset name; `ddlaunch presets` lists them) (examples/mpl)\n"
+    )

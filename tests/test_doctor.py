@@ -47,3 +47,14 @@ def test_doctor_rows_join_fabric_findings_and_unchecked() -> None:
     assert rows[0].fabric == ["rdma.mlx5_0: mismatch (port down)"]
     assert rows[0].unchecked == ["topology.gpus: no nvidia-smi"]
     assert rows[1].checks["gpus"] == "4 listed"
+
+
+def test_doctor_row_with_a_fabric_warning_says_warning() -> None:
+    report = {
+        "checks": [{"name": "gpus", "status": "ok", "detail": "4 listed"}],
+        "fabric": [{"check": "fabric.kind", "status": "warning", "detail": "declare it"}],
+    }
+    results = v.join_reports(["n1"], {"n1": report}, 0.0)
+    rows = doctor.verdict_rows(results, {"n1": report})
+    assert [r.verdict for r in rows] == ["WARNING"]
+    assert rows[0].fabric == ["fabric.kind: warning (declare it)"]

@@ -437,3 +437,53 @@ def test_interconnect_classification() -> None:
     assert nvlink.status is Status.OK and "2 of 6 GPU pairs" in nvlink.detail
     assert verdict("clusters/perlmutter-gpu", TOPO_PCIE).status is Status.MISMATCH
     assert verdict("clusters/aws-p5", TOPO_NVLINK_PAIRS).status is Status.MISMATCH
+
+
+# ---------------------------------------------------------------- fabric.kind: auto (the default)
+
+IB_ONLY_SAMPLE = IBV_DEVINFO_SAMPLE.split("hca_id:\tmlx5_bond_0")[0]
+
+
+def test_undeclared_fabric_on_an_infiniband_node_warns_and_names_the_preset() -> None:
+    cfg = profile("examples/mlp", "fabric.kind=auto", "fabric.interface=null")
+    findings = by_check(check_node(cfg, {IBV_DEVINFO: IB_ONLY_SAMPLE}))
+    assert findings["fabric.kind"] == Finding(
+        "fabric.kind",
+        Status.WARNING,
+        "active RDMA devices mlx5_0 (ibv_devinfo) but no fabric declared (fabric.kind: auto): "
+        "NCCL chooses by itself, with none of the profile's tuning; declare it, e.g. "
+        "defaults: [clusters/dgx-h100] or fabric.kind: ib",
+    )
+
+
+def test_undeclared_fabric_on_a_roce_node_names_the_roce_preset() -> None:
+    roce = "hca_id:\tmlx5_bond_0" + IBV_DEVINFO_SAMPLE.split("hca_id:\tmlx5_bond_0")[1]
+    cfg = profile("examples/mlp", "fabric.kind=auto")
+    detail = by_check(check_node(cfg, {IBV_DEVINFO: roce}))["fabric.kind"].detail
+    assert detail.endswith("defaults: [clusters/roce-l40s] or fabric.kind: roce")
+
+
+def test_undeclared_fabric_without_rdma_is_ok_and_without_tools_unchecked() -> None:
+    cfg = profile("examples/mlp", "fabric.kind=auto")
+    down = IBV_DEVINFO_SAMPLE.replace("PORT_ACTIVE (4)", "PORT_DOWN (1)")
+    assert by_check(check_node(cfg, {IBV_DEVINFO: down}))["fabric.kind"] == Finding(
+        "fabric.kind",
+        Status.OK,
+        "no active RDMA device (ibv_devinfo): NCCL will use TCP sockets (fabric.kind: auto)",
+    )
+    unknown = by_check(check_node(cfg, {IBV_DEVINFO: None, IBSTAT: None}))["fabric.kind"]
+    assert unknown.status is Status.UNCHECKED and "is unknown" in unknown.detail
+
+
+def test_named_presets_exist_and_declare_that_fabric() -> None:
+    from ddlaunch.policy.fabric import PRESET_FOR_FABRIC
+
+    for kind, preset in PRESET_FOR_FABRIC.items():
+        assert profile(preset, "launch.entrypoint=m:f").fabric.kind == kind
+
+
+def test_auto_interconnect_reports_the_links_it_found() -> None:
+    cfg = profile("clusters/dgx-h100", "launch.entrypoint=m:f", "topology.interconnect=auto")
+    finding = by_check(check_node(cfg, {NVIDIA_SMI_TOPO: TOPO_PCIE}))["topology.interconnect"]
+    assert finding.status is Status.OK
+    assert finding.detail.startswith("0 of ") and "leaves NCCL_P2P_LEVEL to NCCL" in finding.detail

@@ -319,3 +319,27 @@ def test_segment_is_a_config_error_where_unsupported(
 def test_segment_on_dev_cluster_preset_names_its_version() -> None:
     with pytest.raises(ConfigError, match=r"runs Slurm 22\.05"):
         prepare("examples/mlp", ["topology.segment=1"], run_id="t", run_root="/runs", workdir="/w")
+
+
+# ---------------------------------------------------------------- honest defaults
+
+
+def test_a_config_without_fabric_or_topology_exports_no_nccl_variable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Nothing declared: NCCL chooses (IB if present, else sockets; its own P2P level). A
+    # default of ethernet used to export NCCL_IB_DISABLE=1, TCP on an InfiniBand cluster.
+    (tmp_path / "job.yaml").write_text(
+        "nodes: {count: 2, gpus_per_node: 8}\nlaunch: {entrypoint: m:f}\n"
+    )
+    prepared = prepare(str(tmp_path / "job.yaml"), run_id="t", run_root="/runs", workdir="/w")
+    assert prepared.config.fabric.kind == "auto"
+    assert prepared.config.topology.interconnect == "auto"
+    assert prepared.plan.fabric_env == ()
+    exports = [line for line in prepared.script.splitlines() if "NCCL_" in line]
+    assert exports == []
+
+
+def test_auto_interconnect_with_gpu_binding_leaves_gpu_bind_to_slurm() -> None:
+    plan = plan_for(config(FabricSpec(kind="auto"), "auto"))
+    assert plan.fabric_env == ()
+    assert list(plan.srun_argv[-3:]) == CPU_FLAGS
+    assert not any(a.startswith("--gpu-bind") for a in plan.srun_argv)

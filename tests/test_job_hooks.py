@@ -102,3 +102,23 @@ def test_end_blames_the_node_whose_ranks_died_silently(tmp_path) -> None:
     assert ["scontrol", "update", "JobId=9", "ExcNodeList=node2"] in runner.calls
     assert runner.calls[-1] == ["scontrol", "requeue", "9"]
     assert not any(c[-1] == "node1" for c in runner.calls if c[:3] == ["scontrol", "show", "node"])
+
+
+def test_end_concludes_a_signal_save_the_containerised_ranks_left_to_the_host(tmp_path) -> None:
+    # In a container rank 0 has no scontrol: it records the save, the ranks exit 0, and the
+    # end hook (on the host) requeues as rank 0 would have.
+    from ddlaunch.store import signal_save
+
+    run = committed_run(tmp_path, [20, 40])
+    attempts.save(run, [{"attempt": 0, "job_id": "9", "nodes": "node[1-2]", "resumed_from": 20}])
+    signal_save.write(run, JOB_9, 40, "SIGUSR2")
+    runner = FakeRunner({"sacct": ""})
+    assert hooks.end(run, 0, SlurmClient(runner), JOB_9) == 0
+    assert ["scontrol", "requeue", "9"] in runner.calls
+    record = attempts.load(run)[0]
+    assert (record["cause"], record["committed_step"], record["signal"]) == (
+        "signal",
+        40,
+        "SIGUSR2",
+    )
+    assert not (run / "outcome.json").exists()

@@ -105,8 +105,10 @@ def verdict_rows(verdicts: Sequence[Any], reports: Mapping[str, Mapping[str, Any
                 unchecked.append(f"{f.get('check')}: {f.get('detail')}")
             else:
                 fabric.append(line)
-        mismatch = any(f.get("status") == "mismatch" for f in report.get("fabric", []))
-        verdict = "FAIL" if not v.ok else ("MISMATCH" if mismatch else "ok")
+        statuses = {f.get("status") for f in report.get("fabric", [])}
+        verdict = "FAIL" if not v.ok else "ok"
+        if v.ok and statuses & {"mismatch", "warning"}:
+            verdict = "MISMATCH" if "mismatch" in statuses else "WARNING"
         rows.append(Row(v.node, verdict, checks, fabric, unchecked))
     return rows
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlaunch.app.snapshot import Snapshot, take
 from ddlaunch.config.load import load_tree
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
-from ddlaunch.planning.plan import ClusterFacts, LaunchPlan, make_plan
+from ddlaunch.planning.plan import ClusterFacts, CodePaths, LaunchPlan, make_plan
 from ddlaunch.planning.render import render_script, template_search_path
+from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
 from ddlaunch.store.rundir import new_run_id, resolve_run_root
 
@@ -22,6 +25,7 @@ class Prepared:
     sources: tuple[str, ...]
     plan: LaunchPlan
     script: str
+    snapshot: Snapshot | None = None  # the code the ranks run from (launch.snapshot)
 
 
 def prepare(
@@ -33,10 +37,21 @@ def prepare(
     workdir: str | None = None,
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
+    code: CodePaths | None = None,
+    snapshot: str = "skip",
 ) -> Prepared:
+    """``snapshot``: ``skip`` (the ranks run from the live directory; tests, doctor), ``path``
+    (the script names the snapshot launch.snapshot asks for, nothing is stored: render,
+    --dry-run) or ``store`` (take and store it: submit)."""
     loaded = load_tree(config, overrides)
     cfg = validate_tree(loaded)
-    return prepare_config(
+    snap = None
+    if snapshot != "skip":
+        root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
+        where = Path(cfg.launch.workdir or workdir or os.getcwd())
+        snap = take(cfg, root, where, SubprocessRunner(), store=snapshot == "store")
+        code = _code_of(snap) or code
+    prepared = prepare_config(
         cfg,
         tuple(loaded.sources),
         run_id=run_id,
@@ -44,7 +59,17 @@ def prepare(
         workdir=workdir,
         facts=facts,
         exclude=exclude,
+        code=code,
     )
+    return dataclasses.replace(prepared, snapshot=snap)
+
+
+def ddlaunch_root() -> str:
+    """The directory holding the ``ddlaunch`` package that runs now (a checkout or
+    site-packages): a container gets this very ddlaunch mounted."""
+    import ddlaunch
+
+    return str(Path(ddlaunch.__file__).resolve().parent.parent)
 
 
 def prepare_config(
@@ -56,8 +81,14 @@ def prepare_config(
     workdir: str | None = None,
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
+    code: CodePaths | None = None,
 ) -> Prepared:
     run_id = run_id or new_run_id(cfg.job.name)
+    code = code or CodePaths()
+    if cfg.container.runtime != "none" and code.ddlaunch_root is None:
+        code = dataclasses.replace(
+            code, ddlaunch_root=ddlaunch_root(), home=os.path.expanduser("~")
+        )
     root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
     plan = make_plan(
         cfg,
@@ -66,6 +97,7 @@ def prepare_config(
         workdir=workdir or os.getcwd(),
         facts=facts,
         exclude=exclude,
+        code=code,
     )
     script = render_script(
         plan,
@@ -82,14 +114,33 @@ def prepare_submission(
     *,
     run_root: str | None = None,
     workdir: str | None = None,
+    snapshot: str = "store",
 ) -> tuple[Prepared, list[str]]:
-    """``prepare`` for ``submit``: my bad-node list is excluded, except nodes the config asks
-    for by name (excluding them would make the job unschedulable). Returns the prepared run
-    and the nodes it excludes."""
+    """``prepare`` for ``submit``: the code snapshot (``snapshot``, see ``prepare``), and my
+    bad-node list excluded, except nodes the config asks for by name (excluding them would
+    make the job unschedulable). Returns the prepared run and the nodes it excludes."""
     exclude = badnodes.submittable_nodes()
-    prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+    prepared = prepare(
+        config, overrides, run_root=run_root, workdir=workdir, exclude=exclude, snapshot=snapshot
+    )
     wanted = set(prepared.config.nodes.nodelist) & set(exclude)
     if wanted:
         exclude = [n for n in exclude if n not in wanted]
-        prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+        plan = prepared.plan  # the snapshot is taken already; only the exclusions change
+        prepared = dataclasses.replace(
+            prepare_config(
+                prepared.config,
+                prepared.sources,
+                run_id=plan.run_id,
+                run_root=str(Path(plan.run_dir).parent),
+                workdir=workdir,
+                exclude=exclude,
+                code=_code_of(prepared.snapshot),
+            ),
+            snapshot=prepared.snapshot,
+        )
     return prepared, exclude
+
+
+def _code_of(snap: Snapshot | None) -> CodePaths | None:
+    return CodePaths(snapshot=str(snap.path), workdir=str(snap.workdir)) if snap else None

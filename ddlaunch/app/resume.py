@@ -14,10 +14,12 @@ from ddlaunch.app.status import ACTIVE_STATES, fold_state
 from ddlaunch.config.load import LoadedTree, apply_overrides, read_yaml_file
 from ddlaunch.config.validate import to_plain, validate_tree
 from ddlaunch.errors import UserError
+from ddlaunch.planning.plan import CodePaths
 from ddlaunch.store import badnodes
 from ddlaunch.store.exclusions import excluded
 from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE
 from ddlaunch.store.rundir import CONFIG_FILE, SCRIPT_FILE, RunDir, archive, config_path
+from ddlaunch.store.snapshots import read_snapshot
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ def prepare_resume(ref: str, overrides: Sequence[str], nodes: int | None) -> Res
     loaded = LoadedTree(tree=tree, locations=locations, sources=[str(config_path(run_dir.path))])
     apply_overrides(loaded, [*overrides, *([f"nodes.count={nodes}"] if nodes else [])])
     cfg = validate_tree(loaded)
+    # The code the run was submitted with: its checkpoints were written by that code.
+    snap = read_snapshot(run_dir.path) or {}
+    code = None
+    if snap.get("path") and Path(snap["path"]).is_dir():
+        code = CodePaths(snapshot=snap["path"], workdir=snap.get("workdir") or snap["path"])
     prepared = prepare_config(
         cfg,
         loaded.sources,
@@ -52,6 +59,7 @@ def prepare_resume(ref: str, overrides: Sequence[str], nodes: int | None) -> Res
         run_root=str(run_dir.path.parent),
         workdir=os.getcwd(),
         exclude=exclusions_for(run_dir.path, cfg.nodes.nodelist),
+        code=code,
     )
     return Resumption(run_dir, info, prepared)
 

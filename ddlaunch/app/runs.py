@@ -26,6 +26,7 @@ from ddlaunch.store.rundir import (
     default_run_root,
     is_run_dir,
 )
+from ddlaunch.store.snapshots import SNAPSHOT_FILE
 from ddlaunch.store.status_cache import QueuedRunCache
 from ddlaunch.store.sweeps import MEMBERS_FILE, member_jobs
 
@@ -87,6 +88,7 @@ class RunInfo:
     preflight: dict[str, Any] | None = None  # health/preflight.json: the latest verdicts
     watchdog: dict[str, Any] | None = None  # health/watchdog.json: heartbeat summary
     label: str | None = None  # a sweep member's overrides
+    snapshot: str | None = None  # the code snapshot's id (snapshot.json)
 
     @property
     def job_id(self) -> str | None:
@@ -133,6 +135,8 @@ def read_run(
     info.outcome = _json(run_dir, present, outcome.OUTCOME_FILE)
     info.progress = _json(run_dir, present, progress.PROGRESS_FILE)
     info.excluded = list(_json(run_dir, present, exclusions.EXCLUDED_FILE, []) or [])
+    snapshot = _json(run_dir, present, SNAPSHOT_FILE)
+    info.snapshot = str(snapshot.get("id")) if isinstance(snapshot, dict) else None
     if preflight.HEALTH_DIR in present:
         info.preflight = _read(preflight.latest_path(run_dir))
         info.watchdog = _read(watchdog.summary_path(run_dir))

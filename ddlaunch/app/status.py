@@ -85,6 +85,7 @@ class RunStatus:
     excluded: list[str] = field(default_factory=list)
     health: str = ""
     heartbeat: dict[str, Any] | None = None
+    snapshot: str | None = None  # the code snapshot the run's ranks use
 
     def as_dict(self) -> dict[str, Any]:
         # Shallow on purpose: the fields are plain data already, and dataclasses.asdict's deep
@@ -197,6 +198,7 @@ def run_status(
         excluded=list(info.excluded),
         health=health_line(info, now),
         heartbeat=info.watchdog,
+        snapshot=info.snapshot,
     )
 
 

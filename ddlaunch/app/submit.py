@@ -20,6 +20,7 @@ from ddlaunch.runner import Runner, SubprocessRunner
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import submission
 from ddlaunch.store.rundir import SUBMITIT_DIR, RunDir
+from ddlaunch.store.snapshots import write_snapshot
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ def create_run_dir(prepared: Prepared, runner: Runner, workdir: str) -> RunDir:
     run_dir = RunDir.create(Path(plan.run_dir).parent, plan.run_id)
     run_dir.write_config(to_plain(prepared.config))
     run_dir.write_script(prepared.script)
+    if prepared.snapshot is not None:
+        write_snapshot(run_dir.path, prepared.snapshot.record())
     git = git_state(runner, workdir)
     if git is not None:
         run_dir.write_json(

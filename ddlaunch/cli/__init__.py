@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ddlaunch.cli.report", "Draw a run's attempts, nodes, checkpoints and throughput."),
     "presets": ("ddlaunch.cli.presets", "List the shipped cluster presets and examples."),
     "config-reference": ("ddlaunch.cli.reference", "Print every config key with its doc."),
+    "completion": (
+        "ddlaunch.cli.completion",
+        "Print the shell completion script (bash, zsh, fish).",
+    ),
 }
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from ddlaunch.cli.completion import complete_runs
+
 
 @click.command("cancel")
-@click.argument("runs", nargs=-1, required=True, metavar="RUN...")
+@click.argument("runs", nargs=-1, required=True, metavar="RUN...", shell_complete=complete_runs)
 def command(runs: tuple[str, ...]) -> None:
     """Cancel RUNs (ids, id prefixes or run directories). The run directory is kept, so
     `ddlaunch resume` can continue from the latest complete checkpoint."""

@@ -2,43 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import time
 from pathlib import Path
 
 import click
 
+from ddlaunch.cli.completion import complete_runs
 
-def tail(path: Path, lines: int) -> str:
+
+def tail(path: Path, lines: int, upto: int | None = None) -> str:
+    """The last ``lines`` lines of ``path`` (0: all), of its first ``upto`` bytes if given."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as handle:
+            data = handle.read() if upto is None else handle.read(upto)
     except FileNotFoundError:
         return ""
-    return "\n".join(text.splitlines()[-lines:]) if lines else text
-
-
-def follow(paths: list[Path], poll: float = 0.5) -> None:
-    """Print what is appended to ``paths`` until interrupted (like tail -f)."""
-    offsets = {p: p.stat().st_size if p.exists() else 0 for p in paths}
-    while True:
-        for p in paths:
-            if not p.exists():
-                continue
-            size = p.stat().st_size
-            if size < offsets[p]:
-                offsets[p] = 0  # truncated
-            if size > offsets[p]:
-                with p.open("rb") as handle:
-                    handle.seek(offsets[p])
-                    sys.stdout.write(handle.read().decode(errors="replace"))
-                    sys.stdout.flush()
-                offsets[p] = size
-        time.sleep(poll)
+    text = data.decode(errors="replace").splitlines()
+    return "\n".join(text[-lines:] if lines else text)
 
 
 @click.command("logs")
-@click.argument("run", metavar="RUN")
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
 @click.option("--rank", type=int, help="Show this rank's stdout and stderr.")
 @click.option("--batch", is_flag=True, help="Show the batch script's own log.")
 @click.option(
@@ -49,7 +32,14 @@ def follow(paths: list[Path], poll: float = 0.5) -> None:
     show_default=True,
     help="Lines from the end of each file; 0 for all.",
 )
-@click.option("-f", "--follow", "follow_", is_flag=True, help="Keep printing new output.")
+@click.option(
+    "-f",
+    "--follow",
+    "follow_",
+    is_flag=True,
+    help="Keep printing new output, across requeues, until the run ends; exit 0 if it "
+    "completed, 1 otherwise (Ctrl-C stops following, never the run).",
+)
 def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) -> None:
     """Show a run's logs. Without --rank, a failed rank's error comes first, then its stderr.
 
@@ -74,16 +64,28 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
             paths = [rank_log(run_dir, first.rank, "err")]
         else:
             paths = [rank_log(run_dir, 0, "out"), rank_log(run_dir, 0, "err")]
+    stream = None
+    if follow_:
+        from ddlaunch.app.follow import LogStream
+
+        # Where following starts is fixed before the tail is read: no line is lost between
+        # them, none shown twice. --batch: this batch log, and the next one a resume writes.
+        stream = (
+            LogStream(run_dir, ranks=(), from_start=False)
+            if batch
+            else LogStream(run_dir, paths=paths, from_start=False)
+        )
     shown = False
     for path in paths:
         if path.exists():
             click.echo(f"==> {path} <==")
-            text = tail(path, lines)
+            text = tail(path, lines, stream.offset(path) if stream else None)
             if text:
                 click.echo(text)
             shown = True
     if not shown and not follow_:
         click.echo(f"no log yet in {run_dir / LOGS_DIR}", err=True)
-    if follow_:
-        with contextlib.suppress(KeyboardInterrupt):
-            follow(paths)
+    if stream is not None:
+        from ddlaunch.cli.follow import follow_run
+
+        follow_run(run_dir, stream)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-config_argument = click.argument("config", metavar="CONFIG")
+from ddlaunch.cli.completion import complete_config
+
+config_argument = click.argument("config", metavar="CONFIG", shell_complete=complete_config)
 set_option = click.option(
     "--set",
     "overrides",

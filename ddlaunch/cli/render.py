@@ -22,5 +22,6 @@ def command(
     """
     from ddlaunch.app.prepare import prepare
 
-    prepared = prepare(config, overrides, run_id=run_id, run_root=run_root)
+    # The script names the code snapshot a submit would store (nothing is written).
+    prepared = prepare(config, overrides, run_id=run_id, run_root=run_root, snapshot="path")
     click.echo(prepared.script, nl=False)

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import click
 
+from ddlaunch.cli.completion import complete_runs
+
 
 @click.command("report")
-@click.argument("run", metavar="RUN")
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),

@@ -7,11 +7,12 @@ import shutil
 
 import click
 
+from ddlaunch.cli.completion import complete_runs
 from ddlaunch.cli.options import set_option
 
 
 @click.command("resume")
-@click.argument("run", metavar="RUN")
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
 @click.option("--nodes", type=int, help="Resume on this many nodes (DCP reshards on load).")
 @set_option
 @click.option("--local", is_flag=True, help="Resume as local processes instead of on Slurm.")

@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from ddlaunch.cli.completion import complete_targets
+
 
 def _causes(history: Sequence[dict[str, Any]]) -> str:
     return ", ".join(str(a.get("cause")) for a in history)
@@ -87,7 +89,7 @@ def attempt_lines(row: Any) -> list[str]:
 
 
 @click.command("status")
-@click.argument("runs", nargs=-1, metavar="[RUN|SWEEP]...")
+@click.argument("runs", nargs=-1, metavar="[RUN|SWEEP]...", shell_complete=complete_targets)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh in place until interrupted.")
 @click.option(

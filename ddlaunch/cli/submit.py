@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import click
 
 from ddlaunch.cli.options import config_argument, set_option
+from ddlaunch.cli.snapshot import report_snapshot
 
 
 @click.command("submit")
@@ -25,8 +27,28 @@ from ddlaunch.cli.options import config_argument, set_option
     "no sbatch is on PATH).",
 )
 @click.option("--run-root", help="Create the run directory under this folder.")
+@click.option(
+    "--follow",
+    "follow_",
+    is_flag=True,
+    help="Stream the batch log and rank 0's log until the run ends, across requeues; exit 0 "
+    "if it completed, 1 otherwise. Ctrl-C detaches without cancelling.",
+)
+@click.option(
+    "--ranks",
+    default="0",
+    show_default=True,
+    metavar="all|N,M",
+    help="With --follow: whose logs to stream (all: every rank, lines prefixed by rank).",
+)
 def command(
-    config: str, overrides: tuple[str, ...], dry_run: bool, local: bool, run_root: str | None
+    config: str,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    local: bool,
+    run_root: str | None,
+    follow_: bool,
+    ranks: str,
 ) -> None:
     """Submit CONFIG to Slurm and print the run id and job id.
 
@@ -38,9 +60,16 @@ def command(
     from ddlaunch.planning.plan import format_argv
 
     workdir = os.getcwd()
-    prepared, exclude = prepare_submission(config, overrides, run_root=run_root, workdir=workdir)
+    prepared, exclude = prepare_submission(
+        config,
+        overrides,
+        run_root=run_root,
+        workdir=workdir,
+        snapshot="path" if dry_run else "store",
+    )
     if exclude:
         click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
+    report_snapshot(prepared.config, prepared.snapshot, stored=not dry_run)
     if dry_run:
         click.echo(prepared.script, nl=False)
         click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")
@@ -58,7 +87,15 @@ def command(
         run_here(run_dir.path, prepared.config)
         return
     from ddlaunch.app.submit import submit_to_slurm
+    from ddlaunch.cli.follow import parse_ranks
 
+    chosen = parse_ranks(ranks) if follow_ else (0,)
     submitted = submit_to_slurm(prepared, workdir=workdir)
     click.echo(f"run {submitted.run_id}  job {submitted.job_id}")
     click.echo(f"run dir: {submitted.run_dir}")
+    if follow_:
+        from ddlaunch.app.follow import LogStream
+        from ddlaunch.cli.follow import follow_run
+
+        sys.stdout.flush()
+        follow_run(submitted.run_dir, LogStream(submitted.run_dir, chosen, prefix=chosen != (0,)))

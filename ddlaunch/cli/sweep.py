@@ -16,7 +16,9 @@ from typing import Any
 
 import click
 
+from ddlaunch.cli.completion import complete_sweeps
 from ddlaunch.cli.options import set_option
+from ddlaunch.cli.snapshot import report_snapshot
 from ddlaunch.errors import UserError
 
 
@@ -160,7 +162,9 @@ def submit(
             run_root=run_root,
             hold=hold,
             tick=bar.phase("validating members", spec.size),
+            snapshot="path" if dry_run else "store",
         )
+        report_snapshot(prepared.configs[0], prepared.snapshot, stored=not dry_run)
         size = f"MaxArraySize {facts.max_array_size}" if facts.max_array_size else "no split"
         head = (
             f"sweep {prepared.sweep_id}: {len(prepared.members)} members in "
@@ -183,7 +187,7 @@ def submit(
 
 
 @command.command("status")
-@click.argument("sweep_ref", metavar="SWEEP")
+@click.argument("sweep_ref", metavar="SWEEP", shell_complete=complete_sweeps)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(sweep_ref: str, as_json: bool) -> None:
     """One row per member (overrides, state, step, checkpoint, metric) and a summary line.
@@ -211,7 +215,7 @@ def status(sweep_ref: str, as_json: bool) -> None:
 
 
 @command.command("resubmit")
-@click.argument("sweep_ref", metavar="SWEEP")
+@click.argument("sweep_ref", metavar="SWEEP", shell_complete=complete_sweeps)
 @click.option("--failed", is_flag=True, help="Every member that ended without completing.")
 @click.option("--member", "members", type=int, multiple=True, help="This member (repeatable).")
 @set_option

@@ -88,7 +88,8 @@ def _display(path: Path) -> str:
     try:
         shipped = resolved.relative_to(_shipped_configs())
         return f"preset:{shipped.with_suffix('')}"
-    except ValueError:
+    except (ValueError, FileNotFoundError):
+        # FileNotFoundError: no shipped configs here (a container gets the package only).
         pass
     try:
         return str(resolved.relative_to(Path.cwd().resolve()))
@@ -246,14 +247,13 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
     for name in defaults:
         preset = resolve_config_name(name, base_dir=path.parent)
         if preset is None:
-            known = ", ".join(list_presets()[:12])
             raise ConfigError(
                 [
                     ConfigIssue(
                         "defaults",
-                        f"preset {name!r} not found (looked "
-                        f"next to the file, in $DDLAUNCH_CONFIG_PATH and in "
-                        f"the shipped configs: {known})",
+                        f"preset {name!r} not found{did_you_mean(name)} (looked next to the "
+                        "file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: "
+                        f"{', '.join(list_presets()[:12])})",
                         where,
                     )
                 ]
@@ -265,6 +265,15 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
         if key_path[0] != "defaults":
             loaded.locations[key_path] = line
     loaded.sources.append(_display(path))
+
+
+def did_you_mean(name: str) -> str:
+    """``; did you mean 'clusters/dgx-h100'?`` for a mistyped preset name, else ``""``."""
+    import difflib  # only a mistake needs it
+
+    wanted = name.removesuffix(".yaml").removesuffix(".yml").removeprefix("configs/")
+    close = difflib.get_close_matches(wanted, list_presets(), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def list_presets() -> list[str]:
@@ -332,8 +341,8 @@ def load_tree(config: str | Path, overrides: Sequence[str] = ()) -> LoadedTree:
             [
                 ConfigIssue(
                     "",
-                    "config file not found (give a path, or a shipped "
-                    "preset name; `ddlaunch presets` lists them)",
+                    f"config file not found{did_you_mean(str(config))} (give a path, or a "
+                    "shipped preset name; `ddlaunch presets` lists them)",
                     str(config),
                 )
             ]

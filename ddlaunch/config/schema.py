@@ -48,9 +48,11 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
 
 def opt(default: Any = None, doc: str = "", **checks: Any) -> Any:
     """A schema field: its default, its one-line doc and its checks."""
-    if isinstance(default, list | dict):
-        factory = (lambda d=default: type(d)(d)) if isinstance(default, dict) else tuple
-        return field(default_factory=factory, metadata={"doc": doc, **checks})
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata={"doc": doc, **checks})
+    if isinstance(default, list):  # frozen configs hold tuples, with the list's items
+        items = tuple(default)
+        return field(default_factory=lambda: items, metadata={"doc": doc, **checks})
     return field(default=default, metadata={"doc": doc, **checks})
 
 
@@ -149,9 +151,10 @@ class ClusterSpec:
 class TopologySpec:
     gpu_model: str | None = opt(None, "GPU model, e.g. H100-SXM (informational, shown by status).")
     interconnect: str = opt(
-        "pcie",
-        "How GPUs in a node talk: nvswitch, nvlink or pcie.",
-        choices=("nvswitch", "nvlink", "pcie"),
+        "auto",
+        "How GPUs in a node talk: nvswitch, nvlink or pcie; auto sets no NCCL_P2P_LEVEL and "
+        "leaves the choice to NCCL.",
+        choices=("auto", "nvswitch", "nvlink", "pcie"),
     )
     switches: int | None = opt(
         None, "Ask Slurm for at most this many leaf switches (--switches).", range=(1, 1024)
@@ -170,9 +173,10 @@ class TopologySpec:
 @dataclass(frozen=True, kw_only=True)
 class FabricSpec:
     kind: str = opt(
-        "ethernet",
-        "Network fabric: ib, roce, efa, slingshot or ethernet.",
-        choices=("ib", "roce", "efa", "slingshot", "ethernet"),
+        "auto",
+        "Network fabric: ib, roce, efa, slingshot or ethernet; auto exports no fabric variable "
+        "and lets NCCL choose (`ddlaunch doctor` says what the nodes have).",
+        choices=("auto", "ib", "roce", "efa", "slingshot", "ethernet"),
     )
     hcas: tuple[str, ...] = opt(
         [],
@@ -319,6 +323,60 @@ class LaunchSpec:
     workdir: str | None = opt(
         None, "Working directory of the ranks; default the directory `submit` ran in."
     )
+    snapshot: str = opt(
+        "auto",
+        "Code the ranks run from: git (the work tree's tracked files plus uncommitted "
+        "changes), copy (the directory, less snapshot_ignore), none (the live directory); "
+        "auto: git in a git work tree, else none. Stored once per content hash.",
+        choices=("auto", "git", "copy", "none"),
+    )
+    snapshot_ignore: tuple[str, ...] = opt(
+        [".git", "__pycache__", "*.pyc", ".venv", "venv", "*.egg-info", ".mypy_cache"],
+        "Glob patterns (matched against every file and directory name) left out of a copy "
+        "snapshot; the run root is always left out.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerSpec:
+    runtime: str = opt(
+        "none",
+        "Run the ranks in a container: pyxis (srun --container-image), apptainer or "
+        "singularity (apptainer exec), podman (podman run), none. Hooks, scontrol and the "
+        "watchdog stay on the host.",
+        choices=("none", "pyxis", "apptainer", "singularity", "podman"),
+    )
+    image: str | None = opt(
+        None,
+        "Image: a registry reference (nvcr.io/nvidia/pytorch:24.05-py3, docker://...), or "
+        "an absolute path to a .sif or .sqsh file.",
+    )
+    mounts: tuple[str, ...] = opt(
+        [],
+        "More bind mounts, src:dst[:flags] with absolute paths (flags joined by +, e.g. "
+        "ro); the run, checkpoint and code directories are mounted at their own paths anyway.",
+    )
+    workdir: str | None = opt(None, "Working directory in the container (absolute path).")
+    env: tuple[str, ...] = opt(
+        [],
+        "Names of more environment variables to pass into the container (ddlaunch's, "
+        "Slurm's, the fabric's, launch.env and tracking variables always are).",
+        pattern="env_name",
+    )
+    mount_home: bool = opt(False, "Mount $HOME into the container (pyxis, apptainer would).")
+    extra_args: tuple[str, ...] = opt(
+        [],
+        "More runtime arguments, verbatim: srun's for pyxis, apptainer exec's, podman run's.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingSpec:
+    wandb: bool = opt(
+        False,
+        "Export WANDB_RUN_ID (the run id, stable across requeues and restarts) and "
+        "WANDB_RESUME=allow: one W&B run spans every attempt.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -358,6 +416,14 @@ class Config:
     )
     launch: LaunchSpec = field(
         default_factory=LaunchSpec, metadata={"doc": "What every rank runs."}
+    )
+    container: ContainerSpec = field(
+        default_factory=ContainerSpec,
+        metadata={"doc": "A container for the ranks (only the rank command runs inside)."},
+    )
+    tracking: TrackingSpec = field(
+        default_factory=TrackingSpec,
+        metadata={"doc": "Experiment trackers that must see one run across requeues."},
     )
     templates: TemplatesSpec = field(
         default_factory=TemplatesSpec, metadata={"doc": "Site template search path."}

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
 from ddlaunch.config.schema import PATTERNS, Config
@@ -253,7 +254,7 @@ _INVALID = object()
 
 def check_contradictions(cfg: Config, b: _Builder) -> None:
     """Rules that involve more than one key."""
-    for check in (_node_rules, _launch_rules, _sbatch_rules):
+    for check in (_node_rules, _launch_rules, _sbatch_rules, check_container, check_snapshot):
         check(cfg, b)
 
 

@@ -77,6 +77,7 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
     steps, lr = int(p.get("steps", 300)), float(p.get("lr", 0.05))
     batch_size, seed = int(p.get("batch_size", 64)), int(p.get("seed", 0))
     step_sleep = float(p.get("step_sleep", 0.0))  # slow the loop down to watch it (or kill it)
+    log_every = int(p.get("log_every", 50))  # rank 0 prints a loss line this often; 0: never
     # One thread: CPU kernels then reduce in a fixed order (bit-reproducible), and N ranks
     # do not fight over the cores.
     torch.set_num_threads(1)
@@ -113,6 +114,12 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
             optimizer.step()
             if step % 10 == 0:
                 losses[step] = eval_loss()
+            if rank == 0 and log_every and (step + 1) % log_every == 0:
+                # Printed after the step: step N's line shows the loss after N steps.
+                print(
+                    f"[mlp] step {step + 1}/{steps} loss {loss.item():.4f} eval {eval_loss():.4f}",
+                    flush=True,
+                )
             if step_sleep:
                 time.sleep(step_sleep)
 

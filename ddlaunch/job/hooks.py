@@ -25,7 +25,7 @@ from ddlaunch.job.preflight import preflight_hook, preflight_outcome
 from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, badnodes, exclusions
+from ddlaunch.store import attempts, badnodes, exclusions, signal_save
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import committed_step, read_config_tree
@@ -131,6 +131,21 @@ def end(
     if not attempts.is_open(current):
         # Closed by rank 0 already: it saved on the signal and requeued the job itself.
         return 0
+    saved = signal_save.read(run_dir, attempt)
+    if saved is not None:
+        # The ranks (in a container) saved on the signal and left the conclusion to us.
+        step = int(saved["step"])
+        conclusion = conclude(
+            run_dir,
+            cause=policy.CAUSE_SIGNAL,
+            committed_step=step,
+            max_requeues=settings.max_requeues,
+            client=client,
+            job=attempt.task,
+            saved_step=step,
+            record={"signal": saved.get("reason"), "exit_code": exit_code},
+        )
+        return 0 if conclusion.requeued else exit_code
     nodes = expand(current.get("nodes", ""))
     if cancel_reason(run_dir) is not None:
         ending = Ending(policy.CAUSE_CANCELLED)

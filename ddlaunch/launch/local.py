@@ -37,6 +37,7 @@ from ddlaunch.errors import UserError
 from ddlaunch.launch.slurm import rank_call
 from ddlaunch.store.failures import read_failure_record
 from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR, config_path
+from ddlaunch.store.snapshots import read_snapshot
 from ddlaunch.worker.distenv import PORT_OVERRIDE_VAR
 
 POLL_S = 0.05
@@ -67,9 +68,12 @@ def _base_env(cfg: Config, run_dir: Path, job_id: str, world_size: int) -> dict[
     # distenv: drop inherited SLURM_* (and stale SUBMITIT_*) variables.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
     env.update(cfg.launch.env)  # as in the batch script (fabric defaults are cluster-only)
-    # The ranks must import this very ddlaunch (a checkout need not be installed).
+    # The ranks must import this very ddlaunch (a checkout need not be installed), and the
+    # code snapshot first, as on Slurm.
     package_root = str(Path(ddlaunch.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    snapshot = read_snapshot(run_dir) or {}
+    paths = (snapshot.get("path"), package_root, env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     # N ranks on one machine: one intra-op thread each, as torchrun does.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault(PORT_OVERRIDE_VAR, str(_free_port()))
@@ -85,6 +89,14 @@ def _base_env(cfg: Config, run_dir: Path, job_id: str, world_size: int) -> dict[
         SUBMITIT_LOCAL_NODEID="0",
     )
     return env
+
+
+def _ranks_dir(run_dir: Path, cfg: Config) -> str:
+    """The code snapshot's working directory when the run has one, else the live one."""
+    workdir = (read_snapshot(run_dir) or {}).get("workdir")
+    if workdir and Path(workdir).is_dir():
+        return str(workdir)
+    return cfg.launch.workdir or os.getcwd()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -179,7 +191,7 @@ def run_local(run_dir: Path, world_size: int, timeout_s: float) -> list[dict[str
                     subprocess.Popen(
                         command,
                         env=rank_env,
-                        cwd=cfg.launch.workdir or os.getcwd(),
+                        cwd=_ranks_dir(run_dir, cfg),
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,

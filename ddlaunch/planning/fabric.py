@@ -104,7 +104,15 @@ def _ethernet_env(cfg: Config) -> dict[str, str]:
     return {"NCCL_IB_DISABLE": "1"}
 
 
+def _auto_env(cfg: Config) -> dict[str, str]:
+    # Nothing declared: NCCL probes the nodes itself (IB verbs if an HCA is up, else TCP).
+    # A guess here would be wrong somewhere: NCCL_IB_DISABLE=1 on an InfiniBand cluster turns
+    # its all-reduce into TCP sockets, silently and tens of times slower.
+    return {}
+
+
 _PROFILES = {
+    "auto": _auto_env,
     "ib": _verbs_env,
     "roce": _verbs_env,
     "efa": _efa_env,

@@ -14,6 +14,8 @@ from pathlib import PurePosixPath
 
 from ddlaunch.config.schema import Config
 from ddlaunch.planning import fabric, topology
+from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR, Mount, container_launch
+from ddlaunch.planning.tracking import tracking_env
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
 
 
@@ -55,6 +57,21 @@ class ClusterFacts:
 
 
 @dataclass(frozen=True)
+class CodePaths:
+    """Where the ranks' code comes from, decided at the edge (``app.snapshot``, ``app.prepare``).
+
+    ``snapshot``: the stored code snapshot the ranks run from (None: the live directory);
+    ``workdir``: the ranks' working directory (inside the snapshot when there is one);
+    ``ddlaunch_root``: the directory holding the ``ddlaunch`` package that renders the script
+    (mounted into a container); ``home``: the user's home (podman's container.mount_home)."""
+
+    snapshot: str | None = None
+    workdir: str | None = None
+    ddlaunch_root: str | None = None
+    home: str | None = None
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     run_id: str
     run_dir: str
@@ -71,6 +88,12 @@ class LaunchPlan:
     signal: str
     python: str
     array: ArraySpec | None = None  # set for a sweep's job array; run_dir is the sweep dir
+    code_dir: str | None = None  # the code snapshot the ranks run from
+    pythonpath: str | None = None  # prepended to PYTHONPATH in the script (code, ddlaunch)
+    container_runtime: str = "none"
+    container_exports: tuple[str, ...] = ()  # shell lines (validated names only)
+    mkdirs: tuple[str, ...] = ()  # directories a container mounts, created before srun
+    tracking_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def script_path(self) -> str:
@@ -152,10 +175,14 @@ def make_plan(
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
     array: ArraySpec | None = None,
+    code: CodePaths | None = None,
 ) -> LaunchPlan:
     """The plan of one run, or (``array``) of a job array whose tasks are sweep members;
-    then ``run_dir`` is the sweep directory and each task picks its member at run time."""
+    then ``run_dir`` is the sweep directory and each task picks its member at run time.
+    ``code``: the ranks' code snapshot (default: the live ``launch.workdir`` or ``workdir``)."""
     facts = facts or ClusterFacts()
+    code = code or CodePaths()
+    ranks_dir = code.workdir or cfg.launch.workdir or workdir
     run = PurePosixPath(run_dir)
     logs = run / LOGS_DIR
     submission: tuple[str, ...]
@@ -180,7 +207,7 @@ def make_plan(
         "sbatch",
         "--parsable",
         *submission,
-        f"--chdir={cfg.launch.workdir or workdir}",
+        f"--chdir={ranks_dir}",
         script_path(run_dir, array),
     )
     srun_argv = (
@@ -192,29 +219,72 @@ def make_plan(
         *topology.srun_binding_args(cfg),
     )
     env = fabric.fabric_env(cfg)
+    fabric_env = tuple((k, v) for k, v in env.items() if k not in cfg.launch.env)
+    tracking = tracking_env(cfg, run_id if array is None else array.sweep_id)
     ours: dict[str, str] = {}
     if array is None:
         # (An array task exports its member's checkpoint directory itself.)
         ours["DDLAUNCH_CHECKPOINT_DIR"] = cfg.storage.checkpoint_dir or str(run / CHECKPOINTS_DIR)
     if cfg.storage.scratch:
         ours["DDLAUNCH_SCRATCH"] = cfg.storage.scratch
+    in_container = cfg.container.runtime != "none"
+    if in_container:
+        ours[CONCLUDE_ON_HOST_VAR] = "1"
+    paths = [p for p in (code.snapshot, code.ddlaunch_root if in_container else None) if p]
+    pythonpath = ":".join(dict.fromkeys(paths)) or None
+    mounts, mkdirs = _container_mounts(cfg, run, array, code, ranks_dir)
+    launch = container_launch(
+        cfg,
+        mounts=mounts,
+        workdir=cfg.container.workdir or ranks_dir,
+        env_names=[*(k for k, _ in fabric_env), *cfg.launch.env, *(k for k, _ in tracking)],
+        pythonpath=pythonpath,
+        home=code.home,
+    )
     return LaunchPlan(
         run_id=run_id,
         run_dir=str(run),
         directives=tuple(sbatch_directives(cfg, exclude)),
         sbatch_argv=sbatch_argv,
         ddlaunch_env=tuple(ours.items()),
-        fabric_env=tuple((k, v) for k, v in env.items() if k not in cfg.launch.env),
+        fabric_env=fabric_env,
         user_env=tuple(cfg.launch.env.items()),
         setup=cfg.launch.setup,
-        srun_argv=srun_argv,
-        worker_argv=tuple(worker_command(cfg, str(run / SUBMITIT_DIR))),
+        srun_argv=(*srun_argv, *launch.srun_args),
+        worker_argv=(*launch.prefix, *worker_command(cfg, str(run / SUBMITIT_DIR))),
         ranks_per_node=cfg.ranks_per_node,
         world_size=cfg.world_size,
         signal=cfg.fault_tolerance.signal,
         python=cfg.launch.python,
         array=array,
+        code_dir=code.snapshot,
+        pythonpath=pythonpath,
+        container_runtime=cfg.container.runtime,
+        container_exports=launch.exports,
+        mkdirs=tuple(mkdirs) if in_container else (),
+        tracking_env=tracking,
     )
+
+
+def _container_mounts(
+    cfg: Config, run: PurePosixPath, array: ArraySpec | None, code: CodePaths, ranks_dir: str
+) -> tuple[list[Mount], list[str]]:
+    """What a container needs mounted at its own path, and the directories among them that
+    may not exist yet when the job starts (a bind mount needs its source)."""
+    mounts = [Mount(str(run))]
+    mkdirs = []
+    ckpt = cfg.storage.checkpoint_dir or (array.checkpoint_root if array else None)
+    if ckpt and not PurePosixPath(ckpt).is_relative_to(run):
+        mounts.append(Mount(ckpt))
+        mkdirs.append(ckpt)
+    if cfg.storage.scratch:
+        mounts.append(Mount(cfg.storage.scratch))
+        mkdirs.append(cfg.storage.scratch)
+    # The code, read-only: one snapshot serves many runs. Without one, the live directory.
+    mounts.append(Mount(code.snapshot, read_only=True) if code.snapshot else Mount(ranks_dir))
+    if code.ddlaunch_root:
+        mounts.append(Mount(str(PurePosixPath(code.ddlaunch_root) / "ddlaunch"), read_only=True))
+    return mounts, mkdirs
 
 
 def format_argv(argv: Sequence[str]) -> str:

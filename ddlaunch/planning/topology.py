@@ -26,6 +26,8 @@ SEGMENT_SINCE = (24, 5)
 # NCCL_P2P_LEVEL per GPU interconnect (NCCL environment variable docs, NCCL_P2P_LEVEL: LOC,
 # NVL, PIX, PXB, PHB, SYS = the longest path over which P2P is still used).
 _P2P_LEVEL = {
+    # Not declared: NCCL reads the node's topology itself and picks its own level.
+    "auto": None,
     # NVSwitch connects every GPU pair over NVLink: allow P2P only over NVLink, so a node whose
     # NVLink fabric is down (fabric manager stopped) falls back to shared memory, which the
     # doctor flags, instead of slow P2P through PCIe bridges.
@@ -39,7 +41,10 @@ _P2P_LEVEL = {
 }
 
 # srun --gpu-bind per interconnect, used only with cluster.gpu_binding (srun(1) --gpu-bind).
-_GPU_BIND = {
+_GPU_BIND: dict[str, str | None] = {
+    # Not declared: no --gpu-bind, so Slurm's default (every task sees the node's GPUs; the
+    # worker picks its own from LOCAL_RANK).
+    "auto": None,
     # NVLink P2P needs the peer GPU visible to the process (CUDA peer access), so every rank
     # keeps all the node's GPUs and the worker picks its own from LOCAL_RANK. NERSC's
     # Perlmutter guidance passes --gpu-bind=none for NCCL for the same reason.
@@ -93,8 +98,9 @@ def srun_binding_args(cfg: Config) -> list[str]:
         # Pack ranks node by node and their cores socket by socket: rank i then sits on the
         # socket that usually hosts GPU i (GPUs are numbered in PCI order, socket 0 first).
         out += ["--cpu-bind=cores", "--distribution=block:block"]
-    if cluster.gpu_binding and cfg.nodes.gpus_per_node:
-        out.append(f"--gpu-bind={_GPU_BIND[cfg.topology.interconnect]}")
+    gpu_bind = _GPU_BIND[cfg.topology.interconnect]
+    if cluster.gpu_binding and cfg.nodes.gpus_per_node and gpu_bind:
+        out.append(f"--gpu-bind={gpu_bind}")
     return out
 
 

@@ -2,20 +2,45 @@
 
 The doctor job runs the commands in ``COMMANDS`` on a node and hands their stdout here, keyed
 the same way; a command that is missing or failed is passed as ``None``. ``check_node`` turns
-that into findings: ``ok``, ``mismatch`` (the node contradicts the profile) or ``unchecked``
-(with the reason, e.g. the tool is absent). Nothing here runs a command.
+that into findings: ``ok``, ``mismatch`` (the node contradicts the profile), ``warning``
+(nothing contradicts it, but the config leaves speed on the table) or ``unchecked`` (with the
+reason, e.g. the tool is absent). Nothing here runs a command.
 
-Parsed formats: ``ibv_devinfo`` (rdma-core), ``ibstat`` (infiniband-diags), ``nvidia-smi topo
--m`` and ``ip -o link`` (iproute2).
+The tools' output is parsed by ``ddlaunch.policy.fabric_tools``.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from ddlaunch.config.schema import Config
+from ddlaunch.policy.fabric_tools import (
+    GpuTopology,
+    Link,
+    RdmaDevice,
+    RdmaPort,
+    parse_ibstat,
+    parse_ibv_devinfo,
+    parse_ip_link,
+    parse_nvidia_smi_topo,
+)
+
+# The parsers are part of this module's interface (the doctor and the tests use them here).
+__all__ = [
+    "COMMANDS",
+    "Finding",
+    "GpuTopology",
+    "Link",
+    "RdmaDevice",
+    "RdmaPort",
+    "Status",
+    "check_node",
+    "parse_ibstat",
+    "parse_ibv_devinfo",
+    "parse_ip_link",
+    "parse_nvidia_smi_topo",
+]
 
 IBV_DEVINFO = "ibv_devinfo"
 IBSTAT = "ibstat"
@@ -35,6 +60,16 @@ class Status(StrEnum):
     OK = "ok"
     MISMATCH = "mismatch"
     UNCHECKED = "unchecked"
+    WARNING = "warning"  # nothing contradicts the config, but it leaves speed on the table
+
+
+# A shipped preset per fabric, named when the nodes have a fabric the config does not declare
+# (tests/test_fabric_check.py checks that each exists and declares that kind).
+PRESET_FOR_FABRIC = {
+    "ib": "clusters/dgx-h100",
+    "roce": "clusters/roce-l40s",
+    "efa": "clusters/aws-p5",
+}
 
 
 @dataclass(frozen=True)
@@ -44,183 +79,6 @@ class Finding:
     check: str
     status: Status
     detail: str
-
-
-# ---------------------------------------------------------------- RDMA devices
-
-
-@dataclass(frozen=True)
-class RdmaPort:
-    number: int
-    active: bool
-    state: str
-    link_layer: str  # InfiniBand, Ethernet (RoCE), Unspecified (EFA) or "" when not shown
-
-
-@dataclass(frozen=True)
-class RdmaDevice:
-    name: str
-    ports: tuple[RdmaPort, ...] = ()
-
-    @property
-    def active(self) -> bool:
-        return any(p.active for p in self.ports)
-
-
-def parse_ibv_devinfo(text: str) -> dict[str, RdmaDevice]:
-    """``ibv_devinfo`` output -> devices by name (``hca_id``), with their ports' states."""
-    blocks: list[tuple[str, list[dict[str, str]]]] = []  # (device, its ports' fields)
-    ports: list[dict[str, str]] = []
-
-    for raw in text.splitlines():
-        line = raw.strip()
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key, value = key.strip(), value.strip()
-        if key == "hca_id":
-            ports = []
-            blocks.append((value, ports))
-        elif key == "port" and blocks:
-            ports.append({"number": value})
-        elif ports and key in ("state", "link_layer"):
-            ports[-1][key] = value
-    return _devices(blocks)
-
-
-def _devices(blocks: list[tuple[str, list[dict[str, str]]]]) -> dict[str, RdmaDevice]:
-    return {name: RdmaDevice(name, tuple(_port(p) for p in ports)) for name, ports in blocks}
-
-
-def _port(fields: dict[str, str]) -> RdmaPort:
-    state = fields.get("state", "")
-    return RdmaPort(
-        number=int(fields.get("number", "1") or 1),
-        # "PORT_ACTIVE (4)" in ibv_devinfo, "Active" in ibstat.
-        active=state.upper().startswith(("PORT_ACTIVE", "ACTIVE")),
-        state=state,
-        link_layer=fields.get("link_layer", ""),
-    )
-
-
-def parse_ibstat(text: str) -> dict[str, RdmaDevice]:
-    """``ibstat`` output -> devices by name (``CA 'mlx5_0'``), with their ports' states."""
-    blocks: list[tuple[str, list[dict[str, str]]]] = []  # (device, its ports' fields)
-    ports: list[dict[str, str]] = []
-
-    for raw in text.splitlines():
-        line = raw.strip()
-        ca = re.match(r"^CA '([^']+)'", line)
-        if ca:
-            ports = []
-            blocks.append((ca.group(1), ports))
-            continue
-        port = re.match(r"^Port (\d+):$", line)
-        if port and blocks:
-            ports.append({"number": port.group(1)})
-            continue
-        key, sep, value = line.partition(":")
-        if sep and ports:
-            key = key.strip().lower()
-            if key == "state":
-                ports[-1]["state"] = value.strip()
-            elif key == "link layer":
-                ports[-1]["link_layer"] = value.strip()
-    return _devices(blocks)
-
-
-# ---------------------------------------------------------------- network interfaces
-
-
-@dataclass(frozen=True)
-class Link:
-    name: str
-    flags: frozenset[str]
-    state: str  # UP, DOWN, UNKNOWN (loopback, some virtual and HSN devices)
-    kind: str  # ether, infiniband, loopback, ...
-
-    @property
-    def up(self) -> bool:
-        # LOWER_UP = carrier present; state UNKNOWN is normal for some drivers.
-        return "UP" in self.flags and "LOWER_UP" in self.flags and self.state != "DOWN"
-
-
-_IP_LINK_LINE = re.compile(
-    r"^\d+:\s+(?P<name>[^:@\s]+)(?:@[^:\s]+)?:\s+<(?P<flags>[^>]*)>(?P<rest>.*)$"
-)
-
-
-def parse_ip_link(text: str) -> dict[str, Link]:
-    """``ip -o link`` output (one interface a line) -> interfaces by name."""
-    links: dict[str, Link] = {}
-    for line in text.splitlines():
-        match = _IP_LINK_LINE.match(line.strip())
-        if not match:
-            continue
-        rest = match.group("rest")
-        state = re.search(r"\bstate (\S+)", rest)
-        kind = re.search(r"link/(\S+)", rest)
-        name = match.group("name")
-        links[name] = Link(
-            name=name,
-            flags=frozenset(f for f in match.group("flags").split(",") if f),
-            state=state.group(1) if state else "UNKNOWN",
-            kind=kind.group(1) if kind else "",
-        )
-    return links
-
-
-# ---------------------------------------------------------------- GPU topology
-
-
-@dataclass(frozen=True)
-class GpuTopology:
-    gpus: tuple[str, ...]
-    # (GPU a, GPU b) -> connection: X, NV<n>, PIX, PXB, PHB, NODE, SYS
-    links: dict[tuple[str, str], str] = field(default_factory=dict)
-    # GPU -> {NIC device name: connection}, from the NIC legend (NIC0: mlx5_0)
-    nic_paths: dict[str, dict[str, str]] = field(default_factory=dict)
-
-    def pairs(self) -> list[tuple[str, str, str]]:
-        out = []
-        for i, a in enumerate(self.gpus):
-            for b in self.gpus[i + 1 :]:
-                out.append((a, b, self.links.get((a, b), "?")))
-        return out
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def parse_nvidia_smi_topo(text: str) -> GpuTopology:
-    """``nvidia-smi topo -m`` -> GPUs, GPU-GPU connections and GPU-NIC paths."""
-    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
-    header: list[str] = []
-    rows: dict[str, list[str]] = {}
-    nic_names: dict[str, str] = {}
-    for line in lines:
-        cells = [c.strip() for c in line.split("\t")]
-        if not header and "GPU0" in cells:
-            header = [c for c in cells if c]
-            continue
-        legend = re.match(r"^\s*(NIC\d+):\s*(\S+)\s*$", line)
-        if legend:
-            nic_names[legend.group(1)] = legend.group(2)
-            continue
-        if header and cells and re.match(r"^(GPU|NIC)\d+$", cells[0]):
-            rows[cells[0]] = cells[1:]
-    columns = [h for h in header if re.match(r"^(GPU|NIC)\d+$", h)]
-    gpus = tuple(c for c in columns if c.startswith("GPU"))
-    links: dict[tuple[str, str], str] = {}
-    nic_paths: dict[str, dict[str, str]] = {}
-    for gpu in gpus:
-        values = rows.get(gpu, [])
-        for column, value in zip(columns, values, strict=False):
-            if column.startswith("GPU"):
-                links[(gpu, column)] = value
-            else:
-                nic_paths.setdefault(gpu, {})[nic_names.get(column, column)] = value
-    return GpuTopology(gpus=gpus, links=links, nic_paths=nic_paths)
 
 
 # ---------------------------------------------------------------- comparison
@@ -234,8 +92,64 @@ def _path_rank(value: str) -> int:
     return _PATH_ORDER.index(kind) if kind in _PATH_ORDER else len(_PATH_ORDER)
 
 
+def _read_devices(outputs: dict[str, str | None]) -> tuple[dict[str, RdmaDevice], str] | None:
+    if outputs.get(IBV_DEVINFO):
+        return parse_ibv_devinfo(outputs[IBV_DEVINFO] or ""), "ibv_devinfo"
+    if outputs.get(IBSTAT):
+        return parse_ibstat(outputs[IBSTAT] or ""), "ibstat"
+    return None
+
+
+def _fabric_of(device: RdmaDevice) -> str:
+    """The fabric an active device serves, from its active ports' link layer."""
+    layers = {p.link_layer for p in device.ports if p.active}
+    if "InfiniBand" in layers:
+        return "ib"
+    if "Ethernet" in layers:
+        return "roce"
+    return "efa" if device.name.startswith(("efa", "rdmap")) else "ib"
+
+
+def _undeclared_findings(outputs: dict[str, str | None]) -> list[Finding]:
+    """fabric.kind: auto. NCCL picks a transport itself; say what the node offers it."""
+    found = _read_devices(outputs)
+    if found is None:
+        return [
+            Finding(
+                "fabric.kind",
+                Status.UNCHECKED,
+                "fabric.kind is auto and neither ibv_devinfo nor ibstat gave output: whether "
+                "the nodes have an RDMA fabric is unknown",
+            )
+        ]
+    devices, tool = found
+    active = [d for d in devices.values() if d.active]
+    if not active:
+        return [
+            Finding(
+                "fabric.kind",
+                Status.OK,
+                f"no active RDMA device ({tool}): NCCL will use TCP sockets (fabric.kind: auto)",
+            )
+        ]
+    kinds = sorted({_fabric_of(d) for d in active})
+    kind = kinds[0]
+    names = ", ".join(d.name for d in active)
+    return [
+        Finding(
+            "fabric.kind",
+            Status.WARNING,
+            f"active RDMA devices {names} ({tool}) but no fabric declared (fabric.kind: auto): "
+            f"NCCL chooses by itself, with none of the profile's tuning; declare it, e.g. "
+            f"defaults: [{PRESET_FOR_FABRIC[kind]}] or fabric.kind: {kind}",
+        )
+    ]
+
+
 def _rdma_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]:
     fab = cfg.fabric
+    if fab.kind == "auto":
+        return _undeclared_findings(outputs)
     if fab.kind not in ("ib", "roce", "efa"):
         if fab.kind == "slingshot":
             return [
@@ -246,11 +160,8 @@ def _rdma_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]
                 )
             ]
         return []
-    if outputs.get(IBV_DEVINFO):
-        devices, tool = parse_ibv_devinfo(outputs[IBV_DEVINFO] or ""), "ibv_devinfo"
-    elif outputs.get(IBSTAT):
-        devices, tool = parse_ibstat(outputs[IBSTAT] or ""), "ibstat"
-    else:
+    found = _read_devices(outputs)
+    if found is None:
         return [
             Finding(
                 "fabric.devices",
@@ -259,6 +170,7 @@ def _rdma_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]
                 "not installed, or no RDMA driver loaded)",
             )
         ]
+    devices, tool = found
     layer = {"ib": "InfiniBand", "roce": "Ethernet"}.get(fab.kind)
     findings: list[Finding] = []
     wanted = [h.split(":")[0] for h in fab.hcas]
@@ -391,6 +303,14 @@ def _interconnect_finding(cfg: Config, topo: GpuTopology) -> Finding:
             )
         kinds = ", ".join(sorted({p[2] for p in nvlinked}))
         return Finding(check, Status.OK, f"every GPU pair is NVLink-connected ({kinds})")
+    if declared == "auto":
+        kinds = ", ".join(sorted({p[2] for p in pairs}))
+        return Finding(
+            check,
+            Status.OK,
+            f"{len(nvlinked)} of {len(pairs)} GPU pairs are NVLink-connected ({kinds}); "
+            "interconnect: auto leaves NCCL_P2P_LEVEL to NCCL",
+        )
     if declared == "nvlink":
         if not nvlinked:
             return Finding(

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ddlaunch.app.snapshot import Snapshot, take
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.load import LoadedTree, apply_overrides, load_tree
 from ddlaunch.config.schema import Config, StorageSpec
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
-from ddlaunch.planning.plan import ArraySpec, ClusterFacts, LaunchPlan, make_plan
+from ddlaunch.planning.plan import ArraySpec, ClusterFacts, CodePaths, LaunchPlan, make_plan
 from ddlaunch.planning.render import render_script, template_search_path
+from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store.rundir import new_run_id, resolve_run_root
 from ddlaunch.store.sweeps import MEMBERS_DIR, own_params_positions, set_param
 from ddlaunch.sweeps.spec import Member, Override, SweepSpec, expand, split_arrays
@@ -81,6 +83,7 @@ class PreparedSweep:
     groups: tuple[int, ...]
     group_configs: tuple[Config, ...]
     checkpoint_roots: tuple[str | None, ...]
+    snapshot: Snapshot | None = None  # the code every member runs from (launch.snapshot)
 
 
 def _copy(loaded: LoadedTree) -> LoadedTree:
@@ -223,6 +226,7 @@ def plan_arrays(
     throttle: int | None = None,
     first_name: int = 0,
     hold: bool = False,
+    code: CodePaths | None = None,
 ) -> list[ArrayJob]:
     """Group members whose array scripts are identical, split each group at MaxArraySize,
     and plan and render one array per chunk.
@@ -242,7 +246,12 @@ def plan_arrays(
         if key is None:
             probe = ArraySpec("", sweep_id, (0,), members_dir, throttle, root)
             plan = make_plan(
-                cfg, run_id=sweep_id, run_dir=str(sweep_dir), workdir=workdir, array=probe
+                cfg,
+                run_id=sweep_id,
+                run_dir=str(sweep_dir),
+                workdir=workdir,
+                array=probe,
+                code=code,
             )
             key = known[inputs] = repr((plan, cfg.templates.main, cfg.templates.search_path))
         groups.setdefault(key, []).append(index)
@@ -263,6 +272,7 @@ def plan_arrays(
                 workdir=workdir,
                 facts=facts,
                 array=spec,
+                code=code,
             )
             if hold:  # submitted held: nothing starts until `scontrol release`
                 argv = plan.sbatch_argv
@@ -298,8 +308,11 @@ def prepare_sweep(
     sweep_id: str | None = None,
     hold: bool = False,
     tick: Tick | None = None,
+    snapshot: str = "skip",
 ) -> PreparedSweep:
-    """Expand, validate every member (all problems at once), and plan the arrays."""
+    """Expand, validate every member (all problems at once), and plan the arrays.
+    ``snapshot``: as ``app.prepare.prepare`` (skip, path or store), taken once for every
+    member by the first member's launch.snapshot and launch.workdir."""
     facts = facts or ClusterFacts()
     base = load_tree(spec.base, spec.common)
     members = expand(spec)
@@ -315,6 +328,11 @@ def prepare_sweep(
         for member, cfg, group in zip(members, validated.configs, validated.groups, strict=True)
     ]
     sources = (*base.sources, f"sweep {spec.path}")
+    snap = None
+    if snapshot != "skip":
+        where = Path(first.launch.workdir or workdir)
+        snap = take(first, root, where, SubprocessRunner(), store=snapshot == "store")
+    code = CodePaths(snapshot=str(snap.path), workdir=str(snap.workdir)) if snap else None
     arrays = plan_arrays(
         [(m.index, cfg) for m, cfg in zip(members, placed, strict=True)],
         sweep_id=sweep_id,
@@ -324,6 +342,7 @@ def prepare_sweep(
         facts=facts,
         throttle=spec.throttle,
         hold=hold,
+        code=code,
     )
     return PreparedSweep(
         spec,
@@ -337,4 +356,5 @@ def prepare_sweep(
         groups=tuple(validated.groups),
         group_configs=tuple(validated.group_configs),
         checkpoint_roots=tuple(roots),
+        snapshot=snap,
     )

@@ -45,7 +45,7 @@ from ddlaunch.config.errors import ConfigError
 from ddlaunch.config.load import LoadedTree, apply_overrides
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
-from ddlaunch.planning.plan import ClusterFacts
+from ddlaunch.planning.plan import ClusterFacts, CodePaths
 from ddlaunch.runner import Runner
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import submission
@@ -53,6 +53,7 @@ from ddlaunch.store.failures import FAILURES_DIR
 from ddlaunch.store.members import materialize, member_config_text
 from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE
 from ddlaunch.store.rundir import CONFIG_FILE, RunDir, archive
+from ddlaunch.store.snapshots import read_snapshot, write_snapshot
 from ddlaunch.store.sweeps import (
     ARRAYS_DIR,
     MEMBERS_DIR,
@@ -159,6 +160,8 @@ def _create_dirs(prepared: PreparedSweep) -> None:
     _put_informational(sweep.path / SWEEP_FILE, sweep_file)
     for array in prepared.arrays:
         _put_informational(Path(array.script_path), array.script, 0o700)
+    if prepared.snapshot is not None:  # which code the members run (a resubmission too)
+        write_snapshot(sweep.path, prepared.snapshot.record())
 
 
 def _commit(prepared: PreparedSweep, text: str, tick: Tick | None) -> None:
@@ -376,6 +379,10 @@ def plan_resubmission(
     sources: tuple[str, ...] = (f"resubmission in sweep {meta['sweep_id']}",)
     if overrides:
         sources += (f"--set ({len(overrides)})",)
+    snap = read_snapshot(sweep_dir) or {}
+    code = None
+    if snap.get("path") and Path(snap["path"]).is_dir():  # the sweep's code, as resume keeps
+        code = CodePaths(snapshot=snap["path"], workdir=snap.get("workdir") or snap["path"])
     arrays = plan_arrays(
         list(zip(indices, configs, strict=True)),
         sweep_id=meta["sweep_id"],
@@ -386,6 +393,7 @@ def plan_resubmission(
         throttle=meta.get("throttle"),
         first_name=next_array_name(sweep_dir),
         hold=hold,
+        code=code,
     )
     return configs, arrays, sources
 

@@ -1,0 +1,244 @@
+"""Following a run to its end: the one engine of ``logs -f``, ``submit --follow`` and the
+stream of ``submit --local`` (login node, torch-free).
+
+Two parts, both driven by ``follow``:
+
+* ``LogStream`` prints what is appended to the run's log files: the batch log (a new one
+  appears when a resumed run gets a new job id) and the chosen ranks' ``.out`` / ``.err`` (the
+  same files across requeues: sbatch appends). Like ``tail -f`` it prints a ``==> file <==``
+  header whenever the file it prints from changes; with ``prefix`` every line carries its
+  source instead (``[batch]``, ``[rank 1]``). Only whole lines are printed.
+* ``RunWatch`` tells when the run has reached its final state. The run directory says so first
+  (``outcome.json``, written by whoever concludes the last attempt), read every poll; Slurm is
+  asked only when the directory cannot know (a job killed before its end hook ran), with
+  status's one ``squeue`` (``app.status.poll``), never more often than
+  ``app.status.min_poll_interval`` (30 s). Between attempts of a requeued run the job is
+  pending again and the directory has no outcome, so following goes on across requeues.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+from ddlaunch.app.status import ACTIVE_STATES, Target, min_poll_interval, poll
+from ddlaunch.store import outcome, submission
+from ddlaunch.store.rundir import LOGS_DIR
+
+POLL_S = 0.5  # between looks at the files: no Slurm call is made per poll
+QUIET_S = 1.0  # after the end: stop once the logs have been quiet this long ...
+DRAIN_MAX_S = 5.0  # ... or after this long at most
+
+
+@dataclass
+class _Source:
+    path: Path
+    label: str  # "batch" or the rank number
+    offset: int = 0
+    partial: bytes = b""
+
+
+@dataclass
+class LogStream:
+    """New lines of a run's logs, formatted for the terminal.
+
+    ``ranks``: the ranks whose ``.out`` and ``.err`` to follow (None: every rank with a log);
+    ``batch``: follow the batch logs too; ``from_start``: print what the files hold already
+    (else start at their current end); ``prefix``: label lines instead of file headers."""
+
+    run_dir: Path
+    ranks: Sequence[int] | None = (0,)
+    batch: bool = True
+    from_start: bool = True
+    prefix: bool = False
+    paths: Sequence[Path] | None = None  # exactly these files (logs -f), instead of the above
+    _sources: dict[Path, _Source] = field(default_factory=dict)
+    _last: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.from_start:
+            for path in self._candidates():
+                start = _after_last_line(path)
+                if start is not None:
+                    self._last = path  # the caller's tail printed this file last
+                self._sources[path] = _Source(path, self._label(path), start or 0)
+
+    def offset(self, path: Path) -> int | None:
+        """Where following ``path`` starts: a tail printed before shows the bytes up to here."""
+        source = self._sources.get(path)
+        return source.offset if source else None
+
+    def _label(self, path: Path) -> str:
+        name = path.name
+        if name.startswith("batch-"):
+            return "batch"
+        return name.removeprefix("rank-").split(".")[0]
+
+    def _candidates(self) -> list[Path]:
+        if self.paths is not None:
+            return list(self.paths)
+        logs = self.run_dir / LOGS_DIR
+        try:
+            names = sorted(os.listdir(logs))
+        except OSError:
+            return []
+        out = []
+        for name in names:
+            if name.startswith("batch-") and name.endswith(".out"):
+                if self.batch:
+                    out.append(logs / name)
+            elif name.startswith("rank-") and name.endswith((".out", ".err")):
+                rank = name.removeprefix("rank-").split(".")[0]
+                if rank.isdigit() and (self.ranks is None or int(rank) in self.ranks):
+                    out.append(logs / name)
+        return out
+
+    def pump(self, write: Callable[[str], None]) -> bool:
+        """Print whatever whole lines were appended since the last call; whether any were."""
+        wrote = False
+        for path in self._candidates():
+            source = self._sources.setdefault(path, _Source(path, self._label(path)))
+            lines = self._read(source)
+            if not lines:
+                continue
+            wrote = True
+            if self.prefix:
+                tag = "[batch]" if source.label == "batch" else f"[rank {source.label}]"
+                write("".join(f"{tag} {line}\n" for line in lines))
+                continue
+            if self._last != path:
+                write(f"==> {path} <==\n")
+                self._last = path
+            write("".join(f"{line}\n" for line in lines))
+        return wrote
+
+    @staticmethod
+    def _read(source: _Source) -> list[str]:
+        try:
+            size = source.path.stat().st_size
+        except OSError:
+            return []
+        if size < source.offset:  # truncated or replaced: start over
+            source.offset, source.partial = 0, b""
+        if size == source.offset:
+            return []
+        with open(source.path, "rb") as handle:
+            handle.seek(source.offset)
+            data = handle.read(size - source.offset)
+        source.offset += len(data)
+        text = source.partial + data
+        *whole, source.partial = text.split(b"\n")
+        return [line.decode(errors="replace") for line in whole]
+
+    def flush(self, write: Callable[[str], None]) -> None:
+        """At the end: print the unterminated last lines as well."""
+        for source in self._sources.values():
+            if source.partial:
+                rest, source.partial = source.partial.decode(errors="replace"), b""
+                if self.prefix:
+                    tag = "[batch]" if source.label == "batch" else f"[rank {source.label}]"
+                    write(f"{tag} {rest}\n")
+                else:
+                    if self._last != source.path:
+                        write(f"==> {source.path} <==\n")
+                        self._last = source.path
+                    write(f"{rest}\n")
+
+
+def _after_last_line(path: Path) -> int | None:
+    """The offset just past the last whole line of ``path`` (None: no such file); an
+    unfinished last line is left for the follower, which prints it once it is whole."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - 65536))
+            chunk = handle.read()
+    except OSError:
+        return None
+    cut = chunk.rfind(b"\n")
+    return size - len(chunk) + cut + 1 if cut >= 0 else max(0, size - len(chunk))
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    state: str
+    detail: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        """What a follower exits with: 0 only for a completed run."""
+        return 0 if self.state == "COMPLETED" else 1
+
+    def line(self, run_id: str) -> str:
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"[ddlaunch] run {run_id}: {self.state}{detail}"
+
+
+@dataclass
+class RunWatch:
+    """Whether the run has ended, from its directory; Slurm at most once per interval."""
+
+    run_dir: Path
+    client: Any = None  # a SlurmClient; None: never ask Slurm (a local run)
+    interval: float = field(default_factory=min_poll_interval)
+    clock: Callable[[], float] = time.monotonic
+    queries: int = 0  # squeue polls made (the benchmark counts the commands themselves)
+    _last: float | None = None
+
+    def ended(self) -> RunEnd | None:
+        record = outcome.read_outcome(self.run_dir)
+        if record:
+            return RunEnd(str(record.get("state", "UNKNOWN")), str(record.get("reason") or ""))
+        intent = _read_intent(self.run_dir)
+        if intent.get("state") == "failed":
+            return RunEnd("SUBMIT_FAILED", str(intent.get("error", "")))
+        if self.client is None or not submission.job_ids(self.run_dir):
+            return None
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval:
+            return None
+        self._last = now
+        self.queries += 1
+        row = poll([Target(self.run_dir)], self.client)[0]
+        if row.state in ACTIVE_STATES:
+            return None
+        return RunEnd(row.state, row.detail or row.reason or "")
+
+
+def _read_intent(run_dir: Path) -> dict[str, Any]:
+    try:
+        return fsutil.read_json(run_dir / submission.INTENT_FILE, {}) or {}
+    except ValueError:
+        return {}
+
+
+def follow(
+    stream: LogStream,
+    watch: RunWatch,
+    write: Callable[[str], None],
+    *,
+    poll_s: float = POLL_S,
+    sleep: Callable[[float], Any] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> RunEnd:
+    """Print the run's new log lines until it ends; returns how it ended. Ctrl-C
+    (KeyboardInterrupt) propagates to the caller, which detaches: nothing is cancelled."""
+    while True:
+        stream.pump(write)
+        end = watch.ended()
+        if end is not None:
+            break
+        sleep(poll_s)
+    # The last lines (the end hook's verdict, a rank's traceback) land just after the outcome.
+    started = quiet = clock()
+    while clock() - started < DRAIN_MAX_S and clock() - quiet < QUIET_S:
+        if stream.pump(write):
+            quiet = clock()
+        sleep(min(poll_s, 0.2))
+    stream.flush(write)
+    return end

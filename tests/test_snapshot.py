@@ -1,0 +1,216 @@
+"""Code snapshots (launch.snapshot): what goes in, one per content, what the script and the run
+directory say, and the warning about an entry point imported from outside the snapshot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddlaunch.app.prepare import prepare
+from ddlaunch.app.snapshot import live_entrypoint_warning, take
+from ddlaunch.config import load_config
+from ddlaunch.errors import UserError
+from ddlaunch.runner import SubprocessRunner
+
+GIT = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir()
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    (path / "train.py").write_text("VERSION = 1\n")
+    (path / "pkg").mkdir()
+    (path / "pkg" / "model.py").write_text("LAYERS = 2\n")
+    subprocess.run([*GIT, "-C", str(path), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(path), "commit", "-qm", "one"], check=True)
+    return path
+
+
+def config(tmp_path: Path, **launch: object) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        yaml.safe_dump({"launch": {"script": "train.py", **launch}, "nodes": {"count": 1}})
+    )
+    return path
+
+
+def test_git_snapshot_holds_tracked_files_with_uncommitted_changes_once(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    (repo / "train.py").write_text("VERSION = 2\n")  # uncommitted change: in the snapshot
+    (repo / "notes.txt").write_text("untracked\n")  # untracked: not (as git stash create)
+    cfg = load_config(config(tmp_path))
+    root = tmp_path / "runs"
+    first = take(cfg, root, repo / "pkg", SubprocessRunner())
+    assert first is not None and first.kind == "git" and first.created and first.files == 2
+    assert first.path.parent == root / ".snapshots" and first.id.startswith("git-")
+    assert (first.path / "train.py").read_text() == "VERSION = 2\n"
+    assert not (first.path / "notes.txt").exists()
+    assert first.workdir == first.path / "pkg"  # the ranks start where submit ran
+    again = take(cfg, root, repo, SubprocessRunner())
+    assert again is not None and (again.id, again.created) == (first.id, False)
+    (repo / "train.py").write_text("VERSION = 3\n")
+    third = take(cfg, root, repo, SubprocessRunner())
+    assert third is not None and third.id != first.id and third.created
+    assert (first.path / "train.py").read_text() == "VERSION = 2\n"  # the first one is kept
+    assert (
+        subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True
+        ).stdout
+        == " M train.py\n?? notes.txt\n"
+    )  # the work tree and index are untouched
+
+
+def test_copy_snapshot_leaves_out_ignored_names_and_the_run_root(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "__pycache__").mkdir(parents=True)
+    (src / "train.py").write_text("x = 1\n")
+    (src / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (src / "data.bin").write_bytes(b"1234")
+    cfg = load_config(config(tmp_path, snapshot="copy", snapshot_ignore=["__pycache__", "*.bin"]))
+    root = src / "runs"  # a run root inside the directory is never copied into itself
+    (root / "old-run").mkdir(parents=True)
+    (root / "old-run" / "big.log").write_text("x" * 1000)
+    snap = take(cfg, root, src, SubprocessRunner())
+    assert snap is not None and snap.kind == "copy" and snap.files == 1
+    assert sorted(p.name for p in snap.path.iterdir()) == ["train.py"]
+    assert take(cfg, root, src, SubprocessRunner()).created is False  # type: ignore[union-attr]
+
+
+def test_auto_is_none_outside_git_and_git_there_is_an_error(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert take(load_config(config(tmp_path)), tmp_path / "runs", plain, SubprocessRunner()) is None
+    with pytest.raises(UserError, match="is not in a git work tree with a commit"):
+        take(load_config(config(tmp_path, snapshot="git")), tmp_path, plain, SubprocessRunner())
+
+
+def test_the_script_runs_the_ranks_from_the_snapshot(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    prepared = prepare(
+        str(config(tmp_path)),
+        run_id="r",
+        run_root=str(tmp_path / "runs"),
+        workdir=str(repo),
+        snapshot="path",
+    )
+    snap = prepared.snapshot
+    assert snap is not None and not snap.path.exists()  # "path": named, not stored
+    assert f"--chdir={snap.path}" in prepared.plan.sbatch_argv
+    assert f"export DDLAUNCH_CODE_DIR={snap.path}\n" in prepared.script
+    assert f'export PYTHONPATH={snap.path}"${{PYTHONPATH:+:$PYTHONPATH}}"\n' in prepared.script
+
+
+def test_submit_records_the_snapshot_and_says_which(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    cfg = config(tmp_path, entrypoint=None, script="train.py")
+    env = {
+        **os.environ,
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad-nodes.json"),
+        "PATH": "/usr/bin:/bin",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "submit", str(cfg), "--dry-run"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    snap_dir = next(
+        line.split("=", 1)[1] for line in proc.stdout.splitlines() if "DDLAUNCH_CODE_DIR=" in line
+    )
+    snap_id = Path(snap_dir).name
+    assert proc.stderr == f"code: git snapshot {snap_id} of {repo} (not stored by --dry-run)\n"
+    (repo / "new_module.py").write_text("x = 1\n")  # never added: not in a git snapshot
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "submit", str(cfg), "--dry-run"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.stderr.splitlines()[1:] == [
+        "note: 1 untracked file(s) not in the snapshot (new_module.py); git add them to "
+        "include them"
+    ]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_warns_when_the_entry_point_is_imported_from_outside_the_snapshot(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    cfg = load_config(config(tmp_path, script=None, entrypoint="ddlaunch.examples.mlp:main"))
+    snap = take(cfg, tmp_path / "runs", repo, SubprocessRunner(), store=False)
+    import ddlaunch
+
+    package = Path(ddlaunch.__file__).resolve().parent
+    warning = live_entrypoint_warning(cfg, snap)
+    if any(part in ("site-packages", "dist-packages") for part in package.parts):
+        assert warning is None  # an installed package does not change under the job
+    else:
+        assert warning == (
+            f"launch.entrypoint ddlaunch.examples.mlp:main is imported from {package}, outside "
+            f"the snapshot of {repo} (an editable install or $PYTHONPATH): the ranks run that "
+            "live code, so edits after this submit reach the job"
+        )
+    inside = load_config(config(tmp_path, script=None, entrypoint="pkg.model:main"))
+    assert live_entrypoint_warning(inside, snap) is None  # not importable here: no claim
+
+
+def test_copy_snapshot_default_ignores_leave_out_git_and_caches(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for name in (".git/config", "__pycache__/m.pyc", "pkg/m.pyc", ".venv/bin/python", "pkg/m.py"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text("x")
+    cfg = load_config(config(tmp_path, snapshot="copy"))  # launch.snapshot_ignore: its default
+    snap = take(cfg, tmp_path / "runs", src, SubprocessRunner())
+    assert snap is not None
+    assert sorted(str(p.relative_to(snap.path)) for p in snap.path.rglob("*")) == [
+        "pkg",
+        "pkg/m.py",
+    ]
+
+
+def test_a_sweep_runs_every_member_from_one_snapshot(tmp_path: Path) -> None:
+    from ddlaunch.sweeps.prepare import prepare_sweep
+    from ddlaunch.sweeps.spec import parse_sweep_file
+
+    repo = git_repo(tmp_path / "repo")
+    (repo / "base.yaml").write_text("launch: {script: train.py}\nnodes: {count: 1}\n")
+    (repo / "sweep.yaml").write_text("base: base.yaml\ngrid:\n  params.lr: [0.1, 0.2]\n")
+    spec = parse_sweep_file(repo / "sweep.yaml")
+    prepared = prepare_sweep(
+        spec, workdir=str(repo), run_root=str(tmp_path / "runs"), sweep_id="s", snapshot="path"
+    )
+    snap = prepared.snapshot
+    assert snap is not None and snap.kind == "git" and not snap.path.exists()
+    for array in prepared.arrays:
+        assert f"export DDLAUNCH_CODE_DIR={snap.path}\n" in array.script
+        assert f"--chdir={snap.path}" in array.plan.sbatch_argv
+
+
+def test_a_tree_git_cannot_stash_is_an_error_not_a_snapshot_without_the_changes(
+    tmp_path: Path,
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    subprocess.run(["git", "-C", str(repo), "checkout", "-qb", "other"], check=True)
+    (repo / "train.py").write_text("VERSION = 'other'\n")
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-qam", "other"], check=True)
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-"], check=True)
+    (repo / "train.py").write_text("VERSION = 'main'\n")
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-qam", "main"], check=True)
+    merge = subprocess.run([*GIT, "-C", str(repo), "merge", "-q", "other"], capture_output=True)
+    assert merge.returncode != 0  # a conflict: train.py is unmerged
+    with pytest.raises(UserError) as info:
+        take(load_config(config(tmp_path)), tmp_path / "runs", repo, SubprocessRunner())
+    assert str(info.value) == (
+        f"launch.snapshot git: `git stash create` failed in {repo}: Cannot save the current "
+        "index state (unmerged paths? resolve them, or use launch.snapshot: copy or none)"
+    )
