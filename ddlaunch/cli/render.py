@@ -23,4 +23,6 @@ def command(
     from ddlaunch.app.prepare import prepare
 
     prepared = prepare(config, overrides, run_id=run_id, run_root=run_root)
+    for warning in prepared.plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(prepared.script, nl=False)

@@ -41,6 +41,8 @@ def command(
     prepared, exclude = prepare_submission(config, overrides, run_root=run_root, workdir=workdir)
     if exclude:
         click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
+    for warning in prepared.plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if dry_run:
         click.echo(prepared.script, nl=False)
         click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddlaunch.config.schema import Config
-from ddlaunch.planning import fabric, topology
+from ddlaunch.planning import describe, fabric, topology
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
 
 
@@ -71,6 +71,9 @@ class LaunchPlan:
     signal: str
     python: str
     array: ArraySpec | None = None  # set for a sweep's job array; run_dir is the sweep dir
+    # Comment lines of the script: the parallelism placement and the data staging.
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # valid but slow choices, also printed by render/submit
 
     @property
     def script_path(self) -> str:
@@ -190,6 +193,7 @@ def make_plan(
         f"--ntasks-per-node={cfg.ranks_per_node}",
         *rank_logs,
         *topology.srun_binding_args(cfg),
+        *_rank_order_args(cfg),
     )
     env = fabric.fabric_env(cfg)
     ours: dict[str, str] = {}
@@ -214,7 +218,18 @@ def make_plan(
         signal=cfg.fault_tolerance.signal,
         python=cfg.launch.python,
         array=array,
+        notes=(*describe.parallel_lines(cfg), *describe.staging_lines(cfg)),
+        warnings=tuple(describe.warnings(cfg)),
     )
+
+
+def _rank_order_args(cfg: Config) -> list[str]:
+    """A parallelism plan places ranks node by node (``planning.parallel.rank_of``): say so
+    to srun, whose default a SLURM_DISTRIBUTION in the submitting shell could change.
+    CPU binding passes --distribution=block:block already."""
+    if cfg.parallel.configured and not cfg.cluster.cpu_binding:
+        return ["--distribution=block"]
+    return []
 
 
 def format_argv(argv: Sequence[str]) -> str:
