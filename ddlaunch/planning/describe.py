@@ -20,7 +20,9 @@ def _size(nbytes: float) -> str:
 
 
 def _time(seconds: float) -> str:
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
 
 
 def _gbps(value: float) -> str:
@@ -48,7 +50,7 @@ def warnings(cfg: Config) -> list[str]:
 
 
 def _dims_lines(plan: ParallelPlan) -> list[str]:
-    rows = [f"{'dim':<13} {'size':>4} {'groups':>6}  {'where':<34} groups"]
+    rows = [f"{'dim':<13} {'size':>4} {'groups':>6}  {'where':<34} first groups"]
     for dim in reversed(plan.names):
         span = plan.span(dim)
         if span.size == 1:
