@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.planning.staging import node_path
 from ddlaunch.policy import fabric as fabric_check
 from ddlaunch.policy import preflight as v
 from ddlaunch.runner import Runner
@@ -90,7 +92,8 @@ def checked_paths(cfg: Any, run_dir: Path, env: Mapping[str, str]) -> list[tuple
     paths = [("checkpoints", ckpt or str(run_dir / CHECKPOINTS_DIR))]
     scratch = env.get("DDLAUNCH_SCRATCH") or cfg.storage.scratch
     if scratch:
-        paths.append(("scratch", os.path.expandvars(scratch)))
+        # {node}: the rank exported it filled in already; a bare node task fills it here.
+        paths.append(("scratch", node_path(os.path.expandvars(scratch), socket.gethostname())))
     return paths
 
 

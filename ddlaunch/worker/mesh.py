@@ -44,7 +44,7 @@ def run_config() -> Config:
     """The resolved config of this run (``$DDLAUNCH_RUN_DIR/config.yaml``)."""
     run_dir = os.environ.get("DDLAUNCH_RUN_DIR")
     if not run_dir:
-        raise RuntimeError("device_mesh() without a config needs $DDLAUNCH_RUN_DIR (a ddlaunch job)")
+        raise RuntimeError("device_mesh() without a config needs $DDLAUNCH_RUN_DIR (a job's)")
     return load_config(config_path(Path(run_dir)))
 
 

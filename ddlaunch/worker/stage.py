@@ -1,0 +1,402 @@
+"""Data staging on a node (torch-free): ``storage.stage`` copied to node-local storage once per
+node before the first step, by the node's leader (local rank 0), while the other ranks of the
+node wait for it; every node stages its own copy at the same time.
+
+One data set on one node (``stage_one``), under a lock file beside the copy (two jobs on a
+node that stage the same source take turns):
+
+1. scan the source (every file's size and mtime); the copy at ``dst`` is up to date when
+   its manifest (``store.stage_manifest``) lists exactly those files and they are there with
+   their sizes: nothing is copied (a requeue, a restart on the same node);
+2. otherwise stage under the temporary name ``<dst>.partial``: the previous copy is renamed
+   there first (so only what changed is copied), or a staging cut off earlier is picked up;
+   files the source lost are deleted, new and changed ones copied (``copy``: threads, each
+   file to ``<file>.ddlaunch-tmp``, its mtime set from the source, renamed; ``rsync``:
+   ``rsync -a --delete``, which compares size and mtime the same way and also copies to
+   temporary names); the free space is checked first (what is to be copied plus
+   ``health.min_free_gb``);
+3. flush the filesystem once (``syncfs``), rename ``<dst>.partial`` to ``<dst>``, write the
+   manifest beside it (``<dst>.ddlaunch-stage.json``; removed before a staging changes the
+   copy). A staging killed at any point leaves no copy whose manifest says it is complete:
+   at worst a ``.partial`` (or a ``<dst>`` without manifest) the next staging continues.
+
+``mode: sbcast`` sends one file to every node of the job at once (Slurm's ``sbcast``, from
+the first node, after the leaders found whose copy is stale: ``_Broadcast``); a node the
+broadcast did not reach copies for itself.
+
+The leader writes ``staging/<job>-<restart>/<host>.json`` (``store.staging``) when it starts,
+every few seconds while it stages (a thread: progress, and a sign of life for the watchdog's
+preflight timeout) and when it is done; with the preflight on, a failure is a
+failed ``staging`` check in the node's preflight report, so the node is excluded (a disk
+problem) or the run stops (a source no node can read) as for any other check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.health import checks
+from ddlaunch.planning.staging import StageTarget, targets
+from ddlaunch.policy import staging as policy
+from ddlaunch.runner import Runner, SubprocessRunner
+from ddlaunch.store import preflight as preflight_records
+from ddlaunch.store import stage_manifest as manifest
+from ddlaunch.store import staging as records
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.worker import gate
+from ddlaunch.worker.distenv import DistEnv
+
+COPY_THREADS = 8  # parallel file copies: small files are latency-bound on shared filesystems
+PROGRESS_EVERY_S = 3.0
+
+
+class StagingFailed(RuntimeError):
+    """A data set could not be staged on this node (no preflight to report it to)."""
+
+
+@dataclass
+class Staged:
+    name: str
+    src: str
+    dst: str
+    path: str  # what $DDLAUNCH_DATA_<NAME> holds: dst, or dst/<file> for a file source
+    mode: str
+    state: str = "up to date"  # | "copied" | "failed"
+    files: int = 0
+    bytes: int = 0
+    deleted: int = 0
+    total_files: int = 0
+    total_bytes: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+
+def scan(src: Path) -> tuple[manifest.Files, bool]:
+    """Every regular file under ``src`` (or ``src`` itself): relative path -> (size, mtime_ns).
+    Symlinks to files are followed; symlinked directories are not (no loops)."""
+    if src.is_file():
+        st = src.stat()
+        return {src.name: (st.st_size, st.st_mtime_ns)}, True
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src}: no such file or directory")
+    out: manifest.Files = {}
+    stack = [(src, "")]
+    while stack:
+        directory, prefix = stack.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((Path(entry.path), rel + "/"))
+                elif entry.is_file():
+                    st = entry.stat()
+                    out[rel] = (st.st_size, st.st_mtime_ns)
+    return out, False
+
+
+def _present(copy: Path) -> manifest.Files:
+    """The finished files of a partial copy (a file still under its temporary name is not)."""
+    if not copy.is_dir():
+        return {}
+    found, _ = scan(copy)
+    return {rel: meta for rel, meta in found.items() if not rel.endswith(manifest.TMP_SUFFIX)}
+
+
+def up_to_date(dst: Path, src: str, files: manifest.Files) -> bool:
+    """The manifest lists exactly the source's files, and they are all there (a tmp cleaner
+    on the node may have removed some) with their sizes."""
+    record = manifest.read(dst)
+    if record is None or record.get("src") != src or record["files"] != files:
+        return False
+    try:
+        return all(os.stat(dst / rel).st_size == size for rel, (size, _) in files.items())
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the process dies, too
+        yield
+
+
+def _flush(directory: Path) -> None:
+    """Make the copied data durable before the rename says it is complete: one syncfs of the
+    node-local filesystem instead of an fsync per file."""
+    import ctypes
+
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if getattr(libc, "syncfs", None) is None or libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+class _Copier:
+    """Copies files in threads, counting bytes; reports progress now and then."""
+
+    def __init__(
+        self, src: Path, partial: Path, progress: Callable[[int, int], None], inject: Any
+    ) -> None:
+        self.src, self.partial, self.progress = src, partial, progress
+        self.total = 0
+        self.inject = inject
+        self.lock = threading.Lock()
+        self.bytes = 0
+        self.files = 0
+
+    def source_of(self, rel: str, is_file: bool) -> Path:
+        return self.src if is_file else self.src / rel
+
+    def copy(self, rel: str, meta: tuple[int, int], is_file: bool) -> None:
+        target = self.partial / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + manifest.TMP_SUFFIX)
+        shutil.copyfile(self.source_of(rel, is_file), tmp)
+        # The source's mtime marks the file as copied: a cut-off copy never has it.
+        os.utime(tmp, ns=(meta[1], meta[1]))
+        os.replace(tmp, target)
+        with self.lock:
+            self.bytes += meta[0]
+            self.files += 1
+            kill_after = self.inject.get("stage_kill_after_files")
+            if kill_after is not None and self.files >= int(kill_after):
+                os.kill(os.getpid(), signal.SIGKILL)  # fault injection: a node dying mid-copy
+            self.progress(self.bytes, self.total)  # in memory; the ticker writes it
+
+    def run(self, files: manifest.Files, sync: policy.Sync, is_file: bool) -> None:
+        self.total = sync.bytes
+        with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="ddlaunch-stage") as pool:
+            for future in [pool.submit(self.copy, r, files[r], is_file) for r in sync.copy]:
+                future.result()
+
+
+def _rsync(src: Path, partial: Path, is_file: bool, runner: Runner) -> tuple[int, int]:
+    """rsync into the partial copy; returns (files, bytes) rsync transferred (``--stats``)."""
+    source = str(src) if is_file else f"{src}/"
+    result = runner.run(["rsync", "-a", "--delete", "--stats", source, f"{partial}/"])
+    if not result.ok:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise OSError(f"rsync exited with {result.returncode}: {detail[-1] if detail else ''}")
+    stats = {}
+    for line in result.stdout.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            stats[key.strip()] = value.strip().split(" ")[0].replace(",", "")
+    files = stats.get("Number of regular files transferred", "0")
+    size = stats.get("Total transferred file size", "0")
+    return int(files) if files.isdigit() else 0, int(size) if size.isdigit() else 0
+
+
+def _prepare_partial(dst: Path, partial: Path) -> None:
+    """Stage under the temporary name, starting from what is there already."""
+    manifest.remove(dst)  # from here on the copy is not complete
+    if partial.exists():
+        if dst.exists():  # an old copy beside a newer cut-off staging: keep the newer
+            shutil.rmtree(dst)
+    elif dst.exists():
+        os.rename(dst, partial)
+    partial.mkdir(parents=True, exist_ok=True)
+
+
+def _free_space_problem(partial: Path, needed: int, min_free_gb: float) -> str | None:
+    free, error = checks.free_gb(str(partial))
+    if free is None:
+        return f"{partial}: {error}"
+    if free - needed / 1e9 < min_free_gb:
+        return (
+            f"{partial}: {free:.2f} GB free, needs {needed / 1e9:.2f} GB for the data plus "
+            f"{min_free_gb:g} (health.min_free_gb)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one node's staging needs besides the data set."""
+
+    host: str
+    min_free_gb: float
+    inject: Mapping[str, Any]
+    progress: Callable[[int, int], None]  # (bytes copied, bytes to copy)
+    runner: Runner
+    broadcast: Any = None  # a _Broadcast for mode sbcast
+
+
+def stage_one(target: StageTarget, ctx: Context) -> Staged:
+    """Stage one data set on this node; never raises (a failure is the result's state)."""
+    dst = Path(target.on(ctx.host))
+    started = time.monotonic()
+    out = Staged(target.name, target.src, str(dst), str(dst), target.mode)
+    try:
+        with _locked(dst.with_name(dst.name + ".lock")):
+            _stage_locked(target, dst, ctx, out)
+    except Exception as exc:  # any failure is this data set's finding on this node
+        out.state, out.error = "failed", f"{type(exc).__name__}: {exc}"
+    out.seconds = round(time.monotonic() - started, 3)
+    return out
+
+
+def _stage_locked(target: StageTarget, dst: Path, ctx: Context, out: Staged) -> None:
+    src = Path(target.src)
+    files, is_file = scan(src)
+    out.total_files, out.total_bytes = len(files), sum(size for size, _ in files.values())
+    if is_file:
+        out.path = str(dst / src.name)
+    if ctx.broadcast is not None and not is_file:
+        raise ValueError(f"mode sbcast sends one file, and {src} is a directory")
+    stale = not up_to_date(dst, target.src, files)
+    if ctx.broadcast is not None:
+        ctx.broadcast.wait_turn(stale)
+    if not stale:
+        return
+    partial = dst.with_name(dst.name + manifest.PARTIAL_SUFFIX)
+    _prepare_partial(dst, partial)
+    sync = policy.diff(files, _present(partial))
+    problem = _free_space_problem(partial, sync.bytes, ctx.min_free_gb)
+    if problem:
+        raise OSError(problem)
+    for rel in sync.delete:
+        os.unlink(partial / rel)
+    for leftover in partial.rglob("*" + manifest.TMP_SUFFIX):
+        leftover.unlink()
+    ctx.progress(0, sync.bytes)
+    out.files, out.bytes, out.deleted = len(sync.copy), sync.bytes, len(sync.delete)
+    if target.mode == "rsync":
+        out.files, out.bytes = _rsync(src, partial, is_file, ctx.runner)
+    elif ctx.broadcast is None or not ctx.broadcast.receive(partial / src.name, files[src.name]):
+        _Copier(src, partial, ctx.progress, ctx.inject).run(files, sync, is_file)
+    _flush(partial)
+    os.rename(partial, dst)
+    manifest.write(dst, target.src, files, is_file)  # fsynced, with its directory
+    out.state = "copied"
+
+
+# ------------------------------------------------------------------ the node's staging
+
+
+class _Ticker:
+    """Rewrites the node's staging record every few seconds while it stages (progress, and a
+    sign of life the watchdog's preflight timeout waits for), from a thread."""
+
+    def __init__(self, write: Callable[[], None]) -> None:
+        self.write, self.stop = write, threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="ddlaunch-stage-ticker", daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(PROGRESS_EVERY_S):
+            self.write()
+
+    def __enter__(self) -> _Ticker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def leader(cfg: Any, run_dir: Path, d: DistEnv, env: Mapping[str, str], host: str) -> list[Staged]:
+    """Local rank 0: stage every data set, recording the node's staging as it goes."""
+    attempt = AttemptId.from_env(env)
+    record: dict[str, Any] = {"host": host, "state": records.RUNNING, "start": time.time()}
+    lock = threading.Lock()
+
+    def write() -> None:
+        with lock:
+            record["time"] = time.time()
+            records.write_node(run_dir, attempt, host, record)
+
+    def progress(done: int, total: int) -> None:
+        with lock:
+            record["progress"] = {"bytes": done, "of": total}
+
+    write()
+    inject = checks.injection(env.get(checks.INJECT_VAR), host, d.node_rank, attempt.restart)
+    results = []
+    with _Ticker(write):
+        for target in targets(cfg):
+            broadcast = None
+            if target.mode == "sbcast":
+                from ddlaunch.worker.broadcast import Broadcast
+
+                broadcast = Broadcast(run_dir, attempt, d, host, target, SubprocessRunner())
+            ctx = Context(
+                host, cfg.health.min_free_gb, inject, progress, SubprocessRunner(), broadcast
+            )
+            results.append(stage_one(target, ctx))
+    failed = any(r.state == "failed" for r in results)
+    record.update(
+        state=records.FAILED if failed else records.DONE,
+        end=time.time(),
+        items=[asdict(r) for r in results],
+    )
+    record.pop("progress", None)
+    write()
+    return results
+
+
+def wait_for_leader(
+    run_dir: Path, attempt: AttemptId, host: str, poll: float = 0.2
+) -> dict[str, Any]:
+    """The other ranks of the node: wait until its leader finished staging. A leader that
+    dies ends the step (srun --kill-on-bad-exit); one that hangs, the watchdog."""
+    while True:
+        record = records.read_node(run_dir, attempt, host)
+        if record and record.get("state") in (records.DONE, records.FAILED):
+            return record
+        time.sleep(poll)
+
+
+def data_env(items: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """``DDLAUNCH_DATA_<NAME>`` for each staged data set."""
+    from ddlaunch.planning.staging import env_name
+
+    return {env_name(str(i["name"])): str(i["path"]) for i in items}
+
+
+def run(
+    cfg: Any,
+    run_dir: Path,
+    d: DistEnv,
+    env: Mapping[str, str],
+    host: str,
+    report: dict[str, Any] | None,
+) -> dict[str, str]:
+    """Every rank, before the first step: the node's staging (the leader does it, the others
+    wait); returns the variables to export, one ``DDLAUNCH_DATA_<NAME>`` per data set. With
+    the preflight on (``report`` on the leader), a failure is the node's ``staging`` check;
+    without, it raises here."""
+    out: dict[str, str] = {}
+    if not cfg.storage.stage:
+        return out
+    gated = gate.enabled(cfg, env)
+    if d.local_rank == 0:
+        items = [asdict(r) for r in leader(cfg, run_dir, d, env, host)]
+        if report is not None:
+            report["checks"].append(policy.check(items).as_dict())
+            written = {k: v for k, v in report.items() if k != "inject"}  # gate-internal
+            preflight_records.write_report(run_dir, AttemptId.from_env(env), host, written)
+    else:
+        items = wait_for_leader(run_dir, AttemptId.from_env(env), host).get("items", [])
+    failed = [i for i in items if i.get("state") == "failed"]
+    if failed and not gated:
+        raise StagingFailed("; ".join(policy.item_text(i) for i in failed))
+    if not failed:
+        out.update(data_env(items))
+    return out
