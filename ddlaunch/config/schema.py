@@ -255,7 +255,7 @@ class ParallelSpec:
     pp: int | str | None = degree("Pipeline stages, each on whole nodes (unset: 1).")
     cp: int | str | None = degree("Context-parallel degree; cp x tp fits in one node (unset: 1).")
     model_params: float | None = opt(
-        None, "Model parameters (e.g. 7.0e9), for the communication estimate.", range=(1, 1e15)
+        None, "Model parameters (e.g. 7e9), for the communication estimate.", range=(1, 1e15)
     )
     dtype_bytes: int = opt(2, "Bytes per value communicated (2: bf16, 4: fp32).", range=(1, 8))
     hidden_size: int | None = opt(None, "Model width (tp/cp/pp traffic).", range=(1, 10**7))
