@@ -102,8 +102,9 @@ def staged_mlp(config: Any) -> dict[str, Any]:
 
     path = Path(os.environ["DDLAUNCH_DATA_TRAIN"])
     digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(str(file.relative_to(path)).encode())
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        digest.update(str(file.relative_to(path.parent if path.is_file() else path)).encode())
         digest.update(file.read_bytes())
     attempt = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
     _out(

@@ -154,3 +154,58 @@ def test_staging_survives_a_kill_a_requeue_and_a_node_failure(
         assert row["staging"][second]["state"] == "done"
     finally:
         shutil.rmtree(scratch.split("/{node}")[0], ignore_errors=True)
+
+
+def test_sbcast_broadcasts_a_file_once_and_not_again(slurm_cluster, slurm_job_cleanup, tmp_path):
+    """mode sbcast on one node (the dev cluster's nodes share a filesystem, and sbcast writes
+    the same path on every node)."""
+    src = tmp_path / "shard.bin"
+    src.write_bytes(hashlib.sha256(b"shard").digest() * 100_000)  # 3.2 MB
+    expected = hashlib.sha256(b"shard.bin" + src.read_bytes()).hexdigest()
+    root = Path(f"/var/tmp/ddlaunch-test-{uuid.uuid4().hex[:8]}")
+    cfg = {
+        "defaults": ["clusters/devcluster"],
+        "job": {"name": "stage-sbcast", "time": "00:05:00"},
+        "nodes": {"count": 1, "gpus_per_node": 2, "cpus_per_task": 1},
+        "launch": {
+            "entrypoint": "launch_entrypoints:staged_mlp",
+            "workdir": str(TESTS),
+            "backend": "gloo",
+        },
+        "storage": {
+            "stage": [
+                {"name": "train", "src": str(src), "dst": str(root / "shard"), "mode": "sbcast"}
+            ]
+        },
+        "params": {"steps": 20, "lr": 0.05, "batch_size": 64, "seed": 0},
+    }
+    config = tmp_path / "sbcast.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    env = {
+        **os.environ,
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad_nodes.json"),
+    }
+    try:
+        runs = []
+        for _ in range(2):  # a run, then a second run of the same data on the same node
+            pin = f"nodes.nodelist=[{slurm_cluster.nodes[0]}]"
+            proc = run_ddlaunch("submit", str(config), "--set", pin, cwd=tmp_path, env=env)
+            assert proc.returncode == 0, proc.stderr
+            run_id, job = proc.stdout.split()[1], proc.stdout.split()[3]
+            slurm_job_cleanup.append(job)
+            assert slurm_cluster.wait_job_state(job, "COMPLETED", timeout=180) == "COMPLETED"
+            runs.append((tmp_path / "runs" / run_id, job))
+        host = slurm_cluster.nodes[0]
+        (first_dir, first_job), (second_dir, second_job) = runs
+        sent = json.loads((first_dir / f"staging/{first_job}-0/sbcast/train.json").read_text())
+        assert sent == {"sent": True, "votes": {host: True}}
+        items = record(first_dir, first_job, 0, host)["items"]
+        assert (items[0]["state"], items[0]["bytes"]) == ("copied", src.stat().st_size)
+        assert {d["sha256"] for d in data_seen(first_dir, first_job, 0)} == {expected}
+        again = json.loads((second_dir / f"staging/{second_job}-0/sbcast/train.json").read_text())
+        assert again == {"sent": False, "votes": {host: False}}  # up to date: nothing sent
+        assert record(second_dir, second_job, 0, host)["items"][0]["state"] == "up to date"
+        assert {d["sha256"] for d in data_seen(second_dir, second_job, 0)} == {expected}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
