@@ -132,3 +132,9 @@ def test_placement_problems_name_the_ranks_and_hosts() -> None:
         "ranks 2-3 (node 1 of the plan) run on n1, n2",
         "tp group [0, 1] spans n1, n2",
     ]
+
+
+def test_readme_shows_what_render_prints_for_the_example() -> None:
+    readme = (REPO / "README.md").read_text()
+    for line in describe.parallel_lines(load_config("examples/fsdp-tp")):
+        assert f"# {line}\n" in readme, f"README's render excerpt is stale: {line!r}"

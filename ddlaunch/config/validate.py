@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddlaunch.config import parallel, staging
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
 from ddlaunch.config.schema import PATTERNS, Config
@@ -270,7 +269,7 @@ def _union_member(args: tuple[Any, ...], value: Any) -> Any:
 
 
 def _is_degree(value: Any) -> bool:
-    return value == parallel.AUTO if isinstance(value, str) else 1 <= value <= 10**7
+    return value == "auto" if isinstance(value, str) else 1 <= value <= 10**7
 
 
 def check_contradictions(cfg: Config, b: _Builder) -> None:
@@ -280,13 +279,20 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
 
 
 def _plan_rules(cfg: Config, b: _Builder) -> None:
-    """The parallelism plan against the job's shape, and the data staging entries."""
-    _, issues = parallel.resolve(cfg.parallel, parallel.layout_of(cfg))
-    given = [("parallel", k) for k in parallel.TOP if getattr(cfg.parallel, k) is not None]
-    for path, message in issues:
-        b.fail(path, message, also=given[0] if given else ("nodes", "count"))
-    for path, message in staging.issues(cfg):
-        b.fail(path, message)
+    """The parallelism plan against the job's shape, and the data staging entries (their
+    modules are imported only for configs that use them: render stays lean)."""
+    if cfg.parallel.configured:
+        from ddlaunch.config import parallel
+
+        _, issues = parallel.resolve(cfg.parallel, parallel.layout_of(cfg))
+        given = [("parallel", k) for k in parallel.TOP if getattr(cfg.parallel, k) is not None]
+        for path, message in issues:
+            b.fail(path, message, also=given[0] if given else ("nodes", "count"))
+    if cfg.storage.stage or cfg.storage.scratch:
+        from ddlaunch.config import staging
+
+        for path, message in staging.issues(cfg):
+            b.fail(path, message)
 
 
 def _node_rules(cfg: Config, b: _Builder) -> None:

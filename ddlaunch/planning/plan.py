@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddlaunch.config.schema import Config
-from ddlaunch.planning import describe, fabric, topology
+from ddlaunch.planning import fabric, topology
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
 
 
@@ -218,9 +218,21 @@ def make_plan(
         signal=cfg.fault_tolerance.signal,
         python=cfg.launch.python,
         array=array,
-        notes=(*describe.parallel_lines(cfg), *describe.staging_lines(cfg)),
-        warnings=tuple(describe.warnings(cfg)),
+        **_notes(cfg),
     )
+
+
+def _notes(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """What the script says about the parallelism plan and the data staging, and the plan's
+    warnings; ``describe`` is imported only for configs that have either."""
+    if not cfg.parallel.configured and not cfg.storage.stage:
+        return {}
+    from ddlaunch.planning import describe
+
+    return {
+        "notes": (*describe.parallel_lines(cfg), *describe.staging_lines(cfg)),
+        "warnings": tuple(describe.warnings(cfg)),
+    }
 
 
 def _rank_order_args(cfg: Config) -> list[str]:

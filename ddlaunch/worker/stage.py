@@ -113,14 +113,35 @@ def _present(copy: Path) -> manifest.Files:
     return {rel: meta for rel, meta in found.items() if not rel.endswith(manifest.TMP_SUFFIX)}
 
 
+def directory_mtimes(root: Path) -> dict[str, int]:
+    """Every directory under ``root`` (itself as ""): relative path -> mtime_ns."""
+    out: dict[str, int] = {}
+    stack = [(str(root), "")]
+    while stack:
+        directory, rel = stack.pop()
+        out[rel] = os.stat(directory).st_mtime_ns
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, f"{rel}/{entry.name}" if rel else entry.name))
+    return out
+
+
 def up_to_date(dst: Path, src: str, files: manifest.Files) -> bool:
-    """The manifest lists exactly the source's files, and they are all there (a tmp cleaner
-    on the node may have removed some) with their sizes."""
+    """The manifest says the copy holds exactly the source's files (the same digest of paths,
+    sizes and mtimes), and no directory of the copy changed since (a tmp cleaner on the node
+    deleting a file changes its directory). Files are not opened or stat'ed: the data was
+    flushed before the copy was renamed into place, so a file is whole or absent."""
     record = manifest.read(dst)
-    if record is None or record.get("src") != src or record["files"] != files:
+    if record is None or record.get("src") != src or record.get("files") != len(files):
+        return False
+    if record.get("digest") != manifest.digest(files):
         return False
     try:
-        return all(os.stat(dst / rel).st_size == size for rel, (size, _) in files.items())
+        return all(
+            os.stat(dst / rel if rel else dst).st_mtime_ns == mtime
+            for rel, mtime in dict(record.get("dirs") or {"": -1}).items()
+        )
     except OSError:
         return False
 
@@ -283,7 +304,8 @@ def _stage_locked(target: StageTarget, dst: Path, ctx: Context, out: Staged) -> 
         _Copier(src, partial, ctx.progress, ctx.inject).run(files, sync, is_file)
     _flush(partial)
     os.rename(partial, dst)
-    manifest.write(dst, target.src, files, is_file)  # fsynced, with its directory
+    # fsynced, with its directory; the copy's directories keep the times recorded now
+    manifest.write(dst, target.src, files, is_file, directory_mtimes(dst))
     out.state = "copied"
 
 
