@@ -205,9 +205,7 @@ class FabricSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class StageSpec:
-    name: str | None = opt(
-        None, "Data set name: $DDLAUNCH_DATA_<NAME> (upper case).", pattern="data_name"
-    )
+    name: str | None = opt(None, "Data set name: $DDLAUNCH_DATA_<NAME>.", pattern="data_name")
     src: str | None = opt(None, "Absolute path of the data (file or directory), shared filesystem.")
     dst: str | None = opt(
         None, "Absolute node-local copy ({node}: hostname); default <scratch>/data/<name>-<hash>."
@@ -230,14 +228,10 @@ class StorageSpec:
         None, "Absolute checkpoint directory; default <run dir>/checkpoints."
     )
     scratch: str | None = opt(
-        None,
-        "Node-local scratch directory, exported as DDLAUNCH_SCRATCH; {node} is replaced on "
-        "each node by its hostname.",
+        None, "Node-local scratch directory, $DDLAUNCH_SCRATCH; {node}: the node's hostname."
     )
     stage: tuple[StageSpec, ...] = opt(
-        [],
-        "Data copied to node-local storage once per node before the first step (only what "
-        "changed since the last staging there).",
+        [], "Data copied to node-local storage, what changed, once per node before the first step."
     )
 
 
@@ -273,10 +267,10 @@ class ParallelSpec:
     @property
     def configured(self) -> bool:
         """Whether any degree was set: only then is the plan printed and checked."""
-        return any(getattr(self, k) is not None for k in DEGREE_KEYS)
-
-
-DEGREE_KEYS = ("dp", "dp_shard", "dp_replicate", "tp", "pp", "cp")
+        return any(
+            getattr(self, k) is not None
+            for k in ("dp", "dp_shard", "dp_replicate", "tp", "pp", "cp")
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
