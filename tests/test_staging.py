@@ -284,6 +284,11 @@ def test_status_line_and_report_phase_of_a_run(tmp_path: Path) -> None:
     t = build("r", "COMPLETED", info.attempts, [], [], [], staging=staging.read_all(run))
     assert t.attempts[0].staging == (101.0, 104.5) and t.attempts[0].staging_s == 3.5
     assert "<td>3.5 s: node1 data up to date</td>" in html_page(t, "")
+    pytest.importorskip("matplotlib")
+    from ddlaunch.app.report_figure import draw
+
+    draw(t, tmp_path / "report.png")  # the phase is drawn over the attempt's bar
+    assert (tmp_path / "report.png").stat().st_size > 10_000
 
 
 def test_stage_entries_are_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

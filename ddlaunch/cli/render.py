@@ -18,7 +18,8 @@ def command(
     """Print the sbatch script CONFIG renders to.
 
     CONFIG is a YAML file or a shipped preset name such as examples/mlp.
-    Nothing is created or submitted.
+    Nothing is created or submitted. A parallel: plan's placement and communication
+    estimate and the data staging appear as comments; the plan's warnings on stderr.
     """
     from ddlaunch.app.prepare import prepare
 

@@ -5,7 +5,8 @@ node; the verdicts are pure (``ddlaunch.policy.preflight``).
 
 Testing hook: ``$DDLAUNCH_HEALTH_INJECT`` holds a JSON list of overrides, each applied to the
 node named by ``node`` (host name) or ``index`` (position in the allocation), optionally only
-at ``restart`` N: ``free_gb`` (every checked path), ``gpus`` (GPUs assigned), ``torch_error``.
+at ``restart`` N: ``free_gb`` (every checked path), ``gpus`` (GPUs assigned), ``torch_error``,
+``stage_kill_after_files`` (the data staging's leader SIGKILLs itself, ``worker.stage``).
 """
 
 from __future__ import annotations
