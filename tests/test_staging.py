@@ -25,7 +25,7 @@ from ddlaunch.policy import staging as policy
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import stage_manifest, staging
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.worker import stage
+from ddlaunch.worker import stage, stage_node
 from ddlaunch.worker.distenv import DistEnv
 
 
@@ -197,12 +197,12 @@ def test_the_leader_stages_and_the_other_ranks_wait_for_it(tmp_path: Path) -> No
     env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}
     got: dict = {}
     waiter = threading.Thread(
-        target=lambda: got.update(stage.run(cfg, run_dir, dist_env(1), env, "nodeA", None))
+        target=lambda: got.update(stage_node.run(cfg, run_dir, dist_env(1), env, "nodeA", None))
     )
     waiter.start()
     time.sleep(0.3)
     assert waiter.is_alive()  # waiting for the leader
-    mine = stage.run(cfg, run_dir, dist_env(0), env, "nodeA", None)
+    mine = stage_node.run(cfg, run_dir, dist_env(0), env, "nodeA", None)
     waiter.join(10)
     expected = str(Path(default_dst(str(tmp_path / "scratch" / "nodeA"), "train", str(src))))
     assert mine == got == {"DDLAUNCH_DATA_TRAIN": expected}
@@ -214,17 +214,17 @@ def test_the_leader_stages_and_the_other_ranks_wait_for_it(tmp_path: Path) -> No
 def test_without_the_preflight_a_failed_staging_raises_on_every_rank(tmp_path: Path) -> None:
     cfg = stage_config(tmp_path, tmp_path / "missing")
     env = {"SLURM_JOB_ID": "7"}
-    with pytest.raises(stage.StagingFailed, match=r"^train: failed: FileNotFoundError: "):
-        stage.run(cfg, tmp_path / "run", dist_env(0), env, "nodeA", None)
-    with pytest.raises(stage.StagingFailed):
-        stage.run(cfg, tmp_path / "run", dist_env(1), env, "nodeA", None)
+    with pytest.raises(stage_node.StagingFailed, match=r"^train: failed: FileNotFoundError: "):
+        stage_node.run(cfg, tmp_path / "run", dist_env(0), env, "nodeA", None)
+    with pytest.raises(stage_node.StagingFailed):
+        stage_node.run(cfg, tmp_path / "run", dist_env(1), env, "nodeA", None)
 
 
 def test_with_the_preflight_it_is_the_nodes_staging_check(tmp_path: Path) -> None:
     cfg = stage_config(tmp_path, tmp_path / "missing")
     env = {"SLURM_JOB_ID": "7", "SUBMITIT_EXECUTOR": "slurm"}
     report = {"host": "nodeA", "checks": [], "inject": {}}
-    assert stage.run(cfg, tmp_path / "run", dist_env(0), env, "nodeA", report) == {}
+    assert stage_node.run(cfg, tmp_path / "run", dist_env(0), env, "nodeA", report) == {}
     assert report["checks"] == [
         {
             "name": "staging",
@@ -353,3 +353,36 @@ def test_render_shows_the_staging() -> None:
         f"#   train (copy): /shared/t -> {dst}, $DDLAUNCH_DATA_TRAIN\n"
     ) in script
     assert "export DDLAUNCH_SCRATCH='/var/tmp/s/{node}'" in script  # each rank fills it in
+
+
+def test_in_a_job_of_several_nodes_every_rank_waits_for_every_node(tmp_path: Path) -> None:
+    src = make_source(tmp_path, files=4)
+    cfg = stage_config(tmp_path, src)
+    run_dir, env = tmp_path / "run", {"SLURM_JOB_ID": "8", "SUBMITIT_EXECUTOR": "slurm"}
+    attempt = AttemptId("8", 0)
+
+    def rank(node: int, local: int) -> DistEnv:
+        return DistEnv(2 * node + local, local, 4, 2, node, 2, "node0", 1, "8", 0)
+
+    returned: dict[str, float] = {}
+
+    def run(name: str, d: DistEnv, host: str) -> None:
+        stage_node.run(cfg, run_dir, d, env, host, None)
+        returned[name] = time.time()
+
+    first = [
+        threading.Thread(target=run, args=(n, d, h))
+        for n, d, h in (("n0-leader", rank(0, 0), "nodeA"), ("n0-rank1", rank(0, 1), "nodeA"))
+    ]
+    for t in first:
+        t.start()
+    time.sleep(1.0)
+    assert returned == {}  # nodeA is done, nodeB has not started
+    assert staging.read_node(run_dir, attempt, "nodeA")["state"] == "done"
+    late = time.time()
+    run("n1-leader", rank(1, 0), "nodeB")
+    for t in first:
+        t.join(10)
+    assert set(returned) == {"n0-leader", "n0-rank1", "n1-leader"}
+    assert min(returned.values()) >= late
+    assert staging.all_done(run_dir, attempt)

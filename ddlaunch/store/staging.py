@@ -4,7 +4,9 @@ watchdog, ``status`` and ``report``):
 * ``staging/<job>-<restart>/<host>.json``: one node's staging in one attempt: ``state``
   (``running``, ``done`` or ``failed``), ``start`` / ``end`` times, ``progress`` while it
   copies (bytes done of bytes to copy, rewritten every few seconds) and one entry per data set
-  (name, source, the node's copy, what was copied and how long it took).
+  (name, source, the node's copy, what was copied and how long it took);
+* ``staging/<job>-<restart>/sbcast/``: the votes and outcome of a broadcast (mode sbcast);
+* ``staging/<job>-<restart>.done.json``: every node of the attempt has staged.
 
 The staged copies themselves carry their own manifest (``store.stage_manifest``).
 """
@@ -19,6 +21,7 @@ from ddlaunch.store.attempts import AttemptId
 
 STAGING_DIR = "staging"
 RUNNING, DONE, FAILED = "running", "done", "failed"
+FINAL = (DONE, FAILED)
 
 
 def attempt_dir(run_dir: Path, attempt: AttemptId) -> Path:
@@ -96,3 +99,19 @@ def read_sent(run_dir: Path, attempt: AttemptId, name: str) -> dict[str, Any] | 
         return fsutil.read_json(_broadcast_dir(run_dir, attempt) / f"{name}.json")
     except (OSError, ValueError):
         return None
+
+
+# Every node of an attempt has staged: written by the first node's leader once it counted
+# the records, waited for by every other rank (one file to look at, not one per node).
+
+
+def _all_done_path(run_dir: Path, attempt: AttemptId) -> Path:
+    return run_dir / STAGING_DIR / f"{attempt.key}.done.json"
+
+
+def write_all_done(run_dir: Path, attempt: AttemptId, record: dict[str, Any]) -> None:
+    fsutil.atomic_write_json(_all_done_path(run_dir, attempt), record)
+
+
+def all_done(run_dir: Path, attempt: AttemptId) -> bool:
+    return _all_done_path(run_dir, attempt).exists()

@@ -1,13 +1,13 @@
-"""Data staging on a node (torch-free): ``storage.stage`` copied to node-local storage once per
-node before the first step, by the node's leader (local rank 0), while the other ranks of the
-node wait for it; every node stages its own copy at the same time.
+"""Staging one data set on one node (torch-free): ``stage_one``. The node's staging as a
+whole (its leader rank stages every data set, the other ranks wait, the nodes wait for each
+other) is ``worker.stage_node``.
 
-One data set on one node (``stage_one``), under a lock file beside the copy (two jobs on a
-node that stage the same source take turns):
+Under a lock file beside the copy (two jobs on a node that stage the same source take turns):
 
 1. scan the source (every file's size and mtime); the copy at ``dst`` is up to date when
-   its manifest (``store.stage_manifest``) lists exactly those files and they are there with
-   their sizes: nothing is copied (a requeue, a restart on the same node);
+   its manifest (``store.stage_manifest``) has the same digest of them and none of the
+   copy's directories changed since: nothing is copied (a requeue, a restart on the same
+   node);
 2. otherwise stage under the temporary name ``<dst>.partial``: the previous copy is renamed
    there first (so only what changed is copied), or a staging cut off earlier is picked up;
    files the source lost are deleted, new and changed ones copied (``copy``: threads, each
@@ -21,14 +21,8 @@ node that stage the same source take turns):
    at worst a ``.partial`` (or a ``<dst>`` without manifest) the next staging continues.
 
 ``mode: sbcast`` sends one file to every node of the job at once (Slurm's ``sbcast``, from
-the first node, after the leaders found whose copy is stale: ``_Broadcast``); a node the
-broadcast did not reach copies for itself.
-
-The leader writes ``staging/<job>-<restart>/<host>.json`` (``store.staging``) when it starts,
-every few seconds while it stages (a thread: progress, and a sign of life for the watchdog's
-preflight timeout) and when it is done; with the preflight on, a failure is a
-failed ``staging`` check in the node's preflight report, so the node is excluded (a disk
-problem) or the run stops (a source no node can read) as for any other check.
+the first node, after the leaders found whose copy is stale: ``worker.broadcast``); a node
+the broadcast did not reach copies for itself.
 """
 
 from __future__ import annotations
@@ -40,29 +34,20 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddlaunch.health import checks
-from ddlaunch.planning.staging import StageTarget, targets
+from ddlaunch.planning.staging import StageTarget
 from ddlaunch.policy import staging as policy
-from ddlaunch.runner import Runner, SubprocessRunner
-from ddlaunch.store import preflight as preflight_records
+from ddlaunch.runner import Runner
 from ddlaunch.store import stage_manifest as manifest
-from ddlaunch.store import staging as records
-from ddlaunch.store.attempts import AttemptId
-from ddlaunch.worker import gate
-from ddlaunch.worker.distenv import DistEnv
 
 COPY_THREADS = 8  # parallel file copies: small files are latency-bound on shared filesystems
 PROGRESS_EVERY_S = 3.0
-
-
-class StagingFailed(RuntimeError):
-    """A data set could not be staged on this node (no preflight to report it to)."""
 
 
 @dataclass
@@ -307,118 +292,3 @@ def _stage_locked(target: StageTarget, dst: Path, ctx: Context, out: Staged) -> 
     # fsynced, with its directory; the copy's directories keep the times recorded now
     manifest.write(dst, target.src, files, is_file, directory_mtimes(dst))
     out.state = "copied"
-
-
-# ------------------------------------------------------------------ the node's staging
-
-
-class _Ticker:
-    """Rewrites the node's staging record every few seconds while it stages (progress, and a
-    sign of life the watchdog's preflight timeout waits for), from a thread."""
-
-    def __init__(self, write: Callable[[], None]) -> None:
-        self.write, self.stop = write, threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="ddlaunch-stage-ticker", daemon=True)
-
-    def _loop(self) -> None:
-        while not self.stop.wait(PROGRESS_EVERY_S):
-            self.write()
-
-    def __enter__(self) -> _Ticker:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
-def leader(cfg: Any, run_dir: Path, d: DistEnv, env: Mapping[str, str], host: str) -> list[Staged]:
-    """Local rank 0: stage every data set, recording the node's staging as it goes."""
-    attempt = AttemptId.from_env(env)
-    record: dict[str, Any] = {"host": host, "state": records.RUNNING, "start": time.time()}
-    lock = threading.Lock()
-
-    def write() -> None:
-        with lock:
-            record["time"] = time.time()
-            records.write_node(run_dir, attempt, host, record)
-
-    def progress(done: int, total: int) -> None:
-        with lock:
-            record["progress"] = {"bytes": done, "of": total}
-
-    write()
-    inject = checks.injection(env.get(checks.INJECT_VAR), host, d.node_rank, attempt.restart)
-    results = []
-    with _Ticker(write):
-        for target in targets(cfg):
-            broadcast = None
-            if target.mode == "sbcast":
-                from ddlaunch.worker.broadcast import Broadcast
-
-                broadcast = Broadcast(run_dir, attempt, d, host, target, SubprocessRunner())
-            ctx = Context(
-                host, cfg.health.min_free_gb, inject, progress, SubprocessRunner(), broadcast
-            )
-            results.append(stage_one(target, ctx))
-    failed = any(r.state == "failed" for r in results)
-    record.update(
-        state=records.FAILED if failed else records.DONE,
-        end=time.time(),
-        items=[asdict(r) for r in results],
-    )
-    record.pop("progress", None)
-    write()
-    return results
-
-
-def wait_for_leader(
-    run_dir: Path, attempt: AttemptId, host: str, poll: float = 0.2
-) -> dict[str, Any]:
-    """The other ranks of the node: wait until its leader finished staging. A leader that
-    dies ends the step (srun --kill-on-bad-exit); one that hangs, the watchdog."""
-    while True:
-        record = records.read_node(run_dir, attempt, host)
-        if record and record.get("state") in (records.DONE, records.FAILED):
-            return record
-        time.sleep(poll)
-
-
-def data_env(items: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """``DDLAUNCH_DATA_<NAME>`` for each staged data set."""
-    from ddlaunch.planning.staging import env_name
-
-    return {env_name(str(i["name"])): str(i["path"]) for i in items}
-
-
-def run(
-    cfg: Any,
-    run_dir: Path,
-    d: DistEnv,
-    env: Mapping[str, str],
-    host: str,
-    report: dict[str, Any] | None,
-) -> dict[str, str]:
-    """Every rank, before the first step: the node's staging (the leader does it, the others
-    wait); returns the variables to export, one ``DDLAUNCH_DATA_<NAME>`` per data set. With
-    the preflight on (``report`` on the leader), a failure is the node's ``staging`` check;
-    without, it raises here."""
-    out: dict[str, str] = {}
-    if not cfg.storage.stage:
-        return out
-    gated = gate.enabled(cfg, env)
-    if d.local_rank == 0:
-        items = [asdict(r) for r in leader(cfg, run_dir, d, env, host)]
-        if report is not None:
-            report["checks"].append(policy.check(items).as_dict())
-            written = {k: v for k, v in report.items() if k != "inject"}  # gate-internal
-            preflight_records.write_report(run_dir, AttemptId.from_env(env), host, written)
-    else:
-        items = wait_for_leader(run_dir, AttemptId.from_env(env), host).get("items", [])
-    failed = [i for i in items if i.get("state") == "failed"]
-    if failed and not gated:
-        raise StagingFailed("; ".join(policy.item_text(i) for i in failed))
-    if not failed:
-        out.update(data_env(items))
-    return out
