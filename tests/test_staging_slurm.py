@@ -1,12 +1,13 @@
 """Data staging on the real dev cluster, across the four things that happen to a node's copy:
 a staging killed with SIGKILL (not taken as complete; the next one continues it), a resume
-on the same node (only the rest is copied), a requeue onto the same node (nothing copied),
-and a node that dies (the run moves to a node that stages from scratch). Bytes are counted
+on the same nodes (only the rest is copied), a requeue onto the same nodes (nothing copied),
+and a node that dies (the run moves to a node that stages from scratch, while the node that
+stays waits for it with its copy up to date). Bytes are counted
 in the nodes' staging records; the ranks check the data they were given against the source.
 
 The nodes share this machine's filesystem, so storage.scratch has {node} in it: each node
 has its own copy, as with node-local disks. With the cluster to itself (the lock), Slurm puts
-a one-node job on the first idle node it may use; the run may use the first two nodes only.
+a two-node job on the first two idle nodes.
 """
 
 from __future__ import annotations
@@ -65,13 +66,13 @@ def data_seen(run_dir: Path, job: str, restart: int) -> list[dict]:
 def test_staging_survives_a_kill_a_requeue_and_a_node_failure(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
-    first, second, *others = slurm_cluster.nodes
+    first, second, third = slurm_cluster.nodes[:3]
     src, total, digest = make_dataset(tmp_path)
     scratch = f"/var/tmp/ddlaunch-test-{uuid.uuid4().hex[:8]}/{{node}}"
     cfg = {
         "defaults": ["clusters/devcluster"],
         "job": {"name": "stage-e2e", "time": "00:10:00"},
-        "nodes": {"count": 1, "gpus_per_node": 2, "cpus_per_task": 1, "exclude": others},
+        "nodes": {"count": 2, "gpus_per_node": 2, "cpus_per_task": 1},
         "launch": {
             "entrypoint": "launch_entrypoints:staged_mlp",
             "workdir": str(TESTS),
@@ -89,12 +90,15 @@ def test_staging_survives_a_kill_a_requeue_and_a_node_failure(
         "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
         "DDLAUNCH_BAD_NODES": str(tmp_path / "bad_nodes.json"),
     }
-    copy_on = {
-        n: Path(default_dst(node_path(scratch, n), "train", str(src))) for n in (first, second)
-    }
+    copy_on = {n: Path(default_dst(node_path(scratch, n), "train", str(src))) for n in (first,)}
+
+    def item(job: str, restart: int, host: str) -> dict:
+        return record(run_dir, job, restart, host)["items"][0]
+
     try:
-        # 1. The first staging is killed (SIGKILL) after 12 files.
-        inject = json.dumps([{"restart": 0, "stage_kill_after_files": 12}])
+        # 1. The first node's staging is killed (SIGKILL) after 12 files; the second node's
+        # finishes, and waits for the first, until srun ends the step.
+        inject = json.dumps([{"index": 0, "restart": 0, "stage_kill_after_files": 12}])
         proc = run_ddlaunch(
             "submit", str(config), cwd=tmp_path, env={**env, "DDLAUNCH_HEALTH_INJECT": inject}
         )
@@ -104,13 +108,17 @@ def test_staging_survives_a_kill_a_requeue_and_a_node_failure(
         run_dir = tmp_path / "runs" / run_id
         slurm_cluster.wait_job_state(job1, FINAL_STATES, timeout=180)
         assert record(run_dir, job1, 0, first)["state"] == "running"  # never finished
+        assert (item(job1, 0, second)["state"], item(job1, 0, second)["bytes"]) == (
+            "copied",
+            total,
+        )
         dst = copy_on[first]
         assert not dst.exists() and not stage_manifest.path(dst).exists()
         partial = dst.with_name(dst.name + ".partial")
-        done = len([p for p in partial.rglob("*.bin")])
+        done = len(list(partial.rglob("*.bin")))
         assert 12 <= done < FILES
 
-        # 2. Resumed on the same node: only the rest is copied.
+        # 2. Resumed on the same nodes: the first copies only the rest, the second nothing.
         proc = run_ddlaunch(
             "resume", run_id, "--set", "health.preflight=true", cwd=tmp_path, env=env
         )
@@ -118,42 +126,54 @@ def test_staging_survives_a_kill_a_requeue_and_a_node_failure(
         job2 = proc.stdout.splitlines()[-1].split()[3]
         slurm_job_cleanup.append(job2)
         wait_for(lambda: progress_step(run_dir) >= 30, 180, "step 30 of the resumed job")
-        items = record(run_dir, job2, 0, first)["items"]
-        assert (items[0]["state"], items[0]["files"]) == ("copied", FILES - done)
-        assert 0 < items[0]["bytes"] < total and items[0]["total_bytes"] == total
-        assert {(d["path"], d["sha256"]) for d in data_seen(run_dir, job2, 0)} == {
-            (str(dst), digest)
-        }
+        assert (item(job2, 0, first)["state"], item(job2, 0, first)["files"]) == (
+            "copied",
+            FILES - done,
+        )
+        assert 0 < item(job2, 0, first)["bytes"] < total
+        assert (item(job2, 0, second)["state"], item(job2, 0, second)["bytes"]) == ("up to date", 0)
+        seen = {(d["host"], d["path"], d["sha256"]) for d in data_seen(run_dir, job2, 0)}
+        assert {(h, s) for h, _, s in seen} == {(first, digest), (second, digest)}
+        assert (first, str(dst), digest) in seen
 
-        # 3. The pre-timeout signal: the ranks save and requeue; back on the same node, the
-        # copy is up to date and nothing is copied.
+        # 3. The pre-timeout signal: the ranks save and requeue; back on the same nodes, the
+        # copies are up to date and nothing is copied.
         slurm_cluster.signal_job(job2, "USR2")
-        wait_for(lambda: record(run_dir, job2, 1, first).get("state") == "done", 120, "restaging")
-        items = record(run_dir, job2, 1, first)["items"]
-        assert (items[0]["state"], items[0]["bytes"], items[0]["files"]) == ("up to date", 0, 0)
+        wait_for(lambda: staging_done(run_dir, job2, 1), 120, "the requeued attempt's staging")
+        for host in (first, second):
+            assert (item(job2, 1, host)["state"], item(job2, 1, host)["bytes"]) == ("up to date", 0)
         resumed = json.loads((run_dir / "attempts.json").read_text())[-1]["resumed_from"]
         wait_for(lambda: progress_step(run_dir) >= resumed + 10, 120, "training after requeue")
 
-        # 4. The node dies: the run moves to the other node, which stages from scratch.
-        slurm_cluster.kill_node(first)
+        # 4. The second node dies: the run moves to the first and the third node; the third
+        # stages from scratch while the first waits for it with an up-to-date copy.
+        slurm_cluster.kill_node(second)
         try:
             assert slurm_cluster.wait_job_state(job2, "COMPLETED", timeout=300) == "COMPLETED"
         finally:
-            slurm_cluster.revive_node(first)
+            slurm_cluster.revive_node(second)
         attempts = json.loads((run_dir / "attempts.json").read_text())
-        assert attempts[-1]["nodes"] == second, attempts
+        assert slurm_cluster.hostnames(attempts[-1]["nodes"]) == [first, third], attempts
         last = attempts[-1]["restart_count"]
-        items = record(run_dir, job2, last, second)["items"]
-        assert (items[0]["state"], items[0]["files"], items[0]["bytes"]) == ("copied", FILES, total)
+        assert (item(job2, last, first)["state"], item(job2, last, first)["bytes"]) == (
+            "up to date",
+            0,
+        )
+        fresh = item(job2, last, third)
+        assert (fresh["state"], fresh["files"], fresh["bytes"]) == ("copied", FILES, total)
         assert {d["sha256"] for d in data_seen(run_dir, job2, last)} == {digest}
 
         # status shows the last attempt's staging per node.
         proc = run_ddlaunch("status", run_id, "--json", cwd=tmp_path, env=env)
         (row,) = json.loads(proc.stdout)
-        assert row["staging"][second]["copied_bytes"] == total
-        assert row["staging"][second]["state"] == "done"
+        assert row["staging"][third]["copied_bytes"] == total
+        assert row["staging"][first]["copied_bytes"] == 0
     finally:
         shutil.rmtree(scratch.split("/{node}")[0], ignore_errors=True)
+
+
+def staging_done(run_dir: Path, job: str, restart: int) -> bool:
+    return (run_dir / "staging" / f"{job}-{restart}.done.json").exists()
 
 
 def test_sbcast_broadcasts_a_file_once_and_not_again(slurm_cluster, slurm_job_cleanup, tmp_path):

@@ -47,7 +47,6 @@ from ddlaunch.runner import Runner
 from ddlaunch.store import stage_manifest as manifest
 
 COPY_THREADS = 8  # parallel file copies: small files are latency-bound on shared filesystems
-PROGRESS_EVERY_S = 3.0
 
 
 @dataclass
@@ -241,7 +240,7 @@ class Context:
     inject: Mapping[str, Any]
     progress: Callable[[int, int], None]  # (bytes copied, bytes to copy)
     runner: Runner
-    broadcast: Any = None  # a _Broadcast for mode sbcast
+    broadcast: Any = None  # a worker.broadcast.Broadcast for mode sbcast
 
 
 def stage_one(target: StageTarget, ctx: Context) -> Staged:
