@@ -14,6 +14,10 @@ across ranks whether the pre-timeout signal arrived (a collective, so every rank
 same branch), (c) saves on the configured cadence. On the signal, *all* ranks save step N
 synchronously, rank 0 commits, records the attempt and requeues the job; every rank then
 leaves with ``Preempted`` (a clean exit). The next attempt resumes at step N.
+
+``device_mesh()`` (or ``Session.mesh``) is the ``DeviceMesh`` of the config's ``parallel:``
+plan; DTensor state (FSDP2, tensor parallel) is checkpointed through DCP like any other, and a
+resume on another plan reshards it (``ddlaunch/examples/transformer.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from ddlaunch.checkpoint.manager import CheckpointManager, TrainState
 from ddlaunch.conclude import conclude
@@ -40,6 +45,9 @@ from ddlaunch.store.rundir import CHECKPOINTS_DIR
 from ddlaunch.worker import signals
 from ddlaunch.worker.distributed import init_distributed
 from ddlaunch.worker.heartbeat import Heartbeat
+from ddlaunch.worker.mesh import device_mesh
+
+__all__ = ["Preempted", "Session", "device_mesh"]
 
 PROGRESS_EVERY_S = 5.0
 
@@ -95,6 +103,12 @@ class Session:
         if self.rank == 0:
             where = f"step {self.start_step}" if info else "scratch"
             print(f"[ddlaunch] starting from {where}", flush=True)
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The job's device mesh (``device_mesh(config)``): dims pp, dp_replicate, dp_shard,
+        cp, tp, outermost first."""
+        return device_mesh(self.config)
 
     # ------------------------------------------------------------------ loop
 

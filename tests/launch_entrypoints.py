@@ -140,3 +140,25 @@ def mlp_with_wandb(config: Any) -> dict[str, Any]:
     finally:
         if run is not None:
             run.finish()
+
+
+def staged_mlp(config: Any) -> dict[str, Any]:
+    """The example, after recording what this rank finds in its staged data set: the path
+    ``$DDLAUNCH_DATA_TRAIN`` names, its files' digest (the test compares it with the source's)
+    and the host."""
+    import hashlib
+
+    from ddlaunch.examples import mlp
+
+    path = Path(os.environ["DDLAUNCH_DATA_TRAIN"])
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        digest.update(str(file.relative_to(path.parent if path.is_file() else path)).encode())
+        digest.update(file.read_bytes())
+    attempt = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
+    _out(
+        f"data-{os.environ['SLURM_JOB_ID']}-{attempt}-{os.environ['RANK']}.json",
+        {"path": str(path), "sha256": digest.hexdigest(), "host": socket.gethostname()},
+    )
+    return mlp.main(config)

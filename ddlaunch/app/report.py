@@ -22,7 +22,9 @@ from ddlaunch import fsutil
 from ddlaunch.app.runs import read_run
 from ddlaunch.app.status import run_status
 from ddlaunch.checkpoint.layout import list_checkpoints
+from ddlaunch.policy.staging import node_line
 from ddlaunch.store import preflight as preflight_records
+from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.failures import FAILURES_DIR
 
@@ -39,6 +41,25 @@ class AttemptSpan:
     resumed_from: int | None = None
     committed_step: int | None = None
     detail: str = ""
+    # The attempt's data staging phase: from the first node's start to the last node's end.
+    staging: tuple[float, float] | None = None
+    staging_detail: str = ""
+
+    @property
+    def staging_s(self) -> float | None:
+        return None if self.staging is None else self.staging[1] - self.staging[0]
+
+
+def staging_phase(
+    records: Mapping[str, Mapping[str, Any]], now: float | None
+) -> tuple[tuple[float, float] | None, str]:
+    """One attempt's staging records (host -> record) as (start, end) and a summary."""
+    starts = [float(r["start"]) for r in records.values() if r.get("start") is not None]
+    if not starts:
+        return None, ""
+    ends = [float(r.get("end") or now or r["start"]) for r in records.values() if r.get("start")]
+    detail = ", ".join(node_line(h, r) for h, r in sorted(records.items()))
+    return (min(starts), max(ends)), detail
 
 
 @dataclass(frozen=True)
@@ -77,11 +98,15 @@ def build(
     excluded: Sequence[str] = (),
     preflight: Sequence[Mapping[str, Any]] = (),
     now: float | None = None,
+    staging: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
 ) -> Timeline:
+    """``staging``: attempt key (``<job>-<restart>``) -> host -> staging record."""
     t = Timeline(run_id, state, excluded=list(excluded), preflight=[dict(p) for p in preflight])
     for rec in attempts:
         if rec.get("start") is None:
             continue
+        key = f"{rec.get('job_id', '')}-{rec.get('restart_count', 0) or 0}"
+        phase, phase_detail = staging_phase((staging or {}).get(key, {}), now)
         t.attempts.append(
             AttemptSpan(
                 attempt=int(rec.get("attempt", len(t.attempts))),
@@ -94,6 +119,8 @@ def build(
                 resumed_from=rec.get("resumed_from"),
                 committed_step=rec.get("committed_step"),
                 detail=str(rec.get("health") or rec.get("decision") or ""),
+                staging=phase,
+                staging_detail=phase_detail,
             )
         )
     for step, when in checkpoints:
@@ -156,6 +183,12 @@ def _fmt_time(ts: float | None, origin: float) -> str:
     return "-" if ts is None else f"+{(ts - origin) / 60:.1f} min"
 
 
+def _staging_cell(a: AttemptSpan) -> str:
+    if a.staging_s is None:
+        return ""
+    return html.escape(f"{a.staging_s:.1f} s: {a.staging_detail}")
+
+
 def html_page(t: Timeline, png_b64: str) -> str:
     """The report page: the picture (embedded) and the same facts as tables."""
     e = html.escape
@@ -167,7 +200,7 @@ def html_page(t: Timeline, png_b64: str) -> str:
         f"<td style='color:{color(a.cause)}'><b>{e(a.cause)}</b></td>"
         f"<td>{'' if a.resumed_from is None else a.resumed_from}</td>"
         f"<td>{'' if a.committed_step is None else a.committed_step}</td>"
-        f"<td>{e(','.join(a.blamed))}</td><td>{e(a.detail)}</td></tr>"
+        f"<td>{e(','.join(a.blamed))}</td><td>{_staging_cell(a)}</td><td>{e(a.detail)}</td></tr>"
         for a in t.attempts
     )
     events = "".join(
@@ -194,7 +227,7 @@ font-size:13px;text-align:left}}th{{background:#eee}}img{{max-width:100%}}</styl
  src="data:image/png;base64,{png_b64}">
 <h2>Attempts</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>start</th>
 <th>duration</th><th>cause</th><th>resumed from</th><th>committed</th><th>blamed</th>
-<th>detail</th></tr>{rows}</table>
+<th>data staging</th><th>detail</th></tr>{rows}</table>
 <p>Excluded nodes: {excluded}</p>
 <h2>Checkpoints and failures</h2><table><tr><th>time</th><th>what</th><th>detail</th></tr>
 {events}</table>
@@ -237,4 +270,5 @@ def load_timeline(run_dir: Path) -> Timeline:
         info.excluded,
         latest.get("verdicts", []),
         now=time.time(),
+        staging=staging_records.read_all(run_dir),
     )

@@ -59,11 +59,25 @@ def _attempt_bars(ax: Any, t: Timeline, m: _Minutes) -> None:
         ax.barh(
             i, max(m(end) - m(a.start), 0.02), left=m(a.start), color=color(a.cause), height=0.6
         )
+        if a.staging is not None:  # the data staging phase, over the attempt's start
+            first, last = a.staging
+            ax.barh(
+                i,
+                max(m(last) - m(first), 0.01),
+                left=m(first),
+                height=0.6,
+                color="none",
+                edgecolor="black",
+                hatch="///",
+                linewidth=0.6,
+            )
         label = f"#{a.attempt} {a.nodes}: {a.cause}"
         if a.blamed:
             label += f" (blamed {','.join(a.blamed)})"
         if a.committed_step is not None:
             label += f", committed {a.committed_step}"
+        if a.staging_s is not None:
+            label += f", staging {a.staging_s:.1f} s"
         ax.text(m(end) + 0.02, i, label, va="center", fontsize=9)
     ckpt_row = len(t.attempts)
     ax.set_yticks([*range(len(t.attempts)), ckpt_row])
@@ -110,6 +124,10 @@ def _legend(ax: Any, t: Timeline) -> None:
 
     causes = sorted({a.cause for a in t.attempts})
     handles = [Patch(color=color(c), label=c) for c in causes]
+    if any(a.staging is not None for a in t.attempts):
+        handles.append(
+            Patch(facecolor="white", edgecolor="black", hatch="///", label="data staging")
+        )
     if t.excluded:
         handles.append(Patch(color="white", label=f"excluded: {', '.join(t.excluded)}"))
     # Above the panel, so that it never covers a bar or its label.

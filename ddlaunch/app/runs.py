@@ -15,7 +15,7 @@ from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.errors import UserError
-from ddlaunch.store import exclusions, outcome, preflight, progress, submission, watchdog
+from ddlaunch.store import exclusions, outcome, preflight, progress, staging, submission, watchdog
 from ddlaunch.store.attempts import ATTEMPTS_FILE
 from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures
 from ddlaunch.store.members import ensure_member_dir, member_of
@@ -87,6 +87,7 @@ class RunInfo:
     excluded: list[str] = field(default_factory=list)
     preflight: dict[str, Any] | None = None  # health/preflight.json: the latest verdicts
     watchdog: dict[str, Any] | None = None  # health/watchdog.json: heartbeat summary
+    staging: dict[str, dict[str, Any]] | None = None  # the last attempt's, host -> record
     label: str | None = None  # a sweep member's overrides
     snapshot: str | None = None  # the code snapshot's id (snapshot.json)
 
@@ -140,6 +141,8 @@ def read_run(
     if preflight.HEALTH_DIR in present:
         info.preflight = _read(preflight.latest_path(run_dir))
         info.watchdog = _read(watchdog.summary_path(run_dir))
+    if staging.STAGING_DIR in present:
+        info.staging = latest_staging(run_dir, info.attempts)
     # A run that never started has no checkpoint: skip the config read for pending runs
     # (most of a large sweep's members while it is queued).
     started = present & {
@@ -158,6 +161,16 @@ def read_run(
             latest = latest_complete(root) if root.is_dir() else None
             info.latest_step = latest.step if latest else None
     return info
+
+
+def latest_staging(run_dir: Path, attempts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The staging records of the newest attempt that staged (host -> record)."""
+    every = staging.read_all(run_dir)
+    for rec in reversed(attempts):
+        key = f"{rec.get('job_id')}-{rec.get('restart_count', 0) or 0}"
+        if key in every:
+            return every[key]
+    return every[max(every)] if every else {}
 
 
 class RunReader:

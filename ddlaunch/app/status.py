@@ -27,6 +27,7 @@ from ddlaunch.app.runs import (
     list_targets,
 )
 from ddlaunch.policy.requeue import HEALTH_CAUSES
+from ddlaunch.policy.staging import summary as staging_summary
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import QueueRow
@@ -86,6 +87,7 @@ class RunStatus:
     health: str = ""
     heartbeat: dict[str, Any] | None = None
     snapshot: str | None = None  # the code snapshot the run's ranks use
+    staging: dict[str, Any] | None = None  # the last attempt's staging, per node
 
     def as_dict(self) -> dict[str, Any]:
         # Shallow on purpose: the fields are plain data already, and dataclasses.asdict's deep
@@ -134,6 +136,8 @@ def health_line(info: RunInfo, now: float) -> str:
         parts.append("; ".join(blamed))
     if info.excluded:
         parts.append("excluded " + ",".join(info.excluded))
+    if info.staging:
+        parts.append(staging_summary(info.staging))
     hb = info.watchdog
     running = bool(info.attempts) and "end" not in info.attempts[-1]
     if hb and running:
@@ -199,7 +203,26 @@ def run_status(
         health=health_line(info, now),
         heartbeat=info.watchdog,
         snapshot=info.snapshot,
+        staging=staging_nodes(info.staging),
     )
+
+
+def staging_nodes(records: dict[str, dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Per node: state, bytes copied of the data's size, seconds (``status --json``)."""
+    if not records:
+        return None
+    out: dict[str, Any] = {}
+    for host, rec in sorted(records.items()):
+        items = rec.get("items", [])
+        start, end = rec.get("start"), rec.get("end")
+        out[host] = {
+            "state": rec.get("state"),
+            "copied_bytes": sum(int(i.get("bytes", 0)) for i in items),
+            "total_bytes": sum(int(i.get("total_bytes", 0)) for i in items),
+            "seconds": round(end - start, 3) if start and end else None,
+            **({"progress": rec["progress"]} if "progress" in rec else {}),
+        }
+    return out
 
 
 def needs_accounting(info: RunInfo) -> bool:

@@ -27,12 +27,18 @@ def reference_lines(cls: type, prefix: str = "") -> list[str]:
             lines.append(f"{key}:  {doc}")
             lines += reference_lines(hints[f.name], f"{key}.")
             continue
+        item = typing.get_args(hints[f.name])[:1]
+        if item and isinstance(item[0], type) and dataclasses.is_dataclass(item[0]):
+            lines.append(f"  {key} (list of mappings, default []): {doc}")  # storage.stage
+            lines += reference_lines(item[0], f"{key}[].")
+            continue
         default: Any = f.default
         if default is dataclasses.MISSING and callable(f.default_factory):
             default = f.default_factory()
         if isinstance(default, tuple):
             default = list(default)
-        lines.append(f"  {key} ({type_label(hints[f.name])}, default {default!r}): {doc}")
+        label = f.metadata.get("type_label") or type_label(hints[f.name])
+        lines.append(f"  {key} ({label}, default {default!r}): {doc}")
     return lines
 
 

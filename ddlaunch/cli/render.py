@@ -18,10 +18,13 @@ def command(
     """Print the sbatch script CONFIG renders to.
 
     CONFIG is a YAML file or a shipped preset name such as examples/mlp.
-    Nothing is created or submitted.
+    Nothing is created or submitted. A parallel: plan's placement and communication
+    estimate and the data staging appear as comments; the plan's warnings on stderr.
     """
     from ddlaunch.app.prepare import prepare
 
     # The script names the code snapshot a submit would store (nothing is written).
     prepared = prepare(config, overrides, run_id=run_id, run_root=run_root, snapshot="path")
+    for warning in prepared.plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(prepared.script, nl=False)

@@ -70,6 +70,8 @@ def command(
     if exclude:
         click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
     report_snapshot(prepared.config, prepared.snapshot, stored=not dry_run)
+    for warning in prepared.plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if dry_run:
         click.echo(prepared.script, nl=False)
         click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")

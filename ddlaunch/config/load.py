@@ -125,7 +125,13 @@ def _node_to_tree(
             out[key] = _node_to_tree(value_node, loader, where, path, locations, issues)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_node_to_tree(n, loader, where, prefix, locations, issues) for n in node.value]
+        items = []
+        for i, item in enumerate(node.value):
+            if isinstance(item, yaml.MappingNode):
+                # A list of mappings (storage.stage): errors name the entry's own line.
+                locations[(*prefix, str(i))] = f"{where}:{item.start_mark.line + 1}"
+            items.append(_node_to_tree(item, loader, where, prefix, locations, issues))
+        return items
     return loader.construct_object(node, deep=True)
 
 

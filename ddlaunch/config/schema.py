@@ -43,6 +43,10 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
         re.compile(r"^[a-z][a-z0-9-]*$"),
         "a long sbatch option name without dashes, e.g. comment or gres-flags",
     ),
+    "data_name": (
+        re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
+        "a name of letters, digits and _ starting with a letter (it becomes DDLAUNCH_DATA_<NAME>)",
+    ),
 }
 
 
@@ -204,6 +208,20 @@ class FabricSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    name: str | None = opt(None, "Data set name: $DDLAUNCH_DATA_<NAME>.", pattern="data_name")
+    src: str | None = opt(None, "Absolute path of the data (file or directory), shared filesystem.")
+    dst: str | None = opt(
+        None, "Absolute node-local copy ({node}: hostname); default <scratch>/data/<name>-<hash>."
+    )
+    mode: str = opt(
+        "copy",
+        "copy (what changed, in threads), rsync (rsync -a --delete), sbcast (one file, broadcast).",
+        choices=("copy", "rsync", "sbcast"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class StorageSpec:
     run_root: str = opt(
         "~/ddlaunch/runs",
@@ -213,7 +231,50 @@ class StorageSpec:
     checkpoint_dir: str | None = opt(
         None, "Absolute checkpoint directory; default <run dir>/checkpoints."
     )
-    scratch: str | None = opt(None, "Node-local scratch directory, exported as DDLAUNCH_SCRATCH.")
+    scratch: str | None = opt(
+        None, "Node-local scratch directory, $DDLAUNCH_SCRATCH; {node}: the node's hostname."
+    )
+    stage: tuple[StageSpec, ...] = opt(
+        [], "Data copied to node-local storage, what changed, once per node before the first step."
+    )
+
+
+def degree(doc: str) -> Any:
+    """A parallelism degree: a positive integer, ``auto`` (what the others leave), or unset."""
+    return opt(None, doc, parse="degree", type_label="int, auto or null")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSpec:
+    dp: int | str | None = degree("Data-parallel degree, dp_replicate x dp_shard (unset: auto).")
+    dp_shard: int | str | None = degree("FSDP shard degree inside dp (unset: dp / dp_replicate).")
+    dp_replicate: int | str | None = degree("Replicas of the sharded model, HSDP (unset: 1).")
+    tp: int | str | None = degree("Tensor-parallel degree; a group lives on one node (unset: 1).")
+    pp: int | str | None = degree("Pipeline stages, each on whole nodes (unset: 1).")
+    cp: int | str | None = degree("Context-parallel degree; cp x tp fits in one node (unset: 1).")
+    model_params: float | None = opt(
+        None, "Model parameters (e.g. 7e9), for the communication estimate.", range=(1, 1e15)
+    )
+    dtype_bytes: int = opt(2, "Bytes per value communicated (2: bf16, 4: fp32).", range=(1, 8))
+    hidden_size: int | None = opt(None, "Model width (tp/cp/pp traffic).", range=(1, 10**7))
+    layers: int | None = opt(None, "Transformer layers (tp/cp/pp traffic).", range=(1, 10**5))
+    tokens_per_step: int | None = opt(
+        None, "Tokens per optimizer step, whole job (tp/cp/pp traffic).", range=(1, 10**13)
+    )
+    intra_node_gbps: float | None = opt(
+        None, "GPU-GPU Gbit/s per GPU inside a node (default: nominal).", range=(0.001, 1e6)
+    )
+    inter_node_gbps: float | None = opt(
+        None, "Network Gbit/s per node (default: nominal for fabric.kind).", range=(0.001, 1e6)
+    )
+
+    @property
+    def configured(self) -> bool:
+        """Whether any degree was set: only then is the plan printed and checked."""
+        return any(
+            getattr(self, k) is not None
+            for k in ("dp", "dp_shard", "dp_replicate", "tp", "pp", "cp")
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,7 +465,12 @@ class Config:
         default_factory=FabricSpec, metadata={"doc": "Network fabric between nodes."}
     )
     storage: StorageSpec = field(
-        default_factory=StorageSpec, metadata={"doc": "Run directory, checkpoints, scratch."}
+        default_factory=StorageSpec,
+        metadata={"doc": "Run directory, checkpoints, scratch, data staging."},
+    )
+    parallel: ParallelSpec = field(
+        default_factory=ParallelSpec,
+        metadata={"doc": "Parallelism plan: degrees, placement, communication estimate."},
     )
     fault_tolerance: FaultToleranceSpec = field(
         default_factory=FaultToleranceSpec,

@@ -167,13 +167,16 @@ class _Builder:
         if isinstance(tp, types.UnionType):
             if value is None:
                 return None
-            tp = next(a for a in args if a is not type(None))
+            tp = _union_member(args, value)
             args = typing.get_args(tp)
         origin = typing.get_origin(tp)
         if origin in (list, tuple):
             if not isinstance(value, list):
                 self.fail(path, f"expected a list (write [a, b]), got {_describe(value)}")
                 return _INVALID
+            item = args[0]
+            if isinstance(item, type) and dataclasses.is_dataclass(item):  # storage.stage
+                return tuple(self.build(item, v, (*path, str(i))) for i, v in enumerate(value))
             items = [self.scalar(str, v, path, meta) for v in value]
             return _INVALID if _INVALID in items else tuple(items)
         if origin is dict:
@@ -243,6 +246,9 @@ class _Builder:
                     f"unknown mail type {bad[0]!r}; use NONE, BEGIN, END, FAIL, REQUEUE or ALL",
                 )
                 return _INVALID
+        if parse == "degree" and not _is_degree(value):
+            self.fail(path, f"must be a positive integer or auto, got {value!r}")
+            return _INVALID
         if parse == "version" and not re.match(r"^\d+\.\d+(\.\d+)?$", value):
             self.fail(path, f"must be a Slurm release such as 23.11, got {value!r}")
             return _INVALID
@@ -252,10 +258,49 @@ class _Builder:
 _INVALID = object()
 
 
+def _union_member(args: tuple[Any, ...], value: Any) -> Any:
+    """The member of ``X | Y | None`` the value is an instance of (``int | str``: 2 is an int,
+    auto a string); else the first, whose conversion then says what was expected."""
+    members = [a for a in args if a is not type(None)]
+    for member in members:
+        plain = isinstance(member, type) and typing.get_origin(member) is None
+        if plain and isinstance(value, member) and not isinstance(value, bool):
+            return member
+    return members[0]
+
+
+def _is_degree(value: Any) -> bool:
+    return value == "auto" if isinstance(value, str) else 1 <= value <= 10**7
+
+
 def check_contradictions(cfg: Config, b: _Builder) -> None:
     """Rules that involve more than one key."""
-    for check in (_node_rules, _launch_rules, _sbatch_rules, check_container, check_snapshot):
+    for check in (
+        _node_rules,
+        _launch_rules,
+        _sbatch_rules,
+        check_container,
+        check_snapshot,
+        _plan_rules,
+    ):
         check(cfg, b)
+
+
+def _plan_rules(cfg: Config, b: _Builder) -> None:
+    """The parallelism plan against the job's shape, and the data staging entries (their
+    modules are imported only for configs that use them: render stays lean)."""
+    if cfg.parallel.configured:
+        from ddlaunch.config import parallel
+
+        _, issues = parallel.resolve(cfg.parallel, parallel.layout_of(cfg))
+        given = [("parallel", k) for k in parallel.TOP if getattr(cfg.parallel, k) is not None]
+        for path, message in issues:
+            b.fail(path, message, also=given[0] if given else ("nodes", "count"))
+    if cfg.storage.stage or cfg.storage.scratch:
+        from ddlaunch.config import staging
+
+        for path, message in staging.issues(cfg):
+            b.fail(path, message)
 
 
 def _node_rules(cfg: Config, b: _Builder) -> None:

@@ -5,7 +5,8 @@ node; the verdicts are pure (``ddlaunch.policy.preflight``).
 
 Testing hook: ``$DDLAUNCH_HEALTH_INJECT`` holds a JSON list of overrides, each applied to the
 node named by ``node`` (host name) or ``index`` (position in the allocation), optionally only
-at ``restart`` N: ``free_gb`` (every checked path), ``gpus`` (GPUs assigned), ``torch_error``.
+at ``restart`` N: ``free_gb`` (every checked path), ``gpus`` (GPUs assigned), ``torch_error``,
+``stage_kill_after_files`` (the data staging's leader SIGKILLs itself, ``worker.stage``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.planning.staging import node_path
 from ddlaunch.policy import fabric as fabric_check
 from ddlaunch.policy import preflight as v
 from ddlaunch.runner import Runner
@@ -90,7 +93,8 @@ def checked_paths(cfg: Any, run_dir: Path, env: Mapping[str, str]) -> list[tuple
     paths = [("checkpoints", ckpt or str(run_dir / CHECKPOINTS_DIR))]
     scratch = env.get("DDLAUNCH_SCRATCH") or cfg.storage.scratch
     if scratch:
-        paths.append(("scratch", os.path.expandvars(scratch)))
+        # {node}: the rank exported it filled in already; a bare node task fills it here.
+        paths.append(("scratch", node_path(os.path.expandvars(scratch), socket.gethostname())))
     return paths
 
 

@@ -2,7 +2,8 @@
 
 ``PreflightWatch``: the in-rank preflight (``ddlaunch.worker.gate``) seen from the batch
 host: print its verdicts into the batch log once the gate opens, and end the step when it has
-not decided within ``health.preflight_timeout``.
+not decided within ``health.preflight_timeout``, not counting the time nodes spend staging
+data while their staging records show it moving (``storage.stage`` can take far longer).
 
 ``NodeFailureWatch``: a node that died under the attempt, found before Slurm marks it DOWN,
 said in the batch log with its time, not acted on (its docstring says why).
@@ -10,6 +11,7 @@ said in the batch log with its time, not acted on (its docstring says why).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from ddlaunch.job.blame import blame_nodes, expand
 from ddlaunch.policy.heartbeats import Beat
 from ddlaunch.policy.preflight import node_report_line
 from ddlaunch.store import preflight as records
+from ddlaunch.store import staging as staging_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import FAILURES_DIR
 
@@ -53,7 +56,7 @@ class PreflightWatch:
                 records.mark_printed(self.run_dir, self.attempt, gate)
             return False
         assert self.timeout is not None
-        if elapsed < self.timeout:
+        if elapsed - self.staging_seconds(time.time()) < self.timeout:
             return False
         self.done = True
         print(
@@ -64,6 +67,25 @@ class PreflightWatch:
         if self.attempt.job_id:
             end_step(self.attempt.job_id, client)
         return True
+
+    def staging_seconds(self, now: float) -> float:
+        """How long the slowest node has been staging data (or took to): not preflight time.
+        A staging whose record has not been rewritten for ``timeout`` has stopped moving
+        and no longer counts."""
+        longest = 0.0
+        for rec in staging_records.read_attempt(self.run_dir, self.attempt).values():
+            start = rec.get("start")
+            if start is None:
+                continue
+            if rec.get("state") == staging_records.RUNNING:
+                assert self.timeout is not None
+                if now - float(rec.get("time") or start) > self.timeout:
+                    continue
+                end = now
+            else:
+                end = float(rec.get("end") or now)
+            longest = max(longest, end - float(start))
+        return longest
 
     def _print_passed(self, reason: str) -> None:
         for report in records.read_reports(self.run_dir, self.attempt).values():

@@ -94,6 +94,9 @@ class LaunchPlan:
     container_exports: tuple[str, ...] = ()  # shell lines (validated names only)
     mkdirs: tuple[str, ...] = ()  # directories a container mounts, created before srun
     tracking_env: tuple[tuple[str, str], ...] = ()
+    # Comment lines of the script: the parallelism placement and the data staging.
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # valid but slow choices, also printed by render/submit
 
     @property
     def script_path(self) -> str:
@@ -217,6 +220,7 @@ def make_plan(
         f"--ntasks-per-node={cfg.ranks_per_node}",
         *rank_logs,
         *topology.srun_binding_args(cfg),
+        *_rank_order_args(cfg),
     )
     env = fabric.fabric_env(cfg)
     fabric_env = tuple((k, v) for k, v in env.items() if k not in cfg.launch.env)
@@ -263,6 +267,7 @@ def make_plan(
         container_exports=launch.exports,
         mkdirs=tuple(mkdirs) if in_container else (),
         tracking_env=tracking,
+        **_notes(cfg),
     )
 
 
@@ -285,6 +290,28 @@ def _container_mounts(
     if code.ddlaunch_root:
         mounts.append(Mount(str(PurePosixPath(code.ddlaunch_root) / "ddlaunch"), read_only=True))
     return mounts, mkdirs
+
+
+def _notes(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """What the script says about the parallelism plan and the data staging, and the plan's
+    warnings; ``describe`` is imported only for configs that have either."""
+    if not cfg.parallel.configured and not cfg.storage.stage:
+        return {}
+    from ddlaunch.planning import describe
+
+    return {
+        "notes": (*describe.parallel_lines(cfg), *describe.staging_lines(cfg)),
+        "warnings": tuple(describe.warnings(cfg)),
+    }
+
+
+def _rank_order_args(cfg: Config) -> list[str]:
+    """A parallelism plan places ranks node by node (``planning.parallel.rank_of``): say so
+    to srun, whose default a SLURM_DISTRIBUTION in the submitting shell could change.
+    CPU binding passes --distribution=block:block already."""
+    if cfg.parallel.configured and not cfg.cluster.cpu_binding:
+        return ["--distribution=block"]
+    return []
 
 
 def format_argv(argv: Sequence[str]) -> str:

@@ -82,6 +82,11 @@ class SlurmClient:
         """Run an srun job step inside an allocation (the batch script's helpers)."""
         return self.runner.run(argv, timeout=timeout)
 
+    def sbcast(self, src: str, dst: str, timeout: float = 3600) -> CommandResult:
+        """Broadcast one file to the same path on every node of the job this runs in
+        (``sbcast --force --preserve``: overwrite, keep times and mode)."""
+        return self.runner.run(["sbcast", "--force", "--preserve", src, dst], timeout=timeout)
+
     def show_job(self, job_id: str) -> dict[str, str] | None:
         """``scontrol show job`` for a job that left the queue (kept for MinJobAge)."""
         result = self.runner.run(["scontrol", "show", "job", "-o", job_id], timeout=60)

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config import Config, load_config
+from ddlaunch.planning.staging import node_path
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import write_failure
 from ddlaunch.store.rundir import config_path
-from ddlaunch.worker import gate, signals
+from ddlaunch.worker import gate, signals, stage_node
 from ddlaunch.worker.distenv import (
     DistEnv,
     choose_backend,
@@ -123,8 +124,12 @@ def run_rank(run_dir: str) -> dict[str, Any]:
         )
         # Preflight (health.preflight) runs here, in the ranks, before the first step: see
         # ddlaunch.worker.gate. The node facts need no torch; torch is imported once for both.
+        if cfg.storage.scratch:  # node-local: {node} is this node
+            os.environ["DDLAUNCH_SCRATCH"] = node_path(cfg.storage.scratch, host)
         gated = gate.enabled(cfg, os.environ)
         report = gate.node_phase(cfg, Path(run_dir), d, os.environ, host) if gated else None
+        # Data staging, once per node (its leader), beside the node checks: worker.stage_node.
+        os.environ.update(stage_node.run(cfg, Path(run_dir), d, os.environ, host, report))
         if gated:
             gate.import_torch(Path(run_dir), os.environ, report)
         cuda = _setup_device(d)

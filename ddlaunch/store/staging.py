@@ -1,0 +1,117 @@
+"""Data staging records under ``staging/`` (written by each node's leader rank, read by the
+watchdog, ``status`` and ``report``):
+
+* ``staging/<job>-<restart>/<host>.json``: one node's staging in one attempt: ``state``
+  (``running``, ``done`` or ``failed``), ``start`` / ``end`` times, ``progress`` while it
+  copies (bytes done of bytes to copy, rewritten every few seconds) and one entry per data set
+  (name, source, the node's copy, what was copied and how long it took);
+* ``staging/<job>-<restart>/sbcast/``: the votes and outcome of a broadcast (mode sbcast);
+* ``staging/<job>-<restart>.done.json``: every node of the attempt has staged.
+
+The staged copies themselves carry their own manifest (``store.stage_manifest``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddlaunch import fsutil
+from ddlaunch.store.attempts import AttemptId
+
+STAGING_DIR = "staging"
+RUNNING, DONE, FAILED = "running", "done", "failed"
+FINAL = (DONE, FAILED)
+
+
+def attempt_dir(run_dir: Path, attempt: AttemptId) -> Path:
+    return run_dir / STAGING_DIR / attempt.key
+
+
+def write_node(run_dir: Path, attempt: AttemptId, host: str, record: dict[str, Any]) -> None:
+    fsutil.atomic_write_json(attempt_dir(run_dir, attempt) / f"{host}.json", record)
+
+
+def read_node(run_dir: Path, attempt: AttemptId, host: str) -> dict[str, Any] | None:
+    try:
+        return fsutil.read_json(attempt_dir(run_dir, attempt) / f"{host}.json")
+    except (OSError, ValueError):
+        return None
+
+
+def read_dir(directory: Path) -> dict[str, dict[str, Any]]:
+    """Host -> record of one attempt's directory; unreadable records are skipped."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        paths = sorted(directory.glob("*.json"))
+    except OSError:
+        return out
+    for path in paths:
+        try:
+            out[path.stem] = fsutil.read_json(path) or {}
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def read_attempt(run_dir: Path, attempt: AttemptId) -> dict[str, dict[str, Any]]:
+    return read_dir(attempt_dir(run_dir, attempt))
+
+
+def read_all(run_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """Attempt key (``<job>-<restart>``) -> host -> record, for every attempt that staged."""
+    root = run_dir / STAGING_DIR
+    try:
+        keys = sorted(p.name for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return {}
+    return {key: read_dir(root / key) for key in keys}
+
+
+# A broadcast (mode sbcast) of data set NAME in one attempt: each node's leader votes whether
+# its copy is stale (``sbcast/NAME/<host>.json``), the first node's leader records whether it
+# sent the file (``sbcast/NAME.json``).
+
+
+def _broadcast_dir(run_dir: Path, attempt: AttemptId) -> Path:
+    return attempt_dir(run_dir, attempt) / "sbcast"
+
+
+def write_vote(run_dir: Path, attempt: AttemptId, name: str, host: str, stale: bool) -> None:
+    fsutil.atomic_write_json(
+        _broadcast_dir(run_dir, attempt) / name / f"{host}.json", {"stale": stale}
+    )
+
+
+def read_votes(run_dir: Path, attempt: AttemptId, name: str) -> dict[str, bool]:
+    return {
+        host: bool(r.get("stale"))
+        for host, r in read_dir(_broadcast_dir(run_dir, attempt) / name).items()
+    }
+
+
+def write_sent(run_dir: Path, attempt: AttemptId, name: str, record: dict[str, Any]) -> None:
+    fsutil.atomic_write_json(_broadcast_dir(run_dir, attempt) / f"{name}.json", record)
+
+
+def read_sent(run_dir: Path, attempt: AttemptId, name: str) -> dict[str, Any] | None:
+    try:
+        return fsutil.read_json(_broadcast_dir(run_dir, attempt) / f"{name}.json")
+    except (OSError, ValueError):
+        return None
+
+
+# Every node of an attempt has staged: written by the first node's leader once it counted
+# the records, waited for by every other rank (one file to look at, not one per node).
+
+
+def _all_done_path(run_dir: Path, attempt: AttemptId) -> Path:
+    return run_dir / STAGING_DIR / f"{attempt.key}.done.json"
+
+
+def write_all_done(run_dir: Path, attempt: AttemptId, record: dict[str, Any]) -> None:
+    fsutil.atomic_write_json(_all_done_path(run_dir, attempt), record)
+
+
+def all_done(run_dir: Path, attempt: AttemptId) -> bool:
+    return _all_done_path(run_dir, attempt).exists()
