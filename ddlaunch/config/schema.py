@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddlaunch.config.trainers import KINDS, LAYOUT_KEYS, Layout, default_kind, resolve
+
 # Strings that end up in ``#SBATCH`` lines are restricted to a conservative character set:
 # sbatch parses those lines itself, so shell quoting cannot make arbitrary text safe there.
 PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
@@ -26,6 +28,10 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
     "entrypoint": (
         re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"),
         "a Python callable written as package.module:function",
+    ),
+    "module": (
+        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"),
+        "a Python module name such as pkg.module",
     ),
     "env_name": (
         re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$"),
@@ -301,6 +307,11 @@ class LaunchSpec:
         pattern="entrypoint",
     )
     script: str | None = opt(None, "Path of a training script written for torchrun.")
+    module: str | None = opt(
+        None,
+        "Python module run as python -m MODULE ARGS (torchrun -m), e.g. a trainer's CLI.",
+        pattern="module",
+    )
     args: tuple[str, ...] = opt([], "Arguments for the script.")
     python: str = opt("python3", "Python interpreter on the compute nodes.")
     env: dict[str, str] = opt(
@@ -318,6 +329,62 @@ class LaunchSpec:
     )
     workdir: str | None = opt(
         None, "Working directory of the ranks; default the directory `submit` ran in."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerSpec:
+    kind: str | None = opt(
+        None,
+        "How the job's own checkpoints look: ddlaunch (Session), dcp, torchtitan, hf, "
+        "lightning, megatron, deepspeed, torchtune, custom, none; unset: ddlaunch for "
+        "launch.entrypoint, none otherwise.",
+        choices=KINDS,
+    )
+    checkpoint_dir: str | None = opt(
+        None,
+        "Where the trainer writes its checkpoints: absolute, ~ or $VAR, may use {run_dir} and "
+        "{run_id}; default the run's checkpoint directory ($DDLAUNCH_CHECKPOINT_DIR).",
+    )
+    resume_args: tuple[str, ...] | None = opt(
+        None,
+        "Added to launch.args when a complete checkpoint exists (a flag already there is "
+        "replaced); placeholders {checkpoint}, {step}, {checkpoint_dir}; unset: the kind's.",
+    )
+    signal: str | None = opt(
+        None,
+        "Signal the batch shell forwards to the ranks ahead of the time limit so the trainer "
+        "saves and stops (TERM, USR1, USR2, INT, HUP, none); unset: the kind's.",
+        choices=("TERM", "USR1", "USR2", "INT", "HUP", "none"),
+    )
+    stop_before_limit: bool = opt(
+        False,
+        "After a new checkpoint, when less than one observed checkpoint interval is left "
+        "before the time limit, stop and requeue instead of losing that interval.",
+    )
+    pattern: str | None = opt(None, "Glob of the checkpoint entries in checkpoint_dir (custom).")
+    step_regex: str | None = opt(
+        None, "Regex matched against an entry's name; group 1 is its step (custom)."
+    )
+    requires: tuple[str, ...] | None = opt(
+        None, "Files a checkpoint directory must hold to be complete (custom)."
+    )
+    forbids: tuple[str, ...] | None = opt(
+        None, "Files whose presence means the checkpoint is still being written (custom)."
+    )
+    pointer: str | None = opt(
+        None, "File in checkpoint_dir that names the latest checkpoint (custom)."
+    )
+    pointer_holds: str | None = opt(
+        None, "What the pointer file holds: the entry's name or its step.", choices=("name", "step")
+    )
+    step_key: str | None = opt(
+        None,
+        "For torch.save (zip) files: key of the saved dict that holds the step, read without "
+        "torch (custom).",
+    )
+    step_marker: str | None = opt(
+        None, 'JSON file in a checkpoint whose "step" must equal the entry\'s (custom).'
     )
 
 
@@ -359,6 +426,10 @@ class Config:
     launch: LaunchSpec = field(
         default_factory=LaunchSpec, metadata={"doc": "What every rank runs."}
     )
+    trainer: TrainerSpec = field(
+        default_factory=TrainerSpec,
+        metadata={"doc": "The trainer's own checkpoints, resume arguments and stop signal."},
+    )
     templates: TemplatesSpec = field(
         default_factory=TemplatesSpec, metadata={"doc": "Site template search path."}
     )
@@ -377,6 +448,17 @@ class Config:
         if self.nodes.gpus_per_node:
             return self.nodes.gpus_per_node
         return self.nodes.tasks_per_node or 1
+
+    @property
+    def trainer_layout(self) -> Layout:
+        """The trainer's checkpoint layout: its kind's, with the section's own values."""
+        t = self.trainer
+        return resolve(self.trainer_kind, {k: getattr(t, k, None) for k in LAYOUT_KEYS})
+
+    @property
+    def trainer_kind(self) -> str:
+        """``trainer.kind``, or its default for the launch (validation fills it in)."""
+        return self.trainer.kind or default_kind(self.launch.entrypoint)
 
     @property
     def world_size(self) -> int:
