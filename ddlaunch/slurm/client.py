@@ -89,6 +89,12 @@ class SlurmClient:
             return None
         return parse_scontrol_show_job(result.stdout)
 
+    def restarts(self, job_id: str) -> int | None:
+        """How often Slurm restarted the job (``Restarts`` of ``scontrol show job``)."""
+        shown = self.show_job(job_id)
+        value = (shown or {}).get("Restarts", "")
+        return int(value) if value.isdigit() else None
+
     def requeue(self, job_id: str) -> None:
         result = self.runner.run(["scontrol", "requeue", job_id], timeout=60)
         if not result.ok:

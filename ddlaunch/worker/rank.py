@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config import Config, load_config
+from ddlaunch.config.trainers import is_byo
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import write_failure
 from ddlaunch.store.rundir import config_path
@@ -36,6 +37,7 @@ from ddlaunch.worker.distenv import (
     torchrun_env,
 )
 from ddlaunch.worker.distributed import BACKEND_VAR
+from ddlaunch.worker.trainer import describe, trainer_args
 
 
 def failure_record(exc: BaseException, d: DistEnv, host: str) -> dict[str, Any]:
@@ -93,6 +95,20 @@ def _run_script(script: str, args: list[str]) -> None:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
+def _run_module(module: str, args: list[str]) -> None:
+    """Run ``python -m module args...`` in this process (torchrun's ``-m``)."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [module, *args]  # run_module puts the module's file name in argv[0]
+    sys.path.insert(0, os.getcwd())  # as `python -m` does
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
@@ -117,10 +133,14 @@ def run_rank(run_dir: str) -> dict[str, Any]:
         # Before anything slow (torch import, entry point): from here on the pre-timeout
         # signal only sets the flag. submitit's rank-0-only handler sits on
         # $SUBMITIT_PREEMPT_SIGNAL (default USR2): replace it too when the names differ.
-        signals.install(
-            cfg.fault_tolerance.signal,
-            also=("TERM", os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"),
-        )
+        # A trainer ddlaunch does not drive keeps the default actions: its own handlers
+        # (Lightning's USR1, HF's TERM) are installed only where none is, and a trainer
+        # without one must die on the TERM that stops it.
+        if not is_byo(cfg.trainer_kind):
+            signals.install(
+                cfg.fault_tolerance.signal,
+                also=("TERM", os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"),
+            )
         # Preflight (health.preflight) runs here, in the ranks, before the first step: see
         # ddlaunch.worker.gate. The node facts need no torch; torch is imported once for both.
         gated = gate.enabled(cfg, os.environ)
@@ -141,11 +161,17 @@ def run_rank(run_dir: str) -> dict[str, Any]:
             gate.wait_for_attempt(Path(run_dir), AttemptId.from_env(os.environ))
         if cfg.launch.entrypoint:
             result = _resolve_entrypoint(cfg.launch.entrypoint)(cfg)
-        elif cfg.launch.script:
-            _run_script(cfg.launch.script, list(cfg.launch.args))
-            result = None
         else:
-            raise ValueError("the config sets neither launch.entrypoint nor launch.script")
+            args = trainer_args(cfg, Path(run_dir), os.environ)
+            if d.rank == 0:
+                print(f"[ddlaunch] rank runs: {describe(cfg, args)}", flush=True)
+            if cfg.launch.script:
+                _run_script(cfg.launch.script, args)
+            elif cfg.launch.module:
+                _run_module(cfg.launch.module, args)
+            else:
+                raise ValueError("the config sets none of launch.entrypoint, script, module")
+            result = None
     except gate.PreflightFailed as exc:
         # A node verdict, not a crash of this rank: the end hook acts on it.
         print(f"[ddlaunch] no training in this attempt: {exc.reason}", flush=True)
