@@ -66,9 +66,7 @@ class HookSettings:
 _CLEAN = (policy.CAUSE_COMPLETED, policy.CAUSE_SIGNAL)
 
 
-def _close_cut_off(
-    run_dir: Path, record: dict[str, Any], client: Any, step: int | None
-) -> None:
+def _close_cut_off(run_dir: Path, record: dict[str, Any], client: Any, step: int | None) -> None:
     """The previous attempt never reached ``end``: Slurm requeued it (a node failure, a
     preemption), or the trainer did after ddlaunch asked it to stop (Lightning's own
     ``scontrol requeue`` ends the batch shell too)."""
