@@ -222,7 +222,8 @@ def to_move_aside(
     doomed = [f for f in entries if not f.complete and (latest is None or f.order > latest)]
     if not layout.has_marker and unclean_end is not None and entries:
         newest = entries[-1]
-        if newest not in doomed and _last_write(newest.path) >= unclean_end - settle_s:
+        recent = unclean_end == float("inf") or _last_write(newest.path) >= unclean_end - settle_s
+        if newest not in doomed and recent:
             doomed.append(newest)
     return doomed
 

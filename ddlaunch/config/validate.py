@@ -355,11 +355,6 @@ def validate_tree(loaded: LoadedTree) -> Config:
     ]
     if builder.issues:
         raise ConfigError(builder.issues)
-    if cfg.trainer.kind is None:
-        # The resolved config names its kind: the hooks and status read it without rules.
-        cfg = dataclasses.replace(
-            cfg, trainer=dataclasses.replace(cfg.trainer, kind=cfg.trainer_kind)
-        )
     return cfg
 
 

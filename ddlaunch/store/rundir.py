@@ -84,8 +84,8 @@ def checkpoint_root(run_dir: Path) -> Path:
     return checkpoint_source(run_dir).root
 
 
-# How ``yaml.safe_dump`` writes the default trainer section of an entry-point run.
-_SESSION_TRAINER = "\ntrainer:\n  kind: ddlaunch\n  checkpoint_dir: null\n"
+# How ``yaml.safe_dump`` writes the default trainer section (the kind follows the launch).
+_DEFAULT_TRAINER = "\ntrainer:\n  kind: null\n  checkpoint_dir: null\n"
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,8 @@ def checkpoint_source(run_dir: Path, tree: dict[str, Any] | None = None) -> Chec
     if tree is None:
         text = config_path(run_dir).read_text()
         plain = text.count("checkpoint_dir:") == text.count("checkpoint_dir: null\n")
-        if plain and _SESSION_TRAINER in text:
+        session = _DEFAULT_TRAINER in text and "\n  entrypoint: null\n" not in text
+        if plain and session:
             layout = trainers.BUILTIN[trainers.KIND_DDLAUNCH]
             return CheckpointSource(trainers.KIND_DDLAUNCH, layout, run_dir / CHECKPOINTS_DIR)
         tree = read_config_tree(run_dir)
