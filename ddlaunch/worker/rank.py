@@ -109,6 +109,16 @@ def _run_module(module: str, args: list[str]) -> None:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
+def _leave_process_group() -> None:
+    """A trainer that never destroys its process group (HF Trainer, Lightning) would leave
+    gloo's threads running into interpreter exit, which aborts the process after a clean
+    run ("terminate called without an active exception"): leave it here."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
@@ -171,6 +181,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
                 _run_module(cfg.launch.module, args)
             else:
                 raise ValueError("the config sets none of launch.entrypoint, script, module")
+            _leave_process_group()
             result = None
     except gate.PreflightFailed as exc:
         # A node verdict, not a crash of this rank: the end hook acts on it.
