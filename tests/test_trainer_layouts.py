@@ -187,7 +187,7 @@ def lightning_ckpt(path: Path, step: int) -> None:
         "import collections, sys, torch\n"
         "ckpt = {'epoch': 1, 'global_step': int(sys.argv[2]),\n"
         "        'pytorch-lightning_version': '2.6.6',\n"
-        "        'state_dict': collections.OrderedDict(w=torch.ones(4, 4)),\n"
+        "        'state_dict': torch.nn.Linear(4, 4).state_dict(),  # an OrderedDict + _metadata\n"
         "        'optimizer_states': [{'state': {0: {'exp_avg': torch.zeros(4)}}}],\n"
         "        'loops': {'fit_loop': {'state_dict': {}}}, 'hparams_name': 'kwargs',\n"
         "        'hyper_parameters': {'lr': 0.1, 'dims': (4, 4)}}\n"

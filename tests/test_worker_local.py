@@ -79,6 +79,39 @@ def test_unmodified_torchrun_script(tmp_path: Path) -> None:
         assert f"[ddlaunch] rank {rank}/2 local {rank} host " in header
 
 
+def test_launch_module_runs_python_dash_m_with_resume_args(tmp_path: Path) -> None:
+    """launch.module as torchrun -m runs it; a custom trainer layout's resume arguments are
+    added for the latest complete checkpoint, replacing the flag given in launch.args."""
+    out = tmp_path / "out"
+    cfg: Config = load_config(
+        "examples/mlp",
+        [
+            "launch.entrypoint=null",
+            "launch.module=ddlaunch.examples.torchrun_script",
+            f"launch.args=[--value, '1.0', --out, {out}, --value, '9']",
+            "trainer.kind=custom",
+            "trainer.pattern=ckpt-*",
+            "trainer.step_regex=^ckpt-([0-9]+)$",
+            "trainer.requires=[done]",
+            "trainer.resume_args=[--value, '{step}']",
+            f"trainer.checkpoint_dir={tmp_path}/ckpts",
+        ],
+    )
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+    for step, complete in ((2, True), (3, True), (4, False)):
+        (tmp_path / "ckpts" / f"ckpt-{step}").mkdir(parents=True)
+        if complete:
+            (tmp_path / "ckpts" / f"ckpt-{step}" / "done").write_text("")
+    run_local(run, world_size=2, timeout_s=120)
+    records = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    # --value 3 (the step of ckpt-3) replaced both --value given: 3 * (1 + 2)
+    assert [r["value_sum"] for r in records] == [9.0, 9.0]
+    log = (run / "logs" / "rank-0.out").read_text()
+    assert f"rank runs: python3 -m ddlaunch.examples.torchrun_script --out {out} --value 3" in log
+
+
 FAILING_ENTRY = """
     import os
     import signal

@@ -79,8 +79,16 @@ class _Inert:
         return _Inert()
 
 
+class _StateDict(dict):  # type: ignore[type-arg]
+    """An ``OrderedDict`` as a module's state_dict pickles it: with attributes (``_metadata``)
+    set by the pickle's BUILD."""
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
 _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): dict,
+    ("collections", "OrderedDict"): _StateDict,
     ("builtins", "dict"): dict,
     ("builtins", "list"): list,
     ("builtins", "tuple"): tuple,
