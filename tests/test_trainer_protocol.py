@@ -332,3 +332,42 @@ def test_stop_before_limit_after_a_checkpoint_when_the_next_would_not_fit(
     assert stops.read_stop(run, JOB)["why"].startswith(  # type: ignore[index]
         "trainer.stop_before_limit: 200 s left, checkpoints every 400 s"
     )
+
+
+def test_stop_window_warns_from_the_clusters_own_settings(tmp_path: Path) -> None:
+    """KillWait, GraceTime and PreemptMode read once at submit (recorded from the dev
+    cluster, with a preempting partition), compared with trainer.save_seconds."""
+    from ddlaunch.app.submit import stop_window_warnings
+
+    sets = [
+        "launch.entrypoint=null",
+        "launch.script=train.py",
+        "trainer.kind=hf",
+        "trainer.save_seconds=40",
+        "fault_tolerance.signal_lead=50",
+    ]
+    prepared = prepare("examples/mlp", sets, run_id="r", run_root=str(tmp_path))
+    runner = FakeRunner(
+        {
+            "scontrol show config": "KillWait                = 5 sec\nPreemptMode             = OFF\n",
+            "scontrol show partition": "PartitionName=debug Default=YES GraceTime=30 "
+            "PreemptMode=REQUEUE State=UP\n",
+        }
+    )
+    assert stop_window_warnings(prepared, runner) == [
+        "fault_tolerance.signal_lead=50 s leaves 35 s to save (ddlaunch keeps 15 s for the "
+        "requeue), less than one step plus a save (trainer.save_seconds=40)",
+        "a preemption (PreemptMode=REQUEUE) gives the trainer 30 s (GraceTime) between TERM "
+        "and SIGKILL, less than trainer.save_seconds=40: a preempted attempt resumes from its "
+        "previous checkpoint",
+        "KillWait=5 s: a cancel or a node's TERM leaves the trainer less than "
+        "trainer.save_seconds=40 to save",
+    ]
+    assert runner.count("scontrol") == 2
+    roomy = prepare("examples/mlp", [*sets[:-2], "trainer.save_seconds=3"], run_id="r2",
+                    run_root=str(tmp_path))  # fmt: skip
+    quiet = FakeRunner({"scontrol show config": "KillWait = 5 sec\nPreemptMode = OFF\n"})
+    assert stop_window_warnings(roomy, quiet) == []
+    session = prepare("examples/mlp", run_id="r3", run_root=str(tmp_path))
+    none_asked = FakeRunner()
+    assert stop_window_warnings(session, none_asked) == [] and none_asked.calls == []

@@ -79,7 +79,7 @@ class _Inert:
         return _Inert()
 
 
-class _StateDict(dict):  # type: ignore[type-arg]
+class _StateDict(dict[Any, Any]):
     """An ``OrderedDict`` as a module's state_dict pickles it: with attributes (``_metadata``)
     set by the pickle's BUILD."""
 

@@ -57,8 +57,10 @@ def command(
         click.echo(f"run dir: {run_dir.path}")
         run_here(run_dir.path, prepared.config)
         return
-    from ddlaunch.app.submit import submit_to_slurm
+    from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm
 
+    for warning in stop_window_warnings(prepared):
+        click.echo(f"warning: {warning}", err=True)
     submitted = submit_to_slurm(prepared, workdir=workdir)
     click.echo(f"run {submitted.run_id}  job {submitted.job_id}")
     click.echo(f"run dir: {submitted.run_dir}")

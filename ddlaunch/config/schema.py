@@ -362,6 +362,12 @@ class TrainerSpec:
         "After a new checkpoint, when less than one observed checkpoint interval is left "
         "before the time limit, stop and requeue instead of losing that interval.",
     )
+    save_seconds: int | None = opt(
+        None,
+        "Your estimate of one step plus one checkpoint save, in seconds: submit warns when "
+        "signal_lead, KillWait or a preemption's GraceTime leaves less.",
+        range=(1, 86400),
+    )
     pattern: str | None = opt(None, "Glob of the checkpoint entries in checkpoint_dir (custom).")
     step_regex: str | None = opt(
         None, "Regex matched against an entry's name; group 1 is its step (custom)."

@@ -119,6 +119,25 @@ class SlurmClient:
             return {}
         return parse_sinfo_nodes(result.stdout)
 
+    def show_config(self) -> dict[str, str]:
+        """``scontrol show config`` as key -> value (``KillWait`` -> ``5 sec``); {} on error."""
+        result = self.runner.run(["scontrol", "show", "config"], timeout=60)
+        out: dict[str, str] = {}
+        for line in result.stdout.splitlines() if result.ok else []:
+            key, sep, value = line.partition("=")
+            if sep:
+                out.setdefault(key.strip(), value.strip())
+        return out
+
+    def show_partition(self, name: str | None) -> dict[str, str]:
+        """``scontrol show partition -o`` of ``name`` (the default partition when None)."""
+        result = self.runner.run(["scontrol", "show", "partition", "-o"], timeout=60)
+        for line in result.stdout.splitlines() if result.ok else []:
+            fields = parse_scontrol_show_job(line)
+            if fields.get("PartitionName") == name or (name is None and "Default=YES" in line):
+                return fields
+        return {}
+
     def slurmd_port(self) -> int | None:
         result = self.runner.run(["scontrol", "show", "config"], timeout=60)
         for line in result.stdout.splitlines() if result.ok else []:
