@@ -81,6 +81,7 @@ def interrupt(kind: str, tmp: Path, steps_total: int, at: int) -> tuple[float, i
     """One run: (seconds from the signal to the first step after the resume, steps
     recomputed, step resumed from)."""
     template = SESSION if kind == "session" else HF
+    tmp.mkdir(parents=True)
     cfg = tmp / f"{kind}.yaml"
     cfg.write_text(
         template.format(name=f"byo-{kind}", steps=steps_total, repo=REPO, bench=REPO / "benchmarks")

@@ -349,7 +349,7 @@ def test_stop_window_warns_from_the_clusters_own_settings(tmp_path: Path) -> Non
     prepared = prepare("examples/mlp", sets, run_id="r", run_root=str(tmp_path))
     runner = FakeRunner(
         {
-            "scontrol show config": "KillWait                = 5 sec\nPreemptMode             = OFF\n",
+            "scontrol show config": "KillWait                = 5 sec\nPreemptMode = OFF\n",
             "scontrol show partition": "PartitionName=debug Default=YES GraceTime=30 "
             "PreemptMode=REQUEUE State=UP\n",
         }
