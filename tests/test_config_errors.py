@@ -204,7 +204,7 @@ CASES = [
         "missing_preset",
         "defaults: [clusters/nosuch]\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi) (bad.yaml:1)",
+        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp) (bad.yaml:1)",
     ),
     (
         "set_bad_key",
