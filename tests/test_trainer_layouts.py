@@ -143,6 +143,16 @@ def test_megatron_without_a_usable_pointer_has_nothing(
     assert {e.reason for e in adapters.scan(tmp_path, BUILTIN["megatron"])} == {why}
 
 
+def test_entries_newer_than_the_pointer_are_moved_aside_but_a_dangling_pointer_moves_none(
+    tmp_path: Path,
+) -> None:
+    megatron(tmp_path, "200", [100, 200, 300])
+    doomed = adapters.to_move_aside(tmp_path, BUILTIN["megatron"], unclean_end=None)
+    assert [d.name for d in doomed] == ["iter_0000300"]
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("400")
+    assert adapters.to_move_aside(tmp_path, BUILTIN["megatron"], unclean_end=None) == []
+
+
 def test_deepspeed_latest_tag(tmp_path: Path) -> None:
     for step in (50, 100, 150):
         make(tmp_path, f"global_step{step}", {"mp_rank_00_model_states.pt": "x"})

@@ -227,7 +227,16 @@ def to_move_aside(
     (``unclean_end``: that time; ``inf`` when unknown, i.e. the attempt was cut off)."""
     entries = scan(root, layout)
     latest = max((f.order for f in entries if f.complete), default=None)
-    doomed = [f for f in entries if not f.complete and (latest is None or f.order > latest)]
+    # A missing or dangling pointer makes every entry incomplete; it is for a person to
+    # sort out, not a reason to move all of them.
+    unsure = (f"no {layout.pointer}", f"{layout.pointer} names") if layout.pointer else ()
+    doomed = [
+        f
+        for f in entries
+        if not f.complete
+        and (latest is None or f.order > latest)
+        and not (unsure and f.reason.startswith(unsure))
+    ]
     if not layout.has_marker and unclean_end is not None and entries:
         newest = entries[-1]
         recent = unclean_end == float("inf") or _last_write(newest.path) >= unclean_end - settle_s
