@@ -176,9 +176,6 @@ def run_status(
     step = info.progress.get("step") if info.progress else None
     if info.watchdog and info.watchdog.get("step") is not None:
         step = max(step or 0, int(info.watchdog["step"]))
-    if step is None:
-        # A trainer ddlaunch does not drive reports no step: its latest checkpoint's is known.
-        step = info.latest_step
     if not nodes and info.attempts:
         nodes = str(info.attempts[-1].get("nodes", ""))
     return RunStatus(
