@@ -371,3 +371,22 @@ def test_stop_window_warns_from_the_clusters_own_settings(tmp_path: Path) -> Non
     session = prepare("examples/mlp", run_id="r3", run_root=str(tmp_path))
     none_asked = FakeRunner()
     assert stop_window_warnings(session, none_asked) == [] and none_asked.calls == []
+
+
+def test_trainer_checkpoint_dir_is_made_absolute_at_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCRATCH", "/scratch/me")
+    sets = ["launch.entrypoint=null", "launch.script=t.py", "trainer.kind=hf"]
+    prepared = prepare(
+        "examples/mlp",
+        [*sets, "trainer.checkpoint_dir=$SCRATCH/{run_id}/hf"],
+        run_id="r",
+        run_root=str(tmp_path),
+    )
+    assert prepared.config.trainer.checkpoint_dir == "/scratch/me/{run_id}/hf"
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(prepared.config), sort_keys=False))
+    assert checkpoint_source(run).root == Path("/scratch/me/r/hf")
+    assert "--output_dir" not in prepared.plan.rank_command  # nothing invented

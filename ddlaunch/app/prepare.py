@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ def prepare_config(
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
 ) -> Prepared:
+    cfg = absolute_trainer_dir(cfg)
     run_id = run_id or new_run_id(cfg.job.name)
     root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
     plan = make_plan(
@@ -74,6 +76,20 @@ def prepare_config(
         sources=sources,
     )
     return Prepared(cfg, tuple(sources), plan, script)
+
+
+def absolute_trainer_dir(cfg: Config) -> Config:
+    """``trainer.checkpoint_dir`` with ~ and $VARS expanded here, at submit (the login node's
+    are the user's); ``{run_dir}`` / ``{run_id}`` stay, filled in per run (sweep members)."""
+    given = cfg.trainer.checkpoint_dir
+    if not given:
+        return cfg
+    expanded = os.path.expandvars(os.path.expanduser(given))
+    if expanded == given:
+        return cfg
+    return dataclasses.replace(
+        cfg, trainer=dataclasses.replace(cfg.trainer, checkpoint_dir=expanded)
+    )
 
 
 def prepare_submission(
