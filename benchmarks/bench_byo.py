@@ -108,6 +108,10 @@ def interrupt(kind: str, tmp: Path, steps_total: int, at: int) -> tuple[float, i
         records = json.loads((run / "attempts.json").read_text())
         resumed = records[-1]["resumed_from"] or 0
         recomputed = steps(parts[0])[-1] - resumed
+        # Where the time went: the first attempt closed (requeue), the next one started.
+        closed, started = records[0]["end"] - signalled, records[-1]["start"] - signalled
+        print(f"  {kind}: attempt closed +{closed:.1f} s ({records[0]['cause']}), next attempt "
+              f"started +{started:.1f} s, first step +{first_after:.1f} s", flush=True)  # fmt: skip
     finally:
         subprocess.run(
             [sys.executable, "-m", "ddlaunch", "cancel", str(run)], check=False, capture_output=True

@@ -279,6 +279,36 @@ def test_stop_hook_forwards_the_signal_and_waits_for_the_save(
     assert stops.read_stop(run, JOB) == record
 
 
+def test_the_save_on_the_signal_is_concluded_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like rank 0 of Session code after its signal save: the stop hook requeues as soon as
+    the trainer's checkpoint is complete, without waiting for the trainer to exit."""
+    run = byo_run(tmp_path)
+    hf_checkpoint(run, 40)
+    open_attempt(run, 40)
+    clock = Clock()
+    runner = FakeRunner({**SINFO, "scontrol show job": "JobId=9 JobState=RUNNING Restarts=0"})
+    monkeypatch.setattr(stopping, "alive", lambda pid: True)  # HF would still be exiting
+    request = stopping.StopRequest(
+        run, JOB, checkpoint_source(run), SlurmClient(runner), 4242, clock, clock.sleep
+    )
+    request.on_saved = lambda stop: hooks.conclude_saved(
+        run, SlurmClient(runner), JOB, hooks.HookSettings(), stop
+    )
+    monkeypatch.setattr(request, "sleep", lambda s: (clock.sleep(s), hf_checkpoint(run, 44)))
+    record = request.run("time limit in 120 s", 105)
+    assert record["saved_step"] == 44
+    closed = attempts.load(run)[-1]
+    assert (closed["cause"], closed["decision"]) == (
+        "trainer stop",
+        "requeue after trainer stop: committed step 40 -> 44",
+    )
+    assert runner.calls[-1] == ["scontrol", "requeue", "9"]
+    assert runner.calls[0] == ["scancel", "--signal=TERM", "9"]  # the ask, never a stop
+    assert hooks.end(run, 0, SlurmClient(runner), JOB) == 0  # the end hook finds it closed
+
+
 def test_stop_hook_stops_a_trainer_that_keeps_running_or_never_saves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,7 +27,15 @@ def check(cfg: Config, fail: Fail) -> None:
 
 
 def _unused_rules(t: Any, kind: str, fail: Fail) -> None:
-    for key in ("resume_args", "signal", "pattern", "step_regex", "pointer", "step_key"):
+    for key in (
+        "resume_args",
+        "signal",
+        "requeues",
+        "pattern",
+        "step_regex",
+        "pointer",
+        "step_key",
+    ):
         if getattr(t, key) is not None:
             fail((*_T, key), f"has no effect with trainer.kind={kind}", also=_T)
     if t.stop_before_limit and kind == trainers.KIND_NONE:

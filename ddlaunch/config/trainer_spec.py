@@ -34,6 +34,11 @@ class TrainerSpec:
         "saves and stops (TERM, USR1, USR2, INT, HUP, none); unset: the kind's.",
         choices=("TERM", "USR1", "USR2", "INT", "HUP", "none"),
     )
+    requeues: bool | None = opt(
+        None,
+        "The trainer runs scontrol requeue itself after its save on the signal (Lightning's "
+        "auto-requeue): ddlaunch then never requeues first; unset: the kind's.",
+    )
     stop_before_limit: bool = opt(
         False,
         "After a new checkpoint, when less than one observed checkpoint interval is left "

@@ -46,6 +46,7 @@ class Layout:
     step_marker: str | None = None  # JSON file in the entry whose "step" must match
     resume_args: tuple[str, ...] = ()  # added to launch.args when a checkpoint exists
     signal: str = NO_SIGNAL  # the signal the trainer saves and stops on ("none": no handler)
+    requeues: bool = False  # it runs `scontrol requeue` itself after that save (Lightning)
 
     @property
     def knows_checkpoints(self) -> bool:
@@ -86,6 +87,7 @@ BUILTIN: dict[str, Layout] = {
         step_regex=r"^(?:hpc_ckpt_([0-9]+)|last(?:-v[0-9]+)?)\.ckpt$",
         step_key="global_step",
         signal="USR1",  # SLURMEnvironment(auto_requeue=True), Lightning's default
+        requeues=True,
     ),
     "megatron": Layout(
         pattern="iter_*",

@@ -223,6 +223,29 @@ def end(
     return 0 if conclusion.requeued else exit_code
 
 
+def conclude_saved(
+    run_dir: Path,
+    client: Any,
+    attempt: AttemptId,
+    settings: HookSettings,
+    stop: Mapping[str, Any],
+) -> None:
+    """The trainer completed its save on ddlaunch's signal: conclude the attempt now (requeue,
+    or record why not), without waiting for the trainer to exit; the end hook then finds it
+    closed."""
+    conclude(
+        run_dir,
+        cause=policy.CAUSE_TRAINER_STOP,
+        committed_step=stop.get("saved_step"),
+        max_requeues=settings.max_requeues,
+        client=client,
+        job=attempt.task,
+        saved_step=stop.get("saved_step"),
+        record={"signal": stop.get("signal"), "stop": stop.get("why")},
+        restart=attempt.restart,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.hooks")
     parser.add_argument("hook", choices=["start", "preflight", "end", "stop"])
@@ -248,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hook == "stop":
         source = checkpoint_source(run_dir, tree)
         request = stopping.StopRequest(run_dir, attempt, source, client, args.srun_pid)
+        request.on_saved = lambda stop: conclude_saved(run_dir, client, attempt, settings, stop)
         why = f"time limit in {settings.signal_lead} s"
         request.run(why, stopping.budget(settings.signal_lead))
         return 0

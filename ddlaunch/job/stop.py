@@ -8,12 +8,16 @@ shell (``--signal=B:<sig>@<lead>``), whose trap runs ``python -m ddlaunch.job.ho
    ``enable_jit_checkpoint`` and Megatron's ``--exit-signal-handler``, USR1 for Lightning) to
    every rank; a trainer without one gets TERM at once (its last checkpoint is what it has);
 3. wait for the save: a new complete checkpoint or the end of the step, bounded by the
-   signal's lead (less a margin, so the end hook runs before the time limit); a trainer still
-   running some seconds after its save, or at the bound, gets TERM.
+   signal's lead (less a margin, so the end hook runs before the time limit). Once the save
+   is complete the attempt is concluded right here (``on_saved``: ``conclude`` with cause
+   ``trainer stop``, which requeues the job; Slurm then ends the trainer, whatever it still
+   does), as rank 0 of Session code does after its signal save; a trainer that requeues the
+   job itself (Lightning) is left to do so. A trainer still running some seconds after its
+   save, or at the bound, gets TERM.
 
-The end hook then requeues whatever the exit code (``policy.requeue``, cause ``trainer
-stop``), if the step advanced. ``LimitWatch`` is ``trainer.stop_before_limit``: the watchdog
-asks for the same stop right after a new checkpoint when less than one observed checkpoint
+Without a save, the end hook requeues whatever the exit code (``policy.requeue``, cause
+``trainer stop``), if the step advanced. ``LimitWatch`` is ``trainer.stop_before_limit``: the
+watchdog asks for the same stop right after a new checkpoint when less than one observed checkpoint
 interval is left before the time limit.
 """
 
@@ -56,6 +60,7 @@ class StopRequest:
     srun_pid: int | None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Any] = time.sleep
+    on_saved: Callable[[dict[str, Any]], Any] | None = None  # concludes the attempt
 
     def committed(self) -> int | None:
         found = latest_checkpoint(self.run_dir, self.source)
@@ -86,17 +91,22 @@ class StopRequest:
             if saved is None and step is not None and step != before:
                 saved, saved_at = step, now
                 print(f"[ddlaunch] the trainer saved step {step}", flush=True)
+                if self.on_saved is not None and not self.source.layout.requeues:
+                    done = self._record(record, saved, start)
+                    self.on_saved(done)
+                    return done
             overdue = saved_at is not None and now - saved_at > GRACE_S
             if not stopped and (overdue or now - start > budget_s):
                 self.terminate("saved, still running" if overdue else "no save within the lead")
                 stopped = True
             self.sleep(1.0)
-        record = stops.write_stop(
-            self.run_dir,
-            self.attempt,
-            **{**record, "saved_step": saved, "waited_s": round(self.clock() - start, 1)},
+        return self._record(record, saved, start)
+
+    def _record(self, record: dict[str, Any], saved: int | None, start: float) -> dict[str, Any]:
+        waited = round(self.clock() - start, 1)
+        return stops.write_stop(
+            self.run_dir, self.attempt, **{**record, "saved_step": saved, "waited_s": waited}
         )
-        return record
 
 
 def budget(lead: int) -> float:
