@@ -112,7 +112,9 @@ def test_hf_trainer_time_limit_signal_saves_requeues_and_resumes_at_that_step(
     first, second = attempts(run_dir)
     saved = first["committed_step"]
     assert first["cause"] == "trainer stop" and first["signal"] == "TERM"
-    assert first["exit_code"] == 0  # HF exits 0 after its jit checkpoint; requeued anyway
+    # Concluded by the stop hook once the save was complete (no exit code: Slurm ended the
+    # trainer), or by the end hook if HF's exit 0 came first: requeued either way.
+    assert first.get("exit_code") in (None, 0)
     assert first["decision"] == f"requeue after trainer stop: committed step none -> {saved}"
     stop = json.loads((run_dir / "stop.json").read_text())
     # The stop hook saw the save that followed the signal (HF's jit checkpoint)...

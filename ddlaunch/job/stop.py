@@ -37,6 +37,7 @@ from ddlaunch.store.rundir import CheckpointSource, latest_checkpoint
 
 MARGIN_S = 15.0  # kept free before the time limit for the end hook and the requeue
 GRACE_S = 20.0  # a trainer still running this long after its save is stopped
+POLL_S = 0.25  # a look at the checkpoint directory: one listing and a few stats
 
 
 def alive(pid: int | None) -> bool:
@@ -99,7 +100,7 @@ class StopRequest:
             if not stopped and (overdue or now - start > budget_s):
                 self.terminate("saved, still running" if overdue else "no save within the lead")
                 stopped = True
-            self.sleep(1.0)
+            self.sleep(POLL_S)
         return self._record(record, saved, start)
 
     def _record(self, record: dict[str, Any], saved: int | None, start: float) -> dict[str, Any]:
