@@ -309,6 +309,19 @@ def test_the_save_on_the_signal_is_concluded_at_once(
     assert hooks.end(run, 0, SlurmClient(runner), JOB) == 0  # the end hook finds it closed
 
 
+@pytest.mark.parametrize(
+    ("kind", "concludes"),
+    [("hf", True), ("megatron", True), ("lightning", False), ("torchtune", False), ("dcp", False)],
+)
+def test_which_saves_end_the_attempt_at_once(tmp_path: Path, kind: str, concludes: bool) -> None:
+    """Lightning requeues itself; torchtune's checkpoints have no completeness marker (a new
+    directory may still be being written); dcp/torchtitan have no save-on-signal."""
+    run = byo_run(tmp_path, kind)
+    request = stopping.StopRequest(run, JOB, checkpoint_source(run), SlurmClient(FakeRunner()), 1)
+    request.on_saved = print
+    assert request.concludes_on_save(checkpoint_source(run).layout.signal) is concludes
+
+
 def test_stop_hook_stops_a_trainer_that_keeps_running_or_never_saves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

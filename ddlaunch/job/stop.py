@@ -67,6 +67,14 @@ class StopRequest:
         found = latest_checkpoint(self.run_dir, self.source)
         return found.step if found else None
 
+    def concludes_on_save(self, signame: str) -> bool:
+        """Whether a new complete checkpoint ends the attempt at once: only a save the trainer
+        was asked for, proved complete by a marker (without one, a new entry may still be
+        being written), and not when the trainer requeues the job itself."""
+        layout = self.source.layout
+        asked = signame != NO_SIGNAL
+        return self.on_saved is not None and asked and layout.has_marker and not layout.requeues
+
     def terminate(self, why: str) -> None:
         print(f"[ddlaunch] stopping the training step ({why})", flush=True)
         self.client.cancel([self.attempt.task], signal="TERM")
@@ -92,7 +100,7 @@ class StopRequest:
             if saved is None and step is not None and step != before:
                 saved, saved_at = step, now
                 print(f"[ddlaunch] the trainer saved step {step}", flush=True)
-                if self.on_saved is not None and not self.source.layout.requeues:
+                if self.on_saved is not None and self.concludes_on_save(signame):
                     done = self._record(record, saved, start)
                     self.on_saved(done)
                     return done
