@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddlaunch.config.schema import Config
-from ddlaunch.config.trainers import NO_SIGNAL, is_byo, substitute
+from ddlaunch.config.trainers import NO_SIGNAL, is_byo, placeholders, substitute
 from ddlaunch.config.validate import parse_duration
 from ddlaunch.planning import fabric, topology
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
@@ -179,6 +179,8 @@ def rank_command(cfg: Config, run_dir: str | None = None) -> str:
         values["checkpoint_dir"] = ckpt or str(run / CHECKPOINTS_DIR)
         args = [substitute(word, values) for word in args]
     line = format_argv([launch.python, *what, *args])
+    if is_byo(cfg.trainer_kind) and run_dir is None and any(map(placeholders, args)):
+        line += " [{placeholders} filled in per member]"
     layout = cfg.trainer_layout
     if is_byo(cfg.trainer_kind) and layout.resume_args:
         line += " [+ " + format_argv(layout.resume_args) + " once a checkpoint exists]"
