@@ -433,3 +433,18 @@ def test_trainer_checkpoint_dir_is_made_absolute_at_submit(
     (run / "config.yaml").write_text(yaml.safe_dump(to_plain(prepared.config), sort_keys=False))
     assert checkpoint_source(run).root == Path("/scratch/me/r/hf")
     assert "--output_dir" not in prepared.plan.rank_command  # nothing invented
+
+
+def test_report_and_resume_see_the_trainers_checkpoints(tmp_path: Path) -> None:
+    from ddlaunch.app.report import checkpoint_times
+    from ddlaunch.app.runs import read_run
+
+    run = byo_run(tmp_path)
+    for step in (20, 40):
+        hf_checkpoint(run, step)
+    hf_checkpoint(run, 60, complete=False)
+    attempts.save(run, [{"attempt": 0, "job_id": "9", "start": 1.0, "end": 2.0}])
+    info = read_run(run)
+    assert (info.trainer, info.latest_step) == ("hf", 40)
+    assert info.latest_checkpoint == run / "checkpoints" / "checkpoint-40"
+    assert [step for step, _ in sorted(checkpoint_times(run))] == [20, 40]
