@@ -52,6 +52,18 @@ def test_signal_handler_only_sets_a_flag() -> None:
         signals.reset()
 
 
+def test_another_trainer_gets_the_default_signal_actions_back() -> None:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        signals.install("USR2")  # what the task does first thing
+        signals.restore_defaults("USR2", "TERM")  # what the rank does for trainer.kind hf...
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # a TERM stops it again
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+
+
 def test_signal_names() -> None:
     assert signals.signal_number("usr1") == signal.SIGUSR1
     assert signals.signal_number("SIGHUP") == signal.SIGHUP

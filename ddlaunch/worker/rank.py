@@ -37,6 +37,7 @@ from ddlaunch.worker.distenv import (
     torchrun_env,
 )
 from ddlaunch.worker.distributed import BACKEND_VAR
+from ddlaunch.worker.signals import FAST_EXIT_VAR
 from ddlaunch.worker.trainer import describe, trainer_args
 
 
@@ -143,10 +144,14 @@ def run_rank(run_dir: str) -> dict[str, Any]:
         # Before anything slow (torch import, entry point): from here on the pre-timeout
         # signal only sets the flag. submitit's rank-0-only handler sits on
         # $SUBMITIT_PREEMPT_SIGNAL (default USR2): replace it too when the names differ.
-        # A trainer ddlaunch does not drive keeps the default actions: its own handlers
-        # (Lightning's USR1, HF's TERM) are installed only where none is, and a trainer
-        # without one must die on the TERM that stops it.
-        if not is_byo(cfg.trainer_kind):
+        # A trainer ddlaunch does not drive gets the default actions back (the task set the
+        # flag handler first thing): its own handlers (Lightning's USR1, HF's TERM) are
+        # installed only where none is, and a trainer without one must die on the TERM that
+        # stops it.
+        if is_byo(cfg.trainer_kind):
+            signals.restore_defaults(cfg.fault_tolerance.signal, "TERM")
+            os.environ[FAST_EXIT_VAR] = "1"
+        else:
             signals.install(
                 cfg.fault_tolerance.signal,
                 also=("TERM", os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"),
