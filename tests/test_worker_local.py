@@ -64,6 +64,41 @@ def test_another_trainer_gets_the_default_signal_actions_back() -> None:
             signal.signal(number, handler)
 
 
+def test_a_trainer_without_a_handler_dies_on_the_stop(tmp_path: Path) -> None:
+    """The TERM ddlaunch's stop hook sends ends a trainer.kind other than ddlaunch/none
+    (found on the dev cluster: the flag handler used to swallow it until the time limit)."""
+    import threading
+
+    pid_file = tmp_path / "pid"
+    run = make_run(
+        tmp_path,
+        entrypoint=None,
+        script=str(Path(__file__).parent / "trainer_scripts" / "sleeper.py"),
+        args=(str(pid_file),),
+    )
+    text = (run / "config.yaml").read_text().replace("  kind: null\n", "  kind: torchtune\n", 1)
+    (run / "config.yaml").write_text(text)
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            run_local(run, world_size=1, timeout_s=60)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sent = time.monotonic()
+    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    thread.join(30)
+    assert time.monotonic() - sent < 10
+    assert errors and isinstance(errors[0], LocalRunError)
+    assert "SIGTERM" in str(errors[0])
+
+
 def test_signal_names() -> None:
     assert signals.signal_number("usr1") == signal.SIGUSR1
     assert signals.signal_number("SIGHUP") == signal.SIGHUP
