@@ -24,6 +24,7 @@ from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import checkpoint_source, committed_step
 
 JOB = AttemptId("9", 0, "9")
+TESTS = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize(
@@ -327,14 +328,28 @@ def test_stop_hook_stops_a_trainer_that_keeps_running_or_never_saves(
 ) -> None:
     run = byo_run(tmp_path, "lightning")
     open_attempt(run, None)
-    clock, runner = Clock(), FakeRunner()
-    monkeypatch.setattr(stopping, "alive", lambda pid: clock.now < 1200)
+    # Recorded on the dev cluster: `squeue -h -s -j JOB -o %i` of a running job.
+    steps = (TESTS / "fixtures" / "slurm-22.05" / "squeue-steps.txt").read_text()
+    clock, runner = Clock(), FakeRunner({"squeue -h -s": steps.replace("377", "9")})
+    killed_at: list[float] = []
+    runner.on_run = lambda argv: killed_at.append(clock.now) if "--signal=KILL" in argv else None
+    # Hung in its save (Lightning saves inside its signal handler) and deaf to TERM; the
+    # step ends once it is killed.
+    monkeypatch.setattr(stopping, "alive", lambda pid: not killed_at)
     request = stopping.StopRequest(
         run, JOB, checkpoint_source(run), SlurmClient(runner), 4242, clock, clock.sleep
     )
+    start = clock.now
     record = request.run("time limit in 60 s", stopping.budget(60))
-    # USR1 for Lightning, then TERM once the lead (60 s less the 15 s margin) ran out.
-    assert runner.calls == [["scancel", "--signal=USR1", "9"], ["scancel", "--signal=TERM", "9"]]
+    # USR1 for Lightning, TERM once the lead (60 s less the 15 s margin) ran out, KILL of the
+    # step (never the batch step) 10 s later.
+    assert runner.calls == [
+        ["scancel", "--signal=USR1", "9"],
+        ["scancel", "--signal=TERM", "9"],
+        ["squeue", "-h", "-s", "-j", "9", "-o", "%i"],
+        ["scancel", "--signal=KILL", "9.1"],
+    ]
+    assert 55 < killed_at[0] - start < 56.5
     assert record["saved_step"] is None
 
 

@@ -181,13 +181,17 @@ def test_hf_rank_killed_while_writing_a_checkpoint_resumes_from_the_complete_one
 def test_lightning_usr1_saves_hpc_checkpoint_and_requeues_exactly_once(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
+    # Lightning saves inside its signal handler, on every rank, wherever the signal finds
+    # it: with a rank inside a collective (the gradients' all-reduce) and the other in the
+    # save's barrier, the save deadlocks (seen once in four runs with 0.1 s of idle time per
+    # step). Most of each step here is idle time, as a GPU step is for the CPU.
     args = [
-        "--root", "{checkpoint_dir}", "--max_steps", "300", "--nodes", "2", "--devices", "1",
-        "--step_sleep", "0.1", "--result", "{run_dir}/result.json",
+        "--root", "{checkpoint_dir}", "--max_steps", "150", "--nodes", "2", "--devices", "1",
+        "--step_sleep", "0.3", "--result", "{run_dir}/result.json",
     ]  # fmt: skip
     config = trainer_config(tmp_path, "pl-signal", PL_SCRIPT, args, trainer={"kind": "lightning"})
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    wait_for(lambda: rank0_step(run_dir) >= 60, 240, "step 60")
+    wait_for(lambda: rank0_step(run_dir) >= 40, 240, "step 40")
     slurm_cluster.signal_job(job_id, "USR2", batch=True)
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
     assert slurm_cluster.job_field(job_id, "Restarts") == "1"  # Lightning's requeue only
@@ -198,11 +202,11 @@ def test_lightning_usr1_saves_hpc_checkpoint_and_requeues_exactly_once(
     # closes the attempt; the end hook, had it run, would have seen Restarts=1 and not
     # requeued again (test_trainer_protocol).
     assert first["decision"] == "requeued by Slurm (the trainer's own scontrol requeue)"
-    assert saved >= 60
+    assert saved >= 40
     assert second["resumed_from"] == saved and second["cause"] == "completed"
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["hpc_ckpt_1.ckpt"]
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["start_step"] == saved and result["global_step"] == 300
+    assert result["start_step"] == saved and result["global_step"] == 150
 
 
 def test_script_crashing_before_any_checkpoint_is_not_requeued(

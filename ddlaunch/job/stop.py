@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config.trainers import NO_SIGNAL
+from ddlaunch.job.watches import end_step
 from ddlaunch.store import stops
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import CheckpointSource, latest_checkpoint
@@ -38,6 +39,7 @@ from ddlaunch.store.rundir import CheckpointSource, latest_checkpoint
 MARGIN_S = 15.0  # kept free before the time limit for the end hook and the requeue
 GRACE_S = 20.0  # a trainer still running this long after its save is stopped
 POLL_S = 0.25  # a look at the checkpoint directory: one listing and a few stats
+KILL_AFTER_S = 10.0  # a step still alive this long after its TERM is killed (a hung save)
 
 
 def alive(pid: int | None) -> bool:
@@ -93,7 +95,8 @@ class StopRequest:
         else:
             print(f"[ddlaunch] {why}: sending SIG{signame} to the ranks", flush=True)
             self.client.cancel([self.attempt.task], signal=signame)
-        saved, saved_at, stopped = None, None, signame == NO_SIGNAL
+        saved, saved_at, killed = None, None, False
+        stopped_at = start if signame == NO_SIGNAL else None
         while alive(self.srun_pid):
             now = self.clock()
             step = self.committed()
@@ -105,9 +108,15 @@ class StopRequest:
                     self.on_saved(done)
                     return done
             overdue = saved_at is not None and now - saved_at > GRACE_S
-            if not stopped and (overdue or now - start > budget_s):
+            if stopped_at is None and (overdue or now - start > budget_s):
                 self.terminate("saved, still running" if overdue else "no save within the lead")
-                stopped = True
+                stopped_at = now
+            elif stopped_at is not None and not killed and now - stopped_at > KILL_AFTER_S:
+                # Hung (Lightning's save in its signal handler can deadlock in a collective)
+                # or ignoring TERM: end the step so the end hook still decides in time.
+                ended = end_step(self.attempt.job_id, self.client)
+                print(f"[ddlaunch] killed step(s) {', '.join(ended)}: still alive after TERM")
+                killed = True
             self.sleep(POLL_S)
         return self._record(record, saved, start)
 
