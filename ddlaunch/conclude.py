@@ -72,6 +72,18 @@ def requeue_excluding(client: Any, job_id: str, nodes: Sequence[str]) -> bool:
         signal.signal(signal.SIGTERM, previous)
 
 
+def requeued_meanwhile(client: Any, job: str, restart: int | None) -> bool:
+    """Whether Slurm restarted ``job`` after the attempt with ``restart`` began (someone
+    else ran ``scontrol requeue``): then requeueing again would cost a second restart."""
+    if restart is None:
+        return False
+    try:
+        now = client.restarts(job)
+    except Exception:  # Slurm unreachable: requeue as usual
+        return False
+    return now is not None and now > restart
+
+
 def conclude(
     run_dir: Path,
     *,
@@ -84,6 +96,7 @@ def conclude(
     final: str | None = None,
     saved_step: int | None = None,
     record: Mapping[str, Any] | None = None,
+    restart: int | None = None,
 ) -> Conclusion:
     """Close the newest attempt and act on the requeue policy.
 
@@ -93,7 +106,9 @@ def conclude(
     finding the policy lets the retry skip the progress test. ``final``: a reason that
     rules out any retry (every node failed preflight). ``saved_step``: the step a signal save
     just committed, said in a cancelled run's outcome. ``record``: more fields for the
-    attempt record (exit code, health detail, signal...)."""
+    attempt record (exit code, health detail, signal...). ``restart``: this attempt's
+    restart count, given where the trainer may have run ``scontrol requeue`` itself
+    (Lightning's auto-requeue): a job Slurm restarted since is not requeued a second time."""
     records = attempts.load(run_dir)
     current = records[-1] if records else {}
     if final is not None:
@@ -114,6 +129,9 @@ def conclude(
             cause = policy.CAUSE_CANCELLED
             saved = f"; saved step {saved_step}" if saved_step is not None else ""
             decision = policy.Decision(False, f"{why}{saved}")
+    already = bool(decision.requeue and job and requeued_meanwhile(client, job, restart))
+    if already:
+        decision = policy.Decision(True, f"{decision.reason} (the trainer requeued the job)")
     attempts.end_last(
         run_dir,
         cause=cause,
@@ -124,7 +142,8 @@ def conclude(
     )
     if decision.requeue and job:
         print(f"[ddlaunch] {decision.reason}", flush=True)
-        requeue_excluding(client, job, exclusions.excluded(run_dir) if blamed else [])
+        if not already:
+            requeue_excluding(client, job, exclusions.excluded(run_dir) if blamed else [])
         return Conclusion(cause, decision, None)
     state = policy.final_state(cause)
     outcome.write_outcome(run_dir, state, decision.reason)

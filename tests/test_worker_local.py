@@ -52,6 +52,53 @@ def test_signal_handler_only_sets_a_flag() -> None:
         signals.reset()
 
 
+def test_another_trainer_gets_the_default_signal_actions_back() -> None:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        signals.install("USR2")  # what the task does first thing
+        signals.restore_defaults("USR2", "TERM")  # what the rank does for trainer.kind hf...
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # a TERM stops it again
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+
+
+def test_a_trainer_without_a_handler_dies_on_the_stop(tmp_path: Path) -> None:
+    """The TERM ddlaunch's stop hook sends ends a trainer.kind other than ddlaunch/none
+    (found on the dev cluster: the flag handler used to swallow it until the time limit)."""
+    import threading
+
+    pid_file = tmp_path / "pid"
+    run = make_run(
+        tmp_path,
+        entrypoint=None,
+        script=str(Path(__file__).parent / "trainer_scripts" / "sleeper.py"),
+        args=(str(pid_file),),
+    )
+    text = (run / "config.yaml").read_text().replace("  kind: null\n", "  kind: torchtune\n", 1)
+    (run / "config.yaml").write_text(text)
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            run_local(run, world_size=1, timeout_s=60)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sent = time.monotonic()
+    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    thread.join(30)
+    assert time.monotonic() - sent < 10
+    assert errors and isinstance(errors[0], LocalRunError)
+    assert "SIGTERM" in str(errors[0])
+
+
 def test_signal_names() -> None:
     assert signals.signal_number("usr1") == signal.SIGUSR1
     assert signals.signal_number("SIGHUP") == signal.SIGHUP
@@ -77,6 +124,39 @@ def test_unmodified_torchrun_script(tmp_path: Path) -> None:
         assert record["value_sum"] == 2.5 * (1 + 2)
         header = (run / "logs" / f"rank-{rank}.out").read_text()
         assert f"[ddlaunch] rank {rank}/2 local {rank} host " in header
+
+
+def test_launch_module_runs_python_dash_m_with_resume_args(tmp_path: Path) -> None:
+    """launch.module as torchrun -m runs it; a custom trainer layout's resume arguments are
+    added for the latest complete checkpoint, replacing the flag given in launch.args."""
+    out = tmp_path / "out"
+    cfg: Config = load_config(
+        "examples/mlp",
+        [
+            "launch.entrypoint=null",
+            "launch.module=ddlaunch.examples.torchrun_script",
+            f"launch.args=[--value, '1.0', --out, {out}, --value, '9']",
+            "trainer.kind=custom",
+            "trainer.pattern=ckpt-*",
+            "trainer.step_regex=^ckpt-([0-9]+)$",
+            "trainer.requires=[done]",
+            "trainer.resume_args=[--value, '{step}']",
+            f"trainer.checkpoint_dir={tmp_path}/ckpts",
+        ],
+    )
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+    for step, complete in ((2, True), (3, True), (4, False)):
+        (tmp_path / "ckpts" / f"ckpt-{step}").mkdir(parents=True)
+        if complete:
+            (tmp_path / "ckpts" / f"ckpt-{step}" / "done").write_text("")
+    run_local(run, world_size=2, timeout_s=120)
+    records = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    # --value 3 (the step of ckpt-3) replaced both --value given: 3 * (1 + 2)
+    assert [r["value_sum"] for r in records] == [9.0, 9.0]
+    log = (run / "logs" / "rank-0.out").read_text()
+    assert f"rank runs: python3 -m ddlaunch.examples.torchrun_script --out {out} --value 3" in log
 
 
 FAILING_ENTRY = """

@@ -83,6 +83,7 @@ def prepare_config(
     exclude: Sequence[str] = (),
     code: CodePaths | None = None,
 ) -> Prepared:
+    cfg = absolute_trainer_dir(cfg)
     run_id = run_id or new_run_id(cfg.job.name)
     code = code or CodePaths()
     if cfg.container.runtime != "none" and code.ddlaunch_root is None:
@@ -106,6 +107,20 @@ def prepare_config(
         sources=sources,
     )
     return Prepared(cfg, tuple(sources), plan, script)
+
+
+def absolute_trainer_dir(cfg: Config) -> Config:
+    """``trainer.checkpoint_dir`` with ~ and $VARS expanded here, at submit (the login node's
+    are the user's); ``{run_dir}`` / ``{run_id}`` stay, filled in per run (sweep members)."""
+    given = cfg.trainer.checkpoint_dir
+    if not given:
+        return cfg
+    expanded = os.path.expandvars(os.path.expanduser(given))
+    if expanded == given:
+        return cfg
+    return dataclasses.replace(
+        cfg, trainer=dataclasses.replace(cfg.trainer, checkpoint_dir=expanded)
+    )
 
 
 def prepare_submission(

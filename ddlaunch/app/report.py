@@ -21,12 +21,15 @@ from typing import Any
 from ddlaunch import fsutil
 from ddlaunch.app.runs import read_run
 from ddlaunch.app.status import run_status
+from ddlaunch.checkpoint import adapters
 from ddlaunch.checkpoint.layout import list_checkpoints
+from ddlaunch.config.trainers import KIND_DDLAUNCH
 from ddlaunch.policy.staging import node_line
 from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.failures import FAILURES_DIR
+from ddlaunch.store.rundir import checkpoint_source
 
 
 @dataclass(frozen=True)
@@ -236,15 +239,31 @@ font-size:13px;text-align:left}}th{{background:#eee}}img{{max-width:100%}}</styl
 """
 
 
+def checkpoint_times(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, commit time) of every complete checkpoint: ddlaunch's commit marker's time for
+    Session runs, the entry's modification time for other trainers."""
+    source = checkpoint_source(run_dir)
+    if source.kind == KIND_DDLAUNCH:
+        return [
+            (c.step, c.marker.time)
+            for c in list_checkpoints(source.root)
+            if c.complete and c.marker is not None
+        ]
+    out = []
+    for found in adapters.scan(source.root, source.layout):
+        if found.complete and found.step is not None:
+            try:
+                out.append((found.step, found.path.stat().st_mtime))
+            except OSError:
+                continue
+    return out
+
+
 def load_timeline(run_dir: Path) -> Timeline:
     """Everything ``report`` draws, from the run directory."""
     info = read_run(run_dir)
     state = run_status(info, None).state
-    checkpoints = []
-    if info.checkpoint_root is not None and info.checkpoint_root.is_dir():
-        for c in list_checkpoints(info.checkpoint_root):
-            if c.complete and c.marker is not None:
-                checkpoints.append((c.step, c.marker.time))
+    checkpoints = checkpoint_times(run_dir) if info.checkpoint_root is not None else []
     failures = []
     for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
         try:

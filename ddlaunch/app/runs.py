@@ -22,9 +22,10 @@ from ddlaunch.store.members import ensure_member_dir, member_of
 from ddlaunch.store.rundir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
-    checkpoint_root,
+    checkpoint_source,
     default_run_root,
     is_run_dir,
+    latest_checkpoint,
 )
 from ddlaunch.store.snapshots import SNAPSHOT_FILE
 from ddlaunch.store.status_cache import QueuedRunCache
@@ -83,6 +84,8 @@ class RunInfo:
     outcome: dict[str, Any] | None = None
     checkpoint_root: Path | None = None
     latest_step: int | None = None
+    latest_checkpoint: Path | None = None  # the entry the latest step is in
+    trainer: str | None = None  # trainer.kind
     progress: dict[str, Any] | None = None
     excluded: list[str] = field(default_factory=list)
     preflight: dict[str, Any] | None = None  # health/preflight.json: the latest verdicts
@@ -152,14 +155,13 @@ def read_run(
         outcome.OUTCOME_FILE,
     }
     if with_checkpoints and CONFIG_FILE in present and (started or CHECKPOINTS_DIR in present):
-        info.checkpoint_root = checkpoint_root(run_dir)
-        root = info.checkpoint_root
+        source = checkpoint_source(run_dir)
+        info.checkpoint_root, info.trainer = source.root, source.kind
+        root = source.root
         if root.parent != run_dir or root.name in present:
-            # Lazy: logging and shutil with it are a tenth of `status` when no run has one.
-            from ddlaunch.checkpoint.layout import latest_complete
-
-            latest = latest_complete(root) if root.is_dir() else None
-            info.latest_step = latest.step if latest else None
+            latest = latest_checkpoint(run_dir, source)
+            if latest is not None:
+                info.latest_step, info.latest_checkpoint = latest.step, latest.path
     return info
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from ddlaunch.app.gitinfo import git_state
 from ddlaunch.app.prepare import Prepared
+from ddlaunch.config.trainers import is_byo
 from ddlaunch.config.validate import to_plain
+from ddlaunch.policy import stop_window
 from ddlaunch.runner import Runner, SubprocessRunner
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import submission
@@ -55,6 +57,26 @@ def write_rank_pickle(run_dir: Path, job_id: str) -> None:
     from ddlaunch.launch import slurm  # imports submitit
 
     slurm.write_rank_pickle(run_dir / SUBMITIT_DIR, run_dir, job_id)
+
+
+def stop_window_warnings(prepared: Prepared, runner: Runner | None = None) -> list[str]:
+    """For a trainer ddlaunch asks to stop: read KillWait, GraceTime and PreemptMode once
+    (the probe at the edge) and say what leaves less than one step plus a save
+    (``trainer.save_seconds``). Nothing is probed without that estimate."""
+    cfg = prepared.config
+    if not is_byo(cfg.trainer_kind) or not cfg.trainer.save_seconds:
+        return []
+    client = SlurmClient(runner or SubprocessRunner())
+    try:
+        config, partition = client.show_config(), client.show_partition(cfg.job.partition)
+    except Exception:  # Slurm unreachable: sbatch will say so
+        return []
+    window = stop_window.Window(
+        kill_wait=stop_window.seconds(config.get("KillWait")),
+        grace_time=stop_window.seconds(partition.get("GraceTime")),
+        preempt_mode=partition.get("PreemptMode") or config.get("PreemptMode", "OFF"),
+    )
+    return stop_window.warnings(cfg.fault_tolerance.signal_lead, cfg.trainer.save_seconds, window)
 
 
 def submit_to_slurm(

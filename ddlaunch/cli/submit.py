@@ -88,9 +88,11 @@ def command(
         click.echo(f"run dir: {run_dir.path}")
         run_here(run_dir.path, prepared.config)
         return
-    from ddlaunch.app.submit import submit_to_slurm
+    from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm
     from ddlaunch.cli.follow import parse_ranks
 
+    for warning in stop_window_warnings(prepared):
+        click.echo(f"warning: {warning}", err=True)
     chosen = parse_ranks(ranks) if follow_ else (0,)
     submitted = submit_to_slurm(prepared, workdir=workdir)
     click.echo(f"run {submitted.run_id}  job {submitted.job_id}")

@@ -12,6 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddlaunch.config.fields import opt as opt
+from ddlaunch.config.trainer_spec import TrainerSpec
+from ddlaunch.config.trainers import LAYOUT_KEYS, Layout, default_kind, resolve
+
 # Strings that end up in ``#SBATCH`` lines are restricted to a conservative character set:
 # sbatch parses those lines itself, so shell quoting cannot make arbitrary text safe there.
 PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
@@ -26,6 +30,10 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
     "entrypoint": (
         re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"),
         "a Python callable written as package.module:function",
+    ),
+    "module": (
+        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"),
+        "a Python module name such as pkg.module",
     ),
     "env_name": (
         re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$"),
@@ -48,16 +56,6 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
         "a name of letters, digits and _ starting with a letter (it becomes DDLAUNCH_DATA_<NAME>)",
     ),
 }
-
-
-def opt(default: Any = None, doc: str = "", **checks: Any) -> Any:
-    """A schema field: its default, its one-line doc and its checks."""
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata={"doc": doc, **checks})
-    if isinstance(default, list):  # frozen configs hold tuples, with the list's items
-        items = tuple(default)
-        return field(default_factory=lambda: items, metadata={"doc": doc, **checks})
-    return field(default=default, metadata={"doc": doc, **checks})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -366,6 +364,11 @@ class LaunchSpec:
         pattern="entrypoint",
     )
     script: str | None = opt(None, "Path of a training script written for torchrun.")
+    module: str | None = opt(
+        None,
+        "Python module run as python -m MODULE ARGS (torchrun -m), e.g. a trainer's CLI.",
+        pattern="module",
+    )
     args: tuple[str, ...] = opt([], "Arguments for the script.")
     python: str = opt("python3", "Python interpreter on the compute nodes.")
     env: dict[str, str] = opt(
@@ -491,6 +494,10 @@ class Config:
         default_factory=TrackingSpec,
         metadata={"doc": "Experiment trackers that must see one run across requeues."},
     )
+    trainer: TrainerSpec = field(
+        default_factory=TrainerSpec,
+        metadata={"doc": "The trainer's own checkpoints, resume arguments and stop signal."},
+    )
     templates: TemplatesSpec = field(
         default_factory=TemplatesSpec, metadata={"doc": "Site template search path."}
     )
@@ -509,6 +516,17 @@ class Config:
         if self.nodes.gpus_per_node:
             return self.nodes.gpus_per_node
         return self.nodes.tasks_per_node or 1
+
+    @property
+    def trainer_layout(self) -> Layout:
+        """The trainer's checkpoint layout: its kind's, with the section's own values."""
+        t = self.trainer
+        return resolve(self.trainer_kind, {k: getattr(t, k, None) for k in LAYOUT_KEYS})
+
+    @property
+    def trainer_kind(self) -> str:
+        """``trainer.kind``, or its default for the launch (validation fills it in)."""
+        return self.trainer.kind or default_kind(self.launch.entrypoint)
 
     @property
     def world_size(self) -> int:

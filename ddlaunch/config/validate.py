@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.config import trainer_rules
 from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
@@ -278,6 +279,7 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
     for check in (
         _node_rules,
         _launch_rules,
+        _trainer_rules,
         _sbatch_rules,
         check_container,
         check_snapshot,
@@ -340,11 +342,13 @@ def _launch_rules(cfg: Config, b: _Builder) -> None:
         value = getattr(cfg.storage, key)
         if value is not None and not Path(value).is_absolute():
             b.fail(("storage", key), f"must be an absolute path, got {value!r}")
-    if (launch.entrypoint is None) == (launch.script is None):
+    chosen = [k for k in ("entrypoint", "script", "module") if getattr(launch, k) is not None]
+    if len(chosen) != 1:
         b.fail(
             ("launch",),
-            "set exactly one of launch.entrypoint (pkg.module:function) or "
-            "launch.script (a torchrun-style script)" + (", not both" if launch.entrypoint else ""),
+            "set exactly one of launch.entrypoint (pkg.module:function), launch.script (a "
+            "torchrun-style script) or launch.module (python -m)"
+            + (f", not {' and '.join(chosen)}" if chosen else ""),
         )
     limit = parse_duration(job.time) or 0
     if limit and ft.signal_lead >= limit:
@@ -358,6 +362,10 @@ def _launch_rules(cfg: Config, b: _Builder) -> None:
     for name in launch.env:
         if not pattern.match(name):
             b.fail(("launch", "env", name), f"must be {expected}")
+
+
+def _trainer_rules(cfg: Config, b: _Builder) -> None:
+    trainer_rules.check(cfg, b.fail)
 
 
 def _sbatch_rules(cfg: Config, b: _Builder) -> None:

@@ -19,16 +19,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import cancel_reason, conclude
+from ddlaunch.config.trainers import is_byo
+from ddlaunch.job import stop as stopping
 from ddlaunch.job.blame import bad_nodes, blame_nodes, expand
 from ddlaunch.job.preflight import preflight_hook, preflight_outcome
 from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, badnodes, exclusions, signal_save
+from ddlaunch.store import attempts, badnodes, exclusions, signal_save, stops
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.store.rundir import committed_step, read_config_tree
+from ddlaunch.store.rundir import (
+    CheckpointSource,
+    checkpoint_source,
+    latest_checkpoint,
+    read_config_tree,
+)
 
 
 @dataclass(frozen=True)
@@ -38,44 +46,91 @@ class HookSettings:
     max_requeues: int = 3
     ranks_per_node: int = 1
     bad_node_ttl_hours: float = 24.0
+    signal_lead: int = 120
 
     @classmethod
     def from_tree(cls, tree: Mapping[str, Any]) -> HookSettings:
         nodes = tree.get("nodes") or {}
         health = tree.get("health") or {}
+        ft = tree.get("fault_tolerance") or {}
         return cls(
-            max_requeues=int((tree.get("fault_tolerance") or {}).get("max_requeues", 3)),
+            max_requeues=int(ft.get("max_requeues", 3)),
             ranks_per_node=int(nodes.get("gpus_per_node") or nodes.get("tasks_per_node") or 1),
             bad_node_ttl_hours=float(health.get("bad_node_ttl_hours", 24.0)),
+            signal_lead=int(ft.get("signal_lead", 120)),
         )
+
+
+# Endings after which the newest checkpoint of a layout without a completeness marker is
+# trusted: the trainer exited by itself.
+_CLEAN = (policy.CAUSE_COMPLETED, policy.CAUSE_SIGNAL)
+
+
+def _close_cut_off(run_dir: Path, record: dict[str, Any], client: Any, step: int | None) -> None:
+    """The previous attempt never reached ``end``: Slurm requeued it (a node failure, a
+    preemption), or the trainer did after ddlaunch asked it to stop (Lightning's own
+    ``scontrol requeue`` ends the batch shell too)."""
+    asked = stops.read_stop_of(run_dir, record)
+    prev_nodes = expand(record.get("nodes", ""))
+    states = client.node_states(prev_nodes) if prev_nodes else {}
+    blamed = bad_nodes(states)
+    cause = policy.CAUSE_TRAINER_STOP if asked and not blamed else policy.CAUSE_REQUEUED_BY_SLURM
+    extra: dict[str, Any] = {"node_states": states}
+    if asked:
+        extra.update(signal=asked.get("signal"), stop=asked.get("why"))
+        extra["decision"] = "requeued by Slurm (the trainer's own scontrol requeue)"
+    attempts.close(record, cause=cause, committed_step=step, blamed=blamed, **extra)
+    if blamed:
+        why = "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
+        exclusions.add_excluded(run_dir, blamed, why)
+
+
+def unclean_end(previous: Mapping[str, Any] | None) -> float | None:
+    """When the previous attempt ended uncleanly (None: it did not): its end as the end hook
+    saw it, or infinity when it was cut off before the end hook (time unknown)."""
+    if previous is None or previous.get("cause") in _CLEAN or previous.get("exit_code") == 0:
+        return None
+    if "exit_code" not in previous:
+        return float("inf")
+    return float(previous.get("end") or float("inf"))
+
+
+def prepare_restart(
+    run_dir: Path, source: CheckpointSource, previous: dict[str, Any] | None, tag: str
+) -> list[Path]:
+    """Before the trainer restarts: move partial checkpoints it might pick up out of its
+    directory (never deleted). For layouts without a completeness marker the newest one is
+    suspect when the previous attempt did not end cleanly."""
+    doomed = adapters.to_move_aside(source.root, source.layout, unclean_end=unclean_end(previous))
+    moved = adapters.move_aside(source.root, doomed, tag)
+    for entry, target in zip(doomed, moved, strict=False):
+        why = entry.reason or "the newest, and the attempt did not end cleanly"
+        print(f"[ddlaunch] moved partial checkpoint {entry.name} ({why}) to {target}", flush=True)
+    return moved
 
 
 def start(run_dir: Path, client: Any, attempt: AttemptId, env: Mapping[str, str]) -> None:
     records = attempts.load(run_dir)
-    step = committed_step(run_dir)
+    source = checkpoint_source(run_dir)
     if records and attempts.is_open(records[-1]):
-        # The previous attempt was cut off without reaching ``end``: Slurm requeued it.
-        prev_nodes = expand(records[-1].get("nodes", ""))
-        states = client.node_states(prev_nodes) if prev_nodes else {}
-        blamed = bad_nodes(states)
-        attempts.close(
-            records[-1],
-            cause=policy.CAUSE_REQUEUED_BY_SLURM,
-            committed_step=step,
-            blamed=blamed,
-            node_states=states,
-        )
-        if blamed:
-            why = "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
-            exclusions.add_excluded(run_dir, blamed, why)
+        found = latest_checkpoint(run_dir, source)
+        _close_cut_off(run_dir, records[-1], client, found.step if found else None)
+    if is_byo(source.kind):
+        prepare_restart(run_dir, source, records[-1] if records else None, attempt.key)
+    found = latest_checkpoint(run_dir, source)
+    step = found.step if found else None
     nodes = env.get("SLURM_JOB_NODELIST", "")
-    records.append(
-        attempts.new_record(
-            len(records), attempt, nodes=nodes, host=os.uname().nodename, resumed_from=step
-        )
+    record = attempts.new_record(
+        len(records), attempt, nodes=nodes, host=os.uname().nodename, resumed_from=step
     )
+    if is_byo(source.kind):
+        # The ranks take the checkpoint from here, so all of them resume from the same one.
+        record["resume_checkpoint"] = str(found.path) if found else None
+    records.append(record)
     attempts.save(run_dir, records)
     origin = f"step {step}" if step is not None else "scratch"
+    if found is not None and is_byo(source.kind):
+        origin += f" ({found.path})"
     print(f"[ddlaunch] attempt {len(records) - 1} on {nodes}, resuming from {origin}", flush=True)
 
 
@@ -147,8 +202,14 @@ def end(
         )
         return 0 if conclusion.requeued else exit_code
     nodes = expand(current.get("nodes", ""))
+    source = checkpoint_source(run_dir)
+    asked = stops.read_stop(run_dir, attempt) if is_byo(source.kind) else None
     if cancel_reason(run_dir) is not None:
         ending = Ending(policy.CAUSE_CANCELLED)
+    elif asked is not None:
+        # ddlaunch asked the trainer to stop: requeue whatever its exit code, if it advanced.
+        stop_record = {"signal": asked.get("signal"), "stop": asked.get("why")}
+        ending = Ending(policy.CAUSE_TRAINER_STOP, record=stop_record)
     else:
         # A node failed the preflight inside the ranks (or the ranks ended before its
         # verdict): exclude it and requeue, or stop, before anything else is blamed.
@@ -161,23 +222,50 @@ def end(
             ending = watchdog_ending(run_dir, attempt, settings) or crash_or_node_failure(
                 run_dir, nodes, attempt, client, settings.ranks_per_node
             )
+    found = latest_checkpoint(run_dir, source)
     conclusion = conclude(
         run_dir,
         cause=ending.cause,
-        committed_step=committed_step(run_dir),
+        committed_step=found.step if found else None,
         max_requeues=settings.max_requeues,
         client=client,
         job=attempt.task,
         blamed=ending.blamed,
         record={"exit_code": exit_code, **ending.record},
+        # A trainer may have requeued the job itself (Lightning): not a second time.
+        restart=attempt.restart if is_byo(source.kind) else None,
     )
     return 0 if conclusion.requeued else exit_code
 
 
+def conclude_saved(
+    run_dir: Path,
+    client: Any,
+    attempt: AttemptId,
+    settings: HookSettings,
+    stop: Mapping[str, Any],
+) -> None:
+    """The trainer completed its save on ddlaunch's signal: conclude the attempt now (requeue,
+    or record why not), without waiting for the trainer to exit; the end hook then finds it
+    closed."""
+    conclude(
+        run_dir,
+        cause=policy.CAUSE_TRAINER_STOP,
+        committed_step=stop.get("saved_step"),
+        max_requeues=settings.max_requeues,
+        client=client,
+        job=attempt.task,
+        saved_step=stop.get("saved_step"),
+        record={"signal": stop.get("signal"), "stop": stop.get("why")},
+        restart=attempt.restart,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.hooks")
-    parser.add_argument("hook", choices=["start", "preflight", "end"])
+    parser.add_argument("hook", choices=["start", "preflight", "end", "stop"])
     parser.add_argument("--exit-code", type=int, default=0)
+    parser.add_argument("--srun-pid", type=int, default=None)
     args = parser.parse_args(argv)
     run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
     attempt = AttemptId.from_env(os.environ)
@@ -193,7 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.hook == "preflight":
         nodes = expand(os.environ.get("SLURM_JOB_NODELIST", ""))
         return preflight_hook(run_dir, client, attempt, nodes)
-    settings = HookSettings.from_tree(read_config_tree(run_dir))
+    tree = read_config_tree(run_dir)
+    settings = HookSettings.from_tree(tree)
+    if args.hook == "stop":
+        source = checkpoint_source(run_dir, tree)
+        request = stopping.StopRequest(run_dir, attempt, source, client, args.srun_pid)
+        request.on_saved = lambda stop: conclude_saved(run_dir, client, attempt, settings, stop)
+        why = f"time limit in {settings.signal_lead} s"
+        request.run(why, stopping.budget(settings.signal_lead))
+        return 0
     return end(run_dir, args.exit_code, client, attempt, settings)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config import load_config
+from ddlaunch.job.stop import LimitWatch, StopRequest
 from ddlaunch.job.watches import NodeFailureWatch, PreflightWatch, end_step
 from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.slurm.client import SlurmClient
@@ -34,7 +35,7 @@ from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.heartbeats import read_heartbeats
-from ddlaunch.store.rundir import config_path
+from ddlaunch.store.rundir import checkpoint_source, config_path
 
 
 def relay_deferred_signal(run_dir: Path, attempt: AttemptId, client: Any) -> None:
@@ -141,6 +142,7 @@ def watch(
     preflight_timeout: float | None = None,
     heartbeats: bool = True,
     nodes: NodeFailureWatch | None = None,
+    limit: LimitWatch | None = None,
 ) -> analysis.Finding | None:
     """Poll until srun ends (or ``max_polls``); the finding that ended the step, if any."""
     w = _Watch(run_dir, attempt, thresholds, expected_ranks, client, clock())
@@ -150,6 +152,8 @@ def watch(
         now = clock()
         if gate.poll(now - w.started, client):
             return None
+        if limit is not None and limit.poll(now):
+            return None  # stopped before the time limit (trainer.stop_before_limit)
         beats = w.beats() if heartbeats else []
         w.report_dead_nodes(nodes, now, beats)
         if beats:
@@ -172,6 +176,7 @@ def watch(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.watchdog")
     parser.add_argument("--srun-pid", type=int, required=True)
+    parser.add_argument("--deadline", type=float, default=None, help="time limit (Unix time)")
     args = parser.parse_args(argv)
 
     run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
@@ -185,13 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     world = os.environ.get("DDLAUNCH_WORLD_SIZE", "")
     attempt = AttemptId.from_env(os.environ)
+    client = SlurmClient()
+    limit = None
+    if args.deadline and cfg.trainer.stop_before_limit:
+        request = StopRequest(run_dir, attempt, checkpoint_source(run_dir), client, args.srun_pid)
+        limit = LimitWatch(request, args.deadline)
     watch(
         run_dir,
         attempt=attempt,
         thresholds=thresholds,
         expected_ranks=int(world) if world.isdigit() else None,
         srun_pid=args.srun_pid,
-        client=SlurmClient(),
+        client=client,
         preflight_timeout=float(h.preflight_timeout) if h.preflight else None,
         heartbeats=h.watchdog,
         nodes=NodeFailureWatch(
@@ -201,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg.ranks_per_node,
             os.environ.get("SLURM_JOB_NODELIST", ""),
         ),
+        limit=limit,
     )
     return 0
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddlaunch.config.schema import Config
+from ddlaunch.config.trainers import NO_SIGNAL, is_byo, placeholders, substitute
+from ddlaunch.config.validate import parse_duration
 from ddlaunch.planning import fabric, topology
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR, Mount, container_launch
 from ddlaunch.planning.tracking import tracking_env
@@ -72,6 +74,20 @@ class CodePaths:
 
 
 @dataclass(frozen=True)
+class TrainerStop:
+    """The batch shell's part for a trainer that never polls ddlaunch's flag: it gets the
+    pre-timeout signal (``--signal=B:...``), forwards ``forward`` to the ranks, waits for the
+    save and requeues (``ddlaunch.job.stop``)."""
+
+    kind: str
+    batch_signal: str  # what Slurm sends the batch shell (fault_tolerance.signal)
+    forward: str  # what the trainer saves on; "none": it is stopped with TERM
+    lead: int
+    stop_before_limit: bool
+    time_limit_s: int  # 0: no limit
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     run_id: str
     run_dir: str
@@ -97,6 +113,8 @@ class LaunchPlan:
     # Comment lines of the script: the parallelism placement and the data staging.
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # valid but slow choices, also printed by render/submit
+    rank_command: str = ""  # what each rank runs, for the script's comment
+    trainer_stop: TrainerStop | None = None
 
     @property
     def script_path(self) -> str:
@@ -150,9 +168,11 @@ def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[st
         out.append(("--nodelist", ",".join(nodes.nodelist)))
     # Leaf-switch (--switches) and block/segment (--segment) placement, version-gated.
     out += topology.placement_directives(cfg)
-    # Signal the step tasks (not the batch shell) ahead of the time limit; the ranks only
-    # set a flag and agree on it at the next step boundary.
-    out.append(("--signal", f"{ft.signal}@{ft.signal_lead}"))
+    # Session code: signal the step tasks (not the batch shell) ahead of the time limit; the
+    # ranks only set a flag and agree on it at the next step boundary. Other trainers never
+    # read that flag: the batch shell gets the signal and asks the trainer (job.stop).
+    batch = "B:" if is_byo(cfg.trainer_kind) else ""
+    out.append(("--signal", f"{batch}{ft.signal}@{ft.signal_lead}"))
     out.append(("--requeue", None) if job.requeue else ("--no-requeue", None))
     # Keep earlier attempts' output when Slurm requeues the job.
     out.append(("--open-mode", "append"))
@@ -167,6 +187,43 @@ def worker_command(cfg: Config, submitit_folder: str) -> list[str]:
     """What every srun task runs: the pickled rank function, through ddlaunch's equivalent of
     submitit's job runner (``ddlaunch.worker.task``: same files, no submitit import)."""
     return [cfg.launch.python, "-u", "-m", "ddlaunch.worker.task", submitit_folder]
+
+
+def rank_command(cfg: Config, run_dir: str | None = None) -> str:
+    """What each rank runs, as the script's comment says it (``run_dir``: the run's, to
+    fill in the placeholders a trainer's arguments may hold; None for an array)."""
+    launch = cfg.launch
+    if launch.entrypoint:
+        return f"{launch.entrypoint}(config) (launch.entrypoint, ddlaunch.train.Session)"
+    what = ["-m", launch.module] if launch.module else [str(launch.script)]
+    args = list(launch.args)
+    if is_byo(cfg.trainer_kind) and run_dir is not None:
+        run = PurePosixPath(run_dir)
+        own = cfg.trainer.checkpoint_dir
+        values = {"run_dir": str(run), "run_id": run.name}
+        ckpt = substitute(own, values) if own else cfg.storage.checkpoint_dir
+        values["checkpoint_dir"] = ckpt or str(run / CHECKPOINTS_DIR)
+        args = [substitute(word, values) for word in args]
+    line = format_argv([launch.python, *what, *args])
+    if is_byo(cfg.trainer_kind) and run_dir is None and any(map(placeholders, args)):
+        line += " [{placeholders} filled in per member]"
+    layout = cfg.trainer_layout
+    if is_byo(cfg.trainer_kind) and layout.resume_args:
+        line += " [+ " + format_argv(layout.resume_args) + " once a checkpoint exists]"
+    return line
+
+
+def trainer_stop(cfg: Config) -> TrainerStop | None:
+    if not is_byo(cfg.trainer_kind):
+        return None
+    return TrainerStop(
+        kind=cfg.trainer_kind,
+        batch_signal=cfg.fault_tolerance.signal,
+        forward=cfg.trainer_layout.signal or NO_SIGNAL,
+        lead=cfg.fault_tolerance.signal_lead,
+        stop_before_limit=cfg.trainer.stop_before_limit,
+        time_limit_s=parse_duration(cfg.job.time) or 0,
+    )
 
 
 def make_plan(
@@ -267,6 +324,8 @@ def make_plan(
         container_exports=launch.exports,
         mkdirs=tuple(mkdirs) if in_container else (),
         tracking_env=tracking,
+        rank_command=rank_command(cfg, None if array else str(run)),
+        trainer_stop=trainer_stop(cfg),
         **_notes(cfg),
     )
 

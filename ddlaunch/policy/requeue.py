@@ -1,11 +1,13 @@
 """Whether an attempt that ended gets another one: the one requeue policy (pure).
 
 Blind retries mostly fail, so a crash is retried only if the committed step advanced during
-the attempt (it made progress) and the cap is not reached. A signal-triggered stop has just
-saved, so it passes the progress test by construction; it still counts. A node that failed
-preflight, hung or straggled is excluded before the retry, so that retry is not blind either:
-it is allowed without the progress test (preflight runs before any step, so it cannot show
-progress), within the cap. A health finding with no node to blame is treated like a crash.
+the attempt (it made progress) and the cap is not reached. A signal-triggered stop of Session
+code has just saved, so it passes the progress test by construction; it still counts. A stop
+ddlaunch asked of another trainer is retried whatever its exit code, if the step advanced.
+A node that failed preflight, hung or straggled is excluded before the retry, so that retry
+is not blind either: it is allowed without the progress test (preflight runs before any step,
+so it cannot show progress), within the cap. A health finding with no node to blame is
+treated like a crash.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ CAUSE_CRASH = "crash"  # nonzero exit (exception, collective timeout, killed ran
 CAUSE_REQUEUED_BY_SLURM = "requeued by Slurm"  # node failure (or preemption) before any hook
 CAUSE_NODE_FAILURE = "node failure"  # srun failed and Slurm reports a node of it as bad
 CAUSE_CANCELLED = "cancelled"
+# ddlaunch asked a trainer it does not drive to stop (the pre-timeout signal forwarded by the
+# batch shell, or trainer.stop_before_limit): requeued whatever the exit code (Megatron, NeMo
+# and HF exit 0 after such a save), but only if the committed step advanced, since a trainer
+# without a save-on-signal may never have checkpointed.
+CAUSE_TRAINER_STOP = "trainer stop"
 CAUSE_PREFLIGHT = "preflight"
 CAUSE_HANG = "hang"
 CAUSE_STRAGGLER = "straggler"
@@ -57,7 +64,7 @@ def decide(
             f"fault_tolerance.max_requeues={max_requeues}",
         )
     excluding = cause in HEALTH_CAUSES and bool(blamed)
-    guarded = cause in (CAUSE_CRASH, CAUSE_NODE_FAILURE) or (
+    guarded = cause in (CAUSE_CRASH, CAUSE_NODE_FAILURE, CAUSE_TRAINER_STOP) or (
         cause in HEALTH_CAUSES and not excluding
     )
     progressed = committed_now is not None and (
@@ -86,6 +93,6 @@ def final_state(cause: str) -> str:
         return COMPLETED
     if cause == CAUSE_CANCELLED:
         return CANCELLED
-    if cause == CAUSE_SIGNAL:
-        return STOPPED  # saved on the signal, but no requeue is left
+    if cause in (CAUSE_SIGNAL, CAUSE_TRAINER_STOP):
+        return STOPPED  # stopped for the time limit (saved), but no requeue is left
     return FAILED

@@ -94,6 +94,12 @@ class SlurmClient:
             return None
         return parse_scontrol_show_job(result.stdout)
 
+    def restarts(self, job_id: str) -> int | None:
+        """How often Slurm restarted the job (``Restarts`` of ``scontrol show job``)."""
+        shown = self.show_job(job_id)
+        value = (shown or {}).get("Restarts", "")
+        return int(value) if value.isdigit() else None
+
     def requeue(self, job_id: str) -> None:
         result = self.runner.run(["scontrol", "requeue", job_id], timeout=60)
         if not result.ok:
@@ -117,6 +123,25 @@ class SlurmClient:
         if not result.ok:
             return {}
         return parse_sinfo_nodes(result.stdout)
+
+    def show_config(self) -> dict[str, str]:
+        """``scontrol show config`` as key -> value (``KillWait`` -> ``5 sec``); {} on error."""
+        result = self.runner.run(["scontrol", "show", "config"], timeout=60)
+        out: dict[str, str] = {}
+        for line in result.stdout.splitlines() if result.ok else []:
+            key, sep, value = line.partition("=")
+            if sep:
+                out.setdefault(key.strip(), value.strip())
+        return out
+
+    def show_partition(self, name: str | None) -> dict[str, str]:
+        """``scontrol show partition -o`` of ``name`` (the default partition when None)."""
+        result = self.runner.run(["scontrol", "show", "partition", "-o"], timeout=60)
+        for line in result.stdout.splitlines() if result.ok else []:
+            fields = parse_scontrol_show_job(line)
+            if fields.get("PartitionName") == name or (name is None and "Default=YES" in line):
+                return fields
+        return {}
 
     def slurmd_port(self) -> int | None:
         result = self.runner.run(["scontrol", "show", "config"], timeout=60)

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.checkpoint import adapters
+from ddlaunch.config import trainers
 
 # Re-exported: the run directory's layout names, for the modules that import this one.
 from ddlaunch.store.layout import CHECKPOINTS_DIR as CHECKPOINTS_DIR
@@ -77,26 +79,67 @@ def read_config_tree(run_dir: Path) -> dict[str, Any]:
 
 
 def checkpoint_root(run_dir: Path) -> Path:
-    """The run's checkpoint directory: ``storage.checkpoint_dir`` or ``<run dir>/checkpoints``.
+    """The directory the run's trainer writes its checkpoints to: ``trainer.checkpoint_dir``,
+    else ``storage.checkpoint_dir``, else ``<run dir>/checkpoints``."""
+    return checkpoint_source(run_dir).root
 
-    ``status`` reads this for every run it shows, so the common case (the key unset, written
-    by ``yaml.safe_dump`` as ``checkpoint_dir: null``) is recognised from the text without a
-    YAML parse; anything else is parsed properly.
-    """
-    text = config_path(run_dir).read_text()
-    if text.count("checkpoint_dir:") == 1 and "  checkpoint_dir: null\n" in text:
-        return run_dir / CHECKPOINTS_DIR
-    configured = (read_config_tree(run_dir).get("storage") or {}).get("checkpoint_dir")
+
+# How ``yaml.safe_dump`` writes the default trainer section (the kind follows the launch).
+_DEFAULT_TRAINER = "\ntrainer:\n  kind: null\n  checkpoint_dir: null\n"
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """Where a run's trainer writes its checkpoints and how they look."""
+
+    kind: str
+    layout: trainers.Layout
+    root: Path
+    stop_before_limit: bool = False
+
+
+def trainer_dir(template: str, run_dir: Path) -> Path:
+    """``trainer.checkpoint_dir`` for this run: placeholders, then ~ and $VARS."""
+    text = trainers.substitute(template, {"run_dir": str(run_dir), "run_id": run_dir.name})
+    return Path(os.path.expandvars(text)).expanduser()
+
+
+def checkpoint_source(run_dir: Path, tree: dict[str, Any] | None = None) -> CheckpointSource:
+    """The run's trainer layout and checkpoint directory (``trainer:`` of its config). A
+    Session run with the default directories is recognised from the text without a parse
+    (``status`` reads this for every run it shows)."""
+    if tree is None:
+        text = config_path(run_dir).read_text()
+        plain = text.count("checkpoint_dir:") == text.count("checkpoint_dir: null\n")
+        session = _DEFAULT_TRAINER in text and "\n  entrypoint: null\n" not in text
+        if plain and session:
+            layout = trainers.BUILTIN[trainers.KIND_DDLAUNCH]
+            return CheckpointSource(trainers.KIND_DDLAUNCH, layout, run_dir / CHECKPOINTS_DIR)
+        tree = read_config_tree(run_dir)
+    kind, layout = trainers.layout_from_tree(tree)
+    section = tree.get("trainer") or {}
+    configured = section.get("checkpoint_dir")
+    root = trainer_dir(configured, run_dir) if configured else _storage_root(tree, run_dir)
+    return CheckpointSource(kind, layout, root, bool(section.get("stop_before_limit")))
+
+
+def _storage_root(tree: dict[str, Any], run_dir: Path) -> Path:
+    configured = (tree.get("storage") or {}).get("checkpoint_dir")
     return Path(configured) if configured else run_dir / CHECKPOINTS_DIR
+
+
+def latest_checkpoint(
+    run_dir: Path, source: CheckpointSource | None = None
+) -> adapters.Found | None:
+    """The run's latest complete checkpoint by its trainer's layout (torch-free)."""
+    source = source or checkpoint_source(run_dir)
+    return adapters.latest_complete(source.root, source.layout)
 
 
 def committed_step(run_dir: Path) -> int | None:
     """The step of the run's latest complete checkpoint (torch-free discovery)."""
-    from ddlaunch.checkpoint.layout import latest_complete  # lazy: `status` imports this module
-
-    root = checkpoint_root(run_dir)
-    info = latest_complete(root) if root.is_dir() else None
-    return info.step if info else None
+    found = latest_checkpoint(run_dir)
+    return found.step if found else None
 
 
 def rank_log(run_dir: Path, rank: int, stream: str = "out") -> Path:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config import Config, load_config
+from ddlaunch.config.trainers import is_byo
 from ddlaunch.planning.staging import node_path
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import write_failure
@@ -37,6 +38,8 @@ from ddlaunch.worker.distenv import (
     torchrun_env,
 )
 from ddlaunch.worker.distributed import BACKEND_VAR
+from ddlaunch.worker.signals import FAST_EXIT_VAR
+from ddlaunch.worker.trainer import describe, trainer_args
 
 
 def failure_record(exc: BaseException, d: DistEnv, host: str) -> dict[str, Any]:
@@ -94,6 +97,30 @@ def _run_script(script: str, args: list[str]) -> None:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
+def _run_module(module: str, args: list[str]) -> None:
+    """Run ``python -m module args...`` in this process (torchrun's ``-m``)."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [module, *args]  # run_module puts the module's file name in argv[0]
+    sys.path.insert(0, os.getcwd())  # as `python -m` does
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _leave_process_group() -> None:
+    """A trainer that never destroys its process group (HF Trainer, Lightning) would leave
+    gloo's threads running into interpreter exit, which aborts the process after a clean
+    run ("terminate called without an active exception"): leave it here."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
@@ -115,42 +142,9 @@ def run_rank(run_dir: str) -> dict[str, Any]:
     )
     try:
         cfg = load_config(config_path(Path(run_dir)))
-        # Before anything slow (torch import, entry point): from here on the pre-timeout
-        # signal only sets the flag. submitit's rank-0-only handler sits on
-        # $SUBMITIT_PREEMPT_SIGNAL (default USR2): replace it too when the names differ.
-        signals.install(
-            cfg.fault_tolerance.signal,
-            also=("TERM", os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"),
-        )
-        # Preflight (health.preflight) runs here, in the ranks, before the first step: see
-        # ddlaunch.worker.gate. The node facts need no torch; torch is imported once for both.
-        if cfg.storage.scratch:  # node-local: {node} is this node
-            os.environ["DDLAUNCH_SCRATCH"] = node_path(cfg.storage.scratch, host)
-        gated = gate.enabled(cfg, os.environ)
-        report = gate.node_phase(cfg, Path(run_dir), d, os.environ, host) if gated else None
-        # Data staging, once per node (its leader), beside the node checks: worker.stage_node.
-        os.environ.update(stage_node.run(cfg, Path(run_dir), d, os.environ, host, report))
-        if gated:
-            gate.import_torch(Path(run_dir), os.environ, report)
-        cuda = _setup_device(d)
-        backend = choose_backend(cfg.launch.backend, cuda)
-        os.environ[BACKEND_VAR] = backend
-        if gated:
-            # An entry point keeps the process group the test ran on (init_distributed is
-            # idempotent); a torchrun script creates its own.
-            keep = bool(cfg.launch.entrypoint)
-            gate.check(cfg, Path(run_dir), d, os.environ, report, backend, keep_group=keep)
-        if d.rank == 0 and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-            # The start hook runs beside srun; no checkpoint may be committed (rank 0 commits)
-            # before it has read the step this attempt resumes from.
-            gate.wait_for_attempt(Path(run_dir), AttemptId.from_env(os.environ))
-        if cfg.launch.entrypoint:
-            result = _resolve_entrypoint(cfg.launch.entrypoint)(cfg)
-        elif cfg.launch.script:
-            _run_script(cfg.launch.script, list(cfg.launch.args))
-            result = None
-        else:
-            raise ValueError("the config sets neither launch.entrypoint nor launch.script")
+        _take_signals(cfg)
+        _before_first_step(cfg, Path(run_dir), d, host)
+        result = _train(cfg, Path(run_dir), d)
     except gate.PreflightFailed as exc:
         # A node verdict, not a crash of this rank: the end hook acts on it.
         print(f"[ddlaunch] no training in this attempt: {exc.reason}", flush=True)
@@ -167,3 +161,63 @@ def run_rank(run_dir: str) -> dict[str, Any]:
             )
         raise
     return {"rank": d.rank, "host": host, "result": _jsonable(result)}
+
+
+def _take_signals(cfg: Config) -> None:
+    """Before anything slow (torch import, entry point): from here on the pre-timeout signal
+    only sets the flag. submitit's rank-0-only handler sits on $SUBMITIT_PREEMPT_SIGNAL
+    (default USR2): replace it too when the names differ. A trainer ddlaunch does not drive
+    gets the default actions back (the task set the flag handler first thing): its own
+    handlers (Lightning's USR1, HF's TERM) are installed only where none is, and a trainer
+    without one must die on the TERM that stops it."""
+    if is_byo(cfg.trainer_kind):
+        signals.restore_defaults(cfg.fault_tolerance.signal, "TERM")
+        os.environ[FAST_EXIT_VAR] = "1"
+    else:
+        signals.install(
+            cfg.fault_tolerance.signal,
+            also=("TERM", os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"),
+        )
+
+
+def _before_first_step(cfg: Config, run_dir: Path, d: DistEnv, host: str) -> None:
+    """Preflight (health.preflight) runs here, in the ranks, before the first step (see
+    ddlaunch.worker.gate): the node facts need no torch; torch is imported once for both.
+    Data staging runs once per node (its leader), beside the node checks
+    (ddlaunch.worker.stage_node)."""
+    if cfg.storage.scratch:  # node-local: {node} is this node
+        os.environ["DDLAUNCH_SCRATCH"] = node_path(cfg.storage.scratch, host)
+    gated = gate.enabled(cfg, os.environ)
+    report = gate.node_phase(cfg, run_dir, d, os.environ, host) if gated else None
+    os.environ.update(stage_node.run(cfg, run_dir, d, os.environ, host, report))
+    if gated:
+        gate.import_torch(run_dir, os.environ, report)
+    cuda = _setup_device(d)
+    backend = choose_backend(cfg.launch.backend, cuda)
+    os.environ[BACKEND_VAR] = backend
+    if gated:
+        # An entry point keeps the process group the test ran on (init_distributed is
+        # idempotent); a torchrun script creates its own.
+        keep = bool(cfg.launch.entrypoint)
+        gate.check(cfg, run_dir, d, os.environ, report, backend, keep_group=keep)
+    if d.rank == 0 and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        # The start hook runs beside srun; no checkpoint may be committed (rank 0 commits)
+        # before it has read the step this attempt resumes from.
+        gate.wait_for_attempt(run_dir, AttemptId.from_env(os.environ))
+
+
+def _train(cfg: Config, run_dir: Path, d: DistEnv) -> Any:
+    """The entry point's result, or None for a script or module (run as python would)."""
+    if cfg.launch.entrypoint:
+        return _resolve_entrypoint(cfg.launch.entrypoint)(cfg)
+    args = trainer_args(cfg, run_dir, os.environ)
+    if d.rank == 0:
+        print(f"[ddlaunch] rank runs: {describe(cfg, args)}", flush=True)
+    if cfg.launch.script:
+        _run_script(cfg.launch.script, args)
+    elif cfg.launch.module:
+        _run_module(cfg.launch.module, args)
+    else:
+        raise ValueError("the config sets none of launch.entrypoint, script, module")
+    _leave_process_group()
+    return None

@@ -63,6 +63,17 @@ def install(signame: str, *, also: Sequence[str] = ("TERM",)) -> list[str]:
     return [n.name for n in sorted(numbers)]
 
 
+def restore_defaults(*names: str) -> None:
+    """Give these signals their default action again (a trainer that is not ddlaunch's)."""
+    for number in sorted({signal_number(name) for name in names}):
+        signal.signal(number, signal.SIG_DFL)
+
+
+#: Set by the rank for a trainer ddlaunch does not drive: once its result is written, the
+#: task runs Python's exit handlers and leaves without native destructors (see worker.task).
+FAST_EXIT_VAR = "DDLAUNCH_FAST_EXIT"
+
+
 def requested() -> bool:
     """Whether this rank received a stop signal (local view; use ``agreed`` to act on it)."""
     return _requested is not None

@@ -108,7 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     # only set the stop flag; their default action would end the task.
     signals.install(os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2", also=("TERM",))
     run(Path(args[0]))
+    if os.environ.get(signals.FAST_EXIT_VAR) == "1":
+        fast_exit(0)
     return 0
+
+
+def fast_exit(code: int) -> None:
+    """Leave after a trainer's successful run without the interpreter's native teardown:
+    native threads such a trainer leaves behind can abort the process then ("terminate
+    called without an active exception", seen with HF Trainer over gloo), turning a finished
+    rank into a failed one. Python's exit handlers (loggers' flushes) still run first."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
