@@ -27,7 +27,6 @@ from ddlaunch.app.runs import (
     list_targets,
 )
 from ddlaunch.policy.requeue import HEALTH_CAUSES
-from ddlaunch.policy.staging import summary as staging_summary
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import QueueRow
@@ -137,6 +136,9 @@ def health_line(info: RunInfo, now: float) -> str:
     if info.excluded:
         parts.append("excluded " + ",".join(info.excluded))
     if info.staging:
+        # Lazy, as the preflight verdicts: most polls show no staging.
+        from ddlaunch.policy.staging import summary as staging_summary
+
         parts.append(staging_summary(info.staging))
     hb = info.watchdog
     running = bool(info.attempts) and "end" not in info.attempts[-1]

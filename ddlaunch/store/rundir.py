@@ -26,11 +26,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlaunch import fsutil
-from ddlaunch.checkpoint import adapters
 from ddlaunch.config import trainers
+
+if TYPE_CHECKING:
+    from ddlaunch.checkpoint import adapters
 
 # Re-exported: the run directory's layout names, for the modules that import this one.
 from ddlaunch.store.layout import CHECKPOINTS_DIR as CHECKPOINTS_DIR
@@ -132,6 +134,10 @@ def latest_checkpoint(
     run_dir: Path, source: CheckpointSource | None = None
 ) -> adapters.Found | None:
     """The run's latest complete checkpoint by its trainer's layout (torch-free)."""
+    # Lazy: discovery (zipfile, pickle, logging) is most of `status`'s start-up when no run
+    # has a checkpoint; the runs that have one pay it once.
+    from ddlaunch.checkpoint import adapters
+
     source = source or checkpoint_source(run_dir)
     return adapters.latest_complete(source.root, source.layout)
 
