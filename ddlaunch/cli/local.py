@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -9,10 +10,21 @@ import click
 from ddlaunch.config.schema import Config
 
 
-def run_here(run_dir: Path, cfg: Config) -> None:
-    from ddlaunch.app.local import run_locally
+def _told() -> None:
+    click.echo(
+        "interrupted: the ranks save at their next step and stop (Ctrl-C again kills them)",
+        err=True,
+    )
 
-    done = run_locally(run_dir, cfg)
+
+def run_here(run_dir: Path, cfg: Config) -> None:
+    from ddlaunch.app.local import Interrupted, run_locally
+
+    try:
+        done = run_locally(run_dir, cfg, on_interrupt=_told)
+    except Interrupted as exc:
+        click.echo(str(exc), err=True)  # "interrupted, saved step 109": not an error
+        sys.exit(exc.exit_code)
     line = done.summary_line()
     if line:
         click.echo(line)

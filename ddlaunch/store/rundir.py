@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
-from ddlaunch.checkpoint.layout import latest_complete
+from ddlaunch.checkpoint.layout import CheckpointInfo, latest_complete
 
 # Re-exported: the run directory's layout names, for the modules that import this one.
 from ddlaunch.store.layout import CHECKPOINTS_DIR as CHECKPOINTS_DIR
@@ -91,10 +91,15 @@ def checkpoint_root(run_dir: Path) -> Path:
     return Path(configured) if configured else run_dir / CHECKPOINTS_DIR
 
 
-def committed_step(run_dir: Path) -> int | None:
-    """The step of the run's latest complete checkpoint (torch-free discovery)."""
+def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
+    """The run's latest complete checkpoint (torch-free discovery)."""
     root = checkpoint_root(run_dir)
-    info = latest_complete(root) if root.is_dir() else None
+    return latest_complete(root) if root.is_dir() else None
+
+
+def committed_step(run_dir: Path) -> int | None:
+    """The step of the run's latest complete checkpoint."""
+    info = latest_checkpoint(run_dir)
     return info.step if info else None
 
 
