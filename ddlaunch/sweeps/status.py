@@ -69,7 +69,7 @@ def member_status(
         state=s.state,
         step=s.step,
         checkpoint_step=s.checkpoint_step,
-        attempts=s.attempts,
+        attempts=s.attempts or 0,
         metric=value,
         note=s.failure or s.detail or s.reason or "",
     )
