@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.app.runs import RunReader, complete_member_info, find_run, list_targets, member_path
-from ddlaunch.app.status import RunStatus, group_sweeps, needs_accounting, run_status, settled
+from ddlaunch.app.status import (
+    ACTIVE_STATES,
+    RunStatus,
+    group_sweeps,
+    needs_accounting,
+    run_status,
+    settled,
+)
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import sweeps
@@ -171,9 +178,10 @@ def view(
     """One poll of ``status``: the runs and sweeps named by ``refs`` (all when empty), with
     ONE squeue call for those that have not ended. Without refs and ``show_all``, finished
     runs are shown only if they are among the ``RECENT_FINISHED`` latest (or, with
-    ``since``, submitted in the last ``since`` seconds); the others are counted. Their
-    final state comes from the status cache, so such a poll costs what the active runs
-    cost. ``runner`` is injectable (tests count the Slurm calls it receives)."""
+    ``since``, submitted in the last ``since`` seconds); the others are counted. The final
+    state of a run that ended is cached once (``store.status_cache``): a later poll neither
+    asks Slurm about it nor reads its directory unless it is shown, so it costs what the
+    active runs cost. ``runner`` is injectable (tests count the Slurm calls it receives)."""
     now = time.time() if now is None else now
     root = default_run_root()
     reader = RunReader(lambda: now)  # one cache load for both the listing and the reads
@@ -184,33 +192,43 @@ def view(
         hit = reader.final(t.path, t.mtime_ns)
         t = dataclasses.replace(t, final=hit[0], mtime_ns=hit[1]) if hit else t
         units.setdefault(t.sweep if grouped and t.sweep else str(t.path), []).append(t)
+    cached = {k: u for k, u in units.items() if all(t.final for t in u)}
+    live = [t for k, unit in units.items() if k not in cached for t in unit]
+    client = SlurmClient(runner)
+    form = queue.choose_form(_slurm_version(targets), _forced_form())
+    rows = dict(zip(live, poll(live, client, form=form, reader=reader, now=now), strict=True))
     hidden = 0
     if not refs and not show_all:
-        units, hidden = _recent(units, since, now)
-    kept = [t for unit in units.values() for t in unit]
-    form = queue.choose_form(_slurm_version(kept), _forced_form())
-    rows = poll(kept, SlurmClient(runner), form=form, reader=reader, now=now)
+        ended = {
+            k: min(_times(rows[t] for t in u))
+            for k, u in units.items()
+            if k not in cached and _ended([rows[t] for t in u])
+        }
+        ended |= {k: min(_times(t.final for t in u)) for k, u in cached.items()}
+        keep = _latest(ended, since, now)
+        hidden = len(ended) - len(keep)
+        units = {k: u for k, u in units.items() if k not in ended or k in keep}
+    shown = [t for unit in units.values() for t in unit]
+    finals = [t for t in shown if t not in rows]  # read now: no Slurm call for them
+    rows.update(zip(finals, poll(finals, client, form=form, reader=reader, now=now), strict=True))
+    out = [rows[t] for t in shown]
     names = sorted({t.sweep or t.path.name for t in targets})
-    return StatusView(group_sweeps(rows) if grouped else rows, root, hidden, names)
+    return StatusView(group_sweeps(out) if grouped else out, root, hidden, names)
 
 
-def _recent(
-    units: dict[str, list[Target]], since: float | None, now: float
-) -> tuple[dict[str, list[Target]], int]:
-    """The units (runs, sweeps) to show by default: all that have not ended, and the latest
-    of those that did; returns them and how many were left out."""
+def _times(items: Iterable[Any]) -> list[float]:
+    return [float(i.submitted or 0.0) for i in items] or [0.0]
 
-    def submitted(unit: list[Target]) -> float:
-        times = [t.final.submitted for t in unit if t.final and t.final.submitted]
-        return min(times) if times else 0.0
 
-    finished = {key: submitted(unit) for key, unit in units.items() if all(t.final for t in unit)}
+def _ended(rows: Sequence[RunStatus]) -> bool:
+    return all(r.state not in ACTIVE_STATES and r.state != "UNKNOWN" for r in rows)
+
+
+def _latest(ended: dict[str, float], since: float | None, now: float) -> set[str]:
+    """Which of the runs (or sweeps) that ended the default view keeps."""
     if since is not None:
-        keep = {key for key, when in finished.items() if when >= now - since}
-    else:
-        keep = set(sorted(finished, key=finished.__getitem__)[-RECENT_FINISHED:])
-    shown = {k: u for k, u in units.items() if k not in finished or k in keep}
-    return shown, len(finished) - len(keep)
+        return {key for key, when in ended.items() if when >= now - since}
+    return set(sorted(ended, key=ended.__getitem__)[-RECENT_FINISHED:])
 
 
 def collect(

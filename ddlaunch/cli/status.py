@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,10 +18,10 @@ COLUMNS = (
     Column("run", "shrink"),
     Column("job"),
     Column("state"),
-    Column("nodes", "detail"),
+    Column("nodes", "detail", rank=1),
     Column("step", right=True),
-    Column("ckpt", right=True),
-    Column("attempts", right=True),
+    Column("ckpt", "detail", right=True, rank=3),
+    Column("attempts", "detail", right=True, rank=2),
     Column("note", "note"),
 )
 
@@ -30,11 +31,9 @@ def _num(value: int | None) -> str:
 
 
 def note(r: Any) -> str:
-    """What a user acts on, in one cell: the failure or how the run ended (or why it
-    waits), node health, and the attempts' causes when there were several."""
+    """What a user acts on, in one cell: a member's overrides, the failure or how the run
+    ended (or why it waits), node health (`status RUN` lists every attempt's cause)."""
     parts = [r.label or "", r.failure or r.detail or r.reason or "", r.health]
-    if len(r.history) > 1:
-        parts.append("attempts: " + ", ".join(str(a.get("cause")) for a in r.history))
     return "; ".join(p for p in parts if p)
 
 
@@ -100,9 +99,10 @@ def page(shown: Any, width: int | None) -> str:
         lines.append(render(rows, width, shown.names))
     if shown.hidden:
         what = "run" if shown.hidden == 1 else "runs"
-        lines.append(
+        text = (
             f"{shown.hidden} older finished {what} not shown (ddlaunch status --all, or --since 7d)"
         )
+        lines += textwrap.wrap(text, width) if width else [text]
     if len(rows) == 1 and rows[0].history:
         lines += attempt_lines(rows[0])
     return "\n".join(lines)

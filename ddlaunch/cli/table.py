@@ -6,7 +6,8 @@ row fits:
 
 1. ``shrink`` columns (run ids) are shortened in the middle, never below their
    ``min_width`` (the caller sets it so that a unique prefix of each id stays readable);
-2. ``detail`` columns (nodes) move, from the right, onto a line under the row;
+2. ``detail`` columns (nodes, then the counts) move, lowest ``rank`` first, onto a line
+   under the row;
 3. the ``note`` column stays on the row only if it gets at least ``NOTE_MIN`` characters,
    wrapped within its column; otherwise it joins the line under the row, wrapped to the
    terminal's width.
@@ -32,6 +33,7 @@ class Column:
     kind: str = "fixed"  # fixed | shrink | detail | note
     right: bool = False  # right-aligned (numbers)
     min_width: int = 0  # shrink columns: never narrower
+    rank: int = 0  # detail columns: the lowest moves out first
 
 
 def shorten_middle(text: str, width: int) -> str:
@@ -75,7 +77,9 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
             cut = min(excess, widths[i] - max(columns[i].min_width, len(columns[i].name)))
             widths[i] -= max(cut, 0)
             excess -= max(cut, 0)
-    for i in reversed([i for i in inline if columns[i].kind == "detail"]):
+    for i in sorted(
+        (i for i in inline if columns[i].kind == "detail"), key=lambda i: columns[i].rank
+    ):
         if excess > 0:
             inline.remove(i)
             excess = _total(widths, inline) - width
@@ -90,7 +94,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
     for row in rows:
         cells = [shorten_middle(row[i], widths[i]) for i in inline]
         if note_inline and note is not None:
-            wrapped = textwrap.wrap(row[note], widths[note]) or [""]
+            wrapped = _wrap(row[note], widths[note]) or [""]
             cells[-1] = wrapped[0]
             lines.append(_line(cells, [widths[i] for i in inline], right))
             indent = " " * (_total(widths, inline[:-1]) + len(GAP))
@@ -103,10 +107,15 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
             if row[i] not in ("", "-")
         ]
         if below:
-            lines += textwrap.wrap(
-                "; ".join(below), width, initial_indent="  ", subsequent_indent="  "
-            )
+            lines += _wrap("; ".join(below), width, "  ")
     return lines
+
+
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    # Not at hyphens: run ids and node names are full of them.
+    return textwrap.wrap(
+        text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+    )
 
 
 def _plain(
