@@ -28,6 +28,7 @@ from ddlaunch.store.rundir import (
     is_run_dir,
 )
 from ddlaunch.store.status_cache import Final, Queued, StatusCache
+from ddlaunch.store.sweep_cancels import is_cancelled
 from ddlaunch.store.sweeps import (
     MEMBERS_DIR,
     MEMBERS_FILE,
@@ -370,6 +371,7 @@ def complete_member_info(info: RunInfo) -> RunInfo:
         return info
     info.job_ids = list(jobs.job_ids)
     info.submitted = jobs.time
+    info.cancel_requested = is_cancelled(found[0], found[1], info.job_id)
     if jobs.state == "failed":
         info.intent = {"state": "failed", "error": jobs.error}
     return info

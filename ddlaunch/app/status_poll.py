@@ -116,6 +116,8 @@ def resolve(
             targets += _members(sweep)
             continue
         member = member_path(ref, root)
+        if member is None and member_of(Path(ref).expanduser().absolute()) is not None:
+            member = Path(ref).expanduser().absolute()  # a member's directory, not yet made
         target = _as_target(member) if member is not None else None
         if target is None or target.label is None:  # not a member: find_run says why
             target = _as_target(find_run(ref, root))

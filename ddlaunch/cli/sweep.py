@@ -210,6 +210,28 @@ def status(sweep_ref: str, as_json: bool) -> None:
     term.out(summary(rows))
 
 
+@command.command("cancel")
+@click.argument("sweep_ref", metavar="SWEEP")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the jobs to stop; 0: do not wait.",
+)
+def cancel_sweep(sweep_ref: str, wait_s: float) -> None:
+    """Cancel every member of SWEEP that has not ended (all its arrays): the same as
+    `ddlaunch cancel SWEEP`."""
+    from ddlaunch.app.cancel import cancel
+    from ddlaunch.store.rundir import default_run_root
+    from ddlaunch.store.sweeps import find_sweep
+
+    path = find_sweep(sweep_ref, default_run_root())
+    for line in cancel([str(path)], wait_s=wait_s):
+        click.echo(line)
+
+
 @command.command("resubmit")
 @click.argument("sweep_ref", metavar="SWEEP")
 @click.option("--failed", is_flag=True, help="Every member that ended without completing.")

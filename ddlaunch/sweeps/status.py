@@ -15,6 +15,7 @@ from ddlaunch.app.status import run_status
 from ddlaunch.slurm.arrays import queue_tasks, show_array_tasks
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import QueueRow
+from ddlaunch.store.sweep_cancels import cancelled_members
 from ddlaunch.store.sweeps import (
     MEMBERS_DIR,
     member_jobs,
@@ -88,6 +89,7 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
     overrides = member_overrides(meta)
     infos = [read_run(sweep_dir / MEMBERS_DIR / str(i)) for i in range(len(overrides))]
     recorded = member_jobs(sweep_dir)
+    cancelled = cancelled_members(sweep_dir)
     for index, info in enumerate(infos):
         jobs = recorded.get(index)
         if jobs is None or info.job_ids or info.intent:
@@ -95,6 +97,7 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
         # A member that has not started has no run directory yet (or a crash cut its
         # submission.json short): the arrays' records say what was submitted.
         info.job_ids = list(jobs.job_ids)
+        info.cancel_requested = index in cancelled and cancelled[index] == info.job_id
         if jobs.state == "failed":
             info.intent = {"state": "failed", "error": jobs.error}
     client = client or SlurmClient()
