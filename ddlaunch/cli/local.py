@@ -18,8 +18,11 @@ def _told() -> None:
 
 
 def run_here(run_dir: Path, cfg: Config) -> None:
+    """The same lines for ``submit --local`` and ``resume --local``: where the run runs,
+    then its result and how long it took (or how it was interrupted)."""
     from ddlaunch.app.local import Interrupted, run_locally
 
+    click.echo(f"run dir: {run_dir}  local, {cfg.world_size} ranks")
     try:
         done = run_locally(run_dir, cfg, on_interrupt=_told)
     except Interrupted as exc:

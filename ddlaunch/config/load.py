@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,11 +275,24 @@ def list_presets() -> list[str]:
     return sorted(n for n in names if not n.startswith("sweeps/"))
 
 
-def apply_overrides(loaded: LoadedTree, overrides: Sequence[str]) -> None:
-    """Apply ``--set a.b=c`` overrides (YAML-typed values) in order."""
+def _origin(item: str, origin: str | Mapping[str, str] | None) -> str:
+    if isinstance(origin, str):
+        return origin
+    default = f"--set {item}"
+    return origin.get(item, default) if origin is not None else default
+
+
+def apply_overrides(
+    loaded: LoadedTree,
+    overrides: Sequence[str],
+    origin: str | Mapping[str, str] | None = None,
+) -> None:
+    """Apply ``--set a.b=c`` overrides (YAML-typed values) in order. ``origin``: where they
+    come from when that is not a ``--set`` (an option such as ``--nodes 3``; a sweep file's
+    lines, per override text), which errors then name."""
     issues: list[ConfigIssue] = []
     for item in overrides:
-        where = f"--set {item}"
+        where = _origin(item, origin)
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
@@ -321,7 +334,7 @@ def apply_overrides(loaded: LoadedTree, overrides: Sequence[str]) -> None:
     if issues:
         raise ConfigError(issues)
     if overrides:
-        loaded.sources.append(f"--set ({len(overrides)})")
+        loaded.sources.append(origin if isinstance(origin, str) else f"--set ({len(overrides)})")
 
 
 def load_tree(config: str | Path, overrides: Sequence[str] = ()) -> LoadedTree:

@@ -212,6 +212,37 @@ def _members_line(name: str, members: Sequence[int]) -> str:
     return f"\nexport DDLAUNCH_SWEEP_ARRAY={name}\nmembers=({' '.join(map(str, members))})\n"
 
 
+def share_throttle(throttle: int | None, sizes: Sequence[int]) -> list[int | None]:
+    """Each array's ``%N`` so that the sweep as a whole runs at most ``throttle`` tasks at
+    once: the arrays' shares sum to it, in proportion to their sizes (largest remainders),
+    each at least 1 and at most its size. No throttle, or one no smaller than the sweep:
+    none."""
+    total = sum(sizes)
+    if throttle is None or throttle >= total:
+        return [None] * len(sizes)
+    if throttle < len(sizes):
+        raise UserError(
+            f"throttle {throttle} is below the {len(sizes)} arrays this sweep is split into "
+            "(each array runs at least one task at once): raise throttle, or split the sweep "
+            "into fewer arrays (--max-array-size, members that share one script)"
+        )
+    exact = [throttle * n / total for n in sizes]
+    shares = [max(1, min(n, int(x))) for n, x in zip(sizes, exact, strict=True)]
+    by_remainder = sorted(range(len(sizes)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    while sum(shares) < throttle:
+        grown = False
+        for i in by_remainder:
+            if sum(shares) < throttle and shares[i] < sizes[i]:
+                shares[i] += 1
+                grown = True
+        if not grown:
+            break
+    while sum(shares) > throttle:  # the minimum of 1 each took more than the share
+        i = max(range(len(sizes)), key=lambda j: shares[j])
+        shares[i] -= 1
+    return list(shares)
+
+
 def plan_arrays(
     members: Sequence[tuple[int, Config]],
     *,
@@ -248,13 +279,15 @@ def plan_arrays(
         groups.setdefault(key, []).append(index)
         firsts.setdefault(key, (cfg, root))
     arrays: list[ArrayJob] = []
-    for key, indices in groups.items():
+    chunks = {key: split_arrays(indices, facts.max_array_size) for key, indices in groups.items()}
+    shares = iter(share_throttle(throttle, [len(c) for cs in chunks.values() for c in cs]))
+    for key, key_chunks in chunks.items():
         cfg, root = firsts[key]
         search_path = template_search_path(cfg.templates.search_path)
         rendered: tuple[str, str] | None = None  # (script, its members line)
-        for chunk in split_arrays(indices, facts.max_array_size):
+        for chunk in key_chunks:
             spec = ArraySpec(
-                str(first_name + len(arrays)), sweep_id, chunk, members_dir, throttle, root
+                str(first_name + len(arrays)), sweep_id, chunk, members_dir, next(shares), root
             )
             plan = make_plan(
                 cfg,

@@ -5,7 +5,7 @@ array of the sweep (torch-free)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,17 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
     shown: dict[str, dict[str, str]] = {}
     for array in sorted(unsettled):
         shown.update(show_array_tasks(client, array))
+    # Tasks the controller forgot (MinJobAge): one batched sacct, as `ddlaunch status`.
+    forgotten = [
+        i.job_id
+        for i in infos
+        if i.job_id
+        and i.job_id.split("_")[0] in unsettled
+        and i.job_id not in queue
+        and i.job_id not in shown
+        and not i.outcome
+    ]
+    queue = {**client.accounting_rows(forgotten), **queue} if forgotten else queue
     return [
         member_status(
             index,
@@ -153,3 +164,16 @@ def render_table(rows: Sequence[MemberStatus], metric: str = DEFAULT_METRIC) -> 
             r.note,
         )
     return table
+
+
+def pick_members(
+    rows: Iterable[MemberStatus], *, failed: bool, cancelled: bool, named: Iterable[int]
+) -> list[int]:
+    """What ``sweep resubmit`` resubmits: the members ``--failed`` (FAILED_STATES) and
+    ``--cancelled`` select, and those named by hand."""
+    picked = {
+        r.index
+        for r in rows
+        if (failed and r.state in FAILED_STATES) or (cancelled and r.state == "CANCELLED")
+    }
+    return sorted(picked | set(named))
