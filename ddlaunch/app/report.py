@@ -9,9 +9,9 @@ out around the picture (drawn by ``app.report_figure``).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import itertools
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +24,7 @@ from ddlaunch.app.status import run_status
 from ddlaunch.checkpoint.layout import list_checkpoints
 from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import watchdog as watchdog_records
-from ddlaunch.store.failures import FAILURES_DIR
+from ddlaunch.store.failures import read_failures
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class Timeline:
     series: list[str] = field(default_factory=list)  # which attempt each sample belongs to
     excluded: list[str] = field(default_factory=list)
     preflight: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""  # why there is nothing to draw (a submission that failed, ...)
 
     @property
     def origin(self) -> float:
@@ -77,8 +78,10 @@ def build(
     excluded: Sequence[str] = (),
     preflight: Sequence[Mapping[str, Any]] = (),
     now: float | None = None,
+    note: str = "",
 ) -> Timeline:
     t = Timeline(run_id, state, excluded=list(excluded), preflight=[dict(p) for p in preflight])
+    t.note = note
     for rec in attempts:
         if rec.get("start") is None:
             continue
@@ -93,7 +96,7 @@ def build(
                 blamed=tuple(rec.get("blamed") or ()),
                 resumed_from=rec.get("resumed_from"),
                 committed_step=rec.get("committed_step"),
-                detail=str(rec.get("health") or rec.get("decision") or ""),
+                detail=attempt_detail(rec, failures),
             )
         )
     for step, when in checkpoints:
@@ -111,6 +114,28 @@ def build(
     t.samples = [(time_, step) for time_, step, _ in points]
     t.series = [key for _, _, key in points]
     return t
+
+
+def attempt_detail(rec: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]) -> str:
+    """What an attempt's row says beside its cause: a health finding, a crashed attempt's
+    first failing rank (the exception, not the requeue policy's words), else the decision."""
+    if rec.get("health"):
+        return str(rec["health"])
+    if rec.get("cause") == "crash":
+        mine = [
+            f
+            for f in failures
+            if str(f.get("job_id")) == str(rec.get("job_id"))
+            and int(f.get("attempt") or 0) == int(rec.get("restart_count") or 0)
+        ]
+        if mine:
+            first = min(mine, key=lambda f: float(f.get("time") or 0.0))
+            where = f" at {first['where']}" if first.get("where") else ""
+            return (
+                f"rank {first.get('rank')} on {first.get('host')}: "
+                f"{first.get('exception')}: {first.get('message', '')}{where}"
+            )
+    return str(rec.get("decision") or "")
 
 
 def split_series(t: Timeline) -> list[list[tuple[float, int]]]:
@@ -143,7 +168,7 @@ CAUSE_COLORS = {
     "crash": "#b71c1c",
     "node failure": "#6a1b9a",
     "requeued by Slurm": "#6a1b9a",
-    "cancelled": "#616161",
+    "cancelled": "#9e9e9e",
     "running": "#90a4ae",
 }
 
@@ -203,26 +228,34 @@ font-size:13px;text-align:left}}th{{background:#eee}}img{{max-width:100%}}</styl
 """
 
 
+def _attempt_at(attempts: Sequence[Mapping[str, Any]], when: float) -> str:
+    """The attempt running at ``when`` (a checkpoint's commit): its samples form one line."""
+    for rec in reversed(attempts):
+        if rec.get("start") is not None and float(rec["start"]) <= when:
+            return str(rec.get("attempt", ""))
+    return ""
+
+
 def load_timeline(run_dir: Path) -> Timeline:
     """Everything ``report`` draws, from the run directory."""
     info = read_run(run_dir)
-    state = run_status(info, None).state
+    row = run_status(info, None)
+    state = row.state
     checkpoints = []
     if info.checkpoint_root is not None and info.checkpoint_root.is_dir():
         for c in list_checkpoints(info.checkpoint_root):
             if c.complete and c.marker is not None:
                 checkpoints.append((c.step, c.marker.time))
-    failures = []
-    for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
-        try:
-            failures.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
+    # Through the store's reader: our own stops (a signal save) are not failures.
+    failures = [dataclasses.asdict(f) for f in read_failures(run_dir)]
     samples = watchdog_records.read_samples(run_dir)
     if not samples:
         # No watchdog history (an older run, or code without Session): the commit times of
         # the checkpoints still give a coarse step-over-time curve.
-        samples = [{"time": when, "step": step} for step, when in sorted(checkpoints)]
+        samples = [
+            {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
+            for step, when in sorted(checkpoints)
+        ]
     try:
         latest = fsutil.read_json(preflight_records.latest_path(run_dir)) or {}
     except ValueError:
@@ -237,4 +270,5 @@ def load_timeline(run_dir: Path) -> Timeline:
         info.excluded,
         latest.get("verdicts", []),
         now=time.time(),
+        note="" if info.attempts else f"no attempt: {row.failure or row.detail or state}",
     )

@@ -20,7 +20,7 @@ A sweep file::
       - [params.lr=1.0, params.clip=1]
     seeds: 3                        # or [0, 7, 42]: values of seed_key
     seed_key: params.seed
-    throttle: 8                     # at most 8 tasks of the sweep run at once (each array its share)
+    throttle: 8                     # at most 8 members run at once (each array its share)
     metric: final_loss              # key of result.json shown by `ddlaunch sweep status`
 
 Each axis (each grid key, each zip group, the list, the seeds) multiplies the member count;
