@@ -108,7 +108,7 @@ CASES = [
         "lead_too_long",
         "job:\n  time: '00:05:00'\nfault_tolerance:\n  signal_lead: 600\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  fault_tolerance.signal_lead: 600 s is not shorter than the time limit job.time=00:05:00 (300 s) (bad.yaml:4)",
+        "  fault_tolerance.signal_lead: 600 s is not shorter than the time limit job.time=00:05:00 (300 s) (bad.yaml:4; bad.yaml:2)",
     ),
     (
         "mem_pattern",
@@ -204,7 +204,7 @@ CASES = [
         "missing_preset",
         "defaults: [clusters/nosuch]\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi) (bad.yaml:1)",
+        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
     ),
     (
         "set_bad_key",
@@ -235,6 +235,27 @@ CASES = [
         "nodes: 4\nlaunch:\n  entrypoint: m:f\n",
         [],
         "  nodes: expected a mapping of keys, got int 4 (bad.yaml:1)",
+    ),
+    (
+        # The default signal_lead was never written: the --set that made job.time short is
+        # the line to name, not the preset's fault_tolerance section (#20).
+        "default_against_a_set",
+        "defaults: [examples/mlp]\n",
+        ["job.time=2"],
+        "  fault_tolerance.signal_lead: 120 s is not shorter than the time limit job.time=2 (120 s) (--set job.time=2)",
+    ),
+    (
+        # An unknown key changes no value: the section's cross-checks still run (#20).
+        "unknown_key_keeps_the_cross_check",
+        "defaults: [clusters/devcluster]\nnodes:\n  cont: 2\n  gpus_per_node: 9\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.cont: unknown key; did you mean 'count'? (bad.yaml:3)\n  nodes.gpus_per_node: asks for 9 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:4)",
+    ),
+    (
+        "preset_typo",
+        "defaults: [clusters/devclustr]\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  defaults: preset 'clusters/devclustr' not found; did you mean 'clusters/devcluster'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
     ),
     (
         "many_at_once",

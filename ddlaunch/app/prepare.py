@@ -82,14 +82,21 @@ def prepare_submission(
     *,
     run_root: str | None = None,
     workdir: str | None = None,
+    run_id: str | None = None,
 ) -> tuple[Prepared, list[str]]:
-    """``prepare`` for ``submit``: my bad-node list is excluded, except nodes the config asks
-    for by name (excluding them would make the job unschedulable). Returns the prepared run
-    and the nodes it excludes."""
+    """``prepare`` for ``submit`` (and ``render``, which shows what submit submits): my
+    bad-node list is excluded, except nodes the config asks for by name (excluding them
+    would make the job unschedulable). Returns the prepared run and the nodes it excludes."""
     exclude = badnodes.submittable_nodes()
-    prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+
+    def made(exclude: Sequence[str]) -> Prepared:
+        return prepare(
+            config, overrides, run_id=run_id, run_root=run_root, workdir=workdir, exclude=exclude
+        )
+
+    prepared = made(exclude)
     wanted = set(prepared.config.nodes.nodelist) & set(exclude)
     if wanted:
         exclude = [n for n in exclude if n not in wanted]
-        prepared = prepare(config, overrides, run_root=run_root, workdir=workdir, exclude=exclude)
+        prepared = made(exclude)
     return prepared, exclude

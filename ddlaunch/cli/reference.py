@@ -32,7 +32,10 @@ def reference_lines(cls: type, prefix: str = "") -> list[str]:
             default = f.default_factory()
         if isinstance(default, tuple):
             default = list(default)
-        lines.append(f"  {key} ({type_label(hints[f.name])}, default {default!r}): {doc}")
+        # A key under a section is indented under its heading; a top-level key (sbatch,
+        # params) is not, or it would read as the previous section's last key.
+        indent = "  " if prefix else ""
+        lines.append(f"{indent}{key} ({type_label(hints[f.name])}, default {default!r}): {doc}")
     return lines
 
 

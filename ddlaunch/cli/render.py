@@ -15,12 +15,15 @@ from ddlaunch.cli.options import config_argument, set_option
 def command(
     config: str, overrides: tuple[str, ...], run_id: str | None, run_root: str | None
 ) -> None:
-    """Print the sbatch script CONFIG renders to.
+    """Print the sbatch script CONFIG renders to: the one `submit` would submit, with the
+    nodes of my bad-node list excluded as `submit` excludes them.
 
     CONFIG is a YAML file or a shipped preset name such as examples/mlp.
     Nothing is created or submitted.
     """
-    from ddlaunch.app.prepare import prepare
+    from ddlaunch.app.prepare import prepare_submission
 
-    prepared = prepare(config, overrides, run_id=run_id, run_root=run_root)
+    prepared, exclude = prepare_submission(config, overrides, run_root=run_root, run_id=run_id)
+    if exclude:
+        click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
     click.echo(prepared.script, nl=False)

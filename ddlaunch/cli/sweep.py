@@ -108,13 +108,15 @@ def command() -> None:
     """Run a sweep file's members as Slurm job arrays, and follow them.
 
     \b
-      ddlaunch sweep configs/sweeps/mlp-lr.yaml [--dry-run]   (= sweep submit FILE)
+      ddlaunch sweep sweeps/mlp-lr [--dry-run]   (= sweep submit FILE)
       ddlaunch sweep status SWEEP [--json]
       ddlaunch sweep resubmit SWEEP --failed
+      ddlaunch sweep cancel SWEEP
 
-    SWEEP is a sweep id, a unique prefix of one, or a sweep directory. Each member is a normal
-    run directory (SWEEP/members/<i>, created when the member first starts): `ddlaunch logs`,
-    `cancel` and `resume` work on it.
+    FILE is a sweep file, or the name of a shipped one (`ddlaunch presets` lists them). SWEEP
+    is a sweep id, a unique prefix of one, or a sweep directory. Each member is a normal run
+    directory (SWEEP/members/<i>, created when the member first starts), named SWEEP/<i>:
+    `ddlaunch status`, `logs`, `cancel` and `resume` work on it.
     """
 
 

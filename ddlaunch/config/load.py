@@ -246,14 +246,13 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
     for name in defaults:
         preset = resolve_config_name(name, base_dir=path.parent)
         if preset is None:
-            known = ", ".join(list_presets()[:12])
             raise ConfigError(
                 [
                     ConfigIssue(
                         "defaults",
-                        f"preset {name!r} not found (looked "
-                        f"next to the file, in $DDLAUNCH_CONFIG_PATH and in "
-                        f"the shipped configs: {known})",
+                        f"preset {name!r} not found{did_you_mean(name)} (looked next to the "
+                        "file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: "
+                        f"{', '.join(list_presets())})",
                         where,
                     )
                 ]
@@ -267,12 +266,21 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
     loaded.sources.append(_display(path))
 
 
-def list_presets() -> list[str]:
-    """Names of the shipped configs, e.g. ``clusters/devcluster``."""
+def list_presets(sweeps: bool = False) -> list[str]:
+    """Names of the shipped configs, e.g. ``clusters/devcluster``; with ``sweeps``, the
+    shipped sweep files (``sweeps/mlp-lr``, for ``ddlaunch sweep``) too."""
     root = resources.configs_dir()
-    # sweeps/ holds sweep files (ddlaunch sweep), not configs.
     names = (str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
-    return sorted(n for n in names if not n.startswith("sweeps/"))
+    return sorted(n for n in names if sweeps or not n.startswith("sweeps/"))
+
+
+def did_you_mean(name: str, sweeps: bool = False) -> str:
+    """``; did you mean 'examples/mlp'?`` for a mistyped shipped name, else ''."""
+    import difflib  # only for a mistake
+
+    stem = name.removesuffix(".yaml").removesuffix(".yml")
+    close = difflib.get_close_matches(stem, list_presets(sweeps), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _origin(item: str, origin: str | Mapping[str, str] | None) -> str:
@@ -345,8 +353,8 @@ def load_tree(config: str | Path, overrides: Sequence[str] = ()) -> LoadedTree:
             [
                 ConfigIssue(
                     "",
-                    "config file not found (give a path, or a shipped "
-                    "preset name; `ddlaunch presets` lists them)",
+                    f"config file not found{did_you_mean(str(config))} (give a path, or a "
+                    "shipped preset name; `ddlaunch presets` lists them)",
                     str(config),
                 )
             ]

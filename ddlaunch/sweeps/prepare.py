@@ -87,7 +87,9 @@ def _copy(loaded: LoadedTree) -> LoadedTree:
     return LoadedTree(copy.deepcopy(loaded.tree), dict(loaded.locations), list(loaded.sources))
 
 
-def _set_param(params: dict[str, Any], override: Override) -> ConfigIssue | None:
+def _set_param(
+    params: dict[str, Any], override: Override, origins: dict[str, str]
+) -> ConfigIssue | None:
     """Set ``params.a.b`` as ``--set params.a.b=v`` would; a non-mapping on the way is an
     error, worded as ``apply_overrides`` words it. The value is the one the override's text
     YAML-types to, so no text is parsed again."""
@@ -95,7 +97,8 @@ def _set_param(params: dict[str, Any], override: Override) -> ConfigIssue | None
     if depth is None:
         return None
     key = ".".join(override.key.split(".")[: depth + 1])
-    return ConfigIssue(key, "is not a mapping, so it has no sub-keys", f"--set {override.text}")
+    where = origins.get(override.text, f"--set {override.text}")
+    return ConfigIssue(key, "is not a mapping, so it has no sub-keys", where)
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,10 @@ class ValidatedMembers:
 
 
 def validate_members(
-    base: LoadedTree, members: Sequence[Member], tick: Tick | None = None
+    base: LoadedTree,
+    members: Sequence[Member],
+    tick: Tick | None = None,
+    origins: dict[str, str] | None = None,
 ) -> ValidatedMembers:
     """Every member's validated config, or SweepMembersError naming each bad member.
 
@@ -122,6 +128,7 @@ def validate_members(
     """
     validated: dict[tuple[str, ...], int | ConfigError] = {}  # shared overrides -> group
     out = ValidatedMembers([], [], [])
+    origins = origins or {}  # override text -> the sweep file's line that wrote it
     bad: list[tuple[Member, ConfigError]] = []
     positions: dict[tuple[str, ...], tuple[int, ...]] = {}  # override keys -> own positions
     for member in members:
@@ -134,7 +141,7 @@ def validate_members(
         if shared not in validated:
             loaded = _copy(base)
             try:
-                apply_overrides(loaded, shared)
+                apply_overrides(loaded, shared, origins)
                 out.group_configs.append(validate_tree(loaded))
                 validated[shared] = len(out.group_configs) - 1
             except ConfigError as exc:
@@ -148,7 +155,7 @@ def validate_members(
         else:
             params = dict(out.group_configs[group].params)
             own = [overrides[i] for i in own_at]
-            issues = [issue for o in own if (issue := _set_param(params, o)) is not None]
+            issues = [issue for o in own if (issue := _set_param(params, o, origins)) is not None]
             if issues:
                 bad.append((member, ConfigError(issues)))
             else:
@@ -334,9 +341,10 @@ def prepare_sweep(
 ) -> PreparedSweep:
     """Expand, validate every member (all problems at once), and plan the arrays."""
     facts = facts or ClusterFacts()
-    base = load_tree(spec.base, spec.common)
+    base = load_tree(spec.base)
+    apply_overrides(base, spec.common, spec.origins)
     members = expand(spec)
-    validated = validate_members(base, members, tick)
+    validated = validate_members(base, members, tick, spec.origins)
     first = validated.configs[0]
     sweep_id = sweep_id or new_run_id(spec.name or first.job.name)
     root = Path(run_root) if run_root else resolve_run_root(first.storage.run_root)
