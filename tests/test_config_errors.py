@@ -60,7 +60,7 @@ CASES = [
         "more_gpus_than_preset",
         "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 8\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  nodes.gpus_per_node: asks for 8 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:3)",
+        "  nodes.gpus_per_node: asks for 8 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:3; preset:clusters/devcluster:6)",
     ),
     (
         "ckpt_not_absolute",
@@ -228,7 +228,7 @@ CASES = [
         "cpus_exceed",
         "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 4\n  cpus_per_task: 4\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  nodes.cpus_per_task: 4 CPUs x 4 ranks per node exceeds the 8 CPUs a node of 'devcluster' has (bad.yaml:4)",
+        "  nodes.cpus_per_task: 4 CPUs x 4 ranks per node exceeds the 8 CPUs a node of 'devcluster' has (bad.yaml:4; bad.yaml:3)",
     ),
     (
         "section_scalar",
@@ -249,7 +249,7 @@ CASES = [
         "unknown_key_keeps_the_cross_check",
         "defaults: [clusters/devcluster]\nnodes:\n  cont: 2\n  gpus_per_node: 9\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  nodes.cont: unknown key; did you mean 'count'? (bad.yaml:3)\n  nodes.gpus_per_node: asks for 9 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:4)",
+        "  nodes.cont: unknown key; did you mean 'count'? (bad.yaml:3)\n  nodes.gpus_per_node: asks for 9 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:4; preset:clusters/devcluster:6)",
     ),
     (
         "preset_typo",

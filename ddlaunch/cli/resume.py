@@ -23,7 +23,8 @@ from ddlaunch.cli.options import set_option
 def command(
     run: str, nodes: int | None, overrides: tuple[str, ...], local: bool, dry_run: bool
 ) -> None:
-    """Resubmit RUN (finished, failed or cancelled) in its own run directory.
+    """Resubmit RUN (finished, failed or cancelled; an id, an id prefix, SWEEP/<i> or a run
+    directory) in its own run directory.
 
     The job restores the latest *complete* checkpoint (DCP metadata and commit marker both
     present), so `--nodes` may differ from the original node count. `--set` changes any

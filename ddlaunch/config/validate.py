@@ -274,6 +274,7 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
             ("nodes", "gpus_per_node"),
             f"asks for {n.gpus_per_node} GPUs per node but the "
             f"cluster preset {cfg.cluster.name!r} has {cfg.cluster.gpus_per_node}",
+            also=("cluster", "gpus_per_node"),
         )
     if n.gpus_per_node and n.tasks_per_node not in (None, n.gpus_per_node):
         b.fail(
@@ -291,10 +292,12 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
         b.fail(("nodes", "mem_per_gpu"), "needs nodes.gpus_per_node > 0")
     cpus = cfg.cluster.cpus_per_node
     if cpus and n.cpus_per_task and n.cpus_per_task * cfg.ranks_per_node > cpus:
+        ranks_key = "gpus_per_node" if n.gpus_per_node else "tasks_per_node"
         b.fail(
             ("nodes", "cpus_per_task"),
             f"{n.cpus_per_task} CPUs x {cfg.ranks_per_node} ranks "
             f"per node exceeds the {cpus} CPUs a node of {cfg.cluster.name!r} has",
+            also=("nodes", ranks_key),
         )
 
 
