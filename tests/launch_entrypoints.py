@@ -90,3 +90,14 @@ def mlp_raise_at(config: Any) -> dict[str, Any]:
             raise RuntimeError(f"deterministic failure at step {step}")
 
     return mlp.main(config, on_step=on_step)
+
+
+def slow_start(config: Any) -> dict[str, Any]:
+    """The example after ``params.start_sleep`` seconds of start-up (a large model being
+    built): a cancel in that window reaches no step boundary, so no rank saves or concludes;
+    SIGKILL follows SIGTERM after KillWait."""
+    from ddlaunch.examples import mlp
+
+    _out(f"started-{os.environ['RANK']}.json", {"pid": os.getpid()})
+    time.sleep(float(config.params["start_sleep"]))
+    return mlp.main(config)
