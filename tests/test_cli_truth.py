@@ -322,3 +322,42 @@ def test_readme_commands_exist_as_documented() -> None:
 def test_member_form_in_help(tmp_path: Path, verb: str) -> None:
     text = ddlaunch(tmp_path, verb, "--help").stdout
     assert "SWEEP/<i>" in text, text
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+def test_resubmit_of_a_completed_member_says_so(tmp_path: Path) -> None:
+    from support.fakes import FakeRunner, ok
+    from test_sweep import sbatch_ids, start, submitted_sweep
+
+    from ddlaunch.store import outcome
+
+    runner = FakeRunner({("sbatch",): sbatch_ids("374"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=3, max_size=3)
+    members = prepared.sweep_dir / "members"
+    for index in (0, 1):
+        start(members / str(index), f"374_{index}")
+        outcome.write_outcome(members / str(index), "COMPLETED")
+    # member 0 left its training loop at params.steps (20): its last checkpoint is final
+    step = members / "0" / "checkpoints" / "step-20"
+    step.mkdir(parents=True)
+    (step / ".metadata").write_text("x")
+    marker = {"format": 1, "step": 20, "time": T0, "world_size": 1, "num_shard_files": 1}
+    (step / ".ddlaunch-commit.json").write_text(json.dumps({**marker, "metadata": {"final": True}}))
+    env = {"DDLAUNCH_RUN_ROOT": str(prepared.sweep_dir.parent)}
+    done = ddlaunch(tmp_path, "sweep", "resubmit", "sw", "--member", "0", "--dry-run", env=env)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "error: run sw/0 already reached its last step (20, params.steps=20): resuming would "
+        "train nothing. To train further, raise it: ddlaunch sweep resubmit sw --member 0 "
+        "--set params.steps=40\n"
+    )
+    again = ddlaunch(tmp_path, "sweep", "resubmit", "sw", "--member", "1", "--dry-run", env=env)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr == "member 1 had COMPLETED; it runs again, from scratch\n"
+    assert again.stdout.startswith("# resubmitting 1 member(s) of sw: 1\n")
+    help_text = ddlaunch(tmp_path, "sweep", "resubmit", "--help").stdout
+    assert "(not CANCELLED: add" in help_text and "--cancelled" in help_text
+    nothing = ddlaunch(tmp_path, "sweep", "resubmit", "sw", "--cancelled", env=env)
+    assert nothing.stdout == "no cancelled members; nothing to resubmit\n"

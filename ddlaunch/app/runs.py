@@ -316,44 +316,65 @@ class RunReader:
             cache.save()
 
 
+@dataclass
+class RootListing:
+    """What one look at the run root found: runs and sweeps (in mtime order) whose state a
+    poll has to work out, and runs whose final state the status cache holds (name ->
+    (mtime_ns, Final)), which need no further look, not even a ``Path``."""
+
+    entries: list[tuple[str, Path, int]] = field(default_factory=list)  # (kind, path, mtime)
+    finals: dict[str, tuple[int, Final]] = field(default_factory=dict)
+
+
+def scan_root(root: Path, cache: StatusCache) -> RootListing:
+    """One ``scandir`` of the run root and one stat per entry. Entries the cache knows are
+    runs without a further look; the others are listed once to tell a run (config.yaml)
+    from a sweep (members.json)."""
+    found = RootListing()
+    try:
+        scan = os.scandir(root)
+    except OSError:
+        return found
+    entries = []
+    with scan:
+        for entry in scan:
+            name = entry.name
+            if name.startswith("."):
+                continue
+            try:
+                mtime_ns = entry.stat().st_mtime_ns
+            except OSError:
+                continue
+            final = cache.get_final(name, mtime_ns)
+            if final is not None:
+                found.finals[name] = (mtime_ns, final)
+                continue
+            if cache.known(name):
+                entries.append((mtime_ns, name, "run"))
+                continue
+            try:
+                listing = set(os.listdir(entry.path))
+            except OSError:  # not a directory, or gone meanwhile
+                continue
+            kind = "run" if CONFIG_FILE in listing else "sweep" if MEMBERS_FILE in listing else ""
+            if kind:
+                entries.append((mtime_ns, name, kind))
+    entries.sort()
+    found.entries = [(kind, root / name, mtime_ns) for mtime_ns, name, kind in entries]
+    return found
+
+
 def list_targets(
     root: Path | None = None, reader: RunReader | None = None
 ) -> list[tuple[str, Path, int]]:
     """Runs and sweeps under the run root, oldest first: ("run" | "sweep", path, mtime_ns).
-
-    Entries the status cache knows are runs without a further look; the others are
-    listed once to tell a run (config.yaml) from a sweep (members.json). ``reader`` shares
-    its already loaded cache. The mtime is returned so that the reader need not stat again.
-    """
+    ``reader`` shares its already loaded cache. The mtime is returned so that the reader
+    need not stat again."""
     root = root or default_run_root()
-    try:
-        # iterdir, not scandir: it builds child paths without re-parsing them, which is most
-        # of the per-entry cost of a Path; the stat is one syscall either way.
-        entries = list(root.iterdir())
-    except OSError:
-        return []
     cache = reader.cache(root) if reader is not None else StatusCache(root)
-    out = []
-    for path in entries:
-        name = path.name
-        if name.startswith("."):
-            continue
-        try:
-            mtime_ns = os.stat(path).st_mtime_ns
-        except OSError:
-            continue
-        if cache.known(name):
-            out.append((mtime_ns, name, "run", path))
-            continue
-        try:
-            listing = set(os.listdir(path))
-        except OSError:  # not a directory, or gone meanwhile
-            continue
-        kind = "run" if CONFIG_FILE in listing else "sweep" if MEMBERS_FILE in listing else ""
-        if kind:
-            out.append((mtime_ns, name, kind, path))
-    out.sort(key=lambda entry: entry[:2])
-    return [(kind, path, mtime_ns) for mtime_ns, _, kind, path in out]
+    found = scan_root(root, cache)
+    runs = [("run", root / name, m) for name, (m, _) in found.finals.items()]
+    return sorted([*found.entries, *runs], key=lambda e: (e[2], e[1].name))
 
 
 def complete_member_info(info: RunInfo) -> RunInfo:

@@ -8,7 +8,6 @@ tests count the calls.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -17,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlaunch.app.runs import RunReader, complete_member_info, find_run, list_targets, member_path
+from ddlaunch.app.runs import (
+    RunReader,
+    complete_member_info,
+    find_run,
+    list_targets,
+    member_path,
+    scan_root,
+)
 from ddlaunch.app.status import (
     ACTIVE_STATES,
     RunStatus,
@@ -187,19 +193,30 @@ def view(
     now = time.time() if now is None else now
     root = default_run_root()
     reader = RunReader(lambda: now)  # one cache load for both the listing and the reads
-    targets, _ = resolve(refs, root=root, reader=reader)
     grouped = not refs if overview is None else overview
+    # Runs under the root the cache knows ended: their names only (no Path, no read) until
+    # one of them is shown: a poll over 10,000 finished runs is one stat each.
+    finals: dict[str, tuple[int, Final]] = {}
+    if refs:
+        targets, _ = resolve(refs, root=root, reader=reader)
+    else:
+        listing = scan_root(root, reader.cache(root))
+        finals = listing.finals
+        targets = []
+        for kind, path, mtime_ns in listing.entries:
+            targets += [Target(path, mtime_ns=mtime_ns)] if kind == "run" else _members(path)
     units: dict[str, list[Target]] = {}
     for t in targets:  # a sweep is one row of the overview: kept or hidden as a whole
-        hit = reader.final(t.path, t.mtime_ns)
-        t = dataclasses.replace(t, final=hit[0], mtime_ns=hit[1]) if hit else t
+        hit = reader.final(t.path, t.mtime_ns) if refs or t.sweep else None
+        t = Target(t.path, t.sweep, t.label, hit[1], hit[0]) if hit else t
         units.setdefault(t.sweep if grouped and t.sweep else str(t.path), []).append(t)
     cached = {k: u for k, u in units.items() if all(t.final for t in u)}
     live = [t for k, unit in units.items() if k not in cached for t in unit]
     client = SlurmClient(runner)
-    form = queue.choose_form(_slurm_version(targets), _forced_form())
+    form = queue.choose_form(_slurm_version(live), _forced_form())
     rows = dict(zip(live, poll(live, client, form=form, reader=reader, now=now), strict=True))
     hidden = 0
+    shown_finals = set(finals)
     if not refs and not show_all:
         ended = {
             k: min(_times(rows[t] for t in u))
@@ -207,15 +224,27 @@ def view(
             if k not in cached and _ended([rows[t] for t in u])
         }
         ended |= {k: min(_times(t.final for t in u)) for k, u in cached.items()}
+        ended |= {name: float(f.submitted or 0.0) for name, (_, f) in finals.items()}
         keep = _latest(ended, since, now)
         hidden = len(ended) - len(keep)
         units = {k: u for k, u in units.items() if k not in ended or k in keep}
+        shown_finals &= keep
+    for name in shown_finals:
+        mtime_ns, final = finals[name]
+        units[name] = [Target(root / name, mtime_ns=mtime_ns, final=final)]
     shown = [t for unit in units.values() for t in unit]
-    finals = [t for t in shown if t not in rows]  # read now: no Slurm call for them
-    rows.update(zip(finals, poll(finals, client, form=form, reader=reader, now=now), strict=True))
+    ended_now = [t for t in shown if t not in rows]  # read now: no Slurm call for them
+    rows.update(
+        zip(ended_now, poll(ended_now, client, form=form, reader=reader, now=now), strict=True)
+    )
     out = [rows[t] for t in shown]
-    names = sorted({t.sweep or t.path.name for t in targets})
-    return StatusView(group_sweeps(out) if grouped else out, root, hidden, names)
+    names = sorted({*(t.sweep or t.path.name for t in targets), *finals})
+    return StatusView(group_sweeps(out) if grouped else by_order(out, refs), root, hidden, names)
+
+
+def by_order(rows: list[RunStatus], refs: tuple[str, ...]) -> list[RunStatus]:
+    """Named runs in the order named; everything under the root by submission."""
+    return rows if refs else sorted(rows, key=lambda r: (r.submitted is not None, r.submitted or 0))
 
 
 def _times(items: Iterable[Any]) -> list[float]:

@@ -55,7 +55,7 @@ def render(rows: Sequence[Any], width: int | None, names: Sequence[str] = ()) ->
     line). ``names``: every id the run root holds, so that a run id shortened to fit keeps
     a prefix unique among them."""
     ids = [r.run_id for r in rows]
-    prefixes = unique_prefixes([*ids, *names])
+    prefixes = unique_prefixes(ids, names)
     shortest = max((min(prefixes[i] + 1 + TAIL, len(i)) for i in ids), default=0)
     columns = (Column("run", "shrink", min_width=shortest), *COLUMNS[1:])
     return "\n".join(fit(columns, [cells(r) for r in rows], width))

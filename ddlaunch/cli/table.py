@@ -17,6 +17,7 @@ row fits:
 
 from __future__ import annotations
 
+import bisect
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -135,20 +136,24 @@ def _plain(
     ]
 
 
-def unique_prefixes(names: Sequence[str]) -> dict[str, int]:
-    """Each name's shortest prefix that no other name starts with (its length): a shortened
-    run id keeps it, so the id can still be typed back as a prefix."""
-    ordered = sorted(set(names))
+def unique_prefixes(names: Sequence[str], among: Sequence[str] = ()) -> dict[str, int]:
+    """Each of ``names``' shortest prefix that no other name (of ``names`` and ``among``: the
+    whole run root) starts with, as its length: a shortened run id keeps it, so the id can
+    still be typed back as a prefix. Sorted neighbours are the only rivals (bisect)."""
+    ordered = sorted({*names, *among})
     out: dict[str, int] = {}
-    for i, name in enumerate(ordered):
+    for name in set(names):
+        i = bisect.bisect_left(ordered, name)
         longest = 0
-        for other in ordered[max(i - 1, 0) : i + 2]:
-            if other != name:
-                common = 0
-                for a, b in zip(name, other, strict=False):
-                    if a != b:
-                        break
-                    common += 1
-                longest = max(longest, common)
+        for other in (
+            ordered[i - 1] if i > 0 else "",
+            ordered[i + 1] if i + 1 < len(ordered) else "",
+        ):
+            common = 0
+            for a, b in zip(name, other, strict=False):
+                if a != b:
+                    break
+                common += 1
+            longest = max(longest, common)
         out[name] = min(longest + 1, len(name))
     return out
