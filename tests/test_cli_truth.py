@@ -361,3 +361,43 @@ def test_resubmit_of_a_completed_member_says_so(tmp_path: Path) -> None:
     assert "(not CANCELLED: add" in help_text and "--cancelled" in help_text
     nothing = ddlaunch(tmp_path, "sweep", "resubmit", "sw", "--cancelled", env=env)
     assert nothing.stdout == "no cancelled members; nothing to resubmit\n"
+
+
+# ----------------------------------------------------------------------------- cancel
+
+
+def test_cancel_of_a_finished_run_changes_nothing(tmp_path: Path) -> None:
+    """The CLI over recorded Slurm output: a COMPLETED run, then one cancelled already, and
+    one unknown id among known ones (nothing is cancelled). ``test_cancel.py`` has the rest."""
+    from support.fakes import slurm_calls
+
+    root = tmp_path / "runs"
+    done = make_run(root, "done", "357", T0, outcome=("COMPLETED",))
+    make_run(root, "twice", "358", T0, outcome=("CANCELLED", "cancelled, saved step 40"))
+    live = make_run(root, "live", "359", T0)
+    queue = "357|COMPLETED|None|node1\n358|CANCELLED|None|node1\n359|RUNNING|None|node2\n"
+    bin_dir = fake_slurm_bin(tmp_path / "bin", squeue=queue)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = _cancel(tmp_path, env, "done", "twice")
+    assert (proc.returncode, proc.stdout) == (
+        0,
+        "done: already finished (COMPLETED); nothing to cancel\n"
+        "twice: already cancelled; nothing to do\n",
+    )
+    proc = _cancel(tmp_path, env, "live", "nope")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: no run 'nope'")
+    assert not [c for c in slurm_calls(bin_dir) if c.startswith("scancel")]
+    assert not (done / "cancel.json").exists() and not (live / "cancel.json").exists()
+
+
+def _cancel(tmp_path: Path, env: dict[str, str], *refs: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"), "NO_COLOR": "1", **env}
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "cancel", *refs],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=tmp_path,
+        check=False,
+        timeout=60,
+    )
