@@ -168,3 +168,32 @@ def test_the_axis_hugs_the_data_and_labels_never_overprint() -> None:
     assert throughput_note(report.build("r", "X", attempts, [], [], [])) == (
         "no step history (health/steps.jsonl)"
     )
+
+
+def test_the_throughput_uses_checkpoints_and_the_watchdog_samples(tmp_path: Path) -> None:
+    """A short attempt may get one watchdog sample (one per health.heartbeat_interval): the
+    checkpoints' commit times are (time, step) points too, so the panel has a rate."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    from test_status_cli import T0, make_run
+
+    from ddlaunch.app.report_figure import throughput_note
+
+    attempt = {"attempt": 0, "job_id": "5", "start": T0, "end": T0 + 60, "cause": "completed"}
+    run = make_run(tmp_path, "r", "5", T0, attempts=[attempt], outcome=("COMPLETED",))
+    marker = {"format": 1, "world_size": 1, "num_shard_files": 1}
+    for step in (20, 40):
+        d = run / "checkpoints" / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / ".metadata").write_text("x")
+        (d / ".ddlaunch-commit.json").write_text(
+            json.dumps({**marker, "step": step, "time": T0 + step})
+        )
+    (run / "health").mkdir()
+    sample = {"time": T0 + 50, "step": 50, "job_id": "5", "restart": 0}
+    (run / "health" / "steps.jsonl").write_text(json.dumps(sample) + "\n")
+    t = report.load_timeline(run)
+    assert t.samples == [(T0 + 20, 20), (T0 + 40, 40), (T0 + 50, 50)]
+    assert report.throughput(t.samples) == [(T0 + 40, 1.0), (T0 + 50, 1.0)]
+    assert throughput_note(t) is None

@@ -345,3 +345,27 @@ def test_queued_runs_are_cached_until_their_directory_changes(
     reader.save()
     cached = json.loads((tmp_path / STATUS_CACHE).read_text())["runs"]
     assert "fresh" not in cached and "q0" in cached and "q1" not in cached
+
+
+def test_finished_runs_are_cached_once_and_forgotten_when_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from ddlaunch.app.status_poll import view
+    from ddlaunch.store.status_cache import STATUS_CACHE
+
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
+    old = 1_000_000_000
+    for name in ("a", "b"):
+        run = make_run(tmp_path, name, f"9{len(name)}", **{"outcome.json": {"state": "FAILED"}})
+        os.utime(run, (old, old))
+    runner = FakeRunner({"squeue": ok(""), "sacct": ok("")})
+    assert [r.state for r in view((), runner).rows] == ["FAILED", "FAILED"]
+    assert runner.count("squeue") == 1  # the first poll asks, and caches how they ended
+    cached = json.loads((tmp_path / STATUS_CACHE).read_text())["final"]
+    assert sorted(cached) == ["a", "b"]
+    shutil.rmtree(tmp_path / "b")
+    assert [r.run_id for r in view((), runner).rows] == ["a"]
+    assert runner.count("squeue") == 1  # a finished run costs no Slurm call any more
+    assert sorted(json.loads((tmp_path / STATUS_CACHE).read_text())["final"]) == ["a"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -206,13 +207,19 @@ def test_a_final_state_never_changes(tmp_path: Path) -> None:
 
 
 def _read_lines(proc: subprocess.Popen[str], count: int, timeout: float) -> list[str]:
+    """Up to ``count`` lines the process printed within ``timeout`` (never blocks longer:
+    output a process buffers until it exits does not arrive)."""
     lines: list[str] = []
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
-    while len(lines) < count and time.monotonic() < deadline:
+    while len(lines) < count:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            break
         line = proc.stdout.readline()
-        if line:
-            lines.append(line)
+        if not line:
+            break
+        lines.append(line)
     return lines
 
 

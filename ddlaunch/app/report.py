@@ -151,10 +151,11 @@ def split_series(t: Timeline) -> list[list[tuple[float, int]]]:
 
 def throughput(samples: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
     """(time at the interval's end, steps per second) between consecutive samples; a step
-    that went back (a resume from an older checkpoint) starts a new series."""
+    that went back (a resume from an older checkpoint) starts a new series; one that did not
+    advance gives no point."""
     out = []
     for (t0, s0), (t1, s1) in itertools.pairwise(samples):
-        if t1 > t0 and s1 >= s0:
+        if t1 > t0 and s1 > s0:  # a repeated step (the final save) is no rate of 0
             out.append((t1, (s1 - s0) / (t1 - t0)))
     return out
 
@@ -248,14 +249,20 @@ def load_timeline(run_dir: Path) -> Timeline:
                 checkpoints.append((c.step, c.marker.time))
     # Through the store's reader: our own stops (a signal save) are not failures.
     failures = [dataclasses.asdict(f) for f in read_failures(run_dir)]
-    samples = watchdog_records.read_samples(run_dir)
-    if not samples:
-        # No watchdog history (an older run, or code without Session): the commit times of
-        # the checkpoints still give a coarse step-over-time curve.
-        samples = [
-            {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
-            for step, when in sorted(checkpoints)
-        ]
+    # The watchdog's samples (one per poll in which the step advanced, every
+    # health.heartbeat_interval: a short attempt may have one or none) and the checkpoints'
+    # commit times are both (time, step) points; together they give each attempt its curve.
+    # Each point belongs to the attempt running at its time: a line never bridges a requeue.
+    points = [
+        (float(s["time"]), int(s["step"]))
+        for s in watchdog_records.read_samples(run_dir)
+        if isinstance(s.get("time"), int | float) and isinstance(s.get("step"), int)
+    ]
+    points += [(float(when), int(step)) for step, when in checkpoints]
+    samples = [
+        {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
+        for when, step in sorted(set(points))
+    ]
     try:
         latest = fsutil.read_json(preflight_records.latest_path(run_dir)) or {}
     except ValueError:

@@ -361,6 +361,7 @@ def scan_root(root: Path, cache: StatusCache) -> RootListing:
                 entries.append((mtime_ns, name, kind))
     entries.sort()
     found.entries = [(kind, root / name, mtime_ns) for mtime_ns, name, kind in entries]
+    cache.keep_only({*found.finals, *(name for _, name, _ in entries)})
     return found
 
 

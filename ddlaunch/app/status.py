@@ -207,6 +207,8 @@ def run_status(
     detail = (
         str(info.outcome.get("reason")) if info.outcome and info.outcome.get("reason") else None
     )
+    if detail is not None and detail.lower() == state.lower():
+        detail = None  # "COMPLETED: completed" says nothing more
     if not nodes and info.attempts:
         nodes = str(info.attempts[-1].get("nodes", ""))
     return RunStatus(

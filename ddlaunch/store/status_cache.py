@@ -133,6 +133,15 @@ class StatusCache:
             self.runs.pop(name, None)
             self.changed = True
 
+    def keep_only(self, names: AbstractSet[str]) -> None:
+        """Forget the runs not among ``names`` (a whole listing of the directory): removed
+        run directories must not grow the cache forever."""
+        for table in (self.runs, self.final):
+            gone = [name for name in table if name not in names]
+            for name in gone:
+                del table[name]
+            self.changed = self.changed or bool(gone)
+
     def save(self) -> None:
         if not self.changed:
             return
