@@ -142,41 +142,15 @@ def _output_shape(text: str, tmp: Path) -> list[str]:
     return [re.sub(r"\d+(\.\d+)?|mlp-example-[0-9a-f-]+", "N", line) for line in text.splitlines()]
 
 
-def test_resume_local_prints_what_submit_local_prints(tmp_path: Path) -> None:
-    small = ["--set", "nodes.count=1", "--set", "params.steps=20", "--set", "params.batch_size=8"]
-    first = ddlaunch(tmp_path, "submit", "examples/mlp", "--local", *small)
-    assert first.returncode == 0, first.stderr
-    run_id = first.stdout.split()[1]
-    again = ddlaunch(tmp_path, "resume", run_id, "--local", "--set", "params.steps=30")
-    assert again.returncode == 0, again.stderr
-    assert _output_shape(first.stdout, tmp_path) == [
-        "run N",
-        "run dir: TMP/runs/N  local, N ranks",
-        "result: final_loss=N, initial_loss=N, param_shaN=N, start_step=N, steps=N, "
-        "train_seconds=N, world_size=N",
-        "completed in N s",
-    ]
-    shape = _output_shape(first.stdout, tmp_path)
-    assert _output_shape(again.stdout, tmp_path) == ["resuming N from step N", *shape[1:]]
-    assert "start_step=20, steps=30" in again.stdout
-    # At its last step now: resuming would train nothing.
-    done = ddlaunch(tmp_path, "resume", run_id, "--local")
-    assert done.returncode == 2
-    assert done.stderr == (
-        f"error: run {run_id} already reached its last step (30, params.steps=30): resuming "
-        f"would train nothing. To train further, raise it: ddlaunch resume {run_id} --set "
-        "params.steps=60\n"
-    )
-
-
-def test_ctrl_c_of_a_local_run_saves_and_says_so(tmp_path: Path) -> None:
+def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path: Path) -> None:
+    """Ctrl-C of `submit --local`: the ranks save, the run says so (no failure record);
+    `resume --local` then prints what `submit --local` prints (where, the result, how long),
+    and once the run is at its last step, resuming is refused."""
     root = tmp_path / "runs"
-    env = {
-        **os.environ,
-        "DDLAUNCH_RUN_ROOT": str(root),
-        "NO_COLOR": "1",
-    }
-    argv = ["submit", "examples/mlp", "--local", "--set", "nodes.count=1"]
+    env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(root), "NO_COLOR": "1"}
+    one_rank = ["--set", "nodes.count=1", "--set", "nodes.gpus_per_node=0"]
+    one_rank += ["--set", "nodes.tasks_per_node=1"]
+    argv = ["submit", "examples/mlp", "--local", *one_rank]
     argv += ["--set", "params.steps=100000", "--set", "params.step_sleep=0.01"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddlaunch", *argv],
@@ -194,9 +168,10 @@ def test_ctrl_c_of_a_local_run_saves_and_says_so(tmp_path: Path) -> None:
                 step = json.loads(path.read_text())["step"]
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     (run,) = root.iterdir()
+    assert _output_shape(out, tmp_path) == ["run N", "run dir: TMP/runs/N  local, N ranks"]
     saved = json.loads((run / "outcome.json").read_text())
     assert saved["state"] == "CANCELLED"
     step = int(saved["reason"].removeprefix("interrupted, saved step "))
@@ -209,6 +184,25 @@ def test_ctrl_c_of_a_local_run_saves_and_says_so(tmp_path: Path) -> None:
     row = status.stdout.splitlines()[1]
     assert " CANCELLED " in row and row.endswith(f"interrupted, saved step {step}"), status.stdout
     assert "FAILED" not in status.stdout
+    # resume --local from the saved step: the lines submit --local prints for a run
+    target = step + 10
+    again = ddlaunch(tmp_path, "resume", run.name, "--local", "--set", f"params.steps={target}")
+    assert again.returncode == 0, again.stderr
+    assert _output_shape(again.stdout, tmp_path) == [
+        "resuming N from step N",
+        "run dir: TMP/runs/N  local, N ranks",
+        "result: final_loss=N, initial_loss=N, param_shaN=N, start_step=N, steps=N, "
+        "train_seconds=N, world_size=N",
+        "completed in N s",
+    ]
+    assert f"start_step={step}, steps={target}" in again.stdout
+    done = ddlaunch(tmp_path, "resume", run.name, "--local")
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"error: run {run.name} already reached its last step ({target}, params.steps="
+        f"{target}): resuming would train nothing. To train further, raise it: ddlaunch "
+        f"resume {run.name} --set params.steps={2 * target}\n"
+    )
 
 
 # ----------------------------------------------------------------------------- render
