@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,10 @@ class Conclusion:
         return self.state is None
 
 
+def _say(text: str) -> None:
+    print(f"[ddlaunch] {text}", flush=True)  # into the batch log or the rank's log
+
+
 def cancel_reason(run_dir: Path, job_id: str | None = None, client: Any = None) -> str | None:
     """Why the run's job was cancelled, or None. ``ddlaunch cancel`` leaves ``cancel.json``;
     a plain scancel is seen only in accounting (``client``'s sacct; measured on 22.05:
@@ -38,7 +42,7 @@ def cancel_reason(run_dir: Path, job_id: str | None = None, client: Any = None) 
     at cancel and at preemption, and would requeue even a cancelled job, so a requeue asks
     this first."""
     if outcome.cancel_requested(run_dir):
-        return "cancelled with ddlaunch cancel"
+        return "cancelled"
     if not job_id or client is None:
         return None
     try:
@@ -46,6 +50,15 @@ def cancel_reason(run_dir: Path, job_id: str | None = None, client: Any = None) 
     except Exception:  # no accounting, or Slurm unreachable: not known to be cancelled
         return None
     return "cancelled (scancel)" if row and row.state.startswith("CANCELLED") else None
+
+
+def saved_phrase(why: str, saved_step: int | None, committed: int | None) -> str:
+    """``cancelled, saved step 766``: what a stopped run kept, in the words status shows."""
+    if saved_step is not None:
+        return f"{why}, saved step {saved_step}"
+    if committed is not None:
+        return f"{why}, last checkpoint step {committed}"
+    return f"{why} before any checkpoint"
 
 
 def requeue_excluding(client: Any, job_id: str, nodes: Sequence[str]) -> bool:
@@ -97,6 +110,8 @@ def conclude(
     saved_step: int | None = None,
     record: Mapping[str, Any] | None = None,
     restart: int | None = None,
+    say: Callable[[str], None] = _say,
+    details: Mapping[str, Any] | None = None,
 ) -> Conclusion:
     """Close the newest attempt and act on the requeue policy.
 
@@ -108,7 +123,9 @@ def conclude(
     just committed, said in a cancelled run's outcome. ``record``: more fields for the
     attempt record (exit code, health detail, signal...). ``restart``: this attempt's
     restart count, given where the trainer may have run ``scontrol requeue`` itself
-    (Lightning's auto-requeue): a job Slurm restarted since is not requeued a second time."""
+    (Lightning's auto-requeue): a job Slurm restarted since is not requeued a second time.
+    ``say``: where the decision is told (the log; a login-node caller passes its own).
+    ``details``: more fields for ``outcome.json`` (a local run's duration)."""
     records = attempts.load(run_dir)
     current = records[-1] if records else {}
     if final is not None:
@@ -127,8 +144,7 @@ def conclude(
         why = cancel_reason(run_dir, job, client)
         if why:
             cause = policy.CAUSE_CANCELLED
-            saved = f"; saved step {saved_step}" if saved_step is not None else ""
-            decision = policy.Decision(False, f"{why}{saved}")
+            decision = policy.Decision(False, saved_phrase(why, saved_step, committed_step))
     already = bool(decision.requeue and job and requeued_meanwhile(client, job, restart))
     if already:
         decision = policy.Decision(True, f"{decision.reason} (the trainer requeued the job)")
@@ -141,11 +157,11 @@ def conclude(
         **(record or {}),
     )
     if decision.requeue and job:
-        print(f"[ddlaunch] {decision.reason}", flush=True)
+        say(decision.reason)
         if not already:
             requeue_excluding(client, job, exclusions.excluded(run_dir) if blamed else [])
         return Conclusion(cause, decision, None)
     state = policy.final_state(cause)
-    outcome.write_outcome(run_dir, state, decision.reason)
-    print(f"[ddlaunch] {state}: {decision.reason}", flush=True)
+    outcome.write_outcome(run_dir, state, decision.reason, **(details or {}))
+    say(f"{state}: {decision.reason}")
     return Conclusion(cause, decision, state)

@@ -48,15 +48,17 @@ from ddlaunch.worker.heartbeat import Heartbeat
 from ddlaunch.worker.mesh import device_mesh
 
 __all__ = ["Preempted", "Session", "device_mesh"]
+from ddlaunch.worker.stops import StopRank
 
 PROGRESS_EVERY_S = 5.0
 
 
-class Preempted(SystemExit):
-    """Raised on every rank after the signal-triggered save; exits the rank with code 0."""
+class Preempted(StopRank):
+    """Raised on every rank after the signal-triggered save; exits the rank with code 0. Our
+    own control flow: the rank function writes no failure record for it."""
 
     def __init__(self, step: int) -> None:
-        super().__init__(0)
+        super().__init__(0, f"stopped after saving step {step}")
         self.step = step
 
 

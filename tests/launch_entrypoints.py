@@ -162,3 +162,14 @@ def staged_mlp(config: Any) -> dict[str, Any]:
         {"path": str(path), "sha256": digest.hexdigest(), "host": socket.gethostname()},
     )
     return mlp.main(config)
+
+
+def slow_start(config: Any) -> dict[str, Any]:
+    """The example after ``params.start_sleep`` seconds of start-up (a large model being
+    built): a cancel in that window reaches no step boundary, so no rank saves or concludes;
+    SIGKILL follows SIGTERM after KillWait."""
+    from ddlaunch.examples import mlp
+
+    _out(f"started-{os.environ['RANK']}.json", {"pid": os.getpid()})
+    time.sleep(float(config.params["start_sleep"]))
+    return mlp.main(config)

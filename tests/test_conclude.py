@@ -38,5 +38,5 @@ def test_cancel_reason_from_the_run_dir_then_accounting(tmp_path) -> None:  # ty
     assert cancel_reason(tmp_path, "7_1", _Accounting()) is None  # accounting disabled
     (tmp_path / CANCEL_FILE).write_text("{}")
     untouched = _Accounting("RUNNING")
-    assert cancel_reason(tmp_path, "7_1", untouched) == "cancelled with ddlaunch cancel"
+    assert cancel_reason(tmp_path, "7_1", untouched) == "cancelled"
     assert untouched.asked == []  # the run directory answers first

@@ -61,7 +61,7 @@ CASES = [
         "more_gpus_than_preset",
         "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 8\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  nodes.gpus_per_node: asks for 8 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:3)",
+        "  nodes.gpus_per_node: asks for 8 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:3; preset:clusters/devcluster:6)",
     ),
     (
         "ckpt_not_absolute",
@@ -109,7 +109,7 @@ CASES = [
         "lead_too_long",
         "job:\n  time: '00:05:00'\nfault_tolerance:\n  signal_lead: 600\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  fault_tolerance.signal_lead: 600 s is not shorter than the time limit job.time=00:05:00 (300 s) (bad.yaml:4)",
+        "  fault_tolerance.signal_lead: 600 s is not shorter than the time limit job.time=00:05:00 (300 s) (bad.yaml:4; bad.yaml:2)",
     ),
     (
         "mem_pattern",
@@ -205,13 +205,13 @@ CASES = [
         "missing_preset",
         "defaults: [clusters/nosuch]\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt) (bad.yaml:1)",
+        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
     ),
     (
         "mistyped_preset",
         "defaults: [clusters/dgx-h10]\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  defaults: preset 'clusters/dgx-h10' not found; did you mean 'clusters/dgx-h100'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt) (bad.yaml:1)",
+        "  defaults: preset 'clusters/dgx-h10' not found; did you mean 'clusters/dgx-h100'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
     ),
     (
         "set_bad_key",
@@ -235,7 +235,7 @@ CASES = [
         "cpus_exceed",
         "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 4\n  cpus_per_task: 4\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  nodes.cpus_per_task: 4 CPUs x 4 ranks per node exceeds the 8 CPUs a node of 'devcluster' has (bad.yaml:4)",
+        "  nodes.cpus_per_task: 4 CPUs x 4 ranks per node exceeds the 8 CPUs a node of 'devcluster' has (bad.yaml:4; bad.yaml:3)",
     ),
     (
         "section_scalar",
@@ -253,7 +253,7 @@ CASES = [
         "trainer_custom_without_regex",
         "launch:\n  script: train.py\ntrainer:\n  kind: custom\n  pattern: ckpt-*\n",
         [],
-        "  trainer.step_regex: is required with trainer.kind=custom (e.g. ^ckpt-([0-9]+)$) (bad.yaml:3)",
+        "  trainer.step_regex: is required with trainer.kind=custom (e.g. ^ckpt-([0-9]+)$) (bad.yaml:4)",
     ),
     (
         "trainer_regex_without_group",
@@ -283,13 +283,34 @@ CASES = [
         "trainer_signal_for_session",
         "launch:\n  entrypoint: m:f\ntrainer:\n  signal: TERM\n",
         [],
-        "  trainer.signal: has no effect with trainer.kind=ddlaunch (bad.yaml:4)",
+        "  trainer.signal: has no effect with trainer.kind=ddlaunch (bad.yaml:4; bad.yaml:3)",
     ),
     (
         "launch_module_name",
         "launch:\n  module: 'lightning cli'\n",
         [],
         "  launch.module: must be a Python module name such as pkg.module; got 'lightning cli' (bad.yaml:2)",
+    ),
+    (
+        # The default signal_lead was never written: the --set that made job.time short is
+        # the line to name, not the preset's fault_tolerance section (#20).
+        "default_against_a_set",
+        "defaults: [examples/mlp]\n",
+        ["job.time=2"],
+        "  fault_tolerance.signal_lead: 120 s is not shorter than the time limit job.time=2 (120 s) (--set job.time=2)",
+    ),
+    (
+        # An unknown key changes no value: the section's cross-checks still run (#20).
+        "unknown_key_keeps_the_cross_check",
+        "defaults: [clusters/devcluster]\nnodes:\n  cont: 2\n  gpus_per_node: 9\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  nodes.cont: unknown key; did you mean 'count'? (bad.yaml:3)\n  nodes.gpus_per_node: asks for 9 GPUs per node but the cluster preset 'devcluster' has 4 (bad.yaml:4; preset:clusters/devcluster:6)",
+    ),
+    (
+        "preset_typo",
+        "defaults: [clusters/devclustr]\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  defaults: preset 'clusters/devclustr' not found; did you mean 'clusters/devcluster'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
     ),
     (
         "many_at_once",

@@ -215,7 +215,7 @@ def test_resume_on_a_different_node_count(slurm_cluster, slurm_job_cleanup, tmp_
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"resuming {run_dir.name} from step 100")
-    new_job = proc.stdout.splitlines()[-1].split()[3]
+    new_job = next(x for x in proc.stdout.splitlines() if x.startswith("run ")).split()[3]
     slurm_job_cleanup.append(new_job)
     assert slurm_cluster.wait_job_state(new_job, "COMPLETED", timeout=240) == "COMPLETED"
     second = result(run_dir)
@@ -226,3 +226,11 @@ def test_resume_on_a_different_node_count(slurm_cluster, slurm_job_cleanup, tmp_
     assert abs(after - before) <= 0.5 * before, (before, after)
     assert after < 0.1 * first["initial_loss"]
     assert second["final_loss"] < 0.05
+    # At its last step now (its final checkpoint is params.steps): nothing is submitted.
+    done = ddlaunch("resume", run_dir.name, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"error: run {run_dir.name} already reached its last step (160, params.steps=160): "
+        f"resuming would train nothing. To train further, raise it: ddlaunch resume "
+        f"{run_dir.name} --set params.steps=320\n"
+    )

@@ -151,6 +151,18 @@ def test_cancel_stops_the_run_for_good(
     assert slurm_cluster.job_state(job_id) == "CANCELLED"
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert outcome["state"] == "CANCELLED", outcome
-    assert outcome["reason"].startswith(
-        "cancelled with ddlaunch cancel" if how == "ddlaunch cancel" else "cancelled (scancel)"
+    why = "cancelled" if how == "ddlaunch cancel" else "cancelled (scancel)"
+    saved = int(outcome["reason"].removeprefix(f"{why}, saved step "))
+    if how == "ddlaunch cancel":  # it waited for the save and says what was kept
+        assert proc.stdout == f"{run_dir.name}: cancelled job {job_id}: {why}, saved step {saved}\n"
+    # Our own stop is no failure: status and logs say how the run ended, nothing else (#20).
+    assert not (run_dir / "failures").exists()
+    row = json.loads(ddlaunch("status", run_dir.name, "--json", cwd=tmp_path).stdout)[0]
+    assert (row["state"], row["detail"], row["failure"]) == (
+        "CANCELLED",
+        f"{why}, saved step {saved}",
+        None,
     )
+    assert row["step"] == row["checkpoint_step"] == saved
+    logs = ddlaunch("logs", run_dir.name, cwd=tmp_path)
+    assert "FAILED" not in logs.stdout and f"stopped after saving step {saved}" in logs.stdout

@@ -156,8 +156,8 @@ def test_submit_local_streams_rank_0_with_the_loss_lines(tmp_path: Path) -> None
     ):
         text = re.sub(pattern, repl, text)
     assert text.splitlines() == [
-        "run RUN  local, 2 ranks",
-        "run dir: TMP/runs/RUN",
+        "run RUN",
+        "run dir: TMP/runs/RUN  local, 2 ranks",
         "==> TMP/runs/RUN/logs/rank-0.out <==",
         "submitit INFO (TIME) - Starting with JobEnvironment(job_id=local-JOB, hostname=HOST, "
         "local_rank=0(2), node=0(1), global_rank=0(2))",

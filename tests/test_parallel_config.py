@@ -160,12 +160,13 @@ def _config(tmp_path: Path, parallel: str) -> Path:
         (
             "  dp: auto\n  tp: 3\n",
             "parallel.tp: 3 does not divide the 4 GPUs of a node (a tp group must sit inside "
-            "one node); nearest valid: 2 or 4 (exp.yaml:7)",
+            "one node); nearest valid: 2 or 4 (exp.yaml:7; exp.yaml:6)",
         ),
         (
             "  dp: 2\n  tp: 2\n",
             "parallel: dp 2 x tp 2 x pp 1 x cp 1 = 4, but the job has 8 ranks (2 nodes x 4 "
-            "GPUs); nearest valid: dp 4 or tp 4 or pp 2 or cp 2 (or dp: auto) (exp.yaml:5)",
+            "GPUs); nearest valid: dp 4 or tp 4 or pp 2 or cp 2 (or dp: auto) "
+            "(exp.yaml:5; exp.yaml:6)",
         ),
         (
             "  tp: three\n",

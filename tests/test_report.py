@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,139 @@ def test_report_draws_a_png(tmp_path: Path) -> None:
     )
     draw(t, tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ----------------------------------------------------------------- what the picture says (#20)
+
+
+def _cli(tmp_path: Path, *args: str):  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"), "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_report_of_a_local_run_and_of_a_failed_submission(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from test_status_cli import T0, make_run
+
+    from ddlaunch.store import submission
+
+    local = make_run(tmp_path / "runs", "local", None, T0, outcome=("COMPLETED",), ckpt=[20])
+    failed = make_run(tmp_path / "runs", "refused", None, T0)
+    submission.write_intent(failed, {"state": "failed", "error": "sbatch failed (exit 1): no"})
+    for run in (local, failed):
+        proc = _cli(tmp_path, "report", run.name)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == f"{run / 'report' / 'report.png'}\n{run / 'report' / 'report.html'}\n"
+    t = report.load_timeline(failed)
+    assert (t.state, t.note) == ("SUBMIT_FAILED", "no attempt: sbatch failed (exit 1): no")
+
+
+def test_report_of_a_sweep_points_to_its_members(tmp_path: Path) -> None:
+    from test_status_cli import _sweep
+
+    _sweep(tmp_path / "runs", "lr", ["a", "b"])
+    proc = _cli(tmp_path, "report", "lr")
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "error: 'lr' is a sweep, not a run: see its members with `ddlaunch sweep status lr`,"
+        " and name one as lr/<i> (e.g. lr/0)\n"
+    )
+    assert report.load_timeline(tmp_path / "runs" / "lr" / "members" / "1").run_id == "lr/1"
+
+
+def test_a_crashed_attempt_says_its_exception_and_a_cancel_is_no_failure() -> None:
+    crash = {
+        "attempt": 0,
+        "job_id": "5",
+        "restart_count": 0,
+        "start": 0.0,
+        "end": 60.0,
+        "cause": "crash",
+        "decision": "requeue after crash: committed step none -> 40",
+    }
+    failure = {
+        "rank": 1,
+        "host": "node1",
+        "job_id": "5",
+        "attempt": 0,
+        "exception": "ValueError",
+        "message": "boom",
+        "where": "train.py:9",
+        "time": 50.0,
+    }
+    t = report.build("r", "RUNNING", [crash], [], [failure], [])
+    assert t.attempts[0].detail == "rank 1 on node1: ValueError: boom at train.py:9"
+    assert report.color("cancelled") != report.color("crash")
+
+
+def test_a_legacy_stop_record_is_not_drawn_as_a_failure(tmp_path: Path) -> None:
+    """Earlier versions wrote failures/rank-R.json for our own Preempted exit."""
+    import json
+
+    from test_status_cli import T0, make_run
+
+    run = make_run(tmp_path, "r", "5", T0, outcome=("CANCELLED", "cancelled, saved step 766"))
+    (run / "failures").mkdir()
+    record = {"rank": 1, "host": "node1", "exception": "Preempted", "message": "0", "time": T0}
+    (run / "failures" / "rank-1.json").write_text(json.dumps(record))
+    t = report.load_timeline(run)
+    assert t.state == "CANCELLED" and [e.kind for e in t.events] == []
+
+
+def test_the_axis_hugs_the_data_and_labels_never_overprint() -> None:
+    pytest.importorskip("matplotlib")
+    from ddlaunch.app.report_figure import LABEL_GAP, _Minutes, _spaced, throughput_note, x_limits
+
+    attempts = [{"attempt": 0, "start": 0.0, "end": 600.0, "cause": "completed"}]
+    ckpts = [(s, 10.0 + 5.0 * s) for s in range(0, 120, 1)]  # every 5 s: labels would crowd
+    t = report.build("r", "COMPLETED", attempts, ckpts, [], [{"time": 10.0, "step": 0}])
+    low, high = x_limits(t)
+    assert high == pytest.approx(1.03 * 605 / 60) and low < 0  # the last mark, in minutes
+    m = _Minutes(t.origin)
+    kept = _spaced([e for e in t.events if e.kind == "checkpoint"], m, LABEL_GAP * (high - low))
+    gaps = [m(b.time) - m(a.time) for a, b in itertools.pairwise(kept)]
+    assert len(kept) > 5 and min(gaps) > LABEL_GAP * (high - low)
+    assert throughput_note(t) == "too few step samples per attempt for a rate (health/steps.jsonl)"
+    assert throughput_note(report.build("r", "X", attempts, [], [], [])) == (
+        "no step history (health/steps.jsonl)"
+    )
+
+
+def test_the_throughput_uses_checkpoints_and_the_watchdog_samples(tmp_path: Path) -> None:
+    """A short attempt may get one watchdog sample (one per health.heartbeat_interval): the
+    checkpoints' commit times are (time, step) points too, so the panel has a rate."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    from test_status_cli import T0, make_run
+
+    from ddlaunch.app.report_figure import throughput_note
+
+    attempt = {"attempt": 0, "job_id": "5", "start": T0, "end": T0 + 60, "cause": "completed"}
+    run = make_run(tmp_path, "r", "5", T0, attempts=[attempt], outcome=("COMPLETED",))
+    marker = {"format": 1, "world_size": 1, "num_shard_files": 1}
+    for step in (20, 40):
+        d = run / "checkpoints" / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / ".metadata").write_text("x")
+        (d / ".ddlaunch-commit.json").write_text(
+            json.dumps({**marker, "step": step, "time": T0 + step})
+        )
+    (run / "health").mkdir()
+    sample = {"time": T0 + 50, "step": 50, "job_id": "5", "restart": 0}
+    (run / "health" / "steps.jsonl").write_text(json.dumps(sample) + "\n")
+    t = report.load_timeline(run)
+    assert t.samples == [(T0 + 20, 20), (T0 + 40, 40), (T0 + 50, 50)]
+    assert report.throughput(t.samples) == [(T0 + 40, 1.0), (T0 + 50, 1.0)]
+    assert throughput_note(t) is None

@@ -14,7 +14,8 @@ import pytest
 from support.fakes import FakeRunner
 from test_packaging import NO_TORCH_PROBE
 
-from ddlaunch.app.status import Target, fold_state, group_sweeps, poll, run_status
+from ddlaunch.app.status import fold_state, group_sweeps, run_status
+from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import SlurmClient
@@ -220,7 +221,7 @@ def test_sweeps_expand_when_named_and_summarise_otherwise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("ddlaunch.sweeps.spec")
-    from ddlaunch.app.status import collect
+    from ddlaunch.app.status_poll import collect
 
     monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
     _sweep(tmp_path, "lr-sweep", 3)
@@ -235,7 +236,8 @@ def test_sweeps_expand_when_named_and_summarise_otherwise(
         r.run_id for r in overview
     ] == ["single", "lr-sweep"]
     sweep_row = next(r for r in overview if r.run_id == "lr-sweep")
-    assert "1 RUNNING" in sweep_row.state and sweep_row.job_id == "900"
+    assert sweep_row.state == "RUNNING" and sweep_row.job_id == "900"
+    assert sweep_row.members == {"RUNNING": 1, "PENDING": 1, "UNKNOWN": 1}
     assert runner.count("squeue") == 2  # one per poll, sweeps included
 
 
@@ -246,7 +248,8 @@ def test_group_sweeps_keeps_runs() -> None:
         return RunStatus(run_id, f"/r/{run_id}", "1", state, "", "", None, None, 1, None, None)
 
     out = group_sweeps([row("a", "RUNNING"), row("s/0", "PENDING"), row("s/1", "PENDING")])
-    assert [r.run_id for r in out] == ["a", "s"] and out[1].state == "2 PENDING"
+    assert [r.run_id for r in out] == ["a", "s"] and out[1].state == "PENDING"
+    assert out[1].members == {"PENDING": 2} and out[1].attempts is None
 
 
 # ------------------------------------------------------------------ CLI
@@ -342,3 +345,27 @@ def test_queued_runs_are_cached_until_their_directory_changes(
     reader.save()
     cached = json.loads((tmp_path / STATUS_CACHE).read_text())["runs"]
     assert "fresh" not in cached and "q0" in cached and "q1" not in cached
+
+
+def test_finished_runs_are_cached_once_and_forgotten_when_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from ddlaunch.app.status_poll import view
+    from ddlaunch.store.status_cache import STATUS_CACHE
+
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
+    old = 1_000_000_000
+    for name in ("a", "b"):
+        run = make_run(tmp_path, name, f"9{len(name)}", **{"outcome.json": {"state": "FAILED"}})
+        os.utime(run, (old, old))
+    runner = FakeRunner({"squeue": ok(""), "sacct": ok("")})
+    assert [r.state for r in view((), runner).rows] == ["FAILED", "FAILED"]
+    assert runner.count("squeue") == 1  # the first poll asks, and caches how they ended
+    cached = json.loads((tmp_path / STATUS_CACHE).read_text())["final"]
+    assert sorted(cached) == ["a", "b"]
+    shutil.rmtree(tmp_path / "b")
+    assert [r.run_id for r in view((), runner).rows] == ["a"]
+    assert runner.count("squeue") == 1  # a finished run costs no Slurm call any more
+    assert sorted(json.loads((tmp_path / STATUS_CACHE).read_text())["final"]) == ["a"]

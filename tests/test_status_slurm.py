@@ -15,7 +15,7 @@ ARRAYS, TASKS = 10, 100  # MaxArraySize is 101 on the dev cluster: ten arrays of
 def test_status_of_1000_array_tasks_is_one_squeue_call_per_poll(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ddlaunch.app.status import collect
+    from ddlaunch.app.status_poll import collect
 
     root = tmp_path / "runs"
     arrays = []

@@ -88,7 +88,7 @@ def test_config_text_is_the_yaml_dump_of_the_config(base: Path) -> None:
 
 def test_arrays_split_at_max_array_size_and_group_by_script(tmp_path: Path, base: Path) -> None:
     path = sweep_file(
-        tmp_path, "grid:\n  nodes.count: [1, 2]\n  params.lr: [1, 2, 3, 4, 5]\nthrottle: 2\n"
+        tmp_path, "grid:\n  nodes.count: [1, 2]\n  params.lr: [1, 2, 3, 4, 5]\nthrottle: 6\n"
     )
     prepared = prepare_sweep(
         parse_sweep_file(path),
@@ -99,6 +99,8 @@ def test_arrays_split_at_max_array_size_and_group_by_script(tmp_path: Path, base
     )
     assert [a.spec.members for a in prepared.arrays] == [(0, 1, 2), (3, 4), (5, 6, 7), (8, 9)]
     assert [a.spec.name for a in prepared.arrays] == ["0", "1", "2", "3"]
+    # throttle caps the sweep: the arrays' shares sum to it (#20)
+    assert [a.spec.throttle for a in prepared.arrays] == [2, 1, 2, 1]
     first, last = prepared.arrays[0], prepared.arrays[-1]
     argv = first.plan.sbatch_argv
     sweep_dir = tmp_path / "runs" / "sw"
@@ -165,6 +167,19 @@ def test_checkpoint_dir_of_the_base_becomes_one_per_member(tmp_path: Path, base:
     )
     assert [c.storage.checkpoint_dir for c in prepared.configs] == ["/ckpt/sw/0", "/ckpt/sw/1"]
     assert 'export DDLAUNCH_CHECKPOINT_DIR=/ckpt/sw/"$member"' in prepared.arrays[0].script
+
+
+def test_throttle_is_shared_by_the_arrays() -> None:
+    from ddlaunch.errors import UserError
+    from ddlaunch.sweeps.prepare import share_throttle
+
+    assert share_throttle(6, [12]) == [6]  # one array: as before
+    assert share_throttle(6, [101, 101, 50]) == [3, 2, 1]
+    assert share_throttle(7, [1, 100, 100]) == [1, 3, 3]  # never above an array's size
+    assert share_throttle(20, [5, 5]) == [None, None]  # no smaller than the sweep: no cap
+    assert share_throttle(None, [3]) == [None]
+    with pytest.raises(UserError, match="throttle 2 is below the 3 arrays this sweep is split"):
+        share_throttle(2, [100, 100, 100])
 
 
 def test_array_spec_and_plan() -> None:

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
-from ddlaunch.app.status import ACTIVE_STATES, Target, min_poll_interval, poll
+from ddlaunch.app.status import ACTIVE_STATES, min_poll_interval
+from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.store import outcome, submission
 from ddlaunch.store.rundir import LOGS_DIR
 

@@ -1,19 +1,25 @@
 """The one local-run path (``submit --local``, ``resume --local``): the ranks of a run
-directory run on this machine, and the run's outcome is recorded. Returns what the CLI
-prints; prints nothing itself."""
+directory run on this machine as one attempt, concluded like a Slurm attempt without a
+requeue (``conclude``). Returns what the CLI prints; prints nothing itself."""
 
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.conclude import conclude, saved_phrase
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import parse_duration
-from ddlaunch.policy.requeue import COMPLETED, FAILED
-from ddlaunch.store.outcome import write_outcome
+from ddlaunch.errors import UserError
+from ddlaunch.policy import requeue as policy
+from ddlaunch.store import attempts
+from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import read_result
+from ddlaunch.store.rundir import committed_step, latest_commit
 
 
 @dataclass(frozen=True)
@@ -29,18 +35,79 @@ class LocalRun:
         return "result: " + ", ".join(items)
 
 
-def run_locally(run_dir: Path, cfg: Config) -> LocalRun:
-    """Run every rank of ``run_dir`` here (within ``job.time``); the outcome is recorded
-    either way (``LocalRunError`` names the failing rank)."""
+class Interrupted(UserError):
+    """Ctrl-C ended a local run; the message says what was kept."""
+
+    exit_code = 130
+
+
+def _quiet(text: str) -> None:
+    """The CLI says how a local run ended; the conclusion itself stays silent here."""
+
+
+def open_attempt(run_dir: Path) -> dict[str, Any]:
+    """This machine's attempt record (as the start hook opens one on Slurm)."""
+    records = attempts.load(run_dir)
+    host = socket.gethostname()
+    record = attempts.new_record(
+        len(records),
+        AttemptId("", 0),
+        nodes=host,
+        host=host,
+        resumed_from=committed_step(run_dir),
+    )
+    attempts.save(run_dir, [*records, record])
+    return record
+
+
+def _finish(run_dir: Path, cause: str, reason: str, **details: Any) -> None:
+    conclude(
+        run_dir,
+        cause=cause,
+        committed_step=committed_step(run_dir),
+        max_requeues=0,
+        client=None,
+        job="",
+        final=reason,
+        say=_quiet,
+        details=details,
+    )
+
+
+def interrupted_reason(run_dir: Path, started: float) -> str:
+    """``interrupted, saved step 109`` when the ranks saved on the stop request."""
+    latest = latest_commit(run_dir)
+    saved = (
+        latest.step
+        if latest is not None
+        and latest.marker is not None
+        and latest.metadata.get("reason") == "signal"
+        and latest.marker.time >= started
+        else None
+    )
+    return saved_phrase("interrupted", saved, latest.step if latest else None)
+
+
+def run_locally(
+    run_dir: Path, cfg: Config, on_interrupt: Callable[[], None] | None = None
+) -> LocalRun:
+    """Run every rank of ``run_dir`` here (within ``job.time``); the attempt and the outcome
+    are recorded either way (``LocalRunError`` names the failing rank; ``Interrupted``:
+    Ctrl-C, after the ranks saved at their next step boundary)."""
     from ddlaunch.launch.local import LocalRunError, run_local  # imports submitit
 
     timeout_s = float(parse_duration(cfg.job.time) or 24 * 3600)
+    open_attempt(run_dir)
     started = time.time()
     try:
-        results = run_local(run_dir, cfg.world_size, timeout_s)
+        results = run_local(run_dir, cfg.world_size, timeout_s, on_interrupt=on_interrupt)
     except LocalRunError as exc:
-        write_outcome(run_dir, FAILED, str(exc))
+        _finish(run_dir, policy.CAUSE_CRASH, str(exc))
         raise
+    except KeyboardInterrupt:
+        reason = interrupted_reason(run_dir, started)
+        _finish(run_dir, policy.CAUSE_CANCELLED, reason)
+        raise Interrupted(reason) from None
     seconds = round(time.time() - started, 2)
-    write_outcome(run_dir, COMPLETED, seconds=seconds)
+    _finish(run_dir, policy.CAUSE_COMPLETED, "", seconds=seconds)
     return LocalRun(results, seconds, read_result(run_dir))

@@ -130,13 +130,21 @@ def prepare_submission(
     run_root: str | None = None,
     workdir: str | None = None,
     snapshot: str = "store",
+    run_id: str | None = None,
 ) -> tuple[Prepared, list[str]]:
-    """``prepare`` for ``submit``: the code snapshot (``snapshot``, see ``prepare``), and my
-    bad-node list excluded, except nodes the config asks for by name (excluding them would
-    make the job unschedulable). Returns the prepared run and the nodes it excludes."""
+    """``prepare`` for ``submit`` (and ``render``, which shows what submit submits): the code
+    snapshot (``snapshot``, see ``prepare``), and my bad-node list excluded, except nodes the
+    config asks for by name (excluding them would make the job unschedulable). Returns the
+    prepared run and the nodes it excludes."""
     exclude = badnodes.submittable_nodes()
     prepared = prepare(
-        config, overrides, run_root=run_root, workdir=workdir, exclude=exclude, snapshot=snapshot
+        config,
+        overrides,
+        run_id=run_id,
+        run_root=run_root,
+        workdir=workdir,
+        exclude=exclude,
+        snapshot=snapshot,
     )
     wanted = set(prepared.config.nodes.nodelist) & set(exclude)
     if wanted:

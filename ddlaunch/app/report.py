@@ -9,9 +9,9 @@ out around the picture (drawn by ``app.report_figure``).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import itertools
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +28,7 @@ from ddlaunch.policy.staging import node_line
 from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
-from ddlaunch.store.failures import FAILURES_DIR
+from ddlaunch.store.failures import read_failures
 from ddlaunch.store.rundir import checkpoint_source
 
 
@@ -83,6 +83,7 @@ class Timeline:
     series: list[str] = field(default_factory=list)  # which attempt each sample belongs to
     excluded: list[str] = field(default_factory=list)
     preflight: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""  # why there is nothing to draw (a submission that failed, ...)
 
     @property
     def origin(self) -> float:
@@ -102,9 +103,11 @@ def build(
     preflight: Sequence[Mapping[str, Any]] = (),
     now: float | None = None,
     staging: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    note: str = "",
 ) -> Timeline:
     """``staging``: attempt key (``<job>-<restart>``) -> host -> staging record."""
     t = Timeline(run_id, state, excluded=list(excluded), preflight=[dict(p) for p in preflight])
+    t.note = note
     for rec in attempts:
         if rec.get("start") is None:
             continue
@@ -121,7 +124,7 @@ def build(
                 blamed=tuple(rec.get("blamed") or ()),
                 resumed_from=rec.get("resumed_from"),
                 committed_step=rec.get("committed_step"),
-                detail=str(rec.get("health") or rec.get("decision") or ""),
+                detail=attempt_detail(rec, failures),
                 staging=phase,
                 staging_detail=phase_detail,
             )
@@ -143,6 +146,28 @@ def build(
     return t
 
 
+def attempt_detail(rec: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]) -> str:
+    """What an attempt's row says beside its cause: a health finding, a crashed attempt's
+    first failing rank (the exception, not the requeue policy's words), else the decision."""
+    if rec.get("health"):
+        return str(rec["health"])
+    if rec.get("cause") == "crash":
+        mine = [
+            f
+            for f in failures
+            if str(f.get("job_id")) == str(rec.get("job_id"))
+            and int(f.get("attempt") or 0) == int(rec.get("restart_count") or 0)
+        ]
+        if mine:
+            first = min(mine, key=lambda f: float(f.get("time") or 0.0))
+            where = f" at {first['where']}" if first.get("where") else ""
+            return (
+                f"rank {first.get('rank')} on {first.get('host')}: "
+                f"{first.get('exception')}: {first.get('message', '')}{where}"
+            )
+    return str(rec.get("decision") or "")
+
+
 def split_series(t: Timeline) -> list[list[tuple[float, int]]]:
     """The samples cut where the attempt changes: a line must not bridge a requeue."""
     out: list[list[tuple[float, int]]] = []
@@ -156,10 +181,11 @@ def split_series(t: Timeline) -> list[list[tuple[float, int]]]:
 
 def throughput(samples: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
     """(time at the interval's end, steps per second) between consecutive samples; a step
-    that went back (a resume from an older checkpoint) starts a new series."""
+    that went back (a resume from an older checkpoint) starts a new series; one that did not
+    advance gives no point."""
     out = []
     for (t0, s0), (t1, s1) in itertools.pairwise(samples):
-        if t1 > t0 and s1 >= s0:
+        if t1 > t0 and s1 > s0:  # a repeated step (the final save) is no rate of 0
             out.append((t1, (s1 - s0) / (t1 - t0)))
     return out
 
@@ -173,7 +199,7 @@ CAUSE_COLORS = {
     "crash": "#b71c1c",
     "node failure": "#6a1b9a",
     "requeued by Slurm": "#6a1b9a",
-    "cancelled": "#616161",
+    "cancelled": "#9e9e9e",
     "running": "#90a4ae",
 }
 
@@ -259,22 +285,36 @@ def checkpoint_times(run_dir: Path) -> list[tuple[int, float]]:
     return out
 
 
+def _attempt_at(attempts: Sequence[Mapping[str, Any]], when: float) -> str:
+    """The attempt running at ``when`` (a checkpoint's commit): its samples form one line."""
+    for rec in reversed(attempts):
+        if rec.get("start") is not None and float(rec["start"]) <= when:
+            return str(rec.get("attempt", ""))
+    return ""
+
+
 def load_timeline(run_dir: Path) -> Timeline:
     """Everything ``report`` draws, from the run directory."""
     info = read_run(run_dir)
-    state = run_status(info, None).state
+    row = run_status(info, None)
+    state = row.state
     checkpoints = checkpoint_times(run_dir) if info.checkpoint_root is not None else []
-    failures = []
-    for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
-        try:
-            failures.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    samples = watchdog_records.read_samples(run_dir)
-    if not samples:
-        # No watchdog history (an older run, or code without Session): the commit times of
-        # the checkpoints still give a coarse step-over-time curve.
-        samples = [{"time": when, "step": step} for step, when in sorted(checkpoints)]
+    # Through the store's reader: our own stops (a signal save) are not failures.
+    failures = [dataclasses.asdict(f) for f in read_failures(run_dir)]
+    # The watchdog's samples (one per poll in which the step advanced, every
+    # health.heartbeat_interval: a short attempt may have one or none) and the checkpoints'
+    # commit times are both (time, step) points; together they give each attempt its curve.
+    # Each point belongs to the attempt running at its time: a line never bridges a requeue.
+    points = [
+        (float(s["time"]), int(s["step"]))
+        for s in watchdog_records.read_samples(run_dir)
+        if isinstance(s.get("time"), int | float) and isinstance(s.get("step"), int)
+    ]
+    points += [(float(when), int(step)) for step, when in checkpoints]
+    samples = [
+        {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
+        for when, step in sorted(set(points))
+    ]
     try:
         latest = fsutil.read_json(preflight_records.latest_path(run_dir)) or {}
     except ValueError:
@@ -290,4 +330,5 @@ def load_timeline(run_dir: Path) -> Timeline:
         latest.get("verdicts", []),
         now=time.time(),
         staging=staging_records.read_all(run_dir),
+        note="" if info.attempts else f"no attempt: {row.failure or row.detail or state}",
     )

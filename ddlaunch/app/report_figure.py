@@ -36,13 +36,21 @@ def draw(t: Timeline, path: Path) -> None:
     _marks(ax, t, minutes)
     _legend(ax, t)
     _throughput(bx, t, minutes)
-    xmax = max(
-        [minutes(a.end or a.start) for a in t.attempts] + [minutes(x) for x, _ in t.samples] + [0.1]
-    )
-    ax.set_xlim(-0.02 * xmax, xmax * 1.45)
+    ax.set_xlim(*x_limits(t))
+    if t.note:
+        ax.text(0.5, 0.5, t.note, transform=ax.transAxes, ha="center", color="#757575")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def x_limits(t: Timeline) -> tuple[float, float]:
+    """The time axis spans the data (attempts, marks, samples), with a small margin: the
+    labels are drawn inside it, above the bars."""
+    m = _Minutes(t.origin)
+    ends = [m(a.end or a.start) for a in t.attempts] + [m(e.time) for e in t.events]
+    xmax = max([*ends, *(m(x) for x, _ in t.samples), 0.1])
+    return -0.02 * xmax, 1.03 * xmax
 
 
 class _Minutes:
@@ -78,11 +86,15 @@ def _attempt_bars(ax: Any, t: Timeline, m: _Minutes) -> None:
             label += f", committed {a.committed_step}"
         if a.staging_s is not None:
             label += f", staging {a.staging_s:.1f} s"
-        ax.text(m(end) + 0.02, i, label, va="center", fontsize=9)
+        # Above the bar, from its start (from its end, leftwards, in the right half of the
+        # axis): it stays inside the axis, whatever the bar's length.
+        right = m(a.start) > 0.55 * x_limits(t)[1]
+        x, ha = (m(end), "right") if right else (m(a.start), "left")
+        ax.text(x, i - 0.34, label, va="bottom", ha=ha, fontsize=8)
     ckpt_row = len(t.attempts)
     ax.set_yticks([*range(len(t.attempts)), ckpt_row])
     ax.set_yticklabels([*(f"attempt {a.attempt}" for a in t.attempts), "checkpoints / failures"])
-    ax.invert_yaxis()
+    ax.set_ylim(ckpt_row + 0.6, -0.9)  # inverted: attempt 0 on top, room for its label
     ax.grid(axis="x", alpha=0.3)
 
 
@@ -94,8 +106,8 @@ def _marks(ax: Any, t: Timeline, m: _Minutes) -> None:
     if cks:
         xs = [m(e.time) for e in cks]
         ax.scatter(xs, [row] * len(cks), marker="D", color="#1565c0", s=22, zorder=3)
-    span = max([m(e.time) for e in t.events] + [m(a.end or a.start) for a in t.attempts] + [0.1])
-    for e in _spaced(cks, m, 0.04 * span):
+    low, high = x_limits(t)
+    for e in _spaced(cks, m, LABEL_GAP * (high - low)):
         ax.annotate(
             str(e.step),
             (m(e.time), row),
@@ -108,6 +120,11 @@ def _marks(ax: Any, t: Timeline, m: _Minutes) -> None:
     if fails:
         xs = [m(e.time) for e in fails]
         ax.scatter(xs, [row] * len(fails), marker="X", color="#b71c1c", s=60, zorder=4)
+
+
+# A checkpoint's step label is drawn only this far (a fraction of the axis, ~6 characters
+# of the label font at the figure's width) from the previous one: labels never overprint.
+LABEL_GAP = 0.045
 
 
 def _spaced(events: list[Event], m: _Minutes, gap: float) -> list[Event]:
@@ -130,6 +147,8 @@ def _legend(ax: Any, t: Timeline) -> None:
         )
     if t.excluded:
         handles.append(Patch(color="white", label=f"excluded: {', '.join(t.excluded)}"))
+    if not handles:  # no attempt (a local run of an old version, a failed submission)
+        return
     # Above the panel, so that it never covers a bar or its label.
     ax.legend(
         handles=handles,
@@ -141,10 +160,18 @@ def _legend(ax: Any, t: Timeline) -> None:
     )
 
 
+def throughput_note(t: Timeline) -> str | None:
+    """What the throughput panel says when it has no rate to draw (and only then)."""
+    if any(throughput(part) for part in split_series(t)):
+        return None
+    if t.samples:
+        return "too few step samples per attempt for a rate (health/steps.jsonl)"
+    return "no step history (health/steps.jsonl)"
+
+
 def _throughput(bx: Any, t: Timeline, m: _Minutes) -> None:
     # One line per attempt: a line must not bridge the gap of a requeue.
     series = split_series(t)
-    rates = [r for part in series for r in throughput(part)]
     for part in series:
         part_rates = throughput(part)
         if part_rates:
@@ -158,13 +185,7 @@ def _throughput(bx: Any, t: Timeline, m: _Minutes) -> None:
             xs = [m(x) for x, _ in part]
             cx.plot(xs, [s for _, s in part], color="#616161", linestyle="--", marker="|")
         cx.set_ylabel("step reached (dashed)", color="#616161")
-    if not rates:
-        bx.text(
-            0.5,
-            0.5,
-            "no step history (health/steps.jsonl)",
-            transform=bx.transAxes,
-            ha="center",
-            color="#757575",
-        )
+    text = throughput_note(t)
+    if text:
+        bx.text(0.5, 0.5, text, transform=bx.transAxes, ha="center", color="#757575")
     bx.set_xlabel("minutes since the first attempt started")

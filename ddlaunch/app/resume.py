@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ddlaunch.app.prepare import Prepared, prepare_config
 from ddlaunch.app.runs import RunInfo, find_run_materialized, read_run
@@ -17,8 +18,17 @@ from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import CodePaths
 from ddlaunch.store import badnodes
 from ddlaunch.store.exclusions import excluded
+from ddlaunch.store.failures import FAILURES_DIR
 from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE
-from ddlaunch.store.rundir import CONFIG_FILE, SCRIPT_FILE, RunDir, archive, config_path
+from ddlaunch.store.progress import RESULT_FILE
+from ddlaunch.store.rundir import (
+    CONFIG_FILE,
+    SCRIPT_FILE,
+    RunDir,
+    archive,
+    config_path,
+    latest_commit,
+)
 from ddlaunch.store.snapshots import read_snapshot
 
 
@@ -27,6 +37,18 @@ class Resumption:
     run_dir: RunDir
     info: RunInfo
     prepared: Prepared
+    blamed: tuple[str, ...] = ()  # excluded: nodes this run blamed
+    listed: tuple[str, ...] = ()  # excluded: nodes on my bad-node list
+
+    def exclusion_line(self) -> str | None:
+        """What ``submit`` says about the nodes it keeps out, for this run."""
+        parts = []
+        if self.blamed:
+            parts.append(f"{','.join(self.blamed)} (blamed by this run)")
+        listed = [n for n in self.listed if n not in self.blamed]
+        if listed:
+            parts.append(f"{','.join(listed)} (bad-node list: ddlaunch nodes)")
+        return f"excluding {', '.join(parts)}" if parts else None
 
     @property
     def origin(self) -> str:
@@ -34,34 +56,74 @@ class Resumption:
         return f"step {step}" if step is not None else "scratch (no complete checkpoint)"
 
 
-def exclusions_for(run_path: Path, nodelist: Sequence[str]) -> list[str]:
-    """Nodes this run blamed, plus my bad-node list; nodes the config names win."""
-    return sorted((set(excluded(run_path)) | set(badnodes.submittable_nodes())) - set(nodelist))
+def exclusions_for(run_path: Path, nodelist: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(nodes this run blamed, nodes on my bad-node list), without the nodes the config
+    names (excluding them would make the job unschedulable)."""
+    wanted = set(nodelist)
+    blamed = sorted(set(excluded(run_path)) - wanted)
+    return blamed, sorted(set(badnodes.submittable_nodes()) - wanted)
+
+
+def refuse_if_done(
+    info: RunInfo,
+    run_path: Path,
+    cfg: Any,
+    overrides: Sequence[str],
+    again: str | None = None,
+) -> None:
+    """A run whose training ended at its last step would be submitted to do nothing: its
+    final checkpoint (``Session`` marks the one it saves on leaving the loop) is already at
+    ``params.steps``, or, without that key, no override could change the outcome.
+    ``again``: the command that submits it again (default: ``ddlaunch resume RUN``)."""
+    again = again or f"ddlaunch resume {info.run_id}"
+    latest = latest_commit(run_path)
+    if latest is None or not latest.metadata.get("final"):
+        return
+    steps = cfg.params.get("steps")
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        if latest.step < steps:
+            return
+        raise UserError(
+            f"run {info.run_id} already reached its last step ({latest.step}, "
+            f"params.steps={steps}): resuming would train nothing. To train further, raise "
+            f"it: {again} --set params.steps={2 * latest.step}"
+        )
+    if not overrides:
+        raise UserError(
+            f"run {info.run_id} finished its training (its latest checkpoint, step "
+            f"{latest.step}, is the final one): resuming would train nothing; change "
+            f"what it trains with {again} --set KEY=VALUE"
+        )
 
 
 def prepare_resume(ref: str, overrides: Sequence[str], nodes: int | None) -> Resumption:
-    """The run, its config with ``overrides`` (and ``nodes.count``), and the new script."""
+    """The run, its config with ``overrides`` (and ``nodes.count``), and the new script.
+    Refuses a run that would train nothing."""
     run_dir = RunDir(find_run_materialized(ref))
     info = read_run(run_dir.path)
     tree, locations = read_yaml_file(config_path(run_dir.path))
     loaded = LoadedTree(tree=tree, locations=locations, sources=[str(config_path(run_dir.path))])
-    apply_overrides(loaded, [*overrides, *([f"nodes.count={nodes}"] if nodes else [])])
+    apply_overrides(loaded, overrides)
+    if nodes is not None:  # the option's own name, not a --set, in any error about it
+        apply_overrides(loaded, [f"nodes.count={nodes}"], f"--nodes {nodes}")
     cfg = validate_tree(loaded)
     # The code the run was submitted with: its checkpoints were written by that code.
     snap = read_snapshot(run_dir.path) or {}
     code = None
     if snap.get("path") and Path(snap["path"]).is_dir():
         code = CodePaths(snapshot=snap["path"], workdir=snap.get("workdir") or snap["path"])
+    refuse_if_done(info, run_dir.path, cfg, overrides)
+    blamed, listed = exclusions_for(run_dir.path, cfg.nodes.nodelist)
     prepared = prepare_config(
         cfg,
         loaded.sources,
         run_id=run_dir.path.name,
         run_root=str(run_dir.path.parent),
         workdir=os.getcwd(),
-        exclude=exclusions_for(run_dir.path, cfg.nodes.nodelist),
+        exclude=sorted({*blamed, *listed}),
         code=code,
     )
-    return Resumption(run_dir, info, prepared)
+    return Resumption(run_dir, info, prepared, tuple(blamed), tuple(listed))
 
 
 def refuse_if_active(info: RunInfo, client: object) -> None:
@@ -80,6 +142,13 @@ def rewrite(resumption: Resumption) -> None:
     """Keep the previous config and script in ``history/``, write the new ones, and drop
     the previous submission's end records."""
     run_dir = resumption.run_dir
-    archive(run_dir.path, copy=(CONFIG_FILE, SCRIPT_FILE), remove=(OUTCOME_FILE, CANCEL_FILE))
+    # The previous submission's failures and result go to history/ with its config: they
+    # are not this submission's story (status would headline an old failure).
+    archive(
+        run_dir.path,
+        copy=(CONFIG_FILE, SCRIPT_FILE),
+        move=(FAILURES_DIR, RESULT_FILE),
+        remove=(OUTCOME_FILE, CANCEL_FILE),
+    )
     run_dir.write_config(to_plain(resumption.prepared.config))
     run_dir.write_script(resumption.prepared.script)

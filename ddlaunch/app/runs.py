@@ -28,24 +28,51 @@ from ddlaunch.store.rundir import (
     latest_checkpoint,
 )
 from ddlaunch.store.snapshots import SNAPSHOT_FILE
-from ddlaunch.store.status_cache import QueuedRunCache
-from ddlaunch.store.sweeps import MEMBERS_FILE, member_jobs
+from ddlaunch.store.status_cache import Final, Queued, StatusCache
+from ddlaunch.store.sweep_cancels import is_cancelled
+from ddlaunch.store.sweeps import (
+    MEMBERS_DIR,
+    MEMBERS_FILE,
+    is_sweep_dir,
+    member_jobs,
+    member_overrides,
+    read_members,
+)
+
+
+def member_path(ref: str, root: Path) -> Path | None:
+    """``SWEEP/7`` (as ``status`` prints a member; SWEEP may be a unique id prefix) ->
+    ``<root>/SWEEP/members/7``, whether or not the member has started; else None."""
+    sweep_ref, sep, index = ref.rpartition("/")
+    if not sep or not index.isdigit() or not sweep_ref:
+        return None
+    for candidate in (Path(sweep_ref).expanduser(), root / sweep_ref):
+        if is_sweep_dir(candidate):
+            return candidate.absolute() / MEMBERS_DIR / index
+    if "/" in sweep_ref:
+        return None
+    matches = [p for p in root.glob(f"{sweep_ref}*") if is_sweep_dir(p)] if root.is_dir() else []
+    return matches[0] / MEMBERS_DIR / index if len(matches) == 1 else None
 
 
 def find_run(ref: str, root: Path | None = None) -> Path:
-    """A run by path, by id under the run root, or by a unique id prefix. Only reads: a
-    sweep member that has not started has no run directory yet (``ensure_member_dir``
-    creates it for the commands that need one)."""
+    """A run by path, by id under the run root, by a unique id prefix, or a sweep member as
+    ``SWEEP/<i>``. Only reads: a sweep member that has not started has no run directory yet
+    (``find_member``, ``find_run_materialized``)."""
     as_path = Path(ref).expanduser()
     root = root or default_run_root()
     if is_run_dir(as_path):
         return as_path.absolute()
     if is_run_dir(root / ref):
         return root / ref
-    matches = sorted(p for p in root.glob(f"{ref}*") if is_run_dir(p))
+    member = member_path(ref, root)
+    if member is not None and is_run_dir(member):
+        return member
+    matches = sorted(p for p in root.glob(f"{ref}*") if is_run_dir(p)) if "/" not in ref else []
     if len(matches) == 1:
         return matches[0]
     if not matches:
+        _not_a_run(ref, root)
         raise UserError(
             f"no run {ref!r} (looked for a run directory at that path and under "
             f"{root}; set DDLAUNCH_RUN_ROOT or pass the run directory)"
@@ -54,13 +81,55 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     raise UserError(f"{ref!r} matches {len(matches)} runs ({names}...); give more of the id")
 
 
+def _not_a_run(ref: str, root: Path) -> None:
+    """A sweep, or a member that has not started, named where a run is expected: say how
+    to reach it instead of "no run"."""
+    candidates = [Path(ref).expanduser(), root / ref]
+    if "/" not in ref and root.is_dir():
+        candidates += [p for p in root.glob(f"{ref}*") if is_sweep_dir(p)][:2]
+    sweeps = {c.absolute() for c in candidates if is_sweep_dir(c)}
+    if len(sweeps) == 1:
+        name = sweeps.pop().name
+        raise UserError(
+            f"{ref!r} is a sweep, not a run: see its members with `ddlaunch sweep status "
+            f"{name}`, and name one as {name}/<i> (e.g. {name}/0)"
+        )
+    member = member_path(ref, root)
+    if member is None:
+        return
+    sweep_dir, index = member.parent.parent, int(member.name)
+    count = len(member_overrides(read_members(sweep_dir)))
+    if index < count:
+        raise UserError(
+            f"member {index} of sweep {sweep_dir.name} has not started: it has no run "
+            f"directory yet (ddlaunch sweep status {sweep_dir.name})"
+        )
+    raise UserError(f"sweep {sweep_dir.name} has no member {index} (members 0-{count - 1})")
+
+
+def find_member(ref: str, root: Path | None = None) -> Path | None:
+    """A sweep member named by ``ref`` (``SWEEP/<i>`` or its directory) that has no run
+    directory yet, because it has not started; None for anything else."""
+    root = root or default_run_root()
+    for candidate in (member_path(ref, root), Path(ref).expanduser().absolute(), root / ref):
+        if candidate is None or is_run_dir(candidate):
+            continue
+        found = member_of(candidate)
+        if found is not None and found[1] in member_jobs(found[0]):
+            return candidate
+    return None
+
+
 def find_run_materialized(ref: str, root: Path | None = None) -> Path:
-    """``find_run`` for commands that act on a run (cancel, resume, logs): a sweep member
-    that has not started gets its run directory first, from the sweep's records, as its
-    array task would create it."""
+    """``find_run`` for commands that need a run directory to act on (resume, logs): a
+    sweep member that has not started gets its run directory first, from the sweep's
+    records, as its array task would create it."""
 
     root = root or default_run_root()
-    ensure_member_dir(Path(ref).expanduser()) or ensure_member_dir(root / ref)
+    member = member_path(ref, root)
+    for candidate in (member, Path(ref).expanduser(), root / ref):
+        if candidate is not None and ensure_member_dir(candidate):
+            break
     return find_run(ref, root)
 
 
@@ -93,6 +162,9 @@ class RunInfo:
     staging: dict[str, dict[str, Any]] | None = None  # the last attempt's, host -> record
     label: str | None = None  # a sweep member's overrides
     snapshot: str | None = None  # the code snapshot's id (snapshot.json)
+    submitted: float | None = None  # when it was last submitted (or started, if local)
+    cancel_requested: bool = False  # cancel.json: `ddlaunch cancel` asked for it
+    mtime_ns: int | None = None  # the directory's, when read through RunReader
 
     @property
     def job_id(self) -> str | None:
@@ -131,7 +203,7 @@ def read_run(
         except OSError:
             present = set()
     record = _json(run_dir, present, submission.SUBMISSION_FILE, {}) or {}
-    info = RunInfo(path=run_dir, run_id=run_dir.name, job_ids=list(record.get("job_ids", [])))
+    info = RunInfo(path=run_dir, run_id=run_id(run_dir), job_ids=list(record.get("job_ids", [])))
     info.intent = _json(run_dir, present, submission.INTENT_FILE, {}) or {}
     info.failures = read_failures(run_dir) if FAILURES_DIR in present else []
     info.result = _json(run_dir, present, progress.RESULT_FILE)
@@ -141,6 +213,8 @@ def read_run(
     info.excluded = list(_json(run_dir, present, exclusions.EXCLUDED_FILE, []) or [])
     snapshot = _json(run_dir, present, SNAPSHOT_FILE)
     info.snapshot = str(snapshot.get("id")) if isinstance(snapshot, dict) else None
+    info.cancel_requested = outcome.CANCEL_FILE in present
+    info.submitted = submitted_time(run_dir, record, info.intent, info.attempts)
     if preflight.HEALTH_DIR in present:
         info.preflight = _read(preflight.latest_path(run_dir))
         info.watchdog = _read(watchdog.summary_path(run_dir))
@@ -175,22 +249,65 @@ def latest_staging(run_dir: Path, attempts: list[dict[str, Any]]) -> dict[str, d
     return every[max(every)] if every else {}
 
 
+def run_id(run_dir: Path) -> str:
+    """A run's id as the commands print and accept it: its directory's name, or
+    ``SWEEP/<i>`` for a sweep member."""
+    if run_dir.parent.name == MEMBERS_DIR and run_dir.name.isdigit():
+        found = member_of(run_dir)
+        if found is not None:
+            return f"{found[0].name}/{found[1]}"
+    return run_dir.name
+
+
+def submitted_time(
+    run_dir: Path, record: dict[str, Any], intent: dict[str, Any], attempts: list[Any]
+) -> float | None:
+    """When the run was last submitted (a local run: when it started): the order
+    ``status`` lists runs in."""
+    for value in (record.get("submitted"), intent.get("created")):
+        if isinstance(value, int | float):
+            return float(value)
+    if attempts and isinstance(attempts[0], dict) and attempts[0].get("start"):
+        return float(attempts[0]["start"])
+    try:
+        return os.stat(run_dir / CONFIG_FILE).st_mtime
+    except OSError:
+        return None
+
+
 class RunReader:
-    """``read_run`` with the queued-run cache of each parent directory (run root, sweep)."""
+    """``read_run`` with the status cache of each parent directory (run root, sweep)."""
 
     def __init__(self, clock: Any = None) -> None:
         import time
 
         self.now = (clock or time.time)()
         # Keyed by the parent's path as a string: hashing a Path costs more than the lookup.
-        self.caches: dict[str, QueuedRunCache] = {}
+        self.caches: dict[str, StatusCache] = {}
 
-    def cache(self, parent: Path) -> QueuedRunCache:
+    def cache(self, parent: Path) -> StatusCache:
         key = str(parent)
         cache = self.caches.get(key)
         if cache is None:
-            cache = self.caches[key] = QueuedRunCache(parent)
+            cache = self.caches[key] = StatusCache(parent)
         return cache
+
+    def final(self, run_dir: Path, mtime_ns: int | None) -> tuple[Final, int] | None:
+        """The run's final state and its directory's mtime, when the cache knows the run
+        ended and its directory has not changed since."""
+        if mtime_ns is None:
+            try:
+                mtime_ns = os.stat(run_dir).st_mtime_ns
+            except OSError:
+                return None
+        hit = self.cache(run_dir.parent).get_final(run_dir.name, mtime_ns)
+        return (hit, mtime_ns) if hit is not None else None
+
+    def remember_final(self, info: RunInfo, state: str) -> None:
+        """``info``'s run ended in ``state``: cache it while its directory stays as read."""
+        if info.mtime_ns is not None:
+            final = Final(state, info.submitted)
+            self.cache(info.path.parent).put_final(info.path.name, info.mtime_ns, self.now, final)
 
     def read(self, run_dir: Path, mtime_ns: int | None = None) -> RunInfo:
         """``mtime_ns``: the directory's mtime when the caller has stat'ed it already."""
@@ -202,13 +319,17 @@ class RunReader:
         cache = self.cache(run_dir.parent)
         hit = cache.get(run_dir.name, mtime_ns)
         if hit is not None:
-            return RunInfo(path=run_dir, run_id=run_dir.name, job_ids=hit[0], intent=hit[1])
+            info = RunInfo(path=run_dir, run_id=run_id(run_dir), job_ids=hit.job_ids)
+            info.intent, info.submitted, info.mtime_ns = hit.intent, hit.submitted, mtime_ns
+            return info
         try:
             listing = set(os.listdir(run_dir))
         except OSError:
             listing = set()
         info = read_run(run_dir, listing=listing)
-        cache.put(run_dir.name, mtime_ns, listing, self.now, info.job_ids, info.intent)
+        info.mtime_ns = mtime_ns
+        queued = Queued(info.job_ids, info.intent, info.submitted)
+        cache.put(run_dir.name, mtime_ns, listing, self.now, queued)
         return info
 
     def save(self) -> None:
@@ -216,44 +337,66 @@ class RunReader:
             cache.save()
 
 
+@dataclass
+class RootListing:
+    """What one look at the run root found: runs and sweeps (in mtime order) whose state a
+    poll has to work out, and runs whose final state the status cache holds (name ->
+    (mtime_ns, Final)), which need no further look, not even a ``Path``."""
+
+    entries: list[tuple[str, Path, int]] = field(default_factory=list)  # (kind, path, mtime)
+    finals: dict[str, tuple[int, Final]] = field(default_factory=dict)
+
+
+def scan_root(root: Path, cache: StatusCache) -> RootListing:
+    """One ``scandir`` of the run root and one stat per entry. Entries the cache knows are
+    runs without a further look; the others are listed once to tell a run (config.yaml)
+    from a sweep (members.json)."""
+    found = RootListing()
+    try:
+        scan = os.scandir(root)
+    except OSError:
+        return found
+    entries = []
+    with scan:
+        for entry in scan:
+            name = entry.name
+            if name.startswith("."):
+                continue
+            try:
+                mtime_ns = entry.stat().st_mtime_ns
+            except OSError:
+                continue
+            final = cache.get_final(name, mtime_ns)
+            if final is not None:
+                found.finals[name] = (mtime_ns, final)
+                continue
+            if cache.known(name):
+                entries.append((mtime_ns, name, "run"))
+                continue
+            try:
+                listing = set(os.listdir(entry.path))
+            except OSError:  # not a directory, or gone meanwhile
+                continue
+            kind = "run" if CONFIG_FILE in listing else "sweep" if MEMBERS_FILE in listing else ""
+            if kind:
+                entries.append((mtime_ns, name, kind))
+    entries.sort()
+    found.entries = [(kind, root / name, mtime_ns) for mtime_ns, name, kind in entries]
+    cache.keep_only({*found.finals, *(name for _, name, _ in entries)})
+    return found
+
+
 def list_targets(
     root: Path | None = None, reader: RunReader | None = None
 ) -> list[tuple[str, Path, int]]:
     """Runs and sweeps under the run root, oldest first: ("run" | "sweep", path, mtime_ns).
-
-    Entries the queued-run cache knows are runs without a further look; the others are
-    listed once to tell a run (config.yaml) from a sweep (members.json). ``reader`` shares
-    its already loaded cache. The mtime is returned so that the reader need not stat again.
-    """
+    ``reader`` shares its already loaded cache. The mtime is returned so that the reader
+    need not stat again."""
     root = root or default_run_root()
-    try:
-        # iterdir, not scandir: it builds child paths without re-parsing them, which is most
-        # of the per-entry cost of a Path; the stat is one syscall either way.
-        entries = list(root.iterdir())
-    except OSError:
-        return []
-    known = (reader.cache(root) if reader is not None else QueuedRunCache(root)).runs
-    out = []
-    for path in entries:
-        name = path.name
-        if name.startswith("."):
-            continue
-        try:
-            mtime_ns = os.stat(path).st_mtime_ns
-        except OSError:
-            continue
-        if name in known:
-            out.append((mtime_ns, name, "run", path))
-            continue
-        try:
-            listing = set(os.listdir(path))
-        except OSError:  # not a directory, or gone meanwhile
-            continue
-        kind = "run" if CONFIG_FILE in listing else "sweep" if MEMBERS_FILE in listing else ""
-        if kind:
-            out.append((mtime_ns, name, kind, path))
-    out.sort(key=lambda entry: entry[:2])
-    return [(kind, path, mtime_ns) for mtime_ns, _, kind, path in out]
+    cache = reader.cache(root) if reader is not None else StatusCache(root)
+    found = scan_root(root, cache)
+    runs = [("run", root / name, m) for name, (m, _) in found.finals.items()]
+    return sorted([*found.entries, *runs], key=lambda e: (e[2], e[1].name))
 
 
 def complete_member_info(info: RunInfo) -> RunInfo:
@@ -270,6 +413,8 @@ def complete_member_info(info: RunInfo) -> RunInfo:
     if jobs is None:
         return info
     info.job_ids = list(jobs.job_ids)
+    info.submitted = jobs.time
+    info.cancel_requested = is_cancelled(found[0], found[1], info.job_id)
     if jobs.state == "failed":
         info.intent = {"state": "failed", "error": jobs.error}
     return info

@@ -11,27 +11,18 @@ Everything else (``run_status``, ``health_line``, ``sweep_row``) is pure.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ddlaunch.app.runs import (
     RunInfo,
-    RunReader,
-    complete_member_info,
-    find_run,
-    list_targets,
 )
 from ddlaunch.policy.requeue import HEALTH_CAUSES
-from ddlaunch.slurm import queue
-from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import QueueRow
-from ddlaunch.store import sweeps
-from ddlaunch.store.rundir import config_path, default_run_root, is_run_dir
 
 # Slurm's many job states folded into the few a user acts on.
 STATE_MAP = {
@@ -59,6 +50,13 @@ STATE_MAP = {
     "REVOKED": "CANCELLED",
 }
 ACTIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED")
+# Final states a run keeps unless it is submitted again (which writes into its directory).
+# Not PREEMPTED or NODE_FAIL straight from Slurm: Slurm itself may requeue such a job.
+SETTLED_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "STOPPED", "SUBMIT_FAILED", "BOOT_FAIL"}
+)
+# Failure records of these runs are from earlier attempts or the teardown: not the story.
+QUIET_FAILURES = ("COMPLETED", "CANCELLED")
 
 
 def fold_state(slurm_state: str) -> str:
@@ -77,7 +75,7 @@ class RunStatus:
     reason: str
     step: int | None
     checkpoint_step: int | None
-    attempts: int
+    attempts: int | None
     failure: str | None
     detail: str | None
     label: str | None = None
@@ -87,6 +85,8 @@ class RunStatus:
     heartbeat: dict[str, Any] | None = None
     snapshot: str | None = None  # the code snapshot the run's ranks use
     staging: dict[str, Any] | None = None  # the last attempt's staging, per node
+    submitted: float | None = None
+    members: dict[str, int] | None = None  # a sweep's row: members per state
 
     def as_dict(self) -> dict[str, Any]:
         # Shallow on purpose: the fields are plain data already, and dataclasses.asdict's deep
@@ -94,17 +94,22 @@ class RunStatus:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def attempt_history(info: RunInfo) -> list[dict[str, Any]]:
-    """Each attempt in a compact, stable form: where it ran, how it ended and why."""
+def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any]]:
+    """Each attempt in a compact, stable form: where it ran, how it ended and why. An
+    attempt nobody closed (the job was killed before its end hook) of a run that is over
+    ends as the run did."""
     out = []
     for rec in info.attempts:
+        cause = rec.get("cause")
+        if not cause:
+            cause = "?" if "end" in rec else "running" if state in ACTIVE_STATES else state.lower()
         item = {
             "attempt": rec.get("attempt"),
             "job_id": rec.get("job_id"),
             "nodes": rec.get("nodes", ""),
             "start": rec.get("start"),
             "end": rec.get("end"),
-            "cause": rec.get("cause") or ("running" if "end" not in rec else "?"),
+            "cause": cause,
             "resumed_from": rec.get("resumed_from"),
             "committed_step": rec.get("committed_step"),
             "blamed": list(rec.get("blamed") or []),
@@ -118,8 +123,9 @@ def attempt_history(info: RunInfo) -> list[dict[str, Any]]:
     return out
 
 
-def health_line(info: RunInfo, now: float) -> str:
-    """Node health in one line: the latest preflight, exclusions, the heartbeat."""
+def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
+    """Node health in one line: the latest preflight, exclusions, the heartbeat (while the
+    run runs: a finished run's last heartbeat is no news)."""
     parts = []
     if info.preflight:
         # Lazy: the verdicts module (statistics, enum) costs more than the rest of a poll.
@@ -142,10 +148,40 @@ def health_line(info: RunInfo, now: float) -> str:
         parts.append(staging_summary(info.staging))
     hb = info.watchdog
     running = bool(info.attempts) and "end" not in info.attempts[-1]
-    if hb and running:
+    if hb and running and state == "RUNNING":
         age = now - float(hb.get("time", now)) + float(hb.get("oldest_beat_age", 0.0))
         parts.append(f"heartbeat {age:.0f} s ago")
     return "; ".join(parts)
+
+
+def current_step(info: RunInfo) -> int | None:
+    """The step the run reached: from the freshest of its records (rank 0's progress, the
+    watchdog's summary of the heartbeats), never behind its latest committed checkpoint
+    (a record written before a resume would otherwise lag it)."""
+    best: tuple[float, int] | None = None
+    for record in (info.progress, info.watchdog):
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        when = float(record.get("time") or 0.0)
+        if best is None or when >= best[0]:
+            best = (when, int(record["step"]))
+    steps = [s for s in (best[1] if best else None, info.latest_step) if s is not None]
+    return max(steps) if steps else None
+
+
+def _state_from_run_dir(info: RunInfo) -> str:
+    """How a run ended, when Slurm has nothing to say: its own records."""
+    if info.outcome:
+        return str(info.outcome.get("state", "UNKNOWN"))
+    if info.cancel_requested:
+        return "CANCELLED"  # asked for, and the job is gone: it did not run to its end
+    if info.result is not None:
+        return "COMPLETED"
+    if info.failures:
+        return "FAILED"
+    if info.intent.get("state") == "failed":
+        return "SUBMIT_FAILED"
+    return "UNKNOWN"
 
 
 def run_status(
@@ -153,38 +189,35 @@ def run_status(
     queued: QueueRow | None,
     shown: dict[str, str] | None = None,
     now: float | None = None,
+    final: str | None = None,
 ) -> RunStatus:
     """Combine what Slurm says (queue row, or scontrol fields for a job that left the queue)
-    with what the run directory says."""
+    with what the run directory says. ``final``: the run's final state, cached by an
+    earlier poll (no Slurm state is asked for it)."""
     now = time.time() if now is None else now
     nodes, reason = "", ""
-    if queued is not None:
+    if final is not None:
+        state = final
+    elif queued is not None:
         state, nodes, reason = fold_state(queued.state), queued.nodes, queued.reason
     elif shown is not None:
         state = fold_state(shown.get("JobState", ""))
         nodes, reason = shown.get("NodeList", ""), shown.get("Reason", "")
-    elif info.outcome:
-        state = str(info.outcome.get("state", "UNKNOWN"))
-    elif info.result is not None:
-        state = "COMPLETED"
-    elif info.failures:
-        state = "FAILED"
-    elif info.intent.get("state") == "failed":
-        state = "SUBMIT_FAILED"
     else:
-        state = "UNKNOWN"
-    # A local run (or an outcome recorded by the job) is more precise than Slurm's view.
-    if info.outcome and state in ("COMPLETED", "FAILED", "UNKNOWN", "CANCELLED"):
+        state = _state_from_run_dir(info)
+    # How the job itself concluded is more precise than Slurm's view of the job that ended.
+    if info.outcome and state not in ACTIVE_STATES:
         state = str(info.outcome.get("state", state))
     failure = info.failures[0].one_line() if info.failures else None
+    if state in QUIET_FAILURES:
+        failure = None
     if state == "SUBMIT_FAILED":
         failure = str(info.intent.get("error", ""))
     detail = (
         str(info.outcome.get("reason")) if info.outcome and info.outcome.get("reason") else None
     )
-    step = info.progress.get("step") if info.progress else None
-    if info.watchdog and info.watchdog.get("step") is not None:
-        step = max(step or 0, int(info.watchdog["step"]))
+    if detail is not None and detail.lower() == state.lower():
+        detail = None  # "COMPLETED: completed" says nothing more
     if not nodes and info.attempts:
         nodes = str(info.attempts[-1].get("nodes", ""))
     return RunStatus(
@@ -193,17 +226,19 @@ def run_status(
         job_id=info.job_id,
         state=state,
         nodes=nodes if nodes not in ("(null)", "None") else "",
-        reason=reason if reason not in ("None", "(null)") else "",
-        step=step,
+        # Why a job waits; the reason Slurm keeps for a job that ended is stale.
+        reason=reason if state == "PENDING" and reason not in ("None", "(null)") else "",
+        step=current_step(info),
         checkpoint_step=info.latest_step,
-        attempts=max(len(info.attempts), 1 if info.job_ids else 0),
+        attempts=len(info.attempts),
         failure=failure,
         detail=detail,
         label=info.label,
-        history=attempt_history(info),
+        history=attempt_history(info, state),
         excluded=list(info.excluded),
-        health=health_line(info, now),
-        heartbeat=info.watchdog,
+        health=health_line(info, now, state),
+        heartbeat=info.watchdog if state == "RUNNING" else None,
+        submitted=info.submitted,
         snapshot=info.snapshot,
         staging=staging_nodes(info.staging),
     )
@@ -227,108 +262,23 @@ def staging_nodes(records: dict[str, dict[str, Any]] | None) -> dict[str, Any] |
     return out
 
 
+def settled(info: RunInfo, row: RunStatus) -> bool:
+    """Whether ``row`` is the run's final state, to be cached until its directory changes."""
+    if row.state in ACTIVE_STATES or row.state == "UNKNOWN":
+        return False
+    return info.outcome is not None or row.state in SETTLED_STATES
+
+
 def needs_accounting(info: RunInfo) -> bool:
-    """A job the controller forgot: only sacct can say how it ended, unless the run
-    directory already knows (an outcome, a result)."""
-    return bool(info.job_id) and info.outcome is None and info.result is None
-
-
-@dataclass(frozen=True)
-class Target:
-    """What ``status`` shows: a run, or one member of a sweep (``sweep`` is its id)."""
-
-    path: Path
-    sweep: str | None = None
-    label: str | None = None
-    mtime_ns: int | None = None  # the run directory's, when listing it stat'ed it already
-
-
-def poll(
-    targets: Sequence[Target],
-    client: Any,
-    *,
-    form: str = "text",
-    read: Any = None,
-    now: float | None = None,
-    reader: Any = None,
-) -> list[RunStatus]:
-    """Read every run directory, make ONE squeue call for all their jobs (and at most one
-    sacct for jobs the controller forgot), join. ``read`` replaces the cached reader
-    (``runs.RunReader``; pass the one ``resolve`` used to share its loaded cache)."""
-    reader = reader or RunReader()
-    infos = []
-    for t in targets:
-        info = read(t.path) if read is not None else reader.read(t.path, t.mtime_ns)
-        info.label = t.label
-        if t.sweep:
-            info.run_id = f"{t.sweep}/{t.path.name}"
-            if not info.job_ids:  # a member that has not started has no run directory yet
-                complete_member_info(info)
-        infos.append(info)
-    reader.save()
-    job_ids = [i.job_id for i in infos if i.job_id]
-    queue = client.status_rows(job_ids, form) if job_ids else {}
-    gone = [i.job_id for i in infos if i.job_id and i.job_id not in queue and needs_accounting(i)]
-    accounted = client.accounting_rows(gone) if gone else {}
-    now = time.time() if now is None else now
-    return [
-        run_status(
-            info, queue.get(info.job_id or "") or accounted.get(info.job_id or ""), None, now
-        )
-        for info in infos
-    ]
-
-
-def resolve(
-    refs: Iterable[str], root: Path | None = None, reader: Any = None
-) -> tuple[list[Target], list[str]]:
-    """RUN or SWEEP references -> targets. Without refs: every run and sweep under the run
-    root (sweeps are summarised by the caller). Returns (targets, sweep ids named).
-    ``reader`` (a ``runs.RunReader``) lends its queued-run cache to the listing."""
-    root = root or default_run_root()
-    targets: list[Target] = []
-    sweeps: list[str] = []
-    refs = list(refs)
-    if not refs:
-        for kind, path, mtime_ns in list_targets(root, reader):
-            if kind == "run":
-                targets.append(Target(path, mtime_ns=mtime_ns))
-            else:
-                targets += _members(path)
-        return targets, sweeps
-    for ref in refs:
-        if is_run_dir(Path(ref).expanduser()) or is_run_dir(root / ref):
-            targets.append(Target(find_run(ref, root)))
-            continue
-        sweep = _find_sweep(ref, root)
-        if sweep is not None:
-            sweeps.append(sweep.name)
-            targets += _members(sweep)
-        else:
-            targets.append(Target(find_run(ref, root)))
-    return targets, sweeps
-
-
-def _find_sweep(ref: str, root: Path) -> Path | None:
-    for candidate in (Path(ref).expanduser(), root / ref):
-        if candidate.is_dir() and sweeps.is_sweep_dir(candidate):
-            return candidate.absolute()
-    if is_run_dir(Path(ref).expanduser()) or is_run_dir(root / ref):
-        return None
-    matches = sorted(p for p in root.glob(f"{ref}*") if p.is_dir() and sweeps.is_sweep_dir(p))
-    return matches[0] if len(matches) == 1 else None
-
-
-def _members(path: Path) -> list[Target]:
-    try:
-        members = sweeps.member_run_dirs(path)
-    except Exception:  # a broken sweep must not hide the other runs
-        return []
-    return [Target(run_dir, path.name, label) for label, run_dir in members]
+    """A job the controller forgot: only sacct can say how it ended, unless the job's own
+    conclusion did (``outcome.json``). A result file does not: the job may have been
+    cancelled between the training's last step and its end."""
+    return bool(info.job_id) and info.outcome is None
 
 
 def group_sweeps(rows: Sequence[RunStatus]) -> list[RunStatus]:
-    """Overview form: one row per sweep (state counts), runs unchanged, order kept."""
+    """Overview form: one row per sweep (its members per state), runs unchanged, in the
+    order they were submitted (a sweep: its first member's submission)."""
     out: list[RunStatus] = []
     seen: dict[str, list[RunStatus]] = {}
     for row in rows:
@@ -343,25 +293,47 @@ def group_sweeps(rows: Sequence[RunStatus]) -> list[RunStatus]:
     for i, row in enumerate(out):
         if row.run_id in seen and row.path == "":
             out[i] = sweep_row(row.run_id, seen[row.run_id])
-    return out
+    return by_submission(out)
+
+
+def by_submission(rows: Sequence[RunStatus]) -> list[RunStatus]:
+    """Oldest first, the newest next to the prompt; runs without a time first."""
+    return sorted(rows, key=lambda r: (r.submitted is not None, r.submitted or 0.0))
+
+
+# A sweep's one state: the liveliest of its members', else how all of them ended.
+_SWEEP_PRECEDENCE = ("RUNNING", "PENDING", "SUSPENDED")
+
+
+def sweep_state(counts: Counter[str]) -> str:
+    for state in _SWEEP_PRECEDENCE:
+        if counts.get(state):
+            return state
+    if len(counts) == 1:
+        return next(iter(counts))
+    unfinished = [(n, s) for s, n in counts.items() if s != "COMPLETED"]
+    return max(unfinished)[1] if unfinished else "COMPLETED"
 
 
 def sweep_row(sweep_id: str, members: Sequence[RunStatus]) -> RunStatus:
     counts = Counter(m.state for m in members)
-    state = ", ".join(f"{n} {s}" for s, n in counts.most_common())
     jobs = sorted({(m.job_id or "").split("_")[0] for m in members if m.job_id})
+    times = [m.submitted for m in members if m.submitted is not None]
+    shown = ", ".join(f"{n} {s}" for s, n in counts.most_common())
     return RunStatus(
         run_id=sweep_id,
         path=str(Path(members[0].path).parent.parent) if members else "",
         job_id=",".join(jobs) or None,
-        state=state,
+        state=sweep_state(counts) if members else "UNKNOWN",
         nodes="",
         reason="",
         step=None,
         checkpoint_step=None,
-        attempts=sum(m.attempts for m in members),
+        attempts=None,
         failure=None,
-        detail=f"sweep of {len(members)} members (ddlaunch status {sweep_id})",
+        detail=f"sweep of {len(members)}: {shown} (ddlaunch status {sweep_id})",
+        submitted=min(times) if times else None,
+        members=dict(counts.most_common()),
     )
 
 
@@ -372,33 +344,3 @@ def min_poll_interval() -> float:
         return float(os.environ.get("DDLAUNCH_MIN_POLL_S", "30"))
     except ValueError:
         return 30.0
-
-
-def collect(
-    refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
-) -> list[Any]:
-    """One poll of ``status``: the runs and sweeps named by ``refs`` (all when empty), with
-    ONE squeue call. ``runner`` is injectable (tests count the Slurm calls it receives)."""
-    reader = RunReader()  # one queued-run cache load for both the listing and the reads
-    targets, _ = resolve(refs, reader=reader)
-    form = queue.choose_form(_slurm_version(targets), _forced_form())
-    rows = poll(targets, SlurmClient(runner), form=form, reader=reader)
-    grouped = not refs if overview is None else overview
-    return group_sweeps(rows) if grouped else rows
-
-
-def _forced_form() -> str | None:
-    return os.environ.get("DDLAUNCH_SQUEUE_FORM") or None
-
-
-def _slurm_version(targets: Sequence[Any]) -> str | None:
-    """The cluster's release from the first run's config (cluster.slurm_version): no extra
-    call to Slurm just to learn its version."""
-    for target in targets[:1]:
-        try:
-            text = config_path(target.path).read_text()
-        except OSError:
-            return None
-        match = re.search(r"^  slurm_version: '?([0-9.]+)'?$", text, re.M)
-        return match.group(1) if match else None
-    return None

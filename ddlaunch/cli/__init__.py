@@ -57,7 +57,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Launch distributed PyTorch training on Slurm from a YAML config.
 
     \b
-      ddlaunch render configs/examples/mlp.yaml --set nodes.count=4
+      ddlaunch render examples/mlp --set nodes.count=2
       ddlaunch submit examples/mlp --dry-run
       ddlaunch submit examples/mlp
       ddlaunch presets

@@ -1,4 +1,4 @@
-"""``ddlaunch cancel``: cancel a run's Slurm job(s) and record that it was cancelled."""
+"""``ddlaunch cancel``: cancel runs' and sweeps' Slurm jobs and say what that did."""
 
 from __future__ import annotations
 
@@ -8,21 +8,27 @@ from ddlaunch.cli.completion import complete_runs
 
 
 @click.command("cancel")
-@click.argument("runs", nargs=-1, required=True, metavar="RUN...", shell_complete=complete_runs)
-def command(runs: tuple[str, ...]) -> None:
-    """Cancel RUNs (ids, id prefixes or run directories). The run directory is kept, so
-    `ddlaunch resume` can continue from the latest complete checkpoint."""
-    from ddlaunch.app.runs import find_run_materialized, read_run
-    from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.store.outcome import write_cancel
+@click.argument(
+    "runs", nargs=-1, required=True, metavar="RUN|SWEEP...", shell_complete=complete_runs
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the jobs to stop (the ranks save first); 0: do not wait.",
+)
+def command(runs: tuple[str, ...], wait_s: float) -> None:
+    """Cancel RUNs (ids, id prefixes, SWEEP/<i> or run directories) and SWEEPs (every member
+    that has not ended). All are looked up first: an unknown one cancels nothing. The run
+    directory is kept, so `ddlaunch resume` can continue from the latest complete
+    checkpoint; a run that has ended is left alone."""
+    from ddlaunch.app.cancel import cancel
 
-    client = SlurmClient()
-    for ref in runs:
-        info = read_run(find_run_materialized(ref))
-        if not info.job_ids:
-            click.echo(f"{info.run_id}: no job to cancel")
-            continue
-        # Recorded first, so the job's own requeue logic knows the stop was wanted.
-        write_cancel(info.path, info.job_ids)
-        client.cancel(info.job_ids)
-        click.echo(f"{info.run_id}: cancelled job {', '.join(info.job_ids)}")
+    def waiting(jobs: list[str]) -> None:
+        what = f"job {jobs[0]}" if len(jobs) == 1 else f"{len(jobs)} jobs"
+        click.echo(f"waiting for {what} to stop (the ranks save first)...", err=True)
+
+    for line in cancel(runs, wait_s=wait_s, waiting=waiting):
+        click.echo(line)

@@ -11,6 +11,13 @@ import click
 from ddlaunch.config.schema import Config
 
 
+def _told() -> None:
+    click.echo(
+        "interrupted: the ranks save at their next step and stop (Ctrl-C again kills them)",
+        err=True,
+    )
+
+
 def _stream_rank0(run_dir: Path, stop: threading.Event) -> None:
     """Rank 0's output as the local run goes (the follow engine, without Slurm)."""
     from ddlaunch.app.follow import LogStream, RunEnd, RunWatch, follow
@@ -28,15 +35,24 @@ def _stream_rank0(run_dir: Path, stop: threading.Event) -> None:
 
 
 def run_here(run_dir: Path, cfg: Config) -> None:
-    from ddlaunch.app.local import run_locally
+    """The same lines for ``submit --local`` and ``resume --local``: where the run runs,
+    rank 0's output as it goes, then its result and how long it took (or how it was
+    interrupted)."""
+    from ddlaunch.app.local import Interrupted, run_locally
 
+    click.echo(f"run dir: {run_dir}  local, {cfg.world_size} ranks")
     stop = threading.Event()
     streamer = threading.Thread(target=_stream_rank0, args=(run_dir, stop), daemon=True)
     streamer.start()
     try:
-        done = run_locally(run_dir, cfg)
+        done = run_locally(run_dir, cfg, on_interrupt=_told)
+    except Interrupted as exc:
+        stop.set()
+        streamer.join(timeout=10)
+        click.echo(str(exc), err=True)  # "interrupted, saved step 109": not an error
+        sys.exit(exc.exit_code)
     finally:
-        stop.set()  # the outcome is written either way; this covers Ctrl-C
+        stop.set()  # the outcome is written either way; this covers everything else
         streamer.join(timeout=10)
     line = done.summary_line()
     if line:

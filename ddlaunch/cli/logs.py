@@ -43,27 +43,16 @@ def tail(path: Path, lines: int, upto: int | None = None) -> str:
 def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) -> None:
     """Show a run's logs. Without --rank, a failed rank's error comes first, then its stderr.
 
-    RUN is a run id, an id prefix or a run directory.
+    RUN is a run id, an id prefix, SWEEP/<i> (a sweep's member) or a run directory.
     """
-    from ddlaunch.app.runs import find_run_materialized
-    from ddlaunch.store.failures import read_failures
-    from ddlaunch.store.rundir import LOGS_DIR, batch_logs, rank_log
+    from ddlaunch.app.logs import find_logs
 
-    run_dir = find_run_materialized(run)
-    if batch:
-        paths = batch_logs(run_dir)[-1:]
-    elif rank is not None:
-        paths = [rank_log(run_dir, rank, "out"), rank_log(run_dir, rank, "err")]
-    else:
-        failures = read_failures(run_dir)
-        if failures:
-            first = failures[0]
-            click.echo(f"FAILED {first.one_line()}")
-            if first.traceback:
-                click.echo(first.traceback.rstrip())
-            paths = [rank_log(run_dir, first.rank, "err")]
-        else:
-            paths = [rank_log(run_dir, 0, "out"), rank_log(run_dir, 0, "err")]
+    found = find_logs(run, rank=rank, batch=batch)
+    run_dir, paths = found.run_dir, found.paths
+    if found.failure is not None:
+        click.echo(f"FAILED {found.failure.one_line()}")
+        if found.failure.traceback:
+            click.echo(found.failure.traceback.rstrip())
     stream = None
     if follow_:
         from ddlaunch.app.follow import LogStream
@@ -75,16 +64,14 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
             if batch
             else LogStream(run_dir, paths=paths, from_start=False)
         )
-    shown = False
     for path in paths:
         if path.exists():
             click.echo(f"==> {path} <==")
             text = tail(path, lines, stream.offset(path) if stream else None)
             if text:
                 click.echo(text)
-            shown = True
-    if not shown and not follow_:
-        click.echo(f"no log yet in {run_dir / LOGS_DIR}", err=True)
+    if found.missing and not follow_:
+        click.echo(found.missing, err=True)
     if stream is not None:
         from ddlaunch.cli.follow import follow_run
 

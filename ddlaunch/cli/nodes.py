@@ -65,7 +65,12 @@ def list_cmd(as_json: bool = False, show_all: bool = False) -> None:
 
 @command.command("add")
 @click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
-@click.option("--reason", default="marked bad by hand", show_default=True)
+@click.option(
+    "--reason",
+    default="marked bad by hand",
+    show_default=True,
+    help="Why the node is kept out (shown by `ddlaunch nodes`).",
+)
 @click.option(
     "--ttl",
     default="24h",

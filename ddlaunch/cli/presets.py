@@ -36,10 +36,13 @@ def first_sentence(text: str) -> str:
 
 @click.command("presets")
 def command() -> None:
-    """List the shipped cluster presets and example configs."""
+    """List the shipped cluster presets, example configs and sweep files."""
     from ddlaunch.config.load import list_presets
 
-    names = list_presets()
+    names = list_presets(sweeps=True)
     width = max(map(len, names), default=0)
     for name in names:
-        click.echo(f"{name:<{width}}  {describe(name)}")
+        text = describe(name)
+        if name.startswith("sweeps/"):  # not a config: `ddlaunch sweep NAME` runs it
+            text = f"sweep file (ddlaunch sweep {name}): {text}"
+        click.echo(f"{name:<{width}}  {text}")

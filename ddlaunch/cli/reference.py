@@ -37,8 +37,11 @@ def reference_lines(cls: type, prefix: str = "") -> list[str]:
             default = f.default_factory()
         if isinstance(default, tuple):
             default = list(default)
+        # A key under a section is indented under its heading; a top-level key (sbatch,
+        # params) is not, or it would read as the previous section's last key.
+        indent = "  " if prefix else ""
         label = f.metadata.get("type_label") or type_label(hints[f.name])
-        lines.append(f"  {key} ({label}, default {default!r}): {doc}")
+        lines.append(f"{indent}{key} ({label}, default {default!r}): {doc}")
     return lines
 
 

@@ -18,8 +18,9 @@ from ddlaunch.cli.completion import complete_runs
     help="Folder for report.png and report.html (default: <run dir>/report).",
 )
 def command(run: str, out: str | None) -> None:
-    """Draw RUN: attempts on a timeline (nodes, how each ended, blamed nodes), checkpoints,
-    failures and step throughput; write report.png and report.html (which embeds it)."""
+    """Draw RUN (a run id, an id prefix, SWEEP/<i> or a run directory): attempts on a
+    timeline (nodes, how each ended, blamed nodes), checkpoints, failures and step
+    throughput; write report.png and report.html (which embeds it)."""
     from ddlaunch import fsutil
     from ddlaunch.app.report import html_page, load_timeline
     from ddlaunch.app.report_figure import draw

@@ -1,9 +1,11 @@
 """``ddlaunch status``: my runs, one run or a sweep, from the run directories plus one squeue
-call per poll (``ddlaunch.app.status.poll``)."""
+call per poll for the runs that have not ended (``ddlaunch.app.status_poll.view``)."""
 
 from __future__ import annotations
 
 import json
+import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -11,57 +13,53 @@ from typing import Any
 import click
 
 from ddlaunch.cli.completion import complete_targets
+from ddlaunch.cli.table import TAIL, Column, fit, unique_prefixes
+
+COLUMNS = (
+    Column("run", "shrink"),
+    Column("job"),
+    Column("state"),
+    Column("nodes", "detail", rank=1),
+    Column("step", right=True),
+    Column("ckpt", "detail", right=True, rank=3),
+    Column("attempts", "detail", right=True, rank=2),
+    Column("note", "note"),
+)
 
 
-def _causes(history: Sequence[dict[str, Any]]) -> str:
-    return ", ".join(str(a.get("cause")) for a in history)
+def _num(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
-COLUMNS = ("run", "job", "state", "nodes", "step", "ckpt", "attempts", "note")
-# Above this many rows the table is plain aligned text: rich lays out every cell (folding,
-# measuring) and takes seconds for a 1000-member sweep; plain text takes milliseconds.
-RICH_MAX_ROWS = 100
+def note(r: Any) -> str:
+    """What a user acts on, in one cell: a member's overrides, the failure or how the run
+    ended (or why it waits), node health (`status RUN` lists every attempt's cause)."""
+    parts = [r.label or "", r.failure or r.detail or r.reason or "", r.health]
+    return "; ".join(p for p in parts if p)
 
 
 def cells(r: Any) -> tuple[str, ...]:
-    note = r.failure or r.detail or r.reason or ""
-    if r.health:
-        note = f"{note}; {r.health}" if note else r.health
-    attempts = str(r.attempts)
-    if len(r.history) > 1:
-        attempts += f" ({_causes(r.history)})"
     return (
-        r.run_id if not r.label else f"{r.run_id} {r.label}",
+        r.run_id,
         r.job_id or "-",
         r.state,
         r.nodes or "-",
-        "-" if r.step is None else str(r.step),
-        "-" if r.checkpoint_step is None else str(r.checkpoint_step),
-        attempts,
-        note,
+        _num(r.step),
+        _num(r.checkpoint_step),
+        _num(r.attempts),
+        note(r),
     )
 
 
-def render_table(rows: Sequence[Any]) -> Any:
-    """Rows -> a rich Table (pure: no I/O)."""
-    from rich.table import Table
-
-    table = Table(show_lines=False)
-    for col in COLUMNS:
-        table.add_column(col, overflow="fold", no_wrap=col in ("run", "job"))
-    for r in rows:
-        table.add_row(*cells(r))
-    return table
-
-
-def render_plain(rows: Sequence[Any]) -> str:
-    """Rows -> aligned columns (pure), for long listings."""
-    grid = [COLUMNS, *(cells(r) for r in rows)]
-    widths = [max(len(row[i]) for row in grid) for i in range(len(COLUMNS) - 1)]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
-        for row in grid
-    )
+def render(rows: Sequence[Any], width: int | None, names: Sequence[str] = ()) -> str:
+    """Rows -> the table (pure). ``width``: the terminal's, or None for a pipe (one row per
+    line). ``names``: every id the run root holds, so that a run id shortened to fit keeps
+    a prefix unique among them."""
+    ids = [r.run_id for r in rows]
+    prefixes = unique_prefixes(ids, names)
+    shortest = max((min(prefixes[i] + 1 + TAIL, len(i)) for i in ids), default=0)
+    columns = (Column("run", "shrink", min_width=shortest), *COLUMNS[1:])
+    return "\n".join(fit(columns, [cells(r) for r in rows], width))
 
 
 def attempt_lines(row: Any) -> list[str]:
@@ -74,8 +72,9 @@ def attempt_lines(row: Any) -> list[str]:
         started = time.strftime("%H:%M:%S", time.localtime(a["start"])) if a.get("start") else "?"
         resumed = a.get("resumed_from")
         origin = f"step {resumed}" if resumed is not None else "scratch"
+        job = f"job {a['job_id']}" if a.get("job_id") else "local"
         text = (
-            f"attempt {a.get('attempt')}: job {a.get('job_id')} on {a.get('nodes') or '?'} "
+            f"attempt {a.get('attempt')}: {job} on {a.get('nodes') or '?'} "
             f"at {started}{took}, from {origin} -> {a.get('cause')}"
         )
         if a.get("committed_step") is not None:
@@ -88,10 +87,57 @@ def attempt_lines(row: Any) -> list[str]:
     return lines
 
 
+def page(shown: Any, width: int | None) -> str:
+    """Everything one poll prints (pure): the table, or why there is none, and the count of
+    finished runs left out; one run's attempts under it."""
+    rows = shown.rows
+    if not rows and not shown.hidden:
+        return f"no runs under {shown.root} (ddlaunch submit CONFIG to start one)"
+    lines = []
+    if len(rows) == 1 and rows[0].failure:
+        lines.append(f"FAILED {rows[0].failure}")
+    if rows:
+        lines.append(render(rows, width, shown.names))
+    if shown.hidden:
+        what = "run" if shown.hidden == 1 else "runs"
+        text = (
+            f"{shown.hidden} older finished {what} not shown (ddlaunch status --all, or --since 7d)"
+        )
+        lines += textwrap.wrap(text, width) if width else [text]
+    if len(rows) == 1 and rows[0].history:
+        lines += attempt_lines(rows[0])
+    return "\n".join(lines)
+
+
+def _width() -> int | None:
+    """The terminal's width; None when stdout is not a terminal (one row per line)."""
+    if not sys.stdout.isatty():
+        return None
+    import shutil
+
+    return shutil.get_terminal_size().columns  # $COLUMNS first, as ls and rich read it
+
+
+def _parse_since(text: str | None) -> float | None:
+    if text is None:
+        return None
+    from ddlaunch.store.badnodes import parse_ttl
+
+    try:
+        seconds = parse_ttl(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    if seconds is None:
+        raise click.BadParameter("give a duration such as 12h or 7d", param_hint="--since")
+    return seconds
+
+
 @click.command("status")
 @click.argument("runs", nargs=-1, metavar="[RUN|SWEEP]...", shell_complete=complete_targets)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--watch", is_flag=True, help="Refresh in place until interrupted.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (full run ids).")
+@click.option("--all", "show_all", is_flag=True, help="Every run, however long ago it ended.")
+@click.option("--since", metavar="AGE", help="Finished runs submitted within AGE (12h, 7d).")
+@click.option("--watch", is_flag=True, help="Poll again every --interval until interrupted.")
 @click.option(
     "--interval",
     type=float,
@@ -99,39 +145,62 @@ def attempt_lines(row: Any) -> list[str]:
     show_default=True,
     help="Seconds between polls with --watch (never below $DDLAUNCH_MIN_POLL_S, default 30).",
 )
-def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) -> None:
-    """Show my runs (or the given RUNs or SWEEPs: id, id prefix or directory).
+def command(
+    runs: tuple[str, ...],
+    as_json: bool,
+    show_all: bool,
+    since: str | None,
+    watch: bool,
+    interval: float,
+) -> None:
+    """Show my runs (or the given RUNs or SWEEPs: id, id prefix, SWEEP/<i> or directory).
 
-    The Slurm state of every job comes from ONE squeue call per poll; step, checkpoint,
-    attempts and their causes, node health and the first failing rank come from the run
-    directories. Without arguments a sweep is one summary row; name it to see its members.
+    Without arguments: every run that has not ended and the 20 latest that did (a sweep is
+    one row; name it to see its members). The Slurm state comes from ONE squeue call per
+    poll, for the runs that have not ended; step, checkpoint, attempts and their causes,
+    node health and the first failing rank come from the run directories.
     """
-    from ddlaunch.app.status import collect, min_poll_interval
-    from ddlaunch.cli.terminal import Terminal
+    from ddlaunch.app.status import min_poll_interval
+    from ddlaunch.app.status_poll import view
 
-    term = Terminal()
+    def poll() -> Any:
+        return view(runs, show_all=show_all or bool(runs), since=_parse_since(since))
+
     if not watch:
-        rows = collect(runs)
-        if as_json:
-            import sys
-
-            # Indented for a person at a terminal; compact (C encoder, fast) for a script.
-            indent = 2 if sys.stdout.isatty() else None
-            term.out(json.dumps([r.as_dict() for r in rows], indent=indent))
-            return
-        if len(rows) == 1 and rows[0].failure:
-            term.out(f"FAILED {rows[0].failure}")
-        if len(rows) > RICH_MAX_ROWS:
-            term.out(render_plain(rows))
-        else:
-            term.print(render_table(rows))
-        if len(rows) == 1 and rows[0].history:
-            term.out("\n".join(attempt_lines(rows[0])))
+        _show(poll(), as_json)
         return
-    from rich.live import Live
-
     interval = max(interval, min_poll_interval())
-    with Live(render_table(collect(runs)), console=term.console, auto_refresh=False) as live:
+    tty = sys.stdout.isatty() and not as_json
+    with _interrupted():
         while True:
+            shown = poll()
+            if tty:  # redraw in place
+                sys.stdout.write("\x1b[H\x1b[2J")
+            if not as_json:
+                stamp = time.strftime("%H:%M:%S")
+                sys.stdout.write(f"polled {stamp}, every {interval:g} s (Ctrl-C to stop)\n")
+            _show(shown, as_json)
+            sys.stdout.flush()  # a pipe gets every poll as it comes, not at exit
             time.sleep(interval)
-            live.update(render_table(collect(runs)), refresh=True)
+
+
+def _show(shown: Any, as_json: bool) -> None:
+    if as_json:
+        # One line per document: a pipe reading `--watch --json` gets one per poll.
+        indent = 2 if sys.stdout.isatty() else None
+        sys.stdout.write(json.dumps([r.as_dict() for r in shown.rows], indent=indent) + "\n")
+        return
+    sys.stdout.write(page(shown, _width()) + "\n")
+
+
+class _interrupted:
+    """Ctrl-C ends ``--watch`` quietly (exit 0): it is how the user stops watching."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
+        if kind is KeyboardInterrupt:
+            sys.stdout.write("\n")
+            return True
+        return False

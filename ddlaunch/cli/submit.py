@@ -84,8 +84,7 @@ def command(
         from ddlaunch.runner import SubprocessRunner
 
         run_dir = create_run_dir(prepared, SubprocessRunner(), workdir)
-        click.echo(f"run {prepared.plan.run_id}  local, {prepared.config.world_size} ranks")
-        click.echo(f"run dir: {run_dir.path}")
+        click.echo(f"run {prepared.plan.run_id}")
         run_here(run_dir.path, prepared.config)
         return
     from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm

@@ -110,13 +110,15 @@ def command() -> None:
     """Run a sweep file's members as Slurm job arrays, and follow them.
 
     \b
-      ddlaunch sweep configs/sweeps/mlp-lr.yaml [--dry-run]   (= sweep submit FILE)
+      ddlaunch sweep sweeps/mlp-lr [--dry-run]   (= sweep submit FILE)
       ddlaunch sweep status SWEEP [--json]
       ddlaunch sweep resubmit SWEEP --failed
+      ddlaunch sweep cancel SWEEP
 
-    SWEEP is a sweep id, a unique prefix of one, or a sweep directory. Each member is a normal
-    run directory (SWEEP/members/<i>, created when the member first starts): `ddlaunch logs`,
-    `cancel` and `resume` work on it.
+    FILE is a sweep file, or the name of a shipped one (`ddlaunch presets` lists them). SWEEP
+    is a sweep id, a unique prefix of one, or a sweep directory. Each member is a normal run
+    directory (SWEEP/members/<i>, created when the member first starts), named SWEEP/<i>:
+    `ddlaunch status`, `logs`, `cancel` and `resume` work on it.
     """
 
 
@@ -214,9 +216,37 @@ def status(sweep_ref: str, as_json: bool) -> None:
     term.out(summary(rows))
 
 
+@command.command("cancel")
+@click.argument("sweep_ref", metavar="SWEEP")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the jobs to stop; 0: do not wait.",
+)
+def cancel_sweep(sweep_ref: str, wait_s: float) -> None:
+    """Cancel every member of SWEEP that has not ended (all its arrays): the same as
+    `ddlaunch cancel SWEEP`."""
+    from ddlaunch.app.cancel import cancel
+    from ddlaunch.store.rundir import default_run_root
+    from ddlaunch.store.sweeps import find_sweep
+
+    path = find_sweep(sweep_ref, default_run_root())
+    for line in cancel([str(path)], wait_s=wait_s):
+        click.echo(line)
+
+
 @command.command("resubmit")
 @click.argument("sweep_ref", metavar="SWEEP", shell_complete=complete_sweeps)
-@click.option("--failed", is_flag=True, help="Every member that ended without completing.")
+@click.option(
+    "--failed",
+    is_flag=True,
+    help="Members that ended FAILED, NODE_FAIL, TIMEOUT, PREEMPTED, STOPPED or "
+    "SUBMIT_FAILED (not CANCELLED: add --cancelled).",
+)
+@click.option("--cancelled", is_flag=True, help="Members that ended CANCELLED.")
 @click.option("--member", "members", type=int, multiple=True, help="This member (repeatable).")
 @set_option
 @click.option("--dry-run", is_flag=True, help="Print the scripts and sbatch argv only.")
@@ -225,6 +255,7 @@ def status(sweep_ref: str, as_json: bool) -> None:
 def resubmit(
     sweep_ref: str,
     failed: bool,
+    cancelled: bool,
     members: tuple[int, ...],
     overrides: tuple[str, ...],
     dry_run: bool,
@@ -233,25 +264,28 @@ def resubmit(
 ) -> None:
     """Submit members again, as a new array, each in its own run directory and from its
     own latest complete checkpoint. `--failed` picks FAILED, NODE_FAIL, TIMEOUT, PREEMPTED,
-    STOPPED and SUBMIT_FAILED members; `--set` changes their configs."""
+    STOPPED and SUBMIT_FAILED members, `--cancelled` CANCELLED ones; `--set` changes their
+    configs. A COMPLETED member named with --member runs again only if it has something
+    left to train (raise params.steps with --set)."""
     from ddlaunch.slurm.client import SlurmClient
     from ddlaunch.store.rundir import default_run_root
     from ddlaunch.store.sweeps import find_sweep
-    from ddlaunch.sweeps.status import FAILED_STATES, LIVE_STATES, collect
+    from ddlaunch.sweeps.resubmit import check_completed
+    from ddlaunch.sweeps.status import LIVE_STATES, collect, pick_members
     from ddlaunch.sweeps.submit import plan_resubmission, resubmit_members
 
-    if not failed and not members:
-        raise UserError("say which members: --failed, or --member N (repeatable)")
+    if not failed and not cancelled and not members:
+        raise UserError("say which members: --failed, --cancelled, or --member N (repeatable)")
     path = find_sweep(sweep_ref, default_run_root())
     client = SlurmClient()
     rows = {r.index: r for r in collect(path, client)}
     unknown = sorted(set(members) - set(rows))
     if unknown:
         raise UserError(f"no member {unknown[0]} in {path} (members 0-{len(rows) - 1})")
-    picked = {i for i, r in rows.items() if failed and r.state in FAILED_STATES}
-    chosen = sorted(picked | set(members))
+    chosen = pick_members(rows.values(), failed=failed, cancelled=cancelled, named=members)
     if not chosen:
-        click.echo("no failed members; nothing to resubmit")
+        which = " or ".join(w for w, on in (("failed", failed), ("cancelled", cancelled)) if on)
+        click.echo(f"no {which} members; nothing to resubmit")
         return
     live = [i for i in chosen if rows[i].state in LIVE_STATES]
     if live:
@@ -265,6 +299,8 @@ def resubmit(
     configs, arrays, sources = plan_resubmission(
         path, chosen, workdir=os.getcwd(), facts=facts, overrides=overrides, hold=hold
     )
+    for line in check_completed(path, [rows[i] for i in chosen], configs, overrides):
+        click.echo(line, err=True)
     head = f"resubmitting {len(chosen)} member(s) of {path.name}: {', '.join(map(str, chosen))}"
     if dry_run:
         _print_dry_run(arrays, [head])

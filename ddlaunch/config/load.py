@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,7 +259,7 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
                         "defaults",
                         f"preset {name!r} not found{did_you_mean(name)} (looked next to the "
                         "file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: "
-                        f"{', '.join(list_presets()[:12])})",
+                        f"{', '.join(list_presets())})",
                         where,
                     )
                 ]
@@ -273,28 +273,41 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
     loaded.sources.append(_display(path))
 
 
-def did_you_mean(name: str) -> str:
-    """``; did you mean 'clusters/dgx-h100'?`` for a mistyped preset name, else ``""``."""
-    import difflib  # only a mistake needs it
+def list_presets(sweeps: bool = False) -> list[str]:
+    """Names of the shipped configs, e.g. ``clusters/devcluster``; with ``sweeps``, the
+    shipped sweep files (``sweeps/mlp-lr``, for ``ddlaunch sweep``) too."""
+    root = resources.configs_dir()
+    names = (str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+    return sorted(n for n in names if sweeps or not n.startswith("sweeps/"))
 
-    wanted = name.removesuffix(".yaml").removesuffix(".yml").removeprefix("configs/")
-    close = difflib.get_close_matches(wanted, list_presets(), n=1, cutoff=0.75)
+
+def did_you_mean(name: str, sweeps: bool = False) -> str:
+    """``; did you mean 'examples/mlp'?`` for a mistyped shipped name, else ''."""
+    import difflib  # only for a mistake
+
+    stem = name.removesuffix(".yaml").removesuffix(".yml").removeprefix("configs/")
+    close = difflib.get_close_matches(stem, list_presets(sweeps), n=1, cutoff=0.75)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def list_presets() -> list[str]:
-    """Names of the shipped configs, e.g. ``clusters/devcluster``."""
-    root = resources.configs_dir()
-    # sweeps/ holds sweep files (ddlaunch sweep), not configs.
-    names = (str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
-    return sorted(n for n in names if not n.startswith("sweeps/"))
+def _origin(item: str, origin: str | Mapping[str, str] | None) -> str:
+    if isinstance(origin, str):
+        return origin
+    default = f"--set {item}"
+    return origin.get(item, default) if origin is not None else default
 
 
-def apply_overrides(loaded: LoadedTree, overrides: Sequence[str]) -> None:
-    """Apply ``--set a.b=c`` overrides (YAML-typed values) in order."""
+def apply_overrides(
+    loaded: LoadedTree,
+    overrides: Sequence[str],
+    origin: str | Mapping[str, str] | None = None,
+) -> None:
+    """Apply ``--set a.b=c`` overrides (YAML-typed values) in order. ``origin``: where they
+    come from when that is not a ``--set`` (an option such as ``--nodes 3``; a sweep file's
+    lines, per override text), which errors then name."""
     issues: list[ConfigIssue] = []
     for item in overrides:
-        where = f"--set {item}"
+        where = _origin(item, origin)
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
@@ -336,7 +349,7 @@ def apply_overrides(loaded: LoadedTree, overrides: Sequence[str]) -> None:
     if issues:
         raise ConfigError(issues)
     if overrides:
-        loaded.sources.append(f"--set ({len(overrides)})")
+        loaded.sources.append(origin if isinstance(origin, str) else f"--set ({len(overrides)})")
 
 
 def load_tree(config: str | Path, overrides: Sequence[str] = ()) -> LoadedTree:

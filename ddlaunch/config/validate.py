@@ -121,6 +121,7 @@ class _Builder:
         # Keys that were never written (defaults) are reported against the main file.
         self.fallback = fallback
         self.issues: list[ConfigIssue] = []
+        self.unknown_keys: set[int] = set()  # indices of issues that are unknown keys
 
     def where(self, path: KeyPath) -> str | None:
         # The closest enclosing key that has a recorded line.
@@ -129,11 +130,20 @@ class _Builder:
                 return self.locations[path[:end]]
         return None
 
-    def fail(self, path: KeyPath, message: str, *, also: KeyPath = ()) -> None:
-        """Record an issue at ``path``; ``also`` is a related key whose line to show when
-        ``path`` itself was never written."""
-        where = self.where(path) or (self.where(also) if also else None) or self.fallback
-        self.issues.append(ConfigIssue(".".join(path), message, where))
+    def fail(
+        self, path: KeyPath, message: str, *, also: KeyPath = (), unknown: bool = False
+    ) -> None:
+        """Record an issue at ``path``. ``also``: the other key of a contradiction; the
+        lines that wrote either key are named (a key left at its default has none: its
+        section's line would blame the preset for what a --set caused). ``unknown``: an
+        unknown key, which leaves every other value as written."""
+        written = [self.locations[p] for p in (path, also) if p and p in self.locations]
+        where = "; ".join(dict.fromkeys(written)) or self.where(path)
+        if not where and also:
+            where = self.where(also)
+        self.issues.append(ConfigIssue(".".join(path), message, where or self.fallback))
+        if unknown:
+            self.unknown_keys.add(len(self.issues) - 1)
 
     def build(self, cls: type, data: Any, path: KeyPath) -> Any:
         if data is None:
@@ -151,7 +161,7 @@ class _Builder:
                     if close
                     else f"; known keys: {', '.join(fields)}"
                 )
-                self.fail((*path, str(key)), f"unknown key{hint}")
+                self.fail((*path, str(key)), f"unknown key{hint}", unknown=True)
         kwargs: dict[str, Any] = {}
         for name, spec in fields.items():
             if name not in data:
@@ -312,6 +322,7 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
             ("nodes", "gpus_per_node"),
             f"asks for {n.gpus_per_node} GPUs per node but the "
             f"cluster preset {cfg.cluster.name!r} has {cfg.cluster.gpus_per_node}",
+            also=("cluster", "gpus_per_node"),
         )
     if n.gpus_per_node and n.tasks_per_node not in (None, n.gpus_per_node):
         b.fail(
@@ -329,10 +340,12 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
         b.fail(("nodes", "mem_per_gpu"), "needs nodes.gpus_per_node > 0")
     cpus = cfg.cluster.cpus_per_node
     if cpus and n.cpus_per_task and n.cpus_per_task * cfg.ranks_per_node > cpus:
+        ranks_key = "gpus_per_node" if n.gpus_per_node else "tasks_per_node"
         b.fail(
             ("nodes", "cpus_per_task"),
             f"{n.cpus_per_task} CPUs x {cfg.ranks_per_node} ranks "
             f"per node exceeds the {cpus} CPUs a node of {cfg.cluster.name!r} has",
+            also=("nodes", ranks_key),
         )
 
 
@@ -392,9 +405,14 @@ def validate_tree(loaded: LoadedTree) -> Config:
     cfg = builder.build(Config, loaded.tree, ())
     field_issues = len(builder.issues)
     check_contradictions(cfg, builder)
-    # A contradiction in a section that already has a bad field is likely a consequence of
-    # it (the bad value fell back to its default), so only the field error is shown.
-    bad_sections = {issue.path.split(".")[0] for issue in builder.issues[:field_issues]}
+    # A contradiction in a section that already has a bad value is likely a consequence of
+    # it (the bad value fell back to its default), so only the value's error is shown. An
+    # unknown key changes no value: the section's contradictions are still reported.
+    bad_sections = {
+        issue.path.split(".")[0]
+        for i, issue in enumerate(builder.issues[:field_issues])
+        if i not in builder.unknown_keys
+    }
     builder.issues[field_issues:] = [
         issue
         for issue in builder.issues[field_issues:]

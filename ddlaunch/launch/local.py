@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ from ddlaunch.worker.distenv import PORT_OVERRIDE_VAR
 POLL_S = 0.05
 # Like Slurm's KillWait: ranks treat SIGTERM as a stop request, SIGKILL follows.
 KILL_GRACE_S = 2.0
+# After Ctrl-C: time for the ranks to reach a step boundary and save (a second Ctrl-C kills).
+INTERRUPT_GRACE_S = 60.0
 
 
 class LocalRunError(UserError):
@@ -104,11 +107,11 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)  # the rank's session: it and any dataloader workers
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float = KILL_GRACE_S) -> None:
     alive = [p for p in procs if p.poll() is None]
     for proc in alive:
         _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + KILL_GRACE_S
+    deadline = time.monotonic() + grace_s
     while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     for proc in procs:
@@ -157,8 +160,25 @@ def _read_result(folder: Path, job_id: str, rank: int) -> Any:
     return value
 
 
-def run_local(run_dir: Path, world_size: int, timeout_s: float) -> list[dict[str, Any]]:
-    """Run ``world_size`` ranks of the run in ``run_dir`` here; per-rank results by rank."""
+def _interrupted(procs: list[subprocess.Popen[bytes]], told: Callable[[], None] | None) -> None:
+    """Ctrl-C: SIGTERM sets the ranks' stop flag, so they save at their next step boundary
+    (as on a cancel) and leave; a second Ctrl-C kills them at once."""
+    if told is not None:
+        told()
+    try:
+        _stop(procs, INTERRUPT_GRACE_S)
+    except KeyboardInterrupt:
+        _stop(procs, 0.0)
+
+
+def run_local(
+    run_dir: Path,
+    world_size: int,
+    timeout_s: float,
+    on_interrupt: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``world_size`` ranks of the run in ``run_dir`` here; per-rank results by rank.
+    ``on_interrupt`` is called when Ctrl-C arrives, before the ranks are asked to stop."""
     run_dir = Path(run_dir).absolute()
     cfg = load_config(config_path(run_dir))
     # No "_" in the id: submitit reads JOB_TASK as an array job's identity.
@@ -214,6 +234,9 @@ def run_local(run_dir: Path, world_size: int, timeout_s: float) -> list[dict[str
                     f"running: {running} (logs: {logs})"
                 )
             time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        _interrupted(procs, on_interrupt)
+        raise
     finally:
         _stop(procs)  # kill-on-bad-exit, timeout, Ctrl-C: never leave ranks behind
     if failed is not None:

@@ -13,6 +13,9 @@ from typing import Any
 from ddlaunch import fsutil
 
 FAILURES_DIR = "failures"
+# Our own control flow (``worker.stops.StopRank``), never a failure; earlier versions wrote
+# records for them, which readers skip.
+NOT_FAILURES = frozenset({"Preempted", "PreflightFailed"})
 
 
 def failure_path(run_dir: str | Path, rank: int) -> Path:
@@ -57,6 +60,8 @@ def read_failures(run_dir: Path) -> list[Failure]:
         try:
             rec = json.loads(path.read_text())
         except (OSError, ValueError):
+            continue
+        if not isinstance(rec, dict) or rec.get("exception") in NOT_FAILURES:
             continue
         failures.append(
             Failure(

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store.outcome import CANCEL_FILE
 from ddlaunch.store.rundir import CONFIG_FILE, LOGS_DIR
 from ddlaunch.store.submission import INTENT_FILE, SUBMISSION_FILE
+from ddlaunch.store.sweep_cancels import is_cancelled
 from ddlaunch.store.sweeps import (
     ARRAYS_DIR,
     MEMBERS_DIR,
@@ -63,6 +65,10 @@ def _member_files(
         about |= {"array": array, "script": str(sweep_dir / ARRAYS_DIR / f"{array}.sbatch")}
     if ids:
         files[SUBMISSION_FILE] = {"job_ids": ids, "submitted": jobs.time, **about}
+    if is_cancelled(sweep_dir, index, ids[-1] if ids else None):
+        # Cancelled while it waited (`ddlaunch cancel`): this start must not train or
+        # requeue.
+        files[CANCEL_FILE] = {"time": time.time(), "job_ids": ids[-1:]}
     if jobs.state == "failed" and not job_id:
         # Its latest array's sbatch failed: status shows SUBMIT_FAILED, as for a run.
         files[INTENT_FILE] = {

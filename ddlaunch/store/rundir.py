@@ -33,6 +33,7 @@ from ddlaunch.config import trainers
 
 if TYPE_CHECKING:
     from ddlaunch.checkpoint import adapters
+    from ddlaunch.checkpoint.layout import CheckpointInfo
 
 # Re-exported: the run directory's layout names, for the modules that import this one.
 from ddlaunch.store.layout import CHECKPOINTS_DIR as CHECKPOINTS_DIR
@@ -146,6 +147,18 @@ def committed_step(run_dir: Path) -> int | None:
     """The step of the run's latest complete checkpoint (torch-free discovery)."""
     found = latest_checkpoint(run_dir)
     return found.step if found else None
+
+
+def latest_commit(run_dir: Path) -> CheckpointInfo | None:
+    """The latest complete checkpoint of Session code with ddlaunch's commit marker, whose
+    metadata says why it was saved (``final``, ``reason: signal``); None for another
+    trainer's layout, which has no such marker."""
+    source = checkpoint_source(run_dir)
+    if source.kind != trainers.KIND_DDLAUNCH or not source.root.is_dir():
+        return None
+    from ddlaunch.checkpoint.layout import latest_complete  # lazy, as latest_checkpoint
+
+    return latest_complete(source.root)
 
 
 def rank_log(run_dir: Path, rank: int, stream: str = "out") -> Path:

@@ -90,7 +90,9 @@ def _copy(loaded: LoadedTree) -> LoadedTree:
     return LoadedTree(copy.deepcopy(loaded.tree), dict(loaded.locations), list(loaded.sources))
 
 
-def _set_param(params: dict[str, Any], override: Override) -> ConfigIssue | None:
+def _set_param(
+    params: dict[str, Any], override: Override, origins: dict[str, str]
+) -> ConfigIssue | None:
     """Set ``params.a.b`` as ``--set params.a.b=v`` would; a non-mapping on the way is an
     error, worded as ``apply_overrides`` words it. The value is the one the override's text
     YAML-types to, so no text is parsed again."""
@@ -98,7 +100,8 @@ def _set_param(params: dict[str, Any], override: Override) -> ConfigIssue | None
     if depth is None:
         return None
     key = ".".join(override.key.split(".")[: depth + 1])
-    return ConfigIssue(key, "is not a mapping, so it has no sub-keys", f"--set {override.text}")
+    where = origins.get(override.text, f"--set {override.text}")
+    return ConfigIssue(key, "is not a mapping, so it has no sub-keys", where)
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,10 @@ class ValidatedMembers:
 
 
 def validate_members(
-    base: LoadedTree, members: Sequence[Member], tick: Tick | None = None
+    base: LoadedTree,
+    members: Sequence[Member],
+    tick: Tick | None = None,
+    origins: dict[str, str] | None = None,
 ) -> ValidatedMembers:
     """Every member's validated config, or SweepMembersError naming each bad member.
 
@@ -125,6 +131,7 @@ def validate_members(
     """
     validated: dict[tuple[str, ...], int | ConfigError] = {}  # shared overrides -> group
     out = ValidatedMembers([], [], [])
+    origins = origins or {}  # override text -> the sweep file's line that wrote it
     bad: list[tuple[Member, ConfigError]] = []
     positions: dict[tuple[str, ...], tuple[int, ...]] = {}  # override keys -> own positions
     for member in members:
@@ -137,7 +144,7 @@ def validate_members(
         if shared not in validated:
             loaded = _copy(base)
             try:
-                apply_overrides(loaded, shared)
+                apply_overrides(loaded, shared, origins)
                 out.group_configs.append(validate_tree(loaded))
                 validated[shared] = len(out.group_configs) - 1
             except ConfigError as exc:
@@ -151,7 +158,7 @@ def validate_members(
         else:
             params = dict(out.group_configs[group].params)
             own = [overrides[i] for i in own_at]
-            issues = [issue for o in own if (issue := _set_param(params, o)) is not None]
+            issues = [issue for o in own if (issue := _set_param(params, o, origins)) is not None]
             if issues:
                 bad.append((member, ConfigError(issues)))
             else:
@@ -215,6 +222,37 @@ def _members_line(name: str, members: Sequence[int]) -> str:
     return f"\nexport DDLAUNCH_SWEEP_ARRAY={name}\nmembers=({' '.join(map(str, members))})\n"
 
 
+def share_throttle(throttle: int | None, sizes: Sequence[int]) -> list[int | None]:
+    """Each array's ``%N`` so that the sweep as a whole runs at most ``throttle`` tasks at
+    once: the arrays' shares sum to it, in proportion to their sizes (largest remainders),
+    each at least 1 and at most its size. No throttle, or one no smaller than the sweep:
+    none."""
+    total = sum(sizes)
+    if throttle is None or throttle >= total:
+        return [None] * len(sizes)
+    if throttle < len(sizes):
+        raise UserError(
+            f"throttle {throttle} is below the {len(sizes)} arrays this sweep is split into "
+            "(each array runs at least one task at once): raise throttle, or split the sweep "
+            "into fewer arrays (--max-array-size, members that share one script)"
+        )
+    exact = [throttle * n / total for n in sizes]
+    shares = [max(1, min(n, int(x))) for n, x in zip(sizes, exact, strict=True)]
+    by_remainder = sorted(range(len(sizes)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    while sum(shares) < throttle:
+        grown = False
+        for i in by_remainder:
+            if sum(shares) < throttle and shares[i] < sizes[i]:
+                shares[i] += 1
+                grown = True
+        if not grown:
+            break
+    while sum(shares) > throttle:  # the minimum of 1 each took more than the share
+        i = max(range(len(sizes)), key=lambda j: shares[j])
+        shares[i] -= 1
+    return list(shares)
+
+
 def plan_arrays(
     members: Sequence[tuple[int, Config]],
     *,
@@ -257,13 +295,15 @@ def plan_arrays(
         groups.setdefault(key, []).append(index)
         firsts.setdefault(key, (cfg, root))
     arrays: list[ArrayJob] = []
-    for key, indices in groups.items():
+    chunks = {key: split_arrays(indices, facts.max_array_size) for key, indices in groups.items()}
+    shares = iter(share_throttle(throttle, [len(c) for cs in chunks.values() for c in cs]))
+    for key, key_chunks in chunks.items():
         cfg, root = firsts[key]
         search_path = template_search_path(cfg.templates.search_path)
         rendered: tuple[str, str] | None = None  # (script, its members line)
-        for chunk in split_arrays(indices, facts.max_array_size):
+        for chunk in key_chunks:
             spec = ArraySpec(
-                str(first_name + len(arrays)), sweep_id, chunk, members_dir, throttle, root
+                str(first_name + len(arrays)), sweep_id, chunk, members_dir, next(shares), root
             )
             plan = make_plan(
                 cfg,
@@ -314,9 +354,10 @@ def prepare_sweep(
     ``snapshot``: as ``app.prepare.prepare`` (skip, path or store), taken once for every
     member by the first member's launch.snapshot and launch.workdir."""
     facts = facts or ClusterFacts()
-    base = load_tree(spec.base, spec.common)
+    base = load_tree(spec.base)
+    apply_overrides(base, spec.common, spec.origins)
     members = expand(spec)
-    validated = validate_members(base, members, tick)
+    validated = validate_members(base, members, tick, spec.origins)
     first = validated.configs[0]
     sweep_id = sweep_id or new_run_id(spec.name or first.job.name)
     root = Path(run_root) if run_root else resolve_run_root(first.storage.run_root)

@@ -20,7 +20,7 @@ A sweep file::
       - [params.lr=1.0, params.clip=1]
     seeds: 3                        # or [0, 7, 42]: values of seed_key
     seed_key: params.seed
-    throttle: 8                     # at most 8 tasks of an array run at once (--array=...%8)
+    throttle: 8                     # at most 8 members run at once (each array its share)
     metric: final_loss              # key of result.json shown by `ddlaunch sweep status`
 
 Each axis (each grid key, each zip group, the list, the seeds) multiplies the member count;
@@ -47,14 +47,20 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ddlaunch.config.errors import ConfigIssue
-from ddlaunch.config.load import KeyPath, parse_yaml_value, read_yaml_file, resolve_config_name
+from ddlaunch.config.load import (
+    KeyPath,
+    did_you_mean,
+    parse_yaml_value,
+    read_yaml_file,
+    resolve_config_name,
+)
 from ddlaunch.errors import UserError
 
 DEFAULT_METRIC = "final_loss"
@@ -143,6 +149,9 @@ class SweepSpec:
     axes: tuple[tuple[Point, ...], ...]
     throttle: int | None = None
     metric: str = DEFAULT_METRIC
+    # Where each override text of the file was written (file:line): errors of a member's
+    # config name that line, not a --set.
+    origins: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def size(self) -> int:
@@ -189,6 +198,12 @@ class _Parser:
         self.locations = locations
         self.issues: list[ConfigIssue] = []
         self.owners: dict[str, str] = {}  # key -> the axis that sweeps it
+        self.origins: dict[str, str] = {}  # override text -> the file:line that wrote it
+
+    def made(self, override: Override, *path: str) -> Override:
+        """``override``, remembering the line of the file that wrote it."""
+        self.origins.setdefault(override.text, self.where(*path))
+        return override
 
     def where(self, *path: str) -> str:
         for end in range(len(path), 0, -1):
@@ -223,7 +238,7 @@ class _Parser:
         """A mapping ``{key: value}``, a list of ``key=value`` strings, or one such string."""
         if isinstance(raw, dict):
             return [
-                Override(key, value)
+                self.made(Override(key, value), *path, str(key))
                 for key, value in raw.items()
                 if self.key(key, *path, str(key)) is not None
             ]
@@ -240,7 +255,7 @@ class _Parser:
                 self.fail(f"expected key.path=value (as --set takes it), got {item!r}", *path)
                 continue
             try:
-                out.append(Override(key, parse_yaml_value(value_text)))
+                out.append(self.made(Override(key, parse_yaml_value(value_text)), *path))
             except yaml.YAMLError:
                 self.fail(f"value of {key} is not valid YAML: {value_text!r}", *path)
         return out
@@ -248,9 +263,13 @@ class _Parser:
     # ------------------------------------------------------------------ the file's keys
 
     def unknown_keys(self, tree: dict[str, Any]) -> None:
+        import difflib  # only for a mistake
+
         for key in tree:
             if key not in SWEEP_KEYS:
-                hint = f"; known keys: {', '.join(SWEEP_KEYS)}"
+                close = difflib.get_close_matches(str(key), SWEEP_KEYS, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                hint = hint or f"; known keys: {', '.join(SWEEP_KEYS)}"
                 if key in ("job", "nodes", "launch", "params", "defaults"):
                     hint = "; config keys belong in the base config (or in set:)"
                 self.fail(f"unknown sweep key{hint}", str(key))
@@ -264,7 +283,8 @@ class _Parser:
         base = resolve_config_name(tree["base"], base_dir=self.path.parent)
         if base is None:
             self.fail(
-                f"config {tree['base']!r} not found next to the sweep file, nor as a preset",
+                f"config {tree['base']!r} not found next to the sweep file, nor as a "
+                f"preset{did_you_mean(tree['base'])}",
                 "base",
             )
             return None
@@ -285,7 +305,7 @@ class _Parser:
         for key, values in grid.items():
             if self.key(key, "grid", str(key)) and (vals := self.values(values, "grid", str(key))):
                 self.claim(key, f"grid.{key}")
-                axes.append(tuple((Override(key, v),) for v in vals))
+                axes.append(tuple((self.made(Override(key, v), "grid", key),) for v in vals))
         return axes
 
     def zip_axes(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
@@ -309,7 +329,7 @@ class _Parser:
         for key, values in group.items():
             if self.key(key, "zip", str(key)) and (vals := self.values(values, "zip", str(key))):
                 self.claim(key, label)
-                columns.append([Override(key, v) for v in vals])
+                columns.append([self.made(Override(key, v), "zip", key) for v in vals])
         if len({len(c) for c in columns}) > 1:
             sizes = ", ".join(f"{c[0].key}: {len(c)}" for c in columns)
             self.fail(f"zipped lists must have the same length ({sizes})", label)
@@ -346,7 +366,7 @@ class _Parser:
             self.fail("the same seed appears twice", "seeds")
             return []
         self.claim(seed_key, "seeds")
-        return [tuple((Override(seed_key, s),) for s in seeds)]
+        return [tuple((self.made(Override(seed_key, s), "seeds"),) for s in seeds)]
 
     def throttle(self, tree: dict[str, Any]) -> int | None:
         throttle = tree.get("throttle")
@@ -392,6 +412,7 @@ def parse_sweep_file(path: str | Path, extra_set: Sequence[str] = ()) -> SweepSp
         axes=tuple(axes),
         throttle=throttle,
         metric=metric,
+        origins=p.origins,
     )
     twins = duplicate_members(expand(spec))
     if twins:

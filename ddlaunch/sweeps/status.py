@@ -5,7 +5,7 @@ array of the sweep (torch-free)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from ddlaunch.app.status import run_status
 from ddlaunch.slurm.arrays import queue_tasks, show_array_tasks
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import QueueRow
+from ddlaunch.store.sweep_cancels import cancelled_members
 from ddlaunch.store.sweeps import (
     MEMBERS_DIR,
     member_jobs,
@@ -69,7 +70,7 @@ def member_status(
         state=s.state,
         step=s.step,
         checkpoint_step=s.checkpoint_step,
-        attempts=s.attempts,
+        attempts=s.attempts or 0,
         metric=value,
         note=s.failure or s.detail or s.reason or "",
     )
@@ -88,6 +89,7 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
     overrides = member_overrides(meta)
     infos = [read_run(sweep_dir / MEMBERS_DIR / str(i)) for i in range(len(overrides))]
     recorded = member_jobs(sweep_dir)
+    cancelled = cancelled_members(sweep_dir)
     for index, info in enumerate(infos):
         jobs = recorded.get(index)
         if jobs is None or info.job_ids or info.intent:
@@ -95,6 +97,7 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
         # A member that has not started has no run directory yet (or a crash cut its
         # submission.json short): the arrays' records say what was submitted.
         info.job_ids = list(jobs.job_ids)
+        info.cancel_requested = index in cancelled and cancelled[index] == info.job_id
         if jobs.state == "failed":
             info.intent = {"state": "failed", "error": jobs.error}
     client = client or SlurmClient()
@@ -110,6 +113,17 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
     shown: dict[str, dict[str, str]] = {}
     for array in sorted(unsettled):
         shown.update(show_array_tasks(client, array))
+    # Tasks the controller forgot (MinJobAge): one batched sacct, as `ddlaunch status`.
+    forgotten = [
+        i.job_id
+        for i in infos
+        if i.job_id
+        and i.job_id.split("_")[0] in unsettled
+        and i.job_id not in queue
+        and i.job_id not in shown
+        and not i.outcome
+    ]
+    queue = {**client.accounting_rows(forgotten), **queue} if forgotten else queue
     return [
         member_status(
             index,
@@ -150,3 +164,16 @@ def render_table(rows: Sequence[MemberStatus], metric: str = DEFAULT_METRIC) -> 
             r.note,
         )
     return table
+
+
+def pick_members(
+    rows: Iterable[MemberStatus], *, failed: bool, cancelled: bool, named: Iterable[int]
+) -> list[int]:
+    """What ``sweep resubmit`` resubmits: the members ``--failed`` (FAILED_STATES) and
+    ``--cancelled`` select, and those named by hand."""
+    picked = {
+        r.index
+        for r in rows
+        if (failed and r.state in FAILED_STATES) or (cancelled and r.state == "CANCELLED")
+    }
+    return sorted(picked | set(named))

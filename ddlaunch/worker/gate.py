@@ -42,6 +42,7 @@ from ddlaunch.store import preflight as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.worker.distenv import DistEnv, master_port_for
 from ddlaunch.worker.distributed import init_distributed
+from ddlaunch.worker.stops import StopRank
 
 GATE_EXIT = 75
 # Transfer sizes: enough to measure bandwidth rather than latency on the fabric each backend
@@ -52,13 +53,12 @@ NCCL_BYTES = 64 * 2**20
 RUNS = 3
 
 
-class PreflightFailed(SystemExit):
+class PreflightFailed(StopRank):
     """Raised on every rank when a node failed preflight: no training step runs. Not a crash
     of the rank (no failure record); the end hook acts on the recorded verdicts."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(GATE_EXIT)
-        self.reason = reason
+        super().__init__(GATE_EXIT, reason)
 
 
 def enabled(cfg: Any, env: Mapping[str, str]) -> bool:

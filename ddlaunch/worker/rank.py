@@ -39,6 +39,7 @@ from ddlaunch.worker.distenv import (
 )
 from ddlaunch.worker.distributed import BACKEND_VAR
 from ddlaunch.worker.signals import FAST_EXIT_VAR
+from ddlaunch.worker.stops import StopRank
 from ddlaunch.worker.trainer import describe, trainer_args
 
 
@@ -149,8 +150,13 @@ def run_rank(run_dir: str) -> dict[str, Any]:
         # A node verdict, not a crash of this rank: the end hook acts on it.
         print(f"[ddlaunch] no training in this attempt: {exc.reason}", flush=True)
         raise
+    except StopRank as exc:
+        # Our own control flow (every rank leaves after the signal save): not a failure.
+        print(f"[ddlaunch] {exc.reason}", flush=True)
+        raise
     except BaseException as exc:
-        # BaseException: a KeyboardInterrupt or sys.exit(3) is a failure of this rank too.
+        # BaseException: a KeyboardInterrupt or sys.exit(3) is a failure of this rank too;
+        # our own stops (StopRank, above) are not.
         try:
             write_failure(run_dir, d.rank, failure_record(exc, d, host))
         except OSError as write_error:

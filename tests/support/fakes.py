@@ -5,6 +5,7 @@ behaviour are tested against the dev cluster instead (``support.devcluster``).""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from ddlaunch.runner import CommandResult, SubprocessRunner
 
@@ -82,3 +83,36 @@ class RecordingRunner(SubprocessRunner):
 
     def count(self, command: str) -> int:
         return sum(1 for c in self.calls if c[0] == command)
+
+
+def fake_slurm_bin(
+    directory: Path, after_scancel: Mapping[str, str] | None = None, **outputs: str
+) -> Path:
+    """A folder of stand-in Slurm commands for CLI tests run as subprocesses: each prints
+    its recorded output (``squeue="..."``, ``sacct="..."``) and appends its argv to
+    ``calls.log`` there, so a test can count the Slurm calls a verb made. Put the folder
+    first on PATH. A command without an output prints nothing; ``after_scancel`` holds what
+    commands print once scancel ran (the job left the queue)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "scancelled").unlink(missing_ok=True)
+    for name in ("squeue", "sacct", "scancel", "scontrol", "sbatch", "sinfo"):
+        (directory / f"{name}.out").write_text(outputs.get(name, ""))
+        after = (after_scancel or {}).get(name, outputs.get(name, ""))
+        (directory / f"{name}.after.out").write_text(after)
+        mark = f'touch "{directory}/scancelled"\n' if name == "scancel" else ""
+        script = directory / name
+        script.write_text(
+            "#!/bin/sh\n"
+            f'echo "{name} $*" >> "{directory}/calls.log"\n'
+            f"{mark}"
+            f'if [ -e "{directory}/scancelled" ]; then cat "{directory}/{name}.after.out"; '
+            f'else cat "{directory}/{name}.out"; fi\n'
+        )
+        script.chmod(0o755)
+    return directory
+
+
+def slurm_calls(directory: Path) -> list[str]:
+    """The command lines the stand-ins of ``fake_slurm_bin`` received, in order."""
+    log = directory / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []

@@ -1,0 +1,85 @@
+"""Which log files ``ddlaunch logs`` shows, and, when there are none, why (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddlaunch.app.runs import RunInfo, find_member, find_run, read_run
+from ddlaunch.errors import UserError
+from ddlaunch.store.failures import Failure
+from ddlaunch.store.members import member_of
+from ddlaunch.store.rundir import LOGS_DIR, batch_logs, rank_log, read_config_tree
+from ddlaunch.store.sweeps import member_jobs
+
+
+@dataclass
+class Logs:
+    run_dir: Path
+    paths: list[Path] = field(default_factory=list)
+    failure: Failure | None = None  # the failing rank's record, shown first
+    missing: str | None = None  # why there is nothing to show yet
+
+
+def world_size(run_dir: Path) -> int | None:
+    """Ranks of the run, from its resolved config (no validation needed for two keys)."""
+    try:
+        nodes = read_config_tree(run_dir).get("nodes") or {}
+        per_node = nodes.get("gpus_per_node") or nodes.get("tasks_per_node") or 1
+        return int(nodes.get("count", 1)) * int(per_node)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def not_started(info: RunInfo) -> str:
+    """Why a run without an attempt has no logs."""
+    if info.intent.get("state") == "failed":
+        return f"no logs: the submission failed: {info.intent.get('error', '')}"
+    if info.cancel_requested or (info.outcome or {}).get("state") == "CANCELLED":
+        return "no logs: the run was cancelled before it started"
+    if info.job_id:
+        return f"no log yet: job {info.job_id} has not started (no attempt recorded)"
+    return "no log yet: the run has not started"
+
+
+def _member_not_started(path: Path) -> str:
+    found = member_of(path)
+    assert found is not None
+    sweep_dir, index = found
+    jobs = member_jobs(sweep_dir).get(index)
+    what = f"member {index} of sweep {sweep_dir.name}"
+    if jobs is not None and jobs.state == "failed":
+        return f"no logs: {what} was never submitted: {jobs.error}"
+    job = f" (job {jobs.job_ids[-1]})" if jobs and jobs.job_ids else ""
+    return f"no log yet: {what} has not started{job}"
+
+
+def find_logs(ref: str, *, rank: int | None = None, batch: bool = False) -> Logs:
+    """The files to show for ``ref`` (``--rank``, ``--batch`` or the default: the failing
+    rank's error log, else rank 0's), and why there are none when nothing was written."""
+    member = find_member(ref)
+    if member is not None:  # a sweep member that has not started has no directory yet
+        return Logs(member, missing=_member_not_started(member))
+    run_dir = find_run(ref)
+    info = read_run(run_dir, with_checkpoints=False)
+    logs = Logs(run_dir)
+    if rank is not None:
+        size = world_size(run_dir)
+        if rank < 0 or (size is not None and rank >= size):
+            ranks = f"ranks 0-{size - 1}" if size and size > 1 else "rank 0"
+            raise UserError(f"run {info.run_id} has no rank {rank}: world size {size} ({ranks})")
+        logs.paths = [rank_log(run_dir, rank, "out"), rank_log(run_dir, rank, "err")]
+    elif batch:
+        logs.paths = batch_logs(run_dir)[-1:]
+    elif info.failures:
+        logs.failure = info.failures[0]
+        logs.paths = [rank_log(run_dir, logs.failure.rank, "err")]
+    else:
+        logs.paths = [rank_log(run_dir, 0, "out"), rank_log(run_dir, 0, "err")]
+    if not any(p.exists() for p in logs.paths):
+        if not info.attempts:
+            logs.missing = not_started(info)
+        else:
+            which = "the batch script" if batch else f"rank {0 if rank is None else rank}"
+            logs.missing = f"no log yet from {which} in {run_dir / LOGS_DIR}"
+    return logs

@@ -1,0 +1,136 @@
+"""``ddlaunch cancel`` tells the truth (#20): a finished run is left alone, every reference is
+checked before anything is cancelled, a job killed before anyone concluded it is concluded by
+``cancel`` once it is gone, a sweep is cancelled as a whole, and a member that has not started
+gets no run directory. Recorded Slurm output through the one fake runner; the real behaviour
+(signals, KillWait, accounting) is in ``test_cancel_slurm.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.fakes import FakeRunner, ok
+from support.sweeps import sbatch_ids, start, submitted_sweep
+from test_status_cli import T0, make_run
+
+from ddlaunch.app.cancel import cancel
+from ddlaunch.app.status_poll import collect
+from ddlaunch.errors import UserError
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store.members import materialize
+
+
+class Cluster(FakeRunner):
+    """squeue answers ``before`` until scancel ran, then ``after`` (the jobs left)."""
+
+    def __init__(self, before: str, after: str = "", sacct: str = "") -> None:
+        self.cancelled = False
+        super().__init__(on_run=self._answer)
+        self.before, self.after, self.sacct = before, after, sacct
+
+    def _answer(self, argv: list[str]):  # type: ignore[no-untyped-def]
+        if argv[0] == "scancel":
+            self.cancelled = True
+            return ok()
+        if argv[0] == "squeue":
+            return ok(self.after if self.cancelled else self.before)
+        if argv[0] == "sacct":
+            return ok(self.sacct)
+        return ok()
+
+    def scancels(self) -> list[list[str]]:
+        return [c for c in self.calls if c[0] == "scancel"]
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path / "runs"))
+    return tmp_path / "runs"
+
+
+def test_a_finished_run_is_left_alone(root: Path) -> None:
+    done = make_run(root, "done", "357", T0, outcome=("COMPLETED",))
+    slurm = Cluster("357|COMPLETED|None|node1\n")
+    assert cancel(["done"], SlurmClient(slurm)) == [
+        "done: already finished (COMPLETED); nothing to cancel"
+    ]
+    assert not (done / "cancel.json").exists() and slurm.scancels() == []
+    make_run(root, "again", "358", T0, outcome=("CANCELLED", "cancelled, saved step 40"))
+    slurm = Cluster("358|CANCELLED|None|node1\n")
+    assert cancel(["again"], SlurmClient(slurm)) == ["again: already cancelled; nothing to do"]
+    assert slurm.scancels() == []
+
+
+def test_every_reference_is_checked_before_anything_is_cancelled(root: Path) -> None:
+    live = make_run(root, "live", "7", T0)
+    slurm = Cluster("7|RUNNING|None|node1\n")
+    with pytest.raises(UserError, match="no run 'nope'"):
+        cancel(["live", "nope"], SlurmClient(slurm))
+    assert slurm.scancels() == [] and not (live / "cancel.json").exists()
+
+
+def test_a_job_killed_before_anyone_concluded_it_is_concluded_by_cancel(root: Path) -> None:
+    """Cancelled 2 s after its start: the ranks were importing torch, no step boundary came,
+    SIGKILL followed SIGTERM, the batch shell never reached its end hook."""
+    attempt = {"attempt": 0, "job_id": "7", "nodes": "node1", "start": T0, "resumed_from": None}
+    run = make_run(root, "early", "7", T0, attempts=[attempt])
+    slurm = Cluster("7|RUNNING|None|node1\n", after="7|CANCELLED|None|node1\n")
+    assert cancel(["early"], SlurmClient(slurm), wait_s=5) == [
+        "early: cancelled job 7: cancelled before any checkpoint"
+    ]
+    assert slurm.scancels() == [["scancel", "7"]]
+    (record,) = json.loads((run / "attempts.json").read_text())
+    assert record["cause"] == "cancelled" and "end" in record
+    outcome = json.loads((run / "outcome.json").read_text())
+    assert (outcome["state"], outcome["reason"]) == ("CANCELLED", "cancelled before any checkpoint")
+    # A pending one never started at all.
+    make_run(root, "queued", "8", T0)
+    slurm = Cluster("8|PENDING|Priority|\n")
+    assert cancel(["queued"], SlurmClient(slurm)) == [
+        "queued: cancelled job 8: cancelled before it started"
+    ]
+
+
+def test_rank0_s_conclusion_is_kept(root: Path) -> None:
+    """The ranks saved on the SIGTERM and rank 0 recorded the outcome: cancel reports it."""
+    run = make_run(root, "saved", "9", T0, attempts=[{"attempt": 0, "start": T0}])
+    slurm = Cluster("9|RUNNING|None|node1\n")
+
+    def rank0_concludes(argv: list[str]):  # type: ignore[no-untyped-def]
+        if argv[0] == "scancel":
+            (run / "outcome.json").write_text(
+                json.dumps({"state": "CANCELLED", "reason": "cancelled, saved step 766"})
+            )
+        return slurm._answer(argv)
+
+    slurm.on_run = rank0_concludes
+    assert cancel(["saved"], SlurmClient(slurm)) == [
+        "saved: cancelled job 9: cancelled, saved step 766"
+    ]
+
+
+def test_a_sweep_is_cancelled_as_a_whole_without_creating_member_dirs(root: Path) -> None:
+    runner = FakeRunner({("sbatch",): sbatch_ids("374", "380"), ("git",): ok()})
+    prepared, _ = submitted_sweep(root.parent, runner, members=5, max_size=3)
+    members = prepared.sweep_dir / "members"
+    start(members / "0", "374_0")
+    queue = (
+        "374_0|RUNNING|None|node1\n374_1|PENDING|JobArrayTaskLimit|\n"
+        "374_2|PENDING|JobArrayTaskLimit|\n380_0|PENDING|Priority|\n380_1|PENDING|Priority|\n"
+    )
+    slurm = Cluster(queue)
+    # One member first, by the id status prints: it has not started, so it gets no directory.
+    assert cancel(["sw/3"], SlurmClient(slurm)) == ["sw/3: cancelled job 380_0 before it started"]
+    assert slurm.scancels() == [["scancel", "380_0"]] and not (members / "3").exists()
+    slurm = Cluster(queue.replace("380_0|PENDING|Priority|\n", "380_0|CANCELLED|None|\n"))
+    assert cancel(["sw"], SlurmClient(slurm)) == [
+        "sw: cancelled 4 member(s) (3 pending, 1 running; array 374, 380); 1 had ended already"
+    ]
+    assert slurm.scancels() == [["scancel", "374", "380"]]
+    assert sorted(p.name for p in members.iterdir() if not p.name.startswith(".")) == ["0"]
+    # Long after (the controller forgot the jobs, no accounting): every member stays CANCELLED.
+    rows = collect(("sw",), Cluster("", sacct=""))
+    assert [(r.run_id, r.state) for r in rows] == [(f"sw/{i}", "CANCELLED") for i in range(5)]
+    # A task that started in the instant before scancel finds its cancel in its new directory.
+    assert (materialize(prepared.sweep_dir, 2, "374_2", "0") / "cancel.json").is_file()
