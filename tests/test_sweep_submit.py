@@ -132,17 +132,19 @@ def test_submit_writes_o1_files_and_members_start_lazily(tmp_path: Path) -> None
 def test_no_sbatch_before_the_commit_point_is_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ddlaunch.sweeps.submit as sweep_submit
+    import ddlaunch.sweeps.directory as sweep_directory
 
     def disk_full(*_: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(sweep_submit, "_commit", disk_full)
+    monkeypatch.setattr(sweep_directory, "_commit", disk_full)
     runner = FakeRunner({("sbatch",): sbatch_ids("500", "501"), ("git",): ok()})
     with pytest.raises(OSError, match="No space left"):
         submitted_sweep(tmp_path, runner)
     assert not [c for c in runner.calls if c[0] == "sbatch"]
     assert not is_sweep_dir(tmp_path / "runs" / "sw")
+    # Built under a temporary name: nothing at all is left, not even a hidden directory.
+    assert os.listdir(tmp_path / "runs") == []
 
 
 def test_member_dir_made_by_a_command_or_by_mkdir_p_first(tmp_path: Path) -> None:

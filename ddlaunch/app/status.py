@@ -28,7 +28,7 @@ from ddlaunch.app.runs import (
 )
 from ddlaunch.policy.requeue import HEALTH_CAUSES
 from ddlaunch.slurm import queue
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.client import SlurmClient, SlurmUnreachable
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import sweeps
 from ddlaunch.store.rundir import config_path, default_run_root, is_run_dir
@@ -240,16 +240,24 @@ def poll(
         infos.append(info)
     reader.save()
     job_ids = [i.job_id for i in infos if i.job_id]
-    queue = client.status_rows(job_ids, form) if job_ids else {}
+    try:
+        queue = client.status_rows(job_ids, form) if job_ids else {}
+    except SlurmUnreachable as exc:  # the run directories still say what they know
+        queue, unreachable = {}, f"Slurm unreachable ({exc.detail})"
+    else:
+        unreachable = ""
     gone = [i.job_id for i in infos if i.job_id and i.job_id not in queue and needs_accounting(i)]
-    accounted = client.accounting_rows(gone) if gone else {}
+    accounted = client.accounting_rows(gone) if gone and not unreachable else {}
     now = time.time() if now is None else now
-    return [
+    rows = [
         run_status(
             info, queue.get(info.job_id or "") or accounted.get(info.job_id or ""), None, now
         )
         for info in infos
     ]
+    for row in rows if unreachable else ():
+        row.reason = unreachable if row.job_id else row.reason
+    return rows
 
 
 def resolve(

@@ -64,8 +64,23 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
+def _interrupted(exc: BaseException | None) -> None:
+    """SIGINT/SIGTERM: say what the interrupt left behind (the verbs add it as notes)."""
+    from ddlaunch.app.interrupts import Interrupted
+
+    if isinstance(exc, Interrupted):
+        notes = "; ".join(getattr(exc, "__notes__", []))
+        sys.stderr.write(f"interrupted ({exc.signame})" + (f": {notes}" if notes else "") + "\n")
+        sys.exit(exc.exit_code)
+    sys.stderr.write("aborted\n")
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> Any:
+    from ddlaunch.app import interrupts
+
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    interrupts.install()  # SIGTERM unwinds like Ctrl-C: the verbs leave consistent records
     try:
         return cli.main(args=argv, prog_name="ddlaunch", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -73,9 +88,8 @@ def main(argv: list[str] | None = None) -> Any:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.stderr.write("aborted\n")
-        sys.exit(130)
+    except click.exceptions.Abort as exc:
+        _interrupted(exc.__cause__)
     except UserError as exc:
         if debug:
             import traceback  # lazy: only --debug needs it
@@ -83,8 +97,8 @@ def main(argv: list[str] | None = None) -> Any:
             traceback.print_exc()
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
     except Exception:  # last resort: a bug, not a user mistake
         if debug:
             import traceback  # lazy: only --debug needs it

@@ -7,7 +7,7 @@ import shutil
 
 import click
 
-from ddlaunch.cli.options import set_option
+from ddlaunch.cli.options import force_option, set_option
 
 
 @click.command("resume")
@@ -16,36 +16,54 @@ from ddlaunch.cli.options import set_option
 @set_option
 @click.option("--local", is_flag=True, help="Resume as local processes instead of on Slurm.")
 @click.option("--dry-run", is_flag=True, help="Print the script and sbatch argv only.")
+@force_option
 def command(
-    run: str, nodes: int | None, overrides: tuple[str, ...], local: bool, dry_run: bool
+    run: str,
+    nodes: int | None,
+    overrides: tuple[str, ...],
+    local: bool,
+    dry_run: bool,
+    force: bool,
 ) -> None:
     """Resubmit RUN (finished, failed or cancelled) in its own run directory.
 
     The job restores the latest *complete* checkpoint (DCP metadata and commit marker both
     present), so `--nodes` may differ from the original node count. `--set` changes any
-    key, e.g. `--set params.steps=600` to train further. Discovery needs no torch.
+    key, e.g. `--set params.steps=600` to train further. Discovery needs no torch. One
+    resume of a run at a time: a second one fails with "already being resumed".
     """
-    from ddlaunch.app.resume import prepare_resume, refuse_if_active, rewrite
+    from ddlaunch.app.resume import prepare_resume, refuse_if_active, resuming, rewrite
 
-    resumption = prepare_resume(run, overrides, nodes)
-    prepared, info = resumption.prepared, resumption.info
+    here = local or shutil.which("sbatch") is None
     if dry_run:
-        click.echo(prepared.script, nl=False)
+        resumption = prepare_resume(run, overrides, nodes)
+        click.echo(resumption.prepared.script, nl=False)
         click.echo(f"# resumes from {resumption.origin}")
         return
-    here = local or shutil.which("sbatch") is None
+    facts = None
     if not here:
-        from ddlaunch.slurm.client import SlurmClient
+        from ddlaunch.app.facts import probe
 
-        refuse_if_active(info, SlurmClient())
-    rewrite(resumption)
-    click.echo(f"resuming {info.run_id} from {resumption.origin}")
-    if here:
-        from ddlaunch.cli.local import run_here
+        facts, warnings = probe()
+        for line in warnings:
+            click.echo(f"warning: {line}", err=True)
+    with resuming(run) as path:
+        resumption = prepare_resume(str(path), overrides, nodes, facts=facts, force=force)
+        for line in resumption.warnings:
+            click.echo(f"warning: {line}", err=True)
+        prepared, info = resumption.prepared, resumption.info
+        if not here:
+            from ddlaunch.slurm.client import SlurmClient
 
-        run_here(resumption.run_dir.path, prepared.config)
-        return
-    from ddlaunch.app.submit import submit_to_slurm
+            refuse_if_active(info, SlurmClient())
+        rewrite(resumption)
+        click.echo(f"resuming {info.run_id} from {resumption.origin}")
+        if here:
+            from ddlaunch.cli.local import run_here
 
-    submitted = submit_to_slurm(prepared, workdir=os.getcwd(), run_dir=resumption.run_dir)
-    click.echo(f"run {submitted.run_id}  job {submitted.job_id}")
+            run_here(resumption.run_dir.path, prepared.config)
+            return
+        from ddlaunch.app.submit import submit_to_slurm
+
+        submitted = submit_to_slurm(prepared, workdir=os.getcwd(), run_dir=resumption.run_dir)
+        click.echo(f"run {submitted.run_id}  job {submitted.job_id}")

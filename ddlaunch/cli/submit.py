@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import TYPE_CHECKING
 
 import click
 
-from ddlaunch.cli.options import config_argument, set_option
+from ddlaunch.cli.options import config_argument, force_option, set_option
+
+if TYPE_CHECKING:
+    from ddlaunch.app.prepare import Submission
+    from ddlaunch.planning.plan import ClusterFacts
 
 
 @click.command("submit")
@@ -25,27 +30,49 @@ from ddlaunch.cli.options import config_argument, set_option
     "no sbatch is on PATH).",
 )
 @click.option("--run-root", help="Create the run directory under this folder.")
+@force_option
 def command(
-    config: str, overrides: tuple[str, ...], dry_run: bool, local: bool, run_root: str | None
+    config: str,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    local: bool,
+    run_root: str | None,
+    force: bool,
 ) -> None:
     """Submit CONFIG to Slurm and print the run id and job id.
 
     CONFIG is a YAML file or a shipped preset name such as examples/mlp. The run directory
     (mode 0700) keeps the resolved config, the script, the git state and the job ids.
-    `submit` returns as soon as sbatch has accepted the job.
+    Before sbatch, the job is checked against its partition (one sinfo call) and what it
+    runs (script, entry point, interpreter): one that could never run is refused, with
+    the numbers. `submit` returns as soon as sbatch has accepted the job.
     """
     from ddlaunch.app.prepare import prepare_submission
     from ddlaunch.planning.plan import format_argv
 
     workdir = os.getcwd()
-    prepared, exclude = prepare_submission(config, overrides, run_root=run_root, workdir=workdir)
+    here = local or shutil.which("sbatch") is None
+    # --dry-run asks nothing of Slurm (it works offline, like render).
+    facts, warnings = (None, []) if here or dry_run else _probe()
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
+
+    def prepare() -> Submission:
+        return prepare_submission(
+            config, overrides, run_root=run_root, workdir=workdir, facts=facts, force=force
+        )
+
+    submission = prepare()
+    for line in submission.warnings:
+        click.echo(f"warning: {line}", err=True)
+    prepared, exclude = submission.prepared, submission.excluded
     if exclude:
         click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
     if dry_run:
         click.echo(prepared.script, nl=False)
         click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")
         return
-    if local or shutil.which("sbatch") is None:
+    if here:
         if not local:
             click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
         from ddlaunch.app.submit import create_run_dir
@@ -59,6 +86,12 @@ def command(
         return
     from ddlaunch.app.submit import submit_to_slurm
 
-    submitted = submit_to_slurm(prepared, workdir=workdir)
+    submitted = submit_to_slurm(prepared, workdir=workdir, reprepare=lambda: prepare().prepared)
     click.echo(f"run {submitted.run_id}  job {submitted.job_id}")
     click.echo(f"run dir: {submitted.run_dir}")
+
+
+def _probe() -> tuple[ClusterFacts, list[str]]:
+    from ddlaunch.app.facts import probe
+
+    return probe()

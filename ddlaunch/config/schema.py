@@ -19,6 +19,11 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
         re.compile(r"^[A-Za-z0-9_.:+@=,/%-]+$"),
         "letters, digits and _ . : + @ = , / % -",
     ),
+    "name": (
+        re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$"),
+        "letters, digits and _ . + - (not starting with . or -; it becomes part of the run "
+        "directory's name)",
+    ),
     "constraint": (
         re.compile(r"^[A-Za-z0-9_.:,&|!()\[\]*-]+$"),
         "a Slurm constraint expression (letters, digits and _ . : , & | ! ( ) [ ] * -)",
@@ -56,7 +61,9 @@ def opt(default: Any = None, doc: str = "", **checks: Any) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    name: str = opt("ddlaunch", "Slurm job name (--job-name).", pattern="slurm_token")
+    name: str = opt(
+        "ddlaunch", "Slurm job name (--job-name); the run id starts with it.", pattern="name"
+    )
     partition: str | None = opt(
         None, "Partition to submit to; cluster default when unset.", pattern="slurm_token"
     )

@@ -50,7 +50,13 @@ class HookSettings:
         )
 
 
-def start(run_dir: Path, client: Any, attempt: AttemptId, env: Mapping[str, str]) -> None:
+def start(
+    run_dir: Path,
+    client: Any,
+    attempt: AttemptId,
+    env: Mapping[str, str],
+    settings: HookSettings = HookSettings(),
+) -> None:
     records = attempts.load(run_dir)
     step = committed_step(run_dir)
     if records and attempts.is_open(records[-1]):
@@ -68,6 +74,8 @@ def start(run_dir: Path, client: Any, attempt: AttemptId, env: Mapping[str, str]
         if blamed:
             why = "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
             exclusions.add_excluded(run_dir, blamed, why)
+            # A node Slurm declared down is evidence about the node: my later jobs avoid it.
+            badnodes.record(blamed, why, settings.bad_node_ttl_hours, f"run {run_dir.name}")
     nodes = env.get("SLURM_JOB_NODELIST", "")
     records.append(
         attempts.new_record(
@@ -89,20 +97,25 @@ class Ending:
 
 
 def crash_or_node_failure(
-    run_dir: Path, nodes: list[str], attempt: AttemptId, client: Any, ranks_per_node: int
+    run_dir: Path, nodes: list[str], attempt: AttemptId, client: Any, settings: HookSettings
 ) -> Ending:
     """srun may return before Slurm notices a dead node: blame nodes Slurm reports as bad or
-    whose slurmd stopped answering, and keep them out of the next attempt."""
-    blamed, why = blame_nodes(run_dir, nodes, attempt, client, ranks_per_node)
+    whose slurmd stopped answering, and keep them out of the next attempt (and, being
+    evidence about the node, out of my later jobs: the bad-node list)."""
+    blamed, why = blame_nodes(run_dir, nodes, attempt, client, settings.ranks_per_node)
     if not blamed:
         return Ending(policy.CAUSE_CRASH)
     exclusions.add_excluded(run_dir, blamed, "node failure: " + why)
+    source = f"run {run_dir.name}"
+    badnodes.record(blamed, "node failure: " + why, settings.bad_node_ttl_hours, source)
     return Ending(policy.CAUSE_NODE_FAILURE, blamed)
 
 
 def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: HookSettings) -> Ending | None:
     """The watchdog ended this attempt (hang or straggler): its verdict names the cause and
-    the nodes to exclude."""
+    the nodes to exclude from this run. A straggler is evidence about its node (the
+    bad-node list takes it); a hang only makes the node a suspect (``badnodes.suspect``):
+    a rank stuck in the training code's own frames hangs on any node."""
     verdict = watchdog_records.read_verdict(run_dir, attempt)
     if not verdict:
         return None
@@ -112,7 +125,9 @@ def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: HookSettings) -
     if blamed:
         exclusions.add_excluded(run_dir, blamed, f"{cause}: {detail}")
         source = f"run {run_dir.name}"
-        badnodes.record(blamed, f"{cause}: {detail}", settings.bad_node_ttl_hours, source)
+        hang = cause == policy.CAUSE_HANG
+        ttl = settings.bad_node_ttl_hours
+        badnodes.record(blamed, f"{cause}: {detail}", ttl, source, suspected=hang)
     return Ending(cause, blamed, {"health": detail})
 
 
@@ -144,7 +159,7 @@ def end(
             ending = Ending(policy.CAUSE_COMPLETED)
         else:
             ending = watchdog_ending(run_dir, attempt, settings) or crash_or_node_failure(
-                run_dir, nodes, attempt, client, settings.ranks_per_node
+                run_dir, nodes, attempt, client, settings
             )
     conclusion = conclude(
         run_dir,
@@ -173,13 +188,20 @@ def main(argv: list[str] | None = None) -> int:
         start_task(run_dir)
     client = SlurmClient()
     if args.hook == "start":
-        start(run_dir, client, attempt, os.environ)
+        start(run_dir, client, attempt, os.environ, _settings(run_dir))
         return 0
     if args.hook == "preflight":
         nodes = expand(os.environ.get("SLURM_JOB_NODELIST", ""))
         return preflight_hook(run_dir, client, attempt, nodes)
-    settings = HookSettings.from_tree(read_config_tree(run_dir))
-    return end(run_dir, args.exit_code, client, attempt, settings)
+    return end(run_dir, args.exit_code, client, attempt, _settings(run_dir))
+
+
+def _settings(run_dir: Path) -> HookSettings:
+    try:
+        return HookSettings.from_tree(read_config_tree(run_dir))
+    except Exception as exc:  # an unreadable config must not cost the attempt its record
+        print(f"[ddlaunch] warning: {run_dir / 'config.yaml'}: {exc}; defaults used", flush=True)
+        return HookSettings()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 
 from ddlaunch.config.schema import Config
 from ddlaunch.planning import fabric, topology
+from ddlaunch.slurm.partitions import PartitionFacts
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
 
 
@@ -48,10 +49,13 @@ class ArraySpec:
 
 @dataclass(frozen=True)
 class ClusterFacts:
-    """What was probed from the cluster at the edge (all optional: rendering works offline)."""
+    """What was probed from the cluster at the edge (all optional: rendering works offline).
+    ``partitions``: every partition's nodes and limits (one sinfo call; empty: not probed),
+    for ``planning.feasibility``."""
 
     slurm_version: str | None = None
     max_array_size: int | None = None
+    partitions: tuple[PartitionFacts, ...] = ()
 
 
 @dataclass(frozen=True)
