@@ -23,8 +23,8 @@ def probe(max_array_size: bool = False) -> tuple[ClusterFacts, list[str]]:
         partitions = tuple(client.partitions())
     except SlurmError as exc:
         return ClusterFacts(), [
-            f"could not ask Slurm for its partitions ({exc.detail}); the job is not "
-            "checked against them"
+            f"could not ask Slurm for its partitions and nodes ({exc.detail}); nothing "
+            "is checked against them"
         ]
     size = None
     if max_array_size:

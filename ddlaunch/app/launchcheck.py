@@ -19,6 +19,7 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.machinery import PathFinder
 from pathlib import Path
@@ -59,9 +60,15 @@ def _this_interpreter(python: str) -> bool:
     return Path(found).absolute().parent == mine.parent and os.path.samefile(found, mine)
 
 
-def check_launch(cfg: Config, workdir: str) -> Findings:
+def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.environ) -> Findings:
     launch = cfg.launch
     found = Findings()
+    missing = [n for n in launch.env_from_submit if n not in environ]
+    if missing:
+        found.errors.append(
+            f"launch.env_from_submit: {', '.join(missing)} not set in this shell (sbatch "
+            "passes each one's value from here)"
+        )
     where = Path(launch.workdir or workdir)
     if launch.script:
         script = where / launch.script

@@ -238,6 +238,12 @@ class FaultToleranceSpec:
     max_requeues: int = opt(
         3, "Most requeues of one run; each must have advanced the step.", range=(0, 1000)
     )
+    on_save_failure: str = opt(
+        "stop",
+        "When a checkpoint save fails on any rank (a full disk): stop the run (its outcome "
+        "says why), or continue training and try again at the next save.",
+        choices=("stop", "continue"),
+    )
     signal: str = opt(
         "USR2",
         "Signal sent ahead of the time limit (USR1, USR2, TERM, INT, HUP, "
@@ -312,6 +318,12 @@ class LaunchSpec:
     python: str = opt("python3", "Python interpreter on the compute nodes.")
     env: dict[str, str] = opt(
         {}, "Environment variables for every rank (they win over fabric defaults)."
+    )
+    env_from_submit: tuple[str, ...] = opt(
+        [],
+        "Variables passed by name from the submitting shell to the job (sbatch --export), "
+        "e.g. tokens: their values are never written into the run directory or the script.",
+        pattern="env_name",
     )
     setup: tuple[str, ...] = opt(
         [],

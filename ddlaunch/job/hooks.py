@@ -25,7 +25,7 @@ from ddlaunch.job.preflight import preflight_hook, preflight_outcome
 from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, badnodes, exclusions
+from ddlaunch.store import attempts, badnodes, exclusions, outcome
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import committed_step, read_config_tree
@@ -144,8 +144,10 @@ def end(
         return exit_code
     current = records[-1]
     if not attempts.is_open(current):
-        # Closed by rank 0 already: it saved on the signal and requeued the job itself.
-        return 0
+        # Closed by rank 0 already: it saved on the signal and requeued the job itself, or
+        # it stopped the run (a checkpoint save failed): Slurm's state should say which.
+        ended = outcome.read_outcome(run_dir) or {}
+        return 1 if ended.get("state") == policy.FAILED else 0
     nodes = expand(current.get("nodes", ""))
     if cancel_reason(run_dir) is not None:
         ending = Ending(policy.CAUSE_CANCELLED)

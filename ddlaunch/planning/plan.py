@@ -75,6 +75,8 @@ class LaunchPlan:
     signal: str
     python: str
     array: ArraySpec | None = None  # set for a sweep's job array; run_dir is the sweep dir
+    # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
+    env_from_submit: tuple[str, ...] = ()
 
     @property
     def script_path(self) -> str:
@@ -180,10 +182,15 @@ def make_plan(
         # logs through SLURM_STDOUTMODE / SLURM_STDERRMODE, which srun reads when the
         # command line has no --output / --error.
         rank_logs = ()
+    # sbatch takes each named variable's value from its own environment: the values never
+    # reach the script, the run directory or the intent record (which keeps this argv).
+    passed = cfg.launch.env_from_submit
+    export = (f"--export={','.join(('ALL', *passed))}",) if passed else ()
     sbatch_argv = (
         "sbatch",
         "--parsable",
         *submission,
+        *export,
         f"--chdir={cfg.launch.workdir or workdir}",
         script_path(run_dir, array),
     )
@@ -218,6 +225,7 @@ def make_plan(
         signal=cfg.fault_tolerance.signal,
         python=cfg.launch.python,
         array=array,
+        env_from_submit=tuple(passed),
     )
 
 

@@ -23,6 +23,7 @@ CAUSE_CANCELLED = "cancelled"
 CAUSE_PREFLIGHT = "preflight"
 CAUSE_HANG = "hang"
 CAUSE_STRAGGLER = "straggler"
+CAUSE_CHECKPOINT = "checkpoint save failed"  # on every rank together (a full disk)
 HEALTH_CAUSES = (CAUSE_PREFLIGHT, CAUSE_HANG, CAUSE_STRAGGLER)
 
 # The final states an outcome records.
