@@ -71,8 +71,8 @@ def requeue_excluding(
     job_id: str,
     nodes: Sequence[str],
     *,
-    patience_s: float = REQUEUE_PATIENCE_S,
-    sleep: Callable[[float], Any] = time.sleep,
+    patience_s: float | None = None,
+    sleep: Callable[[float], Any] | None = None,
 ) -> Requeued:
     """Requeue the running job so that its next start avoids ``nodes``.
 
@@ -82,7 +82,7 @@ def requeue_excluding(
     teardown sends SIGTERM to this process, which is ignored for the second or two this
     takes (SIGKILL follows only after KillWait). While the controller does not answer, each
     call is retried (``ddlaunch.slurm.retry``) for ``patience_s`` in all."""
-    retry = Retrier(patience_s, sleep=sleep)
+    retry = Retrier(REQUEUE_PATIENCE_S if patience_s is None else patience_s, sleep=sleep)
     try:
         if not nodes or retry(lambda: client.exclude_nodes(job_id, nodes), "scontrol update"):
             retry(lambda: client.requeue(job_id), "scontrol requeue")

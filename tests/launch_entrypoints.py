@@ -90,3 +90,13 @@ def mlp_raise_at(config: Any) -> dict[str, Any]:
             raise RuntimeError(f"deterministic failure at step {step}")
 
     return mlp.main(config, on_step=on_step)
+
+
+def secret_digest(config: Any) -> None:
+    """Record a digest of ``$DDL_TEST_SECRET`` (never the value): the variable reached the
+    ranks through ``launch.env_from_submit``."""
+    import hashlib
+
+    value = os.environ.get("DDL_TEST_SECRET")
+    digest = hashlib.sha256(value.encode()).hexdigest() if value is not None else None
+    _out(f"secret-{os.environ['RANK']}.json", {"sha256": digest})

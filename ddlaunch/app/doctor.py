@@ -194,7 +194,7 @@ def run_doctor(
     started(job_id, run.path)
     try:
         nodes_seen = wait_for_job(client, job_id, timeout, sleep, tell)
-    except interrupts.Interrupted as exc:
+    except KeyboardInterrupt as exc:
         with interrupts.deferred():
             _cancel_on_interrupt(client, job_id, run.path, exc)
         raise
@@ -205,15 +205,13 @@ def run_doctor(
     return DoctorRun(job_id, run.path, verdict_rows(evaluate(cfg, nodes, reports), reports))
 
 
-def _cancel_on_interrupt(
-    client: Any, job_id: str, run_dir: Path, exc: interrupts.Interrupted
-) -> None:
+def _cancel_on_interrupt(client: Any, job_id: str, run_dir: Path, exc: KeyboardInterrupt) -> None:
     try:
         client.cancel([job_id])
     except UserError as error:
         exc.add_note(f"doctor job {job_id} could not be cancelled ({error}): scancel {job_id}")
         return
-    outcome.write_outcome(run_dir, "CANCELLED", f"interrupted by {exc.signame}")
+    outcome.write_outcome(run_dir, "CANCELLED", f"interrupted by {interrupts.signal_name(exc)}")
     exc.add_note(f"doctor job {job_id} cancelled")
 
 

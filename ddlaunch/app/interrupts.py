@@ -30,9 +30,10 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(signame)
         self.signame = signame
 
-    @property
-    def exit_code(self) -> int:
-        return 128 + int(signal.Signals[self.signame])
+
+def signal_name(exc: KeyboardInterrupt) -> str:
+    """The signal behind an interrupt: SIGTERM or SIGINT (a plain KeyboardInterrupt)."""
+    return exc.signame if isinstance(exc, Interrupted) else "SIGINT"
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:

@@ -129,7 +129,7 @@ def submit_to_slurm(
         with interrupts.deferred():
             job_id = _sbatch_and_record(client, run_dir.path, prepared, intent, previous)
         _pickle_or_withdraw(client, run_dir.path, job_id, intent)
-    except interrupts.Interrupted as exc:
+    except KeyboardInterrupt as exc:
         if run_dir is not None:
             with interrupts.deferred():  # the clean-up itself is not cut short
                 _interrupted(client, run_dir, job_id, intent, exc, fresh)
@@ -162,7 +162,7 @@ def _pickle_or_withdraw(
 ) -> None:
     try:
         write_rank_pickle(run_dir, job_id)
-    except interrupts.Interrupted:
+    except KeyboardInterrupt:
         raise
     except BaseException as exc:
         # Without its pickle the job cannot run: take it back rather than let it fail later.
@@ -178,11 +178,11 @@ def _interrupted(
     run_dir: RunDir,
     job_id: str | None,
     intent: dict[str, Any],
-    exc: interrupts.Interrupted,
+    exc: KeyboardInterrupt,
     fresh: bool,
 ) -> None:
     """Leave records that say what the interrupt did (see the module docstring)."""
-    path, why = run_dir.path, f"interrupted by {exc.signame}"
+    path, why = run_dir.path, f"interrupted by {interrupts.signal_name(exc)}"
     if job_id is None:
         if fresh:
             import shutil  # lazy: only an interrupted submit removes a directory

@@ -66,14 +66,17 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def _interrupted(exc: BaseException | None) -> None:
     """SIGINT/SIGTERM: say what the interrupt left behind (the verbs add it as notes)."""
-    from ddlaunch.app.interrupts import Interrupted
+    import signal
 
-    if isinstance(exc, Interrupted):
-        notes = "; ".join(getattr(exc, "__notes__", []))
-        sys.stderr.write(f"interrupted ({exc.signame})" + (f": {notes}" if notes else "") + "\n")
-        sys.exit(exc.exit_code)
-    sys.stderr.write("aborted\n")
-    sys.exit(130)
+    from ddlaunch.app.interrupts import signal_name
+
+    if not isinstance(exc, KeyboardInterrupt):
+        sys.stderr.write("aborted\n")  # click's own Abort (an EOF at a prompt)
+        sys.exit(130)
+    name = signal_name(exc)
+    notes = "; ".join(getattr(exc, "__notes__", []))
+    sys.stderr.write(f"interrupted ({name})" + (f": {notes}" if notes else "") + "\n")
+    sys.exit(128 + int(signal.Signals[name]))
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -78,16 +78,18 @@ def _fits(cfg: Config, part: PartitionFacts, node: str) -> bool:
 def _enough_nodes(cfg: Config, part: PartitionFacts, excluded: Mapping[str, str]) -> list[str]:
     where = f"partition {part.name}"
     fitting = [n for n in part.nodes if _fits(cfg, part, n)]
-    kind = f" with {cfg.nodes.gpus_per_node} GPUs" if cfg.nodes.gpus_per_node else ""
+    gpus = cfg.nodes.gpus_per_node
+    kind = f" with {gpus} GPU{'s' if gpus > 1 else ''} or more" if gpus else ""
+    has = f"{where} has {len(fitting)} node{'s' if len(fitting) != 1 else ''}{kind}"
     wanted = cfg.nodes.count
     if len(fitting) < wanted:
-        return [f"nodes.count: {wanted} nodes, but {where} has {len(fitting)}{kind}"]
+        return [f"nodes.count: {wanted} nodes, but {has}"]
     out = sorted(n for n in fitting if n in excluded)
     if len(fitting) - len(out) >= wanted:
         return []
     lines = [
-        f"nodes.count: {wanted} nodes, but {where} has {len(fitting)}{kind} and "
-        f"{len(out)} of them are excluded, which leaves {len(fitting) - len(out)}:"
+        f"nodes.count: {wanted} nodes, but {has} and {len(out)} of them are excluded, "
+        f"which leaves {len(fitting) - len(out)}:"
     ]
     return lines + [f"  {node}: {excluded[node]}" for node in out]
 

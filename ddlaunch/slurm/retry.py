@@ -42,11 +42,11 @@ class Retrier:
         self,
         patience_s: float,
         *,
-        sleep: Callable[[float], Any] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.patience_s = patience_s
-        self.sleep, self.clock = sleep, clock
+        self.sleep, self.clock = sleep or time.sleep, clock or time.monotonic
         self.retries = Retries()
         self._start: float | None = None
 

@@ -211,7 +211,7 @@ def _submit_or_withdraw(
     try:
         with interrupts.deferred():
             outcomes = submit_arrays(sweep_dir, arrays, sources, client, tick, existing)
-    except interrupts.Interrupted as exc:
+    except KeyboardInterrupt as exc:
         with interrupts.deferred():
             _withdraw(sweep_dir, outcomes, client, exc, existing)
         raise
@@ -222,7 +222,7 @@ def _withdraw(
     sweep_dir: Path,
     outcomes: Sequence[ArrayOutcome],
     client: SlurmClient,
-    exc: interrupts.Interrupted,
+    exc: KeyboardInterrupt,
     existing: bool,
 ) -> None:
     submitted = [o for o in outcomes if o.job_id]
@@ -238,7 +238,7 @@ def _withdraw(
             f"they are recorded in {sweep_dir}"
         )
         return
-    why = f"interrupted by {exc.signame} during the submission; cancelled"
+    why = f"interrupted by {interrupts.signal_name(exc)} during the submission; cancelled"
     for o in submitted:
         path = sweep_dir / ARRAYS_DIR / f"{o.name}.json"
         record = fsutil.read_json(path, {}) or {}
