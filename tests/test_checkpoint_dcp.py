@@ -204,12 +204,15 @@ def test_a_full_disk_on_one_rank_fails_every_rank_with_the_reason(
 ) -> None:
     for obs in observed["w2"]:
         # Rank 0's own write succeeded: it words the failure as rank 1 does.
-        assert obs["retain.failed_reason"].startswith("checkpoint save failed: no space left on ")
+        assert str(obs["retain.failed_reason"]).startswith(
+            "checkpoint save failed: no space left on "
+        )
         assert obs["retain.failed_reason"].endswith("/retain")
 
 
 def test_session_stops_or_continues_after_a_failed_save(observed: dict[str, Any]) -> None:
     for obs in observed["w2"]:
+        assert "session.error" not in obs, obs["session.error"]
         # stop (async): the save of step 4 fails when it is committed, at the first
         # boundary where every rank's write is done and at the latest at the next save;
         # every rank leaves the loop there with the same reason, nothing after step 2.

@@ -58,7 +58,7 @@ def test_parse_recorded_sinfo() -> None:
         ),
         (
             ["job.partition=gpu"],
-            ["job.partition: no partition 'gpu' (the cluster has debug, ddltest)"],
+            ["job.partition: no partition 'gpu' (the cluster has ddltest, debug)"],
         ),
         (
             ["job.partition=ddltest", "nodes.count=2", "job.time=01:00:00"],
@@ -72,7 +72,7 @@ def test_parse_recorded_sinfo() -> None:
             ["job.time: UNLIMITED is longer than partition ddltest's MaxTime=00:30:00"],
         ),
         (
-            ["nodes.cpus_per_task=5"],
+            ["cluster.cpus_per_node=null", "nodes.cpus_per_task=5"],
             [
                 "nodes.cpus_per_task: 10 CPUs per node (2 ranks), but the nodes of partition "
                 "debug have at most 8"

@@ -14,8 +14,7 @@ from support.fakes import FakeRunner, failed, ok
 from ddlaunch.app.status import Target, poll
 from ddlaunch.conclude import conclude
 from ddlaunch.runner import CommandResult
-from ddlaunch.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
-from ddlaunch.slurm.retry import Retrier
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 
@@ -34,6 +33,8 @@ def timed_out(argv: tuple[str, ...]) -> CommandResult:
 
 
 def test_unreachable_is_told_from_a_refusal() -> None:
+    from ddlaunch.slurm.client import SlurmError, SlurmUnreachable
+
     client = SlurmClient(FakeRunner({("squeue",): failed(KILLED["squeue"])}))
     with pytest.raises(SlurmUnreachable) as info:
         client.status_rows(["5"])
@@ -99,6 +100,9 @@ def test_status_shows_every_run_while_slurm_is_unreachable_then_recovers(tmp_pat
 
 
 def test_retrier_backs_off_while_unreachable_and_not_on_a_refusal() -> None:
+    from ddlaunch.slurm.client import SlurmError, SlurmUnreachable
+    from ddlaunch.slurm.retry import Retrier
+
     naps: list[float] = []
     retry = Retrier(45, sleep=naps.append, clock=lambda: sum(naps))
     answers = iter([KILLED["requeue"]] * 3 + [None])

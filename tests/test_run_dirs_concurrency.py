@@ -5,6 +5,7 @@ The same on the dev cluster: ``test_concurrency_slurm.py``."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -18,7 +19,6 @@ from support.fakes import FakeRunner, ok
 
 from ddlaunch.app import submit as app_submit
 from ddlaunch.app.prepare import prepare
-from ddlaunch.store import lock
 from ddlaunch.store.rundir import new_run_id
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,17 +68,23 @@ def test_a_second_resume_is_refused_while_one_runs(tmp_path: Path) -> None:
         "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
         "PATH": os.path.dirname(sys.executable),  # no sbatch here: a local resume
     }
-    with lock.exclusive(run, "resumed", f"run {run.name}"):
+    # What a running `resume` holds: an exclusive flock of the run's lock file.
+    with open(run / ".ddlaunch.lock", "w") as held:
+        held.write('{"verb": "resumed", "pid": 4321, "host": "login1", "time": 0}')
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
         proc = run_ddlaunch("resume", run.name, cwd=tmp_path, env=env)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(
-        f"error: run {run.name} is already being resumed (resumed by pid {os.getpid()} on "
+        f"error: run {run.name} is already being resumed (resumed by pid 4321 on login1 since "
     ), proc.stderr
     assert proc.stderr.rstrip().endswith("run the command again once that one has finished")
     assert not (run / "history").exists()  # nothing was touched
 
 
 def test_the_lock_of_a_killed_holder_is_free(tmp_path: Path) -> None:
+    from ddlaunch.store import lock
+
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
