@@ -72,7 +72,7 @@ class Watch:
 
 def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_path) -> None:
     config = mlp_config(
-        tmp_path, "ft-outage", params={"steps": 150, "step_sleep": 0.1}, job={"time": "00:08:00"}
+        tmp_path, "ft-outage", params={"steps": 250, "step_sleep": 0.1}, job={"time": "00:08:00"}
     )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 40, 180, "a committed step >= 40")
@@ -119,12 +119,14 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             assert rows[run_dir.name]["state"] == "UNKNOWN"
             assert rows[run_dir.name]["reason"].startswith("Slurm unreachable (")
             assert rows[refused.name]["state"] == "SUBMIT_FAILED"
-            seen = watch.wait("Slurm unreachable", seen, 60)
 
             # The controller dies, then the ranks: the end hook must keep the run.
             slurm_cluster.kill_controller()
-            for pid in slurm_cluster.rank_pids(run_dir):
+            ranks = slurm_cluster.rank_pids(run_dir)
+            assert len(ranks) >= 4, "the ranks finished before the outage: train longer"
+            for pid in ranks:
                 os.kill(pid, signal.SIGKILL)
+            seen = watch.wait("Slurm unreachable", seen, 60)
             try:
                 wait_for(
                     lambda: "Slurm unreachable (scontrol requeue)" in _batch_log(run_dir),
