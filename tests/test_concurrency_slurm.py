@@ -163,7 +163,9 @@ def test_two_concurrent_sweep_resubmits_submit_once(
 
 
 @pytest.mark.parametrize(
-    ("verb", "sig"), [("submit", signal.SIGINT), ("resume", signal.SIGTERM)], ids=str
+    ("verb", "sig"),
+    [("submit", signal.SIGINT), ("resume", signal.SIGTERM)],
+    ids=["submit-SIGINT", "resume-SIGTERM"],
 )
 def test_interrupt_while_sbatch_runs_cancels_and_records(
     slurm_cluster, slurm_job_cleanup, tmp_path, verb: str, sig: signal.Signals
