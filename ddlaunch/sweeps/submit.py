@@ -323,19 +323,21 @@ def resubmit_members(
 ) -> list[ArrayOutcome]:
     """Like ``ddlaunch resume`` for each member: the previous config and failure records go
     to ``history/``, the stale end records are removed, and the job restores the member's
-    latest complete checkpoint (its own directory)."""
+    latest complete checkpoint (its own directory). An interrupt waits until every chosen
+    member's records are rewritten: none is left half way."""
     cache: SectionCache = {}
-    for index, cfg in zip(indices, configs, strict=True):
-        # A member that never started (its array was refused or cancelled while pending)
-        # gets its directory now: its records follow the new array from here on.
-        run = materialize(sweep_dir, index)
-        archive(
-            run,
-            copy=(CONFIG_FILE,),
-            move=(FAILURES_DIR,),
-            remove=(OUTCOME_FILE, CANCEL_FILE, submission.INTENT_FILE),
-        )
-        put(run / CONFIG_FILE, config_text(cfg, cache))
+    with interrupts.deferred():
+        for index, cfg in zip(indices, configs, strict=True):
+            # A member that never started (its array was refused or cancelled while
+            # pending) gets its directory now: its records follow the new array from here.
+            run = materialize(sweep_dir, index)
+            archive(
+                run,
+                copy=(CONFIG_FILE,),
+                move=(FAILURES_DIR,),
+                remove=(OUTCOME_FILE, CANCEL_FILE, submission.INTENT_FILE),
+            )
+            put(run / CONFIG_FILE, config_text(cfg, cache))
     return _submit_or_withdraw(sweep_dir, arrays, sources, client, tick, True)
 
 
