@@ -173,3 +173,13 @@ def slow_start(config: Any) -> dict[str, Any]:
     _out(f"started-{os.environ['RANK']}.json", {"pid": os.getpid()})
     time.sleep(float(config.params["start_sleep"]))
     return mlp.main(config)
+
+
+def secret_digest(config: Any) -> None:
+    """Record a digest of ``$DDL_TEST_SECRET`` (never the value): the variable reached the
+    ranks through ``launch.env_from_submit``."""
+    import hashlib
+
+    value = os.environ.get("DDL_TEST_SECRET")
+    digest = hashlib.sha256(value.encode()).hexdigest() if value is not None else None
+    _out(f"secret-{os.environ['RANK']}.json", {"sha256": digest})

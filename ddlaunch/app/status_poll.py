@@ -33,7 +33,7 @@ from ddlaunch.app.status import (
     settled,
 )
 from ddlaunch.slurm import queue
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.client import SlurmClient, SlurmUnreachable
 from ddlaunch.store import sweeps
 from ddlaunch.store.members import member_of
 from ddlaunch.store.rundir import config_path, default_run_root, is_run_dir
@@ -77,9 +77,15 @@ def poll(
         infos.append(info)
     live = [i for i, t in zip(infos, targets, strict=True) if t.final is None]
     job_ids = [i.job_id for i in live if i.job_id]
-    queue = client.status_rows(job_ids, form) if job_ids else {}
-    gone = [i.job_id for i in live if i.job_id and i.job_id not in queue and needs_accounting(i)]
-    accounted = client.accounting_rows(gone) if gone else {}
+    unreachable = ""
+    try:
+        queue = client.status_rows(job_ids, form) if job_ids else {}
+        gone = [
+            i.job_id for i in live if i.job_id and i.job_id not in queue and needs_accounting(i)
+        ]
+        accounted = client.accounting_rows(gone) if gone else {}
+    except SlurmUnreachable as exc:  # the run directories still say what they know
+        queue, accounted, unreachable = {}, {}, f"Slurm unreachable ({exc.detail})"
     now = time.time() if now is None else now
     rows = []
     for info, target in zip(infos, targets, strict=True):
@@ -88,7 +94,9 @@ def poll(
             continue
         job = info.job_id or ""
         row = run_status(info, queue.get(job) or accounted.get(job), None, now)
-        if read is None and settled(info, row):
+        if unreachable and job:
+            row.reason = unreachable  # not a final state: nothing to cache
+        elif read is None and settled(info, row):
             reader.remember_final(info, row.state)
         rows.append(row)
     reader.save()

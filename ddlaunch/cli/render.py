@@ -25,9 +25,11 @@ def command(
     from ddlaunch.app.prepare import prepare_submission
 
     # The script names the code snapshot a submit would store (nothing is written).
-    prepared, exclude = prepare_submission(
-        config, overrides, run_root=run_root, run_id=run_id, snapshot="path"
+    # Offline, as --dry-run: no partition checks (submit makes them).
+    submission = prepare_submission(
+        config, overrides, run_root=run_root, run_id=run_id, snapshot="path", check=False
     )
+    prepared, exclude = submission.prepared, submission.excluded
     if exclude:
         click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
     for warning in prepared.plan.warnings:

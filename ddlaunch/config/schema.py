@@ -23,6 +23,11 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
         re.compile(r"^[A-Za-z0-9_.:+@=,/%-]+$"),
         "letters, digits and _ . : + @ = , / % -",
     ),
+    "name": (
+        re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$"),
+        "letters, digits and _ . + - (not starting with . or -; it becomes part of the run "
+        "directory's name)",
+    ),
     "constraint": (
         re.compile(r"^[A-Za-z0-9_.:,&|!()\[\]*-]+$"),
         "a Slurm constraint expression (letters, digits and _ . : , & | ! ( ) [ ] * -)",
@@ -60,7 +65,9 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    name: str = opt("ddlaunch", "Slurm job name (--job-name).", pattern="slurm_token")
+    name: str = opt(
+        "ddlaunch", "Slurm job name (--job-name); the run id starts with it.", pattern="name"
+    )
     partition: str | None = opt(
         None, "Partition to submit to; cluster default when unset.", pattern="slurm_token"
     )
@@ -294,6 +301,12 @@ class FaultToleranceSpec:
     max_requeues: int = opt(
         3, "Most requeues of one run; each must have advanced the step.", range=(0, 1000)
     )
+    on_save_failure: str = opt(
+        "stop",
+        "When a checkpoint save fails on any rank (a full disk): stop the run (its outcome "
+        "says why), or continue training and try again at the next save.",
+        choices=("stop", "continue"),
+    )
     signal: str = opt(
         "USR2",
         "Signal sent ahead of the time limit (USR1, USR2, TERM, INT, HUP, "
@@ -373,6 +386,12 @@ class LaunchSpec:
     python: str = opt("python3", "Python interpreter on the compute nodes.")
     env: dict[str, str] = opt(
         {}, "Environment variables for every rank (they win over fabric defaults)."
+    )
+    env_from_submit: tuple[str, ...] = opt(
+        [],
+        "Variables passed by name from the submitting shell to the job (sbatch --export), "
+        "e.g. tokens: their values are never written into the run directory or the script.",
+        pattern="env_name",
     )
     setup: tuple[str, ...] = opt(
         [],

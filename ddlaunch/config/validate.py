@@ -375,6 +375,15 @@ def _launch_rules(cfg: Config, b: _Builder) -> None:
     for name in launch.env:
         if not pattern.match(name):
             b.fail(("launch", "env", name), f"must be {expected}")
+    both = sorted(set(launch.env) & set(launch.env_from_submit))
+    if both:
+        b.fail(
+            ("launch", "env_from_submit"),
+            f"{', '.join(both)} also set in launch.env: a value there is written into the "
+            "script; keep it in one of the two",
+        )
+    if launch.env_from_submit and "export" in cfg.sbatch:
+        b.fail(("sbatch", "export"), "launch.env_from_submit sets --export; drop one of them")
 
 
 def _trainer_rules(cfg: Config, b: _Builder) -> None:

@@ -18,6 +18,7 @@ from ddlaunch.config.validate import parse_duration
 from ddlaunch.planning import fabric, topology
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR, Mount, container_launch
 from ddlaunch.planning.tracking import tracking_env
+from ddlaunch.slurm.partitions import PartitionFacts
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
 
 
@@ -52,10 +53,13 @@ class ArraySpec:
 
 @dataclass(frozen=True)
 class ClusterFacts:
-    """What was probed from the cluster at the edge (all optional: rendering works offline)."""
+    """What was probed from the cluster at the edge (all optional: rendering works offline).
+    ``partitions``: every partition's nodes and limits (one sinfo call; empty: not probed),
+    for ``planning.feasibility``."""
 
     slurm_version: str | None = None
     max_array_size: int | None = None
+    partitions: tuple[PartitionFacts, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,9 @@ class LaunchPlan:
     warnings: tuple[str, ...] = ()  # valid but slow choices, also printed by render/submit
     rank_command: str = ""  # what each rank runs, for the script's comment
     trainer_stop: TrainerStop | None = None
+
+    # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
+    env_from_submit: tuple[str, ...] = ()
 
     @property
     def script_path(self) -> str:
@@ -263,10 +270,15 @@ def make_plan(
         # logs through SLURM_STDOUTMODE / SLURM_STDERRMODE, which srun reads when the
         # command line has no --output / --error.
         rank_logs = ()
+    # sbatch takes each named variable's value from its own environment: the values never
+    # reach the script, the run directory or the intent record (which keeps this argv).
+    passed = cfg.launch.env_from_submit
+    export = (f"--export={','.join(('ALL', *passed))}",) if passed else ()
     sbatch_argv = (
         "sbatch",
         "--parsable",
         *submission,
+        *export,
         f"--chdir={ranks_dir}",
         script_path(run_dir, array),
     )
@@ -327,6 +339,7 @@ def make_plan(
         rank_command=rank_command(cfg, None if array else str(run)),
         trainer_stop=trainer_stop(cfg),
         **_notes(cfg),
+        env_from_submit=tuple(passed),
     )
 
 

@@ -30,6 +30,7 @@ CAUSE_TRAINER_STOP = "trainer stop"
 CAUSE_PREFLIGHT = "preflight"
 CAUSE_HANG = "hang"
 CAUSE_STRAGGLER = "straggler"
+CAUSE_CHECKPOINT = "checkpoint save failed"  # on every rank together (a full disk)
 HEALTH_CAUSES = (CAUSE_PREFLIGHT, CAUSE_HANG, CAUSE_STRAGGLER)
 
 # The final states an outcome records.

@@ -89,6 +89,16 @@ def update_open(run_dir: Path, **fields: Any) -> bool:
     return True
 
 
+def update_last(run_dir: Path, **fields: Any) -> bool:
+    """Add ``fields`` to the newest attempt, open or closed (what its requeue went through)."""
+    attempts = load(run_dir)
+    if not attempts:
+        return False
+    attempts[-1].update(fields)
+    save(run_dir, attempts)
+    return True
+
+
 def new_record(
     index: int, attempt: AttemptId, *, nodes: str, host: str, resumed_from: int | None
 ) -> dict[str, Any]:

@@ -9,3 +9,4 @@ CHECKPOINTS_DIR = "checkpoints"  # the default checkpoint directory
 HISTORY_DIR = "history"  # earlier configs and scripts of a resumed run
 ARRAYS_DIR = "arrays"  # a sweep's arrays/<n>.sbatch and arrays/<n>.json
 MEMBERS_DIR = "members"  # a sweep's members/<i>/: each a run directory
+LOCK_FILE = ".ddlaunch.lock"  # held (flock) by the command that resubmits the run or sweep
