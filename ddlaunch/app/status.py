@@ -157,6 +157,8 @@ def run_status(
     elif shown is not None:
         state = fold_state(shown.get("JobState", ""))
         nodes, reason = shown.get("NodeList", ""), shown.get("Reason", "")
+    elif info.intent.get("target") == "kubernetes":
+        state = pod_state(info)
     elif info.outcome:
         state = str(info.outcome.get("state", "UNKNOWN"))
     elif info.result is not None:
@@ -184,7 +186,8 @@ def run_status(
     return RunStatus(
         run_id=info.run_id,
         path=str(info.path),
-        job_id=info.job_id,
+        # A run on Kubernetes is known by its JobSet's or PyTorchJob's name.
+        job_id=info.job_id or (info.intent.get("kubernetes") or {}).get("name"),
         state=state,
         nodes=nodes if nodes not in ("(null)", "None") else "",
         reason=reason if reason not in ("None", "(null)") else "",
@@ -200,6 +203,31 @@ def run_status(
         heartbeat=info.watchdog,
         snapshot=info.snapshot,
     )
+
+
+def pod_state(info: RunInfo) -> str:
+    """A run of --target kubernetes, from its run directory alone (no API server call): the
+    leader pod's records say whether an attempt runs, restarts or how the run ended."""
+    if info.outcome:
+        return str(info.outcome.get("state", "UNKNOWN"))
+    intent_state = info.intent.get("state")
+    if intent_state == "failed":
+        return "SUBMIT_FAILED"
+    if intent_state == "written":
+        return "NOT_APPLIED"  # kubectl could not run where it was submitted
+    if not info.attempts:
+        return "PENDING"  # applied; no pod has started (admission, scheduling, image pull)
+    return "RUNNING" if "end" not in info.attempts[-1] else "RESTARTING"
+
+
+class NoScheduler:
+    """The Slurm client's place for ``status --target kubernetes``: no scheduler to ask."""
+
+    def status_rows(self, job_ids: Sequence[str], form: str = "text") -> dict[str, QueueRow]:
+        return {}
+
+    def accounting_rows(self, job_ids: Sequence[str]) -> dict[str, QueueRow]:
+        return {}
 
 
 def needs_accounting(info: RunInfo) -> bool:
@@ -350,14 +378,22 @@ def min_poll_interval() -> float:
 
 
 def collect(
-    refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
+    refs: tuple[str, ...],
+    runner: Any = None,
+    *,
+    overview: bool | None = None,
+    target: str = "slurm",
 ) -> list[Any]:
     """One poll of ``status``: the runs and sweeps named by ``refs`` (all when empty), with
-    ONE squeue call. ``runner`` is injectable (tests count the Slurm calls it receives)."""
+    ONE squeue call (none for ``target`` kubernetes: the run directories alone). ``runner``
+    is injectable (tests count the Slurm calls it receives)."""
     reader = RunReader()  # one queued-run cache load for both the listing and the reads
     targets, _ = resolve(refs, reader=reader)
-    form = queue.choose_form(_slurm_version(targets), _forced_form())
-    rows = poll(targets, SlurmClient(runner), form=form, reader=reader)
+    if target == "kubernetes":
+        rows = poll(targets, NoScheduler(), reader=reader)
+    else:
+        form = queue.choose_form(_slurm_version(targets), _forced_form())
+        rows = poll(targets, SlurmClient(runner), form=form, reader=reader)
     grouped = not refs if overview is None else overview
     return group_sweeps(rows) if grouped else rows
 

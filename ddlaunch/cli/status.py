@@ -91,6 +91,14 @@ def attempt_lines(row: Any) -> list[str]:
 @click.command("status")
 @click.argument("runs", nargs=-1, metavar="[RUN|SWEEP]...", shell_complete=complete_targets)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--target",
+    type=click.Choice(["slurm", "kubernetes"]),
+    default="slurm",
+    show_default=True,
+    help="kubernetes: read the runs' state from their run directories alone (the pods' "
+    "attempt records), asking no scheduler.",
+)
 @click.option("--watch", is_flag=True, help="Refresh in place until interrupted.")
 @click.option(
     "--interval",
@@ -99,7 +107,9 @@ def attempt_lines(row: Any) -> list[str]:
     show_default=True,
     help="Seconds between polls with --watch (never below $DDLAUNCH_MIN_POLL_S, default 30).",
 )
-def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) -> None:
+def command(
+    runs: tuple[str, ...], as_json: bool, target: str, watch: bool, interval: float
+) -> None:
     """Show my runs (or the given RUNs or SWEEPs: id, id prefix or directory).
 
     The Slurm state of every job comes from ONE squeue call per poll; step, checkpoint,
@@ -111,7 +121,7 @@ def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) 
 
     term = Terminal()
     if not watch:
-        rows = collect(runs)
+        rows = collect(runs, target=target)
         if as_json:
             import sys
 
@@ -131,7 +141,8 @@ def command(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) 
     from rich.live import Live
 
     interval = max(interval, min_poll_interval())
-    with Live(render_table(collect(runs)), console=term.console, auto_refresh=False) as live:
+    first = render_table(collect(runs, target=target))
+    with Live(first, console=term.console, auto_refresh=False) as live:
         while True:
             time.sleep(interval)
-            live.update(render_table(collect(runs)), refresh=True)
+            live.update(render_table(collect(runs, target=target)), refresh=True)

@@ -8,52 +8,13 @@ Cross-field rules (contradictions) live in ``validate.check_contradictions``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# Strings that end up in ``#SBATCH`` lines are restricted to a conservative character set:
-# sbatch parses those lines itself, so shell quoting cannot make arbitrary text safe there.
-PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
-    "slurm_token": (
-        re.compile(r"^[A-Za-z0-9_.:+@=,/%-]+$"),
-        "letters, digits and _ . : + @ = , / % -",
-    ),
-    "constraint": (
-        re.compile(r"^[A-Za-z0-9_.:,&|!()\[\]*-]+$"),
-        "a Slurm constraint expression (letters, digits and _ . : , & | ! ( ) [ ] * -)",
-    ),
-    "entrypoint": (
-        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"),
-        "a Python callable written as package.module:function",
-    ),
-    "env_name": (
-        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$"),
-        "an environment variable name (letters, digits, _; not starting with a digit)",
-    ),
-    "memory": (
-        re.compile(r"^[0-9]+[KMGT]?$"),
-        "a Slurm memory size such as 16G, 512M or 0",
-    ),
-    "template_name": (
-        re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_./-]*$"),
-        "a template file name relative to the search path (letters, digits, _ . / -; no ..)",
-    ),
-    "sbatch_option": (
-        re.compile(r"^[a-z][a-z0-9-]*$"),
-        "a long sbatch option name without dashes, e.g. comment or gres-flags",
-    ),
-}
+from ddlaunch.config.fields import PATTERNS, opt
+from ddlaunch.config.kubernetes_schema import KubernetesSpec
 
-
-def opt(default: Any = None, doc: str = "", **checks: Any) -> Any:
-    """A schema field: its default, its one-line doc and its checks."""
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata={"doc": doc, **checks})
-    if isinstance(default, list):  # frozen configs hold tuples, with the list's items
-        items = tuple(default)
-        return field(default_factory=lambda: items, metadata={"doc": doc, **checks})
-    return field(default=default, metadata={"doc": doc, **checks})
+__all__ = ["PATTERNS", "Config", "KubernetesSpec", "opt"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -424,6 +385,10 @@ class Config:
     tracking: TrackingSpec = field(
         default_factory=TrackingSpec,
         metadata={"doc": "Experiment trackers that must see one run across requeues."},
+    )
+    kubernetes: KubernetesSpec = field(
+        default_factory=KubernetesSpec,
+        metadata={"doc": "The Kubernetes target (render/submit --target kubernetes)."},
     )
     templates: TemplatesSpec = field(
         default_factory=TemplatesSpec, metadata={"doc": "Site template search path."}

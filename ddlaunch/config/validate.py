@@ -18,6 +18,7 @@ from typing import Any
 
 from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.kubernetes_rules import check_kubernetes
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
 from ddlaunch.config.schema import PATTERNS, Config
 
@@ -254,7 +255,8 @@ _INVALID = object()
 
 def check_contradictions(cfg: Config, b: _Builder) -> None:
     """Rules that involve more than one key."""
-    for check in (_node_rules, _launch_rules, _sbatch_rules, check_container, check_snapshot):
+    checks = (_node_rules, _launch_rules, _sbatch_rules, check_container, check_snapshot)
+    for check in (*checks, check_kubernetes):
         check(cfg, b)
 
 

@@ -19,6 +19,9 @@ CAUSE_SIGNAL = "signal"  # pre-timeout / preemption signal: saved, then requeued
 CAUSE_CRASH = "crash"  # nonzero exit (exception, collective timeout, killed rank)
 CAUSE_REQUEUED_BY_SLURM = "requeued by Slurm"  # node failure (or preemption) before any hook
 CAUSE_NODE_FAILURE = "node failure"  # srun failed and Slurm reports a node of it as bad
+# Kubernetes started the pods again before the leader pod concluded (its node died, the
+# JobSet or PyTorchJob restarted them): recorded when the next attempt starts.
+CAUSE_RESTARTED = "restarted by Kubernetes"
 CAUSE_CANCELLED = "cancelled"
 CAUSE_PREFLIGHT = "preflight"
 CAUSE_HANG = "hang"
