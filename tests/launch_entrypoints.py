@@ -140,3 +140,14 @@ def mlp_with_wandb(config: Any) -> dict[str, Any]:
     finally:
         if run is not None:
             run.finish()
+
+
+def fail_on_rank_0(config: Any) -> None:
+    """Rank 0 fails once the group is up; the others would wait a long time (their pods end
+    them when node 0 has concluded)."""
+    from ddlaunch.worker.distributed import init_distributed
+
+    init_distributed()
+    if int(os.environ["RANK"]) == 0:
+        raise ValueError("boom on rank 0")
+    time.sleep(120)

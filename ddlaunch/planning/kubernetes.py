@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from ddlaunch.config.container_rules import image_problem
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.schema import Config
 from ddlaunch.planning import fabric, kubernetes_pod, pod_env
@@ -110,8 +111,11 @@ def image_of(cfg: Config) -> str:
         message = f"{image!r} is an image file; Kubernetes pulls a registry reference"
         raise ConfigError([ConfigIssue("container.image", message)])
     # docker://ref (apptainer, podman) and enroot's registry#path (pyxis) name the same image.
-    ref = image.removeprefix("docker://")
-    return ref.replace("#", "/", 1)
+    ref = image.removeprefix("docker://").replace("#", "/", 1)
+    problem = image_problem("podman", ref)  # podman takes plain registry references
+    if problem:
+        raise ConfigError([ConfigIssue("container.image", problem)])
+    return ref
 
 
 def _covering(cfg: Config, path: str) -> tuple[str, bool] | None:
