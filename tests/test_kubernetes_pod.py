@@ -185,3 +185,58 @@ def _no_slurm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("SLURM_", "SUBMITIT_")):
             monkeypatch.delenv(name)
+
+
+STATUS_TABLE = """\
+┏━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━┳━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━┓
+┃ run    ┃ job    ┃ state      ┃ nodes  ┃ step ┃ ckpt ┃ attempts                           ┃ note ┃
+┡━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━╇━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━┩
+│ podrun │ podrun │ RESTARTING │ 2 pods │ -    │ 40   │ 2 (restarted by Kubernetes, crash) │      │
+└────────┴────────┴────────────┴────────┴──────┴──────┴────────────────────────────────────┴──────┘
+attempt 0: job podrun on 2 pods at 22:13:20 60s, from scratch -> restarted by Kubernetes (committed 20)
+attempt 1: job podrun on 2 pods at 22:15:00 30s, from step 20 -> crash (committed 40)
+"""
+
+
+def test_status_target_kubernetes_reads_the_pods_records(tmp_path: Path) -> None:
+    """``status RUN --target kubernetes``: the state from the run directory alone (no
+    scheduler is asked), as the pods' leader recorded it on the shared volume."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "job: {name: pods}\nnodes: {count: 2}\nlaunch: {entrypoint: 'a.b:c'}\n"
+        f"container: {{image: 'python:3.11'}}\nkubernetes: {{volumes: {{'{tmp_path}': 'pvc:x'}}}}\n"
+    )
+    from ddlaunch.app.kubernetes import submit_objects
+
+    prepared = prepare_objects(
+        str(config), run_id="podrun", run_root=str(tmp_path / "runs"), snapshot="skip"
+    )
+    done = submit_objects(prepared, workdir=str(tmp_path), env={"PATH": str(tmp_path)})
+    assert (done.applied, done.why_not) == (False, "no kubectl on PATH")
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "100", "TZ": "UTC",
+           "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"), "PATH": str(Path(sys.executable).parent)}  # fmt: skip
+
+    def status() -> str:
+        argv = [sys.executable, "-m", "ddlaunch", "status", "podrun", "--target", "kubernetes"]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        return proc.stdout
+
+    assert "│ podrun │ podrun │ NOT_APPLIED │ -     │" in status()
+    first = attempts.new_record(0, AttemptId("podrun", 0, "podrun"), nodes="2 pods", host="a",
+                                resumed_from=None)  # fmt: skip
+    first.update(start=1700000000.0, end=1700000060.0, cause="restarted by Kubernetes",
+                 committed_step=20)  # fmt: skip
+    second = attempts.new_record(1, AttemptId("podrun", 1, "podrun"), nodes="2 pods", host="a",
+                                 resumed_from=20)  # fmt: skip
+    second["start"] = 1700000100.0
+    attempts.save(done.run_dir, [first, second])
+    assert "│ podrun │ podrun │ RUNNING │ 2 pods │" in status()
+    second.update(end=1700000130.0, cause="crash", committed_step=40)
+    attempts.save(done.run_dir, [first, second])
+    ckpt = done.run_dir / "checkpoints" / "step-40"
+    ckpt.mkdir(parents=True)
+    (ckpt / ".metadata").write_text("x")
+    (ckpt / ".ddlaunch-commit.json").write_text(
+        json.dumps({"format": 1, "step": 40, "time": 1.0, "world_size": 4, "num_shard_files": 4})
+    )
+    assert status() == STATUS_TABLE

@@ -92,7 +92,7 @@ def prepare_objects(
 def kubectl_available(env: Mapping[str, str] | None = None) -> str | None:
     """None when ``kubectl apply`` can run here, else why not."""
     env = os.environ if env is None else env
-    if shutil.which("kubectl") is None:
+    if shutil.which("kubectl", path=env.get("PATH")) is None:
         return "no kubectl on PATH"
     configs = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
     configs = configs or [os.path.join(os.path.expanduser("~"), ".kube", "config")]

@@ -210,14 +210,14 @@ def pod_state(info: RunInfo) -> str:
     leader pod's records say whether an attempt runs, restarts or how the run ended."""
     if info.outcome:
         return str(info.outcome.get("state", "UNKNOWN"))
+    if info.attempts:  # a pod started (applied here, or by hand from elsewhere)
+        return "RUNNING" if "end" not in info.attempts[-1] else "RESTARTING"
     intent_state = info.intent.get("state")
     if intent_state == "failed":
         return "SUBMIT_FAILED"
     if intent_state == "written":
         return "NOT_APPLIED"  # kubectl could not run where it was submitted
-    if not info.attempts:
-        return "PENDING"  # applied; no pod has started (admission, scheduling, image pull)
-    return "RUNNING" if "end" not in info.attempts[-1] else "RESTARTING"
+    return "PENDING"  # applied; no pod has started (admission, scheduling, image pull)
 
 
 class NoScheduler:
