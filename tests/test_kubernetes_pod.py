@@ -35,10 +35,15 @@ ATTEMPT = AttemptId("golden", 0, "golden")
 
 def _open(run: Path, previous: int = 0, resumed_from: int | None = None) -> None:
     records = [
-        {**attempts.new_record(i, AttemptId("golden", i, "golden"), nodes="2 pods", host="n",
-                               resumed_from=None), "end": 1.0, "cause": "crash"}
+        {
+            **attempts.new_record(
+                i, AttemptId("golden", i, "golden"), nodes="2 pods", host="n", resumed_from=None
+            ),
+            "end": 1.0,
+            "cause": "crash",
+        }
         for i in range(previous)
-    ]  # fmt: skip
+    ]
     records.append(
         attempts.new_record(previous, ATTEMPT, nodes="2 pods", host="n", resumed_from=resumed_from)
     )
@@ -50,7 +55,10 @@ def test_a_crash_after_progress_restarts_the_gang(tmp_path: Path) -> None:
     _open(run)
     assert conclude_attempt(run, ATTEMPT, ranks_exit=1) == RETRY_EXIT
     last = attempts.load(run)[-1]
-    assert (last["cause"], last["decision"]) == ("crash", "requeue after crash: committed step none -> 50")
+    assert (last["cause"], last["decision"]) == (
+        "crash",
+        "requeue after crash: committed step none -> 50",
+    )
     assert pods.read_decision(run, ATTEMPT)["exit_code"] == RETRY_EXIT
     assert outcome.read_outcome(run) is None
 
@@ -61,7 +69,10 @@ def test_a_crash_without_progress_stops(tmp_path: Path) -> None:
     assert conclude_attempt(run, ATTEMPT, ranks_exit=1) == STOP_EXIT
     record = outcome.read_outcome(run)
     assert record["state"] == "FAILED"
-    assert record["reason"] == "stopped: no progress in the last attempt (the committed step stayed at 50)"
+    assert (
+        record["reason"]
+        == "stopped: no progress in the last attempt (the committed step stayed at 50)"
+    )
 
 
 def test_the_requeue_cap_stops(tmp_path: Path) -> None:
@@ -152,8 +163,11 @@ def test_two_pods_run_one_job_and_node_0_concludes(tmp_path: Path) -> None:
     records = [json.loads((run_dir / "out" / f"rank-{r}.json").read_text()) for r in range(4)]
     # One rank per "GPU" slot, node-major, all in one group around node 0.
     assert [(r["rank"], r["local_rank"], r["world_size"]) for r in records] == [
-        (0, 0, 4), (1, 1, 4), (2, 0, 4), (3, 1, 4)
-    ]  # fmt: skip
+        (0, 0, 4),
+        (1, 1, 4),
+        (2, 0, 4),
+        (3, 1, 4),
+    ]
     assert {r["master"] for r in records} == {f"127.0.0.1:{port}"}
     assert {r["rank_sum"] for r in records} == {6.0}
     (attempt,) = attempts.load(run_dir)
@@ -175,7 +189,10 @@ def test_a_failed_rank_on_node_0_stops_every_pod_with_the_stop_code(tmp_path: Pa
     assert [code for code, _ in results] == [STOP_EXIT, STOP_EXIT], results
     record = outcome.read_outcome(run_dir)
     assert record["state"] == "FAILED"
-    assert record["reason"] == "stopped: no progress in the last attempt (no checkpoint was ever committed)"
+    assert (
+        record["reason"]
+        == "stopped: no progress in the last attempt (no checkpoint was ever committed)"
+    )
     failure = json.loads((run_dir / "failures" / "rank-0.json").read_text())
     assert (failure["exception"], failure["message"]) == ("ValueError", "boom on rank 0")
 
@@ -213,8 +230,14 @@ def test_status_target_kubernetes_reads_the_pods_records(tmp_path: Path) -> None
     )
     done = submit_objects(prepared, workdir=str(tmp_path), env={"PATH": str(tmp_path)})
     assert (done.applied, done.why_not) == (False, "no kubectl on PATH")
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "100", "TZ": "UTC",
-           "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"), "PATH": str(Path(sys.executable).parent)}  # fmt: skip
+    env = {
+        **os.environ,
+        "NO_COLOR": "1",
+        "COLUMNS": "100",
+        "TZ": "UTC",
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "PATH": str(Path(sys.executable).parent),
+    }
 
     def status() -> str:
         argv = [sys.executable, "-m", "ddlaunch", "status", "podrun", "--target", "kubernetes"]
@@ -222,12 +245,15 @@ def test_status_target_kubernetes_reads_the_pods_records(tmp_path: Path) -> None
         return proc.stdout
 
     assert "│ podrun │ podrun │ NOT_APPLIED │ -     │" in status()
-    first = attempts.new_record(0, AttemptId("podrun", 0, "podrun"), nodes="2 pods", host="a",
-                                resumed_from=None)  # fmt: skip
-    first.update(start=1700000000.0, end=1700000060.0, cause="restarted by Kubernetes",
-                 committed_step=20)  # fmt: skip
-    second = attempts.new_record(1, AttemptId("podrun", 1, "podrun"), nodes="2 pods", host="a",
-                                 resumed_from=20)  # fmt: skip
+    first = attempts.new_record(
+        0, AttemptId("podrun", 0, "podrun"), nodes="2 pods", host="a", resumed_from=None
+    )
+    first.update(
+        start=1700000000.0, end=1700000060.0, cause="restarted by Kubernetes", committed_step=20
+    )
+    second = attempts.new_record(
+        1, AttemptId("podrun", 1, "podrun"), nodes="2 pods", host="a", resumed_from=20
+    )
     second["start"] = 1700000100.0
     attempts.save(done.run_dir, [first, second])
     assert "│ podrun │ podrun │ RUNNING │ 2 pods │" in status()

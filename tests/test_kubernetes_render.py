@@ -134,7 +134,11 @@ def test_recovery_semantics_jobset(tmp_path: Path) -> None:
     assert jobset["spec"]["failurePolicy"] == {
         "maxRestarts": 5,
         "rules": [
-            {"name": "ddlaunchStop", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+            {
+                "name": "ddlaunchStop",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            }
         ],
     }
     job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
@@ -149,11 +153,19 @@ def test_recovery_semantics_jobset(tmp_path: Path) -> None:
     assert template["spec"]["restartPolicy"] == "Never"
     tolerations = template["spec"]["tolerations"]
     assert tolerations[-2:] == [
-        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-         "tolerationSeconds": 30},
-        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-         "tolerationSeconds": 30},
-    ]  # fmt: skip
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        },
+        {
+            "key": "node.kubernetes.io/not-ready",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        },
+    ]
 
 
 def test_recovery_semantics_pytorchjob(tmp_path: Path) -> None:
@@ -183,7 +195,7 @@ def test_gang_options(tmp_path: Path) -> None:
     kueue = workload(documents(render(_dgx(tmp_path), gang="kueue")))
     assert kueue["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     docs = documents(render(_dgx(tmp_path), ["kubernetes.gang_timeout=600"], gang="coscheduling"))
-    podgroup, jobset = docs
+    podgroup, _ = docs
     assert podgroup == {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1",
         "kind": "PodGroup",
@@ -249,8 +261,9 @@ def _error(tmp_path: Path, overrides: list[str], **kw: object) -> str:
 
 
 def test_errors(tmp_path: Path) -> None:
-    assert "container.image: --target kubernetes runs the ranks in an image: set container.image" in _error(
-        tmp_path, [], image=None
+    assert (
+        "container.image: --target kubernetes runs the ranks in an image: set container.image"
+        in _error(tmp_path, [], image=None)
     )
     assert (
         "kubernetes.queue: must be a Kubernetes name: at most 63 lower-case letters, digits "
@@ -287,12 +300,18 @@ def test_nfs_and_read_only_volumes(tmp_path: Path) -> None:
         documents(
             render(
                 _dgx(tmp_path),
-                ['kubernetes.volumes={"/shared": "nfs:fs.example:/export/shared", "/data": "pvc:data:ro"}'],
+                [
+                    'kubernetes.volumes={"/shared": "nfs:fs.example:/export/shared", '
+                    '"/data": "pvc:data:ro"}'
+                ],
             )
         )
     )
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
-    assert volumes["volume-0"] == {"name": "volume-0", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}}
+    assert volumes["volume-0"] == {
+        "name": "volume-0",
+        "persistentVolumeClaim": {"claimName": "data", "readOnly": True},
+    }
     assert volumes["volume-1"] == {
         "name": "volume-1",
         "nfs": {"server": "fs.example", "path": "/export/shared"},
@@ -306,3 +325,15 @@ def test_the_manifest_is_yaml_of_plain_scalars() -> None:
     assert text.startswith("# ddlaunch ") and "\n---\n" in text
     docs = list(yaml.safe_load_all(text))  # safe: no tags, no Python objects
     assert [d["kind"] for d in docs] == ["JobSet"]
+
+
+def test_readme_states_the_exit_codes_and_defaults_the_code_uses() -> None:
+    from ddlaunch.config.kubernetes_schema import KubernetesSpec
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    spec = KubernetesSpec()
+    assert f"| requeue | {RETRY_EXIT} |" in section
+    assert f"| {STOP_EXIT} | `podFailurePolicy` `FailJob` on {STOP_EXIT}" in section
+    assert f"tolerations with {spec.node_unreachable_seconds} s" in section
+    assert f"port {spec.master_port}" in section

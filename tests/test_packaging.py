@@ -22,7 +22,8 @@ except SystemExit as exc:
     assert not exc.code, exc.code
 print("TORCH_LOADED" if "torch" in sys.modules else "TORCH_ABSENT")
 # The Kubernetes validation packages are for tests only: never on a login node's path.
-heavy = [m for m in sys.modules if m.split(".")[0] in ("kubernetes", "kubeflow", "kubeflow_trainer_api")]
+heavy = ("kubernetes", "kubeflow", "kubeflow_trainer_api")
+heavy = [m for m in sys.modules if m.split(".")[0] in heavy]
 assert not heavy, heavy
 """
 
@@ -35,11 +36,28 @@ assert not heavy, heavy
         ["presets"],
         ["submit", "examples/mlp", "--dry-run"],
         ["config-reference"],
-        ["render", "examples/mlp", "--target", "kubernetes", "--set", "container.image=x:1",
-         "--set", 'kubernetes.volumes={"/": "pvc:all"}'],
-        ["submit", "examples/mlp", "--dry-run", "--target", "kubernetes", "--set",
-         "container.image=x:1", "--set", 'kubernetes.volumes={"/": "pvc:all"}'],
-    ],  # fmt: skip
+        [
+            "render",
+            "examples/mlp",
+            "--target",
+            "kubernetes",
+            "--set",
+            "container.image=x:1",
+            "--set",
+            'kubernetes.volumes={"/": "pvc:all"}',
+        ],
+        [
+            "submit",
+            "examples/mlp",
+            "--dry-run",
+            "--target",
+            "kubernetes",
+            "--set",
+            "container.image=x:1",
+            "--set",
+            'kubernetes.volumes={"/": "pvc:all"}',
+        ],
+    ],
 )
 def test_login_node_commands_do_not_import_torch(argv: list[str], tmp_path: Path) -> None:
     proc = subprocess.run(

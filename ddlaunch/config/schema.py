@@ -310,7 +310,8 @@ class ContainerSpec:
     image: str | None = opt(
         None,
         "Image: a registry reference (nvcr.io/nvidia/pytorch:24.05-py3, docker://...), or "
-        "an absolute path to a .sif or .sqsh file.",
+        "an absolute path to a .sif or .sqsh file. --target kubernetes pulls it (a registry "
+        "reference; runtime does not matter there).",
     )
     mounts: tuple[str, ...] = opt(
         [],

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import kubernetes.client.models as k8s_models
 import kubeflow.training.models as kubeflow_models
+import kubernetes.client.models as k8s_models
 import pydantic
 from kubeflow_trainer_api import models as trainer_models
 
@@ -86,7 +86,9 @@ def check_generated(value: Any, type_name: str, path: str, errors: list[str]) ->
         if key not in by_json:
             errors.append(f"{path}.{key}: unknown field of {type_name}")
     kwargs = {
-        attr: check_generated(value[json_key], cls.openapi_types[attr], f"{path}.{json_key}", errors)
+        attr: check_generated(
+            value[json_key], cls.openapi_types[attr], f"{path}.{json_key}", errors
+        )
         for json_key, attr in by_json.items()
         if json_key in value
     }

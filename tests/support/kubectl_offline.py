@@ -42,8 +42,12 @@ def _resource_list(group_version: str) -> dict[str, Any]:
         for group, version, kind, plural in KINDS
         if (f"{group}/{version}" if group else version) == group_version
     ]
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
-            "resources": resources}  # fmt: skip
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": resources,
+    }
 
 
 def discovery_documents() -> dict[str, dict[str, Any]]:
@@ -120,8 +124,16 @@ def dry_run_create(manifest: Path, home: Path) -> tuple[subprocess.CompletedProc
         )
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "KUBECONFIG": str(kubeconfig)}
         proc = subprocess.run(
-            [kubectl() or "kubectl", "create", "--dry-run=client", "--validate=false", "-o", "yaml",
-             "-f", str(manifest)],  # fmt: skip
+            [
+                kubectl() or "kubectl",
+                "create",
+                "--dry-run=client",
+                "--validate=false",
+                "-o",
+                "yaml",
+                "-f",
+                str(manifest),
+            ],
             capture_output=True,
             text=True,
             env=env,
