@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlaunch import resources
 from ddlaunch.app.snapshot import Snapshot, take
 from ddlaunch.config.load import load_tree
 from ddlaunch.config.schema import Config
@@ -66,9 +67,7 @@ def prepare(
 def ddlaunch_root() -> str:
     """The directory holding the ``ddlaunch`` package that runs now (a checkout or
     site-packages): a container gets this very ddlaunch mounted."""
-    import ddlaunch
-
-    return str(Path(ddlaunch.__file__).resolve().parent.parent)
+    return resources.package_root()
 
 
 def prepare_config(

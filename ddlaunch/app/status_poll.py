@@ -26,6 +26,7 @@ from ddlaunch.app.runs import (
 )
 from ddlaunch.app.status import (
     ACTIVE_STATES,
+    NoScheduler,
     RunStatus,
     group_sweeps,
     needs_accounting,
@@ -190,6 +191,7 @@ def view(
     show_all: bool = True,
     since: float | None = None,
     now: float | None = None,
+    target: str = "slurm",
 ) -> StatusView:
     """One poll of ``status``: the runs and sweeps named by ``refs`` (all when empty), with
     ONE squeue call for those that have not ended. Without refs and ``show_all``, finished
@@ -197,7 +199,8 @@ def view(
     ``since``, submitted in the last ``since`` seconds); the others are counted. The final
     state of a run that ended is cached once (``store.status_cache``): a later poll neither
     asks Slurm about it nor reads its directory unless it is shown, so it costs what the
-    active runs cost. ``runner`` is injectable (tests count the Slurm calls it receives)."""
+    active runs cost. ``runner`` is injectable (tests count the Slurm calls it receives).
+    ``target`` kubernetes: no scheduler is asked, the run directories alone say it."""
     now = time.time() if now is None else now
     root = default_run_root()
     reader = RunReader(lambda: now)  # one cache load for both the listing and the reads
@@ -220,7 +223,7 @@ def view(
         units.setdefault(t.sweep if grouped and t.sweep else str(t.path), []).append(t)
     cached = {k: u for k, u in units.items() if all(t.final for t in u)}
     live = [t for k, unit in units.items() if k not in cached for t in unit]
-    client = SlurmClient(runner)
+    client = NoScheduler() if target == "kubernetes" else SlurmClient(runner)
     form = queue.choose_form(_slurm_version(live), _forced_form())
     rows = dict(zip(live, poll(live, client, form=form, reader=reader, now=now), strict=True))
     hidden = 0
@@ -271,10 +274,14 @@ def _latest(ended: dict[str, float], since: float | None, now: float) -> set[str
 
 
 def collect(
-    refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
+    refs: tuple[str, ...],
+    runner: Any = None,
+    *,
+    overview: bool | None = None,
+    target: str = "slurm",
 ) -> list[RunStatus]:
     """Every run and sweep ``view`` finds (nothing hidden)."""
-    return view(refs, runner, overview=overview).rows
+    return view(refs, runner, overview=overview, target=target).rows
 
 
 def _forced_form() -> str | None:

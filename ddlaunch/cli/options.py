@@ -21,3 +21,12 @@ force_option = click.option(
     help="Submit even a job that the checks before sbatch say can never run (too many "
     "nodes or GPUs for its partition, over MaxNodes/MaxTime, a missing script...).",
 )
+
+target_option = click.option(
+    "--target",
+    type=click.Choice(["slurm", "kubernetes"]),
+    default="slurm",
+    show_default=True,
+    help="What to render for: an sbatch script, or Kubernetes objects (a JobSet or "
+    "PyTorchJob, kubernetes: section).",
+)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ddlaunch.cli.options import config_argument, force_option, set_option
+from ddlaunch.cli.options import config_argument, force_option, set_option, target_option
 from ddlaunch.cli.snapshot import report_snapshot
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 @click.command("submit")
 @config_argument
 @set_option
+@target_option
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 def command(
     config: str,
     overrides: tuple[str, ...],
+    target: str,
     dry_run: bool,
     local: bool,
     run_root: str | None,
@@ -57,7 +59,8 @@ def command(
     ranks: str,
     force: bool,
 ) -> None:
-    """Submit CONFIG to Slurm and print the run id and job id.
+    """Submit CONFIG to Slurm and print the run id and job id (--target kubernetes: write
+    the manifest into the run directory and kubectl apply it where kubectl can).
 
     CONFIG is a YAML file or a shipped preset name such as examples/mlp. The run directory
     (mode 0700) keeps the resolved config, the script, the git state and the job ids.
@@ -65,10 +68,29 @@ def command(
     runs (script, entry point, interpreter): one that could never run is refused, with
     the numbers. `submit` returns as soon as sbatch has accepted the job.
     """
+    workdir = os.getcwd()
+    if target == "kubernetes":
+        if local or follow_:
+            raise click.UsageError("--local and --follow are for Slurm runs (--target slurm)")
+        _submit_objects(config, overrides, dry_run, run_root, workdir)
+        return
+    _submit_slurm(config, overrides, dry_run, local, run_root, follow_, ranks, force, workdir)
+
+
+def _submit_slurm(
+    config: str,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    local: bool,
+    run_root: str | None,
+    follow_: bool,
+    ranks: str,
+    force: bool,
+    workdir: str,
+) -> None:
     from ddlaunch.app.prepare import prepare_submission
     from ddlaunch.planning.plan import format_argv
 
-    workdir = os.getcwd()
     here = local or shutil.which("sbatch") is None
     # --dry-run asks nothing of Slurm (it works offline, like render).
     facts, warnings = (None, []) if here or dry_run else _probe()
@@ -131,3 +153,32 @@ def _probe() -> tuple[ClusterFacts, list[str]]:
     from ddlaunch.app.facts import probe
 
     return probe()
+
+
+def _submit_objects(
+    config: str, overrides: tuple[str, ...], dry_run: bool, run_root: str | None, workdir: str
+) -> None:
+    from ddlaunch.app.kubernetes import prepare_objects, submit_objects
+
+    prepared = prepare_objects(
+        config,
+        overrides,
+        run_root=run_root,
+        workdir=workdir,
+        snapshot="path" if dry_run else "store",
+    )
+    report_snapshot(prepared.config, prepared.snapshot, stored=not dry_run)
+    plan = prepared.plan
+    if dry_run:
+        click.echo(prepared.manifest, nl=False)
+        click.echo(f"# kubectl argv: kubectl apply -f {plan.manifest_path}")
+        return
+    done = submit_objects(prepared, workdir=workdir)
+    kind = "JobSet" if plan.kind == "jobset" else "PyTorchJob"
+    if done.applied:
+        click.echo(f"run {done.run_id}  {kind} {done.name}")
+    else:
+        click.echo(f"{done.why_not}: not applied", err=True)
+        click.echo(f"run {done.run_id}  {kind} {done.name} (not applied)")
+        click.echo(f"apply it with: kubectl apply -f {plan.manifest_path}")
+    click.echo(f"run dir: {done.run_dir}")

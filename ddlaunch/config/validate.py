@@ -19,6 +19,7 @@ from typing import Any
 from ddlaunch.config import trainer_rules
 from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.kubernetes_rules import check_kubernetes
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
 from ddlaunch.config.schema import PATTERNS, Config
 
@@ -294,6 +295,7 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
         check_container,
         check_snapshot,
         _plan_rules,
+        check_kubernetes,
     ):
         check(cfg, b)
 

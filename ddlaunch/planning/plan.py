@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.schema import Config
 from ddlaunch.config.trainers import NO_SIGNAL, is_byo, placeholders, substitute
 from ddlaunch.config.validate import parse_duration
@@ -249,6 +250,10 @@ def make_plan(
     ``code``: the ranks' code snapshot (default: the live ``launch.workdir`` or ``workdir``)."""
     facts = facts or ClusterFacts()
     code = code or CodePaths()
+    if cfg.container.image and cfg.container.runtime == "none":
+        # Valid for the kubernetes target (the image alone); on Slurm the image needs a runtime.
+        message = "container.image is set but runtime is none (pyxis, apptainer or podman)"
+        raise ConfigError([ConfigIssue("container.runtime", message)])
     ranks_dir = code.workdir or cfg.launch.workdir or workdir
     run = PurePosixPath(run_dir)
     logs = run / LOGS_DIR
