@@ -14,16 +14,20 @@ What the end hook adds to a crashed attempt's record (``attempts.json``):
 
 Sources: srun's per-task reports and slurmstepd's notes in the batch log (this attempt's
 part of it: a requeued job appends to the same file), the ranks' failure records of this
-attempt, the end of a silent rank's stderr, and ``sacct -j JOB``.
+attempt, the end of a silent rank's stderr, the kernel's OOM note for a rank SIGKILLed on
+this host (its pid, from its heartbeat, in ``/dev/kmsg`` where that is readable), and
+``sacct -j JOB``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ddlaunch.policy import attribution as policy
+from ddlaunch.store import heartbeats
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import read_failures
 from ddlaunch.store.rundir import batch_logs, rank_log
@@ -65,6 +69,45 @@ def attempt_part(text: str, index: int) -> str:
     return text[at:] if at >= 0 else text
 
 
+def read_kernel_log(limit: int = 4 * 1024 * 1024) -> str:
+    """The kernel's log as far as it is readable (``/dev/kmsg`` without blocking; empty where
+    ``dmesg_restrict`` or a container forbids it)."""
+    out: list[str] = []
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        size = 0
+        while size < limit:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:  # read everything there is
+                break
+            except OSError:  # EPIPE: a record was overwritten while reading; go on
+                continue
+            if not chunk:
+                break
+            size += len(chunk)
+            out.append(chunk.decode(errors="replace"))
+    finally:
+        os.close(fd)
+    return "".join(out)
+
+
+def oom_ranks(
+    run_dir: Path, step: policy.StepLog, host: str, kernel_log: Callable[[], str]
+) -> list[int]:
+    """Ranks on this host (the batch host: its kernel log is the one readable here) whose
+    SIGKILL was the kernel's OOM killer: their pid (from their heartbeat) is in its log."""
+    mine = [e.rank for e in step.ends if e.signal == "SIGKILL" and e.host == host]
+    if not mine:
+        return []
+    killed = policy.oom_killed_pids(kernel_log())
+    pids = {b.get("rank"): b.get("pid") for b in heartbeats.read_heartbeats(run_dir)}
+    return [r for r in mine if pids.get(r) in killed]
+
+
 def this_attempts_failures(run_dir: Path, attempt: AttemptId) -> list[policy.Raised]:
     names = {attempt.job_id, attempt.task}
     return [
@@ -82,17 +125,24 @@ def accounting(client: Any, attempt: AttemptId) -> list[policy.StepExit]:
         return []
 
 
+def this_host() -> str:
+    """This node as Slurm names it (srun's reports use Slurm's node names)."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
 def attribute(
     run_dir: Path,
     attempt: AttemptId,
     index: int,
     client: Any,
     log: Path | None = None,
+    kernel_log: Callable[[], str] = read_kernel_log,
 ) -> dict[str, Any]:
     """The fields this module adds to the attempt's record (see the module's doc)."""
     log = log or batch_log(run_dir, attempt)
     text = attempt_part(_tail(log, LOG_TAIL_BYTES), index) if log else ""
     step = policy.parse_step_log(text)
+    step = policy.mark_oom(step, oom_ranks(run_dir, step, this_host(), kernel_log))
     raised = this_attempts_failures(run_dir, attempt)
     recorded = {r.rank for r in raised}
     tails = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # glibc's strsignal() texts, which srun prints for a task a signal ended.
 SIGNAL_TEXTS = {
@@ -187,6 +187,25 @@ def parse_step_log(text: str) -> StepLog:
         if events:
             oom += int(events["n"])
     return StepLog(tuple(ends), cancelled, oom)
+
+
+# The kernel's OOM killer (mm/oom_kill.c): "Out of memory: Killed process 4242 (python) ..."
+# or, for a cgroup's limit, "Memory cgroup out of memory: Killed process ...".
+_KERNEL_OOM = re.compile(r"out of memory: Killed process (?P<pid>\d+) \(", re.IGNORECASE)
+
+
+def oom_killed_pids(kernel_log: str) -> set[int]:
+    """The pids the kernel's OOM killer killed, from its log (``/dev/kmsg``, ``dmesg``)."""
+    return {int(m["pid"]) for m in _KERNEL_OOM.finditer(kernel_log)}
+
+
+def mark_oom(log: StepLog, ranks: Iterable[int]) -> StepLog:
+    """``log`` with the SIGKILLs of ``ranks`` known to be the OOM killer's."""
+    oom = set(ranks)
+    ends = tuple(
+        replace(e, oom=True) if e.rank in oom and e.signal == "SIGKILL" else e for e in log.ends
+    )
+    return replace(log, ends=ends)
 
 
 @dataclass(frozen=True)
