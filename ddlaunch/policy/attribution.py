@@ -68,12 +68,13 @@ _TASK_END = re.compile(
 _EXITED = re.compile(r"^Exited with exit code (?P<code>\d+)$")
 # srun starting to tear the step down: every task reported after this was ended by Slurm.
 _TEARDOWN = re.compile(
-    r"^srun: (error: )?(Job step aborted|Terminating (StepId=|job step)|"
+    r"^srun: (.*: )?(Job step aborted|Terminating (StepId=|job step)|"
     r"forcing job termination|Force Terminated)"
 )
 # slurmstepd's words for a cancelled step and for the cgroup OOM killer.
-_STEP_CANCELLED = re.compile(r"slurmstepd: error: \*\*\* (STEP|JOB) (?P<what>.+?) \*\*\*")
-_OOM = re.compile(r"slurmstepd: error: Detected (?P<n>\d+) oom[-_ ]kill event")
+# (22.05 names the node: "slurmstepd-node1: error: *** STEP 12.1 ON node1 CANCELLED AT ...")
+_STEP_CANCELLED = re.compile(r"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) (?P<what>.+?) \*\*\*")
+_OOM = re.compile(r"slurmstepd(-\S+)?: error: Detected (?P<n>\d+) oom[-_ ]kill event")
 
 # Messages and exception types of ranks that failed only because a peer died or hung in a
 # collective (gloo's and NCCL's words, torch.distributed's store and watchdog).
@@ -326,6 +327,15 @@ def from_accounting(steps: Sequence[StepExit]) -> Cause | None:
     """When the log named no rank: the failed step's signal or code, which rank unknown."""
     for step in reversed(steps):
         where = f"a rank of step {step.step} on {step.nodes}"
+        if step.state == "CANCELLED":
+            # srun's (or scancel's) teardown: its signal hides the one that started it.
+            name = SIGNAL_NUMBERS.get(step.signal, f"signal {step.signal}")
+            said = f"sacct: {name}" if step.signal else "sacct"
+            text = (
+                f"step {step.step} on {step.nodes} cancelled "
+                f"({said}; which rank failed first unknown)"
+            )
+            return Cause(None, step.nodes, TEARDOWN, text, "accounting")
         if step.state == "OUT_OF_MEMORY":
             text = f"{where} killed by the out-of-memory killer (sacct)"
             return Cause(None, step.nodes, KILLED, text, "accounting")
