@@ -23,6 +23,12 @@ from ddlaunch.store.attempts import AttemptId
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm-22.05"
 RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"
+# A peer's error as gloo raised it on the dev cluster (job 1550).
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+    "peer [10.77.0.11]:63116. This is typically caused by a remote worker crashing. Check the "
+    "logs of the remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f"
+)
 
 
 def fixture(name: str) -> str:
@@ -237,6 +243,7 @@ def test_a_cpp_abort_after_a_peers_error_is_collateral() -> None:
     ("message", "exception", "collateral"),
     [
         (RESET, "RuntimeError", True),
+        (GLOO_CLOSED, "RuntimeError", True),
         ("Connection closed by peer [10.77.0.12]:40321", "RuntimeError", True),
         ("Timed out waiting 1800000ms for recv operation to complete", "RuntimeError", True),
         ("NCCL error: remote process exited or a network error", "DistBackendError", True),
@@ -310,6 +317,38 @@ def test_the_end_hook_records_the_killed_rank_of_a_crashed_attempt(tmp_path, mon
     assert record["ranks_ended"][0] == {"rank": 1, "host": "node1", "signal": "SIGKILL"}
     assert record["step_accounting"]
     assert ["scontrol", "requeue", "9"] in runner.calls
+
+
+@pytest.mark.parametrize(
+    ("index", "expected"),
+    [
+        (0, ["rank 1 on node1 killed by SIGKILL", *(f"rank {r}" for r in (0, 2, 3))]),
+        (1, []),  # the attempt that completed: the first attempt's reports are not its own
+    ],
+)
+def test_each_attempt_of_a_real_requeued_batch_log(
+    tmp_path, index: int, expected: list[str]
+) -> None:
+    """The batch log of job 1550 (recorded): rank 1 killed, its peers raised gloo's
+    "Connection closed by peer", the job requeued and appended its second attempt."""
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "batch-1550.out").write_text(fixture("batch-kill-requeue.out"))
+    (run / "failures").mkdir()
+    for rank, host in ((0, "node1"), (2, "node2"), (3, "node2")):
+        record = {"rank": rank, "host": host, "job_id": "1550", "attempt": 0, "time": 9.0}
+        record.update(exception="RuntimeError", message=GLOO_CLOSED, where="c10d.py:3252")
+        (run / "failures" / f"rank-{rank}.json").write_text(json.dumps(record))
+    steps = ("1550.0|CANCELLED|0:15|node[1-2]", "1550.0|COMPLETED|0:0|node[1-2]")[index]
+    client = SlurmClient(FakeRunner({"sacct": steps + "\n"}))
+    got = collect.attribute(run, AttemptId("1550", index, "1550"), index, client)
+    causes = got["causes"]
+    assert len(causes) == len(expected)
+    assert [c["text"][: len(e)] for c, e in zip(causes, expected, strict=True)] == expected
+    if index == 0:
+        assert [c["kind"] for c in causes] == ["killed", *["collateral"] * 3]
+        assert got["culprit"] == "rank 1 on node1 killed by SIGKILL"
+        assert [e.get("teardown", False) for e in got["ranks_ended"]] == [False, True, True, True]
 
 
 def test_attribution_never_costs_the_attempt_its_conclusion(tmp_path, monkeypatch) -> None:
