@@ -351,6 +351,15 @@ def test_each_attempt_of_a_real_requeued_batch_log(
         assert [e.get("teardown", False) for e in got["ranks_ended"]] == [False, True, True, True]
 
 
+def test_without_its_start_line_an_attempt_starts_after_the_requeue_note() -> None:
+    text = fixture("batch-kill-requeue.out")
+    assert "DUE TO JOB REQUEUE" in text
+    without = text.replace("[ddlaunch] attempt 1 on", "[something else] on")
+    part = collect.attempt_part(without, 1)
+    assert "task 1: Killed" not in part and "COMPLETED: completed" in part
+    assert collect.attempt_part(text, 0).startswith("[ddlaunch] attempt 0 on")
+
+
 def test_attribution_never_costs_the_attempt_its_conclusion(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(collect, "attribute", lambda *a, **k: 1 / 0)
     assert collect.attribute_safely(tmp_path, AttemptId("9", 0, "9"), 0, None) == {}

@@ -35,6 +35,7 @@ from ddlaunch.store.rundir import batch_logs, rank_log
 # How much of a log is read: srun's reports come last, a rank's last words are at its end.
 LOG_TAIL_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
+REQUEUE_NOTE = "DUE TO JOB REQUEUE ***"
 
 
 def _tail(path: Path, size: int) -> str:
@@ -66,7 +67,12 @@ def attempt_part(text: str, index: int) -> str:
     file, and an earlier attempt's reports must not be read as this one's."""
     marker = f"[ddlaunch] attempt {index} on "
     at = text.rfind(marker)
-    return text[at:] if at >= 0 else text
+    if at >= 0:
+        return text[at:]
+    # No start line (the start hook failed): after slurmstepd's note that ended the last
+    # attempt ("*** JOB 12 ON node1 CANCELLED AT ... DUE TO JOB REQUEUE ***").
+    requeued = text.rfind(REQUEUE_NOTE)
+    return text[text.find("\n", requeued) + 1 :] if requeued >= 0 else text
 
 
 def read_kernel_log(limit: int = 4 * 1024 * 1024) -> str:
