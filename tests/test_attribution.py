@@ -239,6 +239,14 @@ def test_a_cpp_abort_after_a_peers_error_is_collateral() -> None:
     assert [c.kind for c in rank_causes(log, raised, tails)] == ["raised", "collateral"]
 
 
+def test_a_sigkill_is_never_a_reaction_to_a_peer_whatever_its_stderr_says() -> None:
+    """A rank's stderr is appended across attempts: an earlier attempt's error may be in its
+    tail, and no rank kills itself with SIGKILL over a peer's error."""
+    log = StepLog((TaskEnd(1, "node1", signal="SIGKILL"), TaskEnd(2, "node1", exit_code=1)))
+    tails = {1: f"RuntimeError: {RESET}", 2: f"RuntimeError: {RESET}"}
+    assert [c.kind for c in rank_causes(log, [], tails)] == ["killed", "collateral"]
+
+
 @pytest.mark.parametrize(
     ("message", "exception", "collateral"),
     [

@@ -252,7 +252,8 @@ def _from_srun(end: TaskEnd, stderr_tail: str) -> Cause:
     text = f"rank {end.rank} on {end.host} {end.how()}"
     if end.teardown:
         return Cause(end.rank, end.host, TEARDOWN, f"{text} (the step's teardown)", "srun")
-    if is_collateral(stderr_tail):
+    reacts = end.signal in (None, "SIGABRT") and not end.oom  # never a SIGKILL or SIGSEGV
+    if reacts and is_collateral(stderr_tail):
         # A C++ abort of a peer's error (NCCL's watchdog on a collective timeout).
         return Cause(end.rank, end.host, COLLATERAL, f"{text} (after a peer's error)", "srun")
     return Cause(end.rank, end.host, KILLED if end.signal or end.oom else CRASHED, text, "srun")
