@@ -218,6 +218,17 @@ def test_a_run_running_again_after_a_requeue_has_no_failure_headline(tmp_path: P
     ]
 
 
+def test_a_run_waiting_for_its_requeue_has_no_failure_headline(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[killed_attempt()])
+    collateral_record(run)
+    out = piped(tmp_path, "377|PENDING|BeginTime|\n", "status", "r")
+    assert out.splitlines()[:2] == [
+        "run  job  state    nodes      step  ckpt                                  attempts  note",
+        "r    377  PENDING  node[1-2]     -     -  1 (0: rank 1 on node1 killed by SIGKILL)  "
+        "BeginTime",
+    ]
+
+
 def test_records_without_attribution_say_the_collateral_error_is_a_peers(
     tmp_path: Path,
 ) -> None:

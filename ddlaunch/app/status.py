@@ -253,6 +253,8 @@ def run_status(
     if info.outcome and state not in ACTIVE_STATES:
         state = str(info.outcome.get("state", state))
     failure = run_failure(info)
+    if state in ACTIVE_STATES and info.attempts and "end" in info.attempts[-1]:
+        failure = None  # requeued, waiting for its next attempt: the failure is history
     if state in QUIET_FAILURES:
         failure = None
     if state == "SUBMIT_FAILED":

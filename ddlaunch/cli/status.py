@@ -47,10 +47,12 @@ def shorten_end(text: str, width: int) -> str:
 
 def attempts_cell(r: Any) -> str:
     """The count, and how each earlier attempt failed: ``2 (0: rank 1 on node1 killed by
-    SIGKILL)``. The latest attempt's failure is the run's headline, not history."""
+    SIGKILL)``. The latest attempt's failure, when it is the run's headline, is not history
+    (it is while the job waits for its next attempt)."""
+    history = r.history[:-1] if r.failure else r.history
     earlier = [
         f"{a.get('attempt')}: {shorten_end(a['culprit'], CULPRIT_WIDTH)}"
-        for a in r.history[:-1]
+        for a in history
         if a.get("culprit")
     ]
     count = _num(r.attempts)
