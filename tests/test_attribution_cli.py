@@ -227,6 +227,11 @@ def test_a_run_waiting_for_its_requeue_has_no_failure_headline(tmp_path: Path) -
         "r    377  PENDING  node[1-2]     -     -  1 (0: rank 1 on node1 killed by SIGKILL)  "
         "BeginTime",
     ]
+    (run / "logs" / "rank-0.out").write_text("[mlp] step 60/160 loss 0.03\n")
+    assert piped(tmp_path, "377|PENDING|BeginTime|\n", "logs", "r") == (
+        "earlier: attempt 0 (job 377, crash): rank 1 on node1 killed by SIGKILL\n"
+        f"==> {run / 'logs' / 'rank-0.out'} <==\n[mlp] step 60/160 loss 0.03\n"
+    )
 
 
 def test_records_without_attribution_say_the_collateral_error_is_a_peers(

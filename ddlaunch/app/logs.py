@@ -24,10 +24,16 @@ class Logs:
     history: list[str] = field(default_factory=list)  # how each earlier attempt failed
 
 
+def requeued(info: RunInfo) -> bool:
+    """The latest attempt ended and the run did not (no outcome): the job was requeued and
+    waits for its next attempt, which makes the latest one history too."""
+    return bool(info.attempts) and "end" in info.attempts[-1] and info.outcome is None
+
+
 def attempt_failures(info: RunInfo) -> list[str]:
     """Each earlier attempt that failed, in words (the latest one is the headline)."""
     out = []
-    for rec in info.attempts[:-1]:
+    for rec in info.attempts if requeued(info) else info.attempts[:-1]:
         why = attempt_failure(rec, info.failures)
         if why:
             job = f"job {rec['job_id']}, " if rec.get("job_id") else ""
@@ -38,8 +44,8 @@ def attempt_failures(info: RunInfo) -> list[str]:
 def failing_rank(info: RunInfo) -> tuple[str, int, Failure | None] | None:
     """The latest attempt's failure: its words, the rank whose log to show, and that rank's
     failure record if it raised. None when the run completed or was cancelled (an earlier
-    attempt's failure is history) or nothing failed."""
-    if (info.outcome or {}).get("state") in QUIET_FAILURES:
+    attempt's failure is history), waits for its requeue, or nothing failed."""
+    if (info.outcome or {}).get("state") in QUIET_FAILURES or requeued(info):
         return None
     headline = run_failure(info)
     if headline is None:
