@@ -95,6 +95,9 @@ class RunStatus:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+CLOCK_SLACK_S = 5.0  # the ranks' clocks are other nodes' clocks
+
+
 def failures_of(record: Mapping[str, Any], failures: Sequence[Failure]) -> list[Failure]:
     """The failure records written in the attempt ``record`` (its restart count, and no
     earlier than it started: a resumed run's new job counts its restarts from 0 again);
@@ -102,7 +105,6 @@ def failures_of(record: Mapping[str, Any], failures: Sequence[Failure]) -> list[
     restart = int(record.get("restart_count", 0) or 0)
     start = float(record.get("start") or 0.0)
     end = record.get("end")
-    # The ranks' clocks are other nodes' clocks: a few seconds of slack.
     return [
         f
         for f in failures
@@ -112,7 +114,6 @@ def failures_of(record: Mapping[str, Any], failures: Sequence[Failure]) -> list[
     ]
 
 
-CLOCK_SLACK_S = 5.0
 # Endings whose failure records say which rank failed (a hang or a failed preflight has its
 # own words, the health detail; a completed or saved attempt had no failure).
 _RANK_FAILURES = (CAUSE_CRASH, None)
