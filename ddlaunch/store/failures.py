@@ -11,8 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 
 FAILURES_DIR = "failures"
+# What readers of a rank's record rely on (``store.records.clean``).
+FIELDS = {
+    "rank": records.INT,
+    "host": records.TEXT,
+    "exception": records.TEXT,
+    "message": records.TEXT,
+    "where": records.TEXT,
+    "job_id": records.TEXT,
+    "attempt": records.INT,
+    "time": records.NUMBER,
+}
 # Our own control flow (``worker.stops.StopRank``), never a failure; earlier versions wrote
 # records for them, which readers skip.
 NOT_FAILURES = frozenset({"Preempted", "PreflightFailed"})
@@ -63,6 +75,8 @@ def read_failures(run_dir: Path) -> list[Failure]:
             continue
         if not isinstance(rec, dict) or rec.get("exception") in NOT_FAILURES:
             continue
+        if records.clean(rec, FIELDS, f"{FAILURES_DIR}/{path.name}"):
+            continue  # wrongly typed: not evidence (``app.runs`` says so in the run's row)
         failures.append(
             Failure(
                 rank=int(rec.get("rank", -1)),
@@ -90,3 +104,13 @@ _COLLATERAL = re.compile(
 
 def is_collateral(failure: Failure) -> bool:
     return bool(_COLLATERAL.search(failure.message))
+
+
+def unusable_failures(run_dir: Path) -> list[records.Problem]:
+    """The rank records ``read_failures`` skips because they cannot be used, and why."""
+    problems = []
+    for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
+        name = f"{FAILURES_DIR}/{path.name}"
+        found, problem = records.load_json(path, dict, name=name)
+        problems += [problem] if problem else records.clean(found or {}, FIELDS, name)
+    return problems
