@@ -156,7 +156,16 @@ class Damage:
         return f"{self.kind}({self.at:.2f}, {self.data!r}, {self.value!r})"
 
 
-def damage(path: Path, how: Damage) -> None:
+def damage(root: Path, target: str, how: Damage) -> None:
+    """``how`` done to ``root/target``; the directories above it changed now (as a rename
+    there would), so that no reader takes the status cache's word for what they hold."""
+    _damage(root / target, how)
+    parts = Path(target).parts
+    for depth in range(len(parts) - 1, 0, -1):
+        os.utime(root.joinpath(*parts[:depth]))
+
+
+def _damage(path: Path, how: Damage) -> None:
     if how.kind == "delete":
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
