@@ -7,6 +7,7 @@ or with one clean ``error:`` line, and ``status`` still lists every other run.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -117,7 +118,8 @@ damages = st.one_of(
 
 
 @settings(
-    max_examples=30,
+    # 30 in the suite (~10 s); DDL_FUZZ_EXAMPLES=1000 for a longer look.
+    max_examples=int(os.environ.get("DDL_FUZZ_EXAMPLES", "30")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

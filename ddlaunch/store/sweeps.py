@@ -133,6 +133,7 @@ def _packed_problem(data: dict[str, Any]) -> records.Problem | None:
         "layouts": records.OBJECTS.check(data.get("layouts", [])),
         "sections": records.OBJECTS.check(data.get("sections", [])),
         "arrays": records.OBJECTS.check(data.get("arrays", [])),
+        "metric": isinstance(data.get("metric"), str | None),
     }
     bad = [key for key, fine in checks.items() if not fine]
     return records.Problem(MEMBERS_FILE, f"{bad[0]} is not as ddlaunch writes it") if bad else None
