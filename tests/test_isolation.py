@@ -98,13 +98,20 @@ DAMAGES = [
 ]
 
 
-def test_every_record_damaged_every_way(template: Path) -> None:
-    """Each entry of the run, the sweep and the root, each kind of damage, ``status`` in
-    each of its forms (the systematic part; ``test_any_damage_to_any_record`` draws the
-    content and runs every verb)."""
+def test_every_record_damaged_every_way(template: Path, tmp_path: Path) -> None:
+    """Each entry of the run, the sweep and the root, each kind of damage, ``status`` of
+    every run and ``--json`` (the systematic part; ``test_any_damage_to_any_record`` draws
+    the content and runs every verb). ``status`` writes nothing but its caches: one copy of
+    the run root, each damaged entry put back after its case."""
+    root = tmp_path / "runs"
+    shutil.copytree(template, root, symlinks=True)
+    damaged.settle(root)
+    bin_dir = fake_slurm_bin(tmp_path / "bin")
     for target in damaged.targets(template):
         for how in DAMAGES:
-            case(template, target, how, STATUS[:2])
+            damage(root, target, how)
+            check_every_verb(root, bin_dir, f"{target} {how}", STATUS[:2])
+            damaged.restore(template, root, target)
 
 
 damages = st.one_of(

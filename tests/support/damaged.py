@@ -37,6 +37,7 @@ from ddlaunch.store import (
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.layout import HISTORY_DIR, LOCK_FILE
 from ddlaunch.store.snapshots import SNAPSHOTS_DIR, write_snapshot
+from ddlaunch.store.status_cache import STATUS_CACHE
 from ddlaunch.store.sweep_cancels import record_cancelled
 from support.fakes import FakeRunner, fake_slurm_bin, ok
 from support.sweeps import sbatch_ids, start, submitted_sweep
@@ -125,11 +126,14 @@ def build_template(work: Path) -> Path:
     return root
 
 
+SETTLED = 1_700_000_000  # "long ago": a directory's mtime the status cache trusts
+
+
 def settle(root: Path) -> None:
     """Every directory written "long ago", so that the status cache may hold it."""
     for path in [root, *root.rglob("*")]:
         if path.is_dir():
-            os.utime(path, (1_700_000_000, 1_700_000_000))
+            os.utime(path, (SETTLED, SETTLED))
 
 
 def targets(root: Path) -> list[str]:
@@ -163,6 +167,27 @@ def damage(root: Path, target: str, how: Damage) -> None:
     parts = Path(target).parts
     for depth in range(len(parts) - 1, 0, -1):
         os.utime(root.joinpath(*parts[:depth]))
+
+
+def restore(template: Path, root: Path, target: str) -> None:
+    """``root/target`` and the status caches as in ``template`` again, the directories
+    above the target written "long ago" again."""
+    dst, src = root / target, template / target
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    elif dst.exists() or dst.is_symlink():
+        dst.unlink()
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=True)
+    else:
+        shutil.copy2(src, dst)
+    for cache in template.rglob(STATUS_CACHE):
+        shutil.copy2(cache, root / cache.relative_to(template))
+    if dst.is_dir():
+        settle(dst)
+    parts = Path(target).parts
+    for depth in range(len(parts) - 1, 0, -1):
+        os.utime(root.joinpath(*parts[:depth]), (SETTLED, SETTLED))
 
 
 def _damage(path: Path, how: Damage) -> None:
