@@ -49,7 +49,7 @@ VERBS = (
     ("logs", BAD, "--rank", "0"),
     ("report", BAD, "--out", "{tmp}/report"),
     ("resume", BAD, "--dry-run", "--set", "params.steps=6"),
-    ("cancel", BAD, "--wait", "0"),
+    ("cancel", BAD, "--wait", "5"),  # the job is gone at the first look: no waiting
     ("sweep", "status", SWEEP),
 )
 
@@ -76,6 +76,13 @@ def check_every_verb(
                 assert {GOOD, SWEEP} <= ids, said
 
 
+def running_job(bin_dir: Path) -> Path:
+    """Slurm stand-ins for which the bad run's job runs until ``scancel`` (so that
+    ``cancel`` goes all the way: the record, scancel, the wait, concluding the run)."""
+    running = f"{damaged.JOB}|RUNNING|None|node1\n"
+    return fake_slurm_bin(bin_dir, after_scancel={"squeue": "", "sacct": ""}, squeue=running)
+
+
 def case(
     template: Path, target: str, how: Damage, verbs: tuple[tuple[str, ...], ...] = VERBS
 ) -> None:
@@ -85,7 +92,7 @@ def case(
         shutil.copytree(template, root, symlinks=True)
         damaged.settle(root)
         damage(root, target, how)
-        check_every_verb(root, fake_slurm_bin(work / "bin"), f"{target} {how}", verbs)
+        check_every_verb(root, running_job(work / "bin"), f"{target} {how}", verbs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -99,6 +99,7 @@ def _complete(run: Path, root: Path) -> None:
     stops.write_stop(run, ATTEMPT, reason="time limit")
     signal_save.write(run, ATTEMPT, 3, "signal")
     outcome.write_cancel(run, [JOB])
+    (run / outcome.OUTCOME_FILE).unlink()  # its job runs (``cancel`` concludes it)
     (run / LOCK_FILE).write_text("")
     (run / HISTORY_DIR).mkdir(exist_ok=True)
     shutil.copy2(run / "config.yaml", run / HISTORY_DIR / "20260101-000000-config.yaml")
@@ -201,7 +202,7 @@ def _damage(path: Path, how: Damage) -> None:
         shutil.rmtree(path)  # a directory where a record was: a file in its place
         path.write_bytes(how.data)
         return
-    data = path.read_bytes()
+    data = path.read_bytes() if path.exists() else b""  # a value: a record written anew
     cut = int(len(data) * how.at)
     if how.kind == "truncate":
         path.write_bytes(data[:cut])
