@@ -42,26 +42,33 @@ class Unreadable(UserError):
 
 @dataclass(frozen=True)
 class Kind:
-    """What a field of a record must hold (``clean``): its name in a problem, and the test."""
+    """What a field of a record must hold (``clean``): its name in a problem, and the test.
+    ``container``: a list or an object, whose null is dropped (readers take the field's
+    absence for an empty one; a null scalar stays: "not known")."""
 
     name: str
     check: Callable[[Any], bool]
+    container: bool = False
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, dict) for i in value)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, str) for i in value)
+
+
 NUMBER = Kind("a number", _number)
 INT = Kind("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool))
 TEXT = Kind("a string", lambda v: isinstance(v, str))
-OBJECT = Kind("an object", lambda v: isinstance(v, dict))
-OBJECTS = Kind(
-    "a list of objects", lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v)
-)
-STRINGS = Kind(
-    "a list of strings", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)
-)
+OBJECT = Kind("an object", lambda v: isinstance(v, dict), container=True)
+OBJECTS = Kind("a list of objects", _objects, container=True)
+STRINGS = Kind("a list of strings", _strings, container=True)
 
 _KIND_NAMES: dict[type, str] = {
     dict: "an object",
@@ -115,8 +122,8 @@ def parse_json(text: str, name: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        body = text.strip()
-        cut = body[:1] in ("{", "[") and body[-1:] not in ("}", "]")  # a writer cut off
+        # A writer cut off: the document ends where more was expected.
+        cut = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
         where = f"line {exc.lineno} column {exc.colno}"
         return Problem(name, f"not JSON: {exc.msg} ({where}){' - cut short?' if cut else ''}")
     except ValueError as exc:  # e.g. a number too long to convert
@@ -182,11 +189,15 @@ Fields = Mapping[str, Kind]
 
 
 def clean(record: dict[str, Any], fields: Fields, name: str, what: str = "") -> list[Problem]:
-    """Drop the fields of ``record`` whose value is not of their kind (null is always
-    allowed: "not known"), so that readers may trust what is left; one problem each."""
+    """Drop the fields of ``record`` whose value is not of their kind, so that readers may
+    trust what is left; one problem each. A null scalar stays ("not known"); a null list
+    or object is dropped without a word (readers take an absent one for empty)."""
     problems = []
     for key, kind in fields.items():
         value = record.get(key)
+        if value is None and kind.container:
+            record.pop(key, None)
+            continue
         if value is None or kind.check(value):
             continue
         del record[key]

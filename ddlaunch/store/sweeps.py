@@ -46,6 +46,7 @@ ARRAY_FIELDS = {
     "members": records.Kind(
         "a list of member numbers",
         lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
+        container=True,
     ),
     "state": records.TEXT,
     "error": records.TEXT,
