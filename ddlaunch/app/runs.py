@@ -21,6 +21,7 @@ from ddlaunch.store import (
     preflight,
     progress,
     records,
+    snapshots,
     staging,
     submission,
     watchdog,
@@ -210,7 +211,7 @@ def read_run(
     info.outcome = rec.json(outcome.OUTCOME_FILE, dict, None, outcome.FIELDS)
     info.progress = rec.json(progress.PROGRESS_FILE, dict, None, progress.FIELDS)
     info.excluded = rec.strings(exclusions.EXCLUDED_FILE)
-    snapshot = rec.json(SNAPSHOT_FILE, dict, {})
+    snapshot = rec.json(SNAPSHOT_FILE, dict, {}, snapshots.FIELDS)
     info.snapshot = str(snapshot["id"]) if snapshot.get("id") is not None else None
     info.cancel_requested = outcome.CANCEL_FILE in present
     info.submitted = submitted_time(run_dir, record, info.intent, info.attempts)
