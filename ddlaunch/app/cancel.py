@@ -28,6 +28,7 @@ from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import outcome, sweeps
 from ddlaunch.store.members import member_of
+from ddlaunch.store.records import Unreadable
 from ddlaunch.store.rundir import committed_step, default_run_root, is_run_dir
 from ddlaunch.store.sweep_cancels import record_cancelled
 
@@ -145,7 +146,10 @@ def close_cancelled(run_dir: Path) -> str:
     recorded = outcome.read_outcome(run_dir)
     if recorded is None:
         info = read_run(run_dir, with_checkpoints=False)
-        committed = committed_step(run_dir)
+        try:
+            committed = committed_step(run_dir)
+        except Unreadable:  # its config is damaged (status says so): no step known
+            committed = None
         if info.attempts:
             reason = saved_phrase("cancelled", None, committed)
         else:

@@ -10,6 +10,7 @@ from ddlaunch.app.status import QUIET_FAILURES, attempt_failure, failures_of, ru
 from ddlaunch.errors import UserError
 from ddlaunch.store.failures import Failure
 from ddlaunch.store.members import member_of
+from ddlaunch.store.records import Unreadable
 from ddlaunch.store.rundir import LOGS_DIR, batch_logs, rank_log, read_config_tree
 from ddlaunch.store.sweeps import member_jobs
 
@@ -22,6 +23,7 @@ class Logs:
     missing: str | None = None  # why there is nothing to show yet
     headline: str | None = None  # how the latest attempt failed, shown first
     history: list[str] = field(default_factory=list)  # how each earlier attempt failed
+    problems: list[str] = field(default_factory=list)  # the run's records that are unusable
 
 
 def requeued(info: RunInfo) -> bool:
@@ -66,7 +68,7 @@ def world_size(run_dir: Path) -> int | None:
         nodes = read_config_tree(run_dir).get("nodes") or {}
         per_node = nodes.get("gpus_per_node") or nodes.get("tasks_per_node") or 1
         return int(nodes.get("count", 1)) * int(per_node)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, Unreadable):  # unknown: any rank may be asked
         return None
 
 
@@ -101,7 +103,7 @@ def find_logs(ref: str, *, rank: int | None = None, batch: bool = False) -> Logs
         return Logs(member, missing=_member_not_started(member))
     run_dir = find_run(ref)
     info = read_run(run_dir, with_checkpoints=False)
-    logs = Logs(run_dir)
+    logs = Logs(run_dir, problems=info.problems)
     if rank is not None:
         size = world_size(run_dir)
         if rank < 0 or (size is not None and rank >= size):

@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlaunch import fsutil
 from ddlaunch.app.runs import read_run
 from ddlaunch.app.status import run_status
 from ddlaunch.checkpoint import adapters
 from ddlaunch.checkpoint.layout import list_checkpoints
 from ddlaunch.config.trainers import KIND_DDLAUNCH
 from ddlaunch.policy.staging import node_line
-from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.failures import read_failures
@@ -84,6 +82,7 @@ class Timeline:
     excluded: list[str] = field(default_factory=list)
     preflight: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""  # why there is nothing to draw (a submission that failed, ...)
+    problems: list[str] = field(default_factory=list)  # records that could not be read
 
     @property
     def origin(self) -> float:
@@ -115,7 +114,7 @@ def build(
         phase, phase_detail = staging_phase((staging or {}).get(key, {}), now)
         t.attempts.append(
             AttemptSpan(
-                attempt=int(rec.get("attempt", len(t.attempts))),
+                attempt=int(_first(rec.get("attempt"), len(t.attempts))),
                 job_id=str(rec.get("job_id", "")),
                 nodes=str(rec.get("nodes", "")),
                 start=float(rec["start"]),
@@ -144,6 +143,10 @@ def build(
     t.samples = [(time_, step) for time_, step, _ in points]
     t.series = [key for _, _, key in points]
     return t
+
+
+def _first(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def attempt_detail(rec: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]) -> str:
@@ -248,6 +251,7 @@ def html_page(t: Timeline, png_b64: str) -> str:
         for v in t.preflight
     )
     excluded = e(", ".join(t.excluded)) or "none"
+    problems = "".join(f"<p><b>{e(p)}</b></p>" for p in t.problems)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>ddlaunch report {e(t.run_id)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}
@@ -262,7 +266,7 @@ font-size:13px;text-align:left}}th{{background:#eee}}img{{max-width:100%}}</styl
 <p>Excluded nodes: {excluded}</p>
 <h2>Checkpoints and failures</h2><table><tr><th>time</th><th>what</th><th>detail</th></tr>
 {events}</table>
-<h2>Latest preflight</h2><table><tr><th>node</th><th>verdict</th><th>checks</th></tr>
+{problems}<h2>Latest preflight</h2><table><tr><th>node</th><th>verdict</th><th>checks</th></tr>
 {preflight}</table></body></html>
 """
 
@@ -300,6 +304,7 @@ def load_timeline(run_dir: Path) -> Timeline:
     info = read_run(run_dir)
     row = run_status(info, None)
     state = row.state
+    # Without a readable config (info.problems says so) the checkpoints cannot be found.
     checkpoints = checkpoint_times(run_dir) if info.checkpoint_root is not None else []
     # Through the store's reader: our own stops (a signal save) are not failures.
     failures = [dataclasses.asdict(f) for f in read_failures(run_dir)]
@@ -317,11 +322,8 @@ def load_timeline(run_dir: Path) -> Timeline:
         {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
         for when, step in sorted(set(points))
     ]
-    try:
-        latest = fsutil.read_json(preflight_records.latest_path(run_dir)) or {}
-    except ValueError:
-        latest = {}
-    return build(
+    latest = info.preflight or {}  # read and checked by read_run
+    timeline = build(
         info.run_id,
         state,
         info.attempts,
@@ -331,6 +333,8 @@ def load_timeline(run_dir: Path) -> Timeline:
         info.excluded,
         latest.get("verdicts", []),
         now=time.time(),
-        staging=staging_records.read_all(run_dir),
+        staging=staging_records.read_all(run_dir),  # unusable ones: in info.problems
         note="" if info.attempts else f"no attempt: {row.failure or row.detail or state}",
     )
+    timeline.problems = list(info.problems)
+    return timeline

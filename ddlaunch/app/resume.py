@@ -21,7 +21,7 @@ from ddlaunch.config.validate import to_plain, validate_tree
 from ddlaunch.errors import UserError
 from ddlaunch.planning.feasibility import unknown_nodes
 from ddlaunch.planning.plan import ClusterFacts, CodePaths
-from ddlaunch.store import badnodes, lock
+from ddlaunch.store import badnodes, lock, records
 from ddlaunch.store.exclusions import excluded
 from ddlaunch.store.failures import FAILURES_DIR
 from ddlaunch.store.members import member_of
@@ -29,6 +29,7 @@ from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE
 from ddlaunch.store.progress import RESULT_FILE
 from ddlaunch.store.rundir import (
     CONFIG_FILE,
+    HISTORY_DIR,
     SCRIPT_FILE,
     RunDir,
     archive,
@@ -127,6 +128,7 @@ def prepare_resume(
     checked as ``submit`` checks a new one (``app.prepare.check_submission``)."""
     run_dir = RunDir(find_run_materialized(ref))
     info = read_run(run_dir.path)
+    refuse_unreadable_config(info)
     tree, locations = read_yaml_file(config_path(run_dir.path))
     loaded = LoadedTree(tree=tree, locations=locations, sources=[str(config_path(run_dir.path))])
     apply_overrides(loaded, overrides)
@@ -169,6 +171,19 @@ def prepare_resume(
     if unknown:
         warnings.insert(0, f"not excluding {', '.join(unknown)}: no such node in this cluster")
     return dataclasses.replace(resumption, warnings=warnings)
+
+
+def refuse_unreadable_config(info: RunInfo) -> None:
+    """The config is what the run is submitted again with: without it, nothing to resume."""
+    _, problem = records.load_yaml_mapping(config_path(info.path), CONFIG_FILE)
+    if not config_path(info.path).exists():
+        problem = records.Problem(CONFIG_FILE, "missing")
+    if problem is not None:
+        history = info.path / HISTORY_DIR
+        earlier = f"; its earlier configs are in {history}" if history.is_dir() else ""
+        raise UserError(
+            f"cannot resume run {info.run_id}: {problem} ({config_path(info.path)}){earlier}"
+        )
 
 
 def refuse_if_active(info: RunInfo, client: object) -> None:

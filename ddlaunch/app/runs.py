@@ -13,15 +13,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlaunch import fsutil
 from ddlaunch.errors import UserError
-from ddlaunch.store import exclusions, outcome, preflight, progress, staging, submission, watchdog
+from ddlaunch.store import (
+    attempts,
+    exclusions,
+    outcome,
+    preflight,
+    progress,
+    records,
+    snapshots,
+    staging,
+    submission,
+    watchdog,
+)
 from ddlaunch.store.attempts import ATTEMPTS_FILE
-from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures
+from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusable_failures
+from ddlaunch.store.layout import ARRAYS_DIR
 from ddlaunch.store.members import ensure_member_dir, member_of
 from ddlaunch.store.rundir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
+    SCRIPT_FILE,
     checkpoint_source,
     default_run_root,
     is_run_dir,
@@ -165,35 +177,20 @@ class RunInfo:
     submitted: float | None = None  # when it was last submitted (or started, if local)
     cancel_requested: bool = False  # cancel.json: `ddlaunch cancel` asked for it
     mtime_ns: int | None = None  # the directory's, when read through RunReader
+    problems: list[str] = field(default_factory=list)  # "unreadable <record>: <reason>"
 
     @property
     def job_id(self) -> str | None:
         return self.job_ids[-1] if self.job_ids else None
 
 
-def _json(path: Path, present: AbstractSet[str], name: str, default: Any = None) -> Any:
-    # One directory listing per run tells which files exist: status reads hundreds of run
-    # directories per poll, and failed opens of absent files are most of the cost otherwise.
-    if name not in present:
-        return default
-    try:
-        return fsutil.read_json(path / name, default)
-    except ValueError:
-        return default
-
-
-def _read(path: Path) -> Any:
-    try:
-        return fsutil.read_json(path)
-    except ValueError:
-        return None
-
-
 def read_run(
     run_dir: Path, *, with_checkpoints: bool = True, listing: AbstractSet[str] | None = None
 ) -> RunInfo:
     """Everything status needs from a run directory; ``listing`` (its file names) may come
-    from the caller, who listed it already."""
+    from the caller, who listed it already. Each record is read on its own
+    (``store.records.Reader``): one that cannot be used is left out and said in
+    ``RunInfo.problems``, the others still count."""
     present: AbstractSet[str]
     if listing is not None:
         present = listing
@@ -202,24 +199,38 @@ def read_run(
             present = set(os.listdir(run_dir))
         except OSError:
             present = set()
-    record = _json(run_dir, present, submission.SUBMISSION_FILE, {}) or {}
+    rec = records.Reader(run_dir, present)
+    record = rec.json(submission.SUBMISSION_FILE, dict, {}, submission.SUBMISSION_FIELDS)
     info = RunInfo(path=run_dir, run_id=run_id(run_dir), job_ids=list(record.get("job_ids", [])))
-    info.intent = _json(run_dir, present, submission.INTENT_FILE, {}) or {}
-    info.failures = read_failures(run_dir) if FAILURES_DIR in present else []
-    info.result = _json(run_dir, present, progress.RESULT_FILE)
-    info.attempts = list(_json(run_dir, present, ATTEMPTS_FILE, []) or [])
-    info.outcome = _json(run_dir, present, outcome.OUTCOME_FILE)
-    info.progress = _json(run_dir, present, progress.PROGRESS_FILE)
-    info.excluded = list(_json(run_dir, present, exclusions.EXCLUDED_FILE, []) or [])
-    snapshot = _json(run_dir, present, SNAPSHOT_FILE)
-    info.snapshot = str(snapshot.get("id")) if isinstance(snapshot, dict) else None
+    info.intent = rec.json(submission.INTENT_FILE, dict, {}, submission.INTENT_FIELDS)
+    if FAILURES_DIR in present:
+        rec.problems += unusable_failures(run_dir)
+        info.failures = read_failures(run_dir)
+    info.result = rec.json(progress.RESULT_FILE, dict)
+    info.attempts = rec.items(ATTEMPTS_FILE, attempts.FIELDS, "attempt")
+    info.outcome = rec.json(outcome.OUTCOME_FILE, dict, None, outcome.FIELDS)
+    info.progress = rec.json(progress.PROGRESS_FILE, dict, None, progress.FIELDS)
+    info.excluded = rec.strings(exclusions.EXCLUDED_FILE)
+    snapshot = rec.json(SNAPSHOT_FILE, dict, {}, snapshots.FIELDS)
+    info.snapshot = str(snapshot["id"]) if snapshot.get("id") is not None else None
     info.cancel_requested = outcome.CANCEL_FILE in present
     info.submitted = submitted_time(run_dir, record, info.intent, info.attempts)
     if preflight.HEALTH_DIR in present:
-        info.preflight = _read(preflight.latest_path(run_dir))
-        info.watchdog = _read(watchdog.summary_path(run_dir))
+        latest = f"{preflight.HEALTH_DIR}/{preflight.LATEST_FILE}"
+        info.preflight = rec.json(latest, dict, None, preflight.LATEST_FIELDS)
+        summary = f"{watchdog.HEALTH_DIR}/{watchdog.SUMMARY_FILE}"
+        info.watchdog = rec.json(summary, dict, None, watchdog.SUMMARY_FIELDS)
     if staging.STAGING_DIR in present:
-        info.staging = latest_staging(run_dir, info.attempts)
+        info.staging = latest_staging(run_dir, info.attempts, rec.problems)
+    if CONFIG_FILE not in present:
+        rec.problems.append(records.Problem(CONFIG_FILE, "missing"))
+    elif with_checkpoints:
+        _read_checkpoints(info, present, rec)
+    info.problems = rec.lines()
+    return info
+
+
+def _read_checkpoints(info: RunInfo, present: AbstractSet[str], rec: records.Reader) -> None:
     # A run that never started has no checkpoint: skip the config read for pending runs
     # (most of a large sweep's members while it is queued).
     started = present & {
@@ -228,20 +239,29 @@ def read_run(
         progress.RESULT_FILE,
         outcome.OUTCOME_FILE,
     }
-    if with_checkpoints and CONFIG_FILE in present and (started or CHECKPOINTS_DIR in present):
+    if CONFIG_FILE not in present or not (started or CHECKPOINTS_DIR in present):
+        return
+    run_dir = info.path
+    try:
         source = checkpoint_source(run_dir)
-        info.checkpoint_root, info.trainer = source.root, source.kind
-        root = source.root
-        if root.parent != run_dir or root.name in present:
-            latest = latest_checkpoint(run_dir, source)
-            if latest is not None:
-                info.latest_step, info.latest_checkpoint = latest.step, latest.path
-    return info
+    except records.Unreadable as exc:
+        rec.problems.append(exc.problem)
+        return
+    info.checkpoint_root, info.trainer = source.root, source.kind
+    root = source.root
+    if root.parent != run_dir or root.name in present:
+        latest = latest_checkpoint(run_dir, source)
+        if latest is not None:
+            info.latest_step, info.latest_checkpoint = latest.step, latest.path
 
 
-def latest_staging(run_dir: Path, attempts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def latest_staging(
+    run_dir: Path,
+    attempts: list[dict[str, Any]],
+    problems: list[records.Problem] | None = None,
+) -> dict[str, dict[str, Any]]:
     """The staging records of the newest attempt that staged (host -> record)."""
-    every = staging.read_all(run_dir)
+    every = staging.read_all(run_dir, problems)
     for rec in reversed(attempts):
         key = f"{rec.get('job_id')}-{rec.get('restart_count', 0) or 0}"
         if key in every:
@@ -304,8 +324,9 @@ class RunReader:
         return (hit, mtime_ns) if hit is not None else None
 
     def remember_final(self, info: RunInfo, state: str) -> None:
-        """``info``'s run ended in ``state``: cache it while its directory stays as read."""
-        if info.mtime_ns is not None:
+        """``info``'s run ended in ``state``: cache it while its directory stays as read
+        (never from records that could not be read: that is no final state)."""
+        if info.mtime_ns is not None and not info.problems:
             final = Final(state, info.submitted)
             self.cache(info.path.parent).put_final(info.path.name, info.mtime_ns, self.now, final)
 
@@ -328,6 +349,9 @@ class RunReader:
             listing = set()
         info = read_run(run_dir, listing=listing)
         info.mtime_ns = mtime_ns
+        if info.problems:  # its damaged records are read again, and said, every poll
+            cache.forget(run_dir.name)
+            return info
         queued = Queued(info.job_ids, info.intent, info.submitted)
         cache.put(run_dir.name, mtime_ns, listing, self.now, queued)
         return info
@@ -377,7 +401,10 @@ def scan_root(root: Path, cache: StatusCache) -> RootListing:
                 listing = set(os.listdir(entry.path))
             except OSError:  # not a directory, or gone meanwhile
                 continue
-            kind = "run" if CONFIG_FILE in listing else "sweep" if MEMBERS_FILE in listing else ""
+            run = CONFIG_FILE in listing or SCRIPT_FILE in listing  # as is_run_dir
+            # A sweep that lost its members.json still has its arrays: status says so.
+            sweep = MEMBERS_FILE in listing or ARRAYS_DIR in listing
+            kind = "run" if run else "sweep" if sweep else ""
             if kind:
                 entries.append((mtime_ns, name, kind))
     entries.sort()

@@ -88,6 +88,7 @@ class RunStatus:
     staging: dict[str, Any] | None = None  # the last attempt's staging, per node
     submitted: float | None = None
     members: dict[str, int] | None = None  # a sweep's row: members per state
+    problems: list[str] = field(default_factory=list)  # records that could not be read
 
     def as_dict(self) -> dict[str, Any]:
         # Shallow on purpose: the fields are plain data already, and dataclasses.asdict's deep
@@ -291,6 +292,7 @@ def run_status(
         submitted=info.submitted,
         snapshot=info.snapshot,
         staging=staging_nodes(info.staging),
+        problems=list(info.problems),
     )
 
 
@@ -353,8 +355,8 @@ def staging_nodes(records: dict[str, dict[str, Any]] | None) -> dict[str, Any] |
 
 def settled(info: RunInfo, row: RunStatus) -> bool:
     """Whether ``row`` is the run's final state, to be cached until its directory changes."""
-    if row.state in ACTIVE_STATES or row.state == "UNKNOWN":
-        return False
+    if row.state in ACTIVE_STATES or row.state == "UNKNOWN" or info.problems:
+        return False  # a state read from damaged records is no truth to keep
     return info.outcome is not None or row.state in SETTLED_STATES
 
 

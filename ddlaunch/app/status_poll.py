@@ -167,6 +167,18 @@ def _member_dirs(path: Path) -> list[tuple[str, Path]]:
         return []
 
 
+def unreadable_sweep(path: Path) -> RunStatus:
+    """The row of a sweep whose members cannot be known: its id and why."""
+    try:
+        sweeps.member_run_dirs(path)
+        why = f"unreadable {sweeps.MEMBERS_FILE}: no members"
+    except Exception as exc:  # whatever the damage, the row says it
+        why = str(exc).split(": ", 1)[-1] if "unreadable" in str(exc) else str(exc)
+    row = RunStatus(path.name, str(path), None, "UNKNOWN", "", "", None, None, None, None, None)
+    row.problems = [why]
+    return row
+
+
 def _members(path: Path) -> list[Target]:
     return [Target(run_dir, path.name, label) for label, run_dir in _member_dirs(path)]
 
@@ -208,6 +220,7 @@ def view(
     # Runs under the root the cache knows ended: their names only (no Path, no read) until
     # one of them is shown: a poll over 10,000 finished runs is one stat each.
     finals: dict[str, tuple[int, Final]] = {}
+    broken: list[RunStatus] = []
     if refs:
         targets, _ = resolve(refs, root=root, reader=reader)
     else:
@@ -215,7 +228,10 @@ def view(
         finals = listing.finals
         targets = []
         for kind, path, mtime_ns in listing.entries:
-            targets += [Target(path, mtime_ns=mtime_ns)] if kind == "run" else _members(path)
+            found = [Target(path, mtime_ns=mtime_ns)] if kind == "run" else _members(path)
+            targets += found
+            if not found:  # a sweep whose members.json is damaged: a row says so
+                broken.append(unreadable_sweep(path))
     units: dict[str, list[Target]] = {}
     for t in targets:  # a sweep is one row of the overview: kept or hidden as a whole
         hit = reader.final(t.path, t.mtime_ns) if refs or t.sweep else None
@@ -248,7 +264,7 @@ def view(
     rows.update(
         zip(ended_now, poll(ended_now, client, form=form, reader=reader, now=now), strict=True)
     )
-    out = [rows[t] for t in shown]
+    out = [rows[t] for t in shown] + broken
     names = sorted({*(t.sweep or t.path.name for t in targets), *finals})
     return StatusView(group_sweeps(out) if grouped else by_order(out, refs), root, hidden, names)
 
@@ -294,7 +310,7 @@ def _slurm_version(targets: Sequence[Any]) -> str | None:
     for target in targets[:1]:
         try:
             text = config_path(target.path).read_text()
-        except OSError:
+        except (OSError, ValueError):  # missing, or not UTF-8: read_run says which
             return None
         match = re.search(r"^  slurm_version: '?([0-9.]+)'?$", text, re.M)
         return match.group(1) if match else None

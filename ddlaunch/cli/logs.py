@@ -74,6 +74,8 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
                 click.echo(text)
     if found.missing and not follow_:
         click.echo(found.missing, err=True)
+    for problem in found.problems:
+        click.echo(problem, err=True)
     if stream is not None:
         from ddlaunch.cli.follow import follow_run
 

@@ -35,3 +35,5 @@ def command(run: str, out: str | None) -> None:
     page = html_page(t, base64.b64encode(png.read_bytes()).decode("ascii"))
     fsutil.atomic_write_text(folder / "report.html", page)
     click.echo(f"{png}\n{folder / 'report.html'}")
+    for problem in t.problems:  # drawn without them; the page says so too
+        click.echo(problem, err=True)

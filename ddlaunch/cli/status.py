@@ -34,7 +34,7 @@ def _num(value: int | None) -> str:
 def note(r: Any) -> str:
     """What a user acts on, in one cell: a member's overrides, the failure or how the run
     ended (or why it waits), node health (`status RUN` lists every attempt's cause)."""
-    parts = [r.label or "", r.failure or r.detail or r.reason or "", r.health]
+    parts = [r.label or "", r.failure or r.detail or r.reason or "", r.health, *r.problems]
     return "; ".join(p for p in parts if p)
 
 
@@ -95,7 +95,7 @@ def attempt_lines(row: Any) -> list[str]:
         origin = f"step {resumed}" if resumed is not None else "scratch"
         job = f"job {a['job_id']}" if a.get("job_id") else "local"
         text = (
-            f"attempt {a.get('attempt')}: {job} on {a.get('nodes') or '?'} "
+            f"attempt {_num(a.get('attempt'))}: {job} on {a.get('nodes') or '?'} "
             f"at {started}{took}, from {origin} -> {a.get('cause')}"
         )
         if a.get("committed_step") is not None:

@@ -250,7 +250,7 @@ def summary_line(verdicts: Sequence[dict[str, Any]]) -> str:
         reasons = []
         for v in bad:
             failed = [c for c in v.get("checks", []) if c.get("status") == "fail"]
-            reasons.append(f"{v['node']}: {failed[0]['name'] if failed else '?'}")
+            reasons.append(f"{v.get('node', '?')}: {failed[0]['name'] if failed else '?'}")
         text += f", {len(bad)} failed ({', '.join(reasons)})"
     return text
 

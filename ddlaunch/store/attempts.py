@@ -16,9 +16,26 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 from ddlaunch.store.layout import KUBERNETES_JOB_VAR, KUBERNETES_RESTART_VAR
+from ddlaunch.store.records import INT, NUMBER, STRINGS, TEXT
 
 ATTEMPTS_FILE = "attempts.json"
+# The fields of an attempt record readers rely on, with their kinds (``store.records.clean``).
+FIELDS = {
+    "attempt": INT,
+    "job_id": TEXT,
+    "restart_count": INT,
+    "nodes": TEXT,
+    "batch_host": TEXT,
+    "start": NUMBER,
+    "end": NUMBER,
+    "cause": TEXT,
+    "decision": TEXT,
+    "resumed_from": INT,
+    "committed_step": INT,
+    "blamed": STRINGS,
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +76,10 @@ class AttemptId:
 
 
 def load(run_dir: Path) -> list[dict[str, Any]]:
-    return list(fsutil.read_json(run_dir / ATTEMPTS_FILE, []) or [])
+    """The attempt records; a file that cannot be used counts as none (``app.runs`` tells
+    the user which and why), so that concluding an attempt never fails on it."""
+    found, _ = records.load_json(run_dir / ATTEMPTS_FILE, list, [])
+    return records.clean_items(found, FIELDS, ATTEMPTS_FILE)[0]
 
 
 def save(run_dir: Path, attempts: list[dict[str, Any]]) -> None:

@@ -11,8 +11,20 @@ from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.policy import attribution
+from ddlaunch.store import records
 
 FAILURES_DIR = "failures"
+# What readers of a rank's record rely on (``store.records.clean``).
+FIELDS = {
+    "rank": records.INT,
+    "host": records.TEXT,
+    "exception": records.TEXT,
+    "message": records.TEXT,
+    "where": records.TEXT,
+    "job_id": records.TEXT,
+    "attempt": records.INT,
+    "time": records.NUMBER,
+}
 # Our own control flow (``worker.stops.StopRank``), never a failure; earlier versions wrote
 # records for them, which readers skip.
 NOT_FAILURES = frozenset({"Preempted", "PreflightFailed"})
@@ -63,6 +75,8 @@ def read_failures(run_dir: Path) -> list[Failure]:
             continue
         if not isinstance(rec, dict) or rec.get("exception") in NOT_FAILURES:
             continue
+        if records.clean(rec, FIELDS, f"{FAILURES_DIR}/{path.name}"):
+            continue  # wrongly typed: not evidence (``app.runs`` says so in the run's row)
         failures.append(
             Failure(
                 rank=int(rec.get("rank", -1)),
@@ -84,3 +98,13 @@ def is_collateral(failure: Failure) -> bool:
     """A peer's error (a connection closed or reset, a collective timed out): the rank
     failed because another one did (``policy.attribution`` holds the words)."""
     return attribution.is_collateral(failure.message, failure.exception)
+
+
+def unusable_failures(run_dir: Path) -> list[records.Problem]:
+    """The rank records ``read_failures`` skips because they cannot be used, and why."""
+    problems = []
+    for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
+        name = f"{FAILURES_DIR}/{path.name}"
+        found, problem = records.load_json(path, dict, name=name)
+        problems += [problem] if problem else records.clean(found or {}, FIELDS, name)
+    return problems

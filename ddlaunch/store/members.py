@@ -168,6 +168,6 @@ def ensure_member_dir(run_dir: str | os.PathLike[str]) -> bool:
     sweep_dir, index = found
     try:
         materialize(sweep_dir, index)
-    except KeyError:  # no such member in members.json
+    except (KeyError, ValueError):  # no such member in members.json, or it is damaged
         return False
     return True

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
+from ddlaunch.store.records import NUMBER, TEXT
 
 OUTCOME_FILE = "outcome.json"
 CANCEL_FILE = "cancel.json"
+FIELDS = {"state": TEXT, "reason": TEXT, "time": NUMBER}  # what readers rely on
 
 
 def write_outcome(run_dir: Path, state: str, reason: str = "", **extra: Any) -> None:
@@ -22,7 +25,11 @@ def write_outcome(run_dir: Path, state: str, reason: str = "", **extra: Any) -> 
 
 
 def read_outcome(run_dir: Path) -> dict[str, Any] | None:
-    return fsutil.read_json(run_dir / OUTCOME_FILE)
+    """How the run ended; None when nobody recorded it or the record cannot be used."""
+    found, _ = records.load_json(run_dir / OUTCOME_FILE, dict)
+    if found is not None:
+        records.clean(found, FIELDS, OUTCOME_FILE)
+    return found
 
 
 def write_cancel(run_dir: Path, job_ids: list[str]) -> None:

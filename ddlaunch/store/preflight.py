@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 from ddlaunch.store.attempts import AttemptId, update_open
 
 HEALTH_DIR = "health"
 REPORTS_DIR = "preflight"
 LATEST_FILE = "preflight.json"
+LATEST_FIELDS = {"verdicts": records.OBJECTS}  # what readers of the latest verdicts rely on
 
 
 def reports_dir(run_dir: Path, attempt: AttemptId) -> Path:

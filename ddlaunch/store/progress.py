@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store.records import INT, NUMBER
 
 PROGRESS_FILE = "progress.json"
 RESULT_FILE = "result.json"
+FIELDS = {"step": INT, "time": NUMBER}  # what readers of progress.json rely on
 
 
 def write_progress(run_dir: Path, step: int, job_id: str | None) -> None:

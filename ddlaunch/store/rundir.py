@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ddlaunch import fsutil
 from ddlaunch.config import trainers
 from ddlaunch.errors import UserError
+from ddlaunch.store import records
 
 if TYPE_CHECKING:
     from ddlaunch.checkpoint import adapters
@@ -88,8 +89,10 @@ class RunIdTaken(UserError):
 
 
 def is_run_dir(path: Path) -> bool:
-    """A complete run directory: its config is the last thing a creator writes."""
-    return (path / CONFIG_FILE).is_file()
+    """A run directory: its config is the last thing a creator writes (the directory is
+    renamed into place complete). One that has its script but lost its config is still a
+    run, whose config is said to be missing (never a run hidden from its user)."""
+    return (path / CONFIG_FILE).is_file() or (path / SCRIPT_FILE).is_file()
 
 
 def config_path(run_dir: Path) -> Path:
@@ -97,12 +100,15 @@ def config_path(run_dir: Path) -> Path:
 
 
 def read_config_tree(run_dir: Path) -> dict[str, Any]:
-    """The resolved config as plain YAML data (no validation: a hook needs a key or two)."""
-    import yaml  # lazy: status and logs import this module but rarely parse a config
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    tree = yaml.load(config_path(run_dir).read_text(), Loader=loader)  # a safe loader
-    return tree if isinstance(tree, dict) else {}
+    """The resolved config as plain YAML data (no validation: a hook needs a key or two).
+    ``records.Unreadable`` (a ``UserError`` naming the file and why) when it is missing,
+    not UTF-8, not YAML or not a mapping."""
+    if not config_path(run_dir).exists():
+        raise records.Unreadable(records.Problem(CONFIG_FILE, "missing"))
+    tree, problem = records.load_yaml_mapping(config_path(run_dir), CONFIG_FILE)
+    if problem is not None:
+        raise records.Unreadable(problem)
+    return tree
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -136,18 +142,23 @@ def checkpoint_source(run_dir: Path, tree: dict[str, Any] | None = None) -> Chec
     Session run with the default directories is recognised from the text without a parse
     (``status`` reads this for every run it shows)."""
     if tree is None:
-        text = config_path(run_dir).read_text()
+        text = records.require_text(config_path(run_dir), CONFIG_FILE)
         plain = text.count("checkpoint_dir:") == text.count("checkpoint_dir: null\n")
         session = _DEFAULT_TRAINER in text and "\n  entrypoint: null\n" not in text
         if plain and session:
             layout = trainers.BUILTIN[trainers.KIND_DDLAUNCH]
             return CheckpointSource(trainers.KIND_DDLAUNCH, layout, run_dir / CHECKPOINTS_DIR)
         tree = read_config_tree(run_dir)
-    kind, layout = trainers.layout_from_tree(tree)
-    section = tree.get("trainer") or {}
-    configured = section.get("checkpoint_dir")
-    root = trainer_dir(configured, run_dir) if configured else _storage_root(tree, run_dir)
-    return CheckpointSource(kind, layout, root, bool(section.get("stop_before_limit")))
+    try:
+        kind, layout = trainers.layout_from_tree(tree)
+        section = tree.get("trainer") or {}
+        configured = section.get("checkpoint_dir")
+        root = trainer_dir(configured, run_dir) if configured else _storage_root(tree, run_dir)
+        return CheckpointSource(kind, layout, root, bool(section.get("stop_before_limit")))
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        # A config written by ddlaunch always fits; this one was edited (or damaged) since.
+        problem = records.Problem(CONFIG_FILE, f"its trainer or storage section: {exc}")
+        raise records.Unreadable(problem) from None
 
 
 def _storage_root(tree: dict[str, Any], run_dir: Path) -> Path:

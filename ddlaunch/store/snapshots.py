@@ -8,9 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 
 SNAPSHOTS_DIR = ".snapshots"
 SNAPSHOT_FILE = "snapshot.json"
+# What readers of the record rely on (``store.records.clean``).
+FIELDS = {
+    "kind": records.TEXT,
+    "id": records.TEXT,
+    "path": records.TEXT,
+    "source": records.TEXT,
+    "workdir": records.TEXT,
+}
 
 
 def write_snapshot(run_dir: Path, record: dict[str, Any]) -> None:
@@ -18,8 +27,8 @@ def write_snapshot(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def read_snapshot(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        record = fsutil.read_json(run_dir / SNAPSHOT_FILE)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    """The record, its fields of their kinds; None when absent or unusable."""
+    record, _ = records.load_json(run_dir / SNAPSHOT_FILE, dict)
+    if record is not None:
+        records.clean(record, FIELDS, SNAPSHOT_FILE)
+    return record

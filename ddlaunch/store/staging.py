@@ -17,11 +17,20 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 from ddlaunch.store.attempts import AttemptId
 
 STAGING_DIR = "staging"
 RUNNING, DONE, FAILED = "running", "done", "failed"
 FINAL = (DONE, FAILED)
+# What readers of a node's record rely on (``store.records.clean``).
+FIELDS = {
+    "state": records.TEXT,
+    "start": records.NUMBER,
+    "end": records.NUMBER,
+    "items": records.OBJECTS,
+    "progress": records.OBJECT,
+}
 
 
 def attempt_dir(run_dir: Path, attempt: AttemptId) -> Path:
@@ -39,18 +48,26 @@ def read_node(run_dir: Path, attempt: AttemptId, host: str) -> dict[str, Any] | 
         return None
 
 
-def read_dir(directory: Path) -> dict[str, dict[str, Any]]:
-    """Host -> record of one attempt's directory; unreadable records are skipped."""
+def read_dir(
+    directory: Path, problems: list[records.Problem] | None = None, prefix: str = ""
+) -> dict[str, dict[str, Any]]:
+    """Host -> record of one attempt's directory; unreadable records are skipped (and, with
+    ``problems``, said there, named ``<prefix><host>.json``)."""
     out: dict[str, dict[str, Any]] = {}
     try:
         paths = sorted(directory.glob("*.json"))
     except OSError:
         return out
     for path in paths:
-        try:
-            out[path.stem] = fsutil.read_json(path) or {}
-        except (OSError, ValueError):
-            continue
+        record, problem = records.load_json(path, dict, name=f"{prefix}{path.name}")
+        if problem is None and record is not None:
+            found = records.clean(record, FIELDS, f"{prefix}{path.name}")
+        else:
+            found = [problem] if problem is not None else []
+        if problems is not None:
+            problems += found
+        if record is not None:
+            out[path.stem] = record
     return out
 
 
@@ -58,14 +75,17 @@ def read_attempt(run_dir: Path, attempt: AttemptId) -> dict[str, dict[str, Any]]
     return read_dir(attempt_dir(run_dir, attempt))
 
 
-def read_all(run_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
-    """Attempt key (``<job>-<restart>``) -> host -> record, for every attempt that staged."""
+def read_all(
+    run_dir: Path, problems: list[records.Problem] | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Attempt key (``<job>-<restart>``) -> host -> record, for every attempt that staged;
+    ``problems`` collects the records that could not be used."""
     root = run_dir / STAGING_DIR
     try:
         keys = sorted(p.name for p in root.iterdir() if p.is_dir())
     except OSError:
         return {}
-    return {key: read_dir(root / key) for key in keys}
+    return {key: read_dir(root / key, problems, f"{STAGING_DIR}/{key}/") for key in keys}
 
 
 # A broadcast (mode sbcast) of data set NAME in one attempt: each node's leader votes whether

@@ -42,6 +42,30 @@ ACTIVITY = frozenset(
 _SETTLE_S = 2.0
 
 
+def _optional(*kinds: type) -> Any:
+    return lambda v: v is None or (isinstance(v, kinds) and not isinstance(v, bool))
+
+
+# The entries as ``put`` and ``put_final`` write them: anything else is a damaged cache.
+_QUEUED = (
+    _optional(int),
+    lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+    _optional(str),
+    _optional(str),
+    _optional(int, float),
+)
+_FINAL = (_optional(int), lambda v: isinstance(v, str), _optional(int, float))
+
+
+def _table(table: Any, shape: tuple[Any, ...]) -> bool:
+    return isinstance(table, dict) and all(
+        isinstance(e, list)
+        and len(e) == len(shape)
+        and all(ok(v) for ok, v in zip(shape, e, strict=True))
+        for e in table.values()
+    )
+
+
 @dataclass(frozen=True)
 class Queued:
     job_ids: list[str]
@@ -79,8 +103,9 @@ class StatusCache:
         try:
             data = json.loads(self.path.read_text())
             if isinstance(data, dict) and data.get("version") == VERSION:
-                self.runs = dict(data.get("runs", {}))
-                self.final = dict(data.get("final", {}))
+                runs, final = data.get("runs", {}), data.get("final", {})
+                if _table(runs, _QUEUED) and _table(final, _FINAL):  # else: rebuilt
+                    self.runs, self.final = dict(runs), dict(final)
         except (OSError, ValueError):
             pass
 
@@ -132,6 +157,12 @@ class StatusCache:
             self.final[name] = entry
             self.runs.pop(name, None)
             self.changed = True
+
+    def forget(self, name: str) -> None:
+        """Hold nothing about ``name`` (its records could not be read)."""
+        for table in (self.runs, self.final):
+            if table.pop(name, None) is not None:
+                self.changed = True
 
     def keep_only(self, names: AbstractSet[str]) -> None:
         """Forget the runs not among ``names`` (a whole listing of the directory): removed

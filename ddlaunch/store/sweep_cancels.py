@@ -19,19 +19,26 @@ def cancelled_members(sweep_dir: Path) -> dict[int, str]:
     """Member -> the job id that was cancelled (unreadable: none)."""
     try:
         data = fsutil.read_json(sweep_dir / CANCELLED_FILE, {}) or {}
-    except ValueError:
+    except (OSError, ValueError):  # damaged (not UTF-8 included): none known
         return {}
     members = data.get("members", {}) if isinstance(data, dict) else {}
-    return {int(k): str(v.get("job_id")) for k, v in members.items() if isinstance(v, dict)}
+    if not isinstance(members, dict):
+        return {}
+    return {
+        int(k): str(v.get("job_id"))
+        for k, v in members.items()
+        if isinstance(v, dict) and k.isdigit()
+    }
 
 
 def record_cancelled(sweep_dir: Path, jobs: Mapping[int, str]) -> None:
     """Add ``jobs`` (member -> cancelled job id), before the scancel."""
     try:
         data = fsutil.read_json(sweep_dir / CANCELLED_FILE, {}) or {}
-    except ValueError:
+    except (OSError, ValueError):
         data = {}
-    members = dict(data.get("members", {})) if isinstance(data, dict) else {}
+    members = data.get("members", {}) if isinstance(data, dict) else {}
+    members = dict(members) if isinstance(members, dict) else {}
     now = time.time()
     for index, job_id in jobs.items():
         members[str(index)] = {"job_id": job_id, "time": now}

@@ -26,7 +26,6 @@ job ids (or its failed submission) from the arrays' records: ``member_jobs``,
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -35,10 +34,24 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ddlaunch.errors import UserError
+from ddlaunch.store import records
 from ddlaunch.store.layout import ARRAYS_DIR, MEMBERS_DIR
 
 SWEEP_FILE = "sweep.yaml"  # the sweep file as given
 MEMBERS_FILE = "members.json"
+# What readers of an array's record (``arrays/<n>.json``) rely on (``store.records.clean``).
+ARRAY_FIELDS = {
+    "name": records.TEXT,
+    "job_id": records.TEXT,
+    "members": records.Kind(
+        "a list of member numbers",
+        lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
+        container=True,
+    ),
+    "state": records.TEXT,
+    "error": records.TEXT,
+    "time": records.NUMBER,
+}
 
 
 @dataclass
@@ -90,11 +103,41 @@ def read_packed(sweep_dir: Path) -> dict[str, Any]:
     hit = _packed_cache.get(path)
     if hit is not None and _valid(hit[0], stamp):
         return hit[1]
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
+    data, problem = records.load_json(path, dict)
+    if problem is None and data is None:
+        problem = records.Problem(MEMBERS_FILE, "missing")
+    problem = problem or _packed_problem(data)
+    if problem is not None:
+        raise ValueError(problem.reason)
     if stamp is not None:
         _packed_cache[path] = (stamp, data)
     return data
+
+
+def _packed_problem(data: dict[str, Any]) -> records.Problem | None:
+    """What makes ``members.json`` unusable: its members table and layouts have a fixed
+    shape (``sweeps.packing`` writes them); anything else is damage."""
+    members = data.get("members")
+    checks = {
+        "members": isinstance(members, dict),
+        "members.axes": isinstance(members, dict)
+        and isinstance(members.get("axes"), list)
+        and all(
+            isinstance(axis, list)
+            and axis
+            and all(isinstance(p, list) and all(isinstance(t, str) for t in p) for p in axis)
+            for axis in members["axes"]
+        ),
+        "members.layout": isinstance(members, dict)
+        and isinstance(members.get("layout"), list)
+        and all(isinstance(i, int) for i in members["layout"]),
+        "layouts": records.OBJECTS.check(data.get("layouts", [])),
+        "sections": records.OBJECTS.check(data.get("sections", [])),
+        "arrays": records.OBJECTS.check(data.get("arrays", [])),
+        "metric": isinstance(data.get("metric"), str | None),
+    }
+    bad = [key for key, fine in checks.items() if not fine]
+    return records.Problem(MEMBERS_FILE, f"{bad[0]} is not as ddlaunch writes it") if bad else None
 
 
 def is_sweep_dir(path: Path) -> bool:
@@ -107,7 +150,9 @@ def read_members(path: Path) -> dict[str, Any]:
     try:
         return read_packed(path)
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is not a readable sweep directory: {exc}") from None
+        raise UserError(
+            f"{path} is not a readable sweep directory: unreadable {MEMBERS_FILE}: {exc}"
+        ) from None
 
 
 def member_run_dirs(path: Path) -> list[tuple[str, Path]]:
@@ -125,7 +170,7 @@ def array_records(sweep_dir: Path) -> list[dict[str, Any]]:
     (``arrays/<n>.json``, written after its sbatch; before it, too, for a resubmission), else
     its intent in ``members.json`` (state ``submitting``: its sbatch has not returned, or
     the submitter died before it wrote the record)."""
-    records: dict[str, dict[str, Any]] = {}
+    found: dict[str, dict[str, Any]] = {}
     try:
         names = os.listdir(sweep_dir / ARRAYS_DIR)
     except OSError:
@@ -133,19 +178,22 @@ def array_records(sweep_dir: Path) -> list[dict[str, Any]]:
     for name in names:
         if not name.endswith(".json") or name.startswith("."):
             continue
-        try:
-            with open(sweep_dir / ARRAYS_DIR / name, encoding="utf-8") as handle:
-                record = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        records[str(record.get("name"))] = record
+        record, _ = records.load_json(sweep_dir / ARRAYS_DIR / name, dict)
+        if record is None or records.clean(record, ARRAY_FIELDS, name):
+            continue  # damaged: its intent in members.json stands for it
+        found[str(record.get("name"))] = record
     try:
         intents = read_packed(sweep_dir).get("arrays", [])
     except (OSError, ValueError):
         intents = []
     for intent in intents:
-        records.setdefault(str(intent.get("name")), intent)
-    return sorted(records.values(), key=lambda r: int(r.get("name", 0)))
+        records.clean(intent, ARRAY_FIELDS, MEMBERS_FILE)
+        found.setdefault(str(intent.get("name")), intent)
+    return sorted(found.values(), key=lambda r: _array_number(r.get("name")))
+
+
+def _array_number(name: Any) -> int:
+    return int(name) if isinstance(name, str) and name.isdigit() else 0
 
 
 def member_jobs(sweep_dir: Path) -> dict[int, MemberJobs]:

@@ -16,10 +16,13 @@ from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.records import INT, NUMBER
 
 HEALTH_DIR = "health"
 SUMMARY_FILE = "watchdog.json"
 STEPS_FILE = "steps.jsonl"
+# What readers of the summary rely on (``store.records.clean``).
+SUMMARY_FIELDS = {"time": NUMBER, "oldest_beat_age": NUMBER, "step": INT}
 
 
 def verdict_path(run_dir: Path, attempt: AttemptId) -> Path:

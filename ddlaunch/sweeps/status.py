@@ -72,7 +72,7 @@ def member_status(
         checkpoint_step=s.checkpoint_step,
         attempts=s.attempts or 0,
         metric=value,
-        note=s.failure or s.detail or s.reason or "",
+        note="; ".join(p for p in (s.failure or s.detail or s.reason, *s.problems) if p),
     )
 
 
