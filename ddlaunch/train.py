@@ -101,6 +101,7 @@ class Session:
             interval=config.health.heartbeat_interval,
             job_id=self.attempt.job_id,
             restart=self.attempt.restart,
+            relaunch=self.attempt.relaunch,
         ).start()
         if self.rank == 0:
             where = f"step {self.start_step}" if info else "scratch"

@@ -15,6 +15,7 @@ from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.errors import UserError
+from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store import exclusions, outcome, preflight, progress, staging, submission, watchdog
 from ddlaunch.store.attempts import ATTEMPTS_FILE
 from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures
@@ -243,7 +244,7 @@ def latest_staging(run_dir: Path, attempts: list[dict[str, Any]]) -> dict[str, d
     """The staging records of the newest attempt that staged (host -> record)."""
     every = staging.read_all(run_dir)
     for rec in reversed(attempts):
-        key = f"{rec.get('job_id')}-{rec.get('restart_count', 0) or 0}"
+        key = attempts_store.record_key(rec)
         if key in every:
             return every[key]
     return every[max(every)] if every else {}

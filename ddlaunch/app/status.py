@@ -119,6 +119,8 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any
             item["detail"] = str(why)
         if rec.get("preflight"):
             item["preflight"] = rec["preflight"]
+        if rec.get("in_allocation"):
+            item["in_allocation"] = True  # a new srun step of the same job start: no requeue
         out.append(item)
     return out
 

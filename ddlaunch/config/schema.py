@@ -294,6 +294,12 @@ class FaultToleranceSpec:
     max_requeues: int = opt(
         3, "Most requeues of one run; each must have advanced the step.", range=(0, 1000)
     )
+    max_restarts: int = opt(
+        3,
+        "Most restarts of one run inside its allocation (a new srun step, no requeue) after a "
+        "crash or a hang with no node to blame; each must have advanced the step.",
+        range=(0, 1000),
+    )
     signal: str = opt(
         "USR2",
         "Signal sent ahead of the time limit (USR1, USR2, TERM, INT, HUP, "

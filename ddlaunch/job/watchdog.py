@@ -78,7 +78,11 @@ class _Watch:
     def beats(self) -> list[analysis.Beat]:
         records_ = read_heartbeats(self.run_dir)
         return analysis.current_beats(
-            records_, self.attempt.job_id, self.attempt.restart, self.started - 60
+            records_,
+            self.attempt.job_id,
+            self.attempt.restart,
+            self.started - 60,
+            self.attempt.relaunch,
         )
 
     def report_dead_nodes(
