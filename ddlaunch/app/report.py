@@ -145,7 +145,11 @@ def build(
             t.events.append(Event(float(f["time"]), "failure", label))
     t.events.sort(key=lambda e: e.time)
     points = sorted(
-        (float(s["time"]), int(s["step"]), f"{s.get('job_id', '')}-{s.get('restart', '')}")
+        (
+            float(s["time"]),
+            int(s["step"]),
+            f"{s.get('job_id', '')}-{s.get('restart', '')}.{s.get('relaunch') or 0}",
+        )
         for s in samples
         if s.get("time") is not None and s.get("step") is not None
     )

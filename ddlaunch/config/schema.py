@@ -300,6 +300,12 @@ class FaultToleranceSpec:
         "crash or a hang with no node to blame; each must have advanced the step.",
         range=(0, 1000),
     )
+    mttf_hours: float | None = opt(
+        None,
+        "Mean time between failures of the whole job, in hours, for `ddlaunch advise`; "
+        "null: estimated from the run's own failures.",
+        range=(0.001, 10**6),
+    )
     signal: str = opt(
         "USR2",
         "Signal sent ahead of the time limit (USR1, USR2, TERM, INT, HUP, "

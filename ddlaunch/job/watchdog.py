@@ -104,7 +104,8 @@ class _Watch:
         if self.attempt.job_id:
             relay_deferred_signal(self.run_dir, self.attempt, self.client)
         summary = analysis.summary(beats, now)
-        summary.update({"job_id": self.attempt.job_id, "restart": self.attempt.restart})
+        a = self.attempt
+        summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
         records.write_summary(self.run_dir, summary)
         if summary["step"] is not None and summary["step"] != self.last_step:
             self.last_step = summary["step"]
