@@ -350,3 +350,37 @@ def test_each_restart_is_its_own_attempt_for_files_ports_and_records() -> None:
     ]
     assert [b.started for b in current_beats(beats, "9", 0, 0.0, 1)] == [20.0]
     assert [b.started for b in current_beats(beats, "9", 0, 0.0)] == [10.0]
+
+
+def test_status_and_report_tell_a_restart_from_a_requeue() -> None:
+    from types import SimpleNamespace
+
+    from ddlaunch.app import report
+    from ddlaunch.app.status import attempt_history
+    from ddlaunch.cli.status import attempt_lines
+
+    base = {"job_id": "9", "restart_count": 0, "nodes": "node[1-2]", "start": 0.0}
+    records = [
+        {**base, "attempt": 0, "end": 20.0, "cause": "crash", "committed_step": 60},
+        {**base, "attempt": 1, "relaunch": 1, "in_allocation": True, "start": 21.0,
+         "end": 70.0, "cause": "crash", "resumed_from": 60, "committed_step": 80},
+        {**base, "attempt": 2, "restart_count": 1, "start": 90.0, "end": 130.0,
+         "cause": "completed", "resumed_from": 80, "committed_step": 300},
+    ]  # fmt: skip
+    # Each restart's failure records are its own: attempt 1's rank 1, not attempt 0's.
+    failures = [
+        {"rank": 1, "host": "node1", "job_id": "9", "attempt": 0, "relaunch": relaunch,
+         "exception": "RuntimeError", "message": f"in {relaunch}", "time": 10.0 + relaunch}
+        for relaunch in (0, 1)
+    ]  # fmt: skip
+    history = attempt_history(SimpleNamespace(attempts=records), "COMPLETED")  # type: ignore[arg-type]
+    lines = [line.split(" at ")[0] for line in attempt_lines(SimpleNamespace(history=history))]
+    assert lines == [
+        "attempt 0: job 9 on node[1-2]",
+        "attempt 1: job 9 (restart in the allocation) on node[1-2]",
+        "attempt 2: job 9 on node[1-2]",  # a requeue: the same job, started again
+    ]
+    t = report.build("r", "COMPLETED", records, [], failures, [])
+    assert [a.how for a in t.attempts] == ["9", "9 (restart in the allocation)", "9"]
+    assert t.attempts[1].detail == "rank 1 on node1: RuntimeError: in 1"
+    assert "9 (restart in the allocation)" in report.html_page(t, "")
