@@ -10,6 +10,7 @@ The batch host and the ranks meet only here and in ``ddlaunch.store``.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.policy import requeue as policy
+from ddlaunch.slurm.client import SlurmError, SlurmUnreachable
+from ddlaunch.slurm.retry import Retrier, Retries
 from ddlaunch.store import attempts, exclusions, outcome
+
+# How long a requeue keeps trying while the controller does not answer (a restart, a
+# failover): the job keeps its nodes meanwhile, and a run whose requeue is lost is lost.
+REQUEUE_PATIENCE_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -67,26 +74,52 @@ def saved_phrase(why: str, saved_step: int | None, committed: int | None) -> str
     return f"{why} before any checkpoint"
 
 
-def requeue_excluding(client: Any, job_id: str, nodes: Sequence[str]) -> bool:
+@dataclass(frozen=True)
+class Requeued:
+    """What a requeue went through: done or not (``error``: the last answer), whether the
+    exclusion was set, and the retries while the controller did not answer."""
+
+    done: bool
+    excluded: bool
+    retries: Retries
+    error: str | None = None
+
+
+def requeue_excluding(
+    client: Any,
+    job_id: str,
+    nodes: Sequence[str],
+    *,
+    patience_s: float | None = None,
+    sleep: Callable[[float], Any] | None = None,
+) -> Requeued:
     """Requeue the running job so that its next start avoids ``nodes``.
 
     Slurm 22.05 refuses ``ExcNodeList`` updates while a job runs ("Job is no longer pending
     execution"; measured on the dev cluster), so when setting it first fails, the order is:
     requeue, then update the now pending job while its batch step is being torn down. That
     teardown sends SIGTERM to this process, which is ignored for the second or two this
-    takes (SIGKILL follows only after KillWait). Returns whether the exclusion was set."""
-    if not nodes or client.exclude_nodes(job_id, nodes):
-        client.requeue(job_id)
-        return True
+    takes (SIGKILL follows only after KillWait). While the controller does not answer, each
+    call is retried (``ddlaunch.slurm.retry``) for ``patience_s`` in all."""
+    retry = Retrier(REQUEUE_PATIENCE_S if patience_s is None else patience_s, sleep=sleep)
+    try:
+        if not nodes or retry(lambda: client.exclude_nodes(job_id, nodes), "scontrol update"):
+            retry(lambda: client.requeue(job_id), "scontrol requeue")
+            return Requeued(True, bool(nodes), retry.retries)
+    except SlurmError as exc:
+        return Requeued(False, False, retry.retries, str(exc))
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        client.requeue(job_id)
+        retry(lambda: client.requeue(job_id), "scontrol requeue")
         for _ in range(20):
-            if client.exclude_nodes(job_id, nodes):
-                return True
+            with contextlib.suppress(SlurmUnreachable):  # answered a moment ago: again
+                if client.exclude_nodes(job_id, nodes):
+                    return Requeued(True, True, retry.retries)
             time.sleep(0.2)
         print(f"[ddlaunch] warning: could not exclude {','.join(nodes)}", flush=True)
-        return False
+        return Requeued(True, False, retry.retries)
+    except SlurmError as exc:
+        return Requeued(False, False, retry.retries, str(exc))
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -101,6 +134,19 @@ def requeued_meanwhile(client: Any, job: str, restart: int | None) -> bool:
     except Exception:  # Slurm unreachable: requeue as usual
         return False
     return now is not None and now > restart
+
+
+def _requeue(run_dir: Path, client: Any, job: str, nodes: Sequence[str]) -> str | None:
+    """Requeue ``job``; the attempt records what it took when Slurm did not answer at once.
+    Returns None, or why the job could not be requeued."""
+    done = requeue_excluding(client, job, nodes)
+    if done.retries.errors or not done.done:
+        record = done.retries.record()
+        attempts.update_last(run_dir, requeue={**record, "done": done.done})
+    if done.done:
+        return None
+    tries = f" after {done.retries.tries} tries in {done.retries.elapsed_s:.0f} s"
+    return f"requeue failed{tries if done.retries.tries > 1 else ''}: {done.error}"
 
 
 def conclude(
@@ -172,9 +218,12 @@ def conclude(
         return Conclusion(cause, decision, None)
     if decision.requeue and job:
         say(decision.reason)
+        lost = None
         if not already:
-            requeue_excluding(client, job, exclusions.excluded(run_dir) if blamed else [])
-        return Conclusion(cause, decision, None)
+            lost = _requeue(run_dir, client, job, exclusions.excluded(run_dir) if blamed else [])
+        if lost is None:
+            return Conclusion(cause, decision, None)
+        decision = policy.Decision(False, f"{lost}; ddlaunch resume {run_dir.name} continues")
     state = policy.final_state(cause)
     outcome.write_outcome(run_dir, state, decision.reason, **(details or {}))
     say(f"{state}: {decision.reason}")

@@ -27,3 +27,9 @@ def templates_dir() -> Path:
 
 def configs_dir() -> Path:
     return _find("configs")
+
+
+def package_root() -> str:
+    """The directory holding the ``ddlaunch`` package that runs now (a checkout or
+    site-packages): a container or a pod gets this very ddlaunch on its PYTHONPATH."""
+    return str(_PACKAGE_DIR.parent)

@@ -46,11 +46,17 @@ class Runner(Protocol):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         timeout: float | None = None,
+        new_session: bool = False,
     ) -> CommandResult: ...
 
 
 class SubprocessRunner:
-    """Runs commands for real. ``env`` entries are added to the current environment."""
+    """Runs commands for real. ``env`` entries are added to the current environment.
+
+    ``new_session``: the command gets a session of its own, so the terminal's Ctrl-C (sent to
+    the whole foreground process group) does not reach it: a command whose outcome must be
+    recorded (sbatch) finishes, and the caller decides what the interrupt means. A timeout
+    or an exception in the caller still kills it (``subprocess.run``)."""
 
     def run(
         self,
@@ -60,6 +66,7 @@ class SubprocessRunner:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         timeout: float | None = None,
+        new_session: bool = False,
     ) -> CommandResult:
         full_env = None if env is None else {**os.environ, **env}
         try:
@@ -72,6 +79,7 @@ class SubprocessRunner:
                 cwd=cwd,
                 timeout=timeout,
                 check=False,
+                start_new_session=new_session,
             )
         except FileNotFoundError:
             return CommandResult(tuple(argv), 127, "", f"{argv[0]}: command not found")

@@ -18,6 +18,12 @@ leaves with ``Preempted`` (a clean exit). The next attempt resumes at step N.
 ``device_mesh()`` (or ``Session.mesh``) is the ``DeviceMesh`` of the config's ``parallel:``
 plan; DTensor state (FSDP2, tensor parallel) is checkpointed through DCP like any other, and a
 resume on another plan reshards it (``ddlaunch/examples/transformer.py``).
+
+A save that fails (a full disk) fails on every rank together (``CheckpointSaveError``) and
+is never committed; the previous complete checkpoint stays. With
+``fault_tolerance.on_save_failure: stop`` rank 0 ends the run with the reason (``checkpoint
+save failed: no space left on <dir>``, through ``ddlaunch.conclude``) before any rank exits;
+with ``continue`` training goes on and the next save tries again.
 """
 
 from __future__ import annotations
@@ -32,13 +38,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from ddlaunch.checkpoint.manager import CheckpointManager, TrainState
+from ddlaunch.checkpoint.manager import CheckpointManager, CheckpointSaveError, TrainState
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
-from ddlaunch.policy.requeue import CAUSE_SIGNAL
+from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import signal_save, timings
+from ddlaunch.store import attempts, signal_save, timings
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
@@ -128,7 +134,7 @@ class Session:
 
     def _boundary(self, step: int, total: int) -> None:
         ft = self.config.fault_tolerance
-        self.manager.maybe_finish()
+        self._saving(self.manager.maybe_finish)
         self._report(step)
         waited = time.monotonic()
         stop = signals.agreed()
@@ -150,7 +156,7 @@ class Session:
         if step < total and self.manager.should_save(
             step, every_steps=ft.checkpoint_every_steps, every_minutes=ft.checkpoint_every_minutes
         ):
-            self._timed_save(step)
+            self._saving(lambda: self._timed_save(step))
 
     def _timed_save(self, step: int) -> None:
         """Save, and (rank 0) record what it cost the training loop: the blocking part, and
@@ -172,6 +178,44 @@ class Session:
                 attempt=self.attempt.key,
             )
 
+    def _saving(self, save: Any, final: bool = False) -> Any:
+        """Run a save (or the commit of one); a failure, which every rank sees together,
+        stops the run or (on_save_failure: continue) is recorded and training goes on."""
+        try:
+            return save()
+        except CheckpointSaveError as exc:
+            if final or self.config.fault_tolerance.on_save_failure == "stop":
+                self._stop_on(exc)
+            if self.rank == 0:
+                print(f"[ddlaunch] {exc.reason}; training continues", flush=True)
+                entry = {"step": exc.step, "reason": exc.reason, "time": time.time()}
+                failed = attempts.load(self.run_dir)[-1:] or [{}]
+                errors = [*failed[0].get("checkpoint_errors", [])[-9:], entry]
+                attempts.update_open(self.run_dir, checkpoint_errors=errors)
+            return None
+
+    def _stop_on(self, exc: CheckpointSaveError) -> None:
+        """Rank 0 records why the run stops before any rank leaves: the first rank to exit
+        nonzero makes srun (--kill-on-bad-exit) end the others, rank 0 included."""
+        if self.rank == 0:
+            print(f"[ddlaunch] {exc.reason}: the run stops", flush=True)
+            if self.attempt.job_id:
+                conclude(
+                    self.run_dir,
+                    cause=CAUSE_CHECKPOINT,
+                    committed_step=self.manager.last_committed.step
+                    if self.manager.last_committed
+                    else None,
+                    max_requeues=self.config.fault_tolerance.max_requeues,
+                    client=SlurmClient(),
+                    job=self.attempt.task,
+                    final=exc.reason,
+                    record={"checkpoint": str(exc)},
+                )
+        dist.barrier()
+        self.heartbeat.stop("failed")
+        raise exc
+
     def _report(self, step: int, force: bool = False) -> None:
         # Rank 0 only, a few times a minute: cheap enough never to slow a step.
         now = time.time()
@@ -181,10 +225,11 @@ class Session:
         write_progress(self.run_dir, step, self.attempt.job_id or None)
 
     def _save_and_requeue(self, step: int) -> None:
-        self.manager.wait()
-        info = self.manager.save(step, self.state, {"step": step, "reason": "signal"})
+        self._saving(self.manager.wait)
+        meta = {"step": step, "reason": "signal"}
+        info = self._saving(lambda: self.manager.save(step, self.state, meta), final=True)
         if info is None:  # async mode: save() only staged it
-            self.manager.wait()
+            self._saving(self.manager.wait, final=True)
         dist.barrier()
         if self.rank == 0:
             self._report(step, force=True)
@@ -218,11 +263,12 @@ class Session:
 
     def close(self, final_step: int | None = None) -> None:
         """Commit what is pending and save ``final_step`` if it is not committed yet."""
-        self.manager.wait()
+        self._saving(self.manager.wait)
         last = self.manager.last_committed
         if final_step is not None and (last is None or last.step != final_step):
-            self.manager.save(final_step, self.state, {"step": final_step, "final": True})
-            self.manager.wait()
+            meta = {"step": final_step, "final": True}
+            self._saving(lambda: self.manager.save(final_step, self.state, meta), final=True)
+            self._saving(self.manager.wait, final=True)
         self.manager.close()
         self._report(final_step if final_step is not None else self.start_step, force=True)
         self.heartbeat.stop("closed")

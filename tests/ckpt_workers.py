@@ -211,6 +211,7 @@ def _retention_and_failure(rank: int, world: int, root: Path, rec: _Recorder) ->
             rec["retain.failed_save_raised"] = None
         except CheckpointSaveError as exc:
             rec["retain.failed_save_raised"] = exc.failed_ranks
+            rec["retain.failed_reason"] = getattr(exc, "reason", None)
         finally:
             FileSystemWriter.write_data = original  # type: ignore[method-assign]
         _barrier()
@@ -428,6 +429,60 @@ def _async_overlap(rank: int, world: int, root: Path, rec: _Recorder) -> None:
         rec[f"{key}.identical"] = _equal_nested(expected, TrainState(model2, opt2).state_dict())
 
 
+def _session_save_failures(rank: int, world: int, root: Path, rec: _Recorder) -> None:
+    """The training Session when the save of step 4 fails on rank 1 only (a full disk
+    there): ``stop`` (async saves) ends the loop on every rank with the reason, ``continue``
+    (sync saves) trains on and commits the later saves."""
+    import os
+    from dataclasses import replace
+
+    from ddlaunch.config.schema import Config
+    from ddlaunch.train import Session
+
+    original = FileSystemWriter.write_data
+
+    def full_at_step_4(self: FileSystemWriter, plan: Any, planner: Any) -> Any:
+        if str(self.path).endswith("step-4") and dist.get_rank() == 1:
+            raise OSError(28, "No space left on device (simulated)")
+        return original(self, plan, planner)
+
+    FileSystemWriter.write_data = full_at_step_4  # type: ignore[method-assign]
+    try:
+        for mode, async_save in (("stop", True), ("continue", False)):
+            run = root / mode
+            os.environ["DDLAUNCH_RUN_DIR"] = str(run)
+            os.environ["DDLAUNCH_CHECKPOINT_DIR"] = str(run / "ckpt")
+            base = Config()
+            cfg = replace(
+                base,
+                fault_tolerance=replace(
+                    base.fault_tolerance,
+                    checkpoint_every_steps=2,
+                    keep_last=0,
+                    async_save=async_save,
+                    on_save_failure=mode,
+                ),
+            )
+            torch.manual_seed(0)
+            model = nn.Linear(8, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            reached = -1
+            try:
+                with Session(cfg, model, opt) as session:
+                    for step in session.steps(8):
+                        _train_step(model, opt, seed=step)
+                        reached = step
+                rec[f"session.{mode}.raised"] = None
+            except CheckpointSaveError as exc:
+                rec[f"session.{mode}.raised"] = exc.reason
+            rec[f"session.{mode}.reached"] = reached
+            _barrier()
+            infos = list_checkpoints(run / "ckpt")
+            rec[f"session.{mode}.committed"] = [i.step for i in infos if i.complete]
+    finally:
+        FileSystemWriter.write_data = original  # type: ignore[method-assign]
+
+
 def phase_world4(rank: int, world: int, out: str) -> None:
     """World size 4: a bit-identical round trip, and the source of the reshard test."""
     out_path = Path(out)
@@ -446,3 +501,7 @@ def phase_world2(rank: int, world: int, out: str) -> None:
     _uncommitted_metadata(rank, world, out_path / "uncommitted", rec)
     _async(rank, world, out_path / "async", rec)
     _async_overlap(rank, world, out_path / "overlap", rec)
+    try:  # its own failure fails its own test only (the records above stay)
+        _session_save_failures(rank, world, out_path / "session", rec)
+    except Exception as exc:
+        rec["session.error"] = f"{type(exc).__name__}: {exc}"

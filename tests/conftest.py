@@ -70,6 +70,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
+@pytest.fixture(autouse=True)
+def own_bad_node_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test (and every job it submits: sbatch passes the environment on) has its own
+    bad-node list: the jobs' hooks record nodes they blame (a node killed by a fault test),
+    and the user's own list (shared by whoever runs as this user) must never see them. A
+    test that sets DDLAUNCH_BAD_NODES itself overrides this one."""
+    path = tmp_path / "bad_nodes.json"
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(path))
+    return path
+
+
 @pytest.fixture
 def base(tmp_path: Path) -> Path:
     """The base config of the sweep tests (support.sweeps.BASE), as ``<tmp>/base.yaml``."""

@@ -194,3 +194,24 @@ def slow_start(config: Any) -> dict[str, Any]:
     _out(f"started-{os.environ['RANK']}.json", {"pid": os.getpid()})
     time.sleep(float(config.params["start_sleep"]))
     return mlp.main(config)
+
+
+def secret_digest(config: Any) -> None:
+    """Record a digest of ``$DDL_TEST_SECRET`` (never the value): the variable reached the
+    ranks through ``launch.env_from_submit``."""
+    import hashlib
+
+    value = os.environ.get("DDL_TEST_SECRET")
+    digest = hashlib.sha256(value.encode()).hexdigest() if value is not None else None
+    _out(f"secret-{os.environ['RANK']}.json", {"sha256": digest})
+
+
+def fail_on_rank_0(config: Any) -> None:
+    """Rank 0 fails once the group is up; the others would wait a long time (their pods end
+    them when node 0 has concluded)."""
+    from ddlaunch.worker.distributed import init_distributed
+
+    init_distributed()
+    if int(os.environ["RANK"]) == 0:
+        raise ValueError("boom on rank 0")
+    time.sleep(120)

@@ -77,3 +77,29 @@ def test_nodes_cli_and_submit_applies_the_list(tmp_path: Path) -> None:
     bad = _cli("nodes", "add", "node;rm", env=env, cwd=tmp_path)
     assert bad.returncode == 2 and "must be" in bad.stderr
     assert "cleared 1 entry" in _cli("nodes", "clear", env=env, cwd=tmp_path).stdout
+
+
+def test_a_hang_makes_a_suspect_and_a_second_run_lists_it() -> None:
+    hung = badnodes.suspect(
+        [], ["node1"], reason="hang: rank 1 stuck in on_step", now=100.0, ttl_s=50.0, source="run a"
+    )
+    assert badnodes.active(hung, 110.0) == [] and [
+        e.node for e in badnodes.suspects(hung, 110.0)
+    ] == ["node1"]
+    again = badnodes.suspect(
+        hung, ["node1"], reason="hang: again", now=120.0, ttl_s=50.0, source="run a"
+    )
+    assert badnodes.active(again, 130.0) == []  # the same run twice is still one run's word
+    other = badnodes.suspect(
+        again, ["node1"], reason="hang: b", now=130.0, ttl_s=50.0, source="run b"
+    )
+    (listed,) = badnodes.active(other, 140.0)
+    assert (listed.node, listed.source, listed.suspect) == ("node1", "run b and run a", False)
+    assert listed.reason == "hang: b; before that run a: hang: again"
+    expired = badnodes.suspect(
+        hung, ["node1"], reason="hang: c", now=200.0, ttl_s=50.0, source="run c"
+    )
+    assert badnodes.active(expired, 210.0) == []  # an expired suspicion is no evidence
+    straggler = badnodes.add(hung, ["node2"], reason="straggler", now=100.0, ttl_s=50.0)
+    kept = badnodes.suspect(straggler, ["node2"], reason="hang", now=110.0, ttl_s=50.0, source="x")
+    assert [e.node for e in badnodes.active(kept, 120.0)] == ["node2"]  # listed stays listed

@@ -197,3 +197,30 @@ def test_stager_defers_only_the_chosen_tensors() -> None:
     copy_pairs(staged.deferred)
     assert float(copied["w"].min()) == 1.0
     assert copied["w"].data_ptr() != owned.data_ptr()
+
+
+def test_a_full_disk_on_one_rank_fails_every_rank_with_the_reason(
+    observed: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    for obs in observed["w2"]:
+        # Rank 0's own write succeeded: it words the failure as rank 1 does.
+        assert str(obs["retain.failed_reason"]).startswith(
+            "checkpoint save failed: no space left on "
+        )
+        assert obs["retain.failed_reason"].endswith("/retain")
+
+
+def test_session_stops_or_continues_after_a_failed_save(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert "session.error" not in obs, obs["session.error"]
+        # stop (async): the save of step 4 fails when it is committed, at the first
+        # boundary where every rank's write is done and at the latest at the next save;
+        # every rank leaves the loop there with the same reason, nothing after step 2.
+        reason = obs["session.stop.raised"]
+        assert reason.startswith("checkpoint save failed: no space left on ")
+        assert reason.endswith("/session/stop/ckpt")
+        assert 4 <= obs["session.stop.reached"] <= 5 and obs["session.stop.committed"] == [2]
+        # continue (sync): step 4 is skipped, training goes on, later saves commit.
+        assert obs["session.continue.raised"] is None
+        assert obs["session.continue.reached"] == 7
+        assert obs["session.continue.committed"] == [2, 6, 8]

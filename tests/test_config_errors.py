@@ -175,7 +175,13 @@ CASES = [
         "name_injection",
         "job:\n  name: a;b\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  job.name: must be letters, digits and _ . : + @ = , / % -; got 'a;b' (bad.yaml:2)",
+        "  job.name: must be letters, digits and _ . + - (not starting with . or -; it becomes part of the run directory's name); got 'a;b' (bad.yaml:2)",
+    ),
+    (
+        "name_is_a_path",
+        "job:\n  name: ../../etc/x\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.name: must be letters, digits and _ . + - (not starting with . or -; it becomes part of the run directory's name); got '../../etc/x' (bad.yaml:2)",
     ),
     (
         "mail_type",

@@ -58,3 +58,46 @@ def test_doctor_row_with_a_fabric_warning_says_warning() -> None:
     rows = doctor.verdict_rows(results, {"n1": report})
     assert [r.verdict for r in rows] == ["WARNING"]
     assert rows[0].fabric == ["fabric.kind: warning (declare it)"]
+
+
+def test_doctor_tells_the_pending_reason_and_cancels_its_job_on_ctrl_c(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+    from support.fakes import FakeRunner, ok
+
+    from ddlaunch.app.doctor import run_doctor
+    from ddlaunch.slurm.client import SlurmClient
+
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path / "runs"))
+    runner = FakeRunner(
+        {
+            ("sbatch",): ok("61\n"),
+            # squeue -t all of the doctor job while it cannot start (recorded form).
+            ("squeue",): ok("61|PENDING|PartitionNodeLimit|\n"),
+        }
+    )
+    said: list[str] = []
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while it waits
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        run_doctor(
+            "examples/mlp",
+            [],
+            count=2,
+            nodelist=None,
+            timeout=900,
+            client=SlurmClient(runner),
+            sleep=sleep,
+            tell=said.append,
+        )
+    assert said == ["doctor job 61: PENDING (PartitionNodeLimit)"]  # once, not every poll
+    assert runner.calls[-1] == ["scancel", "61"]
+    assert info.value.__notes__ == ["doctor job 61 cancelled"]
+    (doctor_dir,) = (tmp_path / "runs" / "doctor").iterdir()
+    assert (doctor_dir / "outcome.json").exists() and (doctor_dir / "submission.json").exists()

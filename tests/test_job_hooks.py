@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support.fakes import FakeRunner
 from support.rundirs import committed_run
 
@@ -16,6 +17,14 @@ from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.exclusions import excluded
 
 JOB_9 = AttemptId("9", 0, "9")
+
+
+@pytest.fixture(autouse=True)
+def bad_list(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The hooks record blamed nodes in my bad-node list: the test's own."""
+    path = tmp_path / "bad.json"
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(path))
+    return path
 
 
 def test_start_closes_a_cut_off_attempt_and_blames_down_nodes(tmp_path) -> None:
@@ -122,3 +131,48 @@ def test_end_concludes_a_signal_save_the_containerised_ranks_left_to_the_host(tm
         "SIGUSR2",
     )
     assert not (run / "outcome.json").exists()
+
+
+def _verdict(run, cause: str) -> None:  # type: ignore[no-untyped-def]
+    from ddlaunch.store import watchdog
+
+    detail = (
+        "rank(s) 1 stuck outside any collective while peers wait at hangmod.py:6 in on_step"
+        if cause == "hang"
+        else "node2 busy 3.1x the median for 300 s"
+    )
+    watchdog.write_verdict(run, JOB_9, {"cause": cause, "nodes": ["node2"], "detail": detail})
+
+
+def test_a_hang_excludes_the_node_from_the_run_but_only_suspects_it(tmp_path, bad_list) -> None:  # type: ignore[no-untyped-def]
+    from ddlaunch.store import badnodes
+
+    run = committed_run(tmp_path, [20, 40])
+    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
+    _verdict(run, "hang")
+    runner = FakeRunner()
+    assert hooks.end(run, 137, SlurmClient(runner), JOB_9) == 0
+    assert excluded(run) == ["node2"] and attempts.load(run)[0]["cause"] == "hang"
+    assert badnodes.active_nodes(bad_list) == []  # later jobs may still use it
+    (suspect,) = badnodes.suspects(badnodes.load(bad_list), 0.0)
+    assert (suspect.node, suspect.source) == ("node2", "run run")
+
+
+def test_a_straggler_and_a_node_death_are_evidence_about_the_node(tmp_path, bad_list) -> None:  # type: ignore[no-untyped-def]
+    from ddlaunch.store import badnodes
+
+    run = committed_run(tmp_path, [20, 40])
+    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
+    _verdict(run, "straggler")
+    assert hooks.end(run, 137, SlurmClient(FakeRunner()), JOB_9) == 0
+    assert badnodes.active_nodes(bad_list) == ["node2"]
+    badnodes.save([], bad_list)
+    # A node Slurm declared down while the job ran (the start hook of the next attempt).
+    records = attempts.load(run)
+    records.append({"attempt": 1, "job_id": "9", "nodes": "node[1-2]", "start": 2.0})
+    attempts.save(run, records)
+    env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2", "SLURM_JOB_NODELIST": "node[1,3]"}
+    runner = FakeRunner({"sinfo": "node1|allocated\nnode2|down*\n"})
+    hooks.start(run, SlurmClient(runner), AttemptId.from_env(env), env)
+    (entry,) = badnodes.active(badnodes.load(bad_list), 0.0)
+    assert (entry.node, entry.reason) == ("node2", "node failure: node2 down*")

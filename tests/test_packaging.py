@@ -3,6 +3,7 @@ and the login-node commands never import torch."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -21,6 +22,10 @@ try:
 except SystemExit as exc:
     assert not exc.code, exc.code
 print("TORCH_LOADED" if "torch" in sys.modules else "TORCH_ABSENT")
+# The Kubernetes validation packages are for tests only: never on a login node's path.
+heavy = ("kubernetes", "kubeflow", "kubeflow_trainer_api")
+heavy = [m for m in sys.modules if m.split(".")[0] in heavy]
+assert not heavy, heavy
 """
 
 
@@ -32,6 +37,27 @@ print("TORCH_LOADED" if "torch" in sys.modules else "TORCH_ABSENT")
         ["presets"],
         ["submit", "examples/mlp", "--dry-run"],
         ["config-reference"],
+        [
+            "render",
+            "examples/mlp",
+            "--target",
+            "kubernetes",
+            "--set",
+            "container.image=x:1",
+            "--set",
+            'kubernetes.volumes={"/": "pvc:all"}',
+        ],
+        [
+            "submit",
+            "examples/mlp",
+            "--dry-run",
+            "--target",
+            "kubernetes",
+            "--set",
+            "container.image=x:1",
+            "--set",
+            'kubernetes.volumes={"/": "pvc:all"}',
+        ],
     ],
 )
 def test_login_node_commands_do_not_import_torch(argv: list[str], tmp_path: Path) -> None:
@@ -125,3 +151,21 @@ def test_python_dash_m_entry_point(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0 and "ddlaunch, version" in proc.stdout
+
+
+def test_help_lists_the_same_verbs_and_imports_no_verb() -> None:
+    """``--help`` stays what it was (login-node speed): the --target option lives on render,
+    submit and status, not on the group, and listing the verbs imports none of them."""
+    probe = (
+        "import sys\nfrom ddlaunch.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('ddlaunch.')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "--target" not in proc.stdout
+    loaded = proc.stdout.strip().splitlines()[-1]
+    # ddlaunch.app.interrupts is the one exception: main installs its SIGTERM handler.
+    verbs = [
+        m for m in ast.literal_eval(loaded) if m.startswith(("ddlaunch.app.", "ddlaunch.cli."))
+    ]
+    assert verbs == ["ddlaunch.app.interrupts"]

@@ -132,17 +132,19 @@ def test_submit_writes_o1_files_and_members_start_lazily(tmp_path: Path) -> None
 def test_no_sbatch_before_the_commit_point_is_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ddlaunch.sweeps.submit as sweep_submit
+    import ddlaunch.sweeps.directory as sweep_directory
 
     def disk_full(*_: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(sweep_submit, "_commit", disk_full)
+    monkeypatch.setattr(sweep_directory, "_commit", disk_full)
     runner = FakeRunner({("sbatch",): sbatch_ids("500", "501"), ("git",): ok()})
     with pytest.raises(OSError, match="No space left"):
         submitted_sweep(tmp_path, runner)
     assert not [c for c in runner.calls if c[0] == "sbatch"]
     assert not is_sweep_dir(tmp_path / "runs" / "sw")
+    # Built under a temporary name: nothing at all is left, not even a hidden directory.
+    assert os.listdir(tmp_path / "runs") == []
 
 
 def test_member_dir_made_by_a_command_or_by_mkdir_p_first(tmp_path: Path) -> None:
@@ -369,3 +371,26 @@ def test_ddlaunch_status_and_find_run_before_members_start(
     assert (member / "config.yaml").read_text() == packed_config_text(
         json.loads((prepared.sweep_dir / "members.json").read_text()), 3
     )
+
+
+def test_ctrl_c_while_the_arrays_are_submitted_cancels_them_and_says_so(tmp_path: Path) -> None:
+    import signal
+
+    ids = sbatch_ids("700", "701")
+
+    def ctrl_c(argv: tuple[str, ...]) -> object:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while sbatch runs
+        return ids(argv)
+
+    runner = FakeRunner({("sbatch",): ctrl_c, ("git",): ok(), ("scancel",): ok()})  # type: ignore[dict-item]
+    with pytest.raises(KeyboardInterrupt) as info:
+        submitted_sweep(tmp_path, runner)
+    sweep = tmp_path / "runs" / "sw"
+    records = {p.stem: json.loads(p.read_text()) for p in (sweep / "arrays").glob("*.json")}
+    assert {n: (r["state"], r["job_id"]) for n, r in records.items()} == {
+        "0": ("cancelled", "700"),
+        "1": ("cancelled", "701"),
+    }
+    assert records["0"]["error"] == "interrupted by SIGINT during the submission; cancelled"
+    assert sorted(c[1:] for c in runner.calls if c[0] == "scancel") == [["700", "701"]]
+    assert info.value.__notes__ == ["arrays 700, 701 were cancelled; sw records it"]

@@ -9,7 +9,9 @@ submits the job, waits for it and reads the reports.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,15 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
-from ddlaunch.app.prepare import prepare
+from ddlaunch.app import interrupts
+from ddlaunch.app.prepare import check_configs, prepare
 from ddlaunch.app.runs import list_runs
 from ddlaunch.app.status import ACTIVE_STATES, fold_state
 from ddlaunch.config.validate import to_plain
 from ddlaunch.errors import UserError
-from ddlaunch.planning.plan import LaunchPlan
+from ddlaunch.planning.plan import ClusterFacts, LaunchPlan
 from ddlaunch.planning.render import directive_lines, render_template, template_search_path
 from ddlaunch.policy.preflight import evaluate
 from ddlaunch.slurm.hostlist import expand_hostlist
+from ddlaunch.store import outcome, submission
 from ddlaunch.store import preflight as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import CONFIG_FILE, LOGS_DIR, RunDir, new_run_id
@@ -144,30 +148,58 @@ def run_doctor(
     client: Any,
     started: Callable[[str, Path], None] = lambda job_id, run_dir: None,
     sleep: Callable[[float], Any] = time.sleep,
+    facts: ClusterFacts | None = None,
+    force: bool = False,
+    tell: Callable[[str], None] = lambda line: None,
 ) -> DoctorRun:
-    """Submit the doctor job, wait for it (``started`` is told its id), judge the reports."""
+    """Submit the doctor job, wait for it (``started`` is told its id, ``tell`` every change
+    of its state and pending reason), judge the reports. A job that could never start
+    (``facts``) is refused before sbatch unless ``force``; an interrupt while it waits
+    cancels it."""
     names = expand_hostlist(nodelist) if nodelist else []
     prepared = prepare(config_source(config), overrides)
     cfg, plan = prepared.config, prepared.plan
-    run = RunDir.create(Path(plan.run_dir).parent / DOCTOR_DIR, new_run_id("doctor"))
-    # The node task reads its thresholds from the run directory, as in a training job.
-    run.write_config(to_plain(cfg))
+    if facts is not None:
+        asked = dataclasses.replace(
+            cfg,
+            nodes=dataclasses.replace(
+                cfg.nodes,
+                count=len(names) or count or cfg.nodes.count,
+                nodelist=tuple(names) or cfg.nodes.nodelist,
+            ),
+        )
+        for line in check_configs([asked], facts, [], os.getcwd(), force, time.time()):
+            tell(f"warning: {line}")
     minutes = max(2, math.ceil(cfg.health.preflight_timeout / 60) + 1)
     directives = doctor_directives(plan.directives, nodes=count, nodelist=names, minutes=minutes)
     search_path = template_search_path(cfg.templates.search_path)
-    script = doctor_script(plan, directives, str(run.path), search_path)
-    fsutil.atomic_write_text(run.path / SCRIPT_FILE, script, 0o700)
-    job_id = client.sbatch(
-        [
-            "sbatch",
-            "--parsable",
-            f"--output={run.path / LOGS_DIR / 'batch-%j.out'}",
-            f"--chdir={run.path}",
-            str(run.path / SCRIPT_FILE),
-        ]
-    )
+    root = Path(plan.run_dir).parent / DOCTOR_DIR
+    run_id = new_run_id("doctor")
+    script = doctor_script(plan, directives, str(root / run_id), search_path)
+
+    def fill(run: RunDir) -> None:
+        # The node task reads its thresholds from the run directory, as in a training job.
+        run.write_config(to_plain(cfg))
+        fsutil.atomic_write_text(run.path / SCRIPT_FILE, script, 0o700)
+
+    run = RunDir.create_complete(root, run_id, fill)
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--output={run.path / LOGS_DIR / 'batch-%j.out'}",
+        f"--chdir={run.path}",
+        str(run.path / SCRIPT_FILE),
+    ]
+    with interrupts.deferred():
+        job_id = client.sbatch(argv)
+        submission.write_submission(run.path, {"job_ids": [job_id], "submitted": time.time()})
     started(job_id, run.path)
-    nodes_seen = wait_for_job(client, job_id, timeout, sleep)
+    try:
+        nodes_seen = wait_for_job(client, job_id, timeout, sleep, tell)
+    except KeyboardInterrupt as exc:
+        with interrupts.deferred():
+            _cancel_on_interrupt(client, job_id, run.path, exc)
+        raise
     reports = records.read_reports(run.path, AttemptId(job_id, 0, job_id))
     nodes = expand_hostlist(nodes_seen) if nodes_seen else sorted(reports)
     if not nodes:
@@ -175,14 +207,37 @@ def run_doctor(
     return DoctorRun(job_id, run.path, verdict_rows(evaluate(cfg, nodes, reports), reports))
 
 
-def wait_for_job(client: Any, job_id: str, timeout: float, sleep: Callable[[float], Any]) -> str:
-    """Until the job leaves the queue (cancelled after ``timeout``); the nodes it ran on."""
+def _cancel_on_interrupt(client: Any, job_id: str, run_dir: Path, exc: KeyboardInterrupt) -> None:
+    try:
+        client.cancel([job_id])
+    except UserError as error:
+        exc.add_note(f"doctor job {job_id} could not be cancelled ({error}): scancel {job_id}")
+        return
+    outcome.write_outcome(run_dir, "CANCELLED", f"interrupted by {interrupts.signal_name(exc)}")
+    exc.add_note(f"doctor job {job_id} cancelled")
+
+
+def wait_for_job(
+    client: Any,
+    job_id: str,
+    timeout: float,
+    sleep: Callable[[float], Any],
+    tell: Callable[[str], None] = lambda line: None,
+) -> str:
+    """Until the job leaves the queue (cancelled after ``timeout``); the nodes it ran on.
+    ``tell`` hears each new state, with the pending reason (``PartitionNodeLimit``...)."""
     deadline = time.monotonic() + timeout
-    nodes_seen = ""
+    nodes_seen, said = "", ""
     while True:
         row = client.status_rows([job_id]).get(job_id)
         if row is not None and row.nodes:
             nodes_seen = row.nodes
+        if row is not None:
+            reason = row.reason if row.reason not in ("", "None", "(null)") else ""
+            line = f"doctor job {job_id}: {row.state}" + (f" ({reason})" if reason else "")
+            if line != said:
+                tell(line)
+                said = line
         if row is None or fold_state(row.state) not in ACTIVE_STATES:
             return nodes_seen
         if time.monotonic() > deadline:

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlaunch import resources
 from ddlaunch.app.snapshot import Snapshot, take
 from ddlaunch.config.load import load_tree
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
+from ddlaunch.errors import UserError
+from ddlaunch.planning.feasibility import unknown_nodes
 from ddlaunch.planning.plan import ClusterFacts, CodePaths, LaunchPlan, make_plan
 from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
-from ddlaunch.store.rundir import new_run_id, resolve_run_root
+from ddlaunch.store.rundir import check_safe_name, new_run_id, resolve_run_root
 
 
 @dataclass(frozen=True)
@@ -45,12 +49,8 @@ def prepare(
     --dry-run) or ``store`` (take and store it: submit)."""
     loaded = load_tree(config, overrides)
     cfg = validate_tree(loaded)
-    snap = None
-    if snapshot != "skip":
-        root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
-        where = Path(cfg.launch.workdir or workdir or os.getcwd())
-        snap = take(cfg, root, where, SubprocessRunner(), store=snapshot == "store")
-        code = _code_of(snap) or code
+    snap = _snapshot(cfg, run_root, workdir, snapshot)
+    code = _code_of(snap) or code
     prepared = prepare_config(
         cfg,
         tuple(loaded.sources),
@@ -67,9 +67,7 @@ def prepare(
 def ddlaunch_root() -> str:
     """The directory holding the ``ddlaunch`` package that runs now (a checkout or
     site-packages): a container gets this very ddlaunch mounted."""
-    import ddlaunch
-
-    return str(Path(ddlaunch.__file__).resolve().parent.parent)
+    return resources.package_root()
 
 
 def prepare_config(
@@ -84,7 +82,7 @@ def prepare_config(
     code: CodePaths | None = None,
 ) -> Prepared:
     cfg = absolute_trainer_dir(cfg)
-    run_id = run_id or new_run_id(cfg.job.name)
+    run_id = check_safe_name(run_id, "--run-id") if run_id else new_run_id(cfg.job.name)
     code = code or CodePaths()
     if cfg.container.runtime != "none" and code.ddlaunch_root is None:
         code = dataclasses.replace(
@@ -123,6 +121,85 @@ def absolute_trainer_dir(cfg: Config) -> Config:
     )
 
 
+class Refused(UserError):
+    """The job can never start as configured (or cannot run): nothing was created."""
+
+    def __init__(self, problems: Sequence[str], hints: Sequence[str] = ()) -> None:
+        self.problems = list(problems)
+        lines = ["the job would never run, so nothing was submitted:"]
+        lines += [f"  {p}" for p in problems]
+        lines += [*hints, "--force submits it anyway"]
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class Submission:
+    """``prepare_submission``'s answer: the run, the nodes it excludes from my bad-node list,
+    and what to warn about (unknown listed nodes, launch warnings, overridden refusals)."""
+
+    prepared: Prepared
+    excluded: list[str]
+    warnings: list[str]
+
+
+def excluded_reasons(
+    cfg: Config, listed: Sequence[badnodes.BadNode], now: float, run_excluded: Sequence[str] = ()
+) -> dict[str, str]:
+    """Node -> why it is kept out of the job, for ``planning.feasibility``."""
+    reasons = {n: "excluded by this run after an earlier attempt" for n in run_excluded}
+    reasons.update({e.node: e.describe(now) for e in listed})
+    reasons.update({n: "nodes.exclude in the config" for n in cfg.nodes.exclude})
+    return reasons
+
+
+def check_submission(
+    prepared: Prepared,
+    *,
+    facts: ClusterFacts,
+    listed: Sequence[badnodes.BadNode],
+    workdir: str,
+    force: bool,
+    now: float,
+    run_excluded: Sequence[str] = (),
+) -> list[str]:
+    """Refuse (``Refused``) a job that can never start in its partition or whose launch
+    target cannot be found; returns the warnings. ``force``: refusals become warnings."""
+    return check_configs([prepared.config], facts, listed, workdir, force, now, run_excluded)
+
+
+def check_configs(
+    configs: Sequence[Config],
+    facts: ClusterFacts,
+    listed: Sequence[badnodes.BadNode],
+    workdir: str,
+    force: bool,
+    now: float,
+    run_excluded: Sequence[str] = (),
+) -> list[str]:
+    """``check_submission`` for each of ``configs`` (a sweep's validation groups)."""
+    from ddlaunch.app.launchcheck import check_launch
+    from ddlaunch.planning.feasibility import problems
+
+    refusals: list[str] = []
+    warnings: list[str] = []
+    for cfg in configs:
+        reasons = excluded_reasons(cfg, listed, now, run_excluded)
+        launch = check_launch(cfg, workdir)
+        found = [*problems(cfg, facts.partitions, reasons), *launch.errors]
+        refusals += [r for r in found if r not in refusals]
+        warnings += [w for w in launch.warnings if w not in warnings]
+    if refusals and not force:
+        blocking = [e.node for e in listed if any(r.startswith(f"  {e.node}: ") for r in refusals)]
+        hints = []
+        if blocking:
+            hints.append(
+                f"clear listed nodes with: ddlaunch nodes remove {' '.join(blocking)} "
+                "(or ddlaunch nodes clear)"
+            )
+        raise Refused(refusals, hints)
+    return [*warnings, *(f"{r} (--force: submitted anyway)" for r in refusals)]
+
+
 def prepare_submission(
     config: str | Path,
     overrides: Sequence[str] = (),
@@ -131,38 +208,55 @@ def prepare_submission(
     workdir: str | None = None,
     snapshot: str = "store",
     run_id: str | None = None,
-) -> tuple[Prepared, list[str]]:
-    """``prepare`` for ``submit`` (and ``render``, which shows what submit submits): the code
-    snapshot (``snapshot``, see ``prepare``), and my bad-node list excluded, except nodes the
-    config asks for by name (excluding them would make the job unschedulable). Returns the
-    prepared run and the nodes it excludes."""
-    exclude = badnodes.submittable_nodes()
-    prepared = prepare(
-        config,
-        overrides,
+    facts: ClusterFacts | None = None,
+    force: bool = False,
+    check: bool = True,
+) -> Submission:
+    """``prepare`` for ``submit`` (and ``render``, which shows what submit submits): my
+    bad-node list is excluded, except nodes the config asks for by name (excluding them
+    would make the job unschedulable) and nodes the cluster does not have (sbatch refuses an
+    unknown name: dropped, with a warning); the job is checked against the probed ``facts``
+    (``check_configs``; a refusal stores nothing), then the code snapshot is taken
+    (``snapshot``, see ``prepare``)."""
+    facts = facts or ClusterFacts()
+    now = time.time()
+    listed = badnodes.submittable_entries(now=now)
+    warnings = []
+    unknown = unknown_nodes(facts.partitions, [e.node for e in listed]) if facts.partitions else []
+    if unknown:
+        warnings.append(
+            f"not excluding {', '.join(unknown)} from the bad-node list: no such node in "
+            f"this cluster (ddlaunch nodes remove {' '.join(unknown)})"
+        )
+    loaded = load_tree(config, overrides)
+    cfg = validate_tree(loaded)
+    listed = [e for e in listed if e.node not in unknown and e.node not in cfg.nodes.nodelist]
+    exclude = sorted({e.node for e in listed})
+    if check:
+        where = workdir or os.getcwd()
+        warnings += check_configs([cfg], facts, listed, where, force, now)
+    snap = _snapshot(cfg, run_root, workdir, snapshot)
+    prepared = prepare_config(
+        cfg,
+        tuple(loaded.sources),
         run_id=run_id,
         run_root=run_root,
         workdir=workdir,
+        facts=facts,
         exclude=exclude,
-        snapshot=snapshot,
+        code=_code_of(snap),
     )
-    wanted = set(prepared.config.nodes.nodelist) & set(exclude)
-    if wanted:
-        exclude = [n for n in exclude if n not in wanted]
-        plan = prepared.plan  # the snapshot is taken already; only the exclusions change
-        prepared = dataclasses.replace(
-            prepare_config(
-                prepared.config,
-                prepared.sources,
-                run_id=plan.run_id,
-                run_root=str(Path(plan.run_dir).parent),
-                workdir=workdir,
-                exclude=exclude,
-                code=_code_of(prepared.snapshot),
-            ),
-            snapshot=prepared.snapshot,
-        )
-    return prepared, exclude
+    return Submission(dataclasses.replace(prepared, snapshot=snap), exclude, warnings)
+
+
+def _snapshot(
+    cfg: Config, run_root: str | None, workdir: str | None, snapshot: str
+) -> Snapshot | None:
+    if snapshot == "skip":
+        return None
+    root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
+    where = Path(cfg.launch.workdir or workdir or os.getcwd())
+    return take(cfg, root, where, SubprocessRunner(), store=snapshot == "store")
 
 
 def _code_of(snap: Snapshot | None) -> CodePaths | None:

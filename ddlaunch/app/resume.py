@@ -3,22 +3,28 @@ from its latest complete checkpoint (on any node count: DCP reshards on load).""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlaunch.app.prepare import Prepared, prepare_config
+from ddlaunch.app import interrupts
+from ddlaunch.app.prepare import Prepared, check_submission, prepare_config
 from ddlaunch.app.runs import RunInfo, find_run_materialized, read_run
 from ddlaunch.app.status import ACTIVE_STATES, fold_state
 from ddlaunch.config.load import LoadedTree, apply_overrides, read_yaml_file
 from ddlaunch.config.validate import to_plain, validate_tree
 from ddlaunch.errors import UserError
-from ddlaunch.planning.plan import CodePaths
-from ddlaunch.store import badnodes
+from ddlaunch.planning.feasibility import unknown_nodes
+from ddlaunch.planning.plan import ClusterFacts, CodePaths
+from ddlaunch.store import badnodes, lock
 from ddlaunch.store.exclusions import excluded
 from ddlaunch.store.failures import FAILURES_DIR
+from ddlaunch.store.members import member_of
 from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE
 from ddlaunch.store.progress import RESULT_FILE
 from ddlaunch.store.rundir import (
@@ -32,6 +38,18 @@ from ddlaunch.store.rundir import (
 from ddlaunch.store.snapshots import read_snapshot
 
 
+@contextmanager
+def resuming(ref: str) -> Iterator[Path]:
+    """The run ``ref`` names, held for the block: a second ``resume`` of it (or a ``sweep
+    resubmit`` of its sweep: a member's lock is its sweep's) fails at once with "already
+    being resumed" instead of submitting it twice."""
+    path = find_run_materialized(ref)
+    member = member_of(path)
+    where, what = (member[0], f"sweep {member[0].name}") if member else (path, f"run {path.name}")
+    with lock.exclusive(where, "resumed", what):
+        yield path
+
+
 @dataclass(frozen=True)
 class Resumption:
     run_dir: RunDir
@@ -39,6 +57,7 @@ class Resumption:
     prepared: Prepared
     blamed: tuple[str, ...] = ()  # excluded: nodes this run blamed
     listed: tuple[str, ...] = ()  # excluded: nodes on my bad-node list
+    warnings: list[str] = field(default_factory=list)
 
     def exclusion_line(self) -> str | None:
         """What ``submit`` says about the nodes it keeps out, for this run."""
@@ -96,9 +115,16 @@ def refuse_if_done(
         )
 
 
-def prepare_resume(ref: str, overrides: Sequence[str], nodes: int | None) -> Resumption:
-    """The run, its config with ``overrides`` (and ``nodes.count``), and the new script.
-    Refuses a run that would train nothing."""
+def prepare_resume(
+    ref: str,
+    overrides: Sequence[str],
+    nodes: int | None,
+    *,
+    facts: ClusterFacts | None = None,
+    force: bool = False,
+) -> Resumption:
+    """The run, its config with ``overrides`` (and ``nodes.count``), and the new script,
+    checked as ``submit`` checks a new one (``app.prepare.check_submission``)."""
     run_dir = RunDir(find_run_materialized(ref))
     info = read_run(run_dir.path)
     tree, locations = read_yaml_file(config_path(run_dir.path))
@@ -114,6 +140,11 @@ def prepare_resume(ref: str, overrides: Sequence[str], nodes: int | None) -> Res
         code = CodePaths(snapshot=snap["path"], workdir=snap.get("workdir") or snap["path"])
     refuse_if_done(info, run_dir.path, cfg, overrides)
     blamed, listed = exclusions_for(run_dir.path, cfg.nodes.nodelist)
+    unknown = (
+        unknown_nodes(facts.partitions, [*blamed, *listed]) if facts and facts.partitions else []
+    )
+    blamed = [n for n in blamed if n not in unknown]
+    listed = [n for n in listed if n not in unknown]
     prepared = prepare_config(
         cfg,
         loaded.sources,
@@ -123,7 +154,21 @@ def prepare_resume(ref: str, overrides: Sequence[str], nodes: int | None) -> Res
         exclude=sorted({*blamed, *listed}),
         code=code,
     )
-    return Resumption(run_dir, info, prepared, tuple(blamed), tuple(listed))
+    resumption = Resumption(run_dir, info, prepared, tuple(blamed), tuple(listed))
+    if facts is None:
+        return resumption
+    warnings = check_submission(
+        prepared,
+        facts=facts,
+        listed=badnodes.submittable_entries(),
+        workdir=os.getcwd(),
+        force=force,
+        now=time.time(),
+        run_excluded=[n for n in excluded(run_dir.path) if n not in cfg.nodes.nodelist],
+    )
+    if unknown:
+        warnings.insert(0, f"not excluding {', '.join(unknown)}: no such node in this cluster")
+    return dataclasses.replace(resumption, warnings=warnings)
 
 
 def refuse_if_active(info: RunInfo, client: object) -> None:
@@ -144,11 +189,12 @@ def rewrite(resumption: Resumption) -> None:
     run_dir = resumption.run_dir
     # The previous submission's failures and result go to history/ with its config: they
     # are not this submission's story (status would headline an old failure).
-    archive(
-        run_dir.path,
-        copy=(CONFIG_FILE, SCRIPT_FILE),
-        move=(FAILURES_DIR, RESULT_FILE),
-        remove=(OUTCOME_FILE, CANCEL_FILE),
-    )
-    run_dir.write_config(to_plain(resumption.prepared.config))
-    run_dir.write_script(resumption.prepared.script)
+    with interrupts.deferred():  # config and script change together, or not at all
+        archive(
+            run_dir.path,
+            copy=(CONFIG_FILE, SCRIPT_FILE),
+            move=(FAILURES_DIR, RESULT_FILE),
+            remove=(OUTCOME_FILE, CANCEL_FILE),
+        )
+        run_dir.write_config(to_plain(resumption.prepared.config))
+        run_dir.write_script(resumption.prepared.script)

@@ -205,6 +205,8 @@ def run_status(
     elif shown is not None:
         state = fold_state(shown.get("JobState", ""))
         nodes, reason = shown.get("NodeList", ""), shown.get("Reason", "")
+    elif info.intent.get("target") == "kubernetes":
+        state = pod_state(info)
     else:
         state = _state_from_run_dir(info)
     # How the job itself concluded is more precise than Slurm's view of the job that ended.
@@ -225,7 +227,8 @@ def run_status(
     return RunStatus(
         run_id=info.run_id,
         path=str(info.path),
-        job_id=info.job_id,
+        # A run on Kubernetes is known by its JobSet's or PyTorchJob's name.
+        job_id=info.job_id or (info.intent.get("kubernetes") or {}).get("name"),
         state=state,
         nodes=nodes if nodes not in ("(null)", "None") else "",
         # Why a job waits; the reason Slurm keeps for a job that ended is stale.
@@ -244,6 +247,31 @@ def run_status(
         snapshot=info.snapshot,
         staging=staging_nodes(info.staging),
     )
+
+
+def pod_state(info: RunInfo) -> str:
+    """A run of --target kubernetes, from its run directory alone (no API server call): the
+    leader pod's records say whether an attempt runs, restarts or how the run ended."""
+    if info.outcome:
+        return str(info.outcome.get("state", "UNKNOWN"))
+    if info.attempts:  # a pod started (applied here, or by hand from elsewhere)
+        return "RUNNING" if "end" not in info.attempts[-1] else "RESTARTING"
+    intent_state = info.intent.get("state")
+    if intent_state == "failed":
+        return "SUBMIT_FAILED"
+    if intent_state == "written":
+        return "NOT_APPLIED"  # kubectl could not run where it was submitted
+    return "PENDING"  # applied; no pod has started (admission, scheduling, image pull)
+
+
+class NoScheduler:
+    """The Slurm client's place for ``status --target kubernetes``: no scheduler to ask."""
+
+    def status_rows(self, job_ids: Sequence[str], form: str = "text") -> dict[str, QueueRow]:
+        return {}
+
+    def accounting_rows(self, job_ids: Sequence[str]) -> dict[str, QueueRow]:
+        return {}
 
 
 def staging_nodes(records: dict[str, dict[str, Any]] | None) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from ddlaunch.app.runs import (
 )
 from ddlaunch.app.status import (
     ACTIVE_STATES,
+    NoScheduler,
     RunStatus,
     group_sweeps,
     needs_accounting,
@@ -33,7 +34,7 @@ from ddlaunch.app.status import (
     settled,
 )
 from ddlaunch.slurm import queue
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.client import SlurmClient, SlurmUnreachable
 from ddlaunch.store import sweeps
 from ddlaunch.store.members import member_of
 from ddlaunch.store.rundir import config_path, default_run_root, is_run_dir
@@ -77,9 +78,15 @@ def poll(
         infos.append(info)
     live = [i for i, t in zip(infos, targets, strict=True) if t.final is None]
     job_ids = [i.job_id for i in live if i.job_id]
-    queue = client.status_rows(job_ids, form) if job_ids else {}
-    gone = [i.job_id for i in live if i.job_id and i.job_id not in queue and needs_accounting(i)]
-    accounted = client.accounting_rows(gone) if gone else {}
+    unreachable = ""
+    try:
+        queue = client.status_rows(job_ids, form) if job_ids else {}
+        gone = [
+            i.job_id for i in live if i.job_id and i.job_id not in queue and needs_accounting(i)
+        ]
+        accounted = client.accounting_rows(gone) if gone else {}
+    except SlurmUnreachable as exc:  # the run directories still say what they know
+        queue, accounted, unreachable = {}, {}, f"Slurm unreachable ({exc.detail})"
     now = time.time() if now is None else now
     rows = []
     for info, target in zip(infos, targets, strict=True):
@@ -88,7 +95,9 @@ def poll(
             continue
         job = info.job_id or ""
         row = run_status(info, queue.get(job) or accounted.get(job), None, now)
-        if read is None and settled(info, row):
+        if unreachable and job:
+            row.reason = unreachable  # not a final state: nothing to cache
+        elif read is None and settled(info, row):
             reader.remember_final(info, row.state)
         rows.append(row)
     reader.save()
@@ -182,6 +191,7 @@ def view(
     show_all: bool = True,
     since: float | None = None,
     now: float | None = None,
+    target: str = "slurm",
 ) -> StatusView:
     """One poll of ``status``: the runs and sweeps named by ``refs`` (all when empty), with
     ONE squeue call for those that have not ended. Without refs and ``show_all``, finished
@@ -189,7 +199,8 @@ def view(
     ``since``, submitted in the last ``since`` seconds); the others are counted. The final
     state of a run that ended is cached once (``store.status_cache``): a later poll neither
     asks Slurm about it nor reads its directory unless it is shown, so it costs what the
-    active runs cost. ``runner`` is injectable (tests count the Slurm calls it receives)."""
+    active runs cost. ``runner`` is injectable (tests count the Slurm calls it receives).
+    ``target`` kubernetes: no scheduler is asked, the run directories alone say it."""
     now = time.time() if now is None else now
     root = default_run_root()
     reader = RunReader(lambda: now)  # one cache load for both the listing and the reads
@@ -212,7 +223,7 @@ def view(
         units.setdefault(t.sweep if grouped and t.sweep else str(t.path), []).append(t)
     cached = {k: u for k, u in units.items() if all(t.final for t in u)}
     live = [t for k, unit in units.items() if k not in cached for t in unit]
-    client = SlurmClient(runner)
+    client = NoScheduler() if target == "kubernetes" else SlurmClient(runner)
     form = queue.choose_form(_slurm_version(live), _forced_form())
     rows = dict(zip(live, poll(live, client, form=form, reader=reader, now=now), strict=True))
     hidden = 0
@@ -263,10 +274,14 @@ def _latest(ended: dict[str, float], since: float | None, now: float) -> set[str
 
 
 def collect(
-    refs: tuple[str, ...], runner: Any = None, *, overview: bool | None = None
+    refs: tuple[str, ...],
+    runner: Any = None,
+    *,
+    overview: bool | None = None,
+    target: str = "slurm",
 ) -> list[RunStatus]:
     """Every run and sweep ``view`` finds (nothing hidden)."""
-    return view(refs, runner, overview=overview).rows
+    return view(refs, runner, overview=overview, target=target).rows
 
 
 def _forced_form() -> str | None:

@@ -4,7 +4,8 @@ that another rank skipped, and all raise the same error."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import errno
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -18,12 +19,62 @@ class CheckpointError(RuntimeError):
 
 
 class CheckpointSaveError(CheckpointError):
-    """A save did not commit; its directory stays uncommitted and older checkpoints stay."""
+    """A save did not commit; its directory stays uncommitted and older checkpoints stay.
+    ``reason``: one line for the run's outcome, ``checkpoint save failed: no space left on
+    <dir>`` when a rank's write hit ENOSPC (or EDQUOT)."""
 
-    def __init__(self, message: str, *, step: int, failed_ranks: list[int]) -> None:
+    def __init__(
+        self, message: str, *, step: int, failed_ranks: list[int], reason: str = ""
+    ) -> None:
         super().__init__(message)
         self.step = step
         self.failed_ranks = failed_ranks
+        self.reason = reason or f"checkpoint save failed at step {step}"
+
+
+# A full filesystem (or quota) says so in the errno of an OSError somewhere in the chain:
+# DCP wraps each rank's exception in CheckpointException.failures, rank 0's errors travel
+# as text ("OSError: [Errno 28] No space left on device").
+_SPACE = {errno.ENOSPC: "no space left on", errno.EDQUOT: "disk quota exceeded on"}
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    todo = [error] if error is not None else []
+    while todo:
+        exc = todo.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        yield exc
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] for f in failures.values() if isinstance(f, tuple) and f]
+        todo += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+
+
+def space_problem(error: BaseException | None) -> str | None:
+    """``no space left on`` / ``disk quota exceeded on`` when ``error`` comes from a full
+    filesystem, else None."""
+    for exc in _chain(error):
+        if isinstance(exc, OSError) and exc.errno in _SPACE:
+            return _SPACE[exc.errno]
+        text = str(exc)
+        for number, words in _SPACE.items():
+            if f"[Errno {number}]" in text:
+                return words
+    return None
+
+
+def marker_failed(error: CheckpointError, step: int, where: str) -> CheckpointSaveError:
+    """Rank 0 could not write the commit marker (every rank got its error from on_rank0)."""
+    space = space_problem(error)
+    return CheckpointSaveError(
+        f"checkpoint step {step}: writing the commit marker failed: {error}",
+        step=step,
+        failed_ranks=[0],
+        reason=f"checkpoint save failed: {space} {where}" if space else "",
+    )
 
 
 class Agreement:
@@ -62,11 +113,18 @@ class Agreement:
             failures = getattr(error, "failures", None)
             blame = sorted(failures) if isinstance(failures, dict) and failures else [self.rank]
         everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, blame, group=self._ctl_pg)
-        failed = sorted({rank for ranks in everyone for rank in ranks})
+        # With each rank's blame, whether its error came from a full filesystem: every rank
+        # then words the failure alike, whichever rank's write hit ENOSPC.
+        mine = (blame, space_problem(error) if not ok else None)
+        dist.all_gather_object(everyone, mine, group=self._ctl_pg)
+        failed = sorted({rank for ranks, _ in everyone for rank in ranks})
+        space = next((words for _, words in everyone if words), None)
         local = f"; here: {type(error).__name__}: {error}" if error is not None else ""
+        reason = f"checkpoint save failed: {space} {self.where}" if space else ""
+        head = f"{reason} (step {step})" if reason else f"checkpoint step {step}"
         raise CheckpointSaveError(
-            f"checkpoint step {step}: {what} failed on rank(s) {failed}; left uncommitted{local}",
+            f"{head}: {what} failed on rank(s) {failed}; left uncommitted{local}",
             step=step,
             failed_ranks=failed,
+            reason=reason,
         ) from error

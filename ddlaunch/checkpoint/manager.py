@@ -63,7 +63,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ddlaunch.checkpoint import layout
-from ddlaunch.checkpoint.agreement import Agreement, CheckpointError, CheckpointSaveError
+from ddlaunch.checkpoint.agreement import (
+    Agreement,
+    CheckpointError,
+    CheckpointSaveError,
+    marker_failed,
+)
 from ddlaunch.checkpoint.layout import CheckpointInfo, CheckpointState, CommitMarker
 from ddlaunch.checkpoint.policy import should_checkpoint
 from ddlaunch.checkpoint.staging import HandOff, ReusableCpuStager, Staged, storage_key
@@ -400,11 +405,7 @@ class CheckpointManager:
         try:
             info = self._agree.on_rank0(write_marker)
         except CheckpointError as exc:
-            raise CheckpointSaveError(
-                f"checkpoint step {pending.step}: writing the commit marker failed: {exc}",
-                step=pending.step,
-                failed_ranks=[0],
-            ) from exc
+            raise marker_failed(exc, pending.step, str(self.root)) from exc
         self.last_committed = info
         log.info("checkpoint step %d committed at %s", info.step, info.path)
         if self.rank == 0:

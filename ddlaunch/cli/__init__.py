@@ -69,8 +69,26 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
+def _interrupted(exc: BaseException | None) -> None:
+    """SIGINT/SIGTERM: say what the interrupt left behind (the verbs add it as notes)."""
+    import signal
+
+    from ddlaunch.app.interrupts import signal_name
+
+    if not isinstance(exc, KeyboardInterrupt):
+        sys.stderr.write("aborted\n")  # click's own Abort (an EOF at a prompt)
+        sys.exit(130)
+    name = signal_name(exc)
+    notes = "; ".join(getattr(exc, "__notes__", []))
+    sys.stderr.write(f"interrupted ({name})" + (f": {notes}" if notes else "") + "\n")
+    sys.exit(128 + int(signal.Signals[name]))
+
+
 def main(argv: list[str] | None = None) -> Any:
+    from ddlaunch.app import interrupts
+
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    interrupts.install()  # SIGTERM unwinds like Ctrl-C: the verbs leave consistent records
     try:
         return cli.main(args=argv, prog_name="ddlaunch", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -78,9 +96,8 @@ def main(argv: list[str] | None = None) -> Any:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.stderr.write("aborted\n")
-        sys.exit(130)
+    except click.exceptions.Abort as exc:
+        _interrupted(exc.__cause__)
     except UserError as exc:
         if debug:
             import traceback  # lazy: only --debug needs it
@@ -88,8 +105,8 @@ def main(argv: list[str] | None = None) -> Any:
             traceback.print_exc()
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
     except Exception:  # last resort: a bug, not a user mistake
         if debug:
             import traceback  # lazy: only --debug needs it

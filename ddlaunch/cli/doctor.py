@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ddlaunch.cli.options import set_option
+from ddlaunch.cli.options import force_option, set_option
 
 
 def table(rows: list[Any]) -> Any:
@@ -41,6 +41,7 @@ def table(rows: list[Any]) -> Any:
 @click.option("--nodelist", help="Check exactly these nodes (Slurm hostlist, e.g. node[1-3]).")
 @click.option("--timeout", type=float, default=900, show_default=True, help="Seconds to wait.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@force_option
 def command(
     config: str | None,
     overrides: tuple[str, ...],
@@ -48,13 +49,20 @@ def command(
     nodelist: str | None,
     timeout: float,
     as_json: bool,
+    force: bool,
 ) -> None:
     """Run the preflight checks (GPUs, free space, torch, all-reduce bandwidth, and the fabric
     profile where ibv_devinfo/ibstat/nvidia-smi/ip exist) as a short job, one task per node,
-    and print a verdict per node. CONFIG defaults to the config of my latest run."""
+    and print a verdict per node. CONFIG defaults to the config of my latest run. While it
+    waits, each change of the job's state is shown with its pending reason; Ctrl-C cancels
+    the job."""
     from ddlaunch.app.doctor import run_doctor
+    from ddlaunch.app.facts import probe
     from ddlaunch.slurm.client import SlurmClient
 
+    facts, warnings = probe()
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
     done = run_doctor(
         config,
         overrides,
@@ -63,6 +71,9 @@ def command(
         timeout=timeout,
         client=SlurmClient(),
         started=lambda job_id, run_dir: click.echo(f"doctor job {job_id} ({run_dir})", err=True),
+        facts=facts,
+        force=force,
+        tell=lambda line: click.echo(line, err=True),
     )
     if as_json:
         click.echo(json.dumps([r.__dict__ for r in done.rows], indent=2))

@@ -57,10 +57,15 @@ def list_cmd(as_json: bool = False, show_all: bool = False) -> None:
     if as_json:
         term.out(json.dumps([e.as_dict() for e in shown], indent=2))
         return
+    suspects = badnodes.suspects(entries, now)
     if not shown:
         term.out(f"no bad nodes ({badnodes.default_path()})")
-        return
-    term.print(entries_table(shown, now))
+    else:
+        term.print(entries_table(shown, now))
+    if suspects and not show_all:
+        term.out("suspects (one run's hang each; listed when a second run blames them):")
+        for e in suspects:
+            term.out(f"  {e.node}: {e.source}: {e.reason} ({_when(e.expires, now)})")
 
 
 @command.command("add")
@@ -77,8 +82,10 @@ def list_cmd(as_json: bool = False, show_all: bool = False) -> None:
     show_default=True,
     help="How long to keep the node out: 30m, 12h, 2d, or never.",
 )
-def add_cmd(nodes: tuple[str, ...], reason: str, ttl: str) -> None:
-    """Add NODEs (Slurm hostlists such as node[1-3] are expanded)."""
+@click.option("--force", is_flag=True, help="Add names the cluster does not know, too.")
+def add_cmd(nodes: tuple[str, ...], reason: str, ttl: str, force: bool) -> None:
+    """Add NODEs (Slurm hostlists such as node[1-3] are expanded). Names are checked against
+    the cluster (one sinfo call): an unknown name would make every later sbatch fail."""
     from ddlaunch.config.schema import PATTERNS
     from ddlaunch.errors import UserError
     from ddlaunch.slurm.hostlist import expand_hostlist
@@ -94,12 +101,32 @@ def add_cmd(nodes: tuple[str, ...], reason: str, ttl: str) -> None:
     bad = [n for n in names if not pattern.match(n)]
     if bad:
         raise UserError(f"node name {bad[0]!r} must be {expected}")
+    _check_known(names, force)
     now = time.time()
     path = badnodes.save(
         badnodes.add(badnodes.load(), names, reason=reason, now=now, ttl_s=ttl_s, source="user")
     )
     click.echo(f"added {', '.join(names)} (expires {_when(now + ttl_s if ttl_s else None, now)})")
     click.echo(f"list: {path}")
+
+
+def _check_known(names: list[str], force: bool) -> None:
+    from ddlaunch.app.facts import probe
+    from ddlaunch.errors import UserError
+    from ddlaunch.planning.feasibility import unknown_nodes
+
+    facts, warnings = probe()
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
+    if not facts.partitions:
+        return
+    unknown = unknown_nodes(facts.partitions, names)
+    if unknown and not force:
+        known = sorted({n for p in facts.partitions for n in p.nodes})
+        raise UserError(
+            f"{', '.join(unknown)}: no such node in this cluster (it has {', '.join(known)}); "
+            "--force adds it anyway"
+        )
 
 
 @command.command("remove")

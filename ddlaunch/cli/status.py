@@ -141,6 +141,14 @@ def _parse_since(text: str | None) -> float | None:
 @click.option("--since", metavar="AGE", help="Finished runs submitted within AGE (12h, 7d).")
 @click.option("--watch", is_flag=True, help="Poll again every --interval until interrupted.")
 @click.option(
+    "--target",
+    type=click.Choice(["slurm", "kubernetes"]),
+    default="slurm",
+    show_default=True,
+    help="kubernetes: read the runs' state from their run directories alone (the pods' "
+    "attempt records), asking no scheduler.",
+)
+@click.option(
     "--interval",
     type=float,
     default=30.0,
@@ -152,6 +160,7 @@ def command(
     as_json: bool,
     show_all: bool,
     since: str | None,
+    target: str,
     watch: bool,
     interval: float,
 ) -> None:
@@ -166,7 +175,7 @@ def command(
     from ddlaunch.app.status_poll import view
 
     def poll() -> Any:
-        return view(runs, show_all=show_all or bool(runs), since=_parse_since(since))
+        return view(runs, show_all=show_all or bool(runs), since=_parse_since(since), target=target)
 
     if not watch:
         _show(poll(), as_json)

@@ -5,16 +5,22 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from ddlaunch.cli.options import config_argument, set_option
+from ddlaunch.cli.options import config_argument, force_option, set_option, target_option
 from ddlaunch.cli.snapshot import report_snapshot
+
+if TYPE_CHECKING:
+    from ddlaunch.app.prepare import Submission
+    from ddlaunch.planning.plan import ClusterFacts
 
 
 @click.command("submit")
 @config_argument
 @set_option
+@target_option
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -41,7 +47,37 @@ from ddlaunch.cli.snapshot import report_snapshot
     metavar="all|N,M",
     help="With --follow: whose logs to stream (all: every rank, lines prefixed by rank).",
 )
+@force_option
 def command(
+    config: str,
+    overrides: tuple[str, ...],
+    target: str,
+    dry_run: bool,
+    local: bool,
+    run_root: str | None,
+    follow_: bool,
+    ranks: str,
+    force: bool,
+) -> None:
+    """Submit CONFIG to Slurm and print the run id and job id (--target kubernetes: write
+    the manifest into the run directory and kubectl apply it where kubectl can).
+
+    CONFIG is a YAML file or a shipped preset name such as examples/mlp. The run directory
+    (mode 0700) keeps the resolved config, the script, the git state and the job ids.
+    Before sbatch, the job is checked against its partition (one sinfo call) and what it
+    runs (script, entry point, interpreter): one that could never run is refused, with
+    the numbers. `submit` returns as soon as sbatch has accepted the job.
+    """
+    workdir = os.getcwd()
+    if target == "kubernetes":
+        if local or follow_:
+            raise click.UsageError("--local and --follow are for Slurm runs (--target slurm)")
+        _submit_objects(config, overrides, dry_run, run_root, workdir)
+        return
+    _submit_slurm(config, overrides, dry_run, local, run_root, follow_, ranks, force, workdir)
+
+
+def _submit_slurm(
     config: str,
     overrides: tuple[str, ...],
     dry_run: bool,
@@ -49,24 +85,33 @@ def command(
     run_root: str | None,
     follow_: bool,
     ranks: str,
+    force: bool,
+    workdir: str,
 ) -> None:
-    """Submit CONFIG to Slurm and print the run id and job id.
-
-    CONFIG is a YAML file or a shipped preset name such as examples/mlp. The run directory
-    (mode 0700) keeps the resolved config, the script, the git state and the job ids.
-    `submit` returns as soon as sbatch has accepted the job.
-    """
     from ddlaunch.app.prepare import prepare_submission
     from ddlaunch.planning.plan import format_argv
 
-    workdir = os.getcwd()
-    prepared, exclude = prepare_submission(
-        config,
-        overrides,
-        run_root=run_root,
-        workdir=workdir,
-        snapshot="path" if dry_run else "store",
-    )
+    here = local or shutil.which("sbatch") is None
+    # --dry-run asks nothing of Slurm (it works offline, like render).
+    facts, warnings = (None, []) if here or dry_run else _probe()
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
+
+    def prepare() -> Submission:
+        return prepare_submission(
+            config,
+            overrides,
+            run_root=run_root,
+            workdir=workdir,
+            facts=facts,
+            force=force,
+            snapshot="path" if dry_run else "store",
+        )
+
+    submission = prepare()
+    for line in submission.warnings:
+        click.echo(f"warning: {line}", err=True)
+    prepared, exclude = submission.prepared, submission.excluded
     if exclude:
         click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
     report_snapshot(prepared.config, prepared.snapshot, stored=not dry_run)
@@ -76,7 +121,7 @@ def command(
         click.echo(prepared.script, nl=False)
         click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")
         return
-    if local or shutil.which("sbatch") is None:
+    if here:
         if not local:
             click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
         from ddlaunch.app.submit import create_run_dir
@@ -93,7 +138,7 @@ def command(
     for warning in stop_window_warnings(prepared):
         click.echo(f"warning: {warning}", err=True)
     chosen = parse_ranks(ranks) if follow_ else (0,)
-    submitted = submit_to_slurm(prepared, workdir=workdir)
+    submitted = submit_to_slurm(prepared, workdir=workdir, reprepare=lambda: prepare().prepared)
     click.echo(f"run {submitted.run_id}  job {submitted.job_id}")
     click.echo(f"run dir: {submitted.run_dir}")
     if follow_:
@@ -102,3 +147,38 @@ def command(
 
         sys.stdout.flush()
         follow_run(submitted.run_dir, LogStream(submitted.run_dir, chosen, prefix=chosen != (0,)))
+
+
+def _probe() -> tuple[ClusterFacts, list[str]]:
+    from ddlaunch.app.facts import probe
+
+    return probe()
+
+
+def _submit_objects(
+    config: str, overrides: tuple[str, ...], dry_run: bool, run_root: str | None, workdir: str
+) -> None:
+    from ddlaunch.app.kubernetes import prepare_objects, submit_objects
+
+    prepared = prepare_objects(
+        config,
+        overrides,
+        run_root=run_root,
+        workdir=workdir,
+        snapshot="path" if dry_run else "store",
+    )
+    report_snapshot(prepared.config, prepared.snapshot, stored=not dry_run)
+    plan = prepared.plan
+    if dry_run:
+        click.echo(prepared.manifest, nl=False)
+        click.echo(f"# kubectl argv: kubectl apply -f {plan.manifest_path}")
+        return
+    done = submit_objects(prepared, workdir=workdir)
+    kind = "JobSet" if plan.kind == "jobset" else "PyTorchJob"
+    if done.applied:
+        click.echo(f"run {done.run_id}  {kind} {done.name}")
+    else:
+        click.echo(f"{done.why_not}: not applied", err=True)
+        click.echo(f"run {done.run_id}  {kind} {done.name} (not applied)")
+        click.echo(f"apply it with: kubectl apply -f {plan.manifest_path}")
+    click.echo(f"run dir: {done.run_dir}")

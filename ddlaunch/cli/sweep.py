@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from ddlaunch.cli.completion import complete_sweeps
-from ddlaunch.cli.options import set_option
+from ddlaunch.cli.options import force_option, set_option
 from ddlaunch.cli.snapshot import report_snapshot
 from ddlaunch.errors import UserError
 
@@ -63,15 +63,35 @@ def _progress() -> Iterator[_Phases]:
         yield _Phases(bar)
 
 
-def _facts(max_array_size: int | None) -> Any:
-    """Cluster facts, probed once here at the edge: MaxArraySize (capped by the option)."""
+def _facts(max_array_size: int | None, offline: bool = False) -> Any:
+    """Cluster facts, probed once here at the edge: the partitions and MaxArraySize (capped
+    by the option). ``offline`` (--dry-run): nothing is asked of Slurm but MaxArraySize."""
+    import dataclasses
+
+    from ddlaunch.app.facts import probe
     from ddlaunch.planning.plan import ClusterFacts
     from ddlaunch.slurm.arrays import probe_max_array_size
     from ddlaunch.slurm.client import SlurmClient
 
-    probed = probe_max_array_size(SlurmClient()) if shutil.which("scontrol") else None
-    sizes = [s for s in (probed, max_array_size) if s]
-    return ClusterFacts(max_array_size=min(sizes) if sizes else None)
+    if offline:
+        probed = probe_max_array_size(SlurmClient()) if shutil.which("scontrol") else None
+        facts = ClusterFacts(max_array_size=probed)
+    else:
+        facts, warnings = probe(max_array_size=True)
+        for line in warnings:
+            click.echo(f"warning: {line}", err=True)
+    sizes = [s for s in (facts.max_array_size, max_array_size) if s]
+    return dataclasses.replace(facts, max_array_size=min(sizes) if sizes else None)
+
+
+def _check(configs: Sequence[Any], facts: Any, force: bool) -> None:
+    """The checks ``submit`` makes before sbatch, for each distinct member config."""
+    import time
+
+    from ddlaunch.app.prepare import check_configs
+
+    for line in check_configs(configs, facts, [], os.getcwd(), force, time.time()):
+        click.echo(f"warning: {line}", err=True)
 
 
 def _need_slurm() -> None:
@@ -134,6 +154,7 @@ def command() -> None:
     "upper bound, probed with scontrol).",
 )
 @click.option("--hold", is_flag=True, help="Submit held; `scontrol release JOBID` starts them.")
+@force_option
 def submit(
     sweep_file: str,
     overrides: tuple[str, ...],
@@ -141,6 +162,7 @@ def submit(
     run_root: str | None,
     max_array_size: int | None,
     hold: bool,
+    force: bool,
 ) -> None:
     """Expand FILE, validate every member, write the sweep directory (every member's
     resolved config in members.json) and submit the members as job arrays (one, unless the
@@ -155,7 +177,7 @@ def submit(
     spec = parse_sweep_file(sweep_file, overrides)
     if not dry_run:
         _need_slurm()
-    facts = _facts(max_array_size)
+    facts = _facts(max_array_size, offline=dry_run)
     with _progress() as bar:
         prepared = prepare_sweep(
             spec,
@@ -176,6 +198,7 @@ def submit(
             table = [f"{m.index:>5}  {m.label}" for m in prepared.members]
             _print_dry_run(prepared.arrays, [head, f"dir: {prepared.sweep_dir}", *table])
             return
+        _check(prepared.group_configs, facts, force)
         outcomes = submit_sweep(
             prepared,
             workdir=os.getcwd(),
@@ -252,6 +275,7 @@ def cancel_sweep(sweep_ref: str, wait_s: float) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the scripts and sbatch argv only.")
 @click.option("--max-array-size", type=click.IntRange(min=1), help="As for `sweep submit`.")
 @click.option("--hold", is_flag=True, help="Submit held.")
+@force_option
 def resubmit(
     sweep_ref: str,
     failed: bool,
@@ -261,22 +285,46 @@ def resubmit(
     dry_run: bool,
     max_array_size: int | None,
     hold: bool,
+    force: bool,
 ) -> None:
     """Submit members again, as a new array, each in its own run directory and from its
     own latest complete checkpoint. `--failed` picks FAILED, NODE_FAIL, TIMEOUT, PREEMPTED,
     STOPPED and SUBMIT_FAILED members, `--cancelled` CANCELLED ones; `--set` changes their
     configs. A COMPLETED member named with --member runs again only if it has something
     left to train (raise params.steps with --set)."""
-    from ddlaunch.slurm.client import SlurmClient
     from ddlaunch.store.rundir import default_run_root
     from ddlaunch.store.sweeps import find_sweep
-    from ddlaunch.sweeps.resubmit import check_completed
-    from ddlaunch.sweeps.status import LIVE_STATES, collect, pick_members
-    from ddlaunch.sweeps.submit import plan_resubmission, resubmit_members
 
     if not failed and not cancelled and not members:
         raise UserError("say which members: --failed, --cancelled, or --member N (repeatable)")
     path = find_sweep(sweep_ref, default_run_root())
+    if dry_run:
+        _resubmit(path, failed, cancelled, members, overrides, True, max_array_size, hold, force)
+        return
+    from ddlaunch.store import lock
+
+    # One resubmission of a sweep at a time (and no `resume` of one of its members
+    # meanwhile): a second one fails at once instead of submitting the members twice.
+    with lock.exclusive(path, "resubmitted", f"sweep {path.name}"):
+        _resubmit(path, failed, cancelled, members, overrides, False, max_array_size, hold, force)
+
+
+def _resubmit(
+    path: Any,
+    failed: bool,
+    cancelled: bool,
+    members: tuple[int, ...],
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    max_array_size: int | None,
+    hold: bool,
+    force: bool,
+) -> None:
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.sweeps.resubmit import check_completed
+    from ddlaunch.sweeps.status import LIVE_STATES, collect, pick_members
+    from ddlaunch.sweeps.submit import plan_resubmission, resubmit_members
+
     client = SlurmClient()
     rows = {r.index: r for r in collect(path, client)}
     unknown = sorted(set(members) - set(rows))
@@ -295,7 +343,7 @@ def resubmit(
         )
     if not dry_run:
         _need_slurm()
-    facts = _facts(max_array_size)
+    facts = _facts(max_array_size, offline=dry_run)
     configs, arrays, sources = plan_resubmission(
         path, chosen, workdir=os.getcwd(), facts=facts, overrides=overrides, hold=hold
     )
@@ -305,6 +353,7 @@ def resubmit(
     if dry_run:
         _print_dry_run(arrays, [head])
         return
+    _check(configs, facts, force)
     click.echo(head)
     with _progress() as bar:
         outcomes = resubmit_members(

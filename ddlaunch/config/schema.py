@@ -8,59 +8,22 @@ Cross-field rules (contradictions) live in ``validate.check_contradictions``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddlaunch.config.fields import opt as opt
+from ddlaunch.config.fields import PATTERNS, opt
+from ddlaunch.config.kubernetes_schema import KubernetesSpec
 from ddlaunch.config.trainer_spec import TrainerSpec
 from ddlaunch.config.trainers import LAYOUT_KEYS, Layout, default_kind, resolve
 
-# Strings that end up in ``#SBATCH`` lines are restricted to a conservative character set:
-# sbatch parses those lines itself, so shell quoting cannot make arbitrary text safe there.
-PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
-    "slurm_token": (
-        re.compile(r"^[A-Za-z0-9_.:+@=,/%-]+$"),
-        "letters, digits and _ . : + @ = , / % -",
-    ),
-    "constraint": (
-        re.compile(r"^[A-Za-z0-9_.:,&|!()\[\]*-]+$"),
-        "a Slurm constraint expression (letters, digits and _ . : , & | ! ( ) [ ] * -)",
-    ),
-    "entrypoint": (
-        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"),
-        "a Python callable written as package.module:function",
-    ),
-    "module": (
-        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"),
-        "a Python module name such as pkg.module",
-    ),
-    "env_name": (
-        re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$"),
-        "an environment variable name (letters, digits, _; not starting with a digit)",
-    ),
-    "memory": (
-        re.compile(r"^[0-9]+[KMGT]?$"),
-        "a Slurm memory size such as 16G, 512M or 0",
-    ),
-    "template_name": (
-        re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_./-]*$"),
-        "a template file name relative to the search path (letters, digits, _ . / -; no ..)",
-    ),
-    "sbatch_option": (
-        re.compile(r"^[a-z][a-z0-9-]*$"),
-        "a long sbatch option name without dashes, e.g. comment or gres-flags",
-    ),
-    "data_name": (
-        re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
-        "a name of letters, digits and _ starting with a letter (it becomes DDLAUNCH_DATA_<NAME>)",
-    ),
-}
+__all__ = ["PATTERNS", "Config", "KubernetesSpec", "opt"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    name: str = opt("ddlaunch", "Slurm job name (--job-name).", pattern="slurm_token")
+    name: str = opt(
+        "ddlaunch", "Slurm job name (--job-name); the run id starts with it.", pattern="name"
+    )
     partition: str | None = opt(
         None, "Partition to submit to; cluster default when unset.", pattern="slurm_token"
     )
@@ -306,6 +269,12 @@ class FaultToleranceSpec:
         "null: estimated from the run's own failures.",
         range=(0.001, 10**6),
     )
+    on_save_failure: str = opt(
+        "stop",
+        "When a checkpoint save fails on any rank (a full disk): stop the run (its outcome "
+        "says why), or continue training and try again at the next save.",
+        choices=("stop", "continue"),
+    )
     signal: str = opt(
         "USR2",
         "Signal sent ahead of the time limit (USR1, USR2, TERM, INT, HUP, "
@@ -386,6 +355,12 @@ class LaunchSpec:
     env: dict[str, str] = opt(
         {}, "Environment variables for every rank (they win over fabric defaults)."
     )
+    env_from_submit: tuple[str, ...] = opt(
+        [],
+        "Variables passed by name from the submitting shell to the job (sbatch --export), "
+        "e.g. tokens: their values are never written into the run directory or the script.",
+        pattern="env_name",
+    )
     setup: tuple[str, ...] = opt(
         [],
         "Shell lines run verbatim in the batch script before launch "
@@ -425,7 +400,8 @@ class ContainerSpec:
     image: str | None = opt(
         None,
         "Image: a registry reference (nvcr.io/nvidia/pytorch:24.05-py3, docker://...), or "
-        "an absolute path to a .sif or .sqsh file.",
+        "an absolute path to a .sif or .sqsh file. --target kubernetes pulls it (a registry "
+        "reference; runtime does not matter there).",
     )
     mounts: tuple[str, ...] = opt(
         [],
@@ -509,6 +485,10 @@ class Config:
     trainer: TrainerSpec = field(
         default_factory=TrainerSpec,
         metadata={"doc": "The trainer's own checkpoints, resume arguments and stop signal."},
+    )
+    kubernetes: KubernetesSpec = field(
+        default_factory=KubernetesSpec,
+        metadata={"doc": "The Kubernetes target (render/submit --target kubernetes)."},
     )
     templates: TemplatesSpec = field(
         default_factory=TemplatesSpec, metadata={"doc": "Site template search path."}

@@ -19,6 +19,7 @@ from typing import Any
 from ddlaunch.config import trainer_rules
 from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.kubernetes_rules import check_kubernetes
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
 from ddlaunch.config.schema import PATTERNS, Config
 
@@ -294,6 +295,7 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
         check_container,
         check_snapshot,
         _plan_rules,
+        check_kubernetes,
     ):
         check(cfg, b)
 
@@ -375,6 +377,15 @@ def _launch_rules(cfg: Config, b: _Builder) -> None:
     for name in launch.env:
         if not pattern.match(name):
             b.fail(("launch", "env", name), f"must be {expected}")
+    both = sorted(set(launch.env) & set(launch.env_from_submit))
+    if both:
+        b.fail(
+            ("launch", "env_from_submit"),
+            f"{', '.join(both)} also set in launch.env: a value there is written into the "
+            "script; keep it in one of the two",
+        )
+    if launch.env_from_submit and "export" in cfg.sbatch:
+        b.fail(("sbatch", "export"), "launch.env_from_submit sets --export; drop one of them")
 
 
 def _trainer_rules(cfg: Config, b: _Builder) -> None:

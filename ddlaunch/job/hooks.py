@@ -30,7 +30,7 @@ from ddlaunch.job.preflight import preflight_hook, preflight_outcome
 from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, badnodes, exclusions, signal_save, stops
+from ddlaunch.store import attempts, badnodes, exclusions, outcome, signal_save, stops
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import (
@@ -74,7 +74,13 @@ RESTART_EXIT = 75
 _CLEAN = (policy.CAUSE_COMPLETED, policy.CAUSE_SIGNAL)
 
 
-def _close_cut_off(run_dir: Path, record: dict[str, Any], client: Any, step: int | None) -> None:
+def _close_cut_off(
+    run_dir: Path,
+    record: dict[str, Any],
+    client: Any,
+    step: int | None,
+    settings: HookSettings,
+) -> None:
     """The previous attempt never reached ``end``: Slurm requeued it (a node failure, a
     preemption), or the trainer did after ddlaunch asked it to stop (Lightning's own
     ``scontrol requeue`` ends the batch shell too)."""
@@ -91,6 +97,8 @@ def _close_cut_off(run_dir: Path, record: dict[str, Any], client: Any, step: int
     if blamed:
         why = "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
         exclusions.add_excluded(run_dir, blamed, why)
+        # A node Slurm declared down is evidence about the node: my later jobs avoid it.
+        badnodes.record(blamed, why, settings.bad_node_ttl_hours, f"run {run_dir.name}")
 
 
 def unclean_end(previous: Mapping[str, Any] | None) -> float | None:
@@ -117,12 +125,18 @@ def prepare_restart(
     return moved
 
 
-def start(run_dir: Path, client: Any, attempt: AttemptId, env: Mapping[str, str]) -> None:
+def start(
+    run_dir: Path,
+    client: Any,
+    attempt: AttemptId,
+    env: Mapping[str, str],
+    settings: HookSettings = HookSettings(),
+) -> None:
     records = attempts.load(run_dir)
     source = checkpoint_source(run_dir)
     if records and attempts.is_open(records[-1]):
         found = latest_checkpoint(run_dir, source)
-        _close_cut_off(run_dir, records[-1], client, found.step if found else None)
+        _close_cut_off(run_dir, records[-1], client, found.step if found else None, settings)
     if is_byo(source.kind):
         prepare_restart(run_dir, source, records[-1] if records else None, attempt.key)
     found = latest_checkpoint(run_dir, source)
@@ -160,20 +174,25 @@ class Ending:
 
 
 def crash_or_node_failure(
-    run_dir: Path, nodes: list[str], attempt: AttemptId, client: Any, ranks_per_node: int
+    run_dir: Path, nodes: list[str], attempt: AttemptId, client: Any, settings: HookSettings
 ) -> Ending:
     """srun may return before Slurm notices a dead node: blame nodes Slurm reports as bad or
-    whose slurmd stopped answering, and keep them out of the next attempt."""
-    blamed, why = blame_nodes(run_dir, nodes, attempt, client, ranks_per_node)
+    whose slurmd stopped answering, and keep them out of the next attempt (and, being
+    evidence about the node, out of my later jobs: the bad-node list)."""
+    blamed, why = blame_nodes(run_dir, nodes, attempt, client, settings.ranks_per_node)
     if not blamed:
         return Ending(policy.CAUSE_CRASH)
     exclusions.add_excluded(run_dir, blamed, "node failure: " + why)
+    source = f"run {run_dir.name}"
+    badnodes.record(blamed, "node failure: " + why, settings.bad_node_ttl_hours, source)
     return Ending(policy.CAUSE_NODE_FAILURE, blamed)
 
 
 def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: HookSettings) -> Ending | None:
     """The watchdog ended this attempt (hang or straggler): its verdict names the cause and
-    the nodes to exclude."""
+    the nodes to exclude from this run. A straggler is evidence about its node (the
+    bad-node list takes it); a hang only makes the node a suspect (``badnodes.suspect``):
+    a rank stuck in the training code's own frames hangs on any node."""
     verdict = watchdog_records.read_verdict(run_dir, attempt)
     if not verdict:
         return None
@@ -183,7 +202,9 @@ def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: HookSettings) -
     if blamed:
         exclusions.add_excluded(run_dir, blamed, f"{cause}: {detail}")
         source = f"run {run_dir.name}"
-        badnodes.record(blamed, f"{cause}: {detail}", settings.bad_node_ttl_hours, source)
+        hang = cause == policy.CAUSE_HANG
+        ttl = settings.bad_node_ttl_hours
+        badnodes.record(blamed, f"{cause}: {detail}", ttl, source, suspected=hang)
     return Ending(cause, blamed, {"health": detail})
 
 
@@ -204,8 +225,10 @@ def end(
         return exit_code
     current = records[-1]
     if not attempts.is_open(current):
-        # Closed by rank 0 already: it saved on the signal and requeued the job itself.
-        return 0
+        # Closed by rank 0 already: it saved on the signal and requeued the job itself, or
+        # it stopped the run (a checkpoint save failed): Slurm's state should say which.
+        ended = outcome.read_outcome(run_dir) or {}
+        return 1 if ended.get("state") == policy.FAILED else 0
     saved = signal_save.read(run_dir, attempt)
     if saved is not None:
         # The ranks (in a container) saved on the signal and left the conclusion to us.
@@ -240,7 +263,7 @@ def end(
             ending = Ending(policy.CAUSE_COMPLETED)
         else:
             ending = watchdog_ending(run_dir, attempt, settings) or crash_or_node_failure(
-                run_dir, nodes, attempt, client, settings.ranks_per_node
+                run_dir, nodes, attempt, client, settings
             )
     found = latest_checkpoint(run_dir, source)
     conclusion = conclude(
@@ -301,21 +324,28 @@ def main(argv: list[str] | None = None) -> int:
         start_task(run_dir)
     client = SlurmClient()
     if args.hook == "start":
-        start(run_dir, client, attempt, os.environ)
+        start(run_dir, client, attempt, os.environ, _settings(run_dir))
         return 0
     if args.hook == "preflight":
         nodes = expand(os.environ.get("SLURM_JOB_NODELIST", ""))
         return preflight_hook(run_dir, client, attempt, nodes)
-    tree = read_config_tree(run_dir)
-    settings = HookSettings.from_tree(tree)
+    settings = _settings(run_dir)
     if args.hook == "stop":
-        source = checkpoint_source(run_dir, tree)
+        source = checkpoint_source(run_dir, read_config_tree(run_dir))
         request = stopping.StopRequest(run_dir, attempt, source, client, args.srun_pid)
         request.on_saved = lambda stop: conclude_saved(run_dir, client, attempt, settings, stop)
         why = f"time limit in {settings.signal_lead} s"
         request.run(why, stopping.budget(settings.signal_lead))
         return 0
     return end(run_dir, args.exit_code, client, attempt, settings, args.can_restart)
+
+
+def _settings(run_dir: Path) -> HookSettings:
+    try:
+        return HookSettings.from_tree(read_config_tree(run_dir))
+    except Exception as exc:  # an unreadable config must not cost the attempt its record
+        print(f"[ddlaunch] warning: {run_dir / 'config.yaml'}: {exc}; defaults used", flush=True)
+        return HookSettings()
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.schema import Config
 from ddlaunch.config.trainers import NO_SIGNAL, is_byo, placeholders, substitute
 from ddlaunch.config.validate import parse_duration
 from ddlaunch.planning import fabric, topology
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR, Mount, container_launch
 from ddlaunch.planning.tracking import tracking_env
+from ddlaunch.slurm.partitions import PartitionFacts
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
 
 
@@ -52,10 +54,13 @@ class ArraySpec:
 
 @dataclass(frozen=True)
 class ClusterFacts:
-    """What was probed from the cluster at the edge (all optional: rendering works offline)."""
+    """What was probed from the cluster at the edge (all optional: rendering works offline).
+    ``partitions``: every partition's nodes and limits (one sinfo call; empty: not probed),
+    for ``planning.feasibility``."""
 
     slurm_version: str | None = None
     max_array_size: int | None = None
+    partitions: tuple[PartitionFacts, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,9 @@ class LaunchPlan:
     warnings: tuple[str, ...] = ()  # valid but slow choices, also printed by render/submit
     rank_command: str = ""  # what each rank runs, for the script's comment
     trainer_stop: TrainerStop | None = None
+
+    # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
+    env_from_submit: tuple[str, ...] = ()
 
     @property
     def script_path(self) -> str:
@@ -242,6 +250,10 @@ def make_plan(
     ``code``: the ranks' code snapshot (default: the live ``launch.workdir`` or ``workdir``)."""
     facts = facts or ClusterFacts()
     code = code or CodePaths()
+    if cfg.container.image and cfg.container.runtime == "none":
+        # Valid for the kubernetes target (the image alone); on Slurm the image needs a runtime.
+        message = "container.image is set but runtime is none (pyxis, apptainer or podman)"
+        raise ConfigError([ConfigIssue("container.runtime", message)])
     ranks_dir = code.workdir or cfg.launch.workdir or workdir
     run = PurePosixPath(run_dir)
     logs = run / LOGS_DIR
@@ -263,10 +275,15 @@ def make_plan(
         # logs through SLURM_STDOUTMODE / SLURM_STDERRMODE, which srun reads when the
         # command line has no --output / --error.
         rank_logs = ()
+    # sbatch takes each named variable's value from its own environment: the values never
+    # reach the script, the run directory or the intent record (which keeps this argv).
+    passed = cfg.launch.env_from_submit
+    export = (f"--export={','.join(('ALL', *passed))}",) if passed else ()
     sbatch_argv = (
         "sbatch",
         "--parsable",
         *submission,
+        *export,
         f"--chdir={ranks_dir}",
         script_path(run_dir, array),
     )
@@ -327,6 +344,7 @@ def make_plan(
         rank_command=rank_command(cfg, None if array else str(run)),
         trainer_stop=trainer_stop(cfg),
         **_notes(cfg),
+        env_from_submit=tuple(passed),
     )
 
 

@@ -28,6 +28,9 @@ CAUSE_SIGNAL = "signal"  # pre-timeout / preemption signal: saved, then requeued
 CAUSE_CRASH = "crash"  # nonzero exit (exception, collective timeout, killed rank)
 CAUSE_REQUEUED_BY_SLURM = "requeued by Slurm"  # node failure (or preemption) before any hook
 CAUSE_NODE_FAILURE = "node failure"  # srun failed and Slurm reports a node of it as bad
+# Kubernetes started the pods again before the leader pod concluded (its node died, the
+# JobSet or PyTorchJob restarted them): recorded when the next attempt starts.
+CAUSE_RESTARTED = "restarted by Kubernetes"
 CAUSE_CANCELLED = "cancelled"
 # ddlaunch asked a trainer it does not drive to stop (the pre-timeout signal forwarded by the
 # batch shell, or trainer.stop_before_limit): requeued whatever the exit code (Megatron, NeMo
@@ -37,6 +40,7 @@ CAUSE_TRAINER_STOP = "trainer stop"
 CAUSE_PREFLIGHT = "preflight"
 CAUSE_HANG = "hang"
 CAUSE_STRAGGLER = "straggler"
+CAUSE_CHECKPOINT = "checkpoint save failed"  # on every rank together (a full disk)
 HEALTH_CAUSES = (CAUSE_PREFLIGHT, CAUSE_HANG, CAUSE_STRAGGLER)
 # Endings a new step in the same allocation can retry (when no node was blamed): the ranks
 # failed, the nodes did not. A node failure ends the allocation without --no-kill; a preflight

@@ -8,8 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ddlaunch.errors import UserError
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.client import SlurmClient, failure
 from ddlaunch.slurm.parse import SQUEUE_FORMAT, QueueRow, parse_scontrol_show_job, parse_squeue
 
 _MAX_ARRAY = re.compile(r"^\s*MaxArraySize\s*=\s*(\d+)\s*$", re.MULTILINE)
@@ -38,10 +37,10 @@ def queue_tasks(client: SlurmClient, array_ids: Iterable[str]) -> dict[str, Queu
     if not ids:
         return {}
     argv = ["squeue", "-h", "-r", "-j", ",".join(ids), "-o", SQUEUE_FORMAT]
-    result = client.runner.run(argv, timeout=60)
+    result = client.runner.run(argv, timeout=client.timeout)
     # squeue exits 1 with "Invalid job id" when none of the ids is known any more.
     if not result.ok and "Invalid job id" not in result.stderr:
-        raise UserError(f"squeue failed: {(result.stderr or result.stdout).strip()}")
+        raise failure("squeue", result)
     return parse_squeue(result.stdout)
 
 
@@ -78,5 +77,5 @@ def task_indices(spec: str) -> list[int]:
 
 
 def show_array_tasks(client: SlurmClient, array_id: str) -> dict[str, dict[str, str]]:
-    result = client.runner.run(["scontrol", "show", "job", "-o", array_id], timeout=60)
+    result = client.runner.run(["scontrol", "show", "job", "-o", array_id], timeout=client.timeout)
     return parse_array_show_job(result.stdout) if result.ok else {}

@@ -1,7 +1,17 @@
-"""The Slurm client: the only code that runs Slurm commands, always through the runner."""
+"""The Slurm client: the only code that runs Slurm commands, always through the runner.
+
+Every command is bounded in time: ``$DDLAUNCH_SLURM_TIMEOUT`` seconds (default 60), because
+a controller that does not answer makes Slurm's own clients wait and retry (measured on the
+22.05 dev cluster: sbatch, squeue, sinfo and scontrol give up after ~9 s with slurmctld
+killed, after MessageTimeout with it stopped; sbatch's "temporarily unable to accept job"
+loop retries for minutes). A failure is a ``SlurmError``; one that says the controller did
+not answer is a ``SlurmUnreachable``, which a caller may retry (``ddlaunch.slurm.retry``).
+"""
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable, Sequence
 
 from ddlaunch.errors import UserError
@@ -15,18 +25,70 @@ from ddlaunch.slurm.parse import (
     parse_sinfo_nodes,
     parse_squeue,
 )
+from ddlaunch.slurm.partitions import SINFO_ARGV, PartitionFacts, parse_sinfo_partitions
+
+TIMEOUT_ENV = "DDLAUNCH_SLURM_TIMEOUT"
+DEFAULT_TIMEOUT_S = 60.0
+TIMED_OUT = 124  # the runner's exit code for a command it killed at its timeout
+
+# What Slurm's clients print when the controller does not answer (22.05, measured: killed
+# slurmctld -> "Unable to contact slurm controller (connect failure)", and `scontrol
+# requeue` says "Unexpected message received for job N"; stopped slurmctld -> "Socket timed
+# out on send/recv operation").
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+    r"Zero Bytes were transmitted|Unexpected message received|"
+    r"Communication connection failure|temporarily unable to accept job",
+    re.IGNORECASE,
+)
+
+
+class SlurmError(UserError):
+    """A Slurm command failed; ``detail`` is its last line of output."""
+
+    def __init__(self, what: str, result: CommandResult) -> None:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        self.detail = lines[-1].strip() if lines else f"exit {result.returncode}"
+        self.result = result
+        super().__init__(f"{what} failed (exit {result.returncode}): {self.detail}")
+
+
+class SlurmUnreachable(SlurmError):
+    """The controller did not answer (a timeout or a connection failure): worth a retry."""
+
+
+def unreachable(result: CommandResult) -> bool:
+    return result.returncode == TIMED_OUT or bool(_UNREACHABLE.search(result.stderr))
+
+
+def failure(what: str, result: CommandResult) -> SlurmError:
+    return (SlurmUnreachable if unreachable(result) else SlurmError)(what, result)
+
+
+def default_timeout() -> float:
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+    return value if value > 0 else DEFAULT_TIMEOUT_S
 
 
 class SlurmClient:
-    def __init__(self, runner: Runner | None = None):
+    def __init__(self, runner: Runner | None = None, timeout: float | None = None):
         self.runner = runner or SubprocessRunner()
+        self.timeout = timeout if timeout is not None else default_timeout()
+
+    def _run(self, argv: Sequence[str], **kw: object) -> CommandResult:
+        return self.runner.run(argv, timeout=self.timeout, **kw)  # type: ignore[arg-type]
 
     def sbatch(self, argv: Sequence[str]) -> str:
-        """Run a complete sbatch argv (from the plan); return the job id."""
-        result = self.runner.run(argv, timeout=120)
+        """Run a complete sbatch argv (from the plan); return the job id. In a session of
+        its own: a Ctrl-C at the terminal must not kill it halfway (the caller defers it)."""
+        result = self._run(argv, new_session=True)
         if not result.ok:
-            detail = (result.stderr or result.stdout).strip()
-            raise UserError(f"sbatch failed (exit {result.returncode}): {detail}")
+            if result.returncode == TIMED_OUT:
+                raise SlurmUnreachable(f"sbatch (no answer within {self.timeout:.0f} s)", result)
+            raise failure("sbatch", result)
         return parse_sbatch_parsable(result.stdout)
 
     def cancel(self, job_ids: Iterable[str], signal: str | None = None) -> None:
@@ -34,9 +96,9 @@ class SlurmClient:
         if not ids:
             return
         argv = ["scancel", *([f"--signal={signal}"] if signal else []), *ids]
-        result = self.runner.run(argv, timeout=60)
+        result = self._run(argv, new_session=True)
         if not result.ok:
-            raise UserError(f"scancel failed: {(result.stderr or result.stdout).strip()}")
+            raise failure("scancel", result)
 
     def queue(self, job_ids: Iterable[str]) -> dict[str, QueueRow]:
         """One squeue call for all the given jobs (array tasks expanded as ID_TASK)."""
@@ -44,10 +106,10 @@ class SlurmClient:
         if not ids:
             return {}
         argv = ["squeue", "-h", "-j", ",".join(ids), "-o", SQUEUE_FORMAT]
-        result = self.runner.run(argv, timeout=60)
+        result = self._run(argv)
         # squeue exits 1 with "Invalid job id" when none of the ids is known any more.
         if not result.ok and "Invalid job id" not in result.stderr:
-            raise UserError(f"squeue failed: {(result.stderr or result.stdout).strip()}")
+            raise failure("squeue", result)
         return parse_squeue(result.stdout)
 
     def status_rows(self, job_ids: Iterable[str], form: str = "text") -> dict[str, QueueRow]:
@@ -55,12 +117,12 @@ class SlurmClient:
         ids = sorted(set(job_ids))
         if not ids:
             return {}
-        result = self.runner.run(queue.squeue_argv(ids, form), timeout=60)
+        result = self._run(queue.squeue_argv(ids, form))
         if not result.ok:
             # Exit 1 "Invalid job id" when the controller forgot every one of them.
             if "Invalid job id" in result.stderr:
                 return {}
-            raise UserError(f"squeue failed: {(result.stderr or result.stdout).strip()}")
+            raise failure("squeue", result)
         if form == queue.JSON:
             return queue.parse_json(result.stdout, ids)
         return queue.parse_text(result.stdout)
@@ -70,12 +132,12 @@ class SlurmClient:
         ids = sorted(set(job_ids))
         if not ids:
             return {}
-        result = self.runner.run(queue.sacct_argv(ids), timeout=60)
+        result = self._run(queue.sacct_argv(ids))
         return queue.parse_sacct(result.stdout) if result.ok else {}
 
     def job_steps(self, job_id: str) -> list[str]:
         """The job's running numeric steps (``123.0``), without batch and extern."""
-        result = self.runner.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], timeout=60)
+        result = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])
         return queue.parse_steps(result.stdout) if result.ok else []
 
     def run_step(self, argv: Sequence[str], timeout: float) -> CommandResult:
@@ -89,7 +151,7 @@ class SlurmClient:
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
         """``scontrol show job`` for a job that left the queue (kept for MinJobAge)."""
-        result = self.runner.run(["scontrol", "show", "job", "-o", job_id], timeout=60)
+        result = self._run(["scontrol", "show", "job", "-o", job_id])
         if not result.ok:
             return None
         return parse_scontrol_show_job(result.stdout)
@@ -101,32 +163,34 @@ class SlurmClient:
         return int(value) if value.isdigit() else None
 
     def requeue(self, job_id: str) -> None:
-        result = self.runner.run(["scontrol", "requeue", job_id], timeout=60)
+        result = self._run(["scontrol", "requeue", job_id])
         if not result.ok:
-            raise UserError(
-                f"scontrol requeue {job_id} failed: {(result.stderr or result.stdout).strip()}"
-            )
+            raise failure(f"scontrol requeue {job_id}", result)
 
     def exclude_nodes(self, job_id: str, nodes: Iterable[str]) -> bool:
-        """Set the job's excluded nodes (applies to its next start after a requeue)."""
+        """Set the job's excluded nodes (applies to its next start after a requeue). False
+        when Slurm refuses (a running job); SlurmUnreachable when it does not answer."""
         names = sorted(set(nodes))
         if not names:
             return True
         argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"]
-        return self.runner.run(argv, timeout=60).ok
+        result = self._run(argv)
+        if not result.ok and unreachable(result):
+            raise SlurmUnreachable(f"scontrol update {job_id}", result)
+        return result.ok
 
     def node_states(self, nodes: Iterable[str] = ()) -> dict[str, str]:
         """Node name -> long state (``idle``, ``down*``, ``drained``...), one sinfo call."""
         names = sorted(set(nodes))
         argv = ["sinfo", "-h", "-N", "-o", "%N|%T", *(["-n", ",".join(names)] if names else [])]
-        result = self.runner.run(argv, timeout=60)
+        result = self._run(argv)
         if not result.ok:
             return {}
         return parse_sinfo_nodes(result.stdout)
 
     def show_config(self) -> dict[str, str]:
         """``scontrol show config`` as key -> value (``KillWait`` -> ``5 sec``); {} on error."""
-        result = self.runner.run(["scontrol", "show", "config"], timeout=60)
+        result = self._run(["scontrol", "show", "config"])
         out: dict[str, str] = {}
         for line in result.stdout.splitlines() if result.ok else []:
             key, sep, value = line.partition("=")
@@ -136,15 +200,23 @@ class SlurmClient:
 
     def show_partition(self, name: str | None) -> dict[str, str]:
         """``scontrol show partition -o`` of ``name`` (the default partition when None)."""
-        result = self.runner.run(["scontrol", "show", "partition", "-o"], timeout=60)
+        result = self._run(["scontrol", "show", "partition", "-o"])
         for line in result.stdout.splitlines() if result.ok else []:
             fields = parse_scontrol_show_job(line)
             if fields.get("PartitionName") == name or (name is None and "Default=YES" in line):
                 return fields
         return {}
 
+    def partitions(self) -> list[PartitionFacts]:
+        """Every partition with its nodes, their GPUs and CPUs, MaxNodes and MaxTime (one
+        sinfo call). Raises SlurmError when sinfo fails."""
+        result = self._run(SINFO_ARGV)
+        if not result.ok:
+            raise failure("sinfo", result)
+        return parse_sinfo_partitions(result.stdout)
+
     def slurmd_port(self) -> int | None:
-        result = self.runner.run(["scontrol", "show", "config"], timeout=60)
+        result = self._run(["scontrol", "show", "config"])
         for line in result.stdout.splitlines() if result.ok else []:
             key, _, value = line.partition("=")
             if key.strip() == "SlurmdPort" and value.strip().isdigit():
@@ -152,7 +224,7 @@ class SlurmClient:
         return None
 
     def node_address(self, node: str) -> str | None:
-        result = self.runner.run(["scontrol", "show", "node", "-o", node], timeout=60)
+        result = self._run(["scontrol", "show", "node", "-o", node])
         if not result.ok:
             return None
         return parse_scontrol_show_job(result.stdout).get("NodeAddr")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.store.layout import KUBERNETES_JOB_VAR, KUBERNETES_RESTART_VAR
 
 ATTEMPTS_FILE = "attempts.json"
 # The batch script counts its restarts inside the allocation (new srun steps of one job start)
@@ -25,11 +26,12 @@ RELAUNCH_VAR = "DDLAUNCH_RELAUNCH"
 
 @dataclass(frozen=True)
 class AttemptId:
-    """``job_id``: ``SLURM_JOB_ID`` (empty outside Slurm), the name the batch-host records
-    use; ``task``: the job as Slurm addresses it, ``ARRAY_TASK`` for an array task (what
-    ``scontrol requeue`` must be given, what the ranks' failure records carry);
-    ``restart``: ``SLURM_RESTART_COUNT``; ``relaunch``: the restarts inside this start of
-    the job so far (``$DDLAUNCH_RELAUNCH``: Slurm's count does not move for those)."""
+    """``job_id``: ``SLURM_JOB_ID`` (empty outside Slurm; the object's name in a Kubernetes
+    pod), the name the batch-host records use; ``task``: the job as Slurm addresses it,
+    ``ARRAY_TASK`` for an array task (what ``scontrol requeue`` must be given, what the
+    ranks' failure records carry); ``restart``: ``SLURM_RESTART_COUNT``; ``relaunch``: the
+    restarts inside this start of the job so far (``$DDLAUNCH_RELAUNCH``: Slurm's count does
+    not move for those)."""
 
     job_id: str
     restart: int
@@ -39,6 +41,11 @@ class AttemptId:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AttemptId:
         job_id = env.get("SLURM_JOB_ID", "")
+        pod_job = env.get(KUBERNETES_JOB_VAR)
+        if pod_job and not job_id:
+            # A pod of --target kubernetes: the object's name (stable across restarts, as a
+            # Slurm job id across requeues) and the attempt the pod entry worked out.
+            return cls(pod_job, int(env.get(KUBERNETES_RESTART_VAR, "0") or 0), pod_job)
         array, index = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
         # `scontrol requeue A` (the array's own id, which one task carries as SLURM_JOB_ID)
         # would requeue every task of the array (measured on 22.05.8): name the task.
@@ -116,6 +123,16 @@ def update_open(run_dir: Path, **fields: Any) -> bool:
     """Add ``fields`` to the newest attempt while it is open (e.g. its preflight verdicts)."""
     attempts = load(run_dir)
     if not attempts or not is_open(attempts[-1]):
+        return False
+    attempts[-1].update(fields)
+    save(run_dir, attempts)
+    return True
+
+
+def update_last(run_dir: Path, **fields: Any) -> bool:
+    """Add ``fields`` to the newest attempt, open or closed (what its requeue went through)."""
+    attempts = load(run_dir)
+    if not attempts:
         return False
     attempts[-1].update(fields)
     save(run_dir, attempts)

@@ -13,7 +13,7 @@ from typing import Any
 from ddlaunch.app.runs import RunInfo, read_run
 from ddlaunch.app.status import run_status
 from ddlaunch.slurm.arrays import queue_tasks, show_array_tasks
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.client import SlurmClient, SlurmUnreachable
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store.sweep_cancels import cancelled_members
 from ddlaunch.store.sweeps import (
@@ -102,7 +102,12 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
             info.intent = {"state": "failed", "error": jobs.error}
     client = client or SlurmClient()
     arrays = {i.job_id.split("_")[0] for i in infos if i.job_id}
-    queue = queue_tasks(client, arrays)  # the one squeue call
+    try:
+        queue = queue_tasks(client, arrays)  # the one squeue call
+    except SlurmUnreachable as exc:  # the members' directories still say what they know
+        queue, unreachable = {}, f"Slurm unreachable ({exc.detail})"
+    else:
+        unreachable = ""
     # Tasks that left the queue and whose run directory does not say how they ended (e.g.
     # cancelled while pending): one scontrol per array, only then.
     unsettled = {
@@ -111,7 +116,7 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
         if i.job_id and i.job_id not in queue and not i.outcome and i.result is None
     }
     shown: dict[str, dict[str, str]] = {}
-    for array in sorted(unsettled):
+    for array in sorted(unsettled) if not unreachable else ():
         shown.update(show_array_tasks(client, array))
     # Tasks the controller forgot (MinJobAge): one batched sacct, as `ddlaunch status`.
     forgotten = [
@@ -123,8 +128,12 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
         and i.job_id not in shown
         and not i.outcome
     ]
-    queue = {**client.accounting_rows(forgotten), **queue} if forgotten else queue
-    return [
+    if forgotten and not unreachable:
+        try:
+            queue = {**client.accounting_rows(forgotten), **queue}
+        except SlurmUnreachable as exc:
+            unreachable = f"Slurm unreachable ({exc.detail})"
+    rows = [
         member_status(
             index,
             member_label(texts),
@@ -135,6 +144,9 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
         )
         for index, (texts, info) in enumerate(zip(overrides, infos, strict=True))
     ]
+    for row in rows if unreachable else ():
+        row.note = row.note or (unreachable if row.job_id else "")
+    return rows
 
 
 def _cell(value: Any) -> str:

@@ -26,44 +26,45 @@ records as ``ddlaunch resume`` does for a run.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from ddlaunch import fsutil
-from ddlaunch.app.gitinfo import git_state
+from ddlaunch.app import interrupts
 from ddlaunch.config.errors import ConfigError
 from ddlaunch.config.load import LoadedTree, apply_overrides
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
+from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import ClusterFacts, CodePaths
-from ddlaunch.runner import Runner
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import submission
 from ddlaunch.store.failures import FAILURES_DIR
 from ddlaunch.store.members import materialize, member_config_text
-from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE
-from ddlaunch.store.rundir import CONFIG_FILE, RunDir, archive
-from ddlaunch.store.snapshots import read_snapshot, write_snapshot
+from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE, write_cancel
+from ddlaunch.store.rundir import CONFIG_FILE, archive
+from ddlaunch.store.snapshots import read_snapshot
 from ddlaunch.store.sweeps import (
     ARRAYS_DIR,
-    MEMBERS_DIR,
-    MEMBERS_FILE,
-    SWEEP_FILE,
     array_records,
     member_overrides,
     read_members,
 )
-from ddlaunch.sweeps.packing import SectionCache, array_intent, config_text, packed_members
+from ddlaunch.sweeps.directory import create_sweep_dir as create_sweep_dir
+from ddlaunch.sweeps.directory import (
+    member_dir,
+    put,
+    put_informational,
+    put_json,
+    write_sweep_dir,
+)
+from ddlaunch.sweeps.packing import SectionCache, array_intent, config_text
 from ddlaunch.sweeps.prepare import (
     ArrayJob,
     PreparedSweep,
@@ -86,138 +87,6 @@ class ArrayOutcome:
     error: str | None = None
 
 
-# ----------------------------------------------------------------------------- files
-
-
-def _put(path: Path, text: str, mode: int = 0o600) -> None:
-    """Atomic and durable (temporary name, fsync, rename, fsync of the directory): a file
-    that crash recovery relies on. An fsync costs ~4 ms on this VM's disk."""
-    fsutil.atomic_write_text(path, text, mode)
-
-
-def _put_json(path: Path, obj: Any) -> None:
-    """``_put`` of ``obj`` as compact JSON: json's C encoder (an indent forces the
-    pure-Python one, ~1 ms for an array record's thousand members)."""
-    _put(path, json.dumps(obj, sort_keys=True) + "\n")
-
-
-def _put_informational(path: Path, text: str, mode: int = 0o600) -> None:
-    """Atomic for readers (temporary name, rename), without an fsync: a file nothing
-    depends on after a crash (the sweep file's copy, git state; an array's script, which
-    sbatch copies to Slurm when it submits)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
-def member_dir(sweep_dir: Path, index: int) -> Path:
-    return sweep_dir / MEMBERS_DIR / str(index)
-
-
-# ----------------------------------------------------------------------------- create
-
-
-def create_sweep_dir(
-    prepared: PreparedSweep, runner: Runner, workdir: str, tick: Tick | None = None
-) -> Path:
-    """The sweep directory: the sweep file, the arrays' scripts, the work tree's state and
-    ``members.json`` (written last: until it exists the directory is not a sweep, see
-    ``is_sweep_dir``). No member directory: each is created when the member first starts."""
-    _write_sweep_dir(prepared, runner, workdir, tick).finish()
-    return prepared.sweep_dir
-
-
-def _write_sweep_dir(
-    prepared: PreparedSweep, runner: Runner, workdir: str, tick: Tick | None
-) -> _GitProbe:
-    """All a sweep writes before its first sbatch; returns the git probe, still running.
-
-    A thread creates the directory and writes the copies (file-system calls, which release
-    the GIL) while this one serialises ``members.json`` (Python): the two overlap."""
-    git = _GitProbe(runner, workdir, prepared.sweep_dir)
-    try:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            creating = pool.submit(_create_dirs, prepared)
-            text = packed_members(prepared)
-            creating.result()
-        git.directory_created()
-        _commit(prepared, text, tick)
-    except BaseException:
-        git.finish()
-        raise
-    return git
-
-
-def _create_dirs(prepared: PreparedSweep) -> None:
-    """The sweep directory without its commit point: not a sweep yet (``is_sweep_dir``).
-    The arrays' scripts are written here: sbatch reads them."""
-    sweep = RunDir.create(prepared.sweep_dir.parent, prepared.sweep_id)
-    assert sweep.path == prepared.sweep_dir
-    (sweep.path / ARRAYS_DIR).mkdir()  # members/ comes with the first member's directory
-    sweep_file = prepared.spec.path.read_text(encoding="utf-8")
-    _put_informational(sweep.path / SWEEP_FILE, sweep_file)
-    for array in prepared.arrays:
-        _put_informational(Path(array.script_path), array.script, 0o700)
-    if prepared.snapshot is not None:  # which code the members run (a resubmission too)
-        write_snapshot(sweep.path, prepared.snapshot.record())
-
-
-def _commit(prepared: PreparedSweep, text: str, tick: Tick | None) -> None:
-    """``members.json`` (``text``), durable: the commit point of the sweep directory. The
-    array tasks read it, so it is durable before any sbatch runs."""
-    _put(prepared.sweep_dir / MEMBERS_FILE, text)
-    fsutil.fsync_dir(prepared.sweep_dir.parent)  # the sweep directory's own entry
-    if tick:
-        tick(len(prepared.members))
-
-
-class _GitProbe:
-    """``git_state`` in a thread (one or two git commands, 5-25 ms), which writes
-    ``git.json`` (and ``git.diff``) once the sweep directory exists: both run while the
-    directory is written and the arrays are submitted."""
-
-    def __init__(self, runner: Runner, workdir: str, sweep_dir: Path) -> None:
-        self.workdir, self.sweep_dir = workdir, sweep_dir
-        self.error: BaseException | None = None
-        self._created = False
-        self._decided = threading.Event()  # the directory exists, or never will
-        self.thread = threading.Thread(target=self._run, args=(runner,), daemon=True)
-        self.thread.start()
-
-    def directory_created(self) -> None:
-        self._created = True
-        self._decided.set()
-
-    def finish(self) -> None:
-        """Wait for the probe; raise what writing its files raised."""
-        self._decided.set()
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-
-    def _run(self, runner: Runner) -> None:
-        try:
-            git = git_state(runner, self.workdir)
-            self._decided.wait()
-            if git is None or not self._created:
-                return
-            state = {
-                "commit": git.commit,
-                "branch": git.branch,
-                "dirty": git.dirty,
-                "workdir": self.workdir,
-            }
-            _put_informational(
-                self.sweep_dir / submission.GIT_FILE, json.dumps(state, indent=2) + "\n"
-            )
-            if git.diff:
-                _put_informational(self.sweep_dir / submission.GIT_DIFF_FILE, git.diff)
-        except BaseException as exc:  # re-raised by finish, in the submitting thread
-            self.error = exc
-
-
 # ----------------------------------------------------------------------------- submit
 
 
@@ -232,17 +101,17 @@ def _submit_one(
     record_path = sweep_dir / ARRAYS_DIR / f"{spec.name}.json"
     record = array_intent(array, time.time())
     if existing:  # a crash after sbatch leaves the members the array may hold
-        _put_informational(Path(array.script_path), array.script, 0o700)
-        _put_json(record_path, record)
+        put_informational(Path(array.script_path), array.script, 0o700)
+        put_json(record_path, record)
     try:
         job_id = client.sbatch(plan.sbatch_argv)
     except Exception as exc:  # recorded for every member; the other arrays still go
-        _put_json(record_path, {**record, "state": "failed", "error": str(exc)})
+        put_json(record_path, {**record, "state": "failed", "error": str(exc)})
         if existing:
             for member in spec.members:
                 _record_member(sweep_dir, member, array, sources, None, str(exc))
         return ArrayOutcome(spec.name, spec.members, None, str(exc))
-    _put_json(record_path, {**record, "state": "submitted", "job_id": job_id})
+    put_json(record_path, {**record, "state": "submitted", "job_id": job_id})
     if existing:
         for task, member in enumerate(spec.members):
             _record_member(sweep_dir, member, array, sources, f"{job_id}_{task}", None)
@@ -279,10 +148,10 @@ def _record_member(
             "state": "failed",
             "error": error,
         }
-        _put_json(run / submission.INTENT_FILE, intent)
+        put_json(run / submission.INTENT_FILE, intent)
         return
     ids = job_ids if job_id in job_ids else [*job_ids, job_id]
-    _put_json(run / submission.SUBMISSION_FILE, {"job_ids": ids, "submitted": time.time(), **about})
+    put_json(run / submission.SUBMISSION_FILE, {"job_ids": ids, "submitted": time.time(), **about})
 
 
 def submit_arrays(
@@ -320,13 +189,64 @@ def submit_sweep(
     with the arrays' intents, is durable before the first sbatch; each array's record with
     its job id after its sbatch. Two fsync latencies in all (~1-4 ms each here, more on a
     shared filesystem). The git state is probed meanwhile."""
-    git = _write_sweep_dir(prepared, client.runner, workdir, tick_create)
+    git = write_sweep_dir(prepared, client.runner, workdir, tick_create)
     try:
-        return submit_arrays(
-            prepared.sweep_dir, prepared.arrays, prepared.sources, client, tick_submit
+        return _submit_or_withdraw(
+            prepared.sweep_dir, prepared.arrays, prepared.sources, client, tick_submit, False
         )
     finally:
         git.finish()
+
+
+def _submit_or_withdraw(
+    sweep_dir: Path,
+    arrays: Sequence[ArrayJob],
+    sources: Sequence[str],
+    client: SlurmClient,
+    tick: Tick | None,
+    existing: bool,
+) -> list[ArrayOutcome]:
+    """``submit_arrays`` with SIGINT/SIGTERM held until every array's record holds its job
+    id; then the interrupt cancels the arrays just submitted, and their records say so."""
+    outcomes: list[ArrayOutcome] = []
+    try:
+        with interrupts.deferred():
+            outcomes = submit_arrays(sweep_dir, arrays, sources, client, tick, existing)
+    except KeyboardInterrupt as exc:
+        with interrupts.deferred():
+            _withdraw(sweep_dir, outcomes, client, exc, existing)
+        raise
+    return outcomes
+
+
+def _withdraw(
+    sweep_dir: Path,
+    outcomes: Sequence[ArrayOutcome],
+    client: SlurmClient,
+    exc: KeyboardInterrupt,
+    existing: bool,
+) -> None:
+    submitted = [o for o in outcomes if o.job_id]
+    if not submitted:
+        exc.add_note("no array was submitted")
+        return
+    ids = [str(o.job_id) for o in submitted]
+    try:
+        client.cancel(ids)
+    except UserError as error:
+        exc.add_note(
+            f"arrays {', '.join(ids)} were submitted and could not be cancelled ({error}); "
+            f"they are recorded in {sweep_dir}"
+        )
+        return
+    why = f"interrupted by {interrupts.signal_name(exc)} during the submission; cancelled"
+    for o in submitted:
+        path = sweep_dir / ARRAYS_DIR / f"{o.name}.json"
+        record = fsutil.read_json(path, {}) or {}
+        put_json(path, {**record, "state": "cancelled", "error": why})
+        for task, member in enumerate(o.members if existing else ()):
+            write_cancel(member_dir(sweep_dir, member), [f"{o.job_id}_{task}"])
+    exc.add_note(f"arrays {', '.join(ids)} were cancelled; {sweep_dir.name} records it")
 
 
 # ----------------------------------------------------------------------------- resubmit
@@ -409,20 +329,22 @@ def resubmit_members(
 ) -> list[ArrayOutcome]:
     """Like ``ddlaunch resume`` for each member: the previous config and failure records go
     to ``history/``, the stale end records are removed, and the job restores the member's
-    latest complete checkpoint (its own directory)."""
+    latest complete checkpoint (its own directory). An interrupt waits until every chosen
+    member's records are rewritten: none is left half way."""
     cache: SectionCache = {}
-    for index, cfg in zip(indices, configs, strict=True):
-        # A member that never started (its array was refused or cancelled while pending)
-        # gets its directory now: its records follow the new array from here on.
-        run = materialize(sweep_dir, index)
-        archive(
-            run,
-            copy=(CONFIG_FILE,),
-            move=(FAILURES_DIR,),
-            remove=(OUTCOME_FILE, CANCEL_FILE, submission.INTENT_FILE),
-        )
-        _put(run / CONFIG_FILE, config_text(cfg, cache))
-    return submit_arrays(sweep_dir, arrays, sources, client, tick, existing=True)
+    with interrupts.deferred():
+        for index, cfg in zip(indices, configs, strict=True):
+            # A member that never started (its array was refused or cancelled while
+            # pending) gets its directory now: its records follow the new array from here.
+            run = materialize(sweep_dir, index)
+            archive(
+                run,
+                copy=(CONFIG_FILE,),
+                move=(FAILURES_DIR,),
+                remove=(OUTCOME_FILE, CANCEL_FILE, submission.INTENT_FILE),
+            )
+            put(run / CONFIG_FILE, config_text(cfg, cache))
+    return _submit_or_withdraw(sweep_dir, arrays, sources, client, tick, True)
 
 
 def outcome_lines(outcomes: Sequence[ArrayOutcome]) -> list[str]:

@@ -6,7 +6,10 @@ Two sources are understood, checked in this order:
   ``SUBMITIT_LOCAL_*`` variables (the names of ``submitit.local.local.LocalJobEnvironment``),
   master ``127.0.0.1``;
 * a Slurm step task (one srun task per rank): ``SLURM_PROCID``, ``SLURM_LOCALID``,
-  ``SLURM_NTASKS``, the node list, the tasks-per-node spec, ``SLURM_RESTART_COUNT``...
+  ``SLURM_NTASKS``, the node list, the tasks-per-node spec, ``SLURM_RESTART_COUNT``...;
+* a rank started by the pod entry of ``--target kubernetes`` (``SUBMITIT_EXECUTOR=kubernetes``):
+  the pod's node index (the Job's completion index), the node count, the local rank and node
+  0's stable DNS name (``planning.pod_env``), a fixed port (each pod has its own network).
 
 Anything else is a single-process run (rank 0 of 1), which is what calling the rank
 function by hand amounts to. ``torchrun_env`` turns the result into the variables a script
@@ -19,6 +22,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddlaunch.planning import pod_env
 from ddlaunch.slurm.hostlist import expand_hostlist, expand_tasks_per_node
 from ddlaunch.store.attempts import AttemptId
 
@@ -34,6 +38,8 @@ LOCAL_MASTER_ADDR = "127.0.0.1"
 # An explicit port wins over the derived one. Deliberately not plain MASTER_PORT: sbatch
 # exports the submitting shell's environment, so a stale MASTER_PORT would leak into jobs.
 PORT_OVERRIDE_VAR = "DDLAUNCH_MASTER_PORT"
+# torchrun's default port: a pod's network namespace is its own, so nothing else listens there.
+POD_MASTER_PORT = 29500
 
 
 @dataclass(frozen=True)
@@ -153,10 +159,30 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     )
 
 
+def _from_pod(environ: Mapping[str, str]) -> DistEnv:
+    pod = pod_env.PodIdentity.from_env(environ)
+    local = _int(environ, pod_env.LOCAL_RANK_VAR, default=0)
+    attempt = AttemptId.from_env(environ)
+    return DistEnv(
+        rank=pod.index * pod.ranks_per_node + local,
+        local_rank=local,
+        world_size=pod.nodes * pod.ranks_per_node,
+        local_world_size=pod.ranks_per_node,
+        node_rank=pod.index,
+        num_nodes=pod.nodes,
+        master_addr=pod.master,
+        master_port=_int(environ, PORT_OVERRIDE_VAR, default=POD_MASTER_PORT),
+        job_id=attempt.task or pod.job,
+        restart_count=attempt.restart,
+    )
+
+
 def from_environ(environ: Mapping[str, str]) -> DistEnv:
     """The distributed identity of this process, from its environment."""
     if environ.get("SUBMITIT_EXECUTOR") == "local":
         return _from_submitit_local(environ)
+    if environ.get("SUBMITIT_EXECUTOR") == pod_env.EXECUTOR:
+        return _from_pod(environ)
     if "SLURM_PROCID" in environ:
         return _from_slurm(environ)
     job_id = environ.get("DDLAUNCH_RUN_ID", "single")

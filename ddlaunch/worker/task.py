@@ -26,6 +26,7 @@ from typing import Any
 
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.worker import signals
+from ddlaunch.worker.distenv import from_environ
 
 WAIT_FOR_PICKLE_S = 60.0  # submitit's runner waits as long
 
@@ -55,7 +56,7 @@ def job_id(env: Mapping[str, str]) -> str:
     """submitit's job id: ``ARRAY_TASK`` for an array task, else the job id."""
     task = AttemptId.from_env(env).task
     if not task:
-        raise RuntimeError("no SLURM_JOB_ID: not a Slurm task")
+        raise RuntimeError("no SLURM_JOB_ID (nor DDLAUNCH_K8S_JOB): not a Slurm task or pod")
     return task
 
 
@@ -81,7 +82,9 @@ def write_result(path: Path, outcome: tuple[str, Any]) -> None:
 
 
 def run(folder: Path, env: Mapping[str, str] = os.environ) -> Any:
-    job, task = job_id(env), env.get("SLURM_PROCID", "0")
+    # The global rank names the result file: srun's task id, or a pod's rank.
+    task = env.get("SLURM_PROCID") or str(from_environ(env).rank)
+    job = job_id(env)
     delayed = load(folder / f"{job}_submitted.pkl")
     result_path = folder / f"{job}_{task}_result.pkl"
     try:

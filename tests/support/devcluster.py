@@ -230,6 +230,30 @@ class DevCluster:
             args.append(f"reason={reason}")
         self.slurm(*args)
 
+    # ------------------------------------------------------------------ the controller
+    @staticmethod
+    def controller_pid() -> int:
+        return int(Path("/run/ddlaunch-devcluster/slurmctld.pid").read_text().split()[0])
+
+    def pause_controller(self) -> None:
+        """SIGSTOP slurmctld: a hung controller (clients time out after MessageTimeout)."""
+        os.kill(self.controller_pid(), _signal.SIGSTOP)
+
+    def kill_controller(self) -> None:
+        """SIGKILL slurmctld (paused or not): clients get "connection refused" until
+        ``restart_controller``."""
+        pid = self.controller_pid()
+        os.kill(pid, _signal.SIGKILL)
+        os.kill(pid, _signal.SIGCONT)  # a stopped process dies only once it runs again
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def restart_controller(self) -> None:
+        """``scripts/devcluster up``: starts the dead slurmctld with the cluster's settings
+        and waits until every node answers."""
+        bring_up()
+
     # ------------------------------------------------------------------ processes
     @staticmethod
     def hang_process(pid: int) -> None:

@@ -1,0 +1,34 @@
+"""Cluster facts, probed once at the edge of a command (``planning.plan.ClusterFacts``): the
+partitions with their nodes and limits (one sinfo call) and, for sweeps, MaxArraySize. The
+planning code gets them passed in and never asks Slurm itself."""
+
+from __future__ import annotations
+
+import shutil
+
+from ddlaunch.planning.plan import ClusterFacts
+from ddlaunch.slurm.client import SlurmClient, SlurmError, default_timeout
+
+# The probe is a courtesy: when Slurm does not answer within this, submit goes on without it
+# (sbatch then fails on its own timeout, and the intent records why).
+PROBE_TIMEOUT_S = 15.0
+
+
+def probe(max_array_size: bool = False) -> tuple[ClusterFacts, list[str]]:
+    """The facts, and a warning when Slurm could not be asked (nothing then is checked)."""
+    if shutil.which("sinfo") is None:
+        return ClusterFacts(), []
+    client = SlurmClient(timeout=min(PROBE_TIMEOUT_S, default_timeout()))
+    try:
+        partitions = tuple(client.partitions())
+    except SlurmError as exc:
+        return ClusterFacts(), [
+            f"could not ask Slurm for its partitions and nodes ({exc.detail}); nothing "
+            "is checked against them"
+        ]
+    size = None
+    if max_array_size:
+        from ddlaunch.slurm.arrays import probe_max_array_size
+
+        size = probe_max_array_size(client)
+    return ClusterFacts(max_array_size=size, partitions=partitions), []

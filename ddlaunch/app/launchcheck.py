@@ -1,0 +1,100 @@
+"""What the ranks will run, checked before sbatch: the script, the entry point's module, the
+interpreter. Without this a typo is found after the job waited in the queue.
+
+The submit host may differ from the nodes, so each finding is an error only where this host
+can know: ``launch.script`` is resolved against the job's working directory, which the nodes
+share (``--chdir``: on a cluster it lies on the shared filesystem), so a script missing here
+is missing there; an entry point's module is searched for without importing anything
+(``importlib.util.find_spec`` for the top-level package, its search locations below that),
+and a miss is an error only when the job runs this very interpreter without
+``launch.setup`` (sbatch passes PATH and PYTHONPATH on), a warning otherwise (``module
+load`` or ``conda activate`` may change what the nodes' Python sees); an absolute
+``launch.python`` that exists here but cannot be executed is an error, one that does not
+exist here a warning (node-local installations exist).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.machinery import PathFinder
+from pathlib import Path
+
+from ddlaunch.config.schema import Config
+
+
+@dataclass
+class Findings:
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def module_found(name: str, first: list[str]) -> bool:
+    """Whether module ``name`` can be imported from ``first`` + this interpreter's path,
+    found without importing it or its packages."""
+    parts = name.split(".")
+    spec = PathFinder.find_spec(parts[0], first)
+    if spec is None:
+        try:
+            spec = importlib.util.find_spec(parts[0])  # top level: imports nothing
+        except (ImportError, ValueError):
+            spec = None
+    for depth in range(1, len(parts)):
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if not locations:
+            return False
+        spec = PathFinder.find_spec(".".join(parts[: depth + 1]), locations)
+    return spec is not None
+
+
+def _this_interpreter(python: str) -> bool:
+    """``launch.python`` names the interpreter running ddlaunch (the same environment)."""
+    found = shutil.which(python)
+    if found is None:
+        return False
+    mine = Path(sys.executable).absolute()
+    return Path(found).absolute().parent == mine.parent and os.path.samefile(found, mine)
+
+
+def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.environ) -> Findings:
+    launch = cfg.launch
+    found = Findings()
+    missing = [n for n in launch.env_from_submit if n not in environ]
+    if missing:
+        found.errors.append(
+            f"launch.env_from_submit: {', '.join(missing)} not set in this shell (sbatch "
+            "passes each one's value from here)"
+        )
+    where = Path(launch.workdir or workdir)
+    if launch.script:
+        script = where / launch.script
+        if not script.is_file():
+            found.errors.append(
+                f"launch.script: {script} does not exist (the ranks run it from {where}, "
+                "which the nodes share with this host)"
+            )
+    if launch.entrypoint:
+        module = launch.entrypoint.partition(":")[0]
+        if not module_found(module, [str(where)]):
+            text = f"launch.entrypoint: no module {module!r} in {where} or on this Python's path"
+            if _this_interpreter(launch.python) and not launch.setup:
+                found.errors.append(
+                    f"{text} (the job runs this same interpreter, {sys.executable})"
+                )
+            else:
+                found.warnings.append(
+                    f"{text}; the job's Python (launch.python, launch.setup) may see other modules"
+                )
+    python = launch.python
+    if os.path.isabs(python):
+        if not os.path.exists(python):
+            found.warnings.append(
+                f"launch.python: {python} does not exist on this host; every node must have it"
+            )
+        elif os.path.isdir(python) or not os.access(python, os.X_OK):
+            found.errors.append(f"launch.python: {python} is not an executable file")
+    return found

@@ -1,0 +1,119 @@
+"""Whether a job can ever start in its partition, from facts probed at the edge (pure).
+
+``ddlaunch submit`` (and ``resume``, ``sweep``, ``doctor``) ask this before sbatch: a job
+that asks for more nodes or GPUs than its partition has, or more than its MaxNodes or
+MaxTime, would pend forever (``PartitionNodeLimit``, ``PartitionTimeLimit``) or be refused by
+sbatch with a message that names none of the numbers. So would one whose excluded nodes
+(the config's, plus the bad-node list's) leave too few: the answer names each excluded node
+and why it is excluded. The facts come from one ``sinfo`` call (``slurm.partitions``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ddlaunch.config.schema import Config
+from ddlaunch.config.validate import parse_duration
+from ddlaunch.planning import topology
+from ddlaunch.slurm.partitions import PartitionFacts
+
+
+def find_partition(partitions: Sequence[PartitionFacts], name: str | None) -> PartitionFacts | None:
+    """The named partition, else the cluster's default one (None: no such partition)."""
+    for part in partitions:
+        if (name is None and part.default) or part.name == name:
+            return part
+    return None
+
+
+def unknown_nodes(partitions: Sequence[PartitionFacts], names: Sequence[str]) -> list[str]:
+    """Those of ``names`` that are no node of the cluster (of no partition)."""
+    known = {node for part in partitions for node in part.nodes}
+    return sorted(set(names) - known)
+
+
+def _duration(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def _limits(cfg: Config, part: PartitionFacts) -> list[str]:
+    problems = []
+    where = f"partition {part.name}"
+    if part.max_nodes is not None and cfg.nodes.count > part.max_nodes:
+        problems.append(
+            f"nodes.count: {cfg.nodes.count} nodes is more than {where}'s MaxNodes={part.max_nodes}"
+        )
+    limit = parse_duration(cfg.job.time)
+    if part.max_time_s is not None and (limit == 0 or (limit or 0) > part.max_time_s):
+        most = _duration(part.max_time_s)
+        problems.append(f"job.time: {cfg.job.time} is longer than {where}'s MaxTime={most}")
+    gpus, most_gpus = cfg.nodes.gpus_per_node, max(part.gpus, default=0)
+    if gpus > most_gpus:
+        problems.append(
+            f"nodes.gpus_per_node: {gpus} GPUs per node, but the nodes of {where} have at "
+            f"most {most_gpus}"
+        )
+    cpus, most_cpus = _cpus_per_node(cfg), max(part.cpus, default=0)
+    if cpus and most_cpus and cpus > most_cpus:
+        problems.append(
+            f"nodes.cpus_per_task: {cpus} CPUs per node ({cfg.ranks_per_node} ranks), but the "
+            f"nodes of {where} have at most {most_cpus}"
+        )
+    return problems
+
+
+def _cpus_per_node(cfg: Config) -> int:
+    per_task = topology.cpus_per_task(cfg) or 1
+    return per_task * cfg.ranks_per_node
+
+
+def _fits(cfg: Config, part: PartitionFacts, node: str) -> bool:
+    index = part.nodes.index(node)
+    cpus = part.cpus[index]
+    return part.gpus[index] >= cfg.nodes.gpus_per_node and (not cpus or cpus >= _cpus_per_node(cfg))
+
+
+def _enough_nodes(cfg: Config, part: PartitionFacts, excluded: Mapping[str, str]) -> list[str]:
+    where = f"partition {part.name}"
+    fitting = [n for n in part.nodes if _fits(cfg, part, n)]
+    gpus = cfg.nodes.gpus_per_node
+    kind = f" with {gpus} GPU{'s' if gpus > 1 else ''} or more" if gpus else ""
+    has = f"{where} has {len(fitting)} node{'s' if len(fitting) != 1 else ''}{kind}"
+    wanted = cfg.nodes.count
+    if len(fitting) < wanted:
+        return [f"nodes.count: {wanted} nodes, but {has}"]
+    out = sorted(n for n in fitting if n in excluded)
+    if len(fitting) - len(out) >= wanted:
+        return []
+    lines = [
+        f"nodes.count: {wanted} nodes, but {has} and {len(out)} of them are excluded, "
+        f"which leaves {len(fitting) - len(out)}:"
+    ]
+    return lines + [f"  {node}: {excluded[node]}" for node in out]
+
+
+def problems(
+    cfg: Config, partitions: Sequence[PartitionFacts], excluded: Mapping[str, str]
+) -> list[str]:
+    """Why the job can never start (empty: it can, as far as the facts tell). ``excluded``:
+    node -> why it is kept out (the config's ``nodes.exclude``, the bad-node list)."""
+    if not partitions:
+        return []  # not probed: nothing to say
+    part = find_partition(partitions, cfg.job.partition)
+    if part is None:
+        if cfg.job.partition is None:
+            return []  # no default partition: sbatch will say what it wants
+        names = ", ".join(p.name for p in partitions)
+        return [f"job.partition: no partition {cfg.job.partition!r} (the cluster has {names})"]
+    out = _limits(cfg, part)
+    strangers = [n for n in cfg.nodes.nodelist if n not in part.nodes]
+    if strangers:
+        out.append(f"nodes.nodelist: {', '.join(strangers)} not in partition {part.name}")
+    unknown = unknown_nodes(partitions, cfg.nodes.exclude)
+    if unknown:
+        out.append(f"nodes.exclude: {', '.join(unknown)}: no such node in the cluster")
+    if not out:
+        out += _enough_nodes(cfg, part, excluded)
+    return out

@@ -1,0 +1,411 @@
+"""Config -> the Kubernetes objects of a run (pure): ``render/submit --target kubernetes``.
+
+The same contract as the sbatch script: one pod per node (a JobSet's Indexed Job with
+``parallelism = completions = nodes.count``, or a PyTorchJob's Master + Workers), and in each
+pod ddlaunch's pod entry (``python -m ddlaunch.job.pod``) starting one rank per GPU through the
+same rank runner as srun's tasks (``ddlaunch.worker.task`` on the run's submitit pickle). The
+torchrun variables come from the pod's node index (the Job completion index, through the
+downward API) and node 0's stable DNS name behind the headless service (JobSet:
+``<name>-node-0-0.<name>``; PyTorchJob: the operator's ``<name>-master-0``).
+
+Recovery is ddlaunch's, mapped onto Kubernetes' machinery (``policy.pod_exit``): the leader pod
+concludes each attempt with ``conclude.conclude`` (the same policy as on Slurm) and every pod
+exits with the decision's code. A JobSet restarts on any failure, at most
+``failurePolicy.maxRestarts`` = ``fault_tolerance.max_requeues`` times; ``STOP_EXIT`` fails
+the Job through its ``podFailurePolicy`` and the JobSet through a ``FailJobSet`` rule. A
+PyTorchJob uses ``restartPolicy: ExitCode``.
+
+Everything is plain data serialised with ``yaml`` (safe dumper): every config string is one
+YAML scalar, and the container runs an argv, not a shell line (``launch.setup``, shell code on
+purpose, is the one exception, as in the batch script, run by ``bash -c`` before the entry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import yaml
+
+from ddlaunch.config.container_rules import image_problem
+from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.schema import Config
+from ddlaunch.planning import fabric, kubernetes_pod, pod_env
+from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
+from ddlaunch.planning.plan import CodePaths
+from ddlaunch.planning.tracking import tracking_env
+from ddlaunch.policy.pod_exit import STOP_EXIT
+from ddlaunch.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
+
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+PYTORCHJOB_API = "kubeflow.org/v1"
+PODGROUP_API = "scheduling.x-k8s.io/v1alpha1"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PODGROUP_LABEL = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins' Coscheduling
+REPLICATED_JOB = "node"  # JobSet pod hostnames: <name>-node-0-<index>
+CONTAINER = {"jobset": "trainer", "pytorchjob": "pytorch"}  # the operator wants "pytorch"
+# The downward API fields a pod learns its place from.
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+RESTART_ATTEMPT = "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
+REPLICA_INDEX = "metadata.labels['training.kubeflow.org/replica-index']"
+# A pod's hostname is <name>-node-0-<index> (JobSet) or <name>-worker-<index> (PyTorchJob),
+# at most 63 characters; Service names must start with a letter.
+NAME_MAX = 40
+_NOT_NAME = re.compile(r"[^a-z0-9-]+")
+FILE_IMAGE = (".sif", ".simg", ".img", ".sqsh", ".squashfs", ".tar")
+
+
+@dataclass(frozen=True)
+class KubernetesPlan:
+    run_id: str
+    run_dir: str
+    name: str  # the JobSet's or PyTorchJob's name: the attempts' job id
+    kind: str
+    namespace: str | None
+    documents: tuple[dict[str, Any], ...]
+
+    @property
+    def manifest_path(self) -> str:
+        return str(PurePosixPath(self.run_dir) / MANIFEST_FILE)
+
+    @property
+    def master_addr(self) -> str:
+        return master_addr(self.kind, self.name)
+
+
+def object_name(run_id: str) -> str:
+    """A DNS-1035 label for the run's objects, short enough for the pods' hostnames."""
+    name = _NOT_NAME.sub("-", run_id.lower()).strip("-") or "run"
+    if not name[0].isalpha():
+        name = f"ddl-{name}"
+    if len(name) > NAME_MAX:
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
+        name = f"{name[: NAME_MAX - 11].rstrip('-')}-{digest}"
+    return name
+
+
+def master_addr(kind: str, name: str) -> str:
+    if kind == "pytorchjob":
+        return f"{name}-master-0"  # the training operator's headless service of the Master
+    return f"{name}-{REPLICATED_JOB}-0-0.{name}"  # JobSet: <pod hostname>.<subdomain>
+
+
+def image_of(cfg: Config) -> str:
+    """The pods' image: ``container.image`` as a registry reference."""
+    image = cfg.container.image
+    if not image:
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "container.image",
+                    "--target kubernetes runs the ranks in an image: set container.image "
+                    "(e.g. nvcr.io/nvidia/pytorch:24.05-py3, with ddlaunch installed or on a "
+                    "kubernetes.volumes mount)",
+                )
+            ]
+        )
+    if image.startswith(("/", ".", "~")) or image.endswith(FILE_IMAGE):
+        message = f"{image!r} is an image file; Kubernetes pulls a registry reference"
+        raise ConfigError([ConfigIssue("container.image", message)])
+    # docker://ref (apptainer, podman) and enroot's registry#path (pyxis) name the same image.
+    ref = image.removeprefix("docker://").replace("#", "/", 1)
+    problem = image_problem("podman", ref)  # podman takes plain registry references
+    if problem:
+        raise ConfigError([ConfigIssue("container.image", problem)])
+    return ref
+
+
+def _covering(cfg: Config, path: str) -> tuple[str, bool] | None:
+    """The kubernetes.volumes mount path that holds ``path``, and whether it is read-only."""
+    best = None
+    for mount in cfg.kubernetes.volumes:
+        if PurePosixPath(path).is_relative_to(mount) and (best is None or len(mount) > len(best)):
+            best = mount
+    return (best, cfg.kubernetes.volumes[best].endswith(":ro")) if best else None
+
+
+def _check_storage(cfg: Config, run_dir: str, checkpoints: str) -> list[ConfigIssue]:
+    issues = []
+    for key, path in (("storage.run_root", run_dir), ("storage.checkpoint_dir", checkpoints)):
+        cover = _covering(cfg, path)
+        if cover is None or cover[1]:
+            mounts = ", ".join(sorted(cfg.kubernetes.volumes)) or "none"
+            why = (
+                "is on no writable kubernetes.volumes mount"
+                if cover is None
+                else (f"is on the read-only volume {cover[0]}")
+            )
+            issues.append(
+                ConfigIssue(
+                    "kubernetes.volumes",
+                    f"{path} ({key}) {why} (mounts: {mounts}): the pods write the attempts, "
+                    "logs and checkpoints there, and ddlaunch reads them back from here",
+                )
+            )
+            break
+    return issues
+
+
+def _env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def _field(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def pod_env_list(
+    cfg: Config, *, kind: str, name: str, run_id: str, run_dir: str, pythonpath: str | None
+) -> list[dict[str, Any]]:
+    """The container's environment: ddlaunch's, the pod's place, fabric, launch.env, tracking."""
+    run = PurePosixPath(run_dir)
+    out = [
+        _env("DDLAUNCH_RUN_DIR", run_dir),
+        _env("DDLAUNCH_RUN_ID", run_id),
+        _env("DDLAUNCH_WORLD_SIZE", str(cfg.world_size)),
+        _env("DDLAUNCH_CHECKPOINT_DIR", cfg.storage.checkpoint_dir or str(run / CHECKPOINTS_DIR)),
+    ]
+    if cfg.storage.scratch:
+        out.append(_env("DDLAUNCH_SCRATCH", cfg.storage.scratch))
+    # The leader pod concludes a signal save (train.Session leaves it a record).
+    out.append(_env(CONCLUDE_ON_HOST_VAR, "1"))
+    out += [
+        _env("SUBMITIT_EXECUTOR", pod_env.EXECUTOR),
+        _env("SUBMITIT_PREEMPT_SIGNAL", cfg.fault_tolerance.signal),
+        _env(pod_env.KIND_VAR, kind),
+        _env(pod_env.JOB_VAR, name),
+        _env(pod_env.NODES_VAR, str(cfg.nodes.count)),
+        _env(pod_env.RANKS_PER_NODE_VAR, str(cfg.ranks_per_node)),
+        _env(pod_env.MASTER_ADDR_VAR, master_addr(kind, name)),
+        _env("DDLAUNCH_MASTER_PORT", str(cfg.kubernetes.master_port)),
+        _field(pod_env.NODE_NAME_VAR, "spec.nodeName"),
+    ]
+    if kind == "jobset":
+        out.append(_field(pod_env.NODE_INDEX_VAR, COMPLETION_INDEX))
+        out.append(_field(pod_env.RESTART_VAR, RESTART_ATTEMPT))
+    else:
+        out.append(_field(pod_env.NODE_INDEX_VAR, REPLICA_INDEX))
+    if pythonpath:
+        out.append(_env("PYTHONPATH", pythonpath))
+    env = fabric.fabric_env(cfg)
+    out += [_env(k, v) for k, v in env.items() if k not in cfg.launch.env]
+    out += [_env(k, v) for k, v in cfg.launch.env.items()]
+    out += [_env(k, v) for k, v in tracking_env(cfg, run_id)]
+    return out
+
+
+def entry_command(cfg: Config) -> list[str]:
+    """The container's argv: the pod entry; ``launch.setup`` lines (shell code by definition)
+    run first through ``bash -c``, the entry's argv passed as arguments, never as text."""
+    entry = [cfg.launch.python, "-u", "-m", "ddlaunch.job.pod"]
+    if not cfg.launch.setup:
+        return entry
+    script = "\n".join([*cfg.launch.setup, 'exec "$@"'])
+    return ["/bin/bash", "-c", script, "ddlaunch-setup", *entry]
+
+
+def _code(cfg: Config, code: CodePaths) -> tuple[str | None, str | None]:
+    """(PYTHONPATH, workingDir): the snapshot and this ddlaunch when a volume holds them."""
+    paths = [p for p in (code.snapshot, code.ddlaunch_root) if p and _covering(cfg, p)]
+    pythonpath = ":".join(dict.fromkeys(paths)) or None
+    workdir = cfg.container.workdir
+    ranks_dir = code.workdir or cfg.launch.workdir
+    if ranks_dir and _covering(cfg, ranks_dir):
+        workdir = ranks_dir
+    return pythonpath, workdir
+
+
+def _labels(cfg: Config, name: str) -> dict[str, str]:
+    return {PODGROUP_LABEL: name} if cfg.kubernetes.gang == "coscheduling" else {}
+
+
+def _metadata(cfg: Config, name: str, run_id: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if cfg.kubernetes.namespace:
+        meta["namespace"] = cfg.kubernetes.namespace
+    labels = {"app.kubernetes.io/managed-by": "ddlaunch"}
+    if cfg.kubernetes.queue:
+        labels[QUEUE_LABEL] = cfg.kubernetes.queue
+    meta["labels"] = labels
+    meta["annotations"] = {"ddlaunch/run-id": run_id}
+    return meta
+
+
+def _template(
+    cfg: Config,
+    kind: str,
+    main: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    name: str,
+    run_as: tuple[int, int] | None,
+) -> dict[str, Any]:
+    same_job = (
+        {"jobset.sigs.k8s.io/jobset-name": name}
+        if kind == "jobset"
+        else {"training.kubeflow.org/job-name": name}
+    )
+    spec = kubernetes_pod.pod_spec(
+        cfg,
+        main=main,
+        volumes_=volumes,
+        same_job=same_job,
+        restart_policy="Never" if kind == "jobset" else None,
+        run_as=run_as,
+    )
+    template: dict[str, Any] = {"spec": spec}
+    labels = _labels(cfg, name)
+    if labels:
+        template = {"metadata": {"labels": labels}, **template}
+    return template
+
+
+def _jobset(cfg: Config, meta: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    n, name = cfg.nodes.count, meta["name"]
+    job_spec = {
+        "parallelism": n,
+        "completions": n,
+        "completionMode": "Indexed",
+        # Any pod failure ends the Job, and the JobSet restarts every pod (a gang).
+        "backoffLimit": 0,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": CONTAINER["jobset"],
+                        "operator": "In",
+                        "values": [STOP_EXIT],
+                    },
+                }
+            ]
+        },
+        "template": template,
+    }
+    spec = {
+        # Pod hostnames resolve behind the headless service before the pods are ready.
+        "network": {
+            "enableDNSHostnames": True,
+            "subdomain": name,
+            "publishNotReadyAddresses": True,
+        },
+        "failurePolicy": {
+            "maxRestarts": cfg.fault_tolerance.max_requeues,
+            "rules": [
+                {
+                    "name": "ddlaunchStop",
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                }
+            ],
+        },
+        "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job_spec}}],
+    }
+    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": meta, "spec": spec}
+
+
+def _pytorchjob(
+    cfg: Config, meta: dict[str, Any], master: dict[str, Any], worker: dict[str, Any]
+) -> dict[str, Any]:
+    n = cfg.nodes.count
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": master}}
+    if n > 1:
+        replicas["Worker"] = {"replicas": n - 1, "restartPolicy": "ExitCode", "template": worker}
+    spec = {
+        "pytorchReplicaSpecs": replicas,
+        "runPolicy": {"backoffLimit": cfg.fault_tolerance.max_requeues, "cleanPodPolicy": "All"},
+    }
+    return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob", "metadata": meta, "spec": spec}
+
+
+def _podgroup(cfg: Config, name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"minMember": cfg.nodes.count}
+    if cfg.kubernetes.gang_timeout:
+        spec["scheduleTimeoutSeconds"] = cfg.kubernetes.gang_timeout
+    meta: dict[str, Any] = {"name": name}
+    if cfg.kubernetes.namespace:
+        meta["namespace"] = cfg.kubernetes.namespace
+    return {"apiVersion": PODGROUP_API, "kind": "PodGroup", "metadata": meta, "spec": spec}
+
+
+def make_kubernetes_plan(
+    cfg: Config,
+    *,
+    run_id: str,
+    run_dir: str,
+    code: CodePaths | None = None,
+    run_as: tuple[int, int] | None = None,
+) -> KubernetesPlan:
+    """The objects of one run: [PodGroup,] JobSet or PyTorchJob. ``run_as``: the (uid, gid)
+    the pods run as, the owner of the run directory (decided at the edge)."""
+    code = code or CodePaths()
+    kind, name = cfg.kubernetes.kind, object_name(run_id)
+    image = image_of(cfg)
+    checkpoints = cfg.storage.checkpoint_dir or str(PurePosixPath(run_dir) / CHECKPOINTS_DIR)
+    issues = _check_storage(cfg, run_dir, checkpoints)
+    if issues:
+        raise ConfigError(issues)
+    pythonpath, workdir = _code(cfg, code)
+    scratch = cfg.storage.scratch
+    own_scratch = scratch if scratch and not _covering(cfg, scratch) else None
+    volumes, mounts = kubernetes_pod.volumes(cfg, own_scratch)
+    env = pod_env_list(
+        cfg, kind=kind, name=name, run_id=run_id, run_dir=run_dir, pythonpath=pythonpath
+    )
+
+    def main(extra: list[dict[str, Any]]) -> dict[str, Any]:
+        return kubernetes_pod.container(
+            cfg,
+            name=CONTAINER[kind],
+            image=image,
+            command=entry_command(cfg),
+            env=[*env, *extra],
+            mounts=mounts,
+            workdir=workdir,
+            port_name="pytorchjob-port" if kind == "pytorchjob" else "rendezvous",
+        )
+
+    meta = _metadata(cfg, name, run_id)
+    docs: list[dict[str, Any]] = []
+    if cfg.kubernetes.gang == "coscheduling":
+        docs.append(_podgroup(cfg, name))
+    if kind == "jobset":
+        docs.append(_jobset(cfg, meta, _template(cfg, kind, main([]), volumes, name, run_as)))
+    else:
+        offsets = (_env(pod_env.NODE_OFFSET_VAR, "0"), _env(pod_env.NODE_OFFSET_VAR, "1"))
+        master, worker = (
+            _template(cfg, kind, main([offset]), volumes, name, run_as) for offset in offsets
+        )
+        docs.append(_pytorchjob(cfg, meta, master, worker))
+    return KubernetesPlan(
+        run_id=run_id,
+        run_dir=run_dir,
+        name=name,
+        kind=kind,
+        namespace=cfg.kubernetes.namespace,
+        documents=tuple(docs),
+    )
+
+
+_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def manifest_text(plan: KubernetesPlan, version: str, sources: tuple[str, ...] = ()) -> str:
+    """The objects as one multi-document YAML file, with a comment saying where it came from."""
+    body = yaml.dump_all(
+        list(plan.documents),
+        Dumper=_DUMPER,
+        sort_keys=False,
+        default_flow_style=False,
+        explicit_start=True,
+        width=100,
+        allow_unicode=True,
+    )
+    header = [f"# ddlaunch {version}: run {plan.run_id} ({plan.kind})"]
+    if sources:
+        header.append(f"# Config: {', '.join(sources)}")
+    # Comment lines end at a line break: none may come from a config string.
+    lines = [re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", "?", line) for line in header]
+    return "\n".join(lines) + "\n" + body

@@ -1,0 +1,57 @@
+"""The run directory's lock (``.ddlaunch.lock``): one command at a time resubmits a run or
+a sweep (``resume``, ``sweep resubmit``).
+
+An exclusive ``flock`` taken without waiting: a second command learns at once that the run
+is busy, and who holds it (pid, host and verb are written into the file). The kernel drops
+the lock when its holder exits, however it exits, so a crash never leaves a run locked (on
+NFS, Linux maps flock to the server's byte-range locks).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ddlaunch.errors import UserError
+from ddlaunch.store.layout import LOCK_FILE
+
+
+class Busy(UserError):
+    """Another command holds the lock."""
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        since = time.strftime("%H:%M:%S", time.localtime(float(info["time"])))
+        return f"{info['verb']} by pid {info['pid']} on {info['host']} since {since}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "by another command"
+
+
+@contextmanager
+def exclusive(directory: Path, verb: str, subject: str) -> Iterator[None]:
+    """Hold the lock of ``directory`` for the block, or raise ``Busy`` (``subject`` and
+    ``verb`` make the message: "run X is already being resumed ...")."""
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(
+                f"{subject} is already being {verb} ({_holder(fd)}); "
+                "run the command again once that one has finished"
+            ) from None
+        record = {"verb": verb, "pid": os.getpid(), "host": socket.gethostname()}
+        data = json.dumps({**record, "time": time.time()}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        yield
+    finally:
+        os.close(fd)

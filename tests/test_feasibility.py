@@ -1,0 +1,225 @@
+"""Checks before sbatch, pure: recorded ``sinfo`` of the dev cluster (partition ``debug``:
+3 nodes x 4 GPUs x 8 CPUs, no limits; ``ddltest``: node[1-2], MaxNodes=1, MaxTime=30,
+created for the recording) -> why a job could never start; the bad-node list's part in it
+(``prepare_submission``); and what the ranks run (``launchcheck``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddlaunch.app.launchcheck import check_launch, module_found
+from ddlaunch.app.prepare import Refused, prepare, prepare_submission
+from ddlaunch.planning.feasibility import problems, unknown_nodes
+from ddlaunch.planning.plan import ClusterFacts
+from ddlaunch.slurm.partitions import parse_sinfo_partitions, parse_time_limit
+from ddlaunch.store import badnodes
+
+R22 = Path(__file__).resolve().parent / "fixtures" / "slurm-22.05"
+PLAIN = tuple(parse_sinfo_partitions((R22 / "sinfo-partitions.txt").read_text()))
+LIMITS = tuple(parse_sinfo_partitions((R22 / "sinfo-partitions-limits.txt").read_text()))
+
+
+def config(*overrides: str):  # type: ignore[no-untyped-def]
+    return prepare("examples/mlp", list(overrides), run_id="r", run_root="/runs").config
+
+
+def test_parse_recorded_sinfo() -> None:
+    (debug,) = PLAIN
+    assert (debug.name, debug.default, debug.nodes) == ("debug", True, ("node1", "node2", "node3"))
+    assert debug.gpus == (4, 4, 4) and debug.cpus == (8, 8, 8)
+    assert debug.max_nodes is None and debug.max_time_s is None
+    test = next(p for p in LIMITS if p.name == "ddltest")
+    assert (test.nodes, test.max_nodes, test.max_time_s, test.default) == (
+        ("node1", "node2"),
+        1,
+        1800,
+        False,
+    )
+    assert [parse_time_limit(t) for t in ("infinite", "30:00", "2:00:00", "1-00:00:00", "45")] == [
+        None,
+        1800,
+        7200,
+        86400,
+        2700,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], []),
+        (
+            ["nodes.count=4"],
+            ["nodes.count: 4 nodes, but partition debug has 3 nodes with 2 GPUs or more"],
+        ),
+        (
+            ["job.partition=gpu"],
+            ["job.partition: no partition 'gpu' (the cluster has ddltest, debug)"],
+        ),
+        (
+            ["job.partition=ddltest", "nodes.count=2", "job.time=01:00:00"],
+            [
+                "nodes.count: 2 nodes is more than partition ddltest's MaxNodes=1",
+                "job.time: 01:00:00 is longer than partition ddltest's MaxTime=00:30:00",
+            ],
+        ),
+        (
+            ["job.partition=ddltest", "nodes.count=1", "job.time=UNLIMITED"],
+            ["job.time: UNLIMITED is longer than partition ddltest's MaxTime=00:30:00"],
+        ),
+        (
+            ["cluster.cpus_per_node=null", "nodes.cpus_per_task=5"],
+            [
+                "nodes.cpus_per_task: 10 CPUs per node (2 ranks), but the nodes of partition "
+                "debug have at most 8"
+            ],
+        ),
+        (
+            ["job.partition=ddltest", "nodes.nodelist=[node3]", "nodes.count=1"],
+            ["nodes.nodelist: node3 not in partition ddltest"],
+        ),
+        (["nodes.exclude=[node9]"], ["nodes.exclude: node9: no such node in the cluster"]),
+    ],
+    ids=["fits", "nodes", "partition", "limits", "unlimited", "cpus", "nodelist", "exclude"],
+)
+def test_jobs_that_can_never_start(overrides: list[str], expected: list[str]) -> None:
+    assert problems(config(*overrides), LIMITS, {}) == expected
+
+
+def test_excluded_nodes_that_leave_too_few_are_named_with_their_reason() -> None:
+    cfg = config("nodes.count=2", "nodes.exclude=[node3]")
+    why = {"node1": "on your bad-node list (hang)", "node3": "nodes.exclude in the config"}
+    assert problems(cfg, PLAIN, why) == [
+        "nodes.count: 2 nodes, but partition debug has 3 nodes with 2 GPUs or more and 2 of "
+        "them are excluded, which leaves 1:",
+        "  node1: on your bad-node list (hang)",
+        "  node3: nodes.exclude in the config",
+    ]
+    assert problems(cfg, PLAIN, {"node3": "nodes.exclude in the config"}) == []
+    assert problems(cfg, (), why) == []  # not probed: nothing is claimed
+    assert unknown_nodes(PLAIN, ["node2", "node9", "gpu01"]) == ["gpu01", "node9"]
+
+
+@pytest.fixture
+def bad_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "bad.json"
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(path))
+    now = time.time()
+    entries = badnodes.add([], ["node1", "node2"], reason="ecc", now=now, ttl_s=7200)
+    entries = badnodes.add(entries, ["node9"], reason="typo", now=now, ttl_s=None)
+    badnodes.save(entries, path)
+    return path
+
+
+def test_submit_refuses_what_the_bad_node_list_makes_unschedulable(
+    tmp_path: Path, bad_list: Path
+) -> None:
+    facts = ClusterFacts(partitions=PLAIN)
+    with pytest.raises(Refused) as info:
+        prepare_submission(
+            "examples/mlp", [], run_root=str(tmp_path), workdir=str(tmp_path), facts=facts
+        )
+    lines = str(info.value).splitlines()
+    assert lines[:2] == [
+        "the job would never run, so nothing was submitted:",
+        "  nodes.count: 2 nodes, but partition debug has 3 nodes with 2 GPUs or more and 2 of "
+        "them are excluded, which leaves 1:",
+    ]
+    assert lines[2].startswith("    node1: on your bad-node list since ")
+    assert lines[2].endswith(" (user: ecc), expires in 2.0 h")
+    assert lines[4:] == [
+        "clear listed nodes with: ddlaunch nodes remove node1 node2 (or ddlaunch nodes clear)",
+        "--force submits it anyway",
+    ]
+    forced = prepare_submission(
+        "examples/mlp", [], run_root=str(tmp_path), workdir=str(tmp_path), facts=facts, force=True
+    )
+    assert forced.excluded == ["node1", "node2"]  # node9 is no node of this cluster
+    assert forced.warnings[0] == (
+        "not excluding node9 from the bad-node list: no such node in this cluster "
+        "(ddlaunch nodes remove node9)"
+    )
+    assert forced.warnings[-1].endswith("(--force: submitted anyway)")
+    # One node is enough for a one-node job: nothing to say but the unknown name.
+    one = prepare_submission(
+        "examples/mlp",
+        ["nodes.count=1"],
+        run_root=str(tmp_path),
+        workdir=str(tmp_path),
+        facts=facts,
+    )
+    assert len(one.warnings) == 1 and "#SBATCH --exclude=node1,node2" in one.prepared.script
+
+
+def test_module_search_imports_nothing(tmp_path: Path) -> None:
+    pkg = tmp_path / "trainpkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w')\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "loop.py").write_text("def main(config): pass\n")
+    assert module_found("trainpkg.sub.loop", [str(tmp_path)])
+    assert not module_found("trainpkg.sub.lop", [str(tmp_path)])
+    assert not module_found("trainpkg.sub.loop.x", [str(tmp_path)])  # a module, no package
+    assert module_found("json", [str(tmp_path)]) and module_found("ddlaunch.examples.mlp", [])
+    assert not (tmp_path / "imported").exists()
+    assert "trainpkg" not in sys.modules
+
+
+def test_launch_findings_errors_or_warnings(tmp_path: Path) -> None:
+    base = ["launch.workdir=" + str(tmp_path)]
+    typo = config(
+        *base, "launch.entrypoint=ddlaunch.exampels.mlp:main", "launch.python=" + sys.executable
+    )
+    found = check_launch(typo, str(tmp_path))
+    assert found.errors == [
+        f"launch.entrypoint: no module 'ddlaunch.exampels.mlp' in {tmp_path} or on this "
+        f"Python's path (the job runs this same interpreter, {sys.executable})"
+    ]
+    with_setup = config(*base, "launch.entrypoint=nope.mod:main", "launch.setup=[module load x]")
+    found = check_launch(with_setup, str(tmp_path))
+    assert found.errors == [] and found.warnings == [
+        f"launch.entrypoint: no module 'nope.mod' in {tmp_path} or on this Python's path; the "
+        "job's Python (launch.python, launch.setup) may see other modules"
+    ]
+    script = config(*base, "launch.entrypoint=null", "launch.script=train.py")
+    assert check_launch(script, str(tmp_path)).errors == [
+        f"launch.script: {tmp_path / 'train.py'} does not exist (the ranks run it from "
+        f"{tmp_path}, which the nodes share with this host)"
+    ]
+    (tmp_path / "train.py").write_text("")
+    assert check_launch(script, str(tmp_path)).errors == []
+    (tmp_path / "py").write_text("")
+    for python, errors, warnings in (
+        (str(tmp_path / "py"), [f"launch.python: {tmp_path / 'py'} is not an executable file"], []),
+        (
+            "/opt/env/bin/python",
+            [],
+            [
+                "launch.python: /opt/env/bin/python does not exist on this host; every node "
+                "must have it"
+            ],
+        ),
+    ):
+        found = check_launch(config("launch.python=" + python), str(tmp_path))
+        assert (found.errors, found.warnings) == (errors, warnings)
+
+
+def test_env_from_submit_needs_the_variables_here() -> None:
+    cfg = config("launch.env_from_submit=[HF_TOKEN, WANDB_API_KEY]")
+    found = check_launch(cfg, "/tmp", environ={"HF_TOKEN": "x"})
+    assert found.errors == [
+        "launch.env_from_submit: WANDB_API_KEY not set in this shell (sbatch passes each "
+        "one's value from here)"
+    ]
+
+
+def test_facts_fixture_files_are_the_recorded_command() -> None:
+    import shlex
+
+    from ddlaunch.slurm.partitions import SINFO_ARGV
+
+    assert (R22 / "sinfo-partitions.argv").read_text().strip() == shlex.join(SINFO_ARGV)

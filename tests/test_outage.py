@@ -1,0 +1,179 @@
+"""A controller that does not answer, with Slurm's recorded answers (22.05 dev cluster,
+``slurmctld`` killed or SIGSTOPped; see ``test_outage_slurm.py`` for the real thing): the
+client tells "unreachable" from a refusal, ``status`` shows the runs from their directories,
+and a requeue is retried with backoff and recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.fakes import FakeRunner, failed, ok
+
+from ddlaunch.app.status_poll import Target, poll
+from ddlaunch.conclude import conclude
+from ddlaunch.runner import CommandResult
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store import attempts
+from ddlaunch.store.attempts import AttemptId
+
+# Measured on the dev cluster (Slurm 22.05.8): slurmctld killed, then SIGSTOPped.
+KILLED = {
+    "squeue": "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+    "sbatch": "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+    "(connect failure)",
+    "requeue": "Unexpected message received for job 1",
+}
+STOPPED = {"squeue": "slurm_load_jobs error: Socket timed out on send/recv operation"}
+
+
+def timed_out(argv: tuple[str, ...]) -> CommandResult:
+    return CommandResult(argv, 124, "", f"{argv[0]}: timed out after 60s")
+
+
+def test_unreachable_is_told_from_a_refusal() -> None:
+    from ddlaunch.slurm.client import SlurmError, SlurmUnreachable
+
+    client = SlurmClient(FakeRunner({("squeue",): failed(KILLED["squeue"])}))
+    with pytest.raises(SlurmUnreachable) as info:
+        client.status_rows(["5"])
+    assert info.value.detail == KILLED["squeue"]
+    for answer in (failed(STOPPED["squeue"]), timed_out(("squeue",))):
+        with pytest.raises(SlurmUnreachable):
+            SlurmClient(FakeRunner({("squeue",): answer})).status_rows(["5"])
+    refused = SlurmClient(FakeRunner({("sbatch",): failed("sbatch: error: Invalid account")}))
+    with pytest.raises(SlurmError) as no:
+        refused.sbatch(["sbatch", "x.sh"])
+    assert not isinstance(no.value, SlurmUnreachable)
+    slow = SlurmClient(FakeRunner({("sbatch",): timed_out}), timeout=7)
+    with pytest.raises(SlurmUnreachable, match=r"^sbatch \(no answer within 7 s\) failed"):
+        slow.sbatch(["sbatch", "x.sh"])
+
+
+def test_the_timeout_of_every_slurm_command_is_configurable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    seen: list[object] = []
+
+    class Recording(FakeRunner):
+        def run(self, argv, **kw):  # type: ignore[no-untyped-def]
+            seen.append(kw.get("timeout"))
+            return super().run(argv, **kw)
+
+    monkeypatch.setenv("DDLAUNCH_SLURM_TIMEOUT", "12")
+    client = SlurmClient(Recording({("sbatch",): ok("9\n")}))
+    client.sbatch(["sbatch", "x.sh"])
+    client.status_rows(["9"])
+    client.requeue("9")
+    assert seen == [12.0, 12.0, 12.0]
+
+
+def _run_dir(tmp_path: Path, name: str, job: str | None, **records: object) -> Path:
+    run = tmp_path / name
+    run.mkdir()
+    (run / "config.yaml").write_text("storage:\n  checkpoint_dir: null\n")
+    if job:
+        (run / "submission.json").write_text(json.dumps({"job_ids": [job]}))
+    for file, data in records.items():
+        (run / f"{file}.json").write_text(json.dumps(data))
+    return run
+
+
+def test_status_shows_every_run_while_slurm_is_unreachable_then_recovers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    running = _run_dir(tmp_path, "a", "11", progress={"step": 40, "time": 1.0})
+    done = _run_dir(tmp_path, "b", "12", outcome={"state": "COMPLETED", "time": 1.0})
+    never = _run_dir(tmp_path, "c", None, intent={"state": "failed", "error": "sbatch: no"})
+    targets = [Target(running), Target(done), Target(never)]
+    runner = FakeRunner({("squeue",): failed(KILLED["squeue"])})
+    rows = poll(targets, SlurmClient(runner), now=2.0)
+    reason = f"Slurm unreachable ({KILLED['squeue']})"
+    assert [(r.run_id, r.state, r.reason) for r in rows] == [
+        ("a", "UNKNOWN", reason),
+        ("b", "COMPLETED", reason),
+        ("c", "SUBMIT_FAILED", ""),
+    ]
+    assert rows[0].step == 40
+    assert runner.count("sacct") == 0  # nothing more is asked of an unreachable Slurm
+    # The next poll (status --watch) finds the controller back.
+    runner.answers = {("squeue",): ok("11|RUNNING|None|node1\n12|COMPLETED|None|node2\n")}
+    rows = poll(targets, SlurmClient(runner), now=3.0)
+    assert [(r.state, r.reason) for r in rows[:2]] == [("RUNNING", ""), ("COMPLETED", "")]
+
+
+def test_retrier_backs_off_while_unreachable_and_not_on_a_refusal() -> None:
+    from ddlaunch.slurm.client import SlurmError, SlurmUnreachable
+    from ddlaunch.slurm.retry import Retrier
+
+    naps: list[float] = []
+    retry = Retrier(45, sleep=naps.append, clock=lambda: sum(naps))
+    answers = iter([KILLED["requeue"]] * 3 + [None])
+    client = SlurmClient(
+        FakeRunner(
+            {("scontrol",): lambda argv: failed(a) if (a := next(answers)) else ok()},
+        )
+    )
+    retry(lambda: client.requeue("7"), "scontrol requeue")
+    assert naps == [1.0, 2.0, 4.0] and retry.retries.tries == 4
+    assert len(retry.retries.errors) == 3
+    # Patience spent: the last error is raised (here after 16 s of waits in 20 s).
+    again = Retrier(20, sleep=naps.append, clock=lambda: sum(naps) - 7)
+    with pytest.raises(SlurmUnreachable):
+        again(
+            lambda: SlurmClient(FakeRunner({("scontrol",): failed(KILLED["requeue"])})).requeue("7")
+        )
+    assert naps[3:] == [1.0, 2.0, 4.0, 8.0, 5.0] and again.retries.tries == 6
+    refusing = SlurmClient(FakeRunner({("scontrol",): failed("Invalid job id specified")}))
+    with pytest.raises(SlurmError):
+        Retrier(45, sleep=naps.append)(lambda: refusing.requeue("7"))
+    assert len(naps) == 8  # a refusal is an answer: no retry
+
+
+def _open_attempt(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("fault_tolerance: {max_requeues: 3}\n")
+    record = attempts.new_record(
+        0, AttemptId("7", 0, "7"), nodes="n1", host="n1", resumed_from=None
+    )
+    attempts.save(run, [record])
+    return run
+
+
+def test_requeue_is_retried_until_the_controller_answers_and_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    run = _open_attempt(tmp_path)
+    answers = iter([KILLED["requeue"], STOPPED["squeue"], None])
+    runner = FakeRunner(
+        {("scontrol", "requeue"): lambda argv: failed(a) if (a := next(answers)) else ok()}
+    )
+    done = conclude(
+        run, cause="crash", committed_step=40, max_requeues=3, client=SlurmClient(runner), job="7"
+    )
+    assert done.requeued
+    (record,) = attempts.load(run)
+    assert record["decision"] == "requeue after crash: committed step none -> 40"
+    requeue = record["requeue"]
+    assert requeue["done"] is True and requeue["tries"] == 3
+    assert requeue["errors"][0] == f"scontrol requeue 7 failed (exit 1): {KILLED['requeue']}"
+    assert not (run / "outcome.json").exists()
+
+
+def test_a_requeue_that_never_gets_through_stops_the_run_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    monkeypatch.setattr("ddlaunch.conclude.REQUEUE_PATIENCE_S", 0.0)
+    run = _open_attempt(tmp_path)
+    runner = FakeRunner({("scontrol", "requeue"): failed(KILLED["requeue"])})
+    done = conclude(
+        run, cause="crash", committed_step=40, max_requeues=3, client=SlurmClient(runner), job="7"
+    )
+    assert not done.requeued and done.state == "FAILED"
+    outcome = json.loads((run / "outcome.json").read_text())
+    assert outcome["reason"] == (
+        f"requeue failed: scontrol requeue 7 failed (exit 1): {KILLED['requeue']}; "
+        "ddlaunch resume run continues"
+    )
+    (record,) = attempts.load(run)
+    assert record["requeue"]["done"] is False and record["requeue"]["tries"] == 1

@@ -1,0 +1,165 @@
+"""A controller outage on the real dev cluster, during a job: the controller hangs (SIGSTOP),
+then dies and is restarted by ``scripts/devcluster up``.
+
+While it hangs: ``submit`` fails within ``$DDLAUNCH_SLURM_TIMEOUT`` and records the intent
+as failed with the reason; ``status`` shows every run from its directory with "Slurm
+unreachable (...)"; ``status --watch`` keeps polling. Once it is dead, the job's ranks die:
+its end hook retries ``scontrol requeue`` until the restarted controller answers, the
+attempt record says so, and the run resumes and completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.devcluster import wait_for
+from test_fault_tolerance import attempts, committed, mlp_config, result
+from test_launch_slurm import submit, write_config
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+
+
+class Watch:
+    """``ddlaunch status --watch`` on a pseudo-terminal (rich redraws only on a terminal)."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        master, slave = pty.openpty()
+        self.master = master
+        self.text = ""
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddlaunch", "status", "--watch", "--interval", "1"],
+            cwd=cwd,
+            env={**env, "DDLAUNCH_MIN_POLL_S": "1", "COLUMNS": "260", "LINES": "50"},
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+        os.close(slave)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.text += chunk.decode(errors="replace")
+
+    def wait(self, needle: str, after: int, timeout: float) -> int:
+        """Until ``needle`` shows after offset ``after``; returns the offset past it."""
+        found = wait_for(lambda: self.text.find(needle, after) + 1, timeout, repr(needle))
+        assert self.proc.poll() is None, self.text[-2000:]
+        return found - 1 + len(needle)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            self.proc.wait(timeout=30)
+        os.close(self.master)
+
+
+def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_path) -> None:
+    config = mlp_config(
+        tmp_path, "ft-outage", params={"steps": 250, "step_sleep": 0.1}, job={"time": "00:08:00"}
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 40, 180, "a committed step >= 40")
+    env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"), "NO_COLOR": "1"}
+    watch = Watch(tmp_path, env)
+    try:
+        seen = watch.wait("RUNNING", 0, 60)
+        slurm_cluster.pause_controller()
+        try:
+            quick = {**env, "DDLAUNCH_SLURM_TIMEOUT": "2"}
+            other = write_config(
+                tmp_path, "t-refused", {"entrypoint": "launch_entrypoints:world_info"}
+            )
+            started = time.monotonic()
+            proc = subprocess.run(
+                [sys.executable, "-m", "ddlaunch", "submit", str(other)],
+                cwd=tmp_path,
+                env=quick,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            took = time.monotonic() - started
+            # The sinfo probe and sbatch get 2 s each; sbatch alone waits 10 s here.
+            assert proc.returncode == 2 and took < 8, (took, proc.stderr)
+            assert "sbatch (no answer within 2 s) failed" in proc.stderr, proc.stderr
+            (refused,) = (tmp_path / "runs").glob("t-refused-*")
+            intent = json.loads((refused / "intent.json").read_text())
+            assert intent["state"] == "failed"
+            assert intent["error"].startswith("sbatch (no answer within 2 s) failed (exit 124)")
+
+            started = time.monotonic()
+            status = subprocess.run(
+                [sys.executable, "-m", "ddlaunch", "status", "--json"],
+                cwd=tmp_path,
+                env=quick,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            took = time.monotonic() - started
+            assert status.returncode == 0 and took < 8, (took, status.stderr)
+            rows = {r["run_id"]: r for r in json.loads(status.stdout)}
+            assert rows[run_dir.name]["state"] == "UNKNOWN"
+            assert rows[run_dir.name]["reason"].startswith("Slurm unreachable (")
+            assert rows[refused.name]["state"] == "SUBMIT_FAILED"
+
+            # The controller dies, then the ranks: the end hook must keep the run.
+            slurm_cluster.kill_controller()
+            ranks = slurm_cluster.rank_pids(run_dir)
+            assert len(ranks) >= 4, "the ranks finished before the outage: train longer"
+            for pid in ranks:
+                os.kill(pid, signal.SIGKILL)
+            seen = watch.wait("Slurm unreachable", seen, 60)
+            try:
+                wait_for(
+                    lambda: "Slurm unreachable (scontrol requeue)" in _batch_log(run_dir),
+                    180,
+                    "the end hook retrying the requeue",
+                )
+            except TimeoutError as exc:
+                raise AssertionError(_batch_log(run_dir)[-3000:]) from exc
+        finally:
+            if _paused(slurm_cluster):  # a failure above: never leave it hung
+                slurm_cluster.kill_controller()
+            slurm_cluster.restart_controller()
+        seen = watch.wait("RUNNING", seen, 120)  # --watch recovered by itself
+        assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    finally:
+        watch.stop()
+    runs = attempts(run_dir)
+    assert len(runs) == 2, runs
+    assert runs[0]["cause"] == "crash" and runs[0]["decision"].startswith("requeue after crash")
+    requeue = runs[0]["requeue"]
+    assert requeue["done"] is True and requeue["tries"] >= 2, requeue
+    assert any("scontrol requeue" in e for e in requeue["errors"]), requeue
+    assert runs[1]["resumed_from"] >= 40
+    assert result(run_dir)["start_step"] == runs[1]["resumed_from"]
+
+
+def _batch_log(run_dir: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in (run_dir / "logs").glob("batch-*"))
+
+
+def _paused(cluster) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        stat = Path(f"/proc/{cluster.controller_pid()}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
