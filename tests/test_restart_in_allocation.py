@@ -15,6 +15,7 @@ from support.rundirs import committed_run
 from ddlaunch.job import hooks
 from ddlaunch.policy.heartbeats import current_beats
 from ddlaunch.policy.requeue import decide
+from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
@@ -221,7 +222,9 @@ def _run_with_open_attempt(tmp_path, committed, **record):  # type: ignore[no-un
     return run
 
 
-HEALTHY = {"sinfo": "node1|allocated\nnode2|allocated\n"}
+# Recorded from the dev cluster (trimmed): `scontrol show job -o 9` of a running job.
+RUNNING_9 = "JobId=9 JobName=ft JobState=RUNNING Reason=None Restarts=0 BatchFlag=1"
+HEALTHY = {"sinfo": "node1|allocated\nnode2|allocated\n", "scontrol show job": RUNNING_9}
 
 
 def test_end_hook_asks_the_script_for_a_restart_and_never_requeues(tmp_path) -> None:
@@ -236,6 +239,28 @@ def test_end_hook_asks_the_script_for_a_restart_and_never_requeues(tmp_path) -> 
         "restart in the allocation after crash: committed step none -> 40 (restart 1 of 3)"
     )
     assert not (run / "outcome.json").exists()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        RUNNING_9.replace("Restarts=0", "Restarts=1"),  # someone requeued the job meanwhile
+        CommandResult(
+            ("scontrol",),
+            1,
+            "",
+            "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+        ),
+    ],
+    ids=["requeued meanwhile", "controller unreachable"],
+)
+def test_no_restart_without_the_controller_or_once_the_job_moved_on(tmp_path, answer) -> None:
+    run = _run_with_open_attempt(tmp_path, [20, 40])
+    runner = FakeRunner({**HEALTHY, "scontrol show job": answer})
+    code = hooks.end(run, 1, SlurmClient(runner), AttemptId("9", 0, "9"), can_restart=True)
+    assert code != hooks.RESTART_EXIT
+    decision = attempts.load(run)[0]["decision"]
+    assert decision.startswith("requeue after crash: committed step none -> 40"), decision
 
 
 def test_end_hook_of_an_older_script_requeues_as_before(tmp_path) -> None:

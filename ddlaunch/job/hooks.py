@@ -208,6 +208,19 @@ def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: HookSettings) -
     return Ending(cause, blamed, {"health": detail})
 
 
+def may_restart(ending: Ending, client: Any, attempt: AttemptId) -> bool:
+    """Whether a restart in the allocation can work: an ending it could retry, a controller
+    that answers (srun needs it for the new step; without it the run would stop for want of
+    progress, where a requeue is retried until Slurm is back) and the job still in the start
+    this attempt began in (nobody requeued it meanwhile)."""
+    if ending.cause not in policy.RESTART_CAUSES or ending.blamed:
+        return False
+    try:
+        return bool(client.restarts(attempt.task) == attempt.restart)
+    except Exception:  # unreachable, or an answer we cannot read: requeue as before
+        return False
+
+
 def end(
     run_dir: Path,
     exit_code: int,
@@ -277,7 +290,9 @@ def end(
         record={"exit_code": exit_code, **ending.record},
         # A trainer may have requeued the job itself (Lightning): not a second time.
         restart=attempt.restart if is_byo(source.kind) else None,
-        max_restarts=settings.max_restarts if can_restart else 0,
+        max_restarts=settings.max_restarts
+        if can_restart and may_restart(ending, client, attempt)
+        else 0,
     )
     if conclusion.restart:
         return RESTART_EXIT
