@@ -112,8 +112,9 @@ def save_stalls(run: Path) -> list[float]:
     return out
 
 
-def one_rank_crash(tmp: str, max_restarts: int) -> tuple[float, str, int, list[float]]:
-    """(kill -> first step after the retry in s, how the retry went, steps lost, stalls)."""
+def one_rank_crash(tmp: str, max_restarts: int) -> tuple[float, str, str, list[float]]:
+    """(kill -> first step after the retry in s, how the retry went, where the time went,
+    save stalls)."""
     cfg = Path(tmp) / f"crash-{max_restarts}.yaml"
     cfg.write_text(
         CONFIG.format(interval=INTERVAL).replace(
@@ -142,7 +143,14 @@ def one_rank_crash(tmp: str, max_restarts: int) -> tuple[float, str, int, list[f
         records = json.loads((run / "attempts.json").read_text())
         how = "in the allocation" if records[-1].get("in_allocation") else "requeue"
         lost = step_before - (records[-1].get("resumed_from") or 0)
-        return recovered, how, lost, save_stalls(run)
+        # Where the time went: the failed attempt concluded (srun returned, the end hook
+        # decided), the next attempt's start hook ran, its first step.
+        ended, began = records[-2]["end"] - killed, records[-1]["start"] - killed
+        phases = (
+            f"concluded +{ended:.1f} s, next attempt started +{began:.1f} s, "
+            f"{lost} steps recomputed"
+        )
+        return recovered, how, phases, save_stalls(run)
     finally:
         stop_run(run, job)
 
@@ -155,12 +163,12 @@ def rank_crash(repeat: int) -> None:
     try:
         for i in range(repeat):
             for restarts in (3, 0):
-                took, how, lost, stalled = one_rank_crash(tmp, restarts)
+                took, how, phases, stalled = one_rank_crash(tmp, restarts)
                 times[restarts].append(took)
                 stalls += stalled
                 print(
                     f"run {i + 1} max_restarts={restarts}: kill -> first step {took:6.2f} s "
-                    f"({how}, {lost} steps recomputed)",
+                    f"({how}: {phases})",
                     flush=True,
                 )
     finally:
