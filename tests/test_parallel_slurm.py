@@ -78,7 +78,7 @@ def test_dp2_tp2_places_tp_on_one_node_then_resumes_on_dp4_tp1(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"resuming {run_dir.name} from step {FIRST}")
-    new_job = proc.stdout.splitlines()[-1].split()[3]
+    new_job = next(x for x in proc.stdout.splitlines() if x.startswith("run ")).split()[3]
     slurm_job_cleanup.append(new_job)
     assert slurm_cluster.wait_job_state(new_job, "COMPLETED", timeout=300) == "COMPLETED"
     second = json.loads((run_dir / "result.json").read_text())
@@ -94,17 +94,17 @@ INVALID = [
     (
         ["parallel.tp=3", "nodes.gpus_per_node=4"],
         "parallel.tp: 3 does not divide the 4 GPUs of a node (a tp group must sit inside one "
-        "node); nearest valid: 2 or 4 (--set parallel.tp=3)",
+        "node); nearest valid: 2 or 4 (--set parallel.tp=3; plan-bad.yaml:12)",
     ),
     (
         ["parallel.tp=8", "nodes.gpus_per_node=4"],
         "parallel.tp: 8 is more than the 4 GPUs of a node (a tp group must sit inside one "
-        "node); nearest valid: 4 (--set parallel.tp=8)",
+        "node); nearest valid: 4 (--set parallel.tp=8; plan-bad.yaml:12)",
     ),
     (
         ["parallel.dp=4"],
         "parallel: dp 4 x tp 2 x pp 1 x cp 1 = 8, but the job has 4 ranks (2 nodes x 2 GPUs); "
-        "nearest valid: dp 2 or tp 1 (or dp: auto) (plan-bad.yaml:11)",
+        "nearest valid: dp 2 or tp 1 (or dp: auto) (plan-bad.yaml:11; --set parallel.dp=4)",
     ),
 ]
 

@@ -395,10 +395,24 @@ def test_status_and_report_tell_a_restart_from_a_requeue() -> None:
     # Each restart's failure records are its own: attempt 1's rank 1, not attempt 0's.
     failures = [
         {"rank": 1, "host": "node1", "job_id": "9", "attempt": 0, "relaunch": relaunch,
-         "exception": "RuntimeError", "message": f"in {relaunch}", "time": 10.0 + relaunch}
+         "exception": "RuntimeError", "message": f"in {relaunch}", "time": 10.0 + 50 * relaunch}
         for relaunch in (0, 1)
     ]  # fmt: skip
-    history = attempt_history(SimpleNamespace(attempts=records), "COMPLETED")  # type: ignore[arg-type]
+    from ddlaunch.store.failures import Failure
+
+    records_of = [
+        Failure(f["rank"], f["host"], f["exception"], f["message"], None, "9", 0,
+                time=f["time"], relaunch=f["relaunch"])
+        for f in failures
+    ]  # fmt: skip
+    info = SimpleNamespace(attempts=records, failures=records_of)
+    history = attempt_history(info, "COMPLETED")  # type: ignore[arg-type]
+    # Each attempt names its own failing rank (the same Slurm restart count for both).
+    assert [h.get("culprit") for h in history] == [
+        "rank 1 on node1: RuntimeError: in 0",
+        "rank 1 on node1: RuntimeError: in 1",
+        None,
+    ]
     lines = [line.split(" at ")[0] for line in attempt_lines(SimpleNamespace(history=history))]
     assert lines == [
         "attempt 0: job 9 on node[1-2]",

@@ -123,7 +123,7 @@ def test_staging_survives_a_kill_a_requeue_and_a_node_failure(
             "resume", run_id, "--set", "health.preflight=true", cwd=tmp_path, env=env
         )
         assert proc.returncode == 0, proc.stderr
-        job2 = proc.stdout.splitlines()[-1].split()[3]
+        job2 = next(x for x in proc.stdout.splitlines() if x.startswith("run ")).split()[3]
         slurm_job_cleanup.append(job2)
         wait_for(lambda: progress_step(run_dir) >= 30, 180, "step 30 of the resumed job")
         assert (item(job2, 0, first)["state"], item(job2, 0, first)["files"]) == (

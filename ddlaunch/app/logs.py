@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddlaunch.app.runs import RunInfo, find_member, find_run, read_run
+from ddlaunch.app.status import QUIET_FAILURES, attempt_failure, failures_of, run_failure
 from ddlaunch.errors import UserError
 from ddlaunch.store.failures import Failure
 from ddlaunch.store.members import member_of
@@ -17,8 +18,46 @@ from ddlaunch.store.sweeps import member_jobs
 class Logs:
     run_dir: Path
     paths: list[Path] = field(default_factory=list)
-    failure: Failure | None = None  # the failing rank's record, shown first
+    failure: Failure | None = None  # the failing rank's record (its traceback)
     missing: str | None = None  # why there is nothing to show yet
+    headline: str | None = None  # how the latest attempt failed, shown first
+    history: list[str] = field(default_factory=list)  # how each earlier attempt failed
+
+
+def requeued(info: RunInfo) -> bool:
+    """The latest attempt ended and the run did not (no outcome): the job was requeued and
+    waits for its next attempt, which makes the latest one history too."""
+    return bool(info.attempts) and "end" in info.attempts[-1] and info.outcome is None
+
+
+def attempt_failures(info: RunInfo) -> list[str]:
+    """Each earlier attempt that failed, in words (the latest one is the headline)."""
+    out = []
+    for rec in info.attempts if requeued(info) else info.attempts[:-1]:
+        why = attempt_failure(rec, info.failures)
+        if why:
+            job = f"job {rec['job_id']}, " if rec.get("job_id") else ""
+            out.append(f"attempt {rec.get('attempt')} ({job}{rec.get('cause')}): {why}")
+    return out
+
+
+def failing_rank(info: RunInfo) -> tuple[str, int, Failure | None] | None:
+    """The latest attempt's failure: its words, the rank whose log to show, and that rank's
+    failure record if it raised. None when the run completed or was cancelled (an earlier
+    attempt's failure is history), waits for its requeue, or nothing failed."""
+    if (info.outcome or {}).get("state") in QUIET_FAILURES or requeued(info):
+        return None
+    headline = run_failure(info)
+    if headline is None:
+        return None
+    latest = info.attempts[-1] if info.attempts else {}
+    mine = failures_of(latest, info.failures) if info.attempts else info.failures
+    ranked = [c for c in latest.get("causes") or [] if isinstance(c.get("rank"), int)]
+    rank = ranked[0]["rank"] if ranked else mine[0].rank if mine else None
+    if rank is None:
+        return None
+    record = next((f for f in mine if f.rank == rank), None)
+    return headline, rank, record
 
 
 def world_size(run_dir: Path) -> int | None:
@@ -71,11 +110,14 @@ def find_logs(ref: str, *, rank: int | None = None, batch: bool = False) -> Logs
         logs.paths = [rank_log(run_dir, rank, "out"), rank_log(run_dir, rank, "err")]
     elif batch:
         logs.paths = batch_logs(run_dir)[-1:]
-    elif info.failures:
-        logs.failure = info.failures[0]
-        logs.paths = [rank_log(run_dir, logs.failure.rank, "err")]
     else:
-        logs.paths = [rank_log(run_dir, 0, "out"), rank_log(run_dir, 0, "err")]
+        logs.history = attempt_failures(info)
+        failed = failing_rank(info)
+        if failed is not None:
+            logs.headline, shown, logs.failure = failed
+            logs.paths = [rank_log(run_dir, shown, "err")]
+        else:
+            logs.paths = [rank_log(run_dir, 0, "out"), rank_log(run_dir, 0, "err")]
     if not any(p.exists() for p in logs.paths):
         if not info.attempts:
             logs.missing = not_started(info)

@@ -163,6 +163,8 @@ def attempt_detail(rec: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]
     first failing rank (the exception, not the requeue policy's words), else the decision."""
     if rec.get("health"):
         return str(rec["health"])
+    if rec.get("culprit"):  # the end hook's attribution: a killed rank leaves no record
+        return str(rec["culprit"])
     if rec.get("cause") == "crash":
         mine = [
             f

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,9 @@ from typing import Any
 from ddlaunch.app.runs import (
     RunInfo,
 )
-from ddlaunch.policy.requeue import HEALTH_CAUSES
+from ddlaunch.policy.requeue import CAUSE_CRASH, HEALTH_CAUSES
 from ddlaunch.slurm.parse import QueueRow
+from ddlaunch.store.failures import Failure, is_collateral
 
 # Slurm's many job states folded into the few a user acts on.
 STATE_MAP = {
@@ -94,6 +95,49 @@ class RunStatus:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+CLOCK_SLACK_S = 5.0  # the ranks' clocks are other nodes' clocks
+
+
+def failures_of(record: Mapping[str, Any], failures: Sequence[Failure]) -> list[Failure]:
+    """The failure records written in the attempt ``record`` (its restart count, and no
+    earlier than it started: a resumed run's new job counts its restarts from 0 again);
+    a rank's record is replaced by its next failure, so only the latest ones remain."""
+    restart = int(record.get("restart_count", 0) or 0)
+    relaunch = int(record.get("relaunch", 0) or 0)  # a restart in the allocation
+    start = float(record.get("start") or 0.0)
+    end = record.get("end")
+    return [
+        f
+        for f in failures
+        if int(f.attempt or 0) == restart
+        and f.relaunch == relaunch
+        and f.time >= start - CLOCK_SLACK_S
+        and (end is None or f.time <= float(end) + CLOCK_SLACK_S)
+    ]
+
+
+# Endings whose failure records say which rank failed (a hang or a failed preflight has its
+# own words, the health detail; a completed or saved attempt had no failure).
+_RANK_FAILURES = (CAUSE_CRASH, None)
+
+
+def attempt_failure(record: Mapping[str, Any], failures: Sequence[Failure]) -> str | None:
+    """Which rank ended the attempt, where and how, in words: the end hook's attribution
+    (``culprit``: a rank killed by a signal leaves no failure record), else the first of
+    its failure records (cause first), else None."""
+    if record.get("culprit"):
+        return str(record["culprit"])
+    if record.get("cause") not in _RANK_FAILURES:
+        return None
+    mine = failures_of(record, failures)
+    if not mine:
+        return None
+    if is_collateral(mine[0]):
+        # Every record is a peer's error: the rank that caused them left none.
+        return f"{mine[0].one_line()} (a peer's error; the failing rank left no record)"
+    return mine[0].one_line()
+
+
 def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any]]:
     """Each attempt in a compact, stable form: where it ran, how it ended and why. An
     attempt nobody closed (the job was killed before its end hook) of a run that is over
@@ -121,6 +165,9 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any
             item["preflight"] = rec["preflight"]
         if rec.get("in_allocation"):
             item["in_allocation"] = True  # a new srun step of the same job start: no requeue
+        culprit = attempt_failure(rec, info.failures) if "end" in rec else None
+        if culprit:
+            item["culprit"] = culprit
         out.append(item)
     return out
 
@@ -212,7 +259,9 @@ def run_status(
     # How the job itself concluded is more precise than Slurm's view of the job that ended.
     if info.outcome and state not in ACTIVE_STATES:
         state = str(info.outcome.get("state", state))
-    failure = info.failures[0].one_line() if info.failures else None
+    failure = run_failure(info)
+    if state in ACTIVE_STATES and info.attempts and "end" in info.attempts[-1]:
+        failure = None  # requeued, waiting for its next attempt: the failure is history
     if state in QUIET_FAILURES:
         failure = None
     if state == "SUBMIT_FAILED":
@@ -272,6 +321,20 @@ class NoScheduler:
 
     def accounting_rows(self, job_ids: Sequence[str]) -> dict[str, QueueRow]:
         return {}
+
+
+def run_failure(info: RunInfo) -> str | None:
+    """The run's failure headline: its latest attempt's (an earlier attempt's failure is
+    history, shown with its attempt), or, for a run without attempt records, its first
+    failure record."""
+    if not info.attempts:
+        return info.failures[0].one_line() if info.failures else None
+    latest = info.attempts[-1]
+    if "end" not in latest:
+        # Still running: a rank that raised while its peers go on is news already.
+        mine = failures_of(latest, info.failures)
+        return mine[0].one_line() if mine else None
+    return attempt_failure(latest, info.failures)
 
 
 def staging_nodes(records: dict[str, dict[str, Any]] | None) -> dict[str, Any] | None:

@@ -49,10 +49,12 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
 
     found = find_logs(run, rank=rank, batch=batch)
     run_dir, paths = found.run_dir, found.paths
-    if found.failure is not None:
-        click.echo(f"FAILED {found.failure.one_line()}")
-        if found.failure.traceback:
+    if found.headline is not None:
+        click.echo(f"FAILED {found.headline}")
+        if found.failure is not None and found.failure.traceback:
             click.echo(found.failure.traceback.rstrip())
+    for line in found.history:
+        click.echo(f"earlier: {line}")
     stream = None
     if follow_:
         from ddlaunch.app.follow import LogStream

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ddlaunch.cli.completion import complete_targets
-from ddlaunch.cli.table import TAIL, Column, fit, unique_prefixes
+from ddlaunch.cli.table import ELLIPSIS, TAIL, Column, fit, unique_prefixes
 
 COLUMNS = (
     Column("run", "shrink"),
@@ -38,6 +38,27 @@ def note(r: Any) -> str:
     return "; ".join(p for p in parts if p)
 
 
+CULPRIT_WIDTH = 60  # of each earlier failure in the attempts cell (`status RUN`: all of it)
+
+
+def shorten_end(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + ELLIPSIS
+
+
+def attempts_cell(r: Any) -> str:
+    """The count, and how each earlier attempt failed: ``2 (0: rank 1 on node1 killed by
+    SIGKILL)``. The latest attempt's failure, when it is the run's headline, is not history
+    (it is while the job waits for its next attempt)."""
+    history = r.history[:-1] if r.failure else r.history
+    earlier = [
+        f"{a.get('attempt')}: {shorten_end(a['culprit'], CULPRIT_WIDTH)}"
+        for a in history
+        if a.get("culprit")
+    ]
+    count = _num(r.attempts)
+    return f"{count} ({'; '.join(earlier)})" if earlier else count
+
+
 def cells(r: Any) -> tuple[str, ...]:
     return (
         r.run_id,
@@ -46,7 +67,7 @@ def cells(r: Any) -> tuple[str, ...]:
         r.nodes or "-",
         _num(r.step),
         _num(r.checkpoint_step),
-        _num(r.attempts),
+        attempts_cell(r),
         note(r),
     )
 
@@ -83,8 +104,9 @@ def attempt_lines(row: Any) -> list[str]:
             text += f" (committed {a['committed_step']})"
         if a.get("blamed"):
             text += f", blamed {','.join(a['blamed'])}"
-        if a.get("detail"):
-            text += f": {a['detail']}"
+        why = [str(a[k]) for k in ("detail", "culprit") if a.get(k)]
+        if why:
+            text += ": " + "; ".join(why)
         lines.append(text)
     return lines
 

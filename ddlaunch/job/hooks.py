@@ -25,6 +25,7 @@ from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import cancel_reason, conclude
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.job import stop as stopping
+from ddlaunch.job.attribution import attribute_safely
 from ddlaunch.job.blame import bad_nodes, blame_nodes, expand
 from ddlaunch.job.preflight import preflight_hook, preflight_outcome
 from ddlaunch.job.sweep_task import start_task
@@ -278,6 +279,10 @@ def end(
             ending = watchdog_ending(run_dir, attempt, settings) or crash_or_node_failure(
                 run_dir, nodes, attempt, client, settings
             )
+            if ending.cause in (policy.CAUSE_CRASH, policy.CAUSE_NODE_FAILURE):
+                # Which rank, where and how: srun's reports, failure records, accounting.
+                index = int(current.get("attempt", len(records) - 1))
+                ending.record.update(attribute_safely(run_dir, attempt, index, client))
     found = latest_checkpoint(run_dir, source)
     conclusion = conclude(
         run_dir,

@@ -135,6 +135,14 @@ class SlurmClient:
         result = self._run(queue.sacct_argv(ids))
         return queue.parse_sacct(result.stdout) if result.ok else {}
 
+    def step_accounting(self, job_id: str) -> str:
+        """``sacct -P -n -j JOB -o JobID,State,ExitCode,NodeList``: how the job's steps of
+        its latest start ended (``ExitCode`` is ``code:signal``); empty without accounting.
+        Bounded by at most 10 s: the end hook asks it while the job holds its nodes."""
+        argv = ["sacct", "-P", "-n", "-j", job_id, "-o", "JobID,State,ExitCode,NodeList"]
+        result = self.runner.run(argv, timeout=min(self.timeout, 10.0))
+        return result.stdout if result.ok else ""
+
     def job_steps(self, job_id: str) -> list[str]:
         """The job's running numeric steps (``123.0``), without batch and extern."""
         result = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])

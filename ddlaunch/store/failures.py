@@ -5,12 +5,12 @@ without a record died silently: their node is a suspect) and the local launcher.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
+from ddlaunch.policy import attribution
 
 FAILURES_DIR = "failures"
 # Our own control flow (``worker.stops.StopRank``), never a failure; earlier versions wrote
@@ -82,13 +82,7 @@ def read_failures(run_dir: Path) -> list[Failure]:
     return failures
 
 
-# Messages of ranks that failed only because a peer died or hung in a collective.
-_COLLATERAL = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|Socket Timeout|"
-    r"timed out|Timeout|NCCL (communicator|error).*(abort|remote)|ProcessGroup.*(abort|timeout)",
-    re.IGNORECASE,
-)
-
-
 def is_collateral(failure: Failure) -> bool:
-    return bool(_COLLATERAL.search(failure.message))
+    """A peer's error (a connection closed or reset, a collective timed out): the rank
+    failed because another one did (``policy.attribution`` holds the words)."""
+    return attribution.is_collateral(failure.message, failure.exception)

@@ -1,0 +1,185 @@
+"""Which rank ended this attempt, where and how (batch host, torch-free, a fraction of a second).
+
+What the end hook adds to a crashed attempt's record (``attempts.json``):
+
+* ``ranks_ended``: each task srun reported as not exiting 0 (rank, host, signal or exit
+  code, ``oom``, ``teardown`` when Slurm ended it while tearing the step down), in order;
+* ``causes``: every rank that did not end well, ranked (``policy.attribution``): killed or
+  crashed without an exception first, then ranks that raised, then peers' collateral
+  errors, then the teardown; each ``{rank, host, kind, text, source}``;
+* ``culprit``: the first cause in words (``rank 1 on node1 killed by SIGKILL``), which
+  ``status`` and ``logs`` show;
+* ``step_accounting``: the steps' exit as sacct kept them, when accounting has them
+  (corroboration, and the signal when the log named no rank).
+
+Sources: srun's per-task reports and slurmstepd's notes in the batch log (this attempt's
+part of it: a requeued job appends to the same file), the ranks' failure records of this
+attempt, the end of a silent rank's stderr, the kernel's OOM note for a rank SIGKILLed on
+this host (its pid, from its heartbeat, in ``/dev/kmsg`` where that is readable), and
+``sacct -j JOB``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.policy import attribution as policy
+from ddlaunch.store import heartbeats
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.failures import read_failures
+from ddlaunch.store.rundir import batch_logs, rank_log
+
+# How much of a log is read: srun's reports come last, a rank's last words are at its end.
+LOG_TAIL_BYTES = 256 * 1024
+STDERR_TAIL_BYTES = 4096
+REQUEUE_NOTE = "DUE TO JOB REQUEUE ***"
+
+
+def _tail(path: Path, size: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(os.fstat(handle.fileno()).st_size - size, 0))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def batch_log(run_dir: Path, attempt: AttemptId) -> Path | None:
+    """This job's batch log: where this process's stderr goes (the batch script's, which
+    srun's reports share), else the run's newest batch log."""
+    try:
+        target = Path(os.readlink("/proc/self/fd/2"))
+        if target.is_file() and target.name.startswith("batch-"):
+            return target
+    except OSError:
+        pass
+    logs = batch_logs(run_dir)
+    named = [p for p in logs if attempt.job_id and attempt.job_id in p.name]
+    return (named or logs)[-1] if logs else None
+
+
+def attempt_part(text: str, index: int) -> str:
+    """The part of a batch log written by attempt ``index`` (from the start hook's line
+    ``[ddlaunch] attempt <index> on ...``): Slurm appends a requeued job's output to the same
+    file, and an earlier attempt's reports must not be read as this one's."""
+    marker = f"[ddlaunch] attempt {index} on "
+    at = text.rfind(marker)
+    if at >= 0:
+        return text[at:]
+    # No start line (the start hook failed): after slurmstepd's note that ended the last
+    # attempt ("*** JOB 12 ON node1 CANCELLED AT ... DUE TO JOB REQUEUE ***").
+    requeued = text.rfind(REQUEUE_NOTE)
+    return text[text.find("\n", requeued) + 1 :] if requeued >= 0 else text
+
+
+def read_kernel_log(limit: int = 4 * 1024 * 1024) -> str:
+    """The kernel's log as far as it is readable (``/dev/kmsg`` without blocking; empty where
+    ``dmesg_restrict`` or a container forbids it)."""
+    out: list[str] = []
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        size = 0
+        while size < limit:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:  # read everything there is
+                break
+            except OSError:  # EPIPE: a record was overwritten while reading; go on
+                continue
+            if not chunk:
+                break
+            size += len(chunk)
+            out.append(chunk.decode(errors="replace"))
+    finally:
+        os.close(fd)
+    return "".join(out)
+
+
+def oom_ranks(
+    run_dir: Path, step: policy.StepLog, host: str, kernel_log: Callable[[], str]
+) -> list[int]:
+    """Ranks on this host (the batch host: its kernel log is the one readable here) whose
+    SIGKILL was the kernel's OOM killer: their pid (from their heartbeat) is in its log."""
+    mine = [e.rank for e in step.ends if e.signal == "SIGKILL" and e.host == host]
+    if not mine:
+        return []
+    killed = policy.oom_killed_pids(kernel_log())
+    pids = {b.get("rank"): b.get("pid") for b in heartbeats.read_heartbeats(run_dir)}
+    return [r for r in mine if pids.get(r) in killed]
+
+
+def this_attempts_failures(run_dir: Path, attempt: AttemptId) -> list[policy.Raised]:
+    names = {attempt.job_id, attempt.task}
+    return [
+        policy.Raised(f.rank, f.host, f.exception, f.message, f.where, f.time)
+        for f in read_failures(run_dir)
+        if str(f.job_id) in names
+        and (f.attempt or 0) == attempt.restart
+        and f.relaunch == attempt.relaunch  # a restart in the allocation keeps the count
+    ]
+
+
+def accounting(client: Any, attempt: AttemptId) -> list[policy.StepExit]:
+    """The job's steps as sacct has them; empty without accounting (or not yet written)."""
+    try:
+        return policy.parse_sacct_steps(client.step_accounting(attempt.task or attempt.job_id))
+    except Exception:  # no accounting, Slurm unreachable: the log is the evidence
+        return []
+
+
+def this_host() -> str:
+    """This node as Slurm names it (srun's reports use Slurm's node names)."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
+def attribute(
+    run_dir: Path,
+    attempt: AttemptId,
+    index: int,
+    client: Any,
+    log: Path | None = None,
+    kernel_log: Callable[[], str] = read_kernel_log,
+) -> dict[str, Any]:
+    """The fields this module adds to the attempt's record (see the module's doc)."""
+    log = log or batch_log(run_dir, attempt)
+    text = attempt_part(_tail(log, LOG_TAIL_BYTES), index) if log else ""
+    step = policy.parse_step_log(text)
+    step = policy.mark_oom(step, oom_ranks(run_dir, step, this_host(), kernel_log))
+    raised = this_attempts_failures(run_dir, attempt)
+    recorded = {r.rank for r in raised}
+    tails = {
+        e.rank: _tail(rank_log(run_dir, e.rank, "err"), STDERR_TAIL_BYTES)
+        for e in step.ends
+        if e.rank not in recorded and not e.teardown
+    }
+    steps = accounting(client, attempt)
+    causes = policy.rank_causes(step, raised, tails, steps)
+    out: dict[str, Any] = {
+        "ranks_ended": [e.as_dict() for e in step.ends],
+        "causes": [c.as_dict() for c in causes],
+    }
+    if causes:
+        out["culprit"] = causes[0].text
+    if steps:
+        out["step_accounting"] = [
+            {"step": s.step, "state": s.state, "exit_code": s.exit_code, "signal": s.signal}
+            for s in steps
+        ]
+    if step.oom_events:
+        out["oom_events"] = step.oom_events
+    return out
+
+
+def attribute_safely(run_dir: Path, attempt: AttemptId, index: int, client: Any) -> dict[str, Any]:
+    """``attribute``, but a failure to attribute never costs the attempt its conclusion."""
+    try:
+        return attribute(run_dir, attempt, index, client)
+    except Exception as exc:
+        print(f"[ddlaunch] warning: could not attribute the failure: {exc!r}", flush=True)
+        return {}

@@ -1,0 +1,350 @@
+"""Which rank ended an attempt, where and how (pure: text and records in, ranked causes out).
+
+A rank that dies without a Python exception (SIGKILL, the OOM killer, a segfault, a C++
+abort) writes no failure record; what Slurm saw of it is in the batch log: srun reports each
+task that did not exit 0 (``srun: error: node1: task 1: Killed``, ``... tasks 2-3: Exited
+with exit code 1``), in the order the tasks ended, and says when it starts tearing the step
+down (``srun: Job step aborted``, ``srun: Terminating StepId=...``; with
+``--kill-on-bad-exit`` every other task is then killed too: not a cause).
+
+The causes are ranked: a rank killed or crashed first (a signal, or a nonzero exit without
+an exception), then ranks that raised, then collateral errors of peers (a connection closed
+or reset, a collective that timed out: they failed because another rank was gone), then the
+ranks of the teardown. Within a tier, what happened first comes first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+# glibc's strsignal() texts, which srun prints for a task a signal ended.
+SIGNAL_TEXTS = {
+    "Hangup": "SIGHUP",
+    "Interrupt": "SIGINT",
+    "Quit": "SIGQUIT",
+    "Illegal instruction": "SIGILL",
+    "Trace/breakpoint trap": "SIGTRAP",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Floating point exception": "SIGFPE",
+    "Killed": "SIGKILL",
+    "User defined signal 1": "SIGUSR1",
+    "Segmentation fault": "SIGSEGV",
+    "User defined signal 2": "SIGUSR2",
+    "Broken pipe": "SIGPIPE",
+    "Alarm clock": "SIGALRM",
+    "Terminated": "SIGTERM",
+    "CPU time limit exceeded": "SIGXCPU",
+    "File size limit exceeded": "SIGXFSZ",
+    "Bad system call": "SIGSYS",
+}
+SIGNAL_NUMBERS = {
+    1: "SIGHUP",
+    2: "SIGINT",
+    3: "SIGQUIT",
+    4: "SIGILL",
+    5: "SIGTRAP",
+    6: "SIGABRT",
+    7: "SIGBUS",
+    8: "SIGFPE",
+    9: "SIGKILL",
+    10: "SIGUSR1",
+    11: "SIGSEGV",
+    12: "SIGUSR2",
+    13: "SIGPIPE",
+    14: "SIGALRM",
+    15: "SIGTERM",
+    24: "SIGXCPU",
+    25: "SIGXFSZ",
+    31: "SIGSYS",
+}
+
+# srun's per-node report of the tasks that did not exit 0 (src/srun: "%s: %s %s: %s").
+_TASK_END = re.compile(
+    r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[0-9][0-9,\-]*): (?P<how>.+?)\s*$"
+)
+_EXITED = re.compile(r"^Exited with exit code (?P<code>\d+)$")
+# srun starting to tear the step down: every task reported after this was ended by Slurm.
+_TEARDOWN = re.compile(
+    r"^srun: (.*: )?(Job step aborted|Terminating (StepId=|job step)|"
+    r"forcing job termination|Force Terminated)"
+)
+# slurmstepd's words for a cancelled step and for the cgroup OOM killer.
+# (22.05 names the node: "slurmstepd-node1: error: *** STEP 12.1 ON node1 CANCELLED AT ...")
+_STEP_CANCELLED = re.compile(r"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) (?P<what>.+?) \*\*\*")
+_OOM = re.compile(r"slurmstepd(-\S+)?: error: Detected (?P<n>\d+) oom[-_ ]kill event")
+
+# Messages and exception types of ranks that failed only because a peer died or hung in a
+# collective (gloo's and NCCL's words, torch.distributed's store and watchdog).
+_COLLATERAL = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Socket Timeout|"
+    r"Connection refused|timed out|Timeout|failed to recv|recvValue failed|"
+    r"remote process exited|ncclRemoteError|NCCL communicator was aborted|"
+    r"NCCL (communicator|error).*(abort|remote)|ProcessGroup.*(abort|timeout)|"
+    r"Watchdog caught collective operation timeout",
+    re.IGNORECASE,
+)
+_COLLATERAL_TYPES = frozenset({"DistNetworkError", "DistStoreError", "RendezvousClosedError"})
+
+KILLED = "killed"  # a signal ended the rank (no Python exception)
+CRASHED = "crashed"  # a nonzero exit without a Python exception
+RAISED = "raised"  # a Python exception (the rank's failure record)
+COLLATERAL = "collateral"  # failed because a peer was gone
+TEARDOWN = "teardown"  # ended by Slurm tearing the step down
+TIERS = {KILLED: 0, CRASHED: 0, RAISED: 1, COLLATERAL: 2, TEARDOWN: 3}
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """One task's end as srun reported it; ``order``: its line in the log."""
+
+    rank: int
+    host: str
+    signal: str | None = None  # SIGKILL, ...
+    exit_code: int | None = None
+    oom: bool = False
+    core: bool = False
+    order: int = 0
+    teardown: bool = False
+
+    def how(self) -> str:
+        if self.oom:
+            return "killed by the out-of-memory killer"
+        if self.signal:
+            return f"killed by {self.signal}" + (" (core dumped)" if self.core else "")
+        code = self.exit_code
+        text = f"exited with exit code {code} without a Python exception"
+        if code is not None and code > 128 and code - 128 in SIGNAL_NUMBERS:
+            text += f" (= 128 + {SIGNAL_NUMBERS[code - 128]}: a wrapper's child was killed?)"
+        return text
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"rank": self.rank, "host": self.host}
+        if self.signal:
+            out["signal"] = self.signal
+        if self.exit_code is not None:
+            out["exit_code"] = self.exit_code
+        for flag in ("oom", "core", "teardown"):
+            if getattr(self, flag):
+                out[flag] = True
+        return out
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What the batch log says about the step: each task's end, and slurmstepd's notes."""
+
+    ends: tuple[TaskEnd, ...] = ()
+    cancelled: str | None = None  # "STEP 12.0 ON node1 CANCELLED AT ..."
+    oom_events: int = 0
+
+
+def expand_tasks(spec: str) -> list[int]:
+    """``0-2,5`` -> ``[0, 1, 2, 5]``."""
+    out: list[int] = []
+    for part in spec.split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _task_ends(host: str, tasks: str, how: str, order: int, teardown: bool) -> list[TaskEnd]:
+    core = how.endswith("(core dumped)")
+    how = how.removesuffix("(core dumped)").strip()
+    exited = _EXITED.match(how)
+    code = int(exited["code"]) if exited else None
+    oom = how.lower() == "out of memory"
+    sig = None if exited or oom else SIGNAL_TEXTS.get(how, how)
+    return [
+        TaskEnd(rank, host, sig, code, oom, core, order, teardown) for rank in expand_tasks(tasks)
+    ]
+
+
+def parse_step_log(text: str) -> StepLog:
+    """srun's and slurmstepd's lines in (a batch log's part of one attempt)."""
+    ends: list[TaskEnd] = []
+    teardown = False
+    cancelled, oom = None, 0
+    for line in text.splitlines():
+        line = line.strip()
+        found = _TASK_END.match(line)
+        if found:
+            more = _task_ends(found["host"], found["tasks"], found["how"], len(ends), teardown)
+            # A rank ended by srun's teardown reports only that; its first report stands.
+            seen = {e.rank for e in ends}
+            ends += [e for e in more if e.rank not in seen]
+            continue
+        if _TEARDOWN.match(line):
+            teardown = True
+        step = _STEP_CANCELLED.search(line)
+        if step and cancelled is None:
+            cancelled = step["what"]
+            teardown = True
+        events = _OOM.search(line)
+        if events:
+            oom += int(events["n"])
+    return StepLog(tuple(ends), cancelled, oom)
+
+
+# The kernel's OOM killer (mm/oom_kill.c): "Out of memory: Killed process 4242 (python) ..."
+# or, for a cgroup's limit, "Memory cgroup out of memory: Killed process ...".
+_KERNEL_OOM = re.compile(r"out of memory: Killed process (?P<pid>\d+) \(", re.IGNORECASE)
+
+
+def oom_killed_pids(kernel_log: str) -> set[int]:
+    """The pids the kernel's OOM killer killed, from its log (``/dev/kmsg``, ``dmesg``)."""
+    return {int(m["pid"]) for m in _KERNEL_OOM.finditer(kernel_log)}
+
+
+def mark_oom(log: StepLog, ranks: Iterable[int]) -> StepLog:
+    """``log`` with the SIGKILLs of ``ranks`` known to be the OOM killer's."""
+    oom = set(ranks)
+    ends = tuple(
+        replace(e, oom=True) if e.rank in oom and e.signal == "SIGKILL" else e for e in log.ends
+    )
+    return replace(log, ends=ends)
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A rank's Python exception, from its failure record."""
+
+    rank: int
+    host: str
+    exception: str
+    message: str
+    where: str | None = None
+    time: float = 0.0
+
+    def one_line(self) -> str:
+        loc = f" at {self.where}" if self.where else ""
+        return f"rank {self.rank} on {self.host}: {self.exception}: {self.message}{loc}"
+
+
+def is_collateral(message: str, exception: str = "") -> bool:
+    """Whether an error says a peer was gone (the rank failed because another did)."""
+    return exception in _COLLATERAL_TYPES or bool(_COLLATERAL.search(message))
+
+
+@dataclass(frozen=True)
+class Cause:
+    rank: int | None
+    host: str
+    kind: str
+    text: str  # "rank 1 on node1 killed by SIGKILL"
+    source: str  # srun | failure record | accounting
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "kind": self.kind,
+            "text": self.text,
+            "source": self.source,
+        }
+
+
+def _from_srun(end: TaskEnd, stderr_tail: str) -> Cause:
+    text = f"rank {end.rank} on {end.host} {end.how()}"
+    if end.teardown:
+        return Cause(end.rank, end.host, TEARDOWN, f"{text} (the step's teardown)", "srun")
+    reacts = end.signal in (None, "SIGABRT") and not end.oom  # never a SIGKILL or SIGSEGV
+    if reacts and is_collateral(stderr_tail):
+        # A C++ abort of a peer's error (NCCL's watchdog on a collective timeout).
+        return Cause(end.rank, end.host, COLLATERAL, f"{text} (after a peer's error)", "srun")
+    return Cause(end.rank, end.host, KILLED if end.signal or end.oom else CRASHED, text, "srun")
+
+
+def rank_causes(
+    log: StepLog,
+    raised: Iterable[Raised],
+    stderr_tails: Mapping[int, str] | None = None,
+    steps: Sequence[StepExit] = (),
+) -> list[Cause]:
+    """Every rank that did not end well, the cause first (see the module's doc).
+
+    ``raised``: this attempt's failure records; ``stderr_tails``: the end of the rank's
+    stderr, for ranks srun reported without a failure record (a C++ abort after a peer's
+    error says so there); ``steps``: accounting's view, which names no rank: it comes
+    first only when the log named no killed or crashed rank and it says more than the
+    records do (a signal, or no record at all)."""
+    tails = stderr_tails or {}
+    by_rank = {r.rank: r for r in raised}
+    order = {e.rank: e.order for e in log.ends}
+    keyed: list[tuple[int, int, float, int, Cause]] = []
+    for end in log.ends:
+        if end.rank in by_rank:
+            continue
+        cause = _from_srun(end, tails.get(end.rank, ""))
+        keyed.append((TIERS[cause.kind], end.order, 0.0, end.rank, cause))
+    for rec in by_rank.values():
+        kind = COLLATERAL if is_collateral(rec.message, rec.exception) else RAISED
+        cause = Cause(rec.rank, rec.host, kind, rec.one_line(), "failure record")
+        # Raised before srun reported it, or (no srun line) by the time it raised.
+        keyed.append((TIERS[kind], order.get(rec.rank, len(order)), rec.time, rec.rank, cause))
+    keyed.sort(key=lambda k: k[:4])
+    causes = [k[-1] for k in keyed]
+    if not any(c.kind in (KILLED, CRASHED) for c in causes):
+        found = from_accounting(steps)
+        if found is not None and (found.kind == KILLED or not causes):
+            causes.insert(0, found)
+    return causes
+
+
+@dataclass(frozen=True)
+class StepExit:
+    """A step's end as accounting (sacct) kept it: no rank, but the signal or code."""
+
+    step: str  # 12.0
+    state: str  # FAILED, OUT_OF_MEMORY, CANCELLED, ...
+    exit_code: int
+    signal: int
+    nodes: str
+
+
+def parse_sacct_steps(stdout: str) -> list[StepExit]:
+    """``sacct -P -n -j JOB -o JobID,State,ExitCode,NodeList`` -> the job's numbered steps."""
+    out = []
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 4 or "." not in parts[0]:
+            continue
+        step = parts[0]
+        if not step.rsplit(".", 1)[1].isdigit():  # .batch, .extern
+            continue
+        code, _, sig = parts[2].partition(":")
+        if not (code.isdigit() and (sig or "0").isdigit()):
+            continue
+        state = parts[1].split()[0] if parts[1].strip() else ""
+        out.append(StepExit(step, state, int(code), int(sig or 0), parts[3]))
+    return out
+
+
+def from_accounting(steps: Sequence[StepExit]) -> Cause | None:
+    """When the log named no rank: the failed step's signal or code, which rank unknown."""
+    for step in reversed(steps):
+        where = f"a rank of step {step.step} on {step.nodes}"
+        if step.state == "CANCELLED":
+            # srun's (or scancel's) teardown: its signal hides the one that started it.
+            name = SIGNAL_NUMBERS.get(step.signal, f"signal {step.signal}")
+            said = f"sacct: {name}" if step.signal else "sacct"
+            text = (
+                f"step {step.step} on {step.nodes} cancelled "
+                f"({said}; which rank failed first unknown)"
+            )
+            return Cause(None, step.nodes, TEARDOWN, text, "accounting")
+        if step.state == "OUT_OF_MEMORY":
+            text = f"{where} killed by the out-of-memory killer (sacct)"
+            return Cause(None, step.nodes, KILLED, text, "accounting")
+        if step.signal:
+            name = SIGNAL_NUMBERS.get(step.signal, f"signal {step.signal}")
+            text = f"{where} killed by {name} (sacct)"
+            return Cause(None, step.nodes, KILLED, text, "accounting")
+        if step.exit_code:
+            text = f"{where} exited with exit code {step.exit_code} (sacct)"
+            return Cause(None, step.nodes, CRASHED, text, "accounting")
+    return None

@@ -1,0 +1,249 @@
+"""How ``status`` and ``logs`` tell which rank failed (#18 item 2), as a user reads them:
+whole outputs of the real CLI (``NO_COLOR=1``, a pipe or an 80-column terminal), run
+directories as the end hook leaves them. An attempt followed by another is history: the
+run's headline is its final state, earlier failures are in the attempts cell and per
+attempt."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from support.fakes import fake_slurm_bin
+from test_status_cli import T0, make_run
+
+from ddlaunch.store.failures import write_failure
+
+RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"
+KILLED = "rank 1 on node1 killed by SIGKILL"
+
+
+def env_for(tmp_path: Path, squeue: str, columns: int = 80) -> dict[str, str]:
+    bin_dir = fake_slurm_bin(tmp_path / "bin", squeue=squeue)
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "NO_COLOR": "1",
+        "COLUMNS": str(columns),
+        "TZ": "UTC",
+    }
+
+
+def piped(tmp_path: Path, squeue: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        capture_output=True,
+        text=True,
+        env=env_for(tmp_path, squeue),
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def at_terminal(tmp_path: Path, squeue: str, columns: int, *args: str) -> str:
+    leader, follower = pty.openpty()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env_for(tmp_path, squeue, columns),
+        check=False,
+        timeout=60,
+    )
+    os.close(follower)
+    out = os.read(leader, 65536).decode()
+    os.close(leader)
+    assert proc.returncode == 0, proc.stderr
+    return out.replace("\r\n", "\n")
+
+
+def killed_attempt(**more: Any) -> dict[str, Any]:
+    """Attempt 0 as the end hook closes it after rank 1 was killed (SIGKILL) and rank 2 raised
+    a collateral error."""
+    return {
+        "attempt": 0,
+        "job_id": "377",
+        "restart_count": 0,
+        "nodes": "node[1-2]",
+        "start": T0,
+        "end": T0 + 60,
+        "cause": "crash",
+        "committed_step": 60,
+        "resumed_from": None,
+        "exit_code": 137,
+        "ranks_ended": [{"rank": 1, "host": "node1", "signal": "SIGKILL"}],
+        "causes": [
+            {"rank": 1, "host": "node1", "kind": "killed", "text": KILLED, "source": "srun"},
+            {
+                "rank": 2,
+                "host": "node2",
+                "kind": "collateral",
+                "text": f"rank 2 on node2: RuntimeError: {RESET} at mlp.py:80",
+                "source": "failure record",
+            },
+        ],
+        "culprit": KILLED,
+        **more,
+    }
+
+
+def collateral_record(run: Path, restart: int = 0, when: float = T0 + 50) -> None:
+    write_failure(
+        run,
+        2,
+        {
+            "rank": 2,
+            "host": "node2",
+            "exception": "RuntimeError",
+            "message": RESET,
+            "where": "mlp.py:80",
+            "job_id": "377",
+            "attempt": restart,
+            "time": when,
+            "traceback": "Traceback (most recent call last):\nRuntimeError: reset\n",
+        },
+    )
+
+
+def completed_after_requeue(tmp_path: Path) -> Path:
+    second = {
+        "attempt": 1,
+        "job_id": "377",
+        "restart_count": 1,
+        "nodes": "node[1-2]",
+        "start": T0 + 70,
+        "end": T0 + 130,
+        "cause": "completed",
+        "committed_step": 160,
+        "resumed_from": 60,
+        "exit_code": 0,
+    }
+    run = make_run(
+        tmp_path / "runs",
+        "r",
+        "377",
+        T0,
+        attempts=[killed_attempt(), second],
+        outcome=("COMPLETED", "completed"),
+        ckpt=[160],
+    )
+    collateral_record(run)
+    (run / "logs" / "rank-0.out").write_text("[mlp] step 160/160 loss 0.01\n")
+    return run
+
+
+COMPLETED_QUEUE = "377|COMPLETED|None|node[1-2]\n"
+
+
+def test_a_run_completed_after_a_killed_rank_is_headlined_completed(tmp_path: Path) -> None:
+    run = completed_after_requeue(tmp_path)
+    attempt_lines = (
+        "attempt 0: job 377 on node[1-2] at 14:13:20 60s, from scratch -> crash (committed 60): "
+        "rank 1 on node1 killed by SIGKILL\n"
+        "attempt 1: job 377 on node[1-2] at 14:14:30 60s, from step 60 -> completed "
+        "(committed 160)\n"
+    )
+    assert piped(tmp_path, COMPLETED_QUEUE, "status") == (
+        "run  job  state      nodes      step  ckpt                                  attempts\n"
+        "r    377  COMPLETED  node[1-2]   160   160  2 (0: rank 1 on node1 killed by SIGKILL)\n"
+        + attempt_lines
+    )
+    assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status") == (
+        "run  job  state      step  ckpt                                  attempts\n"
+        "r    377  COMPLETED   160   160  2 (0: rank 1 on node1 killed by SIGKILL)\n"
+        "  nodes node[1-2]\n" + attempt_lines
+    )
+    # Narrower, the attempts move under the row: the attempts line.
+    assert at_terminal(tmp_path, COMPLETED_QUEUE, 60, "status") == (
+        "run  job  state      step  ckpt\n"
+        "r    377  COMPLETED   160   160\n"
+        "  nodes node[1-2]; attempts 2 (0: rank 1 on node1 killed by\n"
+        "  SIGKILL)\n" + attempt_lines
+    )
+    logs = run / "logs"
+    assert piped(tmp_path, COMPLETED_QUEUE, "logs", "r") == (
+        "earlier: attempt 0 (job 377, crash): rank 1 on node1 killed by SIGKILL\n"
+        f"==> {logs / 'rank-0.out'} <==\n"
+        "[mlp] step 160/160 loss 0.01\n"
+    )
+
+
+def test_a_failed_run_is_headlined_by_its_killed_rank_not_the_collateral_error(
+    tmp_path: Path,
+) -> None:
+    run = make_run(
+        tmp_path / "runs",
+        "r",
+        "377",
+        T0,
+        attempts=[killed_attempt(decision="stopped: no progress")],
+        outcome=("FAILED", "stopped: no progress"),
+    )
+    collateral_record(run)
+    (run / "logs" / "rank-1.err").write_text("[rank 1] step 61\n")
+    queue = "377|FAILED|None|node[1-2]\n"
+    out = piped(tmp_path, queue, "status", "r")
+    assert out.splitlines()[:3] == [
+        f"FAILED {KILLED}",
+        "run  job  state   nodes      step  ckpt  attempts  note",
+        f"r    377  FAILED  node[1-2]     -     -         1  {KILLED}",
+    ]
+    assert piped(tmp_path, queue, "logs", "r") == (
+        f"FAILED {KILLED}\n==> {run / 'logs' / 'rank-1.err'} <==\n[rank 1] step 61\n"
+    )
+
+
+def test_a_run_running_again_after_a_requeue_has_no_failure_headline(tmp_path: Path) -> None:
+    running = {
+        "attempt": 1,
+        "job_id": "377",
+        "restart_count": 1,
+        "nodes": "node[1-2]",
+        "start": T0 + 70,
+        "resumed_from": 60,
+    }
+    run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[killed_attempt(), running])
+    collateral_record(run)
+    out = piped(tmp_path, "377|RUNNING|None|node[1-2]\n", "status", "r")
+    assert out.splitlines()[:2] == [
+        "run  job  state    nodes      step  ckpt                                  attempts",
+        "r    377  RUNNING  node[1-2]     -     -  2 (0: rank 1 on node1 killed by SIGKILL)",
+    ]
+
+
+def test_a_run_waiting_for_its_requeue_has_no_failure_headline(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[killed_attempt()])
+    collateral_record(run)
+    out = piped(tmp_path, "377|PENDING|BeginTime|\n", "status", "r")
+    assert out.splitlines()[:2] == [
+        "run  job  state    nodes      step  ckpt                                  attempts  note",
+        "r    377  PENDING  node[1-2]     -     -  1 (0: rank 1 on node1 killed by SIGKILL)  "
+        "BeginTime",
+    ]
+    (run / "logs" / "rank-0.out").write_text("[mlp] step 60/160 loss 0.03\n")
+    assert piped(tmp_path, "377|PENDING|BeginTime|\n", "logs", "r") == (
+        "earlier: attempt 0 (job 377, crash): rank 1 on node1 killed by SIGKILL\n"
+        f"==> {run / 'logs' / 'rank-0.out'} <==\n[mlp] step 60/160 loss 0.03\n"
+    )
+
+
+def test_records_without_attribution_say_the_collateral_error_is_a_peers(
+    tmp_path: Path,
+) -> None:
+    """Attempt records written before the end hook attributed failures: the failure records
+    are all there is, and a peer's error is said to be one."""
+    old = {k: v for k, v in killed_attempt().items() if k not in ("causes", "culprit")}
+    run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[old])
+    collateral_record(run)
+    out = piped(tmp_path, "377|FAILED|None|node[1-2]\n", "status", "r")
+    assert out.splitlines()[0] == (
+        f"FAILED rank 2 on node2: RuntimeError: {RESET} at mlp.py:80"
+        " (a peer's error; the failing rank left no record)"
+    )
