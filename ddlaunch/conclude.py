@@ -1,8 +1,9 @@
 """Concluding an attempt: the one place that closes an attempt's record, checks for a cancel,
-applies the requeue policy, and either requeues the job (excluding blamed nodes) or records
-the run's outcome. Torch-free; called by the end hook and the preflight outcome on the batch
-host, and by rank 0 after a signal save (on preemption the batch shell may never reach the
-end hook, so the rank requeues the job itself).
+applies the requeue policy, and either requeues the job (excluding blamed nodes), tells the
+batch script to restart the ranks inside the allocation, or records the run's outcome.
+Torch-free; called by the end hook and the preflight outcome on the batch host, and by rank 0
+after a signal save (on preemption the batch shell may never reach the end hook, so the rank
+requeues the job itself).
 
 The batch host and the ranks meet only here and in ``ddlaunch.store``.
 """
@@ -31,11 +32,16 @@ REQUEUE_PATIENCE_S = 600.0
 class Conclusion:
     cause: str
     decision: policy.Decision
-    state: str | None  # the final state recorded in outcome.json; None when requeued
+    state: str | None  # the final state recorded in outcome.json; None when retried
 
     @property
     def requeued(self) -> bool:
-        return self.state is None
+        return self.state is None and not self.decision.restart
+
+    @property
+    def restart(self) -> bool:
+        """The caller (the batch script's end hook) starts a new srun step in the allocation."""
+        return self.decision.restart
 
 
 def _say(text: str) -> None:
@@ -158,6 +164,7 @@ def conclude(
     restart: int | None = None,
     say: Callable[[str], None] = _say,
     details: Mapping[str, Any] | None = None,
+    max_restarts: int = 0,
 ) -> Conclusion:
     """Close the newest attempt and act on the requeue policy.
 
@@ -171,7 +178,9 @@ def conclude(
     restart count, given where the trainer may have run ``scontrol requeue`` itself
     (Lightning's auto-requeue): a job Slurm restarted since is not requeued a second time.
     ``say``: where the decision is told (the log; a login-node caller passes its own).
-    ``details``: more fields for ``outcome.json`` (a local run's duration)."""
+    ``details``: more fields for ``outcome.json`` (a local run's duration). ``max_restarts``:
+    restarts inside the allocation the caller can do (only the batch script's end hook, whose
+    script loops; 0 elsewhere): a restart is recorded here, and the caller starts it."""
     records = attempts.load(run_dir)
     current = records[-1] if records else {}
     if final is not None:
@@ -182,10 +191,12 @@ def conclude(
             blamed=blamed,
             committed_now=committed_step,
             resumed_from=current.get("resumed_from"),
-            requeues_so_far=max(len(records) - 1, 0),
+            requeues_so_far=attempts.requeues(records),
             max_requeues=max_requeues,
+            restarts_so_far=attempts.restarts(records),
+            max_restarts=max_restarts if job else 0,
         )
-    if cause == policy.CAUSE_SIGNAL or decision.requeue:
+    if cause == policy.CAUSE_SIGNAL or decision.retry:
         # A cancel and a preemption look alike from inside the job: ask before requeueing.
         why = cancel_reason(run_dir, job, client)
         if why:
@@ -202,6 +213,9 @@ def conclude(
         blamed=list(blamed),
         **(record or {}),
     )
+    if decision.restart:
+        say(decision.reason)
+        return Conclusion(cause, decision, None)
     if decision.requeue and job:
         say(decision.reason)
         lost = None

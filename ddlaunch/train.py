@@ -44,7 +44,7 @@ from ddlaunch.config.schema import Config
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
 from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, signal_save
+from ddlaunch.store import attempts, signal_save, timings
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
@@ -99,6 +99,8 @@ class Session:
         self.resumed = info is not None
         self._last_progress = 0.0
         self._final_step: int | None = None
+        self._first_step_seen = False
+        self._staging_seen = 0.0  # the manager's staging waits already counted in a save
         # Step, time and step duration for the watchdog and `status`: in memory per step, a
         # background thread writes one small file per rank every health.heartbeat_interval.
         self.heartbeat = Heartbeat(
@@ -107,6 +109,7 @@ class Session:
             interval=config.health.heartbeat_interval,
             job_id=self.attempt.job_id,
             restart=self.attempt.restart,
+            relaunch=self.attempt.relaunch,
         ).start()
         if self.rank == 0:
             where = f"step {self.start_step}" if info else "scratch"
@@ -139,10 +142,41 @@ class Session:
         self.heartbeat.step(step, wait_s=time.monotonic() - waited)
         if stop:
             self._save_and_requeue(step)
+        if not self._first_step_seen and self.rank == 0:
+            # Where this attempt's restart cost ends (``ddlaunch advise``).
+            self._first_step_seen = True
+            a = self.attempt
+            timings.append(
+                self.run_dir,
+                timings.FIRST_STEP,
+                step=step,
+                time=time.time(),
+                attempt=a.key,
+            )
         if step < total and self.manager.should_save(
             step, every_steps=ft.checkpoint_every_steps, every_minutes=ft.checkpoint_every_minutes
         ):
-            self._saving(lambda: self.manager.save(step, self.state, {"step": step}))
+            self._saving(lambda: self._timed_save(step))
+
+    def _timed_save(self, step: int) -> None:
+        """Save, and (rank 0) record what it cost the training loop: the blocking part, and
+        the waits of the steps since the previous save for that one's background copy."""
+        waited = self.manager.staging_wait_s - self._staging_seen
+        start, begun = time.time(), time.perf_counter()
+        self.manager.save(step, self.state, {"step": step})
+        blocking = time.perf_counter() - begun
+        self._staging_seen = self.manager.staging_wait_s
+        if self.rank == 0:
+            timings.append(
+                self.run_dir,
+                timings.SAVE,
+                step=step,
+                time=start,
+                blocking_s=round(blocking, 4),
+                stall_s=round(blocking + waited, 4),
+                async_save=self.manager.async_save,
+                attempt=self.attempt.key,
+            )
 
     def _saving(self, save: Any, final: bool = False) -> Any:
         """Run a save (or the commit of one); a failure, which every rank sees together,

@@ -65,7 +65,10 @@ def mlp_stall_commit(config: Any) -> dict[str, Any]:
     from ddlaunch.examples import mlp
 
     stall_step = int(config.params["stall_step"])
-    first_attempt = os.environ.get("SLURM_RESTART_COUNT", "0") in ("", "0")
+    first_attempt = all(
+        os.environ.get(name, "0") in ("", "0")
+        for name in ("SLURM_RESTART_COUNT", "DDLAUNCH_RELAUNCH")
+    )
     original = manager.CheckpointManager._commit
 
     def stalling_commit(self: Any, pending: Any) -> Any:
@@ -88,6 +91,24 @@ def mlp_raise_at(config: Any) -> dict[str, Any]:
     def on_step(step: int) -> None:
         if step == fail_at and os.environ["RANK"] == "1":
             raise RuntimeError(f"deterministic failure at step {step}")
+
+    return mlp.main(config, on_step=on_step)
+
+
+def mlp_raise_after(config: Any) -> dict[str, Any]:
+    """The example, but rank 1 raises ``params.fail_after`` steps into every attempt: each
+    attempt commits a checkpoint first (progress), then crashes: a crash loop the progress
+    guard cannot stop, only the caps."""
+    from ddlaunch.examples import mlp
+
+    fail_after = int(config.params["fail_after"])
+    first: list[int] = []
+
+    def on_step(step: int) -> None:
+        if not first:
+            first.append(step)
+        if step - first[0] == fail_after and os.environ["RANK"] == "1":
+            raise RuntimeError(f"failure {fail_after} steps into the attempt (step {step})")
 
     return mlp.main(config, on_step=on_step)
 

@@ -116,6 +116,78 @@ def test_node_kill_requeues_and_ends_bit_identical(
     assert excluded == [victim]
 
 
+def job_states_until_done(cluster, job_id: str, timeout: float) -> list[str]:  # type: ignore[no-untyped-def]
+    """Every state the job showed, polled until it ended (a requeue shows PENDING)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = cluster.job_state(job_id) or "?"
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            return seen
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} still {seen[-1:]} after {timeout} s")
+
+
+def test_rank_kill_restarts_in_the_allocation_bit_identical(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    config = mlp_config(tmp_path, "ft-restart", params={"step_sleep": 0.15})
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    victim = slurm_cluster.rank_pids(run_dir)[-1]
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    seen = job_states_until_done(slurm_cluster, job_id, 300)
+    print(f"kill -> completed in {time.monotonic() - killed_at:.1f} s; states {seen}")
+    assert seen == ["RUNNING", "COMPLETED"] or seen == ["RUNNING", "COMPLETING", "COMPLETED"]
+    assert slurm_cluster.job_field(job_id, "Restarts") == "0"  # never requeued
+    first, second = attempts(run_dir)
+    assert first["cause"] == "crash" and first["decision"].startswith(
+        "restart in the allocation after crash: committed step none -> "
+    )
+    assert second["in_allocation"] is True and second["relaunch"] == 1
+    assert second["restart_count"] == 0 and second["job_id"] == first["job_id"] == job_id
+    assert second["nodes"] == first["nodes"] and second["restart_cause"] == "crash"
+    resumed = second["resumed_from"]
+    assert resumed >= 60 and resumed % 20 == 0 and resumed == first["committed_step"]
+    res = result(run_dir)
+    assert res["start_step"] == resumed
+    assert res["param_sha256"] == reference_sha
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path)
+    assert f"attempt 1: job {job_id} (restart in the allocation) on" in status.stdout
+
+
+def test_crash_loop_restarts_at_most_max_restarts_then_stops(
+    slurm_cluster, slurm_job_cleanup, tmp_path
+) -> None:
+    config = mlp_config(
+        tmp_path,
+        "ft-loop",
+        entrypoint="launch_entrypoints:mlp_raise_after",
+        params={"fail_after": 30},
+        fault_tolerance={"async_save": False, "max_restarts": 2, "max_requeues": 0},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    seen = job_states_until_done(slurm_cluster, job_id, 300)
+    assert "PENDING" not in seen[1:] and seen[-1] == "FAILED", seen
+    assert slurm_cluster.job_field(job_id, "Restarts") == "0"
+    runs = attempts(run_dir)
+    assert [r["cause"] for r in runs] == ["crash", "crash", "crash"], runs
+    assert [r.get("relaunch", 0) for r in runs] == [0, 1, 2]
+    # Every attempt made progress (so only the caps stop the loop) and resumed from the last.
+    assert [r["resumed_from"] for r in runs] == [None, 20, 40]
+    assert [r["committed_step"] for r in runs] == [20, 40, 60]
+    reason = (
+        "stopped: 2 restarts in the allocation reached fault_tolerance.max_restarts=2, "
+        "0 requeues reached fault_tolerance.max_requeues=0"
+    )
+    assert runs[-1]["decision"] == reason
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert (outcome["state"], outcome["reason"]) == ("FAILED", reason)
+
+
 def test_kill_every_rank_during_checkpoint_write(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
@@ -191,6 +263,7 @@ def test_same_failure_every_attempt_stops_without_progress(
     assert slurm_cluster.wait_job_state(job_id, "FAILED", timeout=300) == "FAILED"
     runs = attempts(run_dir)
     assert [r["cause"] for r in runs] == ["crash", "crash"], runs
+    assert runs[1]["in_allocation"] is True  # the retry was a restart in the allocation
     assert [r["resumed_from"] for r in runs] == [None, 40]
     assert [r["committed_step"] for r in runs] == [40, 40]
     status = ddlaunch("status", run_dir.name, "--json", cwd=tmp_path)

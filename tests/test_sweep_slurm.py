@@ -85,7 +85,14 @@ def sweep_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory):
             "workdir": str(TESTS),
             "backend": "gloo",
         },
-        "fault_tolerance": {"checkpoint_every_steps": 5, "keep_last": 0, "max_requeues": 2},
+        # max_restarts 0: the killed member must go through the requeue of its array task
+        # (a restart inside the allocation would not exercise it).
+        "fault_tolerance": {
+            "checkpoint_every_steps": 5,
+            "keep_last": 0,
+            "max_requeues": 2,
+            "max_restarts": 0,
+        },
         # Node health has its own tests; its preflight imports torch once more per member.
         "health": {"preflight": False, "watchdog": False},
         "params": {"steps": 20, "batch_size": 32, "step_sleep": 0.3},

@@ -168,10 +168,14 @@ def test_hf_rank_killed_while_writing_a_checkpoint_resumes_from_the_complete_one
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
     first, second = attempts(run_dir)
     assert (first["cause"], first["committed_step"]) == ("crash", 20)
-    assert first["decision"] == "requeue after crash: committed step none -> 20"
+    # Restarted in the allocation (a new srun step): the same job, its restart count unchanged.
+    assert first["decision"] == (
+        "restart in the allocation after crash: committed step none -> 20 (restart 1 of 3)"
+    )
+    assert second["in_allocation"] is True and second["restart_count"] == 0
     assert second["resumed_from"] == 20  # never the partial checkpoint-40
     assert second["resume_checkpoint"] == str(run_dir / "checkpoints" / "checkpoint-20")
-    aside = run_dir / "checkpoints.ddlaunch-partial" / f"checkpoint-40.{job_id}-1"
+    aside = run_dir / "checkpoints.ddlaunch-partial" / f"checkpoint-40.{job_id}-0.1"
     assert (aside / "model.safetensors").is_file()  # moved out of HF's way, not deleted
     result = json.loads((run_dir / "result.json").read_text())
     assert result["start_step"] == 20 and result["global_step"] == STEPS

@@ -24,6 +24,7 @@ from ddlaunch.checkpoint import adapters
 from ddlaunch.checkpoint.layout import list_checkpoints
 from ddlaunch.config.trainers import KIND_DDLAUNCH
 from ddlaunch.policy.staging import node_line
+from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.failures import read_failures
@@ -45,6 +46,12 @@ class AttemptSpan:
     # The attempt's data staging phase: from the first node's start to the last node's end.
     staging: tuple[float, float] | None = None
     staging_detail: str = ""
+    in_allocation: bool = False  # the batch script restarted the ranks: no requeue
+
+    @property
+    def how(self) -> str:
+        """The job column: a restart inside the allocation must not read as a requeue."""
+        return f"{self.job_id} (restart in the allocation)" if self.in_allocation else self.job_id
 
     @property
     def staging_s(self) -> float | None:
@@ -110,7 +117,7 @@ def build(
     for rec in attempts:
         if rec.get("start") is None:
             continue
-        key = f"{rec.get('job_id', '')}-{rec.get('restart_count', 0) or 0}"
+        key = attempts_store.record_key(rec)
         phase, phase_detail = staging_phase((staging or {}).get(key, {}), now)
         t.attempts.append(
             AttemptSpan(
@@ -126,6 +133,7 @@ def build(
                 detail=attempt_detail(rec, failures),
                 staging=phase,
                 staging_detail=phase_detail,
+                in_allocation=bool(rec.get("in_allocation")),
             )
         )
     for step, when in checkpoints:
@@ -136,7 +144,11 @@ def build(
             t.events.append(Event(float(f["time"]), "failure", label))
     t.events.sort(key=lambda e: e.time)
     points = sorted(
-        (float(s["time"]), int(s["step"]), f"{s.get('job_id', '')}-{s.get('restart', '')}")
+        (
+            float(s["time"]),
+            int(s["step"]),
+            f"{s.get('job_id', '')}-{s.get('restart', '')}.{s.get('relaunch') or 0}",
+        )
         for s in samples
         if s.get("time") is not None and s.get("step") is not None
     )
@@ -162,6 +174,7 @@ def attempt_detail(rec: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]
             for f in failures
             if str(f.get("job_id")) == str(rec.get("job_id"))
             and int(f.get("attempt") or 0) == int(rec.get("restart_count") or 0)
+            and int(f.get("relaunch") or 0) == int(rec.get("relaunch") or 0)
         ]
         if mine:
             first = min(mine, key=lambda f: float(f.get("time") or 0.0))
@@ -228,7 +241,7 @@ def html_page(t: Timeline, png_b64: str) -> str:
     e = html.escape
     o = t.origin
     rows = "".join(
-        f"<tr><td>{a.attempt}</td><td>{e(a.job_id)}</td><td>{e(a.nodes)}</td>"
+        f"<tr><td>{a.attempt}</td><td>{e(a.how)}</td><td>{e(a.nodes)}</td>"
         f"<td>{_fmt_time(a.start, o)}</td>"
         f"<td>{'' if a.end is None else f'{a.end - a.start:.0f} s'}</td>"
         f"<td style='color:{color(a.cause)}'><b>{e(a.cause)}</b></td>"

@@ -79,7 +79,8 @@ def _attempt_bars(ax: Any, t: Timeline, m: _Minutes) -> None:
                 hatch="///",
                 linewidth=0.6,
             )
-        label = f"#{a.attempt} {a.nodes}: {a.cause}"
+        label = f"#{a.attempt} {a.nodes}{' (restart in the allocation)' if a.in_allocation else ''}"
+        label += f": {a.cause}"
         if a.blamed:
             label += f" (blamed {','.join(a.blamed)})"
         if a.committed_step is not None:

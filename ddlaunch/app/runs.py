@@ -26,6 +26,7 @@ from ddlaunch.store import (
     submission,
     watchdog,
 )
+from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store.attempts import ATTEMPTS_FILE
 from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusable_failures
 from ddlaunch.store.layout import ARRAYS_DIR
@@ -263,7 +264,7 @@ def latest_staging(
     """The staging records of the newest attempt that staged (host -> record)."""
     every = staging.read_all(run_dir, problems)
     for rec in reversed(attempts):
-        key = f"{rec.get('job_id')}-{rec.get('restart_count', 0) or 0}"
+        key = attempts_store.record_key(rec)
         if key in every:
             return every[key]
     return every[max(every)] if every else {}

@@ -104,12 +104,14 @@ def failures_of(record: Mapping[str, Any], failures: Sequence[Failure]) -> list[
     earlier than it started: a resumed run's new job counts its restarts from 0 again);
     a rank's record is replaced by its next failure, so only the latest ones remain."""
     restart = int(record.get("restart_count", 0) or 0)
+    relaunch = int(record.get("relaunch", 0) or 0)  # a restart in the allocation
     start = float(record.get("start") or 0.0)
     end = record.get("end")
     return [
         f
         for f in failures
         if int(f.attempt or 0) == restart
+        and f.relaunch == relaunch
         and f.time >= start - CLOCK_SLACK_S
         and (end is None or f.time <= float(end) + CLOCK_SLACK_S)
     ]
@@ -162,6 +164,8 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any
             item["detail"] = str(why)
         if rec.get("preflight"):
             item["preflight"] = rec["preflight"]
+        if rec.get("in_allocation"):
+            item["in_allocation"] = True  # a new srun step of the same job start: no requeue
         culprit = attempt_failure(rec, info.failures) if "end" in rec else None
         if culprit:
             item["culprit"] = culprit

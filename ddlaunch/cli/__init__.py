@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "nodes": ("ddlaunch.cli.nodes", "Show or edit my bad-node list (excluded from submits)."),
     "doctor": ("ddlaunch.cli.doctor", "Run the node preflight checks as a job; verdict per node."),
     "report": ("ddlaunch.cli.report", "Draw a run's attempts, nodes, checkpoints and throughput."),
+    "advise": ("ddlaunch.cli.advise", "Advise a run's checkpoint interval from measured costs."),
     "presets": ("ddlaunch.cli.presets", "List the shipped cluster presets and examples."),
     "config-reference": ("ddlaunch.cli.reference", "Print every config key with its doc."),
     "completion": (

@@ -94,6 +94,8 @@ def attempt_lines(row: Any) -> list[str]:
         resumed = a.get("resumed_from")
         origin = f"step {resumed}" if resumed is not None else "scratch"
         job = f"job {a['job_id']}" if a.get("job_id") else "local"
+        if a.get("in_allocation"):
+            job += " (restart in the allocation)"
         text = (
             f"attempt {_num(a.get('attempt'))}: {job} on {a.get('nodes') or '?'} "
             f"at {started}{took}, from {origin} -> {a.get('cause')}"

@@ -257,6 +257,18 @@ class FaultToleranceSpec:
     max_requeues: int = opt(
         3, "Most requeues of one run; each must have advanced the step.", range=(0, 1000)
     )
+    max_restarts: int = opt(
+        3,
+        "Most restarts of one run inside its allocation (a new srun step, no requeue) after a "
+        "crash or a hang with no node to blame; each must have advanced the step.",
+        range=(0, 1000),
+    )
+    mttf_hours: float | None = opt(
+        None,
+        "Mean time between failures of the whole job, in hours, for `ddlaunch advise`; "
+        "null: estimated from the run's own failures.",
+        range=(0.001, 10**6),
+    )
     on_save_failure: str = opt(
         "stop",
         "When a checkpoint save fails on any rank (a full disk): stop the run (its outcome "

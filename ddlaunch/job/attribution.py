@@ -119,7 +119,9 @@ def this_attempts_failures(run_dir: Path, attempt: AttemptId) -> list[policy.Rai
     return [
         policy.Raised(f.rank, f.host, f.exception, f.message, f.where, f.time)
         for f in read_failures(run_dir)
-        if str(f.job_id) in names and (f.attempt or 0) == attempt.restart
+        if str(f.job_id) in names
+        and (f.attempt or 0) == attempt.restart
+        and f.relaunch == attempt.relaunch  # a restart in the allocation keeps the count
     ]
 
 

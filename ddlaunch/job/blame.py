@@ -31,7 +31,9 @@ def silent_ranks(run_dir: Path, attempt: AttemptId, world_size: int) -> list[int
     recorded = {
         f.rank
         for f in read_failures(run_dir)
-        if str(f.job_id) in names and (f.attempt or 0) == attempt.restart
+        if str(f.job_id) in names
+        and (f.attempt or 0) == attempt.restart
+        and f.relaunch == attempt.relaunch
     }
     return [r for r in range(world_size) if r not in recorded]
 

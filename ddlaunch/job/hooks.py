@@ -5,8 +5,10 @@ attempt never closed (Slurm requeued the job after a node failure, or the batch 
 closes that one and blames the nodes Slurm now reports as bad. ``end`` works out how the
 attempt ended (completed, cancelled, a failed preflight, a crash, a node failure, the
 watchdog's hang or straggler verdict) and concludes it (``ddlaunch.conclude``): requeue the
-job (excluding blamed nodes) or record the final outcome. Torch-free: it runs on the batch
-host in a fraction of a second.
+job (excluding blamed nodes), restart the ranks inside the allocation (the exit code
+``RESTART_EXIT``: the batch script then starts a new srun step, with ``$DDLAUNCH_RELAUNCH``
+one higher, and ``start`` opens its attempt) or record the final outcome. Torch-free: it runs
+on the batch host in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class HookSettings:
     """The few config values the hooks need, read without validating the whole config."""
 
     max_requeues: int = 3
+    max_restarts: int = 3
     ranks_per_node: int = 1
     bad_node_ttl_hours: float = 24.0
     signal_lead: int = 120
@@ -56,11 +59,16 @@ class HookSettings:
         ft = tree.get("fault_tolerance") or {}
         return cls(
             max_requeues=int(ft.get("max_requeues", 3)),
+            max_restarts=int(ft.get("max_restarts", 3)),
             ranks_per_node=int(nodes.get("gpus_per_node") or nodes.get("tasks_per_node") or 1),
             bad_node_ttl_hours=float(health.get("bad_node_ttl_hours", 24.0)),
             signal_lead=int(ft.get("signal_lead", 120)),
         )
 
+
+# The end hook's exit code that tells the batch script to restart the ranks in the allocation
+# (templates/partials/launch.sh.j2 tests for it). EX_TEMPFAIL: "try again".
+RESTART_EXIT = 75
 
 # Endings after which the newest checkpoint of a layout without a completeness marker is
 # trusted: the trainer exited by itself.
@@ -138,6 +146,11 @@ def start(
     record = attempts.new_record(
         len(records), attempt, nodes=nodes, host=os.uname().nodename, resumed_from=step
     )
+    again = ""
+    if attempt.relaunch and records:
+        # The batch script restarted the ranks in the allocation after the previous attempt.
+        record["restart_cause"] = records[-1].get("cause")
+        again = f" (restart {attempt.relaunch} in the allocation after {record['restart_cause']})"
     if is_byo(source.kind):
         # The ranks take the checkpoint from here, so all of them resume from the same one.
         record["resume_checkpoint"] = str(found.path) if found else None
@@ -146,7 +159,10 @@ def start(
     origin = f"step {step}" if step is not None else "scratch"
     if found is not None and is_byo(source.kind):
         origin += f" ({found.path})"
-    print(f"[ddlaunch] attempt {len(records) - 1} on {nodes}, resuming from {origin}", flush=True)
+    print(
+        f"[ddlaunch] attempt {len(records) - 1} on {nodes}{again}, resuming from {origin}",
+        flush=True,
+    )
 
 
 @dataclass
@@ -193,14 +209,31 @@ def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: HookSettings) -
     return Ending(cause, blamed, {"health": detail})
 
 
+def may_restart(ending: Ending, client: Any, attempt: AttemptId) -> bool:
+    """Whether a restart in the allocation can work: an ending it could retry, a controller
+    that answers (srun needs it for the new step; without it the run would stop for want of
+    progress, where a requeue is retried until Slurm is back) and the job still in the start
+    this attempt began in (nobody requeued it meanwhile)."""
+    if ending.cause not in policy.RESTART_CAUSES or ending.blamed:
+        return False
+    try:
+        return bool(client.restarts(attempt.task) == attempt.restart)
+    except Exception:  # unreachable, or an answer we cannot read: requeue as before
+        return False
+
+
 def end(
     run_dir: Path,
     exit_code: int,
     client: Any,
     attempt: AttemptId,
     settings: HookSettings = HookSettings(),
+    can_restart: bool = False,
 ) -> int:
-    """Close the attempt; requeue or record the outcome. Returns the script's exit code."""
+    """Close the attempt; requeue, restart in the allocation (``can_restart``: the script
+    loops on ``RESTART_EXIT``) or record the outcome. Returns the script's exit code."""
+    if can_restart and exit_code == RESTART_EXIT:
+        exit_code = 1  # a rank's own 75 must not read as "restart" to the script
     records = attempts.load(run_dir)
     if not records:
         return exit_code
@@ -262,7 +295,12 @@ def end(
         record={"exit_code": exit_code, **ending.record},
         # A trainer may have requeued the job itself (Lightning): not a second time.
         restart=attempt.restart if is_byo(source.kind) else None,
+        max_restarts=settings.max_restarts
+        if can_restart and may_restart(ending, client, attempt)
+        else 0,
     )
+    if conclusion.restart:
+        return RESTART_EXIT
     return 0 if conclusion.requeued else exit_code
 
 
@@ -294,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("hook", choices=["start", "preflight", "end", "stop"])
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--srun-pid", type=int, default=None)
+    # Given by a batch script that loops on RESTART_EXIT (older scripts do not).
+    parser.add_argument("--can-restart", action="store_true")
     args = parser.parse_args(argv)
     run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
     attempt = AttemptId.from_env(os.environ)
@@ -317,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         why = f"time limit in {settings.signal_lead} s"
         request.run(why, stopping.budget(settings.signal_lead))
         return 0
-    return end(run_dir, args.exit_code, client, attempt, settings)
+    return end(run_dir, args.exit_code, client, attempt, settings, args.can_restart)
 
 
 def _settings(run_dir: Path) -> HookSettings:

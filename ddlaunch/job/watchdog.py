@@ -78,7 +78,11 @@ class _Watch:
     def beats(self) -> list[analysis.Beat]:
         records_ = read_heartbeats(self.run_dir)
         return analysis.current_beats(
-            records_, self.attempt.job_id, self.attempt.restart, self.started - 60
+            records_,
+            self.attempt.job_id,
+            self.attempt.restart,
+            self.started - 60,
+            self.attempt.relaunch,
         )
 
     def report_dead_nodes(
@@ -100,7 +104,8 @@ class _Watch:
         if self.attempt.job_id:
             relay_deferred_signal(self.run_dir, self.attempt, self.client)
         summary = analysis.summary(beats, now)
-        summary.update({"job_id": self.attempt.job_id, "restart": self.attempt.restart})
+        a = self.attempt
+        summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
         records.write_summary(self.run_dir, summary)
         if summary["step"] is not None and summary["step"] != self.last_step:
             self.last_step = summary["step"]

@@ -94,7 +94,7 @@ class PreflightWatch:
         print(f"[ddlaunch] preflight: {reason}", flush=True)
 
 
-def failed_ranks(run_dir: Path, restart: int, not_before: float) -> list[float]:
+def failed_ranks(run_dir: Path, restart: int, not_before: float, relaunch: int = 0) -> list[float]:
     """Times of this attempt's rank failure records (``failures/rank-<R>.json``)."""
     times = []
     try:
@@ -107,7 +107,8 @@ def failed_ranks(run_dir: Path, restart: int, not_before: float) -> list[float]:
         except (OSError, ValueError):
             continue
         when = float(rec.get("time") or 0.0)
-        if int(rec.get("attempt") or 0) == restart and when >= not_before:
+        same = int(rec.get("attempt") or 0) == restart and int(rec.get("relaunch") or 0) == relaunch
+        if same and when >= not_before:
             times.append(when)
     return times
 
@@ -150,7 +151,7 @@ class NodeFailureWatch:
         self.found: list[str] = []
 
     def triggered(self, now: float, beats: Sequence[Beat], stale_after: float) -> bool:
-        failures = failed_ranks(self.run_dir, self.attempt.restart, self.not_before)
+        failures = self.failures()
         if failures and now - min(failures) >= self.grace:
             return True
         running = [b for b in beats if b.state == "running"]
@@ -159,7 +160,11 @@ class NodeFailureWatch:
 
     def pending(self) -> bool:
         """Ranks failed but srun is still running: poll again soon."""
-        return bool(failed_ranks(self.run_dir, self.attempt.restart, self.not_before))
+        return bool(self.failures())
+
+    def failures(self) -> list[float]:
+        a = self.attempt
+        return failed_ranks(self.run_dir, a.restart, self.not_before, a.relaunch)
 
     def poll(
         self, now: float, beats: Sequence[Beat], stale_after: float, client: Any

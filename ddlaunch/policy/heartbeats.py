@@ -86,13 +86,20 @@ class Beat:
 
 
 def current_beats(
-    records: Iterable[Mapping[str, Any]], job_id: str, restart: int, not_before: float = 0.0
+    records: Iterable[Mapping[str, Any]],
+    job_id: str,
+    restart: int,
+    not_before: float = 0.0,
+    relaunch: int = 0,
 ) -> list[Beat]:
     """The records of this attempt only (files of earlier attempts stay on disk until the
-    rank of the new attempt overwrites them)."""
+    rank of the new attempt overwrites them). ``relaunch``: the restart inside the
+    allocation (Slurm's restart count stays the same for those)."""
     out = []
     for rec in records:
         if str(rec.get("job_id", "")) != str(job_id) or int(rec.get("restart", 0) or 0) != restart:
+            continue
+        if int(rec.get("relaunch", 0) or 0) != relaunch:
             continue
         beat = Beat.from_record(rec)
         if beat.started >= not_before:

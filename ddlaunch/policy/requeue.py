@@ -8,6 +8,13 @@ A node that failed preflight, hung or straggled is excluded before the retry, so
 is not blind either: it is allowed without the progress test (preflight runs before any step,
 so it cannot show progress), within the cap. A health finding with no node to blame is
 treated like a crash.
+
+A retry is a restart inside the allocation (a new srun step, seconds) rather than a requeue
+(a trip through the queue) when the ranks failed on nodes that are all still usable: a crash,
+or a hang or straggler verdict that blamed no node. A blamed node must be left out, which only
+a new allocation can do (the world size is fixed), so that retry stays a requeue. Restarts
+count against ``max_restarts``, requeues against ``max_requeues``; the progress guard applies
+to both alike. Once the restarts are used up, a requeue is the fallback within its own cap.
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ CAUSE_HANG = "hang"
 CAUSE_STRAGGLER = "straggler"
 CAUSE_CHECKPOINT = "checkpoint save failed"  # on every rank together (a full disk)
 HEALTH_CAUSES = (CAUSE_PREFLIGHT, CAUSE_HANG, CAUSE_STRAGGLER)
+# Endings a new step in the same allocation can retry (when no node was blamed): the ranks
+# failed, the nodes did not. A node failure ends the allocation without --no-kill; a preflight
+# failure blames a node; a signal means the time is up.
+RESTART_CAUSES = (CAUSE_CRASH, CAUSE_HANG, CAUSE_STRAGGLER)
 
 # The final states an outcome records.
 COMPLETED, CANCELLED, STOPPED, FAILED = "COMPLETED", "CANCELLED", "STOPPED", "FAILED"
@@ -44,6 +55,11 @@ COMPLETED, CANCELLED, STOPPED, FAILED = "COMPLETED", "CANCELLED", "STOPPED", "FA
 class Decision:
     requeue: bool
     reason: str
+    restart: bool = False  # retry in the same allocation (a new srun step), not a requeue
+
+    @property
+    def retry(self) -> bool:
+        return self.requeue or self.restart
 
 
 def decide(
@@ -54,17 +70,29 @@ def decide(
     requeues_so_far: int,
     max_requeues: int,
     blamed: Sequence[str] = (),
+    restarts_so_far: int = 0,
+    max_restarts: int = 0,
 ) -> Decision:
-    """Requeue after an attempt that ended for ``cause``? ``blamed``: nodes a health check
-    (preflight, hang, straggler) singled out and that the retry will exclude."""
+    """Retry after an attempt that ended for ``cause``, and how? ``blamed``: nodes a health
+    check (preflight, hang, straggler) singled out and that the retry will exclude.
+    ``max_restarts``: restarts inside the allocation the caller can do (0: it cannot, e.g.
+    rank 0 after a signal save; only the batch script loops)."""
     if cause == CAUSE_COMPLETED:
         return Decision(False, "completed")
     if cause == CAUSE_CANCELLED:
         return Decision(False, "cancelled by the user")
-    if requeues_so_far >= max_requeues:
+    restartable = cause in RESTART_CAUSES and not blamed
+    can_restart = restartable and restarts_so_far < max_restarts
+    if not can_restart and requeues_so_far >= max_requeues:
+        used = (
+            f"{restarts_so_far} restarts in the allocation reached "
+            f"fault_tolerance.max_restarts={max_restarts}, "
+            if restartable and max_restarts > 0
+            else ""
+        )
         return Decision(
             False,
-            f"stopped: {requeues_so_far} requeues reached "
+            f"stopped: {used}{requeues_so_far} requeues reached "
             f"fault_tolerance.max_requeues={max_requeues}",
         )
     excluding = cause in HEALTH_CAUSES and bool(blamed)
@@ -81,11 +109,18 @@ def decide(
             else f"the committed step stayed at {committed_now}"
         )
         return Decision(False, f"stopped: no progress in the last attempt ({since})")
+    start = resumed_from if resumed_from is not None else "none"
+    if can_restart:
+        return Decision(
+            False,
+            f"restart in the allocation after {cause}: committed step {start} -> "
+            f"{committed_now} (restart {restarts_so_far + 1} of {max_restarts})",
+            restart=True,
+        )
     without = f", without {','.join(sorted(blamed))}" if excluding else ""
     if cause == CAUSE_PREFLIGHT and excluding:
         # No step ran, so "committed step a -> b" says nothing here.
         return Decision(True, f"requeue after preflight{without}")
-    start = resumed_from if resumed_from is not None else "none"
     return Decision(
         True, f"requeue after {cause}: committed step {start} -> {committed_now}{without}"
     )

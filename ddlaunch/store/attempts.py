@@ -1,7 +1,7 @@
-"""``attempts.json``: one record per start of the batch script (the first submission, each
-requeue): when it started, on which nodes, from which committed step it resumed, and how
-and why it ended. Opened by the start hook, closed by whoever concludes the attempt
-(``ddlaunch.conclude``).
+"""``attempts.json``: one record per start of the ranks (the first submission, each requeue,
+each restart inside the allocation: ``in_allocation``, ``relaunch``): when it started, on
+which nodes, from which committed step it resumed, and how and why it ended. Opened by the
+start hook, closed by whoever concludes the attempt (``ddlaunch.conclude``).
 
 ``AttemptId`` names an attempt as every record of it does: the Slurm job id and its restart
 count, read from the job's environment in one place.
@@ -37,17 +37,24 @@ FIELDS = {
     "blamed": STRINGS,
 }
 
+# The batch script counts its restarts inside the allocation (new srun steps of one job start)
+# in this variable; the ranks and the hooks read it to tell those attempts apart.
+RELAUNCH_VAR = "DDLAUNCH_RELAUNCH"
+
 
 @dataclass(frozen=True)
 class AttemptId:
     """``job_id``: ``SLURM_JOB_ID`` (empty outside Slurm; the object's name in a Kubernetes
     pod), the name the batch-host records use; ``task``: the job as Slurm addresses it,
     ``ARRAY_TASK`` for an array task (what ``scontrol requeue`` must be given, what the
-    ranks' failure records carry); ``restart``: ``SLURM_RESTART_COUNT``."""
+    ranks' failure records carry); ``restart``: ``SLURM_RESTART_COUNT``; ``relaunch``: the
+    restarts inside this start of the job so far (``$DDLAUNCH_RELAUNCH``: Slurm's count does
+    not move for those)."""
 
     job_id: str
     restart: int
     task: str = ""
+    relaunch: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AttemptId:
@@ -61,18 +68,46 @@ class AttemptId:
         # `scontrol requeue A` (the array's own id, which one task carries as SLURM_JOB_ID)
         # would requeue every task of the array (measured on 22.05.8): name the task.
         task = f"{array}_{index}" if array and index else job_id
-        return cls(job_id, int(env.get("SLURM_RESTART_COUNT", "0") or 0), task)
+        restart = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+        return cls(job_id, restart, task, int(env.get(RELAUNCH_VAR, "0") or 0))
 
     @property
     def key(self) -> str:
-        """The attempt in per-attempt file names: ``<job>-<restart>`` (``local`` outside Slurm)."""
-        return f"{self.job_id or 'local'}-{self.restart}"
+        """The attempt in per-attempt file names: ``<job>-<restart>`` (``local`` outside
+        Slurm), ``<job>-<restart>.<relaunch>`` for a restart inside the allocation."""
+        return key_of(self.job_id or "local", self.restart, self.relaunch)
 
     def matches(self, record: Mapping[str, Any]) -> bool:
-        """Whether an attempt record (``job_id``, ``restart_count``) is this attempt."""
-        return str(record.get("job_id")) == self.job_id and (
-            int(record.get("restart_count", 0) or 0) == self.restart
+        """Whether an attempt record (``job_id``, ``restart_count``, ``relaunch``) is this
+        attempt."""
+        return (
+            str(record.get("job_id")) == self.job_id
+            and int(record.get("restart_count", 0) or 0) == self.restart
+            and int(record.get("relaunch", 0) or 0) == self.relaunch
         )
+
+
+def key_of(job_id: str, restart: int, relaunch: int = 0) -> str:
+    return f"{job_id}-{restart}" + (f".{relaunch}" if relaunch else "")
+
+
+def record_key(record: Mapping[str, Any]) -> str:
+    """``AttemptId.key`` of an attempt record."""
+    return key_of(
+        str(record.get("job_id", "")),
+        int(record.get("restart_count", 0) or 0),
+        int(record.get("relaunch", 0) or 0),
+    )
+
+
+def requeues(records: list[dict[str, Any]]) -> int:
+    """Requeues so far: the attempts after the first that began a new start of the job."""
+    return sum(1 for r in records[1:] if not r.get("in_allocation"))
+
+
+def restarts(records: list[dict[str, Any]]) -> int:
+    """Restarts inside an allocation so far (new srun steps of a running job)."""
+    return sum(1 for r in records if r.get("in_allocation"))
 
 
 def load(run_dir: Path) -> list[dict[str, Any]]:
@@ -136,4 +171,5 @@ def new_record(
         "batch_host": host,
         "start": time.time(),
         "resumed_from": resumed_from,
+        **({"in_allocation": True, "relaunch": attempt.relaunch} if attempt.relaunch else {}),
     }

@@ -57,6 +57,7 @@ class Failure:
     attempt: int | None = None
     traceback: str = ""
     time: float = 0.0
+    relaunch: int = 0  # the restart inside the allocation it failed in
 
     def one_line(self) -> str:
         loc = f" at {self.where}" if self.where else ""
@@ -88,9 +89,10 @@ def read_failures(run_dir: Path) -> list[Failure]:
                 attempt=rec.get("attempt"),
                 traceback=str(rec.get("traceback", "")),
                 time=float(rec.get("time") or 0.0),
+                relaunch=int(rec.get("relaunch") or 0),
             )
         )
-    failures.sort(key=lambda f: (-(f.attempt or 0), is_collateral(f), f.time, f.rank))
+    failures.sort(key=lambda f: (-(f.attempt or 0), -f.relaunch, is_collateral(f), f.time, f.rank))
     return failures
 
 

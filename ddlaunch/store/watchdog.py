@@ -67,6 +67,7 @@ def append_sample(run_dir: Path, summary: dict[str, Any]) -> None:
         "step": summary["step"],
         "job_id": summary.get("job_id"),
         "restart": summary.get("restart"),
+        "relaunch": summary.get("relaunch", 0),
         "busy": summary.get("busy_per_node", {}),
     }
     try:

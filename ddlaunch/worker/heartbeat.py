@@ -68,6 +68,7 @@ class Heartbeat:
         host: str | None = None,
         job_id: str | None = None,
         restart: int = 0,
+        relaunch: int = 0,
     ) -> None:
         self.path = heartbeat_path(run_dir, rank)
         self.rank = rank
@@ -75,6 +76,7 @@ class Heartbeat:
         self.host = host or socket.gethostname()
         self.job_id = job_id if job_id is not None else os.environ.get("SLURM_JOB_ID", "")
         self.restart = restart
+        self.relaunch = relaunch
         self.started = time.time()
         self._lock = threading.Lock()
         self._step: int | None = None
@@ -122,6 +124,7 @@ class Heartbeat:
             "pid": os.getpid(),
             "job_id": self.job_id,
             "restart": self.restart,
+            "relaunch": self.relaunch,
             "started": self.started,
             "state": self._state,
             "step": step,

@@ -52,6 +52,7 @@ def failure_record(exc: BaseException, d: DistEnv, host: str) -> dict[str, Any]:
         "host": host,
         "job_id": d.job_id,
         "attempt": d.restart_count,
+        "relaunch": d.relaunch,
         "exception": type(exc).__name__,
         "message": str(exc),
         "where": last,

@@ -14,7 +14,10 @@ from transformers import Trainer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainers" / "hf_trainer.py"
 STALL_STEP = int(os.environ["STALL_STEP"])
-FIRST = os.environ.get("SLURM_RESTART_COUNT", "0") in ("", "0")
+# The first attempt only: neither requeued (Slurm's count) nor restarted in the allocation.
+FIRST = all(
+    os.environ.get(v, "0") in ("", "0") for v in ("SLURM_RESTART_COUNT", "DDLAUNCH_RELAUNCH")
+)
 original = Trainer._save_rng_state
 
 

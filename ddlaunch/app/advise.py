@@ -1,0 +1,194 @@
+"""``ddlaunch advise``: how often a run should checkpoint, from what it measured.
+
+The inputs come from the run directory: the stall of each checkpoint save and the first step
+of each attempt (``store.timings``, written by rank 0 of Session code), the attempts (how each
+ended, when), and the MTTF (``fault_tolerance.mttf_hours``, else the run's own failures per
+hour of attempts). The arithmetic is ``policy.interval``'s (Young-Daly, the exact ETTR of
+its model). Login node: reads files, no torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.errors import UserError
+from ddlaunch.policy import interval
+from ddlaunch.policy import requeue as causes
+from ddlaunch.store import attempts as attempts_store
+from ddlaunch.store import timings
+from ddlaunch.store.rundir import read_config_tree
+
+# Endings that are failures (the MTTF counts them; a restart cost follows them). A signal is
+# the planned stop at the time limit, a preflight failure comes before any training.
+FAILURES = (
+    causes.CAUSE_CRASH,
+    causes.CAUSE_NODE_FAILURE,
+    causes.CAUSE_REQUEUED_BY_SLURM,
+    causes.CAUSE_HANG,
+    causes.CAUSE_STRAGGLER,
+)
+
+
+@dataclass(frozen=True)
+class Measured:
+    value: float
+    source: str  # where the figure comes from, as the output says it
+
+
+@dataclass(frozen=True)
+class Advice:
+    save: Measured  # blocking cost per checkpoint, seconds
+    restart: Measured  # seconds from a failed attempt's end to the next attempt's first step
+    mttf: Measured  # seconds
+    step_s: Measured  # seconds of training per step
+    current_s: float  # seconds of training between checkpoints now
+    current_steps: float
+
+    @property
+    def advised_s(self) -> float:
+        return interval.young_daly(self.save.value, self.mttf.value)
+
+    @property
+    def advised_steps(self) -> int:
+        return max(1, round(self.advised_s / self.step_s.value))
+
+    def ettr(self, every_s: float) -> float:
+        return interval.expected_ettr(every_s, self.save.value, self.restart.value, self.mttf.value)
+
+
+def _saves(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted((r for r in records if r.get("kind") == timings.SAVE), key=lambda r: r["time"])
+
+
+def save_cost(records: Sequence[Mapping[str, Any]]) -> Measured | None:
+    saves = _saves(records)
+    if not saves:
+        return None
+    stall = statistics.fmean(float(r["stall_s"]) for r in saves)
+    blocking = statistics.fmean(float(r["blocking_s"]) for r in saves)
+    how = "async" if all(r.get("async_save") for r in saves) else "sync"
+    detail = f"{how}: blocking {blocking:.3f} s + waiting for the copy {stall - blocking:.3f} s"
+    return Measured(stall, f"stall per save, mean of {len(saves)} saves ({detail})")
+
+
+def spacing(records: Sequence[Mapping[str, Any]]) -> tuple[float, float, int] | None:
+    """(seconds of training per step, steps between saves, pairs): from consecutive saves
+    of one attempt, the wall time between them less the first one's stall."""
+    saves = _saves(records)
+    per_step, steps = [], []
+    for a, b in itertools.pairwise(saves):
+        gap = int(b["step"]) - int(a["step"])
+        if a.get("attempt") != b.get("attempt") or gap <= 0:
+            continue
+        per_step.append((float(b["time"]) - float(a["time"]) - float(a["stall_s"])) / gap)
+        steps.append(gap)
+    if not per_step:
+        return None
+    return statistics.median(per_step), statistics.median(steps), len(per_step)
+
+
+def restart_cost(
+    attempts: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]]
+) -> Measured:
+    first = {
+        str(r.get("attempt")): float(r["time"])
+        for r in records
+        if r.get("kind") == timings.FIRST_STEP
+    }
+    costs = []
+    for before, after in itertools.pairwise(attempts):
+        began = first.get(attempts_store.record_key(after))
+        if before.get("cause") in FAILURES and before.get("end") and began is not None:
+            costs.append(began - float(before["end"]))
+    if not costs:
+        return Measured(0.0, "not measured (no failure was followed by a first step): 0 assumed")
+    n = len(costs)
+    return Measured(
+        statistics.fmean(costs),
+        f"failed attempt's end -> next attempt's first step, mean of {n} "
+        + ("restart" if n == 1 else "restarts"),
+    )
+
+
+def mttf(
+    tree: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]], now: float
+) -> Measured | None:
+    hours = (tree.get("fault_tolerance") or {}).get("mttf_hours")
+    if hours:
+        return Measured(float(hours) * 3600.0, "fault_tolerance.mttf_hours")
+    spent = sum(float(a.get("end") or now) - float(a["start"]) for a in attempts if a.get("start"))
+    failed = sum(1 for a in attempts if a.get("cause") in FAILURES)
+    if not failed or spent <= 0:
+        return None
+    return Measured(
+        spent / failed,
+        f"{failed} failure{'' if failed == 1 else 's'} in {spent / 3600:.2f} h of attempts "
+        "(this run)",
+    )
+
+
+def advise_run(
+    run_dir: Path, now: float | None = None, mttf_override: float | None = None
+) -> Advice:
+    """``mttf_override``: hours (``--mttf-hours``), before the config's and the run's."""
+    records = timings.read(run_dir)
+    attempts = attempts_store.load(run_dir)
+    name = run_dir.name
+    save = save_cost(records)
+    if save is None:
+        raise UserError(
+            f"run {name} measured no checkpoint save yet ({timings.TIMINGS_FILE}: Session "
+            "code records each one)"
+        )
+    spaced = spacing(records)
+    if spaced is None:
+        raise UserError(f"run {name} needs two checkpoints of one attempt to measure its step time")
+    step_s, steps, pairs = spaced
+    if mttf_override is not None:
+        failures: Measured | None = Measured(mttf_override * 3600.0, "--mttf-hours")
+    else:
+        failures = mttf(read_config_tree(run_dir), attempts, time.time() if now is None else now)
+    if failures is None:
+        raise UserError(
+            f"run {name} has had no failure to estimate an MTTF from: set "
+            f"fault_tolerance.mttf_hours, or give one: ddlaunch advise {name} --mttf-hours 24"
+        )
+    return Advice(
+        save=save,
+        restart=restart_cost(attempts, records),
+        mttf=failures,
+        step_s=Measured(step_s, f"median of {pairs} intervals between saves"),
+        current_s=step_s * steps,
+        current_steps=steps,
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.3g} s"
+
+
+def lines(run_id: str, a: Advice) -> list[str]:
+    """What ``ddlaunch advise`` prints."""
+    now, advised = a.ettr(a.current_s), a.ettr(a.advised_s)
+    return [
+        f"run {run_id}: checkpoint interval",
+        f"  save cost C     {_duration(a.save.value):>9}  {a.save.source}",
+        f"  restart cost R  {_duration(a.restart.value):>9}  {a.restart.source}",
+        f"  MTTF            {_duration(a.mttf.value):>9}  {a.mttf.source}",
+        f"  step time       {_duration(a.step_s.value):>9}  {a.step_s.source}",
+        f"  now:      every {a.current_steps:g} steps ({_duration(a.current_s)})"
+        f", predicted ETTR {now:.2%}",
+        f"  advised:  every {a.advised_steps} steps ({_duration(a.advised_s)}"
+        f" = sqrt(2 C MTTF)), predicted ETTR {advised:.2%}",
+        f"  to use it: --set fault_tolerance.checkpoint_every_steps={a.advised_steps}",
+    ]

@@ -1,0 +1,153 @@
+"""Checkpoint-interval advice: the Young-Daly interval and the ETTR of its model (pure), the
+simulator of a run under exponential failures agreeing with that ETTR, and ``ddlaunch
+advise`` as a user reads it (the whole output, from a run directory's measured costs)."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlaunch.policy import interval
+from ddlaunch.store import attempts, timings
+from ddlaunch.store.rundir import RunDir
+
+
+def test_young_daly_and_the_exact_optimum_of_the_model() -> None:
+    assert interval.young_daly(30.0, 3600.0) == pytest.approx(math.sqrt(2 * 30 * 3600))
+    # First order: the exact optimum is Young's when C << MTTF and moves below it as C grows.
+    small = interval.best_interval(1.0, 0.0, 86400.0)
+    assert small == pytest.approx(interval.young_daly(1.0, 86400.0), rel=0.01)
+    assert interval.best_interval(300.0, 0.0, 3600.0) < interval.young_daly(300.0, 3600.0)
+    # The ETTR falls with a costlier restart and is at its highest at the optimum.
+    best = interval.best_interval(30.0, 60.0, 3600.0)
+    top = interval.expected_ettr(best, 30.0, 60.0, 3600.0)
+    assert interval.expected_ettr(best, 30.0, 600.0, 3600.0) < top
+    assert interval.expected_ettr(best * 0.5, 30.0, 60.0, 3600.0) < top
+    assert interval.expected_ettr(best * 2.0, 30.0, 60.0, 3600.0) < top
+    with pytest.raises(ValueError):
+        interval.young_daly(0.0, 3600.0)
+
+
+@pytest.mark.parametrize(
+    ("save", "restart", "mttf", "every"),
+    [
+        (30.0, 60.0, 3600.0, None),  # at Young-Daly
+        (5.0, 120.0, 1800.0, 600.0),  # far from it: saving too rarely
+        (60.0, 600.0, 7.9 * 3600, None),  # Kokolis et al.'s 1,024-GPU MTTF
+        (2.0, 30.0, 600.0, 10.0),  # saving too often
+    ],
+)
+def test_simulator_agrees_with_the_analytic_ettr(save, restart, mttf, every) -> None:
+    every = every or interval.young_daly(save, mttf)
+    runs = [
+        interval.simulate(50 * mttf, every, save, restart, interval.exponential_failures(mttf, s))
+        for s in range(60)
+    ]
+    simulated = statistics.fmean(r.ettr for r in runs)
+    analytic = interval.expected_ettr(every, save, restart, mttf)
+    assert abs(simulated - analytic) / analytic < 0.02, (simulated, analytic)
+    assert sum(r.failures for r in runs) > 60 * 30  # failures did happen, many
+    for r in runs:  # the wall time is all accounted for
+        assert r.wall_s == pytest.approx(r.work_s + r.saves_s + r.restarts_s + r.lost_s)
+
+
+def test_simulator_without_failures_pays_the_saves_only() -> None:
+    never = iter([math.inf])
+    run = interval.simulate(1000.0, 100.0, 5.0, 60.0, never)
+    assert (run.failures, run.wall_s, run.ettr) == (0, 1050.0, 1000.0 / 1050.0)
+
+
+T0 = 1_790_000_000.0
+
+
+def measured_run(root: Path, config: str) -> Path:
+    """A run as Session code leaves it: 2 attempts (the first crashed and was restarted in
+    the allocation), a save every 20 steps of 0.5 s, 0.2 s stall each."""
+    run = RunDir.create(root, "r1")
+    run.write_text("config.yaml", config)
+    attempts.save(
+        run.path,
+        [
+            {"attempt": 0, "job_id": "7", "restart_count": 0, "start": T0, "end": T0 + 70.0,
+             "cause": "crash"},
+            {"attempt": 1, "job_id": "7", "restart_count": 0, "relaunch": 1,
+             "in_allocation": True, "start": T0 + 71.0, "end": T0 + 7271.0,
+             "cause": "completed"},
+        ],
+    )  # fmt: skip
+    timings.append(run.path, timings.FIRST_STEP, step=1, time=T0 + 12.0, attempt="7-0")
+    for i in range(3):
+        timings.append(
+            run.path, timings.SAVE, step=20 * (i + 1), time=T0 + 12 + 10.2 * (i + 1),
+            blocking_s=0.15, stall_s=0.2, async_save=True, attempt="7-0",
+        )  # fmt: skip
+    timings.append(run.path, timings.FIRST_STEP, step=61, time=T0 + 78.5, attempt="7-0.1")
+    return run.path
+
+
+def advise_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "100", "DDLAUNCH_RUN_ROOT": str(root)}
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "advise", *args],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_advise_whole_output(tmp_path) -> None:
+    measured_run(tmp_path, "fault_tolerance: {mttf_hours: 2.0}\n")
+    proc = advise_cli(tmp_path, "r1")
+    assert proc.returncode == 0, proc.stderr
+    # C = 0.2 s, MTTF = 7200 s: sqrt(2 * 0.2 * 7200) = 53.7 s = 107 steps of 0.5 s. ETTR at
+    # 20 steps (10 s): 1 - C/10 - (10/2 + R)/MTTF ~ 97.8 %; at 53.7 s ~ 99.1 % (exact form).
+    assert proc.stdout == (
+        "run r1: checkpoint interval\n"
+        "  save cost C         0.2 s  stall per save, mean of 3 saves (async: blocking 0.150 s"
+        " + waiting for the copy 0.050 s)\n"
+        "  restart cost R      8.5 s  failed attempt's end -> next attempt's first step,"
+        " mean of 1 restart\n"
+        "  MTTF               2.00 h  fault_tolerance.mttf_hours\n"
+        "  step time           0.5 s  median of 2 intervals between saves\n"
+        "  now:      every 20 steps (10 s), predicted ETTR 97.85%\n"
+        "  advised:  every 107 steps (53.7 s = sqrt(2 C MTTF)), predicted ETTR 99.14%\n"
+        "  to use it: --set fault_tolerance.checkpoint_every_steps=107\n"
+    )
+    assert proc.stderr == ""
+
+
+def test_advise_mttf_from_the_runs_own_failures_or_the_command_line(tmp_path) -> None:
+    measured_run(tmp_path, "fault_tolerance: {max_requeues: 3}\n")
+    # One failure in 7270 s of attempts (70 + 7200).
+    proc = advise_cli(tmp_path, "r1")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "  MTTF               2.02 h  1 failure in 2.02 h of attempts (this run)\n" in proc.stdout
+    )
+    proc = advise_cli(tmp_path, "r1", "--mttf-hours", "0.5")
+    assert "  MTTF             30.0 min  --mttf-hours\n" in proc.stdout
+    assert "  to use it: --set fault_tolerance.checkpoint_every_steps=54\n" in proc.stdout
+
+
+def test_advise_says_what_it_lacks(tmp_path) -> None:
+    run = RunDir.create(tmp_path, "r2")
+    run.write_text("config.yaml", "fault_tolerance: {max_requeues: 3}\n")
+    proc = advise_cli(tmp_path, "r2")
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr == (
+        "error: run r2 measured no checkpoint save yet (timings.jsonl: Session code records "
+        "each one)\n"
+    )
+    timings.append(run.path, timings.SAVE, step=20, time=T0, blocking_s=0.1, stall_s=0.1,
+                   async_save=False, attempt="7-0")  # fmt: skip
+    timings.append(run.path, timings.SAVE, step=40, time=T0 + 10, blocking_s=0.1, stall_s=0.1,
+                   async_save=False, attempt="7-0")  # fmt: skip
+    proc = advise_cli(tmp_path, "r2")
+    assert proc.stderr == (
+        "error: run r2 has had no failure to estimate an MTTF from: set "
+        "fault_tolerance.mttf_hours, or give one: ddlaunch advise r2 --mttf-hours 24\n"
+    )
