@@ -219,6 +219,43 @@ def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path:
 # ----------------------------------------------------------------------------- render
 
 
+def test_sigterm_of_submit_local_saves_and_leaves_no_rank_behind(tmp_path: Path) -> None:
+    """SIGTERM to `submit --local` (a terminal closing, a batch system ending the login
+    shell) is Ctrl-C's twin: both ranks save at their next step, the run says what it kept,
+    no rank process outlives the command, and the exit status is the shell's for SIGTERM."""
+    root = tmp_path / "runs"
+    env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(root), "NO_COLOR": "1"}
+    argv = ["submit", "examples/mlp", "--local", "--set", "nodes.count=1"]
+    argv += ["--set", "nodes.gpus_per_node=0", "--set", "nodes.tasks_per_node=2"]
+    argv += ["--set", "params.steps=100000", "--set", "params.step_sleep=0.01"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlaunch", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 120
+    step = -1
+    while step < 10 and time.monotonic() < deadline:
+        for path in root.glob("*/progress.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                step = json.loads(path.read_text())["step"]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    (run,) = [p for p in root.iterdir() if not p.name.startswith(".")]
+    saved = json.loads((run / "outcome.json").read_text())
+    assert saved["state"] == "CANCELLED"
+    step = int(saved["reason"].removeprefix("interrupted, saved step "))
+    assert step >= 10 and err.splitlines()[-1] == f"interrupted, saved step {step}"
+    assert not (run / "failures").exists()  # our own stop is not a failure
+    left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout
+    assert left == "", f"rank processes left behind: {left}"
+
+
 def test_render_shows_the_exclusion_submit_adds(tmp_path: Path) -> None:
     ddlaunch(tmp_path, "nodes", "add", "node2", "--ttl", "1h")
     proc = ddlaunch(tmp_path, "render", "examples/mlp", "--run-id", "r")

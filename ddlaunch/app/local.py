@@ -4,6 +4,7 @@ requeue (``conclude``). Returns what the CLI prints; prints nothing itself."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.app.interrupts import signal_name
 from ddlaunch.conclude import conclude, saved_phrase
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import parse_duration
@@ -36,9 +38,12 @@ class LocalRun:
 
 
 class Interrupted(UserError):
-    """Ctrl-C ended a local run; the message says what was kept."""
+    """Ctrl-C (or SIGTERM) ended a local run; the message says what was kept. The exit
+    status is the shell's for that signal: 130 for SIGINT, 143 for SIGTERM."""
 
-    exit_code = 130
+    def __init__(self, message: str, signame: str = "SIGINT") -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signal.Signals[signame])
 
 
 def _quiet(text: str) -> None:
@@ -104,10 +109,10 @@ def run_locally(
     except LocalRunError as exc:
         _finish(run_dir, policy.CAUSE_CRASH, str(exc))
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         reason = interrupted_reason(run_dir, started)
         _finish(run_dir, policy.CAUSE_CANCELLED, reason)
-        raise Interrupted(reason) from None
+        raise Interrupted(reason, signal_name(exc)) from None
     seconds = round(time.time() - started, 2)
     _finish(run_dir, policy.CAUSE_COMPLETED, "", seconds=seconds)
     return LocalRun(results, seconds, read_result(run_dir))
