@@ -153,15 +153,11 @@ def _output_shape(text: str, tmp: Path) -> list[str]:
     return ours
 
 
-def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path: Path) -> None:
-    """Ctrl-C of `submit --local`: the ranks save, the run says so (no failure record);
-    `resume --local` then prints what `submit --local` prints (where, the result, how long),
-    and once the run is at its last step, resuming is refused."""
-    root = tmp_path / "runs"
-    env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(root), "NO_COLOR": "1"}
-    one_rank = ["--set", "nodes.count=1", "--set", "nodes.gpus_per_node=0"]
-    one_rank += ["--set", "nodes.tasks_per_node=1"]
-    argv = ["submit", "examples/mlp", "--local", *one_rank]
+def _local_run_past_step_10(
+    tmp_path: Path, env: dict[str, str], shape: list[str]
+) -> subprocess.Popen[str]:
+    """`submit --local` of a long example run, returned once its progress passed step 10."""
+    argv = ["submit", "examples/mlp", "--local", *shape]
     argv += ["--set", "params.steps=100000", "--set", "params.step_sleep=0.01"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddlaunch", *argv],
@@ -171,6 +167,7 @@ def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path:
         env=env,
         cwd=tmp_path,
     )
+    root = Path(env["DDLAUNCH_RUN_ROOT"])
     deadline = time.monotonic() + 120
     step = -1
     while step < 10 and time.monotonic() < deadline:
@@ -178,6 +175,18 @@ def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 step = json.loads(path.read_text())["step"]
         time.sleep(0.2)
+    return proc
+
+
+def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path: Path) -> None:
+    """Ctrl-C of `submit --local`: the ranks save, the run says so (no failure record);
+    `resume --local` then prints what `submit --local` prints (where, the result, how long),
+    and once the run is at its last step, resuming is refused."""
+    root = tmp_path / "runs"
+    env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(root), "NO_COLOR": "1"}
+    one_rank = ["--set", "nodes.count=1", "--set", "nodes.gpus_per_node=0"]
+    one_rank += ["--set", "nodes.tasks_per_node=1"]
+    proc = _local_run_past_step_10(tmp_path, env, one_rank)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -225,24 +234,8 @@ def test_sigterm_of_submit_local_saves_and_leaves_no_rank_behind(tmp_path: Path)
     no rank process outlives the command, and the exit status is the shell's for SIGTERM."""
     root = tmp_path / "runs"
     env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(root), "NO_COLOR": "1"}
-    argv = ["submit", "examples/mlp", "--local", "--set", "nodes.count=1"]
-    argv += ["--set", "nodes.gpus_per_node=0", "--set", "nodes.tasks_per_node=2"]
-    argv += ["--set", "params.steps=100000", "--set", "params.step_sleep=0.01"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ddlaunch", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
-    deadline = time.monotonic() + 120
-    step = -1
-    while step < 10 and time.monotonic() < deadline:
-        for path in root.glob("*/progress.json"):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                step = json.loads(path.read_text())["step"]
-        time.sleep(0.2)
+    shape = ["--set", "nodes.count=1", "--set", "nodes.gpus_per_node=0"]
+    proc = _local_run_past_step_10(tmp_path, env, [*shape, "--set", "nodes.tasks_per_node=2"])
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err

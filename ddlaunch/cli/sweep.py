@@ -6,6 +6,7 @@ import on any path (the rank function is pickled by reference).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -298,15 +299,14 @@ def resubmit(
     if not failed and not cancelled and not members:
         raise UserError("say which members: --failed, --cancelled, or --member N (repeatable)")
     path = find_sweep(sweep_ref, default_run_root())
-    if dry_run:
-        _resubmit(path, failed, cancelled, members, overrides, True, max_array_size, hold, force)
-        return
     from ddlaunch.store import lock
 
     # One resubmission of a sweep at a time (and no `resume` of one of its members
     # meanwhile): a second one fails at once instead of submitting the members twice.
-    with lock.exclusive(path, "resubmitted", f"sweep {path.name}"):
-        _resubmit(path, failed, cancelled, members, overrides, False, max_array_size, hold, force)
+    # A dry run submits nothing, so it takes no lock.
+    held = lock.exclusive(path, "resubmitted", f"sweep {path.name}")
+    with contextlib.nullcontext() if dry_run else held:
+        _resubmit(path, failed, cancelled, members, overrides, dry_run, max_array_size, hold, force)
 
 
 def _resubmit(

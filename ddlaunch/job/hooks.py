@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.checkpoint import adapters
-from ddlaunch.conclude import cancel_reason, conclude
+from ddlaunch.conclude import Conclusion, cancel_reason, conclude
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.job import stop as stopping
 from ddlaunch.job.attribution import attribute_safely
@@ -222,6 +222,29 @@ def may_restart(ending: Ending, client: Any, attempt: AttemptId) -> bool:
         return False
 
 
+def conclude_signal_save(
+    run_dir: Path,
+    saved: Mapping[str, Any],
+    attempt: AttemptId,
+    settings: HookSettings,
+    client: Any,
+    exit_code: int,
+) -> Conclusion:
+    """The ranks (in a container) saved on the signal and left the conclusion to the host
+    (the end hook here, the leader pod on Kubernetes): conclude as rank 0 would have."""
+    step = int(saved["step"])
+    return conclude(
+        run_dir,
+        cause=policy.CAUSE_SIGNAL,
+        committed_step=step,
+        max_requeues=settings.max_requeues,
+        client=client,
+        job=attempt.task,
+        saved_step=step,
+        record={"signal": saved.get("reason"), "exit_code": exit_code},
+    )
+
+
 def end(
     run_dir: Path,
     exit_code: int,
@@ -245,18 +268,7 @@ def end(
         return 1 if ended.get("state") == policy.FAILED else 0
     saved = signal_save.read(run_dir, attempt)
     if saved is not None:
-        # The ranks (in a container) saved on the signal and left the conclusion to us.
-        step = int(saved["step"])
-        conclusion = conclude(
-            run_dir,
-            cause=policy.CAUSE_SIGNAL,
-            committed_step=step,
-            max_requeues=settings.max_requeues,
-            client=client,
-            job=attempt.task,
-            saved_step=step,
-            record={"signal": saved.get("reason"), "exit_code": exit_code},
-        )
+        conclusion = conclude_signal_save(run_dir, saved, attempt, settings, client, exit_code)
         return 0 if conclusion.requeued else exit_code
     nodes = expand(current.get("nodes", ""))
     source = checkpoint_source(run_dir)

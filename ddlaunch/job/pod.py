@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Any
 
 from ddlaunch.conclude import Conclusion, conclude
-from ddlaunch.job.hooks import HookSettings
+from ddlaunch.job.hooks import HookSettings, conclude_signal_save
 from ddlaunch.planning import pod_env
 from ddlaunch.policy import pod_exit
 from ddlaunch.policy import requeue as policy
@@ -173,17 +173,7 @@ def conclude_attempt(run_dir: Path, attempt: AttemptId, ranks_exit: int) -> int:
     saved = signal_save.read(run_dir, attempt)
     conclusion: Conclusion
     if saved is not None:
-        step = int(saved["step"])
-        conclusion = conclude(
-            run_dir,
-            cause=policy.CAUSE_SIGNAL,
-            committed_step=step,
-            max_requeues=settings.max_requeues,
-            client=client,
-            job=attempt.task,
-            saved_step=step,
-            record={"signal": saved.get("reason"), "exit_code": ranks_exit},
-        )
+        conclusion = conclude_signal_save(run_dir, saved, attempt, settings, client, ranks_exit)
     else:
         conclusion = conclude(
             run_dir,
