@@ -165,6 +165,7 @@ def conclude(
     say: Callable[[str], None] = _say,
     details: Mapping[str, Any] | None = None,
     max_restarts: int = 0,
+    replaceable: bool = False,
 ) -> Conclusion:
     """Close the newest attempt and act on the requeue policy.
 
@@ -180,7 +181,9 @@ def conclude(
     ``say``: where the decision is told (the log; a login-node caller passes its own).
     ``details``: more fields for ``outcome.json`` (a local run's duration). ``max_restarts``:
     restarts inside the allocation the caller can do (only the batch script's end hook, whose
-    script loops; 0 elsewhere): a restart is recorded here, and the caller starts it."""
+    script loops; 0 elsewhere): a restart is recorded here, and the caller starts it.
+    ``replaceable``: the allocation has usable nodes enough without ``blamed`` (a hot spare,
+    or ``nodes.min`` allows fewer), so a restart may leave them out."""
     records = attempts.load(run_dir)
     current = records[-1] if records else {}
     if final is not None:
@@ -195,6 +198,7 @@ def conclude(
             max_requeues=max_requeues,
             restarts_so_far=attempts.restarts(records),
             max_restarts=max_restarts if job else 0,
+            replaceable=replaceable,
         )
     if cause == policy.CAUSE_SIGNAL or decision.retry:
         # A cancel and a preemption look alike from inside the job: ask before requeueing.

@@ -307,3 +307,114 @@ def test_resume_on_a_different_node_count(slurm_cluster, slurm_job_cleanup, tmp_
         f"resuming would train nothing. To train further, raise it: ddlaunch resume "
         f"{run_dir.name} --set params.steps=320\n"
     )
+
+
+def verdict_time(run_dir: Path, record: dict) -> float:
+    """When the watchdog's verdict on an attempt was written (its ``time``)."""
+    key = f"{record['job_id']}-{record.get('restart_count', 0)}"
+    key += f".{record['relaunch']}" if record.get("relaunch") else ""
+    return float(json.loads((run_dir / "health" / f"verdict-{key}.json").read_text())["time"])
+
+
+def test_node_death_continues_on_the_spare_bit_identical(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    """3 nodes allocated, 2 used: every process of the second working node killed -9 at step
+    >= 60 -> the ranks restart on the first node and the spare, inside the allocation."""
+    config = mlp_config(
+        tmp_path, "ft-spare", params={"step_sleep": 0.15}, fault_tolerance={"spare_nodes": 1}
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    opened = attempts(run_dir)[0]
+    used = slurm_cluster.hostnames(opened["nodes"])
+    (spare,) = opened["spares"]
+    assert len(used) == 2 and spare not in used
+    victim = used[1]  # not the batch host: losing that one ends the job
+    killed_at = time.time()
+    slurm_cluster.kill_node(victim)
+    try:
+        seen = job_states_until_done(slurm_cluster, job_id, 300)
+    finally:
+        slurm_cluster.revive_node(victim)
+    print(f"kill -> completed in {time.time() - killed_at:.1f} s; states {seen}")
+    assert "PENDING" not in seen and seen[-1] == "COMPLETED", seen
+    assert slurm_cluster.job_field(job_id, "Restarts") == "0"  # never requeued
+    first, second = attempts(run_dir)
+    assert first["cause"] == "node failure" and first["blamed"] == [victim], first
+    assert first["decision"].startswith("restart in the allocation after node failure"), first
+    detected = verdict_time(run_dir, first) - killed_at
+    print(f"dead node found {detected:.1f} s after the kill")
+    assert detected <= 5.0
+    assert second["in_allocation"] is True and second["restart_cause"] == "node failure"
+    assert slurm_cluster.hostnames(second["nodes"]) == [used[0], spare]
+    resumed = second["resumed_from"]
+    assert resumed >= 60 and resumed % 20 == 0
+    res = result(run_dir)
+    assert res["start_step"] == resumed
+    assert res["param_sha256"] == reference_sha
+    assert json.loads((run_dir / "excluded_nodes.json").read_text()) == [victim]
+    bad = json.loads(Path(os.environ["DDLAUNCH_BAD_NODES"]).read_text())
+    assert victim in json.dumps(bad)
+
+
+def test_node_death_without_a_spare_shrinks_to_nodes_min(
+    slurm_cluster, slurm_job_cleanup, tmp_path
+) -> None:
+    """2 nodes, nodes.min 1, no spare: the second node killed -9 at step >= 60 -> the ranks
+    continue on the first node alone (world size 4 -> 2, resharded from the checkpoint)."""
+    config = mlp_config(tmp_path, "ft-shrink", params={"step_sleep": 0.15}, nodes={"min": 1})
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    used = slurm_cluster.hostnames(attempts(run_dir)[0]["nodes"])
+    victim = used[1]
+    slurm_cluster.kill_node(victim)
+    try:
+        seen = job_states_until_done(slurm_cluster, job_id, 300)
+    finally:
+        slurm_cluster.revive_node(victim)
+    assert "PENDING" not in seen and seen[-1] == "COMPLETED", seen
+    first, second = attempts(run_dir)
+    assert first["cause"] == "node failure" and first["blamed"] == [victim], first
+    assert slurm_cluster.hostnames(second["nodes"]) == [used[0]]
+    assert (first["world_size"], second["world_size"]) == (4, 2)
+    shrunk = "1 of 2 nodes (nodes.min=1), world size 2 instead of 4: the global batch changes"
+    assert second["shrunk"] == shrunk
+    res = result(run_dir)
+    assert res["start_step"] == second["resumed_from"] >= 60
+    assert res["world_size"] == 2 and res["steps"] == STEPS, res
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path)
+    assert (
+        f"attempt 1: job {job_id} (restart in the allocation) (shrunk: {shrunk}) on "
+        f"{used[0]}" in status.stdout
+    ), status.stdout
+
+
+def test_a_node_stopped_shorter_than_the_detection_window_is_not_blamed(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    """Every process of a working node SIGSTOPped for 10 s, past the heartbeat window (8 s at
+    heartbeat_interval 1) but alive: its slurmd's socket still accepts, so the watchdog,
+    which would end the step at once for a dead node (a spare is there), blames nothing."""
+    config = mlp_config(
+        tmp_path,
+        "ft-stall",
+        params={"step_sleep": 0.15},
+        fault_tolerance={"spare_nodes": 1},
+        health={"heartbeat_interval": 1.0},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 40, 180, "a committed step >= 40")
+    victim = slurm_cluster.hostnames(attempts(run_dir)[0]["nodes"])[1]
+    assert slurm_cluster.signal_node(victim, signal.SIGSTOP) > 0
+    try:
+        time.sleep(10)
+    finally:
+        slurm_cluster.signal_node(victim, signal.SIGCONT)
+    seen = job_states_until_done(slurm_cluster, job_id, 300)
+    assert seen[-1] == "COMPLETED", seen
+    (only,) = attempts(run_dir)
+    assert only["cause"] == "completed" and not only.get("blamed"), only
+    assert not (run_dir / "excluded_nodes.json").exists()
+    assert not list((run_dir / "health").glob("verdict-*.json"))
+    assert result(run_dir)["param_sha256"] == reference_sha

@@ -166,6 +166,8 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any
             item["preflight"] = rec["preflight"]
         if rec.get("in_allocation"):
             item["in_allocation"] = True  # a new srun step of the same job start: no requeue
+        if rec.get("shrunk"):
+            item["shrunk"] = str(rec["shrunk"])  # fewer nodes than nodes.count (nodes.min)
         culprit = attempt_failure(rec, info.failures) if "end" in rec else None
         if culprit:
             item["culprit"] = culprit

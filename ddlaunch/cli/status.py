@@ -96,6 +96,8 @@ def attempt_lines(row: Any) -> list[str]:
         job = f"job {a['job_id']}" if a.get("job_id") else "local"
         if a.get("in_allocation"):
             job += " (restart in the allocation)"
+        if a.get("shrunk"):
+            job += f" (shrunk: {a['shrunk']})"
         text = (
             f"attempt {_num(a.get('attempt'))}: {job} on {a.get('nodes') or '?'} "
             f"at {started}{took}, from {origin} -> {a.get('cause')}"

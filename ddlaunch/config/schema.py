@@ -55,7 +55,15 @@ class JobSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class NodesSpec:
-    count: int = opt(1, "Number of nodes (--nodes).", range=(1, 100000))
+    count: int = opt(1, "Number of nodes the ranks run on (--nodes).", range=(1, 100000))
+    min: int | None = opt(
+        None,
+        "Fewest nodes to continue on after nodes failed and no spare is left: the job "
+        "restarts inside its allocation on the nodes still usable (at least this many; the "
+        "world size and global batch shrink, resharded from the checkpoint) instead of "
+        "requeueing. null: never shrink.",
+        range=(1, 100000),
+    )
     gpus_per_node: int = opt(0, "GPUs per node; one rank is started per GPU.", range=(0, 16))
     tasks_per_node: int | None = opt(
         None, "Ranks per node when there are no GPUs (CPU training).", range=(1, 512)
@@ -261,6 +269,13 @@ class FaultToleranceSpec:
         3,
         "Most restarts of one run inside its allocation (a new srun step, no requeue) after a "
         "crash or a hang with no node to blame; each must have advanced the step.",
+        range=(0, 1000),
+    )
+    spare_nodes: int = opt(
+        0,
+        "Hot spare nodes allocated beside nodes.count (the job holds count + spare_nodes, "
+        "with --no-kill): when a node dies, fails preflight, hangs or straggles, the ranks "
+        "restart inside the allocation on a spare instead of requeueing.",
         range=(0, 1000),
     )
     mttf_hours: float | None = opt(
@@ -523,3 +538,15 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.nodes.count * self.ranks_per_node
+
+    @property
+    def allocated_nodes(self) -> int:
+        """Nodes the job holds: the ranks' nodes and the hot spares."""
+        return self.nodes.count + self.fault_tolerance.spare_nodes
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a failed node can be left out inside the allocation (a spare takes its
+        place, or the ranks continue on fewer nodes), so Slurm must keep the job (--no-kill)."""
+        n = self.nodes
+        return self.fault_tolerance.spare_nodes > 0 or (n.min is not None and n.min < n.count)

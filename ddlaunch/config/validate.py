@@ -340,6 +340,9 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
         )
     if n.mem_per_gpu is not None and not n.gpus_per_node:
         b.fail(("nodes", "mem_per_gpu"), "needs nodes.gpus_per_node > 0")
+    if n.min is not None and n.min > n.count:
+        message = f"is {n.min}, more than nodes.count={n.count}"
+        b.fail(("nodes", "min"), message, also=("nodes", "count"))
     cpus = cfg.cluster.cpus_per_node
     if cpus and n.cpus_per_task and n.cpus_per_task * cfg.ranks_per_node > cpus:
         ranks_key = "gpus_per_node" if n.gpus_per_node else "tasks_per_node"

@@ -27,7 +27,13 @@ from ddlaunch.config.trainers import is_byo
 from ddlaunch.job import stop as stopping
 from ddlaunch.job.attribution import attribute_safely
 from ddlaunch.job.blame import bad_nodes, blame_nodes, expand
-from ddlaunch.job.preflight import preflight_hook, preflight_outcome
+from ddlaunch.job.placement import (
+    next_placement,
+    placement_fields,
+    print_placement,
+    step_nodelist,
+)
+from ddlaunch.job.preflight import RESTART_EXIT, InAllocation, preflight_hook, preflight_outcome
 from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
@@ -51,6 +57,14 @@ class HookSettings:
     ranks_per_node: int = 1
     bad_node_ttl_hours: float = 24.0
     signal_lead: int = 120
+    nodes: int = 1  # nodes.count: the ranks' nodes
+    min_nodes: int | None = None  # nodes.min
+    spare_nodes: int = 0
+
+    @property
+    def elastic(self) -> bool:
+        """A failed node can be left out inside the allocation (Config.elastic)."""
+        return self.spare_nodes > 0 or (self.min_nodes is not None and self.min_nodes < self.nodes)
 
     @classmethod
     def from_tree(cls, tree: Mapping[str, Any]) -> HookSettings:
@@ -63,12 +77,11 @@ class HookSettings:
             ranks_per_node=int(nodes.get("gpus_per_node") or nodes.get("tasks_per_node") or 1),
             bad_node_ttl_hours=float(health.get("bad_node_ttl_hours", 24.0)),
             signal_lead=int(ft.get("signal_lead", 120)),
+            nodes=int(nodes.get("count") or 1),
+            min_nodes=int(nodes["min"]) if nodes.get("min") is not None else None,
+            spare_nodes=int(ft.get("spare_nodes") or 0),
         )
 
-
-# The end hook's exit code that tells the batch script to restart the ranks in the allocation
-# (templates/partials/launch.sh.j2 tests for it). EX_TEMPFAIL: "try again".
-RESTART_EXIT = 75
 
 # Endings after which the newest checkpoint of a layout without a completeness marker is
 # trusted: the trainer exited by itself.
@@ -142,10 +155,13 @@ def start(
         prepare_restart(run_dir, source, records[-1] if records else None, attempt.key)
     found = latest_checkpoint(run_dir, source)
     step = found.step if found else None
-    nodes = env.get("SLURM_JOB_NODELIST", "")
+    nodes = step_nodelist(env)
     record = attempts.new_record(
         len(records), attempt, nodes=nodes, host=os.uname().nodename, resumed_from=step
     )
+    if settings.elastic:
+        wanted, fewest, per_node = settings.nodes, settings.min_nodes, settings.ranks_per_node
+        record.update(placement_fields(run_dir, env, nodes, wanted, fewest, per_node))
     again = ""
     if attempt.relaunch and records:
         # The batch script restarted the ranks in the allocation after the previous attempt.
@@ -159,6 +175,8 @@ def start(
     origin = f"step {step}" if step is not None else "scratch"
     if found is not None and is_byo(source.kind):
         origin += f" ({found.path})"
+    if record.get("shrunk"):
+        again += f" (shrunk: {record['shrunk']})"
     print(
         f"[ddlaunch] attempt {len(records) - 1} on {nodes}{again}, resuming from {origin}",
         flush=True,
@@ -209,13 +227,30 @@ def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: HookSettings) -
     return Ending(cause, blamed, {"health": detail})
 
 
-def may_restart(ending: Ending, client: Any, attempt: AttemptId) -> bool:
-    """Whether a restart in the allocation can work: an ending it could retry, a controller
+def replaceable(run_dir: Path, env: Mapping[str, str], client: Any, settings: HookSettings) -> bool:
+    """Whether the next step can leave the run's excluded nodes out inside the allocation:
+    a job with spares or nodes.min that has usable nodes enough left."""
+    if not settings.elastic:
+        return False
+    found, _ = next_placement(run_dir, env, client, settings.nodes, settings.min_nodes)
+    return found is not None
+
+
+def may_restart(ending: Ending, client: Any, attempt: AttemptId, replace: bool = False) -> bool:
+    """Whether a restart in the allocation can work: an ending it could retry (with blamed
+    nodes only where ``replace``: the allocation has nodes enough without them), a controller
     that answers (srun needs it for the new step; without it the run would stop for want of
     progress, where a requeue is retried until Slurm is back) and the job still in the start
     this attempt began in (nobody requeued it meanwhile)."""
-    if ending.cause not in policy.RESTART_CAUSES or ending.blamed:
+    if ending.blamed:
+        if not replace or ending.cause not in policy.REPLACE_CAUSES:
+            return False
+    elif ending.cause not in policy.RESTART_CAUSES:
         return False
+    return same_start(client, attempt)
+
+
+def same_start(client: Any, attempt: AttemptId) -> bool:
     try:
         return bool(client.restarts(attempt.task) == attempt.restart)
     except Exception:  # unreachable, or an answer we cannot read: requeue as before
@@ -252,6 +287,7 @@ def end(
     attempt: AttemptId,
     settings: HookSettings = HookSettings(),
     can_restart: bool = False,
+    env: Mapping[str, str] = os.environ,
 ) -> int:
     """Close the attempt; requeue, restart in the allocation (``can_restart``: the script
     loops on ``RESTART_EXIT``) or record the outcome. Returns the script's exit code."""
@@ -282,7 +318,13 @@ def end(
     else:
         # A node failed the preflight inside the ranks (or the ranks ended before its
         # verdict): exclude it and requeue, or stop, before anything else is blamed.
-        code = preflight_outcome(run_dir, client, attempt, nodes, failed=exit_code != 0)
+        inside = None
+        if can_restart and settings.elastic:
+            inside = InAllocation(
+                settings.max_restarts,
+                lambda: replaceable(run_dir, env, client, settings) and same_start(client, attempt),
+            )
+        code = preflight_outcome(run_dir, client, attempt, nodes, exit_code != 0, inside)
         if code is not None:
             return code
         if exit_code == 0:
@@ -296,6 +338,8 @@ def end(
                 index = int(current.get("attempt", len(records) - 1))
                 ending.record.update(attribute_safely(run_dir, attempt, index, client))
     found = latest_checkpoint(run_dir, source)
+    replace = can_restart and bool(ending.blamed) and replaceable(run_dir, env, client, settings)
+    restarts = can_restart and may_restart(ending, client, attempt, replace)
     conclusion = conclude(
         run_dir,
         cause=ending.cause,
@@ -307,9 +351,8 @@ def end(
         record={"exit_code": exit_code, **ending.record},
         # A trainer may have requeued the job itself (Lightning): not a second time.
         restart=attempt.restart if is_byo(source.kind) else None,
-        max_restarts=settings.max_restarts
-        if can_restart and may_restart(ending, client, attempt)
-        else 0,
+        max_restarts=settings.max_restarts if restarts else 0,
+        replaceable=replace,
     )
     if conclusion.restart:
         return RESTART_EXIT
@@ -341,7 +384,7 @@ def conclude_saved(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.hooks")
-    parser.add_argument("hook", choices=["start", "preflight", "end", "stop"])
+    parser.add_argument("hook", choices=["start", "preflight", "end", "stop", "place"])
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--srun-pid", type=int, default=None)
     # Given by a batch script that loops on RESTART_EXIT (older scripts do not).
@@ -362,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         nodes = expand(os.environ.get("SLURM_JOB_NODELIST", ""))
         return preflight_hook(run_dir, client, attempt, nodes)
     settings = _settings(run_dir)
+    if args.hook == "place":
+        return print_placement(run_dir, os.environ, client, settings.nodes, settings.min_nodes)
     if args.hook == "stop":
         source = checkpoint_source(run_dir, read_config_tree(run_dir))
         request = stopping.StopRequest(run_dir, attempt, source, client, args.srun_pid)

@@ -11,7 +11,8 @@ alike or no requeue is left (``apply_decision``, through ``ddlaunch.conclude``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ from ddlaunch.store.rundir import LOGS_DIR, committed_step, config_path
 
 REQUEUED = 75  # the batch script exits 0 without training: Slurm restarts the job
 STOPPED = 76  # the batch script exits 1 without training: the outcome is recorded
+# The end hook's exit code that tells the batch script to restart the ranks in the allocation
+# (templates/partials/launch.sh.j2 tests for it). EX_TEMPFAIL: "try again".
+RESTART_EXIT = 75
+
+
+@dataclass(frozen=True)
+class InAllocation:
+    """What lets the end hook restart inside the allocation after a node failed preflight:
+    restarts the script can do, and whether usable nodes enough are left without the run's
+    excluded ones (asked after the failing nodes were excluded: a hot spare, nodes.min)."""
+
+    max_restarts: int
+    replaceable: Callable[[], bool]
 
 
 def preflight_argv(
@@ -85,15 +99,21 @@ def preflight_hook(run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequen
 
 
 def preflight_outcome(
-    run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequence[str], failed: bool = True
+    run_dir: Path,
+    client: Any,
+    attempt: AttemptId,
+    nodes: Sequence[str],
+    failed: bool = True,
+    in_allocation: InAllocation | None = None,
 ) -> int | None:
     """End hook: did this attempt fail preflight (inside the ranks)? (``failed``: srun
     returned nonzero; otherwise only the verdicts are printed, if nobody did yet.)
 
     The gate record says so when the ranks got that far; otherwise the node reports on disk
     decide (a node without one died, hung or could not import torch before the verdict).
-    Returns the script's exit code (0 requeued, 1 stopped) or None: not a preflight failure,
-    the usual crash handling applies."""
+    Returns the script's exit code (0 requeued, 1 stopped, ``RESTART_EXIT``: restart on the
+    nodes left, ``in_allocation`` permitting) or None: not a preflight failure, the usual
+    crash handling applies."""
     if not nodes:
         return None
     gate = records.read_gate(run_dir, attempt)
@@ -115,8 +135,8 @@ def preflight_outcome(
             run_dir, attempt, list(nodes), *verdicts.as_records(results), decision.reason
         )
     print_verdicts(run_dir, attempt, nodes, reports, gate or {"reason": decision.reason})
-    code = apply_decision(cfg, run_dir, client, attempt, decision)
-    return 0 if code == REQUEUED else 1
+    code = apply_decision(cfg, run_dir, client, attempt, decision, in_allocation)
+    return {REQUEUED: 0, RESTARTED: RESTART_EXIT}.get(code, 1)
 
 
 def print_verdicts(
@@ -138,11 +158,20 @@ def print_verdicts(
         records.mark_printed(run_dir, attempt, gate)
 
 
+RESTARTED = 77  # apply_decision: failing nodes excluded, restart on the nodes left
+
+
 def apply_decision(
-    cfg: Config, run_dir: Path, client: Any, attempt: AttemptId, decision: verdicts.Decision
+    cfg: Config,
+    run_dir: Path,
+    client: Any,
+    attempt: AttemptId,
+    decision: verdicts.Decision,
+    in_allocation: InAllocation | None = None,
 ) -> int:
     """Act on the preflight decision: 0 (train), ``REQUEUED`` (failing nodes excluded, job
-    requeued) or ``STOPPED`` (outcome recorded)."""
+    requeued), ``RESTARTED`` (excluded, the batch script restarts on the nodes left) or
+    ``STOPPED`` (outcome recorded)."""
     if not decision.exclude and not decision.stop:
         return 0
     blamed = list(decision.exclude)
@@ -150,6 +179,7 @@ def apply_decision(
         exclusions.add_excluded(run_dir, blamed, decision.reason)
         source = f"run {run_dir.name}"
         badnodes.record(blamed, decision.reason, cfg.health.bad_node_ttl_hours, source)
+    replace = bool(blamed) and in_allocation is not None and in_allocation.replaceable()
     conclusion = conclude(
         run_dir,
         cause=CAUSE_PREFLIGHT,
@@ -160,7 +190,11 @@ def apply_decision(
         blamed=blamed,
         final=decision.reason if decision.stop else None,
         record={"health": decision.reason} if blamed else None,
+        max_restarts=in_allocation.max_restarts if in_allocation and replace else 0,
+        replaceable=replace,
     )
+    if conclusion.restart:
+        return RESTARTED
     return REQUEUED if conclusion.requeued else STOPPED
 
 

@@ -12,7 +12,9 @@ requeues through the usual path. It exits when srun does. Inert for code that ne
 Two more duties (``job.watches``): it prints the in-rank preflight's verdicts into the batch
 log and ends a preflight that has not decided within ``health.preflight_timeout``; and when a
 node dies under the attempt (its ranks' peers fail, srun keeps waiting for it) it says so in
-the batch log at once; Slurm's own requeue follows when Slurm declares the node down.
+the batch log at once. Slurm's own requeue follows when Slurm declares the node down, unless
+the job has hot spares or ``nodes.min``: then the watchdog records a node-failure verdict and
+ends the step at once, and the end hook restarts the ranks without that node.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config import load_config
+from ddlaunch.job.placement import step_nodelist
 from ddlaunch.job.stop import LimitWatch, StopRequest
-from ddlaunch.job.watches import NodeFailureWatch, PreflightWatch, end_step
+from ddlaunch.job.watches import NodeFailureWatch, PreflightWatch, end_step, end_step_without
 from ddlaunch.policy import heartbeats as analysis
+from ddlaunch.policy.requeue import CAUSE_NODE_FAILURE
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import watchdog as records
@@ -85,19 +89,26 @@ class _Watch:
             self.attempt.relaunch,
         )
 
-    def report_dead_nodes(
+    def on_dead_nodes(
         self, nodes: NodeFailureWatch | None, now: float, beats: list[analysis.Beat]
-    ) -> None:
+    ) -> analysis.Finding | None:
+        """Say a node that died under the attempt; where the job can continue without it
+        (hot spares, nodes.min: ``nodes.act``), also end the step at once (the finding)."""
         if nodes is None or nodes.found:
-            return
+            return None
         dead, why = nodes.poll(now, beats, self.thresholds.stale_after, self.client)
-        if dead:
+        if not dead:
+            return None
+        into = f"({now - self.started:.0f} s into the attempt)"
+        if not nodes.act:
             # Said, not acted on: see NodeFailureWatch for why Slurm must requeue.
             print(
-                f"[ddlaunch watchdog] node failure: {why} ({now - self.started:.0f} s into the "
-                "attempt); Slurm requeues the job once it declares the node down",
+                f"[ddlaunch watchdog] node failure: {why} {into}; Slurm requeues the job "
+                "once it declares the node down",
                 flush=True,
             )
+            return None
+        return analysis.Finding(CAUSE_NODE_FAILURE, tuple(dead), f"{why} {into}")
 
     def analyse(self, now: float, beats: list[analysis.Beat]) -> analysis.Finding | None:
         """Summarise the beats for ``status`` and ``report``; the finding, if any."""
@@ -112,8 +123,9 @@ class _Watch:
             records.append_sample(self.run_dir, summary)
         return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks)
 
-    def act(self, finding: analysis.Finding, now: float) -> None:
-        """Record the verdict for the end hook, then end the training step."""
+    def act(self, finding: analysis.Finding, now: float, srun_pid: int | None = None) -> None:
+        """Record the verdict for the end hook, then end the training step (for a dead node:
+        ``end_step_without``, which returns srun to the batch script at once)."""
         records.write_verdict(
             self.run_dir,
             self.attempt,
@@ -128,7 +140,10 @@ class _Watch:
             },
         )
         print(f"[ddlaunch watchdog] {finding.cause}: {finding.detail}", flush=True)
-        if self.attempt.job_id:
+        if finding.cause == CAUSE_NODE_FAILURE and srun_pid is not None:
+            end_step_without(self.attempt.job_id, self.client, srun_pid)
+            print("[ddlaunch watchdog] ended the step; restarting without the node", flush=True)
+        elif self.attempt.job_id:
             ended = end_step(self.attempt.job_id, self.client)
             print(f"[ddlaunch watchdog] ended step(s) {', '.join(ended)}", flush=True)
 
@@ -160,7 +175,10 @@ def watch(
         if limit is not None and limit.poll(now):
             return None  # stopped before the time limit (trainer.stop_before_limit)
         beats = w.beats() if heartbeats else []
-        w.report_dead_nodes(nodes, now, beats)
+        dead = w.on_dead_nodes(nodes, now, beats)
+        if dead is not None:
+            w.act(dead, now, srun_pid)
+            return dead
         if beats:
             finding = w.analyse(now, beats)
             if finding is not None:
@@ -214,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             attempt,
             time.time() - 5,
             cfg.ranks_per_node,
-            os.environ.get("SLURM_JOB_NODELIST", ""),
+            step_nodelist(os.environ),
+            act=cfg.elastic,
         ),
         limit=limit,
     )

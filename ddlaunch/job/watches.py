@@ -6,11 +6,16 @@ not decided within ``health.preflight_timeout``, not counting the time nodes spe
 data while their staging records show it moving (``storage.stage`` can take far longer).
 
 ``NodeFailureWatch``: a node that died under the attempt, found before Slurm marks it DOWN,
-said in the batch log with its time, not acted on (its docstring says why).
+said in the batch log with its time; acted on only by a job that can continue without it
+(hot spares, ``nodes.min``; its docstring says why not otherwise).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +29,25 @@ from ddlaunch.store import preflight as records
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import FAILURES_DIR
+
+
+def end_step_without(job_id: str | None, client: Any, srun_pid: int) -> None:
+    """End a step one of whose nodes died: ``scancel`` reaches the ranks on the nodes still
+    up but waits for the dead one (MessageTimeout), and srun waits for that node's tasks until
+    Slurm declares it down (24-30 s on the dev cluster, SlurmdTimeout on a site): so scancel
+    runs aside for a moment, and srun is killed, which returns the batch script to its end
+    hook at once. The next step takes the same nodes' resources with ``--overlap``."""
+    if job_id:
+        aside = threading.Thread(target=_cancel_quietly, args=(job_id, client), daemon=True)
+        aside.start()
+        aside.join(2.0)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(srun_pid, signal.SIGKILL)
+
+
+def _cancel_quietly(job_id: str, client: Any) -> None:
+    with contextlib.suppress(Exception):  # srun is killed whatever scancel says
+        end_step(job_id, client)
 
 
 def end_step(job_id: str, client: Any) -> list[str]:
@@ -132,7 +156,9 @@ class NodeFailureWatch:
     generic resource (gres) specification"; slurmctld: "_step_get_gres_cnt ... node offset
     invalid"), so its next attempt fails at once. Slurm's own requeue at DOWN is not
     affected. Ending srun early (``scancel`` of the step blocks for MessageTimeout while
-    the node does not answer) would only lead the end hook into that requeue."""
+    the node does not answer) would only lead the end hook into that requeue. A job with hot
+    spares or ``nodes.min`` (``act``) is not requeued: Slurm keeps it (``--no-kill``) and the
+    next step leaves the dead node out, so there the watchdog ends the step at once."""
 
     def __init__(
         self,
@@ -143,10 +169,14 @@ class NodeFailureWatch:
         nodelist: str,
         grace: float = 2.0,
         probe_every: float = 5.0,
+        act: bool = False,
     ) -> None:
         self.run_dir, self.attempt, self.not_before = run_dir, attempt, not_before
         self.ranks_per_node, self.nodes = ranks_per_node, expand(nodelist)
         self.grace, self.probe_every = grace, probe_every
+        # A job with spares or nodes.min (Slurm keeps it, --no-kill): the watchdog ends the
+        # step on a dead node and the end hook restarts without it, no requeue involved.
+        self.act = act
         self.last_probe = float("-inf")
         self.found: list[str] = []
 

@@ -120,6 +120,9 @@ class LaunchPlan:
     warnings: tuple[str, ...] = ()  # valid but slow choices, also printed by render/submit
     rank_command: str = ""  # what each rank runs, for the script's comment
     trainer_stop: TrainerStop | None = None
+    # Hot spares or nodes.min: the job holds more nodes than the ranks use (--no-kill), and
+    # each attempt's step runs on the nodes `hooks place` picks.
+    elastic: bool = False
 
     # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
     env_from_submit: tuple[str, ...] = ()
@@ -148,7 +151,7 @@ def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[st
         if value:
             out.append((flag, value))
     out.append(("--time", job.time))
-    out.append(("--nodes", str(nodes.count)))
+    out.append(("--nodes", str(cfg.allocated_nodes)))
     out.append(("--ntasks-per-node", str(cfg.ranks_per_node)))
     if nodes.gpus_per_node:
         out.append(("--gpus-per-node", str(nodes.gpus_per_node)))
@@ -167,8 +170,10 @@ def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[st
     ):
         if value:
             out.append((flag, value))
-    if job.exclusive:
-        out.append(("--exclusive", None))
+    # --no-kill with spares or nodes.min: Slurm keeps the job when one of its nodes fails,
+    # and the ranks restart without it.
+    flags = (("--exclusive", job.exclusive), ("--no-kill", cfg.elastic))
+    out += [(flag, None) for flag, wanted in flags if wanted]
     excluded = sorted(set(nodes.exclude) | set(exclude))
     if excluded:
         out.append(("--exclude", ",".join(excluded)))
@@ -338,6 +343,7 @@ def make_plan(
         code_dir=code.snapshot,
         pythonpath=pythonpath,
         container_runtime=cfg.container.runtime,
+        elastic=cfg.elastic,
         container_exports=launch.exports,
         mkdirs=tuple(mkdirs) if in_container else (),
         tracking_env=tracking,

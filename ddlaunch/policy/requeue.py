@@ -11,8 +11,10 @@ treated like a crash.
 
 A retry is a restart inside the allocation (a new srun step, seconds) rather than a requeue
 (a trip through the queue) when the ranks failed on nodes that are all still usable: a crash,
-or a hang or straggler verdict that blamed no node. A blamed node must be left out, which only
-a new allocation can do (the world size is fixed), so that retry stays a requeue. Restarts
+or a hang or straggler verdict that blamed no node. A blamed node must be left out: inside the
+allocation only where there is a node to take its place or the run may shrink
+(``fault_tolerance.spare_nodes``, ``nodes.min``: the caller says ``replaceable``), else only a
+new allocation can do it, and that retry stays a requeue. Restarts
 count against ``max_restarts``, requeues against ``max_requeues``; the progress guard applies
 to both alike. Once the restarts are used up, a requeue is the fallback within its own cap.
 """
@@ -46,6 +48,9 @@ HEALTH_CAUSES = (CAUSE_PREFLIGHT, CAUSE_HANG, CAUSE_STRAGGLER)
 # failed, the nodes did not. A node failure ends the allocation without --no-kill; a preflight
 # failure blames a node; a signal means the time is up.
 RESTART_CAUSES = (CAUSE_CRASH, CAUSE_HANG, CAUSE_STRAGGLER)
+# Endings with blamed nodes a new step can retry when the allocation has usable nodes without
+# them (a hot spare, or the run may shrink): the node died, failed preflight, hung or straggled.
+REPLACE_CAUSES = (CAUSE_NODE_FAILURE, CAUSE_PREFLIGHT, CAUSE_HANG, CAUSE_STRAGGLER)
 
 # The final states an outcome records.
 COMPLETED, CANCELLED, STOPPED, FAILED = "COMPLETED", "CANCELLED", "STOPPED", "FAILED"
@@ -72,16 +77,20 @@ def decide(
     blamed: Sequence[str] = (),
     restarts_so_far: int = 0,
     max_restarts: int = 0,
+    replaceable: bool = False,
 ) -> Decision:
     """Retry after an attempt that ended for ``cause``, and how? ``blamed``: nodes a health
-    check (preflight, hang, straggler) singled out and that the retry will exclude.
-    ``max_restarts``: restarts inside the allocation the caller can do (0: it cannot, e.g.
-    rank 0 after a signal save; only the batch script loops)."""
+    check (preflight, hang, straggler) or a node failure singled out and that the retry will
+    exclude. ``max_restarts``: restarts inside the allocation the caller can do (0: it
+    cannot, e.g. rank 0 after a signal save; only the batch script loops). ``replaceable``:
+    the allocation has enough usable nodes without the blamed ones for a new step."""
     if cause == CAUSE_COMPLETED:
         return Decision(False, "completed")
     if cause == CAUSE_CANCELLED:
         return Decision(False, "cancelled by the user")
-    restartable = cause in RESTART_CAUSES and not blamed
+    restartable = (cause in RESTART_CAUSES and not blamed) or (
+        cause in REPLACE_CAUSES and bool(blamed) and replaceable
+    )
     can_restart = restartable and restarts_so_far < max_restarts
     if not can_restart and requeues_so_far >= max_requeues:
         used = (
@@ -96,6 +105,7 @@ def decide(
             f"fault_tolerance.max_requeues={max_requeues}",
         )
     excluding = cause in HEALTH_CAUSES and bool(blamed)
+    without = f", without {','.join(sorted(blamed))}" if blamed else ""
     guarded = cause in (CAUSE_CRASH, CAUSE_NODE_FAILURE, CAUSE_TRAINER_STOP) or (
         cause in HEALTH_CAUSES and not excluding
     )
@@ -110,14 +120,18 @@ def decide(
         )
         return Decision(False, f"stopped: no progress in the last attempt ({since})")
     start = resumed_from if resumed_from is not None else "none"
+    count = f"(restart {restarts_so_far + 1} of {max_restarts})"
+    if can_restart and cause == CAUSE_PREFLIGHT:
+        return Decision(False, f"restart in the allocation after preflight{without} {count}", True)
     if can_restart:
         return Decision(
             False,
             f"restart in the allocation after {cause}: committed step {start} -> "
-            f"{committed_now} (restart {restarts_so_far + 1} of {max_restarts})",
+            f"{committed_now}{without} {count}",
             restart=True,
         )
-    without = f", without {','.join(sorted(blamed))}" if excluding else ""
+    if not excluding:
+        without = ""
     if cause == CAUSE_PREFLIGHT and excluding:
         # No step ran, so "committed step a -> b" says nothing here.
         return Decision(True, f"requeue after preflight{without}")

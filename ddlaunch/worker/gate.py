@@ -219,7 +219,9 @@ def check(
         reports: list[Any] = [None] * d.world_size
         dist.all_gather_object(reports, report)
         by_host = {r["host"]: r for r in reports if r is not None}
-        nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) or sorted(by_host)
+        # The step's nodes: with hot spares the step runs on part of the allocation.
+        step = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+        nodes = expand_hostlist(step) or sorted(by_host)
         results = verdicts.evaluate(cfg, nodes, by_host)
         decision = verdicts.decide(results)
         passed = not decision.exclude and not decision.stop

@@ -158,7 +158,8 @@ def run(
     deadline = started + cfg.health.preflight_timeout * 0.8
     host = socket.gethostname()
     attempt = AttemptId.from_env(env)
-    nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) or [host]
+    step = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    nodes = expand_hostlist(step) or [host]
     index = nodes.index(host) if host in nodes else int(env.get("SLURM_NODEID", "0") or 0)
     inject = injection(env.get(INJECT_VAR), host, index, attempt.restart)
     checks, facts = local_checks(cfg, run_dir, env, runner, inject)

@@ -214,6 +214,25 @@ class DevCluster:
                 pass
         return killed
 
+    def signal_node(self, name: str, sig: int) -> int:
+        """Send ``sig`` to every process in the node's network namespace (SIGSTOP: a node
+        that stalls without dying; SIGCONT ends the stall). Returns how many got it."""
+        proc = subprocess.run(
+            ["ip", "netns", "pids", NETNS_PREFIX + name],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        sent = 0
+        for pid in proc.stdout.split():
+            try:
+                os.kill(int(pid), sig)
+                sent += 1
+            except ProcessLookupError:
+                pass
+        return sent
+
     def revive_node(self, name: str, timeout: float = 120.0) -> None:
         """Restart the node's slurmd and wait until it responds again.
 

@@ -1,0 +1,303 @@
+"""Hot spares and elastic shrink without Slurm: which nodes a step runs on, which endings
+restart without a blamed node, the end hook's answer and records, the watchdog ending the step
+of a dead node, and what the batch script asks of Slurm."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from support.fakes import FakeRunner
+from support.rundirs import committed_run
+
+from ddlaunch.app.prepare import prepare
+from ddlaunch.config import ConfigError, load_config
+from ddlaunch.job import hooks
+from ddlaunch.job.placement import placement_fields
+from ddlaunch.job.watchdog import watch
+from ddlaunch.job.watches import NodeFailureWatch
+from ddlaunch.policy import heartbeats as analysis
+from ddlaunch.policy.placement import describe_shortage, place
+from ddlaunch.policy.requeue import decide
+from ddlaunch.runner import CommandResult
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store import attempts, exclusions
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.watchdog import write_verdict
+
+ALLOC = ["node1", "node2", "node3"]
+
+
+@pytest.mark.parametrize(
+    ("unusable", "wanted", "minimum", "expected"),
+    [
+        ((), 2, None, (("node1", "node2"), ("node3",), False)),  # the spare waits
+        (("node2",), 2, None, (("node1", "node3"), (), False)),  # the spare takes over
+        (("node1",), 2, None, (("node2", "node3"), (), False)),
+        (("node2", "node3"), 2, None, None),  # no spare left, no shrink allowed
+        (("node2", "node3"), 2, 1, (("node1",), (), True)),  # shrink to nodes.min
+        (("node1", "node2", "node3"), 2, 1, None),
+        (("node3",), 3, 2, (("node1", "node2"), (), True)),
+        (("node2", "node3"), 3, 2, None),  # fewer than nodes.min
+    ],
+)
+def test_place_takes_the_first_usable_nodes_then_shrinks_to_the_minimum(
+    unusable, wanted, minimum, expected
+) -> None:
+    found = place(ALLOC, unusable, wanted, minimum)
+    got = None if found is None else (found.nodes, found.spares, found.shrunk)
+    assert got == expected
+
+
+def test_a_shortage_is_said_with_the_nodes_left_out() -> None:
+    assert describe_shortage(ALLOC, ["node2", "node3"], 2, None) == (
+        "1 usable node(s) of the allocation's 3 (without node2,node3), 2 needed (nodes.count)"
+    )
+    assert describe_shortage(ALLOC, ["node1", "node2", "node3"], 2, 1) == (
+        "0 usable node(s) of the allocation's 3 (without node1,node2,node3), 1 needed (nodes.min)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cause", "replaceable", "now", "expected"),
+    [
+        (
+            "node failure",
+            True,
+            60,
+            (
+                "restart",
+                "restart in the allocation after node failure: committed step 40 -> 60, "
+                "without node2 (restart 1 of 3)",
+            ),
+        ),
+        (
+            "node failure",
+            False,
+            60,
+            ("requeue", "requeue after node failure: committed step 40 -> 60"),
+        ),
+        # A dead node's attempt that made no progress is not retried, spare or not.
+        (
+            "node failure",
+            True,
+            40,
+            ("stop", "stopped: no progress in the last attempt (the committed step stayed at 40)"),
+        ),
+        # Preflight runs before any step: excluding the node is what makes the retry sound.
+        (
+            "preflight",
+            True,
+            40,
+            (
+                "restart",
+                "restart in the allocation after preflight, without node2 (restart 1 of 3)",
+            ),
+        ),
+        ("preflight", False, 40, ("requeue", "requeue after preflight, without node2")),
+        (
+            "straggler",
+            True,
+            40,
+            (
+                "restart",
+                "restart in the allocation after straggler: committed step 40 -> 40, "
+                "without node2 (restart 1 of 3)",
+            ),
+        ),
+    ],
+)
+def test_a_blamed_node_restarts_in_the_allocation_only_where_it_can_be_replaced(
+    cause, replaceable, now, expected
+) -> None:
+    d = decide(
+        cause=cause,
+        committed_now=now,
+        resumed_from=40,
+        requeues_so_far=0,
+        max_requeues=3,
+        blamed=["node2"],
+        restarts_so_far=0,
+        max_restarts=3,
+        replaceable=replaceable,
+    )
+    kind = "restart" if d.restart else "requeue" if d.requeue else "stop"
+    assert (kind, d.reason) == expected
+
+
+# Recorded from the dev cluster (trimmed): `scontrol show job -o 9` of a running job.
+RUNNING_9 = "JobId=9 JobName=ft JobState=RUNNING Reason=None Restarts=0 BatchFlag=1"
+SPARE = hooks.HookSettings(ranks_per_node=2, nodes=2, spare_nodes=1)
+ENV = {"SLURM_JOB_NODELIST": "node[1-3]", "DDLAUNCH_STEP_NODELIST": "node1,node2"}
+
+
+def _dead_node_run(tmp_path: Path) -> Path:
+    """An attempt on node1,node2 (node3 spare) whose step the watchdog ended: node2 died."""
+    run = committed_run(tmp_path, [20, 40, 60])
+    record = {"attempt": 0, "job_id": "9", "restart_count": 0, "nodes": "node1,node2"}
+    attempts.save(run, [{**record, "resumed_from": 40, "start": 1.0}])
+    verdict = {"cause": "node failure", "nodes": ["node2"], "detail": "node2 slurmd unreachable"}
+    write_verdict(run, AttemptId("9", 0, "9"), verdict)
+    return run
+
+
+def _slurm(states: str) -> FakeRunner:
+    return FakeRunner({"sinfo": states, "scontrol show job": RUNNING_9, "sacct": ""})
+
+
+def test_end_hook_restarts_on_the_spare_after_a_dead_node(tmp_path: Path) -> None:
+    run = _dead_node_run(tmp_path)
+    runner = _slurm("node1|allocated\nnode2|allocated*\nnode3|allocated\n")
+    client = SlurmClient(runner)
+    code = hooks.end(run, 137, client, AttemptId("9", 0, "9"), SPARE, True, ENV)
+    assert code == hooks.RESTART_EXIT
+    assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
+    record = attempts.load(run)[0]
+    assert (record["cause"], record["blamed"]) == ("node failure", ["node2"])
+    assert record["decision"] == (
+        "restart in the allocation after node failure: committed step 40 -> 60, without node2 "
+        "(restart 1 of 3)"
+    )
+    assert exclusions.excluded(run) == ["node2"]
+    assert not (run / "outcome.json").exists()
+
+
+def test_without_a_usable_spare_the_dead_node_means_a_requeue(tmp_path: Path) -> None:
+    # The spare is down too: no step of two nodes is left in the allocation.
+    run = _dead_node_run(tmp_path)
+    runner = _slurm("node1|allocated\nnode2|allocated*\nnode3|down*\n")
+    code = hooks.end(run, 137, SlurmClient(runner), AttemptId("9", 0, "9"), SPARE, True, ENV)
+    assert code == 0 and runner.calls[-1] == ["scontrol", "requeue", "9"]
+    assert (
+        attempts.load(run)[0]["decision"] == "requeue after node failure: committed step 40 -> 60"
+    )
+
+
+def test_a_job_without_spares_requeues_as_before(tmp_path: Path) -> None:
+    run = _dead_node_run(tmp_path)
+    plain = hooks.HookSettings(ranks_per_node=2, nodes=2)
+    runner = _slurm("node1|allocated\nnode2|allocated*\nnode3|idle\n")
+    code = hooks.end(run, 137, SlurmClient(runner), AttemptId("9", 0, "9"), plain, True, ENV)
+    assert code == 0 and runner.calls[-1] == ["scontrol", "requeue", "9"]
+
+
+def test_the_start_hook_records_the_step_its_spares_and_a_shrink(tmp_path: Path) -> None:
+    run = committed_run(tmp_path, [20])
+    exclusions.add_excluded(run, ["node2"], "node failure")
+    shrink = hooks.HookSettings(ranks_per_node=2, nodes=2, min_nodes=1)
+    env = {"SLURM_JOB_NODELIST": "node[1-2]", "DDLAUNCH_STEP_NODELIST": "node1"}
+    runner = FakeRunner({"sinfo": "node1|allocated\nnode2|down*\n"})
+    hooks.start(run, SlurmClient(runner), AttemptId("9", 0, "9", 1), env, shrink)
+    (record,) = attempts.load(run)
+    assert record["nodes"] == "node1" and record["allocation"] == "node[1-2]"
+    assert record["spares"] == [] and record["world_size"] == 2
+    assert record["shrunk"] == (
+        "1 of 2 nodes (nodes.min=1), world size 2 instead of 4: the global batch changes"
+    )
+    fields = placement_fields(run, ENV, "node1,node3", 2, None, 2)
+    assert fields["spares"] == [] and "shrunk" not in fields  # node2 is out, not a spare
+
+
+def test_the_place_hook_prints_the_next_step_for_the_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ddlaunch.job.placement import print_placement
+
+    run = committed_run(tmp_path, [])
+    exclusions.add_excluded(run, ["node2"], "node failure")
+    client = SlurmClient(FakeRunner({"sinfo": "node1|allocated\nnode2|down*\nnode3|allocated\n"}))
+    assert print_placement(run, ENV, client, 2, None) == 0
+    assert capsys.readouterr().out == "node1,node3 2\n"
+    exclusions.add_excluded(run, ["node3"], "preflight")
+    assert print_placement(run, ENV, client, 2, None) == 1
+    assert capsys.readouterr().err == (
+        "[ddlaunch] no placement for the ranks: 1 usable node(s) of the allocation's 3 "
+        "(without node2,node3), 2 needed (nodes.count)\n"
+    )
+
+
+def test_the_watchdog_ends_the_step_of_a_dead_node_at_once_where_a_spare_waits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connecting is refused, as to a dead node
+    failures = tmp_path / "failures"
+    failures.mkdir()
+    now = time.time()
+    for rank in (0, 1):
+        (failures / f"rank-{rank}.json").write_text(
+            json.dumps({"rank": rank, "job_id": "7", "attempt": 0, "time": now - 5})
+        )
+    out = f"SlurmdPort = {port}\nNodeName=node2 NodeAddr=127.0.0.1\n"
+    runner = FakeRunner(
+        {
+            "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
+            "scontrol": CommandResult(("scontrol",), 0, out, ""),
+            "squeue": CommandResult(("squeue",), 0, "7.0\n", ""),
+        }
+    )
+    srun = subprocess.Popen(["sleep", "60"])
+    attempt = AttemptId("7", 0, "7")
+    nodes = NodeFailureWatch(tmp_path, attempt, now - 60, 2, "node[1-2]", act=True)
+    try:
+        finding = watch(
+            tmp_path,
+            attempt=attempt,
+            thresholds=analysis.Thresholds(600, 10, 2.0, 300),
+            expected_ranks=4,
+            srun_pid=srun.pid,
+            client=SlurmClient(runner),
+            max_polls=3,
+            sleep=lambda s: None,
+            nodes=nodes,
+        )
+        assert srun.wait(timeout=10) == -9  # srun killed: the script goes on at once
+    finally:
+        srun.kill()
+        srun.wait()
+    assert finding is not None and (finding.cause, finding.nodes) == ("node failure", ("node2",))
+    verdict = json.loads((tmp_path / "health" / "verdict-7-0.json").read_text())
+    assert (verdict["cause"], verdict["nodes"]) == ("node failure", ["node2"])
+    said = capsys.readouterr().out
+    assert "[ddlaunch watchdog] node failure: node2 slurmd unreachable at 127.0.0.1" in said
+    assert "[ddlaunch watchdog] ended the step; restarting without the node" in said
+
+
+def _config(tmp_path: Path, **sections: dict) -> Path:
+    cfg: dict = {
+        "defaults": ["clusters/devcluster"],
+        "job": {"name": "sp", "time": "00:10:00"},
+        "nodes": {"count": 2, "gpus_per_node": 2},
+        "launch": {"entrypoint": "ddlaunch.examples.mlp:main"},
+    }
+    for key, value in sections.items():
+        cfg.setdefault(key, {}).update(value)
+    path = tmp_path / "sp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_spares_allocate_more_nodes_with_no_kill_and_place_each_step(tmp_path: Path) -> None:
+    spare = prepare(_config(tmp_path, fault_tolerance={"spare_nodes": 1}), run_root=str(tmp_path))
+    script = spare.script
+    assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
+    assert "placement=$(python3 -m ddlaunch.job.hooks place)" in script
+    assert '--overlap --nodes="$step_nodes" --ntasks="$DDLAUNCH_WORLD_SIZE"' in script
+    assert "export DDLAUNCH_WORLD_SIZE=$((step_nodes * 2))" in script
+    plain = prepare(_config(tmp_path), run_root=str(tmp_path)).script
+    assert "#SBATCH --nodes=2\n" in plain
+    assert "--no-kill" not in plain and "--overlap" not in plain and "hooks place" not in plain
+    shrink = prepare(_config(tmp_path, nodes={"min": 1}), run_root=str(tmp_path)).script
+    assert "#SBATCH --nodes=2\n" in shrink and "#SBATCH --no-kill\n" in shrink
+
+
+def test_nodes_min_above_the_count_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(_config(tmp_path, nodes={"min": 3}))
+    assert "nodes.min: is 3, more than nodes.count=2" in str(err.value)
