@@ -356,6 +356,10 @@ def test_node_death_continues_on_the_spare_bit_identical(
     assert json.loads((run_dir / "excluded_nodes.json").read_text()) == [victim]
     bad = json.loads(Path(os.environ["DDLAUNCH_BAD_NODES"]).read_text())
     assert victim in json.dumps(bad)
+    # The spare passed its own preflight (local checks) while the ranks started.
+    log = (run_dir / "logs" / f"batch-{job_id}.out").read_text()
+    assert f"[ddlaunch preflight spare {spare}] ok; bandwidth: hot spare: local checks only" in log
+    assert f"[ddlaunch] preflight: every spare passed ({spare})" in log
 
 
 def test_node_death_without_a_spare_shrinks_to_nodes_min(

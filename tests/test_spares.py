@@ -301,3 +301,88 @@ def test_nodes_min_above_the_count_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(_config(tmp_path, nodes={"min": 3}))
     assert "nodes.min: is 3, more than nodes.count=2" in str(err.value)
+
+
+_OK = {"checks": [{"name": "gpus", "status": "ok", "detail": "2"}]}
+_FULL = {"checks": [{"name": "disk:checkpoints", "status": "fail", "detail": "0.00 GB free"}]}
+
+
+def _spare_step(run_dir: Path, attempt: AttemptId, reports: dict[str, dict]) -> FakeRunner:
+    """A runner whose srun 'runs' the spares' node tasks by writing their reports."""
+    from ddlaunch.store import preflight as records
+
+    def on_run(argv: list[str]) -> None:
+        if argv[0] == "srun":
+            for host, rep in reports.items():
+                records.write_report(run_dir, attempt, host, {"host": host, **rep}, spare=True)
+
+    return FakeRunner(on_run=on_run)
+
+
+def test_a_spare_that_fails_the_preflight_is_left_out_before_it_is_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from support.rundirs import example_run_dir, in_attempt
+
+    from ddlaunch.job.preflight import check_spares
+    from ddlaunch.store import badnodes
+
+    run_dir = example_run_dir(tmp_path)
+    attempt = in_attempt(monkeypatch, tmp_path, "377", 0)
+    runner = _spare_step(run_dir, attempt, {"node3": _OK, "node4": _FULL})
+    assert check_spares(run_dir, SlurmClient(runner), attempt, ["node3", "node4"]) == ["node4"]
+    (srun,) = [c for c in runner.calls if c[0] == "srun"]
+    assert "--nodelist=node3,node4" in srun and srun[-1] == "--spare"
+    assert exclusions.excluded(run_dir) == ["node4"]
+    assert badnodes.active_nodes(tmp_path / "bad.json") == ["node4"]
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith("[ddlaunch preflight spare node3] ok; bandwidth: ")
+    assert said[1].startswith("[ddlaunch preflight spare node4] disk:checkpoints: 0.00 GB free")
+    assert said[2] == (
+        "[ddlaunch] preflight failed on a spare: node4: disk:checkpoints: 0.00 GB free; left out"
+    )
+    # The next placement takes the good spare only.
+    found = place(["node1", "node2", "node3", "node4"], exclusions.excluded(run_dir), 2, None)
+    assert found is not None and found.spares == ("node3",)
+
+
+def test_a_spare_reports_local_checks_only_beside_the_training_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.rundirs import example_run_dir, in_attempt
+
+    from ddlaunch.store import preflight as records
+    from ddlaunch.worker import node_task
+
+    run_dir = example_run_dir(tmp_path)
+    attempt = in_attempt(monkeypatch, tmp_path, "377", 0)
+    env = {"DDLAUNCH_RUN_DIR": str(run_dir), "SLURM_JOB_ID": "377", "SLURM_RESTART_COUNT": "0"}
+    monkeypatch.setattr(node_task, "local_checks", lambda *a: ([], {"torch": {"error": None}}))
+    report = node_task.run(env, FakeRunner(), spare=True)
+    assert report["net"] == {"skipped": "hot spare: local checks only"}
+    assert list(records.read_reports(run_dir, attempt, spare=True)) == [report["host"]]
+    assert records.read_reports(run_dir, attempt) == {}  # the ranks' gate never sees it
+
+
+def test_a_node_that_fails_the_preflight_is_replaced_by_the_spare_in_the_allocation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.rundirs import example_run_dir, in_attempt
+
+    from ddlaunch.store import preflight as records
+
+    run_dir = example_run_dir(tmp_path)
+    attempt = in_attempt(monkeypatch, tmp_path, "9", 0)
+    record = {"attempt": 0, "job_id": "9", "restart_count": 0, "nodes": "node1,node2"}
+    attempts.save(run_dir, [{**record, "resumed_from": None, "start": 1.0}])
+    for host, rep in {"node1": _OK, "node2": _FULL}.items():
+        records.write_report(run_dir, attempt, host, {"host": host, **rep})
+    runner = _slurm("node1|allocated\nnode2|allocated\nnode3|allocated\n")
+    code = hooks.end(run_dir, 1, SlurmClient(runner), attempt, SPARE, True, ENV)
+    assert code == hooks.RESTART_EXIT
+    assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
+    (rec,) = attempts.load(run_dir)
+    assert (rec["cause"], rec["blamed"]) == ("preflight", ["node2"])
+    assert rec["decision"] == (
+        "restart in the allocation after preflight, without node2 (restart 1 of 3)"
+    )

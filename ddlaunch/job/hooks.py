@@ -33,7 +33,13 @@ from ddlaunch.job.placement import (
     print_placement,
     step_nodelist,
 )
-from ddlaunch.job.preflight import RESTART_EXIT, InAllocation, preflight_hook, preflight_outcome
+from ddlaunch.job.preflight import (
+    RESTART_EXIT,
+    InAllocation,
+    check_spares,
+    preflight_hook,
+    preflight_outcome,
+)
 from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
@@ -384,7 +390,7 @@ def conclude_saved(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.hooks")
-    parser.add_argument("hook", choices=["start", "preflight", "end", "stop", "place"])
+    parser.add_argument("hook", choices=["start", "preflight", "end", "stop", "place", "spares"])
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--srun-pid", type=int, default=None)
     # Given by a batch script that loops on RESTART_EXIT (older scripts do not).
@@ -407,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = _settings(run_dir)
     if args.hook == "place":
         return print_placement(run_dir, os.environ, client, settings.nodes, settings.min_nodes)
+    if args.hook == "spares":
+        found, _ = next_placement(run_dir, os.environ, client, settings.nodes, settings.min_nodes)
+        check_spares(run_dir, client, attempt, found.spares if found else ())
+        return 0
     if args.hook == "stop":
         source = checkpoint_source(run_dir, read_config_tree(run_dir))
         request = stopping.StopRequest(run_dir, attempt, source, client, args.srun_pid)

@@ -43,8 +43,15 @@ class InAllocation:
 
 
 def preflight_argv(
-    python: str, nodes: int, timeout_s: int, log_dir: Path, doctor: bool = False
+    python: str,
+    nodes: int,
+    timeout_s: int,
+    log_dir: Path,
+    doctor: bool = False,
+    spares: Sequence[str] = (),
 ) -> list[str]:
+    """The node task's srun step: on every node of the allocation, or on the ``spares``."""
+    where = [f"--nodelist={','.join(spares)}"] if spares else []
     return [
         "srun",
         # Explicit logs: a sweep task exports SLURM_STDOUTMODE for the training ranks' logs.
@@ -57,11 +64,50 @@ def preflight_argv(
         "--kill-on-bad-exit=0",
         f"--time={max(1, math.ceil(timeout_s / 60))}",
         "--job-name=ddlaunch-preflight",
+        *where,
         python,
         "-m",
         "ddlaunch.worker.node_task",
         *(["--doctor"] if doctor else []),
+        *(["--spare"] if spares else []),
     ]
+
+
+def check_spares(
+    run_dir: Path, client: Any, attempt: AttemptId, spares: Sequence[str]
+) -> list[str]:
+    """The hot spares run the preflight's node checks (GPUs, free space, torch) as the job
+    starts, beside the training step, so that a spare is known good before a failure needs
+    it: one that fails is excluded from this run (``hooks place`` skips it) and goes on the
+    bad-node list. Returns the failing spares."""
+    cfg = load_config(config_path(run_dir))
+    if not cfg.health.preflight or not spares:
+        return []
+    timeout = cfg.health.preflight_timeout
+    argv = preflight_argv(
+        cfg.launch.python, len(spares), timeout, run_dir / LOGS_DIR, spares=spares
+    )
+    client.run_step(argv, timeout=timeout + 30)
+    reports = records.read_reports(run_dir, attempt, spare=True)
+    failed = []
+    for node in spares:
+        # One by one: a spare is in no step with the others, so no bandwidth is measured.
+        mine = {node: reports[node]} if node in reports else {}
+        (verdict,) = verdicts.evaluate(cfg, [node], mine)
+        if mine:
+            line = verdicts.node_report_line(mine[node])
+            print(line.replace("[ddlaunch preflight ", "[ddlaunch preflight spare ", 1), flush=True)
+        if not verdict.ok:
+            failed.append(f"{node}: {verdict.reason()}")
+    if failed:
+        reason = "preflight failed on a spare: " + "; ".join(failed)
+        bad = [f.split(":", 1)[0] for f in failed]
+        exclusions.add_excluded(run_dir, bad, reason)
+        badnodes.record(bad, reason, cfg.health.bad_node_ttl_hours, f"run {run_dir.name}")
+        print(f"[ddlaunch] {reason}; left out", flush=True)
+        return bad
+    print(f"[ddlaunch] preflight: every spare passed ({','.join(spares)})", flush=True)
+    return []
 
 
 def run_preflight_step(

@@ -123,6 +123,7 @@ class LaunchPlan:
     # Hot spares or nodes.min: the job holds more nodes than the ranks use (--no-kill), and
     # each attempt's step runs on the nodes `hooks place` picks.
     elastic: bool = False
+    check_spares: bool = False  # hot spares and health.preflight: the spares are checked too
 
     # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
     env_from_submit: tuple[str, ...] = ()
@@ -344,6 +345,7 @@ def make_plan(
         pythonpath=pythonpath,
         container_runtime=cfg.container.runtime,
         elastic=cfg.elastic,
+        check_spares=cfg.fault_tolerance.spare_nodes > 0 and cfg.health.preflight,
         container_exports=launch.exports,
         mkdirs=tuple(mkdirs) if in_container else (),
         tracking_env=tracking,

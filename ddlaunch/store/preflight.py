@@ -2,6 +2,8 @@
 
 * ``health/preflight/<job>-<restart>/<host>.json``: each node's report (facts, checks,
   bandwidth), written by the node itself as soon as it has them;
+* ``health/spares/<job>-<restart>/<host>.json``: the same of each hot spare, checked beside
+  the training step (local checks only: a spare is in no step yet);
 * ``health/preflight.json``: the latest verdicts (for ``status`` and ``report``);
 * ``health/gate-<job>-<restart>.json``: the in-rank gate's decision for one attempt;
 * ``health/deferred-signal-<job>-<restart>.json``: a pre-timeout signal that arrived during
@@ -20,22 +22,27 @@ from ddlaunch.store.attempts import AttemptId, update_open
 
 HEALTH_DIR = "health"
 REPORTS_DIR = "preflight"
+SPARES_DIR = "spares"
 LATEST_FILE = "preflight.json"
 LATEST_FIELDS = {"verdicts": records.OBJECTS}  # what readers of the latest verdicts rely on
 
 
-def reports_dir(run_dir: Path, attempt: AttemptId) -> Path:
-    return run_dir / HEALTH_DIR / REPORTS_DIR / attempt.key
+def reports_dir(run_dir: Path, attempt: AttemptId, spare: bool = False) -> Path:
+    return run_dir / HEALTH_DIR / (SPARES_DIR if spare else REPORTS_DIR) / attempt.key
 
 
-def write_report(run_dir: Path, attempt: AttemptId, host: str, report: dict[str, Any]) -> None:
-    fsutil.atomic_write_json(reports_dir(run_dir, attempt) / f"{host}.json", report)
+def write_report(
+    run_dir: Path, attempt: AttemptId, host: str, report: dict[str, Any], spare: bool = False
+) -> None:
+    fsutil.atomic_write_json(reports_dir(run_dir, attempt, spare) / f"{host}.json", report)
 
 
-def read_reports(run_dir: Path, attempt: AttemptId) -> dict[str, dict[str, Any]]:
-    """Host -> report; unreadable (half-written) reports are skipped."""
+def read_reports(
+    run_dir: Path, attempt: AttemptId, spare: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Host -> report (``spare``: the hot spares'); unreadable (half-written) ones skipped."""
     reports: dict[str, dict[str, Any]] = {}
-    for path in sorted(reports_dir(run_dir, attempt).glob("*.json")):
+    for path in sorted(reports_dir(run_dir, attempt, spare).glob("*.json")):
         try:
             reports[path.stem] = fsutil.read_json(path) or {}
         except (OSError, ValueError):

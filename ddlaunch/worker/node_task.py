@@ -149,8 +149,10 @@ def bandwidth_phase(
 
 
 def run(
-    env: Mapping[str, str], runner: Runner | None = None, doctor: bool = False
+    env: Mapping[str, str], runner: Runner | None = None, doctor: bool = False, spare: bool = False
 ) -> dict[str, Any]:
+    """This node's preflight report (written as soon as known). ``spare``: a hot spare,
+    checked beside the training step: local checks only, into the spares' reports."""
     runner = runner or SubprocessRunner()
     run_dir = Path(env["DDLAUNCH_RUN_DIR"])
     cfg = load_config(config_path(run_dir))
@@ -172,6 +174,11 @@ def run(
     }
     if doctor:
         report["fabric"] = doctor_findings(cfg, runner)
+    if spare:
+        report["net"] = {"skipped": "hot spare: local checks only"}
+        report["elapsed_s"] = round(time.monotonic() - started, 2)
+        records.write_report(run_dir, attempt, host, report, spare=True)
+        return report
     records.write_report(run_dir, attempt, host, report)
     if facts["torch"]["error"]:
         report["net"] = {"skipped": "torch does not import"}
@@ -210,8 +217,8 @@ def catch_preempt_signal(env: Mapping[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     received = catch_preempt_signal(os.environ)
-    report = run(os.environ, doctor="--doctor" in args)
-    if received:
+    report = run(os.environ, doctor="--doctor" in args, spare="--spare" in args)
+    if received and "--spare" not in args:
         report["signal"] = received[0]
         run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
         records.write_report(run_dir, AttemptId.from_env(os.environ), report["host"], report)
