@@ -293,6 +293,13 @@ def test_errors(tmp_path: Path) -> None:
     assert "kubernetes.volumes./shared: expected pvc:CLAIM, nfs:SERVER:/export or host:/path" in (
         _error(tmp_path, ['kubernetes.volumes={"/shared": "s3:bucket"}'])
     )
+    slurm_only = "act inside a Slurm allocation; not on Kubernetes"
+    assert f"fault_tolerance.spare_nodes: hot spares and elastic shrink {slurm_only}" in _error(
+        tmp_path, ["fault_tolerance.spare_nodes=1"]
+    )
+    assert f"nodes.min: hot spares and elastic shrink {slurm_only}" in _error(
+        tmp_path, ["nodes.min=1"]
+    )
 
 
 def test_nfs_and_read_only_volumes(tmp_path: Path) -> None:

@@ -330,6 +330,17 @@ def _podgroup(cfg: Config, name: str) -> dict[str, Any]:
     return {"apiVersion": PODGROUP_API, "kind": "PodGroup", "metadata": meta, "spec": spec}
 
 
+def _slurm_only(cfg: Config) -> list[ConfigIssue]:
+    """Settings that need a Slurm allocation to act in: refused rather than ignored."""
+    why = "hot spares and elastic shrink act inside a Slurm allocation; not on Kubernetes"
+    issues = []
+    if cfg.fault_tolerance.spare_nodes:
+        issues.append(ConfigIssue("fault_tolerance.spare_nodes", why))
+    if cfg.nodes.min is not None:
+        issues.append(ConfigIssue("nodes.min", why))
+    return issues
+
+
 def make_kubernetes_plan(
     cfg: Config,
     *,
@@ -344,7 +355,7 @@ def make_kubernetes_plan(
     kind, name = cfg.kubernetes.kind, object_name(run_id)
     image = image_of(cfg)
     checkpoints = cfg.storage.checkpoint_dir or str(PurePosixPath(run_dir) / CHECKPOINTS_DIR)
-    issues = _check_storage(cfg, run_dir, checkpoints)
+    issues = _check_storage(cfg, run_dir, checkpoints) + _slurm_only(cfg)
     if issues:
         raise ConfigError(issues)
     pythonpath, workdir = _code(cfg, code)
