@@ -83,8 +83,25 @@ def test_parse_recorded_sinfo() -> None:
             ["nodes.nodelist: node3 not in partition ddltest"],
         ),
         (["nodes.exclude=[node9]"], ["nodes.exclude: node9: no such node in the cluster"]),
+        (
+            ["nodes.count=2", "fault_tolerance.spare_nodes=2"],
+            [
+                "nodes.count + fault_tolerance.spare_nodes: 2 + 2 = 4 nodes, but partition "
+                "debug has 3 nodes with 2 GPUs or more"
+            ],
+        ),
     ],
-    ids=["fits", "nodes", "partition", "limits", "unlimited", "cpus", "nodelist", "exclude"],
+    ids=[
+        "fits",
+        "nodes",
+        "partition",
+        "limits",
+        "unlimited",
+        "cpus",
+        "nodelist",
+        "exclude",
+        "spares",
+    ],
 )
 def test_jobs_that_can_never_start(overrides: list[str], expected: list[str]) -> None:
     assert problems(config(*overrides), LIMITS, {}) == expected

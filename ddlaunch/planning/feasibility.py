@@ -38,13 +38,23 @@ def _duration(seconds: int) -> str:
     return f"{days}-{text}" if days else text
 
 
+def _asked(cfg: Config) -> tuple[int, str]:
+    """The nodes the job allocates, and the key(s) that say so (hot spares count)."""
+    spares = cfg.fault_tolerance.spare_nodes
+    if spares:
+        return (
+            cfg.allocated_nodes,
+            f"nodes.count + fault_tolerance.spare_nodes: {cfg.nodes.count} + {spares} =",
+        )
+    return cfg.nodes.count, "nodes.count:"
+
+
 def _limits(cfg: Config, part: PartitionFacts) -> list[str]:
     problems = []
     where = f"partition {part.name}"
-    if part.max_nodes is not None and cfg.nodes.count > part.max_nodes:
-        problems.append(
-            f"nodes.count: {cfg.nodes.count} nodes is more than {where}'s MaxNodes={part.max_nodes}"
-        )
+    wanted, keys = _asked(cfg)
+    if part.max_nodes is not None and wanted > part.max_nodes:
+        problems.append(f"{keys} {wanted} nodes is more than {where}'s MaxNodes={part.max_nodes}")
     limit = parse_duration(cfg.job.time)
     if part.max_time_s is not None and (limit == 0 or (limit or 0) > part.max_time_s):
         most = _duration(part.max_time_s)
@@ -81,14 +91,14 @@ def _enough_nodes(cfg: Config, part: PartitionFacts, excluded: Mapping[str, str]
     gpus = cfg.nodes.gpus_per_node
     kind = f" with {gpus} GPU{'s' if gpus > 1 else ''} or more" if gpus else ""
     has = f"{where} has {len(fitting)} node{'s' if len(fitting) != 1 else ''}{kind}"
-    wanted = cfg.nodes.count
+    wanted, keys = _asked(cfg)
     if len(fitting) < wanted:
-        return [f"nodes.count: {wanted} nodes, but {has}"]
+        return [f"{keys} {wanted} nodes, but {has}"]
     out = sorted(n for n in fitting if n in excluded)
     if len(fitting) - len(out) >= wanted:
         return []
     lines = [
-        f"nodes.count: {wanted} nodes, but {has} and {len(out)} of them are excluded, "
+        f"{keys} {wanted} nodes, but {has} and {len(out)} of them are excluded, "
         f"which leaves {len(fitting) - len(out)}:"
     ]
     return lines + [f"  {node}: {excluded[node]}" for node in out]
