@@ -18,8 +18,8 @@ from ddlaunch.cli.completion import complete_runs
 )
 def command(run: str, mttf_hours: float | None) -> None:
     """Advise RUN's checkpoint interval: its measured save stall C and restart cost R, an
-    MTTF, the Young-Daly interval sqrt(2 C MTTF) and the predicted ETTR (useful training
-    time / wall time) now and at that interval."""
+    MTTF, the interval of highest predicted ETTR (useful training time / wall time) and
+    that ETTR, beside the ETTR now."""
     from ddlaunch.app import advise
     from ddlaunch.app.runs import find_run, run_id
 
