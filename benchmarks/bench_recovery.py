@@ -18,6 +18,14 @@ Without an argument, a node kill:
 Target: recovery <= detection + 30 s, and work lost <= one checkpoint interval.
 
     SLURM_CONF=/etc/ddlaunch-devcluster/slurm.conf python benchmarks/bench_recovery.py
+
+``interval --save S --restart R`` (no cluster; ``rank-crash`` runs it too with its measured
+costs): at published MTTFs, the interval ``ddlaunch advise`` advises beside the simulated
+optimum (``policy.interval_search``: 200 seeds of 100 MTTFs at 21 intervals) and Young-Daly's
+sqrt(2 C MTTF), with their simulated ETTRs (the same 200 seeds). Target: advised within 5 % of
+the simulated optimum.
+
+    python benchmarks/bench_recovery.py interval --save 0.018 --restart 13.3
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ import time
 from pathlib import Path
 
 INTERVAL = 20
+# Kokolis et al. 2024: job MTTF at 1,024 GPUs and at 16,384.
+PUBLISHED_MTTF_HOURS = (7.9, 1.8)
+SEARCH_SEEDS = 200
 CONFIG = """defaults: [clusters/devcluster]
 job: {{name: bench-recovery, time: "00:10:00"}}
 nodes: {{count: 2, gpus_per_node: 2, cpus_per_task: 1}}
@@ -184,19 +195,22 @@ def rank_crash(repeat: int) -> None:
     print(f"{'  ratio requeue / in allocation':34} {requeue / inside:7.2f}x")
     if stalls:
         published_ettr(statistics.fmean(stalls), {"in the allocation": inside, "requeue": requeue})
+        for restart in (inside, requeue):
+            advised_vs_optimum(statistics.fmean(stalls), restart)
 
 
 def published_ettr(save_s: float, restarts: dict[str, float]) -> None:
     """Simulated ETTR at published job MTTFs (Kokolis et al. 2024: 7.9 h at 1,024 GPUs, 1.8 h
     at 16,384) with this run's save stall and restart costs, at the Young-Daly interval:
     20 seeds of 50 MTTFs of training each, with the shares lost."""
+    from ddlaunch.app.advise import advised_interval
     from ddlaunch.policy import interval
 
     print(f"simulated ETTR at the advised interval, save stall C = {save_s:.3f} s (measured)")
-    for hours in (7.9, 1.8):
+    for hours in PUBLISHED_MTTF_HOURS:
         mttf = hours * 3600
-        every = interval.young_daly(save_s, mttf)
         for how, restart in restarts.items():
+            every = advised_interval(save_s, restart, mttf)
             runs = [
                 interval.simulate(
                     50 * mttf, every, save_s, restart, interval.exponential_failures(mttf, seed)
@@ -213,7 +227,48 @@ def published_ettr(save_s: float, restarts: dict[str, float]) -> None:
             )
 
 
+def advised_vs_optimum(save_s: float, restart_s: float) -> bool:
+    """Print, per published MTTF, the advised interval, the simulated optimum, Young-Daly's,
+    their ratios and simulated ETTRs; whether every advised one is within 5 %."""
+    from ddlaunch.app.advise import advised_interval
+    from ddlaunch.policy import interval
+    from ddlaunch.policy.interval_search import simulated_ettr, simulated_optimum
+
+    print(
+        f"advised interval vs the simulated optimum, C = {save_s:g} s, R = {restart_s:g} s "
+        f"(ETTRs: {SEARCH_SEEDS} seeds of 100 MTTFs)"
+    )
+    met = True
+    for hours in PUBLISHED_MTTF_HOURS:
+        mttf = hours * 3600
+        started = time.perf_counter()
+        best = simulated_optimum(save_s, restart_s, mttf, seeds=SEARCH_SEEDS)
+        took = time.perf_counter() - started
+        advised = advised_interval(save_s, restart_s, mttf)
+        young = interval.young_daly(save_s, mttf)
+        ettr = {
+            name: simulated_ettr(every, save_s, restart_s, mttf, seeds=SEARCH_SEEDS)
+            for name, every in (("advised", advised), ("young", young))
+        }
+        met = met and abs(advised / best.interval_s - 1) <= 0.05
+        print(
+            f"  MTTF {hours:3} h: simulated optimum {best.interval_s:8.2f} s (ETTR "
+            f"{best.ettr:.3%}, search {took:.2f} s)\n"
+            f"    advised    {advised:8.2f} s  ratio {advised / best.interval_s:.3f}  "
+            f"ETTR {ettr['advised']:.3%}\n"
+            f"    Young-Daly {young:8.2f} s  ratio {young / best.interval_s:.3f}  "
+            f"ETTR {ettr['young']:.3%}"
+        )
+    print(f"  advised within 5 % of the simulated optimum: {'met' if met else 'MISSED'}")
+    return met
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["interval"]:
+        args = sys.argv[2:]
+        save = float(args[args.index("--save") + 1])
+        restart = float(args[args.index("--restart") + 1])
+        sys.exit(0 if advised_vs_optimum(save, restart) else 1)
     if sys.argv[1:2] == ["rank-crash"]:
         repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
         rank_crash(repeat)
