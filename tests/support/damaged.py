@@ -89,6 +89,9 @@ def _complete(run: Path, root: Path) -> None:
     record = {"rank": 0, "host": "node1", "exception": "RuntimeError", "message": "boom"}
     failures.write_failure(run, 0, {**record, "job_id": JOB, "attempt": 0, "time": 3.0})
     preflight.write_report(run, ATTEMPT, "node1", {"checks": [{"name": "gpu", "ok": True}]})
+    preflight.write_report(
+        run, ATTEMPT, "node3", {"checks": [{"name": "gpu", "ok": True}]}, spare=True
+    )
     verdicts = [{"node": "node1", "ok": True, "checks": []}]
     preflight.write_latest(run, {"verdicts": verdicts, "time": 3.0})
     watchdog.write_summary(run, {"time": 4.0, "step": 3, "oldest_beat_age": 1.0})
