@@ -422,3 +422,60 @@ def test_a_node_stopped_shorter_than_the_detection_window_is_not_blamed(
     assert not (run_dir / "excluded_nodes.json").exists()
     assert not list((run_dir / "health").glob("verdict-*.json"))
     assert result(run_dir)["param_sha256"] == reference_sha
+
+
+def test_a_node_failing_preflight_is_replaced_by_the_spare_without_a_requeue(
+    slurm_cluster, slurm_job_cleanup, tmp_path, monkeypatch
+) -> None:
+    """The second node's preflight fails (no free space, injected): the ranks restart at once
+    on the first node and the spare; the job never goes back to the queue."""
+    monkeypatch.setenv("DDLAUNCH_HEALTH_INJECT", json.dumps([{"node": "node2", "free_gb": 0}]))
+    config = mlp_config(
+        tmp_path,
+        "ft-spare-pf",
+        params={"steps": 60},
+        fault_tolerance={"spare_nodes": 1},
+        nodes={"nodelist": ["node1", "node2", "node3"]},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    seen = job_states_until_done(slurm_cluster, job_id, 300)
+    assert "PENDING" not in seen[1:] and seen[-1] == "COMPLETED", seen
+    assert slurm_cluster.job_field(job_id, "Restarts") == "0"
+    first, second = attempts(run_dir)
+    assert (first["cause"], first["blamed"]) == ("preflight", ["node2"]), first
+    assert first["decision"] == (
+        "restart in the allocation after preflight, without node2 (restart 1 of 3)"
+    )
+    assert first["committed_step"] is None  # no training step ran
+    assert second["nodes"] == "node1,node3" and second["in_allocation"] is True
+    assert second["resumed_from"] is None and result(run_dir)["start_step"] == 0
+
+
+def test_losing_the_batch_host_of_a_job_with_spares_falls_back_to_a_requeue(
+    slurm_cluster, slurm_job_cleanup, tmp_path
+) -> None:
+    """--no-kill keeps a job whose other nodes fail, not one whose batch host (the first
+    node, where the batch script runs) dies: Slurm requeues it, and it resumes on the nodes
+    left (1 node x 2 ranks and a spare: the requeued job finds its 2 nodes without the dead
+    one on this 3-node cluster)."""
+    config = mlp_config(
+        tmp_path,
+        "ft-spare-host",
+        params={"step_sleep": 0.15},
+        nodes={"count": 1},
+        fault_tolerance={"spare_nodes": 1},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    host = attempts(run_dir)[0]["batch_host"]
+    slurm_cluster.kill_node(host)
+    try:
+        seen = job_states_until_done(slurm_cluster, job_id, 400)
+    finally:
+        slurm_cluster.revive_node(host)
+    assert "PENDING" in seen and seen[-1] == "COMPLETED", seen
+    runs = attempts(run_dir)
+    assert runs[0]["cause"] == "requeued by Slurm" and runs[0]["blamed"] == [host], runs
+    assert host not in slurm_cluster.hostnames(runs[-1]["nodes"])
+    resumed = runs[-1]["resumed_from"]
+    assert resumed >= 60 and result(run_dir)["start_step"] == resumed
