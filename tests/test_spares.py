@@ -386,3 +386,29 @@ def test_a_node_that_fails_the_preflight_is_replaced_by_the_spare_in_the_allocat
     assert rec["decision"] == (
         "restart in the allocation after preflight, without node2 (restart 1 of 3)"
     )
+
+
+def test_status_and_report_say_a_shrink() -> None:
+    from types import SimpleNamespace
+
+    from ddlaunch.app import report
+    from ddlaunch.app.status import attempt_history
+    from ddlaunch.cli.status import attempt_lines
+
+    shrunk = "1 of 2 nodes (nodes.min=1), world size 2 instead of 4: the global batch changes"
+    records = [
+        {"attempt": 0, "job_id": "9", "nodes": "node1,node2", "start": 0.0, "end": 20.0,
+         "cause": "node failure", "blamed": ["node2"], "committed_step": 60},
+        {"attempt": 1, "job_id": "9", "nodes": "node1", "start": 21.0, "end": 70.0,
+         "relaunch": 1, "in_allocation": True, "shrunk": shrunk, "cause": "completed",
+         "resumed_from": 60, "committed_step": 300},
+    ]  # fmt: skip
+    history = attempt_history(SimpleNamespace(attempts=records, failures=[]), "COMPLETED")  # type: ignore[arg-type]
+    lines = [line.split(" at ")[0] for line in attempt_lines(SimpleNamespace(history=history))]
+    assert lines == [
+        "attempt 0: job 9 on node1,node2",
+        f"attempt 1: job 9 (restart in the allocation) (shrunk: {shrunk}) on node1",
+    ]
+    t = report.build("r", "COMPLETED", records, [], [], [])
+    assert t.attempts[1].how == f"9 (restart in the allocation) (shrunk: {shrunk})"
+    assert "(shrunk: 1 of 2 nodes" in report.html_page(t, "")

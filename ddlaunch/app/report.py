@@ -47,11 +47,14 @@ class AttemptSpan:
     staging: tuple[float, float] | None = None
     staging_detail: str = ""
     in_allocation: bool = False  # the batch script restarted the ranks: no requeue
+    shrunk: str = ""  # on fewer nodes than nodes.count (nodes.min): the world size changed
 
     @property
     def how(self) -> str:
-        """The job column: a restart inside the allocation must not read as a requeue."""
-        return f"{self.job_id} (restart in the allocation)" if self.in_allocation else self.job_id
+        """The job column: a restart inside the allocation must not read as a requeue, and a
+        shrunk world size is said."""
+        how = f"{self.job_id} (restart in the allocation)" if self.in_allocation else self.job_id
+        return f"{how} (shrunk: {self.shrunk})" if self.shrunk else how
 
     @property
     def staging_s(self) -> float | None:
@@ -134,6 +137,7 @@ def build(
                 staging=phase,
                 staging_detail=phase_detail,
                 in_allocation=bool(rec.get("in_allocation")),
+                shrunk=str(rec.get("shrunk") or ""),
             )
         )
     for step, when in checkpoints:

@@ -80,6 +80,8 @@ def _attempt_bars(ax: Any, t: Timeline, m: _Minutes) -> None:
                 linewidth=0.6,
             )
         label = f"#{a.attempt} {a.nodes}{' (restart in the allocation)' if a.in_allocation else ''}"
+        if a.shrunk:
+            label += " (shrunk)"
         label += f": {a.cause}"
         if a.blamed:
             label += f" (blamed {','.join(a.blamed)})"
