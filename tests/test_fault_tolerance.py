@@ -454,10 +454,11 @@ def test_a_node_failing_preflight_is_replaced_by_the_spare_without_a_requeue(
 def test_losing_the_batch_host_of_a_job_with_spares_falls_back_to_a_requeue(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
-    """--no-kill keeps a job whose other nodes fail, not one whose batch host (the first
-    node, where the batch script runs) dies: Slurm requeues it, and it resumes on the nodes
-    left (1 node x 2 ranks and a spare: the requeued job finds its 2 nodes without the dead
-    one on this 3-node cluster)."""
+    """The batch host (the first node, where the batch script runs) dies: Slurm 22.05 keeps
+    the --no-kill job RUNNING on its other node with nobody to conclude it, so ddlaunch's
+    guard (a one-task step on the spare) requeues it once Slurm declares the node down, and
+    it resumes on the nodes left (1 node x 2 ranks and a spare: the requeued job finds its 2
+    nodes without the dead one on this 3-node cluster)."""
     config = mlp_config(
         tmp_path,
         "ft-spare-host",
@@ -476,6 +477,7 @@ def test_losing_the_batch_host_of_a_job_with_spares_falls_back_to_a_requeue(
     assert "PENDING" in seen and seen[-1] == "COMPLETED", seen
     runs = attempts(run_dir)
     assert runs[0]["cause"] == "requeued by Slurm" and runs[0]["blamed"] == [host], runs
+    assert runs[0]["decision"].startswith(f"requeued by ddlaunch's guard: batch host {host} down")
     assert host not in slurm_cluster.hostnames(runs[-1]["nodes"])
     resumed = runs[-1]["resumed_from"]
     assert resumed >= 60 and result(run_dir)["start_step"] == resumed

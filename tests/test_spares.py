@@ -288,11 +288,13 @@ def test_spares_allocate_more_nodes_with_no_kill_and_place_each_step(tmp_path: P
     script = spare.script
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
     assert "placement=$(python3 -m ddlaunch.job.hooks place)" in script
+    assert "\npython3 -m ddlaunch.job.hooks guard &\n" in script
     assert '--overlap --nodes="$step_nodes" --ntasks="$DDLAUNCH_WORLD_SIZE"' in script
     assert "export DDLAUNCH_WORLD_SIZE=$((step_nodes * 2))" in script
     plain = prepare(_config(tmp_path), run_root=str(tmp_path)).script
     assert "#SBATCH --nodes=2\n" in plain
     assert "--no-kill" not in plain and "--overlap" not in plain and "hooks place" not in plain
+    assert "hooks guard" not in plain
     shrink = prepare(_config(tmp_path, nodes={"min": 1}), run_root=str(tmp_path)).script
     assert "#SBATCH --nodes=2\n" in shrink and "#SBATCH --no-kill\n" in shrink
 
@@ -412,3 +414,75 @@ def test_status_and_report_say_a_shrink() -> None:
     t = report.build("r", "COMPLETED", records, [], [], [])
     assert t.attempts[1].how == f"9 (restart in the allocation) (shrunk: {shrunk})"
     assert "(shrunk: 1 of 2 nodes" in report.html_page(t, "")
+
+
+def test_the_guard_requeues_the_job_once_slurm_declares_the_batch_host_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--no-kill keeps a job whose batch host died (RUNNING until its time limit, measured):
+    the guard on another node requeues it, without that node, once Slurm says DOWN; a node
+    that only stopped answering for a while (``mixed*``) is left alone."""
+    from support.rundirs import example_run_dir, in_attempt
+
+    from ddlaunch.job.guard import watch_batch_host
+    from ddlaunch.store import badnodes
+
+    run_dir = example_run_dir(tmp_path)
+    attempt = in_attempt(monkeypatch, tmp_path, "9", 0)
+    attempts.save(run_dir, [{"attempt": 0, "job_id": "9", "nodes": "node1,node2", "start": 1.0}])
+    states = iter(["node1|mixed*\n", "node1|mixed\n", "node1|down*\n"])
+    runner = FakeRunner({"sinfo": lambda argv: CommandResult(argv, 0, next(states), "")})
+    client = SlurmClient(runner)
+    assert watch_batch_host(run_dir, client, attempt, "node1", 24.0, sleep=lambda s: None)
+    assert runner.count("sinfo") == 3
+    scontrol = [c for c in runner.calls if c[0] == "scontrol"]
+    assert scontrol == [
+        ["scontrol", "update", "JobId=9", "ExcNodeList=node1"],
+        ["scontrol", "requeue", "9"],
+    ]
+    assert exclusions.excluded(run_dir) == ["node1"]
+    assert badnodes.active_nodes(tmp_path / "bad.json") == ["node1"]
+    (rec,) = attempts.load(run_dir)
+    assert rec["guard"] == "requeued by ddlaunch's guard: batch host node1 down*"
+    out = capsys.readouterr().out
+    assert out == "[ddlaunch guard] batch host node1 down*: requeueing the job without it\n"
+    # The start hook of the requeued job closes the cut-off attempt with the guard's words.
+    restart = FakeRunner({"sinfo": "node1|down*\nnode2|idle\n"})
+    hooks.start(run_dir, SlurmClient(restart), AttemptId("9", 1, "9"), {}, hooks.HookSettings())
+    first = attempts.load(run_dir)[0]
+    assert (first["cause"], first["blamed"]) == ("requeued by Slurm", ["node1"])
+    assert first["decision"] == "requeued by ddlaunch's guard: batch host node1 down*"
+
+
+def test_the_guard_of_a_cancelled_run_does_not_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.rundirs import example_run_dir, in_attempt
+
+    from ddlaunch.job.guard import watch_batch_host
+    from ddlaunch.store.outcome import CANCEL_FILE
+
+    run_dir = example_run_dir(tmp_path)
+    attempt = in_attempt(monkeypatch, tmp_path, "9", 0)
+    (run_dir / CANCEL_FILE).write_text("{}")
+    runner = FakeRunner({"sinfo": "node1|down\n"})
+    assert watch_batch_host(run_dir, SlurmClient(runner), attempt, "node1", 24.0)
+    assert not any(c[0] == "scontrol" for c in runner.calls)
+
+
+def test_the_guard_runs_beside_the_ranks_and_outlives_their_steps() -> None:
+    from ddlaunch.job.guard import guard_argv, guard_node
+    from ddlaunch.slurm.queue import parse_steps
+
+    assert guard_node(["node1", "node2", "node3"], "node1") == "node3"
+    assert guard_node(["node1"], "node1") is None
+    argv = guard_argv("/usr/bin/python3", "node3", "node1", Path("/r/logs"))
+    assert argv[:6] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1",
+                        "--nodelist=node3"]  # fmt: skip
+    assert "--job-name=ddlaunch-guard" in argv and argv[-2:] == ["--batch-host", "node1"]
+    # Ending the training steps (the watchdog) leaves the guard's step running.
+    assert parse_steps("9.0|python3\n9.1|ddlaunch-guard\n9.batch|batch\n9.2|python3\n") == [
+        "9.0",
+        "9.2",
+    ]
+    assert parse_steps("9.0\n9.extern\n") == ["9.0"]

@@ -27,6 +27,7 @@ from ddlaunch.config.trainers import is_byo
 from ddlaunch.job import stop as stopping
 from ddlaunch.job.attribution import attribute_safely
 from ddlaunch.job.blame import bad_nodes, blame_nodes, expand
+from ddlaunch.job.guard import exec_guard
 from ddlaunch.job.placement import (
     next_placement,
     placement_fields,
@@ -113,6 +114,8 @@ def _close_cut_off(
     if asked:
         extra.update(signal=asked.get("signal"), stop=asked.get("why"))
         extra["decision"] = "requeued by Slurm (the trainer's own scontrol requeue)"
+    elif record.get("guard"):
+        extra["decision"] = str(record["guard"])  # the batch host died (job.guard)
     attempts.close(record, cause=cause, committed_step=step, blamed=blamed, **extra)
     if blamed:
         why = "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
@@ -390,7 +393,8 @@ def conclude_saved(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.hooks")
-    parser.add_argument("hook", choices=["start", "preflight", "end", "stop", "place", "spares"])
+    hooks = ["start", "preflight", "end", "stop", "place", "spares", "guard"]
+    parser.add_argument("hook", choices=hooks)
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--srun-pid", type=int, default=None)
     # Given by a batch script that loops on RESTART_EXIT (older scripts do not).
@@ -413,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = _settings(run_dir)
     if args.hook == "place":
         return print_placement(run_dir, os.environ, client, settings.nodes, settings.min_nodes)
+    if args.hook == "guard":
+        return exec_guard(run_dir, os.environ, settings.bad_node_ttl_hours)
     if args.hook == "spares":
         found, _ = next_placement(run_dir, os.environ, client, settings.nodes, settings.min_nodes)
         check_spares(run_dir, client, attempt, found.spares if found else ())

@@ -144,8 +144,8 @@ class SlurmClient:
         return result.stdout if result.ok else ""
 
     def job_steps(self, job_id: str) -> list[str]:
-        """The job's running numeric steps (``123.0``), without batch and extern."""
-        result = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])
+        """The job's running numeric steps (``123.0``), without batch, extern and the guard."""
+        result = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"])
         return queue.parse_steps(result.stdout) if result.ok else []
 
     def run_step(self, argv: Sequence[str], timeout: float) -> CommandResult:

@@ -71,6 +71,12 @@ def node_is_bad(state: str) -> bool:
     return state.endswith("*") or state.rstrip("*+~#!%$@^-").lower() in BAD_NODE_STATES
 
 
+def node_is_down(state: str) -> bool:
+    """Slurm declared the node down or failed (after SlurmdTimeout): not merely slow to answer
+    (``mixed*``, not responding), which a stalled but living node is too."""
+    return state.rstrip("*+~#!%$@^-").lower() in ("down", "fail", "failing")
+
+
 def requeue_target(environ: Mapping[str, str]) -> str:
     """The id to requeue or update from inside a job: ``A_T`` for an array task, because
     ``scontrol requeue A`` (the array's own id, which one task carries as SLURM_JOB_ID)

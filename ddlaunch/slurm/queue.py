@@ -142,11 +142,17 @@ def parse_sacct(stdout: str) -> dict[str, QueueRow]:
     return rows
 
 
+# The step that watches the batch host of a job with hot spares (``job.guard``): it must
+# outlive the training steps the watchdog ends.
+GUARD_STEP_NAME = "ddlaunch-guard"
+
+
 def parse_steps(stdout: str) -> list[str]:
-    """``squeue -h -s -j JOB -o %i`` -> the numeric steps (``95.0``), not batch/extern."""
+    """``squeue -h -s -j JOB -o %i|%j`` (or ``-o %i``) -> the numeric steps (``95.0``), not
+    batch/extern, nor the guard step."""
     steps = []
-    for line in stdout.split():
-        step = line.partition(".")[2]
-        if step.isdigit():
-            steps.append(line)
+    for line in stdout.split("\n"):
+        step_id, _, name = line.strip().partition("|")
+        if step_id.partition(".")[2].isdigit() and name != GUARD_STEP_NAME:
+            steps.append(step_id)
     return steps

@@ -1,0 +1,133 @@
+"""The batch host's guard (torch-free), for a job with hot spares or ``nodes.min``.
+
+With ``--no-kill`` Slurm keeps a job whose batch host died, and nothing is left to conclude
+it: measured on the dev cluster (Slurm 22.05), slurmctld logs "Removing failed node node1 from
+JobId=2121", kills the batch step, and the job stays RUNNING on its other nodes until the time
+limit. So the batch script starts the guard (``python -m ddlaunch.job.hooks guard``) as a
+one-task srun step on another node of the allocation, ``python -m ddlaunch.job.guard
+--batch-host NODE``: it asks Slurm for the batch host's state every few seconds and, once
+Slurm declares it down (its own verdict after SlurmdTimeout; a node that is only stalled is
+not down), requeues the job without it, as Slurm does without ``--no-kill``. The next
+attempt's start hook closes the cut-off one. The step is named ``ddlaunch-guard`` so that
+ending a training step (the watchdog) leaves it running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.conclude import cancel_reason, requeue_excluding
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.hostlist import expand_hostlist
+from ddlaunch.slurm.parse import node_is_down
+from ddlaunch.slurm.queue import GUARD_STEP_NAME
+from ddlaunch.store import attempts, badnodes, exclusions
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.rundir import LOGS_DIR
+
+POLL_S = 2.0
+
+
+def guard_argv(python: str, node: str, batch_host: str, log_dir: Path) -> list[str]:
+    """The guard's srun step: one task on ``node``, beside the training step (``--overlap``),
+    logging straight to a file (its srun on the batch host may die first)."""
+    log = str(log_dir / "guard-%j.out")
+    return [
+        "srun",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        "--ntasks-per-node=1",
+        f"--nodelist={node}",
+        "--kill-on-bad-exit=0",
+        f"--job-name={GUARD_STEP_NAME}",
+        f"--output={log}",
+        f"--error={log}",
+        "--open-mode=append",
+        python,
+        "-m",
+        "ddlaunch.job.guard",
+        "--batch-host",
+        batch_host,
+    ]
+
+
+def guard_node(allocation: Sequence[str], batch_host: str) -> str | None:
+    """Where the guard runs: the last node of the allocation that is not the batch host (a
+    spare while there is one); None for a one-node job (nothing can watch it)."""
+    others = [n for n in allocation if n != batch_host]
+    return others[-1] if others else None
+
+
+def watch_batch_host(
+    run_dir: Path,
+    client: Any,
+    attempt: AttemptId,
+    batch_host: str,
+    ttl_hours: float,
+    *,
+    sleep: Callable[[float], Any] = time.sleep,
+    max_polls: int | None = None,
+) -> bool:
+    """Poll until Slurm declares ``batch_host`` down, then requeue the job without it (unless
+    the run was cancelled). True when it acted. Slurm unreachable: keep polling."""
+    polls = 0
+    while max_polls is None or polls < max_polls:
+        polls += 1
+        try:
+            state = client.node_states([batch_host]).get(batch_host, "")
+        except Exception:  # the controller is away: ask again
+            state = ""
+        if node_is_down(state):
+            act(run_dir, client, attempt, batch_host, state, ttl_hours)
+            return True
+        sleep(POLL_S)
+    return False
+
+
+def act(
+    run_dir: Path, client: Any, attempt: AttemptId, host: str, state: str, ttl_hours: float
+) -> None:
+    why = f"batch host {host} {state}"
+    if cancel_reason(run_dir, attempt.task, client) is not None:
+        print(f"[ddlaunch guard] {why}; the run was cancelled: no requeue", flush=True)
+        return
+    exclusions.add_excluded(run_dir, [host], f"node failure: {why}")
+    badnodes.record([host], f"node failure: {why}", ttl_hours, f"run {run_dir.name}")
+    attempts.update_last(run_dir, guard=f"requeued by ddlaunch's guard: {why}")
+    print(f"[ddlaunch guard] {why}: requeueing the job without it", flush=True)
+    done = requeue_excluding(client, attempt.task, [host])
+    if not done.done:
+        print(f"[ddlaunch guard] requeue failed: {done.error}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.guard")
+    parser.add_argument("--batch-host", required=True)
+    parser.add_argument("--bad-node-ttl-hours", type=float, default=24.0)
+    args = parser.parse_args(argv)
+    run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
+    attempt = AttemptId.from_env(os.environ)
+    watch_batch_host(run_dir, SlurmClient(), attempt, args.batch_host, args.bad_node_ttl_hours)
+    return 0
+
+
+def exec_guard(run_dir: Path, env: dict[str, str] | os._Environ[str], ttl_hours: float) -> int:
+    """``hooks guard`` on the batch host: become the guard's srun (it lives as long as the
+    job; a job of one node has nothing to watch it from)."""
+    host = os.uname().nodename
+    node = guard_node(expand_hostlist(env.get("SLURM_JOB_NODELIST", "")), host)
+    if node is None:
+        return 0
+    argv = guard_argv(sys.executable, node, host, run_dir / LOGS_DIR)
+    os.execvp(argv[0], [*argv, "--bad-node-ttl-hours", str(ttl_hours)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
