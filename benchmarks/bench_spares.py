@@ -400,6 +400,8 @@ def one_schedule(tmp: Path, spare: bool, steps: int, keep: bool) -> dict:
         done_steps = steps - first[1]
         wall = end["time"] - t0
         recomputed = recomputed_steps(records, begun, injected, per_step)
+        starts = sorted(first_steps(run).values())
+        recovery = [min(t for t in starts if t > k) - k for k, _ in injected]
         print(
             f"  {name}: outcome {outcome.get('state')}, {len(records)} attempts "
             f"({', '.join(describe(r) for r in records)}), result start_step "
@@ -423,6 +425,7 @@ def one_schedule(tmp: Path, spare: bool, steps: int, keep: bool) -> dict:
             "steps": done_steps,
             "attempts": len(records),
             "recomputed": recomputed,
+            "recovery": recovery,
             "odd": odd,
         }
     finally:
@@ -464,14 +467,15 @@ def recomputed_steps(
     return out
 
 
-def schedule(steps: int) -> None:
+def schedule(steps: int, only: str) -> None:
     keep = os.environ.get("BENCH_KEEP") == "1"
     tmp = Path(tempfile.mkdtemp(prefix="bench-spares-", dir=str(Path.home())))
     runs = {}
     try:
         wait_idle()
         for spare in (True, False):
-            runs[spare] = one_schedule(tmp, spare, steps, keep)
+            if only in ("", "spare" if spare else "requeue"):
+                runs[spare] = one_schedule(tmp, spare, steps, keep)
     finally:
         if not keep:
             shutil.rmtree(tmp, True)
@@ -480,17 +484,22 @@ def schedule(steps: int) -> None:
         f", {steps} steps"
     )
     for spare, label in ((True, "in the allocation (spare_nodes: 1)"), (False, "requeue only")):
+        if spare not in runs:
+            continue
         r = runs[spare]
         print(
             f"  {label:36} ETTR {r['ettr']:7.2%}  ({r['steps']} steps x {r['per_step']:.3f} s"
             f" / {r['wall']:.1f} s wall), {r['attempts']} attempts, steps recomputed "
-            f"{r['recomputed']} = {sum(r['recomputed'])}"
+            f"{r['recomputed']} = {sum(r['recomputed'])}, kill -> next first step "
+            f"{', '.join(f'{t:.1f}' for t in r['recovery'])} s"
         )
-    inside = runs[True]["ettr"]
-    print(
-        f"  {'target >= 90 % in the allocation':36} {'OK' if inside >= 0.9 else 'MISSED'}; "
-        f"ratio {inside / runs[False]['ettr']:.2f}x the requeue-only ETTR"
-    )
+    if True in runs:
+        inside = runs[True]["ettr"]
+        ratio = f"; ratio {inside / runs[False]['ettr']:.2f}x the requeue-only ETTR"
+        print(
+            f"  {'target >= 90 % in the allocation':36} {'OK' if inside >= 0.9 else 'MISSED'}"
+            f"{ratio if False in runs else ''}"
+        )
 
 
 def main() -> None:
@@ -501,9 +510,14 @@ def main() -> None:
         node_death(repeat)
     elif mode == ["schedule"]:
         steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 0
-        schedule(steps or SCHEDULE_STEPS)
+        # --only spare|requeue: one of the two runs (a second sample of it).
+        only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+        schedule(steps or SCHEDULE_STEPS, only)
     else:
-        raise SystemExit("usage: bench_spares.py node-death [--repeat N] | schedule [--steps N]")
+        raise SystemExit(
+            "usage: bench_spares.py node-death [--repeat N]"
+            " | schedule [--steps N] [--only spare|requeue]"
+        )
 
 
 if __name__ == "__main__":
