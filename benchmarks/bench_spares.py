@@ -495,10 +495,14 @@ def schedule(steps: int, only: str) -> None:
         )
     if True in runs:
         inside = runs[True]["ettr"]
-        ratio = f"; ratio {inside / runs[False]['ettr']:.2f}x the requeue-only ETTR"
+        ratio = (
+            f"; ratio {inside / runs[False]['ettr']:.2f}x the requeue-only ETTR"
+            if False in runs
+            else ""
+        )
         print(
-            f"  {'target >= 90 % in the allocation':36} {'OK' if inside >= 0.9 else 'MISSED'}"
-            f"{ratio if False in runs else ''}"
+            f"  {'target >= 90 % in the allocation':36} "
+            f"{'OK' if inside >= 0.9 else 'MISSED'}{ratio}"
         )
 
 
