@@ -374,8 +374,15 @@ def one_schedule(tmp: Path, spare: bool, steps: int, keep: bool) -> dict:
             now = time.time()
             if time.time() - t0 > 1200:
                 raise SystemExit(f"{name}: not done after 20 min: {attempts(run)}")
-            # A killed node back once Slurm declared it DOWN (a requeue needs 2 live nodes).
-            if dead and reviving is None and "DOWN" in node_state(dead[0]):
+            # A killed node back once Slurm declared it DOWN and the run trains again: the
+            # requeued attempt's start hook blames (and excludes) the node only if it is
+            # still down then; later failures need 2 live nodes besides it.
+            if (
+                dead
+                and reviving is None
+                and training(run, last_fault)
+                and "DOWN" in node_state(dead[0])
+            ):
                 reviving = subprocess.Popen([str(DEVCLUSTER), "up"], stdout=subprocess.DEVNULL)
             if reviving is not None and reviving.poll() is not None:
                 reviving, dead = None, dead[1:]
