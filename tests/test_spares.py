@@ -5,6 +5,7 @@ of a dead node, and what the batch script asks of Slurm."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -486,3 +487,55 @@ def test_the_guard_runs_beside_the_ranks_and_outlives_their_steps() -> None:
         "9.2",
     ]
     assert parse_steps("9.0\n9.extern\n") == ["9.0"]
+
+
+def test_a_node_the_watchdog_saw_die_is_blamed_after_slurms_requeue_even_once_back(
+    tmp_path: Path,
+) -> None:
+    """Without spares the watchdog only says a node died; Slurm requeues at DOWN. If the node
+    is back (slurmd restarted) when the next attempt starts, Slurm's state no longer shows
+    it: the watchdog's finding, kept in the attempt, still blames it."""
+    from ddlaunch.store import badnodes
+
+    run = committed_run(tmp_path, [20, 40])
+    record = {"attempt": 0, "job_id": "7", "restart_count": 0, "nodes": "node[1-2]"}
+    attempts.save(run, [{**record, "resumed_from": None, "start": 1.0}])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connecting is refused, as to a dead node
+    failures = tmp_path / "run" / "failures"
+    failures.mkdir()
+    now = time.time()
+    for rank in (0, 1):
+        (failures / f"rank-{rank}.json").write_text(
+            json.dumps({"rank": rank, "job_id": "7", "attempt": 0, "time": now - 5})
+        )
+    out = f"SlurmdPort = {port}\nNodeName=node2 NodeAddr=127.0.0.1\n"
+    runner = FakeRunner(
+        {
+            "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
+            "scontrol": CommandResult(("scontrol",), 0, out, ""),
+        }
+    )
+    attempt = AttemptId("7", 0, "7")
+    nodes = NodeFailureWatch(run, attempt, now - 60, 2, "node[1-2]")
+    watch(
+        run,
+        attempt=attempt,
+        thresholds=analysis.Thresholds(600, 10, 2.0, 300),
+        expected_ranks=4,
+        srun_pid=None,
+        client=SlurmClient(runner),
+        max_polls=2,
+        sleep=lambda s: None,
+        nodes=nodes,
+    )
+    (opened,) = attempts.load(run)
+    assert opened["dead_nodes"] == ["node2"] and "end" not in opened
+    # Slurm requeued the job; node2 is back (mixed) when the next attempt starts.
+    back = FakeRunner({"sinfo": "node1|mixed\nnode2|mixed\n"})
+    hooks.start(run, SlurmClient(back), AttemptId("7", 1, "7"), {}, hooks.HookSettings())
+    first = attempts.load(run)[0]
+    assert (first["cause"], first["blamed"]) == ("requeued by Slurm", ["node2"])
+    assert exclusions.excluded(run) == ["node2"]
+    assert badnodes.active_nodes(Path(os.environ["DDLAUNCH_BAD_NODES"])) == ["node2"]

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import Conclusion, cancel_reason, conclude
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.job import stop as stopping
-from ddlaunch.job.attribution import attribute_safely
-from ddlaunch.job.blame import bad_nodes, blame_nodes, expand
+from ddlaunch.job.blame import bad_nodes, expand
+from ddlaunch.job.endings import Blame, Ending, failed_ending
 from ddlaunch.job.guard import exec_guard
 from ddlaunch.job.placement import (
     next_placement,
@@ -45,7 +45,6 @@ from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, badnodes, exclusions, outcome, signal_save, stops
-from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import (
     CheckpointSource,
@@ -108,7 +107,9 @@ def _close_cut_off(
     asked = stops.read_stop_of(run_dir, record)
     prev_nodes = expand(record.get("nodes", ""))
     states = client.node_states(prev_nodes) if prev_nodes else {}
-    blamed = bad_nodes(states)
+    # The watchdog saw them die (slurmd refused) even if Slurm has them back by now.
+    dead = [str(n) for n in record.get("dead_nodes") or []]
+    blamed = sorted(set(bad_nodes(states)) | set(dead))
     cause = policy.CAUSE_TRAINER_STOP if asked and not blamed else policy.CAUSE_REQUEUED_BY_SLURM
     extra: dict[str, Any] = {"node_states": states}
     if asked:
@@ -118,7 +119,8 @@ def _close_cut_off(
         extra["decision"] = str(record["guard"])  # the batch host died (job.guard)
     attempts.close(record, cause=cause, committed_step=step, blamed=blamed, **extra)
     if blamed:
-        why = "node failure: " + ", ".join(f"{n} {states[n]}" for n in blamed)
+        said = {n: str(record.get("dead_why") or "died") for n in dead}
+        why = "node failure: " + ", ".join(f"{n} {states.get(n) or said[n]}" for n in blamed)
         exclusions.add_excluded(run_dir, blamed, why)
         # A node Slurm declared down is evidence about the node: my later jobs avoid it.
         badnodes.record(blamed, why, settings.bad_node_ttl_hours, f"run {run_dir.name}")
@@ -190,50 +192,6 @@ def start(
         f"[ddlaunch] attempt {len(records) - 1} on {nodes}{again}, resuming from {origin}",
         flush=True,
     )
-
-
-@dataclass
-class Ending:
-    """How an attempt ended, as the end hook works it out."""
-
-    cause: str
-    blamed: list[str] = field(default_factory=list)
-    record: dict[str, Any] = field(default_factory=dict)
-
-
-def crash_or_node_failure(
-    run_dir: Path, nodes: list[str], attempt: AttemptId, client: Any, settings: HookSettings
-) -> Ending:
-    """srun may return before Slurm notices a dead node: blame nodes Slurm reports as bad or
-    whose slurmd stopped answering, and keep them out of the next attempt (and, being
-    evidence about the node, out of my later jobs: the bad-node list)."""
-    blamed, why = blame_nodes(run_dir, nodes, attempt, client, settings.ranks_per_node)
-    if not blamed:
-        return Ending(policy.CAUSE_CRASH)
-    exclusions.add_excluded(run_dir, blamed, "node failure: " + why)
-    source = f"run {run_dir.name}"
-    badnodes.record(blamed, "node failure: " + why, settings.bad_node_ttl_hours, source)
-    return Ending(policy.CAUSE_NODE_FAILURE, blamed)
-
-
-def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: HookSettings) -> Ending | None:
-    """The watchdog ended this attempt (hang or straggler): its verdict names the cause and
-    the nodes to exclude from this run. A straggler is evidence about its node (the
-    bad-node list takes it); a hang only makes the node a suspect (``badnodes.suspect``):
-    a rank stuck in the training code's own frames hangs on any node."""
-    verdict = watchdog_records.read_verdict(run_dir, attempt)
-    if not verdict:
-        return None
-    blamed = sorted(str(n) for n in verdict.get("nodes", []))
-    detail = str(verdict.get("detail", ""))
-    cause = str(verdict.get("cause", policy.CAUSE_HANG))
-    if blamed:
-        exclusions.add_excluded(run_dir, blamed, f"{cause}: {detail}")
-        source = f"run {run_dir.name}"
-        hang = cause == policy.CAUSE_HANG
-        ttl = settings.bad_node_ttl_hours
-        badnodes.record(blamed, f"{cause}: {detail}", ttl, source, suspected=hang)
-    return Ending(cause, blamed, {"health": detail})
 
 
 def replaceable(run_dir: Path, env: Mapping[str, str], client: Any, settings: HookSettings) -> bool:
@@ -339,13 +297,9 @@ def end(
         if exit_code == 0:
             ending = Ending(policy.CAUSE_COMPLETED)
         else:
-            ending = watchdog_ending(run_dir, attempt, settings) or crash_or_node_failure(
-                run_dir, nodes, attempt, client, settings
-            )
-            if ending.cause in (policy.CAUSE_CRASH, policy.CAUSE_NODE_FAILURE):
-                # Which rank, where and how: srun's reports, failure records, accounting.
-                index = int(current.get("attempt", len(records) - 1))
-                ending.record.update(attribute_safely(run_dir, attempt, index, client))
+            index = int(current.get("attempt", len(records) - 1))
+            blame = Blame(settings.ranks_per_node, settings.bad_node_ttl_hours)
+            ending = failed_ending(run_dir, nodes, attempt, index, client, blame)
     found = latest_checkpoint(run_dir, source)
     replace = can_restart and bool(ending.blamed) and replaceable(run_dir, env, client, settings)
     restarts = can_restart and may_restart(ending, client, attempt, replace)

@@ -35,6 +35,7 @@ from ddlaunch.job.watches import NodeFailureWatch, PreflightWatch, end_step, end
 from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.requeue import CAUSE_NODE_FAILURE
 from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store import attempts
 from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
@@ -101,7 +102,9 @@ class _Watch:
             return None
         into = f"({now - self.started:.0f} s into the attempt)"
         if not nodes.act:
-            # Said, not acted on: see NodeFailureWatch for why Slurm must requeue.
+            # Said, not acted on: see NodeFailureWatch for why Slurm must requeue. Kept in
+            # the attempt, so that the next start blames the node even if it is back by then.
+            attempts.update_open(self.run_dir, dead_nodes=list(dead), dead_why=why)
             print(
                 f"[ddlaunch watchdog] node failure: {why} {into}; Slurm requeues the job "
                 "once it declares the node down",

@@ -1,0 +1,92 @@
+"""How an attempt whose ranks did not complete ended, as the end hook works it out (batch
+host, torch-free): the watchdog's verdict (hang, straggler, a dead node), else a crash or a node
+failure (nodes Slurm reports bad or whose slurmd stopped answering), with which rank, where and
+how. The blamed nodes go into the run's exclusions and, as evidence about the node, the
+bad-node list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlaunch.job.attribution import attribute_safely
+from ddlaunch.job.blame import blame_nodes
+from ddlaunch.policy import requeue as policy
+from ddlaunch.store import badnodes, exclusions
+from ddlaunch.store import watchdog as watchdog_records
+from ddlaunch.store.attempts import AttemptId
+
+
+@dataclass(frozen=True)
+class Blame:
+    """What the endings need of the hooks' settings."""
+
+    ranks_per_node: int
+    bad_node_ttl_hours: float
+
+
+@dataclass
+class Ending:
+    """How an attempt ended, as the end hook works it out."""
+
+    cause: str
+    blamed: list[str] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def crash_or_node_failure(
+    run_dir: Path, nodes: list[str], attempt: AttemptId, client: Any, settings: Blame
+) -> Ending:
+    """srun may return before Slurm notices a dead node: blame nodes Slurm reports as bad or
+    whose slurmd stopped answering, and keep them out of the next attempt (and, being
+    evidence about the node, out of my later jobs: the bad-node list)."""
+    blamed, why = blame_nodes(run_dir, nodes, attempt, client, settings.ranks_per_node)
+    if not blamed:
+        return Ending(policy.CAUSE_CRASH)
+    exclusions.add_excluded(run_dir, blamed, "node failure: " + why)
+    source = f"run {run_dir.name}"
+    badnodes.record(blamed, "node failure: " + why, settings.bad_node_ttl_hours, source)
+    return Ending(policy.CAUSE_NODE_FAILURE, blamed, {"health": why})
+
+
+def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: Blame) -> Ending | None:
+    """The watchdog ended this attempt (hang or straggler): its verdict names the cause and
+    the nodes to exclude from this run. A straggler is evidence about its node (the
+    bad-node list takes it); a hang only makes the node a suspect (``badnodes.suspect``):
+    a rank stuck in the training code's own frames hangs on any node."""
+    verdict = watchdog_records.read_verdict(run_dir, attempt)
+    if not verdict:
+        return None
+    blamed = sorted(str(n) for n in verdict.get("nodes", []))
+    detail = str(verdict.get("detail", ""))
+    cause = str(verdict.get("cause", policy.CAUSE_HANG))
+    if blamed:
+        exclusions.add_excluded(run_dir, blamed, f"{cause}: {detail}")
+        source = f"run {run_dir.name}"
+        hang = cause == policy.CAUSE_HANG
+        ttl = settings.bad_node_ttl_hours
+        badnodes.record(blamed, f"{cause}: {detail}", ttl, source, suspected=hang)
+    return Ending(cause, blamed, {"health": detail})
+
+
+def failed_ending(
+    run_dir: Path,
+    nodes: list[str],
+    attempt: AttemptId,
+    index: int,
+    client: Any,
+    settings: Blame,
+) -> Ending:
+    """How an attempt whose ranks failed ended: the watchdog's verdict, else a crash or a
+    node failure, with which rank, where and how (srun's reports, failure records,
+    accounting)."""
+    ending = watchdog_ending(run_dir, attempt, settings) or crash_or_node_failure(
+        run_dir, nodes, attempt, client, settings
+    )
+    if ending.cause in (policy.CAUSE_CRASH, policy.CAUSE_NODE_FAILURE):
+        ending.record.update(attribute_safely(run_dir, attempt, index, client))
+    if ending.cause == policy.CAUSE_NODE_FAILURE:
+        # The ranks left alive failed because a peer vanished: the node is the cause.
+        ending.record["culprit"] = f"node failure of {','.join(ending.blamed)}"
+    return ending
