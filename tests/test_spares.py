@@ -417,12 +417,13 @@ def test_status_and_report_say_a_shrink() -> None:
     assert "(shrunk: 1 of 2 nodes" in report.html_page(t, "")
 
 
-def test_the_guard_requeues_the_job_once_slurm_declares_the_batch_host_down(
+def test_the_guard_requeues_the_job_once_slurm_removes_its_batch_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--no-kill keeps a job whose batch host died (RUNNING until its time limit, measured):
-    the guard on another node requeues it, without that node, once Slurm says DOWN; a node
-    that only stopped answering for a while (``mixed*``) is left alone."""
+    the guard on another node requeues it, without that node, once Slurm removed the node
+    from the job; a node that only stopped answering for a while (``mixed*``, still in the
+    job's NodeList) is left alone."""
     from support.rundirs import example_run_dir, in_attempt
 
     from ddlaunch.job.guard import watch_batch_host
@@ -430,12 +431,21 @@ def test_the_guard_requeues_the_job_once_slurm_declares_the_batch_host_down(
 
     run_dir = example_run_dir(tmp_path)
     attempt = in_attempt(monkeypatch, tmp_path, "9", 0)
-    attempts.save(run_dir, [{"attempt": 0, "job_id": "9", "nodes": "node1,node2", "start": 1.0}])
-    states = iter(["node1|mixed*\n", "node1|mixed\n", "node1|down*\n"])
-    runner = FakeRunner({"sinfo": lambda argv: CommandResult(argv, 0, next(states), "")})
+    attempts.save(run_dir, [{"attempt": 0, "job_id": "9", "nodes": "node1", "start": 1.0}])
+    # Recorded on the dev cluster (22.05): squeue of the job before and after Slurm removed
+    # its failed batch host; sinfo meanwhile says mixed* (not responding), never down.
+    rows = iter(
+        ["9|RUNNING|None|node[1-2]\n", "9|RUNNING|None|node[1-2]\n", "9|RUNNING|None|node2\n"]
+    )
+    runner = FakeRunner(
+        {
+            "squeue": lambda argv: CommandResult(argv, 0, next(rows), ""),
+            "sinfo": "node1|mixed*\n",
+        }
+    )
     client = SlurmClient(runner)
     assert watch_batch_host(run_dir, client, attempt, "node1", 24.0, sleep=lambda s: None)
-    assert runner.count("sinfo") == 3
+    assert runner.count("squeue") == 3
     scontrol = [c for c in runner.calls if c[0] == "scontrol"]
     assert scontrol == [
         ["scontrol", "update", "JobId=9", "ExcNodeList=node1"],
@@ -443,16 +453,33 @@ def test_the_guard_requeues_the_job_once_slurm_declares_the_batch_host_down(
     ]
     assert exclusions.excluded(run_dir) == ["node1"]
     assert badnodes.active_nodes(tmp_path / "bad.json") == ["node1"]
+    why = "batch host node1 removed from the job by Slurm (NodeList=node2)"
     (rec,) = attempts.load(run_dir)
-    assert rec["guard"] == "requeued by ddlaunch's guard: batch host node1 down*"
-    out = capsys.readouterr().out
-    assert out == "[ddlaunch guard] batch host node1 down*: requeueing the job without it\n"
+    assert rec["guard"] == f"requeued by ddlaunch's guard: {why}"
+    assert capsys.readouterr().out == (
+        "[ddlaunch guard] watching batch host node1\n"
+        f"[ddlaunch guard] {why}: requeueing the job without it\n"
+    )
     # The start hook of the requeued job closes the cut-off attempt with the guard's words.
     restart = FakeRunner({"sinfo": "node1|down*\nnode2|idle\n"})
     hooks.start(run_dir, SlurmClient(restart), AttemptId("9", 1, "9"), {}, hooks.HookSettings())
     first = attempts.load(run_dir)[0]
     assert (first["cause"], first["blamed"]) == ("requeued by Slurm", ["node1"])
-    assert first["decision"] == "requeued by ddlaunch's guard: batch host node1 down*"
+    assert first["decision"] == f"requeued by ddlaunch's guard: {why}"
+
+
+def test_the_guard_requeues_when_slurm_declares_the_batch_host_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.rundirs import example_run_dir, in_attempt
+
+    from ddlaunch.job.guard import watch_batch_host
+
+    run_dir = example_run_dir(tmp_path)
+    attempt = in_attempt(monkeypatch, tmp_path, "9", 0)
+    runner = FakeRunner({"squeue": "9|RUNNING|None|node[1-2]\n", "sinfo": "node1|down*\n"})
+    assert watch_batch_host(run_dir, SlurmClient(runner), attempt, "node1", 24.0)
+    assert ["scontrol", "requeue", "9"] in runner.calls
 
 
 def test_the_guard_of_a_cancelled_run_does_not_requeue(

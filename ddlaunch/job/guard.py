@@ -5,9 +5,10 @@ it: measured on the dev cluster (Slurm 22.05), slurmctld logs "Removing failed n
 JobId=2121", kills the batch step, and the job stays RUNNING on its other nodes until the time
 limit. So the batch script starts the guard (``python -m ddlaunch.job.hooks guard``) as a
 one-task srun step on another node of the allocation, ``python -m ddlaunch.job.guard
---batch-host NODE``: it asks Slurm for the batch host's state every few seconds and, once
-Slurm declares it down (its own verdict after SlurmdTimeout; a node that is only stalled is
-not down), requeues the job without it, as Slurm does without ``--no-kill``. The next
+--batch-host NODE``: every few seconds it asks Slurm whether the batch host is still part of
+the job and, once Slurm removed it (its own verdict on a failed node; sinfo keeps showing the
+node ``mixed*`` meanwhile) or declares it down, requeues the job without it, as Slurm does
+without ``--no-kill``. A node that is only stalled is neither. The next
 attempt's start hook closes the cut-off one. The step is named ``ddlaunch-guard`` so that
 ending a training step (the watchdog) leaves it running.
 """
@@ -65,6 +66,19 @@ def guard_node(allocation: Sequence[str], batch_host: str) -> str | None:
     return others[-1] if others else None
 
 
+def batch_host_lost(client: Any, job: str, batch_host: str) -> str | None:
+    """Why the batch host is lost to the job, or None. Slurm removes a failed node from a
+    --no-kill job ("Removing failed node node1 from JobId=...": the job's NodeList no longer
+    names it, measured on 22.05; ``sinfo`` meanwhile shows the node ``mixed*``, not down), or
+    declares the node down. A node that is only slow to answer is neither."""
+    row = client.queue([job]).get(job)
+    running = row is not None and row.state == "RUNNING" and bool(row.nodes)
+    if running and row is not None and batch_host not in expand_hostlist(row.nodes):
+        return f"batch host {batch_host} removed from the job by Slurm (NodeList={row.nodes})"
+    state = client.node_states([batch_host]).get(batch_host, "")
+    return f"batch host {batch_host} {state}" if node_is_down(state) else None
+
+
 def watch_batch_host(
     run_dir: Path,
     client: Any,
@@ -75,26 +89,26 @@ def watch_batch_host(
     sleep: Callable[[float], Any] = time.sleep,
     max_polls: int | None = None,
 ) -> bool:
-    """Poll until Slurm declares ``batch_host`` down, then requeue the job without it (unless
-    the run was cancelled). True when it acted. Slurm unreachable: keep polling."""
+    """Poll until the batch host is lost to the job, then requeue the job without it
+    (unless the run was cancelled). True when it acted. Slurm unreachable: keep polling."""
+    print(f"[ddlaunch guard] watching batch host {batch_host}", flush=True)
     polls = 0
     while max_polls is None or polls < max_polls:
         polls += 1
         try:
-            state = client.node_states([batch_host]).get(batch_host, "")
+            why = batch_host_lost(client, attempt.task, batch_host)
         except Exception:  # the controller is away: ask again
-            state = ""
-        if node_is_down(state):
-            act(run_dir, client, attempt, batch_host, state, ttl_hours)
+            why = None
+        if why is not None:
+            act(run_dir, client, attempt, batch_host, why, ttl_hours)
             return True
         sleep(POLL_S)
     return False
 
 
 def act(
-    run_dir: Path, client: Any, attempt: AttemptId, host: str, state: str, ttl_hours: float
+    run_dir: Path, client: Any, attempt: AttemptId, host: str, why: str, ttl_hours: float
 ) -> None:
-    why = f"batch host {host} {state}"
     if cancel_reason(run_dir, attempt.task, client) is not None:
         print(f"[ddlaunch guard] {why}; the run was cancelled: no requeue", flush=True)
         return
