@@ -140,6 +140,12 @@ def exec_guard(run_dir: Path, env: dict[str, str] | os._Environ[str], ttl_hours:
     if node is None:
         return 0
     argv = guard_argv(sys.executable, node, host, run_dir / LOGS_DIR)
+    # srun's own lines (its step terminated when the job ends) go to the guard's log, not
+    # into the batch log after the run's outcome.
+    log = run_dir / LOGS_DIR / f"guard-{env.get('SLURM_JOB_ID', 'job')}.out"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
     os.execvp(argv[0], [*argv, "--bad-node-ttl-hours", str(ttl_hours)])
 
 
