@@ -1,0 +1,115 @@
+"""The config sections of recovery: ``fault_tolerance`` (checkpoint cadence, retries, spares,
+the pre-timeout signal) and ``health`` (preflight, heartbeats, the hang and straggler
+watchdog). Part of the schema (``ddlaunch.config.schema``), kept apart for size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddlaunch.config.fields import opt
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultToleranceSpec:
+    checkpoint_every_steps: int | None = opt(
+        None, "Checkpoint every N training steps.", range=(1, 10**9)
+    )
+    checkpoint_every_minutes: float | None = opt(
+        None, "Checkpoint at least every N minutes.", range=(0.1, 10**6)
+    )
+    keep_last: int = opt(3, "Committed checkpoints to keep; 0 keeps all.", range=(0, 10**6))
+    async_save: bool = opt(True, "Write checkpoints in the background while training continues.")
+    overlap_staging: bool = opt(
+        True,
+        "With async_save: copy parameters and optimizer state during the next forward/backward "
+        "(the next optimizer.step() waits for the copy). Set false if the loop changes "
+        "parameters outside optimizer.step().",
+    )
+    max_requeues: int = opt(
+        3, "Most requeues of one run; each must have advanced the step.", range=(0, 1000)
+    )
+    max_restarts: int = opt(
+        3,
+        "Most restarts of one run inside its allocation (a new srun step, no requeue) after a "
+        "crash or a hang with no node to blame; each must have advanced the step.",
+        range=(0, 1000),
+    )
+    spare_nodes: int = opt(
+        0,
+        "Hot spare nodes allocated beside nodes.count (the job holds count + spare_nodes, "
+        "with --no-kill): when a node dies, fails preflight, hangs or straggles, the ranks "
+        "restart inside the allocation on a spare instead of requeueing.",
+        range=(0, 1000),
+    )
+    mttf_hours: float | None = opt(
+        None,
+        "Mean time between failures of the whole job, in hours, for `ddlaunch advise`; "
+        "null: estimated from the run's own failures.",
+        range=(0.001, 10**6),
+    )
+    on_save_failure: str = opt(
+        "stop",
+        "When a checkpoint save fails on any rank (a full disk): stop the run (its outcome "
+        "says why), or continue training and try again at the next save.",
+        choices=("stop", "continue"),
+    )
+    signal: str = opt(
+        "USR2",
+        "Signal sent ahead of the time limit (USR1, USR2, TERM, INT, HUP, "
+        "URG); USR2 because some NCCL versions use USR1.",
+        choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG"),
+    )
+    signal_lead: int = opt(
+        120, "Seconds before the time limit at which the signal is sent.", range=(10, 86400)
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthSpec:
+    preflight: bool = opt(
+        True,
+        "Check every node before training (GPUs, free space, torch, all-reduce bandwidth); "
+        "a failing node is excluded and the job requeued.",
+    )
+    preflight_timeout: int = opt(
+        180, "Seconds the preflight step may take; a node silent by then fails.", range=(10, 3600)
+    )
+    min_free_gb: float = opt(
+        1.0,
+        "Free space (GB) the checkpoint directory and storage.scratch must have on every node.",
+        range=(0.0, 10**7),
+    )
+    min_bandwidth_gbps: float | None = opt(
+        None,
+        "All-reduce bus bandwidth floor in Gbit/s; null: the fabric profile's floor with "
+        "nccl, a TCP floor with gloo.",
+        range=(0.0, 10**5),
+    )
+    watchdog: bool = opt(
+        True, "Watch rank heartbeats during training: end the attempt on a hang or straggler."
+    )
+    hang_timeout: int = opt(
+        600,
+        "Seconds without a finished step on any rank before the attempt counts as hung.",
+        range=(30, 86400),
+    )
+    straggler_factor: float = opt(
+        2.0,
+        "A node whose busy time per step exceeds this times the other nodes' median is slow.",
+        range=(1.1, 1000.0),
+    )
+    straggler_patience: int = opt(
+        300,
+        "Seconds a node must stay slow before it is blamed as a straggler.",
+        range=(10, 86400),
+    )
+    heartbeat_interval: float = opt(
+        10.0,
+        "Seconds between heartbeat file writes of a rank (steps are counted in memory).",
+        range=(0.5, 3600.0),
+    )
+    bad_node_ttl_hours: float = opt(
+        24.0,
+        "Hours a node blamed by a health check stays on your bad-node list; 0: not recorded.",
+        range=(0.0, 8760.0),
+    )
