@@ -346,7 +346,7 @@ def test_stop_hook_stops_a_trainer_that_keeps_running_or_never_saves(
     assert runner.calls == [
         ["scancel", "--signal=USR1", "9"],
         ["scancel", "--signal=TERM", "9"],
-        ["squeue", "-h", "-s", "-j", "9", "-o", "%i"],
+        ["squeue", "-h", "-s", "-j", "9", "-o", "%i|%j"],
         ["scancel", "--signal=KILL", "9.1"],
     ]
     assert 55 < killed_at[0] - start < 56.5

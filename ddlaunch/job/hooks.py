@@ -7,8 +7,10 @@ attempt ended (completed, cancelled, a failed preflight, a crash, a node failure
 watchdog's hang or straggler verdict) and concludes it (``ddlaunch.conclude``): requeue the
 job (excluding blamed nodes), restart the ranks inside the allocation (the exit code
 ``RESTART_EXIT``: the batch script then starts a new srun step, with ``$DDLAUNCH_RELAUNCH``
-one higher, and ``start`` opens its attempt) or record the final outcome. Torch-free: it runs
-on the batch host in a fraction of a second.
+one higher, and ``start`` opens its attempt) or record the final outcome. A job with hot
+spares or ``nodes.min`` also runs ``place`` (the next step's nodes, ``job.placement``),
+``spares`` (the spares' preflight) and ``guard`` (the batch host's guard, ``job.guard``).
+Torch-free: it runs on the batch host in a fraction of a second.
 """
 
 from __future__ import annotations
