@@ -110,6 +110,38 @@ def test_the_lock_of_a_killed_holder_is_free(tmp_path: Path) -> None:
         holder.kill()
 
 
+def test_a_command_that_finds_the_lock_just_taken_still_names_its_holder(tmp_path: Path) -> None:
+    """Two commands started together: the loser may look before the winner wrote its record
+    (measured in CI: "by another command"); it waits a moment for it instead, and a new
+    holder's record replaces a longer old one in one write (never empty, never half old)."""
+    import threading
+
+    from ddlaunch.store import lock
+
+    path = tmp_path / ".ddlaunch.lock"
+    path.write_text(
+        '{"verb": "resubmitted", "pid": 1, "host": "an-old-and-long-host-name", "time": 0}'
+    )
+    with open(path, "r+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.truncate(0)  # the winner took the lock and has not written its record yet
+
+        def write_record() -> None:
+            time.sleep(0.3)
+            held.write('{"verb": "resumed", "pid": 4321, "host": "login1", "time": 0}')
+            held.flush()
+
+        writer = threading.Thread(target=write_record)
+        writer.start()
+        busy = r"\(resumed by pid 4321 on login1 since "
+        with pytest.raises(lock.Busy, match=busy), lock.exclusive(tmp_path, "resumed", "run x"):
+            pass
+        writer.join()
+    with lock.exclusive(tmp_path, "resumed", "run x"):
+        text = path.read_text()
+        assert text.startswith('{"verb": "resumed", "pid": ') and text.endswith("}"), text
+
+
 def test_names_that_become_paths_are_safe_tokens(tmp_path: Path) -> None:
     proc = run_ddlaunch("render", "examples/mlp", "--run-id", "../../etc/x", cwd=REPO)
     assert proc.returncode == 2 and proc.stdout == ""

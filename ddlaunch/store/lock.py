@@ -26,13 +26,29 @@ class Busy(UserError):
     """Another command holds the lock."""
 
 
-def _holder(fd: int) -> str:
+# How long a command that found the lock taken waits for its holder's record: the holder
+# writes it right after taking the lock, and both commands may have started together.
+HOLDER_WAIT_S = 1.0
+
+
+def _read_holder(fd: int) -> str | None:
     try:
         info = json.loads(os.pread(fd, 4096, 0) or b"{}")
         since = time.strftime("%H:%M:%S", time.localtime(float(info["time"])))
         return f"{info['verb']} by pid {info['pid']} on {info['host']} since {since}"
     except (OSError, ValueError, KeyError, TypeError):
-        return "by another command"
+        return None
+
+
+def _holder(fd: int) -> str:
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        found = _read_holder(fd)
+        if found is not None:
+            return found
+        if time.monotonic() >= deadline:
+            return "by another command"
+        time.sleep(0.05)
 
 
 @contextmanager
@@ -50,8 +66,11 @@ def exclusive(directory: Path, verb: str, subject: str) -> Iterator[None]:
             ) from None
         record = {"verb": verb, "pid": os.getpid(), "host": socket.gethostname()}
         data = json.dumps({**record, "time": time.time()}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        # One write that covers the previous holder's record (JSON allows the trailing
+        # spaces): a reader never sees the file empty or half old.
+        old = os.fstat(fd).st_size
+        os.pwrite(fd, data.ljust(old), 0)
+        os.ftruncate(fd, len(data))
         yield
     finally:
         os.close(fd)
