@@ -222,27 +222,33 @@ def test_the_place_hook_prints_the_next_step_for_the_script(
     )
 
 
-def test_the_watchdog_ends_the_step_of_a_dead_node_at_once_where_a_spare_waits(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _node2_died(run_dir: Path, now: float) -> FakeRunner:
+    """Job 7's ranks 0-1 (node1) failed 5 s ago; node2's slurmd refuses connections (a port
+    bound and closed again), as a dead node's does; Slurm still says both are mixed."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: connecting is refused, as to a dead node
-    failures = tmp_path / "failures"
+        port = s.getsockname()[1]
+    failures = run_dir / "failures"
     failures.mkdir()
-    now = time.time()
     for rank in (0, 1):
         (failures / f"rank-{rank}.json").write_text(
             json.dumps({"rank": rank, "job_id": "7", "attempt": 0, "time": now - 5})
         )
     out = f"SlurmdPort = {port}\nNodeName=node2 NodeAddr=127.0.0.1\n"
-    runner = FakeRunner(
+    return FakeRunner(
         {
             "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
             "scontrol": CommandResult(("scontrol",), 0, out, ""),
             "squeue": CommandResult(("squeue",), 0, "7.0\n", ""),
         }
     )
+
+
+def test_the_watchdog_ends_the_step_of_a_dead_node_at_once_where_a_spare_waits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = time.time()
+    runner = _node2_died(tmp_path, now)
     srun = subprocess.Popen(["sleep", "60"])
     attempt = AttemptId("7", 0, "7")
     nodes = NodeFailureWatch(tmp_path, attempt, now - 60, 2, "node[1-2]", act=True)
@@ -527,23 +533,8 @@ def test_a_node_the_watchdog_saw_die_is_blamed_after_slurms_requeue_even_once_ba
     run = committed_run(tmp_path, [20, 40])
     record = {"attempt": 0, "job_id": "7", "restart_count": 0, "nodes": "node[1-2]"}
     attempts.save(run, [{**record, "resumed_from": None, "start": 1.0}])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: connecting is refused, as to a dead node
-    failures = tmp_path / "run" / "failures"
-    failures.mkdir()
     now = time.time()
-    for rank in (0, 1):
-        (failures / f"rank-{rank}.json").write_text(
-            json.dumps({"rank": rank, "job_id": "7", "attempt": 0, "time": now - 5})
-        )
-    out = f"SlurmdPort = {port}\nNodeName=node2 NodeAddr=127.0.0.1\n"
-    runner = FakeRunner(
-        {
-            "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
-            "scontrol": CommandResult(("scontrol",), 0, out, ""),
-        }
-    )
+    runner = _node2_died(run, now)
     attempt = AttemptId("7", 0, "7")
     nodes = NodeFailureWatch(run, attempt, now - 60, 2, "node[1-2]")
     watch(

@@ -113,3 +113,10 @@ class HealthSpec:
         "Hours a node blamed by a health check stays on your bad-node list; 0: not recorded.",
         range=(0.0, 8760.0),
     )
+
+
+def can_leave_out(count: int, minimum: int | None, spares: int) -> bool:
+    """Whether a failed node can be left out inside the allocation (a spare takes its place,
+    or the ranks continue on fewer nodes, down to ``minimum``), so Slurm must keep the job
+    (--no-kill)."""
+    return spares > 0 or (minimum is not None and minimum < count)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ddlaunch.config.fields import PATTERNS, opt
 from ddlaunch.config.kubernetes_schema import KubernetesSpec
-from ddlaunch.config.recovery_schema import FaultToleranceSpec, HealthSpec
+from ddlaunch.config.recovery_schema import FaultToleranceSpec, HealthSpec, can_leave_out
 from ddlaunch.config.trainer_spec import TrainerSpec
 from ddlaunch.config.trainers import LAYOUT_KEYS, Layout, default_kind, resolve
 
@@ -441,7 +441,6 @@ class Config:
 
     @property
     def elastic(self) -> bool:
-        """Whether a failed node can be left out inside the allocation (a spare takes its
-        place, or the ranks continue on fewer nodes), so Slurm must keep the job (--no-kill)."""
+        """Whether a failed node can be left out inside the allocation (--no-kill)."""
         n = self.nodes
-        return self.fault_tolerance.spare_nodes > 0 or (n.min is not None and n.min < n.count)
+        return can_leave_out(n.count, n.min, self.fault_tolerance.spare_nodes)

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def exec_guard(run_dir: Path, env: dict[str, str] | os._Environ[str], ttl_hours: float) -> int:
+def exec_guard(run_dir: Path, env: Mapping[str, str], ttl_hours: float) -> int:
     """``hooks guard`` on the batch host: become the guard's srun (it lives as long as the
     job; a job of one node has nothing to watch it from)."""
     host = os.uname().nodename

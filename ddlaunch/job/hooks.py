@@ -25,6 +25,7 @@ from typing import Any
 
 from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import Conclusion, cancel_reason, conclude
+from ddlaunch.config.recovery_schema import can_leave_out
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.job import stop as stopping
 from ddlaunch.job.blame import bad_nodes, expand
@@ -72,7 +73,7 @@ class HookSettings:
     @property
     def elastic(self) -> bool:
         """A failed node can be left out inside the allocation (Config.elastic)."""
-        return self.spare_nodes > 0 or (self.min_nodes is not None and self.min_nodes < self.nodes)
+        return can_leave_out(self.nodes, self.min_nodes, self.spare_nodes)
 
     @classmethod
     def from_tree(cls, tree: Mapping[str, Any]) -> HookSettings:
