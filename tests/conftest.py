@@ -3,12 +3,91 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+import sys
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
 import pytest
 from support.devcluster import SLURM_CONF, DevCluster, DevClusterError, bring_up
+
+# ------------------------------------------------------------------ preconditions
+# What every test may rely on, whatever ran before it in the same process and whatever the
+# shell that started pytest had: set here, before each test, and put back after it.
+
+# Inherited from the caller's shell, these would change what the code under test does: a
+# pytest started inside an salloc has SLURM_JOB_ID (every rank function would think it runs
+# as a Slurm task), a user's DDLAUNCH_RUN_ROOT or DDLAUNCH_BAD_NODES would be written to,
+# COLUMNS/LINES would change every table. SLURM_CONF (the dev cluster's) is the one kept.
+for _name in list(os.environ):
+    if (_name.startswith(("SLURM_", "DDLAUNCH_")) and _name != "SLURM_CONF") or _name in (
+        "COLUMNS",
+        "LINES",
+    ):
+        del os.environ[_name]
+
+#: The signals the code under test handles, and the disposition a fresh Python process has.
+EXPECTED_SIGNALS: dict[signal.Signals, Callable[..., object] | int] = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGTERM: signal.SIG_DFL,
+    signal.SIGUSR1: signal.SIG_DFL,
+    signal.SIGUSR2: signal.SIG_DFL,
+    signal.SIGHUP: signal.SIG_DFL,
+}
+UMASK = 0o022
+
+
+def _dispositions() -> dict[signal.Signals, object]:
+    return {number: signal.getsignal(number) for number in EXPECTED_SIGNALS}
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts with a fresh process's signal dispositions and mask, umask, the
+    environment and current directory it found, and the ranks' stop flag cleared; what a
+    test changes and leaves behind is put back after it. A test that leaves a signal handler
+    or a blocked signal behind is named in a warning (the next test would have inherited it:
+    an order dependency), then the state is restored all the same."""
+    environ = dict(os.environ)
+    cwd = os.getcwd()
+    for number, handler in EXPECTED_SIGNALS.items():
+        signal.signal(number, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, EXPECTED_SIGNALS)
+    old_umask = os.umask(UMASK)
+    _reset_stop_flag()
+    yield
+    left = {
+        number.name: handler
+        for number, handler in _dispositions().items()
+        if handler is not EXPECTED_SIGNALS[number]
+    }
+    blocked = sorted(
+        s.name for s in signal.pthread_sigmask(signal.SIG_BLOCK, []) if s in EXPECTED_SIGNALS
+    )
+    if left or blocked:
+        warnings.warn(
+            f"{request.node.nodeid} left signal state behind: handlers {left}, blocked {blocked}",
+            stacklevel=1,
+        )
+    for number, handler in EXPECTED_SIGNALS.items():
+        signal.signal(number, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, EXPECTED_SIGNALS)
+    os.umask(old_umask)
+    os.chdir(cwd)
+    _reset_stop_flag()
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _reset_stop_flag() -> None:
+    """The ranks' stop flag (``ddlaunch.worker.signals``) is module state: a test that ran a
+    rank in this process and sent it a signal must not leave the next one stopped."""
+    module = sys.modules.get("ddlaunch.worker.signals")
+    if module is not None:
+        module.reset()
 
 
 def _in_ci() -> bool:

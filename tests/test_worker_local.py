@@ -219,8 +219,11 @@ def test_failing_rank_is_named_and_its_peers_are_stopped(tmp_path: Path) -> None
 
 
 def test_timeout_stops_the_ranks(tmp_path: Path) -> None:
-    # Killed while still starting up (importing torch): cheap, and the same stop path.
-    run = make_run(tmp_path, entrypoint="time:sleep")
+    # A rank that runs past the timeout, at whatever point it is then (starting up or in
+    # the entry point): the same stop path.
+    sleeper = "import time\n\n\ndef main(config):\n    time.sleep(600)\n"
+    (tmp_path / "sleeper_entry.py").write_text(sleeper)
+    run = make_run(tmp_path, entrypoint="sleeper_entry:main", workdir=str(tmp_path))
     started = time.monotonic()
     with pytest.raises(LocalRunError, match=r"timed out after 1\.5 s; ranks still running: \[0\]"):
         run_local(run, world_size=1, timeout_s=1.5)

@@ -1,8 +1,9 @@
 """Run a job's ranks on this machine, through the same rank function as on Slurm.
 
-Each rank is ``python -u -m submitit.core._submit <run_dir>/submitit``, exactly the command
+Each rank is ``python -u -m ddlaunch.worker.task <run_dir>/submitit``, exactly the command
 srun runs, with submitit's *local* job environment (``SUBMITIT_EXECUTOR=local`` and the
-``SUBMITIT_LOCAL_*`` variables), so submitit unpickles and calls ``run_rank`` as on Slurm.
+``SUBMITIT_LOCAL_*`` variables), so the task unpickles and calls ``run_rank`` as on Slurm
+and leaves the same way (``ddlaunch.worker.leave``).
 
 Why not ``submitit.LocalExecutor``: its controller writes each task's output to
 ``<folder>/<pid>_<k>_log.out`` (we need ``logs/rank-<R>.out/.err``, as srun writes them),
@@ -192,7 +193,7 @@ def run_local(
     env = _base_env(cfg, run_dir, job_id, world_size)
     logs = run_dir / LOGS_DIR
     logs.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)]
+    command = [sys.executable, "-u", "-m", "ddlaunch.worker.task", str(folder)]
     procs: list[subprocess.Popen[bytes]] = []
     failed: int | None = None
     try:

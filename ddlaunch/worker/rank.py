@@ -1,8 +1,8 @@
 """The function every rank runs: ``run_rank(run_dir)``.
 
-On Slurm each srun task runs ``python -m submitit.core._submit <run_dir>/submitit``, which
-unpickles ``run_rank`` (by reference, so it must stay a top-level function) and calls it;
-the local runner goes through the same submitit entry. ``run_rank`` turns the job's
+Each task (an srun task on Slurm, a process of the local runner) runs
+``python -m ddlaunch.worker.task <run_dir>/submitit``, which unpickles ``run_rank`` (by
+reference, so it must stay a top-level function) and calls it. ``run_rank`` turns the job's
 environment into the torchrun contract, pins the device, installs the stop-flag handler and
 runs the configured entry point or script. A failure leaves ``failures/rank-<R>.json``
 behind for ``run_local`` / ``status`` before the exception propagates (the task exits
@@ -38,7 +38,6 @@ from ddlaunch.worker.distenv import (
     torchrun_env,
 )
 from ddlaunch.worker.distributed import BACKEND_VAR
-from ddlaunch.worker.signals import FAST_EXIT_VAR
 from ddlaunch.worker.stops import StopRank
 from ddlaunch.worker.trainer import describe, trainer_args
 
@@ -113,16 +112,6 @@ def _run_module(module: str, args: list[str]) -> None:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
-def _leave_process_group() -> None:
-    """A trainer that never destroys its process group (HF Trainer, Lightning) would leave
-    gloo's threads running into interpreter exit, which aborts the process after a clean
-    run ("terminate called without an active exception"): leave it here."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
@@ -179,7 +168,6 @@ def _take_signals(cfg: Config) -> None:
     without one must die on the TERM that stops it."""
     if is_byo(cfg.trainer_kind):
         signals.restore_defaults(cfg.fault_tolerance.signal, "TERM")
-        os.environ[FAST_EXIT_VAR] = "1"
     else:
         signals.install(
             cfg.fault_tolerance.signal,
@@ -226,5 +214,4 @@ def _train(cfg: Config, run_dir: Path, d: DistEnv) -> Any:
         _run_module(cfg.launch.module, args)
     else:
         raise ValueError("the config sets none of launch.entrypoint, script, module")
-    _leave_process_group()
     return None

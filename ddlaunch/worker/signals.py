@@ -69,11 +69,6 @@ def restore_defaults(*names: str) -> None:
         signal.signal(number, signal.SIG_DFL)
 
 
-#: Set by the rank for a trainer ddlaunch does not drive: once its result is written, the
-#: task runs Python's exit handlers and leaves without native destructors (see worker.task).
-FAST_EXIT_VAR = "DDLAUNCH_FAST_EXIT"
-
-
 def requested() -> bool:
     """Whether this rank received a stop signal (local view; use ``agreed`` to act on it)."""
     return _requested is not None

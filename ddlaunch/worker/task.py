@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.worker import signals
+from ddlaunch.worker import leave, signals
 from ddlaunch.worker.distenv import from_environ
 
 WAIT_FOR_PICKLE_S = 60.0  # submitit's runner waits as long
@@ -53,10 +53,14 @@ class _Unpickler(pickle.Unpickler):
 
 
 def job_id(env: Mapping[str, str]) -> str:
-    """submitit's job id: ``ARRAY_TASK`` for an array task, else the job id."""
-    task = AttemptId.from_env(env).task
+    """submitit's job id: ``ARRAY_TASK`` for an array task, else the job id (a local run's
+    own id, ``SUBMITIT_LOCAL_JOB_ID``, outside Slurm)."""
+    task = AttemptId.from_env(env).task or env.get("SUBMITIT_LOCAL_JOB_ID", "")
     if not task:
-        raise RuntimeError("no SLURM_JOB_ID (nor DDLAUNCH_K8S_JOB): not a Slurm task or pod")
+        raise RuntimeError(
+            "no SLURM_JOB_ID (nor DDLAUNCH_K8S_JOB, SUBMITIT_LOCAL_JOB_ID): "
+            "not a Slurm task, a pod or a local rank"
+        )
     return task
 
 
@@ -110,24 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     # Before anything else, as submitit's runner does: the pre-timeout signal (and SIGTERM)
     # only set the stop flag; their default action would end the task.
     signals.install(os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2", also=("TERM",))
-    run(Path(args[0]))
-    if os.environ.get(signals.FAST_EXIT_VAR) == "1":
-        fast_exit(0)
-    return 0
-
-
-def fast_exit(code: int) -> None:
-    """Leave after a trainer's successful run without the interpreter's native teardown:
-    native threads such a trainer leaves behind can abort the process then ("terminate
-    called without an active exception", seen with HF Trainer over gloo), turning a finished
-    rank into a failed one. Python's exit handlers (loggers' flushes) still run first."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+    # Every way out goes through ddlaunch.worker.leave: a finished rank never aborts in the
+    # interpreter's native teardown.
+    try:
+        run(Path(args[0]))
+        # Whatever ran (an entry point keeps the preflight's group; HF Trainer and Lightning
+        # never destroy theirs): no rank leaves while a peer may still talk to it.
+        leave.leave_process_group()
+    except SystemExit as exc:  # our own stops (StopRank) and a script's sys.exit(N)
+        leave.fast_exit(leave.exit_code(exc))
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        leave.fast_exit(1)
+    leave.fast_exit(0)
 
 
 if __name__ == "__main__":
