@@ -334,11 +334,10 @@ def test_the_manifest_is_yaml_of_plain_scalars() -> None:
     assert [d["kind"] for d in docs] == ["JobSet"]
 
 
-def test_readme_states_the_exit_codes_and_defaults_the_code_uses() -> None:
+def test_kubernetes_guide_states_the_exit_codes_and_defaults_the_code_uses() -> None:
     from ddlaunch.config.kubernetes_schema import KubernetesSpec
 
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "how-to" / "kubernetes.md").read_text()
     spec = KubernetesSpec()
     assert f"| requeue | {RETRY_EXIT} |" in section
     assert f"| {STOP_EXIT} | `podFailurePolicy` `FailJob` on {STOP_EXIT}" in section

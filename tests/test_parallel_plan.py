@@ -134,7 +134,7 @@ def test_placement_problems_name_the_ranks_and_hosts() -> None:
     ]
 
 
-def test_readme_shows_what_render_prints_for_the_example() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_parallelism_guide_shows_what_render_prints_for_the_example() -> None:
+    page = (REPO / "docs" / "how-to" / "parallelism.md").read_text()
     for line in describe.parallel_lines(load_config("examples/fsdp-tp")):
-        assert f"# {line}\n" in readme, f"README's render excerpt is stale: {line!r}"
+        assert f"# {line}\n" in page, f"the guide's render excerpt is stale: {line!r}"
