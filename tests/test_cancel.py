@@ -134,3 +134,41 @@ def test_a_sweep_is_cancelled_as_a_whole_without_creating_member_dirs(root: Path
     assert [(r.run_id, r.state) for r in rows] == [(f"sw/{i}", "CANCELLED") for i in range(5)]
     # A task that started in the instant before scancel finds its cancel in its new directory.
     assert (materialize(prepared.sweep_dir, 2, "374_2", "0") / "cancel.json").is_file()
+
+
+def test_a_unique_prefix_of_a_sweep_id_cancels_the_whole_sweep(root: Path) -> None:
+    """#31: ``cancel PREFIX`` of a sweep's id cancelled member 0 only and left the others
+    queued. A prefix names the sweep, as ``status`` takes it: the whole CLI output, recorded
+    squeue output through the stand-in Slurm commands."""
+    import os
+    import subprocess
+    import sys
+
+    from support.fakes import fake_slurm_bin, slurm_calls
+
+    runner = FakeRunner({("sbatch",): sbatch_ids("387"), ("git",): ok()})
+    prepared, _ = submitted_sweep(root.parent, runner, members=4, max_size=4)
+    start(prepared.sweep_dir / "members" / "0", "387_0")
+    make_run(root, "mlp-run", "390", T0)  # another run: the prefix must still be unique
+    queue = (
+        "387_0|RUNNING|None|node1\n387_1|PENDING|JobArrayTaskLimit|\n"
+        "387_2|PENDING|JobArrayTaskLimit|\n387_3|PENDING|JobArrayTaskLimit|\n"
+        "390|RUNNING|None|node2\n"
+    )
+    bin_dir = fake_slurm_bin(root.parent / "bin", after_scancel={"squeue": ""}, squeue=queue)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "cancel", "s"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NO_COLOR": "1"},
+        cwd=root.parent,
+        check=False,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0,
+        "sw: cancelled 4 member(s) (3 pending, 1 running; array 387)\n",
+        "waiting for 4 jobs to stop (the ranks save first)...\n",
+    )
+    assert [c for c in slurm_calls(bin_dir) if c.startswith("scancel")] == ["scancel 387"]
+    assert not (root / "mlp-run" / "cancel.json").exists()

@@ -87,6 +87,33 @@ def test_preflight_hook_stops_when_every_node_fails(
     assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
 
 
+def test_a_staging_source_missing_on_every_node_stops_and_blames_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#31: ``src: /nope`` on a job of one node: not the node's fault, so no exclusion, no
+    bad-node entry, no requeue onto the next node; the run stops with the cause."""
+    from ddlaunch.policy import staging
+
+    run_dir = example_run_dir(tmp_path)
+    attempt = in_attempt(monkeypatch, tmp_path, "6", 0)
+    attempts.save(run_dir, [{"attempt": 0, "job_id": "6", "nodes": "node1", "start": 1.0}])
+    item = {"name": "train", "src": "/nope", "dst": "/var/tmp/s/node1/data/train-1"}
+    item |= {"state": "failed", "error": "FileNotFoundError: /nope: no such file or directory"}
+    missing = {"checks": [staging.check([item]).as_dict()], "net": {"skipped": "single node"}}
+    runner = _fake_preflight(run_dir, "6", {"node1": missing})
+    assert preflight_hook(run_dir, SlurmClient(runner), attempt, ["node1"]) == STOPPED
+    reason = (
+        "preflight failed alike on every node (node1), which no node's exclusion fixes: "
+        "staging: train: failed: FileNotFoundError: /nope: no such file or directory"
+    )
+    assert json.loads((run_dir / "outcome.json").read_text())["reason"] == reason
+    assert f"[ddlaunch] preflight: {reason}\n" in capsys.readouterr().out
+    assert badnodes.active_nodes(tmp_path / "bad.json") == []
+    assert not (run_dir / "excluded_nodes.json").exists()
+    (rec,) = attempts.load(run_dir)
+    assert not rec.get("blamed") and not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
+
+
 def test_preflight_off_runs_nothing(tmp_path: Path) -> None:
     run_dir = example_run_dir(tmp_path, preflight="false")
     runner = FakeRunner()

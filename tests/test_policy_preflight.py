@@ -69,3 +69,60 @@ def test_join_reports_and_decide() -> None:
     assert v.summary_line(v.verdicts_as_dict(results)) == (
         "1 ok, 2 failed (n2: disk:checkpoints, n3: report)"
     )
+
+
+def _staged(src: str, error: str = "", dst: str = "/var/tmp/s/node1/data/train-1") -> dict:
+    """A node's staging of one data set as ``worker.stage`` records it."""
+    state = "failed" if error else "copied"
+    return {"name": "train", "src": src, "dst": dst, "state": state, "error": error}
+
+
+def _report(*checks: v.Check) -> dict:
+    return {"checks": [c.as_dict() for c in checks], "net": {"ring_gbps": 5.0}}
+
+
+def test_a_failure_every_node_shares_stops_the_run_and_blames_no_node() -> None:
+    """#31: a staging source that does not exist fails every node alike; that is the user's
+    path, not the nodes' hardware: stop with the cause, exclude nobody, even on one node."""
+    from ddlaunch.policy import staging
+
+    missing = staging.check(
+        [_staged("/nope", "FileNotFoundError: /nope: no such file or directory")]
+    )
+    assert missing.status == Status.FAIL and missing.cause
+    alone = v.decide(v.join_reports(["node1"], {"node1": _report(missing)}, 0.2))
+    assert (alone.exclude, alone.stop) == ((), True)
+    assert alone.reason == (
+        "preflight failed alike on every node (node1), which no node's exclusion fixes: "
+        "staging: train: failed: FileNotFoundError: /nope: no such file or directory"
+    )
+    both = v.decide(
+        v.join_reports(
+            ["node1", "node2"], {"node1": _report(missing), "node2": _report(missing)}, 0.2
+        )
+    )
+    assert (both.exclude, both.stop) == ((), True) and "(node1, node2)" in both.reason
+    # Seen by one node only, the same error is that node's (its mount of the shared path).
+    ok = staging.check([_staged("/shared/train")])
+    one = v.decide(
+        v.join_reports(["node1", "node2"], {"node1": _report(ok), "node2": _report(missing)}, 0.2)
+    )
+    assert (one.exclude, one.stop) == (("node2",), False)
+    # A node's own disk stays the node's, alone as well.
+    full = staging.check(
+        [_staged("/shared/train", "OSError: /var/tmp/s/node1/data/train-1.partial: 0.10 GB free")]
+    )
+    assert not full.cause
+    assert v.decide(v.join_reports(["node1"], {"node1": _report(full)}, 0.2)).exclude == ("node1",)
+    assert not v.disk_check("scratch", "/var/tmp/s", 0.1, 1.0).cause
+    # The checkpoint directory is shared by every node: full there is no node's fault.
+    shared = v.disk_check("checkpoints", "/shared/ckpt", 0.1, 1.0)
+    decision = v.decide(v.join_reports(["node1"], {"node1": _report(shared)}, 0.2))
+    assert (decision.exclude, decision.stop) == ((), True)
+    # So is the Python environment every node imports torch from.
+    torch = v.torch_check(None, "ModuleNotFoundError: No module named 'torch'")
+    decision = v.decide(v.join_reports(["node1"], {"node1": _report(torch)}, 0.2))
+    assert (decision.exclude, decision.stop) == ((), True)
+    # GPUs are the node's.
+    gpus = v.gpu_check(2, 1, None)
+    assert v.decide(v.join_reports(["node1"], {"node1": _report(gpus)}, 0.2)).exclude == ("node1",)

@@ -214,3 +214,69 @@ def test_a_tree_git_cannot_stash_is_an_error_not_a_snapshot_without_the_changes(
         f"launch.snapshot git: `git stash create` failed in {repo}: Cannot save the current "
         "index state (unmerged paths? resolve them, or use launch.snapshot: copy or none)"
     )
+
+
+def test_an_untracked_entry_point_is_refused_before_sbatch(tmp_path: Path) -> None:
+    """#31: a new module never ``git add``ed was only a note, the job then failed with
+    ModuleNotFoundError (the git snapshot has tracked files only). Now: exit 2, nothing
+    created, one line that names the file and the ways out."""
+    from support.fakes import fake_slurm_bin, slurm_calls
+
+    repo = git_repo(tmp_path / "repo")
+    (repo / "pkg" / "trainer.py").write_text("def main(config): pass\n")  # never added
+    (repo / "new_train.py").write_text("print('hi')\n")  # never added
+    bin_dir = fake_slurm_bin(tmp_path / "bin", sbatch="4242\n")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad-nodes.json"),
+        "NO_COLOR": "1",
+    }
+
+    def submit(*launch: str) -> subprocess.CompletedProcess[str]:
+        sets = [a for item in launch for a in ("--set", f"launch.{item}")]
+        return subprocess.run(
+            [sys.executable, "-m", "ddlaunch", "submit", str(config(tmp_path)), *sets],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    fix = "git add it, or set launch.snapshot: copy (every file) or none (the live directory)"
+    proc = submit("script=null", "entrypoint=pkg.trainer:main")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2,
+        "",
+        "error: launch.entrypoint: pkg/trainer.py (module pkg.trainer) is untracked, so the "
+        f"git snapshot the ranks run from lacks it: {fix}\n",
+    )
+    proc = submit("script=new_train.py")
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "error: launch.script: new_train.py is untracked, so the git snapshot the ranks run "
+        f"from lacks it: {fix}\n",
+    )
+    assert not (tmp_path / "runs").exists()  # no run directory, no snapshot stored
+    assert not [c for c in slurm_calls(bin_dir) if c.startswith("sbatch")]
+    # An entry point the ranks import from outside the work tree is not the snapshot's.
+    proc = submit("script=null", "entrypoint=ddlaunch.examples.mlp:main")
+    assert proc.returncode == 0, proc.stderr
+    assert [c for c in slurm_calls(bin_dir) if c.startswith("sbatch")]
+
+
+def test_a_tracked_entry_point_beside_untracked_files_is_only_a_note(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "trainer.py").write_text("def main(config): pass\n")
+    subprocess.run([*GIT, "-C", str(repo), "add", "pkg"], check=True)
+    (repo / "pkg" / "scratch_notes.py").write_text("x = 1\n")  # untracked, not imported
+    cfg = load_config(config(tmp_path, script=None, entrypoint="pkg.trainer:main"))
+    snap = take(cfg, tmp_path / "runs", repo, SubprocessRunner(), store=False)
+    assert snap is not None and snap.untracked == ("pkg/scratch_notes.py",)
+    # The package's __init__ is on the way to the module: untracked, it is missing too.
+    subprocess.run(["git", "-C", str(repo), "rm", "-q", "--cached", "pkg/__init__.py"], check=True)
+    with pytest.raises(UserError, match=r"^launch.entrypoint: pkg/__init__.py \(module pkg\) is "):
+        take(cfg, tmp_path / "runs", repo, SubprocessRunner(), store=False)

@@ -3,6 +3,7 @@ what a kill -9 leaves behind, and how the records read in status, report and the
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import json
 import os
@@ -135,6 +136,7 @@ def test_not_enough_space_fails_before_copying(tmp_path: Path) -> None:
     assert result.error.startswith(f"OSError: {tmp_path / 'dst.partial'}: ")
     assert "needs 0.00 GB for the data plus 1e+09 (health.min_free_gb)" in result.error
     assert not (tmp_path / "dst").exists()
+    assert not policy.check([dataclasses.asdict(result)]).cause  # the node's disk, not the data
 
 
 def test_a_missing_source_fails(tmp_path: Path) -> None:
@@ -225,13 +227,10 @@ def test_with_the_preflight_it_is_the_nodes_staging_check(tmp_path: Path) -> Non
     env = {"SLURM_JOB_ID": "7", "SUBMITIT_EXECUTOR": "slurm"}
     report = {"host": "nodeA", "checks": [], "inject": {}}
     assert stage_node.run(cfg, tmp_path / "run", dist_env(0), env, "nodeA", report) == {}
+    detail = f"train: failed: FileNotFoundError: {tmp_path / 'missing'}: no such file or directory"
+    # The source's failure carries its cause: on every node alike it blames no node (#31).
     assert report["checks"] == [
-        {
-            "name": "staging",
-            "status": "fail",
-            "detail": f"train: failed: FileNotFoundError: {tmp_path / 'missing'}: no such "
-            "file or directory",
-        }
+        {"name": "staging", "status": "fail", "detail": detail, "cause": detail}
     ]
 
 
@@ -386,3 +385,81 @@ def test_in_a_job_of_several_nodes_every_rank_waits_for_every_node(tmp_path: Pat
     assert set(returned) == {"n0-leader", "n0-rank1", "n1-leader"}
     assert min(returned.values()) >= late
     assert staging.all_done(run_dir, attempt)
+
+
+def test_a_source_missing_at_submit_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    """#31: ``src`` that does not exist was accepted, and every node the job landed on failed
+    its staging and was blamed. The nodes read the source from the shared filesystem this
+    host sees, so submit refuses it, as a missing launch.script; a source in a node-local
+    directory of the config may exist on the nodes only: a warning."""
+    from support.fakes import fake_slurm_bin, slurm_calls
+
+    scratch = "/var/tmp/ddlaunch-t31/{node}"
+    config = tmp_path / "job.yaml"
+
+    def submit(*stage: dict, dry_run: bool = False) -> subprocess.CompletedProcess[str]:
+        config.write_text(
+            json.dumps(
+                {
+                    "defaults": ["examples/mlp"],
+                    "storage": {"scratch": scratch, "stage": list(stage)},
+                }
+            )
+        )
+        bin_dir = fake_slurm_bin(tmp_path / "bin")
+        env = {
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+            "DDLAUNCH_BAD_NODES": str(tmp_path / "bad.json"),
+            "NO_COLOR": "1",
+        }
+        argv = ["submit", str(config), *(["--dry-run"] if dry_run else [])]
+        return subprocess.run(
+            [sys.executable, "-m", "ddlaunch", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            check=False,
+            timeout=120,
+        )
+
+    missing = tmp_path / "nope"
+    proc = submit({"name": "train", "src": str(missing)})
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: the job would never run, so nothing was submitted:\n"
+        f"  storage.stage.0.src: {missing} does not exist (every node copies it from the "
+        "shared filesystem, which this host sees)\n"
+        "--force submits it anyway\n"
+    )
+    assert not (tmp_path / "runs").exists()
+    assert not [c for c in slurm_calls(tmp_path / "bin") if c.startswith("sbatch")]
+    # Where the nodes' own disks are, this host cannot tell: a warning, and the job goes.
+    local = "/var/tmp/ddlaunch-t31/prepared/cache"
+    proc = submit({"name": "cache", "src": local}, dry_run=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"warning: storage.stage.0.src: {local} does not exist on this host; it is in the "
+        "node-local /var/tmp/ddlaunch-t31, so every node must have it before staging"
+    ]
+
+
+def test_node_local_roots_of_a_config() -> None:
+    from ddlaunch.planning.staging import node_local_root
+
+    assert node_local_root("/var/tmp/s/x", "/var/tmp/s/{node}") == "/var/tmp/s"
+    assert node_local_root("/local/data", "/local/scratch") is None
+    assert node_local_root("/local/scratch/a", "/local/scratch") == "/local/scratch"
+    assert node_local_root("/shared/x", "$TMPDIR/{node}") is None  # no fixed part: not "/"
+    assert node_local_root("/nvme/train/f", None, [None, "/nvme/{node}/train"]) == "/nvme"
+
+
+def test_a_node_placeholder_in_a_source_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        stage_config(tmp_path, Path("/shared/{node}/train"))
+    assert [str(i) for i in info.value.issues] == [
+        "storage.stage.0.src: {node} is replaced in storage.scratch and dst, not in src "
+        f"({tmp_path / 'cfg.yaml'}:1)"
+    ]

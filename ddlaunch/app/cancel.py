@@ -19,14 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddlaunch.app.runs import find_member, find_run, read_run
+from ddlaunch.app.runs import find_member, read_run
 from ddlaunch.app.status import ACTIVE_STATES, RunStatus, fold_state
 from ddlaunch.app.status_poll import Target, poll, resolve
 from ddlaunch.conclude import conclude, saved_phrase
-from ddlaunch.errors import UserError
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import outcome, sweeps
+from ddlaunch.store import outcome
 from ddlaunch.store.members import member_of
 from ddlaunch.store.records import Unreadable
 from ddlaunch.store.rundir import committed_step, default_run_root, is_run_dir
@@ -51,28 +50,14 @@ def _cancellable(row: RunStatus) -> bool:
 
 
 def _targets(ref: str, root: Path) -> tuple[list[Target], bool]:
-    """``ref`` -> its targets (a sweep: every member) and whether it names a sweep."""
-    for candidate in (Path(ref).expanduser(), root / ref):
-        if sweeps.is_sweep_dir(candidate) and not is_run_dir(candidate):
-            return resolve([str(candidate.absolute())], root)[0], True
-    member = find_member(ref, root)
+    """``ref`` -> its targets (a sweep: every member) and whether it names a sweep, resolved
+    as ``status`` resolves it (``status_poll.resolve``: a sweep's id, directory or unique id
+    prefix is the whole sweep), so that ``cancel X`` stops what ``status X`` shows."""
+    member = find_member(ref, root)  # one member that has not started (no run directory)
     if member is not None:
         return resolve([str(member)], root)[0], False
-    try:
-        return [resolve([ref], root)[0][0]], False
-    except UserError:
-        sweep = _sweep_prefix(ref, root)
-        if sweep is None:
-            find_run(ref, root)  # raises the error that says what there is
-            raise
-        return resolve([str(sweep)], root)[0], True
-
-
-def _sweep_prefix(ref: str, root: Path) -> Path | None:
-    if "/" in ref or not root.is_dir():
-        return None
-    matches = [p for p in root.glob(f"{ref}*") if sweeps.is_sweep_dir(p)]
-    return matches[0] if len(matches) == 1 else None
+    targets, sweeps_named = resolve([ref], root)
+    return targets, bool(sweeps_named)
 
 
 def plan_cancel(refs: Sequence[str], client: SlurmClient, root: Path | None = None) -> Plan:

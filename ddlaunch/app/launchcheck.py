@@ -11,6 +11,12 @@ and a miss is an error only when the job runs this very interpreter without
 load`` or ``conda activate`` may change what the nodes' Python sees); an absolute
 ``launch.python`` that exists here but cannot be executed is an error, one that does not
 exist here a warning (node-local installations exist).
+
+A ``storage.stage`` source is read by every node from the shared filesystem, which this host
+sees as well (it writes the run directory the nodes read), so one missing here is an error:
+otherwise every node the job lands on fails its staging. Only a source inside a node-local
+directory of the config (``storage.scratch``, another entry's ``dst``) may exist on the
+nodes alone: a warning.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 
 from ddlaunch.config.schema import Config
+from ddlaunch.planning.staging import node_local_root
 
 
 @dataclass
@@ -89,6 +96,7 @@ def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.envi
                 found.warnings.append(
                     f"{text}; the job's Python (launch.python, launch.setup) may see other modules"
                 )
+    stage_sources(cfg, found)
     python = launch.python
     if os.path.isabs(python):
         if not os.path.exists(python):
@@ -98,3 +106,25 @@ def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.envi
         elif os.path.isdir(python) or not os.access(python, os.X_OK):
             found.errors.append(f"launch.python: {python} is not an executable file")
     return found
+
+
+def stage_sources(cfg: Config, found: Findings) -> None:
+    """Each ``storage.stage`` source missing on this host: an error, a warning where it lies
+    in a node-local directory (see the module's docstring)."""
+    storage = cfg.storage
+    for i, item in enumerate(storage.stage):
+        if not item.src or os.path.exists(item.src):
+            continue
+        key = f"storage.stage.{i}.src"
+        others = [other.dst for other in storage.stage[:i]]
+        local = node_local_root(item.src, storage.scratch, others)
+        if local is None:
+            found.errors.append(
+                f"{key}: {item.src} does not exist (every node copies it from the shared "
+                "filesystem, which this host sees)"
+            )
+        else:
+            found.warnings.append(
+                f"{key}: {item.src} does not exist on this host; it is in the node-local "
+                f"{local}, so every node must have it before staging"
+            )

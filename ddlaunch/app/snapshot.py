@@ -7,7 +7,9 @@ a job that waits in the queue, or is requeued tomorrow, runs code edited after t
   ``git stash create`` (a commit of the work tree and index, HEAD when nothing changed) and
   ``git archive`` of its tree. The id is git's own tree hash, so asking whether the snapshot
   exists costs a few git commands and no copy. Untracked files and submodules are not in
-  it (as with ``git stash`` and ``git archive``).
+  it (as with ``git stash`` and ``git archive``), so an entry point the snapshot lacks
+  (``launch.script``, or a file the entry point's import goes through, never ``git add``ed)
+  is an error before anything is stored: the job would fail with ModuleNotFoundError.
 * ``copy``: every file below the directory except ``launch.snapshot_ignore`` (and the run
   root), identified by a sha256 over paths, modes and contents.
 
@@ -23,8 +25,10 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
 import time
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +153,99 @@ def _store(final: Path, fill: Any) -> tuple[bool, int]:
     return True, files
 
 
+@dataclass(frozen=True)
+class EntryFile:
+    """A file of the work tree the ranks need to start: ``launch.script``, or one the entry
+    point's import goes through (a package's ``__init__.py``, the module)."""
+
+    key: str  # launch.script | launch.entrypoint
+    path: Path  # absolute, inside the work tree
+    module: str = ""  # the module it is (launch.entrypoint)
+    # The top-level module is also found outside the work tree (site-packages, $PYTHONPATH):
+    # a snapshot without it does not stop the ranks importing it from there.
+    elsewhere: bool = False
+
+
+def _inside(path: Path, top: Path) -> bool:
+    return path.resolve().is_relative_to(top.resolve())
+
+
+def entry_files(cfg: Config, workdir: Path, source: Path) -> list[EntryFile]:
+    """The files of the work tree ``source`` the ranks need to start, found as the ranks
+    look: their working directory (``workdir`` in the snapshot), then the snapshot's top
+    (first on their PYTHONPATH); nothing is imported. Empty where the entry point is not in
+    the work tree (then it is not the snapshot's business; ``launchcheck`` says if it is
+    nowhere)."""
+    launch = cfg.launch
+    if launch.script:
+        script = workdir / launch.script  # workdir: launch.workdir already, where set
+        # A script missing here is launchcheck's error, not a gap in the snapshot.
+        found = script.is_file() and _inside(script, source)
+        return [EntryFile("launch.script", script)] if found else []
+    if not launch.entrypoint:
+        return []
+    module = launch.entrypoint.partition(":")[0]
+    parts = module.split(".")
+    outside = [p for p in sys.path if not _inside(Path(p or "."), source)]
+    locations = list(dict.fromkeys([str(workdir), str(source)]))
+    out: list[EntryFile] = []
+    for depth in range(len(parts)):
+        name = ".".join(parts[: depth + 1])
+        spec = PathFinder.find_spec(name, locations)
+        if spec is None:
+            break
+        origin = Path(spec.origin) if spec.origin and spec.has_location else None
+        if origin is not None and _inside(origin, source):  # a namespace package has none
+            elsewhere = depth == 0 and PathFinder.find_spec(name, outside) is not None
+            out.append(EntryFile("launch.entrypoint", origin, name, elsewhere))
+        locations = list(spec.submodule_search_locations or [])
+        if not locations:
+            break
+    return out
+
+
+def lacking(needed: list[EntryFile], present: set[str], source: Path) -> EntryFile | None:
+    """The first file the ranks need that the snapshot (``present``: paths relative to the
+    work tree's top) lacks, or None; one whose top-level module the ranks find elsewhere
+    does not count (they import all of it from there)."""
+    for entry in needed:
+        if entry.path.resolve().relative_to(source.resolve()).as_posix() in present:
+            continue
+        return None if entry.elsewhere else entry
+    return None
+
+
+def _in_tree(runner: Runner, source: Path, tree: str, paths: list[str]) -> set[str]:
+    """Which of ``paths`` (relative to the top) the snapshot's tree holds: one git command."""
+    listed = _git(runner, source, "ls-tree", "-r", "--name-only", "-z", tree, "--", *paths)
+    return set((listed or "").split("\0")) - {""}
+
+
+def _check_entry(
+    cfg: Config, workdir: Path, source: Path, tree: str, untracked: tuple[str, ...], runner: Runner
+) -> None:
+    """Raise when the git snapshot lacks a file the ranks need to start."""
+    needed = entry_files(cfg, workdir, source)
+    if not needed:
+        return
+    top = source.resolve()
+    rel = [e.path.resolve().relative_to(top).as_posix() for e in needed]
+    missing = lacking(needed, _in_tree(runner, source, tree, rel), source)
+    if missing is None:
+        return
+    name = missing.path.resolve().relative_to(top).as_posix()
+    here = missing.path.resolve()
+    shown = here.relative_to(workdir.resolve()) if here.is_relative_to(workdir.resolve()) else here
+    what = f"{shown} (module {missing.module})" if missing.module else str(shown)
+    why, add = (
+        ("untracked", "git add it") if name in untracked else ("ignored by git", "git add -f it")
+    )
+    raise UserError(
+        f"{missing.key}: {what} is {why}, so the git snapshot the ranks run from lacks it: "
+        f"{add}, or set launch.snapshot: copy (every file) or none (the live directory)"
+    )
+
+
 def kind_for(cfg: Config, workdir: Path, runner: Runner) -> str:
     """``launch.snapshot`` with auto resolved: git in a git work tree, else none."""
     kind = cfg.launch.snapshot
@@ -178,6 +275,7 @@ def take(
         snap_id = f"git-{tree[:20]}"
         others = _git(runner, source, "ls-files", "--others", "--exclude-standard")
         untracked = tuple((others or "").splitlines())
+        _check_entry(cfg, workdir, source, tree, untracked, runner)
 
         def fill(tmp: Path) -> None:
             script = 'git archive --format=tar "$1" | tar -x -C "$2"'

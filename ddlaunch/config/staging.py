@@ -57,6 +57,10 @@ def _item_issues(i: int, item: Any, scratch: str | None) -> list[Issue]:
         out.append((at("src"), "missing: the path of the data on the shared filesystem"))
     elif not PurePosixPath(item.src).is_absolute():
         out.append((at("src"), f"must be an absolute path, got {item.src!r}"))
+    elif NODE in item.src:
+        # The source is one path every node reads as written: a {node} there would reach the
+        # disk as literal braces, and no node would find it.
+        out.append((at("src"), f"{NODE} is replaced in storage.scratch and dst, not in src"))
     if item.dst is not None:
         if not PurePosixPath(item.dst).is_absolute():
             out.append((at("dst"), f"must be an absolute path, got {item.dst!r}"))

@@ -5,6 +5,7 @@ overwrite it), and the ranks find the copy in ``$DDLAUNCH_DATA_<NAME>``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -53,3 +54,25 @@ def targets(cfg: Config) -> list[StageTarget]:
         dst = item.dst or default_dst(cfg.storage.scratch or "", item.name, item.src)
         out.append(StageTarget(item.name, item.src, dst, item.mode))
     return out
+
+
+def _fixed_part(template: str) -> PurePosixPath | None:
+    """The directory a path template names before its first per-node part (``{node}``, a
+    ``$VARIABLE`` the node expands): ``/var/tmp/s/{node}`` -> ``/var/tmp/s``; None for ``/``,
+    which would make every path node-local."""
+    cut = min((i for i in (template.find("{"), template.find("$")) if i >= 0), default=-1)
+    fixed = PurePosixPath(template if cut < 0 else template[:cut].rsplit("/", 1)[0] or "/")
+    return fixed if fixed.is_absolute() and fixed != PurePosixPath("/") else None
+
+
+def node_local_root(src: str, scratch: str | None, dsts: Iterable[str | None] = ()) -> str | None:
+    """The node-local directory ``src`` lies in, as the config names them (``storage.scratch``,
+    a ``storage.stage`` dst: an earlier entry may stage what a later one copies on), or
+    None: a source there may exist on the nodes only, so the submit host not seeing it proves
+    nothing. Anything else is on the shared filesystem the submit host sees too."""
+    path = PurePosixPath(src)
+    for template in (scratch, *dsts):
+        fixed = _fixed_part(template) if template else None
+        if fixed is not None and path.is_relative_to(fixed):
+            return str(fixed)
+    return None

@@ -5,6 +5,13 @@ gathers facts and runs the local checks below; every node's report is then joine
 cross-node bandwidth verdicts, and decided on (``evaluate``, ``decide``). ``unchecked`` never
 fails a node: it says what could not be checked and why (no nvidia-smi, single node, torch
 missing...).
+
+Whose failure is it? A failed check is the node's (its GPUs, its local disk, a task that died
+there: excluding the node helps) unless it carries a ``cause``: then it is about something
+every node shares (a staging source, the checkpoint filesystem, the Python environment), and
+the same ``cause`` on every node of the attempt is the user's or the shared system's, which no
+exclusion fixes: the run stops and no node is blamed, even in a job of one node. The same
+failure on some nodes only is still theirs (a missing mount of the shared path).
 """
 
 from __future__ import annotations
@@ -28,14 +35,21 @@ class Check:
     name: str
     status: Status
     detail: str
+    # Set on a failure of something every node shares: the failure with no node-specific
+    # numbers (free GB, seconds), so that the same cause reads the same on every node.
+    cause: str = ""
 
     def as_dict(self) -> dict[str, str]:
-        return {"name": self.name, "status": str(self.status), "detail": self.detail}
+        out = {"name": self.name, "status": str(self.status), "detail": self.detail}
+        return {**out, "cause": self.cause} if self.cause else out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Check:
         return cls(
-            str(d.get("name", "?")), Status(d.get("status", "unchecked")), str(d.get("detail", ""))
+            str(d.get("name", "?")),
+            Status(d.get("status", "unchecked")),
+            str(d.get("detail", "")),
+            str(d.get("cause", "")),
         )
 
 
@@ -84,24 +98,36 @@ def gpu_check(
     return Check("gpus", Status.OK, f"{smi_count} listed by nvidia-smi, {requested} requested")
 
 
+# The checkpoint directory lies on the filesystem every node shares (the run directory's, or
+# storage.checkpoint_dir); scratch is node-local by definition.
+SHARED_DISKS = frozenset({"checkpoints"})
+
+
 def disk_check(
     label: str, path: str, free_gb: float | None, min_free_gb: float, error: str = ""
 ) -> Check:
     name = f"disk:{label}"
+    shared = label in SHARED_DISKS
     if free_gb is None:
-        return Check(name, Status.FAIL, f"{path}: {error or 'cannot stat'}")
+        detail = f"{path}: {error or 'cannot stat'}"
+        return Check(name, Status.FAIL, detail, detail if shared else "")
     if free_gb < min_free_gb:
+        cause = f"{path}: less free space than {min_free_gb:g} GB (health.min_free_gb)"
         return Check(
             name,
             Status.FAIL,
             f"{path}: {free_gb:.2f} GB free, needs {min_free_gb:g} (health.min_free_gb)",
+            cause if shared else "",
         )
     return Check(name, Status.OK, f"{path}: {free_gb:.1f} GB free")
 
 
 def torch_check(version: str | None, error: str | None, seconds: float | None = None) -> Check:
     if error:
-        return Check("torch", Status.FAIL, f"import torch failed: {error}")
+        # The ranks' Python environment (launch.python, launch.setup, the image) is the job's:
+        # one that cannot import torch on every node is the user's, not the hardware's.
+        detail = f"import torch failed: {error}"
+        return Check("torch", Status.FAIL, detail, detail)
     took = f" in {seconds:.1f} s" if seconds is not None else ""
     return Check("torch", Status.OK, f"torch {version} imported{took}")
 
@@ -219,19 +245,45 @@ def join_reports(
 
 @dataclass(frozen=True)
 class Decision:
-    """``exclude``: nodes to keep out and requeue without; ``stop``: fail the run instead
-    (every node of a multi-node allocation failed: a shared cause such as a full checkpoint
-    filesystem, which no exclusion fixes). A single node that fails is excluded."""
+    """``exclude``: nodes to keep out and requeue without; ``stop``: fail the run instead,
+    blaming no node: every node failed alike on something they share (``shared_cause``: a
+    staging source that does not exist, the checkpoint filesystem, the Python environment;
+    in a job of one node too), or every node of a multi-node allocation failed. Otherwise
+    the failing nodes are excluded, a single node too."""
 
     exclude: tuple[str, ...]
     stop: bool
     reason: str
 
 
+def shared_cause(verdicts: Sequence[NodeVerdict]) -> str | None:
+    """The failure every node shares (``name: cause`` of each failed check, the same on each
+    node, every one carrying a cause), or None: a failure that differs between nodes, or one
+    that is a node's own (no cause), is the nodes'."""
+    if not verdicts:
+        return None
+    seen = set()
+    for verdict in verdicts:
+        failed = verdict.failed
+        if not failed or any(not c.cause for c in failed):
+            return None
+        seen.add(tuple(f"{c.name}: {c.cause}" for c in failed))
+    return "; ".join(seen.pop()) if len(seen) == 1 else None
+
+
 def decide(verdicts: Sequence[NodeVerdict]) -> Decision:
     failed = [v for v in verdicts if not v.ok]
     if not failed:
         return Decision((), False, "every node passed")
+    cause = shared_cause(verdicts)
+    if cause is not None:
+        nodes = ", ".join(v.node for v in verdicts)
+        return Decision(
+            (),
+            True,
+            f"preflight failed alike on every node ({nodes}), which no node's exclusion "
+            f"fixes: {cause}",
+        )
     why = "; ".join(f"{v.node}: {v.reason()}" for v in failed)
     if len(failed) == len(verdicts) > 1:
         return Decision((), True, f"preflight failed on every node ({why})")

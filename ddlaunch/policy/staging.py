@@ -53,13 +53,25 @@ def item_text(item: Mapping[str, Any]) -> str:
     )
 
 
+def source_failure(item: Mapping[str, Any]) -> bool:
+    """A failed data set whose error is about its source (missing, unreadable, a directory
+    for sbcast), not its node-local copy: the source is one path every node reads, so it
+    fails alike everywhere unless one node's view of it differs (a missing mount)."""
+    error, src, dst = str(item.get("error", "")), str(item.get("src", "")), item.get("dst")
+    return bool(src) and src in error and not (dst and str(dst) in error)
+
+
 def check(items: Sequence[Mapping[str, Any]]) -> Check:
     """A node's staging as a preflight check: a failed data set fails the node (a full or
-    broken local disk is excluded like any other; a source every node fails on stops the
-    run, as every-node failures do)."""
+    broken local disk is excluded like any other); a failure of the source carries its
+    ``cause``, so that a source that fails on every node stops the run and blames no node
+    (``policy.preflight.decide``)."""
     failed = [i for i in items if i.get("state") == "failed"]
     text = "; ".join(item_text(i) for i in items)
-    return Check("staging", Status.FAIL if failed else Status.OK, text)
+    cause = ""
+    if failed and all(source_failure(i) for i in failed):
+        cause = "; ".join(item_text(i) for i in failed)
+    return Check("staging", Status.FAIL if failed else Status.OK, text, cause)
 
 
 def node_line(host: str, record: Mapping[str, Any]) -> str:
