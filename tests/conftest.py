@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,12 @@ for _name in list(os.environ):
         "LINES",
     ):
         del os.environ[_name]
+# Until a test sets its own (``own_bad_node_list``; a test's run root under its tmp_path), the
+# session's: a module fixture that submits before any test's fixtures would otherwise write to
+# the user's own bad-node list and run root.
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="ddlaunch-tests-"))
+os.environ["DDLAUNCH_BAD_NODES"] = str(_SESSION_DIR / "bad_nodes.json")
+os.environ["DDLAUNCH_RUN_ROOT"] = str(_SESSION_DIR / "runs")
 
 #: The signals the code under test handles, and the disposition a fresh Python process has.
 EXPECTED_SIGNALS: dict[signal.Signals, Callable[..., object] | int] = {

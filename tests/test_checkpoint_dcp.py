@@ -17,7 +17,11 @@ import pytest
 
 # torch is imported by the fixture, not at collection: importing DCP costs seconds of CPU,
 # wasted when these tests are deselected.
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="no torch")
+# alone: the overlap tests measure how long a save stalls the step (CPU load would change it).
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="no torch"),
+    pytest.mark.alone,
+]
 
 COMPLETE, PARTIAL = "complete", "partial"
 RESHARD_STEP = 7  # ckpt_workers.RESHARD_STEP

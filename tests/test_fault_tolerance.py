@@ -83,6 +83,7 @@ def result(run_dir: Path) -> dict:
     return json.loads((run_dir / "result.json").read_text())
 
 
+@pytest.mark.alone
 def test_node_kill_requeues_and_ends_bit_identical(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
@@ -249,6 +250,7 @@ def test_time_limit_signal_saves_on_every_rank_and_resumes(
     assert res["param_sha256"] == reference_sha
 
 
+@pytest.mark.alone
 def test_same_failure_every_attempt_stops_without_progress(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
@@ -316,6 +318,7 @@ def verdict_time(run_dir: Path, record: dict) -> float:
     return float(json.loads((run_dir / "health" / f"verdict-{key}.json").read_text())["time"])
 
 
+@pytest.mark.alone
 def test_node_death_continues_on_the_spare_bit_identical(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
@@ -362,6 +365,7 @@ def test_node_death_continues_on_the_spare_bit_identical(
     assert f"[ddlaunch] preflight: every spare passed ({spare})" in log
 
 
+@pytest.mark.alone
 def test_node_death_without_a_spare_shrinks_to_nodes_min(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
@@ -394,6 +398,7 @@ def test_node_death_without_a_spare_shrinks_to_nodes_min(
     ), status.stdout
 
 
+@pytest.mark.alone
 def test_a_node_stopped_shorter_than_the_detection_window_is_not_blamed(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
@@ -424,6 +429,7 @@ def test_a_node_stopped_shorter_than_the_detection_window_is_not_blamed(
     assert result(run_dir)["param_sha256"] == reference_sha
 
 
+@pytest.mark.alone
 def test_a_node_failing_preflight_is_replaced_by_the_spare_without_a_requeue(
     slurm_cluster, slurm_job_cleanup, tmp_path, monkeypatch
 ) -> None:
@@ -451,6 +457,7 @@ def test_a_node_failing_preflight_is_replaced_by_the_spare_without_a_requeue(
     assert second["resumed_from"] is None and result(run_dir)["start_step"] == 0
 
 
+@pytest.mark.alone
 def test_losing_the_batch_host_of_a_job_with_spares_falls_back_to_a_requeue(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:

@@ -23,7 +23,8 @@ import yaml
 from support.devcluster import run_ddlaunch as _ddlaunch
 
 TESTS = Path(__file__).resolve().parent
-pytestmark = pytest.mark.slurm
+# The three tests share the module's two runs, one of which walks all three nodes.
+pytestmark = [pytest.mark.slurm, pytest.mark.alone]
 HANG_TIMEOUT = 30
 
 

@@ -46,6 +46,7 @@ def rank_records(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "out").glob("rank-*.json"))]
 
 
+@pytest.mark.alone
 def test_two_nodes_two_ranks_agree(slurm_cluster, slurm_job_cleanup, tmp_path: Path) -> None:
     config = write_config(tmp_path, "t-world", {"entrypoint": "launch_entrypoints:world_info"})
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
@@ -83,6 +84,7 @@ def test_unmodified_torchrun_script(slurm_cluster, slurm_job_cleanup, tmp_path: 
     assert {r["value_sum"] for r in recs} == {2.5 * (1 + 2 + 3 + 4)}
 
 
+@pytest.mark.alone
 def test_failing_rank_is_named_by_status_and_logs(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:
@@ -104,6 +106,7 @@ def test_failing_rank_is_named_by_status_and_logs(
     assert logs.stdout.splitlines()[0].startswith("FAILED rank 1 on node1: ValueError: boom")
 
 
+@pytest.mark.alone
 def test_two_jobs_on_the_same_nodes_do_not_collide(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:

@@ -25,7 +25,7 @@ from support.devcluster import wait_for
 from test_fault_tolerance import attempts, committed, mlp_config, result
 from test_launch_slurm import submit, write_config
 
-pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.alone]
 
 
 class Watch:

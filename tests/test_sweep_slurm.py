@@ -24,7 +24,8 @@ from ddlaunch.checkpoint.layout import latest_complete
 from ddlaunch.store.sweeps import array_task_ids, member_run_dirs
 from ddlaunch.sweeps.status import collect, summary
 
-pytestmark = pytest.mark.slurm
+# One worker runs the module: its tests share one 12-member sweep (the module's fixture).
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("sweep_run")]
 TESTS = Path(__file__).resolve().parent
 LRS = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]
 FAILING = {8, 9}  # lr 0.05 (zip: fail_once true), seeds 0 and 1
