@@ -202,6 +202,11 @@ def test_the_cause_comes_first_in_every_combination(
         assert kinds[0] == silent[0]
     elif "raised" in present:
         assert kinds[0] == "raised"
+    elif "collateral" in present and "teardown" in present:
+        # The peer the collateral error lost: the one rank killed in the teardown.
+        assert causes[0].rank == KINDS.index("teardown") and kinds[0] == "killed"
+        assert kinds[1:] == ["collateral"]
+        return
     else:
         assert kinds[0] == present[0]
 
@@ -222,6 +227,40 @@ def test_the_reported_bug_rank_1_killed_rank_2_collateral() -> None:
         f"rank 2 on node2: RuntimeError: {RESET} at mlp.py:80",
     ]
     assert [c.kind for c in causes] == ["killed", "collateral"]
+
+
+def test_a_kill_srun_reports_after_the_peers_collateral_exit_is_still_the_cause() -> None:
+    """Seen on the dev cluster (job 193): rank 1 SIGKILLed, rank 0 left within milliseconds
+    with gloo's 'Connection closed by peer', and srun reported rank 0's exit first, then
+    started the teardown, then rank 1's kill."""
+    log = policy.parse_step_log(
+        "srun: error: node2: task 0: Exited with exit code 1\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=193.0\n"
+        "srun: error: node2: task 1: Killed\n"
+        "srun: error: node3: tasks 2-3: Exited with exit code 1\n"
+        "srun: Force Terminated StepId=193.0\n"
+    )
+    raised = [
+        Raised(rank, host, "RuntimeError", GLOO_CLOSED, "distributed_c10d.py:3252", time=1.0)
+        for rank, host in ((0, "node2"), (2, "node3"), (3, "node3"))
+    ]
+    causes = rank_causes(log, raised)
+    assert causes[0].text == "rank 1 on node2 killed by SIGKILL"
+    assert [(c.rank, c.kind) for c in causes] == [
+        (1, "killed"),
+        (0, "collateral"),
+        (2, "collateral"),
+        (3, "collateral"),
+    ]
+    # Two ranks killed in the teardown: the log cannot tell which one the others lost.
+    two = policy.parse_step_log(
+        "srun: error: node2: task 0: Exited with exit code 1\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=194.0\n"
+        "srun: error: node2: task 1: Killed\n"
+        "srun: error: node3: task 2: Killed\n"
+    )
+    closed = [Raised(0, "node2", "RuntimeError", GLOO_CLOSED, "c10d.py:1", time=1.0)]
+    assert [c.kind for c in rank_causes(two, closed)] == ["collateral", "teardown", "teardown"]
 
 
 def test_a_cpp_abort_after_a_peers_error_is_collateral() -> None:

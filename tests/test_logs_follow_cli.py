@@ -144,13 +144,11 @@ def test_submit_local_streams_rank_0_with_the_loss_lines(tmp_path: Path) -> None
     )
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.split()[1]
-    # Only what varies from run to run is replaced: the run id, the time, the job id, numbers.
+    # Only what varies from run to run is replaced: the run id, the job id, the host, numbers.
     text = proc.stdout.replace(run_id, "RUN").replace(str(tmp_path), "TMP")
     for pattern, repl in (
-        (r"\(\d{4}-\d\d-\d\d [\d:,]+\)", "(TIME)"),
         (r"local-[0-9a-f]{8}", "local-JOB"),
         (r"host \S+", "host HOST"),
-        (r"hostname=[^,]+", "hostname=HOST"),
         (r"\d+\.\d+", "N"),
         (r"[0-9a-f]{64}", "SHA"),
     ):
@@ -159,15 +157,10 @@ def test_submit_local_streams_rank_0_with_the_loss_lines(tmp_path: Path) -> None
         "run RUN",
         "run dir: TMP/runs/RUN  local, 2 ranks",
         "==> TMP/runs/RUN/logs/rank-0.out <==",
-        "submitit INFO (TIME) - Starting with JobEnvironment(job_id=local-JOB, hostname=HOST, "
-        "local_rank=0(2), node=0(1), global_rank=0(2))",
-        "submitit INFO (TIME) - Loading pickle: TMP/runs/RUN/submitit/local-JOB_submitted.pkl",
         "[ddlaunch] rank 0/2 local 0 host HOST job local-JOB attempt 0",
         "[ddlaunch] starting from scratch",
         "[mlp] step 20/40 loss N eval N",
         "[mlp] step 40/40 loss N eval N",
-        "submitit INFO (TIME) - Job completed successfully",
-        "submitit INFO (TIME) - Exiting after successful completion",
         "result: final_loss=N, initial_loss=N, param_sha256=SHA, start_step=0, steps=40, "
         "train_seconds=N, world_size=2",
         "completed in N s",

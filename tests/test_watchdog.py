@@ -66,6 +66,41 @@ def test_watchdog_writes_the_verdict_and_ends_the_step(tmp_path: Path) -> None:
     assert (tmp_path / "health" / "steps.jsonl").read_text().count("\n") == 1
 
 
+def test_an_attempt_shorter_than_one_poll_still_has_its_step_history(tmp_path: Path) -> None:
+    """srun ended before the first poll (a short attempt whose ranks leave at once): the
+    ranks' last beats still become the attempt's summary and its step-history sample."""
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # reaped: its pid is no longer alive
+    now = 7000.0
+    for rank in (0, 1):
+        write_beat(
+            tmp_path,
+            rank=rank,
+            host="node1",
+            job_id="378",
+            restart=0,
+            step=100,
+            step_wall=now - 1,
+            beat=now - 0.5,
+            started=now - 10,
+            state="closed",
+        )
+    finding = watch(
+        tmp_path,
+        attempt=AttemptId("378", 0, "378"),
+        thresholds=T,
+        expected_ranks=2,
+        srun_pid=finished.pid,
+        client=SlurmClient(FakeRunner()),
+        clock=lambda: now,
+        sleep=lambda s: None,
+    )
+    assert finding is None
+    (sample,) = (tmp_path / "health" / "steps.jsonl").read_text().splitlines()
+    assert json.loads(sample)["step"] == 100 and json.loads(sample)["restart"] == 0
+    assert json.loads((tmp_path / "health" / "watchdog.json").read_text())["step"] == 100
+
+
 def test_watchdog_is_inert_without_heartbeats(tmp_path: Path) -> None:
     runner = FakeRunner()
     assert (

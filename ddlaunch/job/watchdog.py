@@ -117,6 +117,11 @@ class _Watch:
         """Summarise the beats for ``status`` and ``report``; the finding, if any."""
         if self.attempt.job_id:
             relay_deferred_signal(self.run_dir, self.attempt, self.client)
+        self.record(now, beats)
+        return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks)
+
+    def record(self, now: float, beats: list[analysis.Beat]) -> None:
+        """The summary ``status`` shows, and a step-history sample when the step advanced."""
         summary = analysis.summary(beats, now)
         a = self.attempt
         summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
@@ -124,7 +129,6 @@ class _Watch:
         if summary["step"] is not None and summary["step"] != self.last_step:
             self.last_step = summary["step"]
             records.append_sample(self.run_dir, summary)
-        return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks)
 
     def act(self, finding: analysis.Finding, now: float, srun_pid: int | None = None) -> None:
         """Record the verdict for the end hook, then end the training step (for a dead node:
@@ -196,6 +200,12 @@ def watch(
         # Ranks failed while srun still runs: look again soon, a node may be gone.
         soon = nodes is not None and not nodes.found and nodes.pending()
         sleep(min(1.0, poll_period(thresholds)) if soon else poll_period(thresholds))
+    if heartbeats:
+        # srun ended between two polls: the ranks' last beats (the final step) still go
+        # into the step history, even of an attempt shorter than one poll period.
+        beats = w.beats()
+        if beats:
+            w.record(clock(), beats)
     return None
 
 

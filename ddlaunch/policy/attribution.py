@@ -10,7 +10,9 @@ down (``srun: Job step aborted``, ``srun: Terminating StepId=...``; with
 The causes are ranked: a rank killed or crashed first (a signal, or a nonzero exit without
 an exception), then ranks that raised, then collateral errors of peers (a connection closed
 or reset, a collective that timed out: they failed because another rank was gone), then the
-ranks of the teardown. Within a tier, what happened first comes first.
+ranks of the teardown. Within a tier, what happened first comes first. One exception: when
+the errors are all collateral and exactly one rank without a record was killed in the
+teardown, that rank is the one the others lost (its kill was only reported late).
 """
 
 from __future__ import annotations
@@ -287,12 +289,32 @@ def rank_causes(
         # Raised before srun reported it, or (no srun line) by the time it raised.
         keyed.append((TIERS[kind], order.get(rec.rank, len(order)), rec.time, rec.rank, cause))
     keyed.sort(key=lambda k: k[:4])
-    causes = [k[-1] for k in keyed]
+    causes = _peer_gone_in_the_teardown([k[-1] for k in keyed], log, by_rank)
     if not any(c.kind in (KILLED, CRASHED) for c in causes):
         found = from_accounting(steps)
         if found is not None and (found.kind == KILLED or not causes):
             causes.insert(0, found)
     return causes
+
+
+def _peer_gone_in_the_teardown(
+    causes: list[Cause], log: StepLog, by_rank: Mapping[int, Raised]
+) -> list[Cause]:
+    """Collateral errors say a peer was gone. When they are the only errors and exactly one
+    rank without a failure record was killed, srun only reported that kill after the first
+    collateral exit had started the teardown (a peer can leave within milliseconds of the
+    death, srun notices the killed task a moment later): that rank is the peer that was
+    gone, killed, not torn down. With several such ranks the log cannot tell which."""
+    if not causes or any(c.kind in (KILLED, CRASHED, RAISED) for c in causes):
+        return causes
+    if not any(c.kind == COLLATERAL for c in causes):
+        return causes
+    silent = [e for e in log.ends if e.teardown and e.rank not in by_rank and e.signal]
+    if len(silent) != 1:
+        return causes
+    end = silent[0]
+    gone = Cause(end.rank, end.host, KILLED, f"rank {end.rank} on {end.host} {end.how()}", "srun")
+    return [gone, *(c for c in causes if c.rank != end.rank)]
 
 
 @dataclass(frozen=True)
