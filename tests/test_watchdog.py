@@ -101,6 +101,65 @@ def test_an_attempt_shorter_than_one_poll_still_has_its_step_history(tmp_path: P
     assert json.loads((tmp_path / "health" / "watchdog.json").read_text())["step"] == 100
 
 
+def test_the_batch_scripts_sigterm_ends_the_watchdog_after_the_last_beats(
+    tmp_path: Path,
+) -> None:
+    """After srun returns the batch script kills the watchdog (SIGTERM): it leaves its sleep
+    at once and records the ranks' last beats first (the final step of a short attempt)."""
+    import signal
+
+    from ddlaunch.job.watchdog import StopSignal
+
+    srun = subprocess.Popen(["sleep", "30"])  # still alive: only the signal ends the watch
+    now = 8000.0
+
+    def beat(step: int, state: str) -> None:
+        for rank in (0, 1):
+            write_beat(
+                tmp_path,
+                rank=rank,
+                host="node1",
+                job_id="379",
+                restart=0,
+                step=step,
+                step_wall=now - 1,
+                beat=now - 0.5,
+                started=now - 10,
+                state=state,
+            )
+
+    beat(40, "running")
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = StopSignal()
+    stop.install()
+
+    def sleep_then_sigterm(seconds: float) -> None:
+        beat(100, "closed")  # the ranks finish...
+        os.kill(os.getpid(), signal.SIGTERM)  # ...srun returns, the script kills the watchdog
+        started = time.monotonic()
+        stop.sleep(seconds)
+        assert time.monotonic() - started < 1.0  # not the whole poll period
+
+    try:
+        watch(
+            tmp_path,
+            attempt=AttemptId("379", 0, "379"),
+            thresholds=T,
+            expected_ranks=2,
+            srun_pid=srun.pid,
+            client=SlurmClient(FakeRunner()),
+            clock=lambda: now,
+            sleep=sleep_then_sigterm,
+            stopped=lambda: stop.received,
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        srun.kill()
+        srun.wait()
+    samples = (tmp_path / "health" / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in samples] == [40, 100]
+
+
 def test_watchdog_is_inert_without_heartbeats(tmp_path: Path) -> None:
     runner = FakeRunner()
     assert (

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -61,6 +62,28 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class StopSignal:
+    """The batch script's SIGTERM once srun has returned (``kill "$watchdog_pid"``): the
+    watchdog finishes the poll in hand, records the ranks' last beats and leaves, instead of
+    dying in its sleep with the attempt's last steps unrecorded. Only a flag: a verdict being
+    written or a step being ended is never cut short."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.received = True
+
+    def sleep(self, seconds: float) -> None:
+        """``time.sleep`` that ends early once the signal came."""
+        deadline = time.monotonic() + seconds
+        while not self.received and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
 
 
 def poll_period(t: analysis.Thresholds) -> float:
@@ -170,12 +193,14 @@ def watch(
     heartbeats: bool = True,
     nodes: NodeFailureWatch | None = None,
     limit: LimitWatch | None = None,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> analysis.Finding | None:
-    """Poll until srun ends (or ``max_polls``); the finding that ended the step, if any."""
+    """Poll until srun ends, ``stopped()`` says so (or ``max_polls``); the finding that
+    ended the step, if any."""
     w = _Watch(run_dir, attempt, thresholds, expected_ranks, client, clock())
     gate = PreflightWatch(run_dir, attempt, preflight_timeout)
     polls = 0
-    while srun_pid is None or alive(srun_pid):
+    while (srun_pid is None or alive(srun_pid)) and not stopped():
         now = clock()
         if gate.poll(now - w.started, client):
             return None
@@ -227,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     world = os.environ.get("DDLAUNCH_WORLD_SIZE", "")
     attempt = AttemptId.from_env(os.environ)
     client = SlurmClient()
+    stop = StopSignal()
+    stop.install()
     limit = None
     if args.deadline and cfg.trainer.stop_before_limit:
         request = StopRequest(run_dir, attempt, checkpoint_source(run_dir), client, args.srun_pid)
@@ -249,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             act=cfg.elastic,
         ),
         limit=limit,
+        sleep=stop.sleep,
+        stopped=lambda: stop.received,
     )
     return 0
 
