@@ -44,7 +44,7 @@ def submit(tree: Path, config: Path, env: dict[str, str]) -> str:
     )
     if proc.returncode != 0:
         raise SystemExit(f"submit failed: {proc.stderr}")
-    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("run ")]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("run ") and "  job " in x]
     return line.split()[1]
 
 
