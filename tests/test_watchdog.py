@@ -66,25 +66,30 @@ def test_watchdog_writes_the_verdict_and_ends_the_step(tmp_path: Path) -> None:
     assert (tmp_path / "health" / "steps.jsonl").read_text().count("\n") == 1
 
 
+def two_ranks_beat(run_dir: Path, job_id: str, step: int, state: str, now: float) -> None:
+    """Ranks 0 and 1 of attempt 0 on node1, both at ``step``, their last beat just now."""
+    for rank in (0, 1):
+        write_beat(
+            run_dir,
+            rank=rank,
+            host="node1",
+            job_id=job_id,
+            restart=0,
+            step=step,
+            step_wall=now - 1,
+            beat=now - 0.5,
+            started=now - 10,
+            state=state,
+        )
+
+
 def test_an_attempt_shorter_than_one_poll_still_has_its_step_history(tmp_path: Path) -> None:
     """srun ended before the first poll (a short attempt whose ranks leave at once): the
     ranks' last beats still become the attempt's summary and its step-history sample."""
     finished = subprocess.Popen(["true"])
     finished.wait()  # reaped: its pid is no longer alive
     now = 7000.0
-    for rank in (0, 1):
-        write_beat(
-            tmp_path,
-            rank=rank,
-            host="node1",
-            job_id="378",
-            restart=0,
-            step=100,
-            step_wall=now - 1,
-            beat=now - 0.5,
-            started=now - 10,
-            state="closed",
-        )
+    two_ranks_beat(tmp_path, "378", 100, "closed", now)
     finding = watch(
         tmp_path,
         attempt=AttemptId("378", 0, "378"),
@@ -114,19 +119,7 @@ def test_the_batch_scripts_sigterm_ends_the_watchdog_after_the_last_beats(
     now = 8000.0
 
     def beat(step: int, state: str) -> None:
-        for rank in (0, 1):
-            write_beat(
-                tmp_path,
-                rank=rank,
-                host="node1",
-                job_id="379",
-                restart=0,
-                step=step,
-                step_wall=now - 1,
-                beat=now - 0.5,
-                started=now - 10,
-                state=state,
-            )
+        two_ranks_beat(tmp_path, "379", step, state, now)
 
     beat(40, "running")
     previous = signal.getsignal(signal.SIGTERM)
