@@ -14,12 +14,12 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ddlaunch.policy import requeue as policy
-from ddlaunch.slurm.client import SlurmError, SlurmUnreachable
+from ddlaunch.slurm.client import Requeuer, SlurmError, SlurmUnreachable
 from ddlaunch.slurm.retry import Retrier, Retries
 from ddlaunch.store import attempts, exclusions, outcome
 
@@ -48,7 +48,9 @@ def _say(text: str) -> None:
     print(f"[ddlaunch] {text}", flush=True)  # into the batch log or the rank's log
 
 
-def cancel_reason(run_dir: Path, job_id: str | None = None, client: Any = None) -> str | None:
+def cancel_reason(
+    run_dir: Path, job_id: str | None = None, client: Requeuer | None = None
+) -> str | None:
     """Why the run's job was cancelled, or None. ``ddlaunch cancel`` leaves ``cancel.json``;
     a plain scancel is seen only in accounting (``client``'s sacct; measured on 22.05:
     CANCELLED there while squeue and scontrol say COMPLETING). Slurm sends the same SIGTERM
@@ -86,7 +88,7 @@ class Requeued:
 
 
 def requeue_excluding(
-    client: Any,
+    client: Requeuer,
     job_id: str,
     nodes: Sequence[str],
     *,
@@ -124,10 +126,10 @@ def requeue_excluding(
         signal.signal(signal.SIGTERM, previous)
 
 
-def requeued_meanwhile(client: Any, job: str, restart: int | None) -> bool:
+def requeued_meanwhile(client: Requeuer | None, job: str, restart: int | None) -> bool:
     """Whether Slurm restarted ``job`` after the attempt with ``restart`` began (someone
     else ran ``scontrol requeue``): then requeueing again would cost a second restart."""
-    if restart is None:
+    if restart is None or client is None:
         return False
     try:
         now = client.restarts(job)
@@ -136,7 +138,7 @@ def requeued_meanwhile(client: Any, job: str, restart: int | None) -> bool:
     return now is not None and now > restart
 
 
-def _requeue(run_dir: Path, client: Any, job: str, nodes: Sequence[str]) -> str | None:
+def _requeue(run_dir: Path, client: Requeuer, job: str, nodes: Sequence[str]) -> str | None:
     """Requeue ``job``; the attempt records what it took when Slurm did not answer at once.
     Returns None, or why the job could not be requeued."""
     done = requeue_excluding(client, job, nodes)
@@ -151,80 +153,64 @@ def _requeue(run_dir: Path, client: Any, job: str, nodes: Sequence[str]) -> str 
 
 def conclude(
     run_dir: Path,
+    ending: policy.Ending,
+    budget: policy.RetryBudget,
+    client: Requeuer | None,
     *,
-    cause: str,
-    committed_step: int | None,
-    max_requeues: int,
-    client: Any,
-    job: str,
-    blamed: Sequence[str] = (),
-    final: str | None = None,
-    saved_step: int | None = None,
-    record: Mapping[str, Any] | None = None,
+    job: str = "",
     restart: int | None = None,
     say: Callable[[str], None] = _say,
-    details: Mapping[str, Any] | None = None,
-    max_restarts: int = 0,
-    replaceable: bool = False,
+    details: Mapping[str, object] | None = None,
 ) -> Conclusion:
-    """Close the newest attempt and act on the requeue policy.
+    """Close the newest attempt with ``ending`` and act on the requeue policy within
+    ``budget``: record a restart (the caller starts it), requeue ``job`` through ``client``,
+    or record the run's outcome.
 
-    ``job``: what to requeue (``AttemptId.task``; empty outside Slurm: nothing to requeue).
-    ``blamed``: the nodes this attempt blamed (the caller added them to the run's exclusions),
-    recorded with it; the requeue then sets the job's excluded nodes anew, and for a health
-    finding the policy lets the retry skip the progress test. ``final``: a reason that
-    rules out any retry (every node failed preflight). ``saved_step``: the step a signal save
-    just committed, said in a cancelled run's outcome. ``record``: more fields for the
-    attempt record (exit code, health detail, signal...). ``restart``: this attempt's
-    restart count, given where the trainer may have run ``scontrol requeue`` itself
-    (Lightning's auto-requeue): a job Slurm restarted since is not requeued a second time.
-    ``say``: where the decision is told (the log; a login-node caller passes its own).
-    ``details``: more fields for ``outcome.json`` (a local run's duration). ``max_restarts``:
-    restarts inside the allocation the caller can do (only the batch script's end hook, whose
-    script loops; 0 elsewhere): a restart is recorded here, and the caller starts it.
-    ``replaceable``: the allocation has usable nodes enough without ``blamed`` (a hot spare,
-    or ``nodes.min`` allows fewer), so a restart may leave them out."""
+    ``job``: what to requeue (``AttemptId.task``; empty outside Slurm: nothing to requeue,
+    and the budget's restarts do not apply). The requeue sets the job's excluded nodes anew
+    when the ending blamed any. ``restart``: this attempt's restart count, given where the
+    trainer may have run ``scontrol requeue`` itself (Lightning's auto-requeue): a job Slurm
+    restarted since is not requeued a second time. ``say``: where the decision is told (the
+    log; a login-node caller passes its own). ``details``: more fields for ``outcome.json``
+    (a local run's duration)."""
     records = attempts.load(run_dir)
     current = records[-1] if records else {}
-    if final is not None:
-        decision = policy.Decision(False, final)
-    else:
-        decision = policy.decide(
-            cause=cause,
-            blamed=blamed,
-            committed_now=committed_step,
-            resumed_from=current.get("resumed_from"),
-            requeues_so_far=attempts.requeues(records),
-            max_requeues=max_requeues,
-            restarts_so_far=attempts.restarts(records),
-            max_restarts=max_restarts if job else 0,
-            replaceable=replaceable,
-        )
+    history = policy.History(
+        resumed_from=current.get("resumed_from"),
+        requeues=attempts.requeues(records),
+        restarts=attempts.restarts(records),
+    )
+    if not job:
+        budget = replace(budget, max_restarts=0)
+    cause = ending.cause
+    decision = policy.decide(ending, budget, history)
     if cause == policy.CAUSE_SIGNAL or decision.retry:
         # A cancel and a preemption look alike from inside the job: ask before requeueing.
         why = cancel_reason(run_dir, job, client)
         if why:
             cause = policy.CAUSE_CANCELLED
-            decision = policy.Decision(False, saved_phrase(why, saved_step, committed_step))
+            said = saved_phrase(why, ending.saved_step, ending.committed_step)
+            decision = policy.Decision(False, said)
     already = bool(decision.requeue and job and requeued_meanwhile(client, job, restart))
     if already:
         decision = policy.Decision(True, f"{decision.reason} (the trainer requeued the job)")
     attempts.end_last(
         run_dir,
         cause=cause,
-        committed_step=committed_step,
+        committed_step=ending.committed_step,
         decision=decision.reason,
-        blamed=list(blamed),
-        **(record or {}),
+        blamed=list(ending.blamed),
+        **ending.record,
     )
     if decision.restart:
         say(decision.reason)
         return Conclusion(cause, decision, None)
-    if decision.requeue and job:
+    if decision.requeue and job and client is not None:
         say(decision.reason)
         lost = None
         if not already:
-            lost = _requeue(run_dir, client, job, exclusions.excluded(run_dir) if blamed else [])
+            nodes = exclusions.excluded(run_dir) if ending.blamed else []
+            lost = _requeue(run_dir, client, job, nodes)
         if lost is None:
             return Conclusion(cause, decision, None)
         decision = policy.Decision(False, f"{lost}; ddlaunch resume {run_dir.name} continues")

@@ -42,7 +42,7 @@ from ddlaunch.checkpoint.manager import CheckpointManager, CheckpointSaveError, 
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
-from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL
+from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL, Ending, RetryBudget
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, signal_save, timings
 from ddlaunch.store.attempts import AttemptId
@@ -200,18 +200,15 @@ class Session:
         if self.rank == 0:
             print(f"[ddlaunch] {exc.reason}: the run stops", flush=True)
             if self.attempt.job_id:
-                conclude(
-                    self.run_dir,
-                    cause=CAUSE_CHECKPOINT,
-                    committed_step=self.manager.last_committed.step
-                    if self.manager.last_committed
-                    else None,
-                    max_requeues=self.config.fault_tolerance.max_requeues,
-                    client=SlurmClient(),
-                    job=self.attempt.task,
-                    final=exc.reason,
+                last = self.manager.last_committed
+                ending = Ending(
+                    CAUSE_CHECKPOINT,
+                    last.step if last else None,
                     record={"checkpoint": str(exc)},
+                    final=exc.reason,
                 )
+                budget = RetryBudget(self.config.fault_tolerance.max_requeues)
+                conclude(self.run_dir, ending, budget, SlurmClient(), job=self.attempt.task)
         dist.barrier()
         self.heartbeat.stop("failed")
         raise exc
@@ -248,16 +245,9 @@ class Session:
             # returns (these ranks now leave with exit code 0).
             signal_save.write(self.run_dir, self.attempt, step, reason)
             return
-        conclude(
-            self.run_dir,
-            cause=CAUSE_SIGNAL,
-            committed_step=step,
-            max_requeues=self.config.fault_tolerance.max_requeues,
-            client=SlurmClient(),
-            job=self.attempt.task,
-            saved_step=step,
-            record={"signal": reason},
-        )
+        ending = Ending(CAUSE_SIGNAL, step, record={"signal": reason}, saved_step=step)
+        budget = RetryBudget(self.config.fault_tolerance.max_requeues)
+        conclude(self.run_dir, ending, budget, SlurmClient(), job=self.attempt.task)
 
     # ------------------------------------------------------------------ end
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.fakes import fake_slurm_bin
+from support.rundirs import LAUNCH
 from test_status_cli import T0, make_run
 
 from ddlaunch.store import submission
@@ -64,7 +65,7 @@ def test_logs_says_why_there_is_no_log(tmp_path: Path) -> None:
     ]:
         proc = ddlaunch(tmp_path, "logs", run)
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", expected), run
-    (root / "queued" / "config.yaml").write_text("nodes: {count: 2, gpus_per_node: 2}\n")
+    (root / "queued" / "config.yaml").write_text("nodes: {count: 2, gpus_per_node: 2}\n" + LAUNCH)
     proc = ddlaunch(tmp_path, "logs", "queued", "--rank", "9")
     assert proc.returncode == 2
     assert proc.stderr == "error: run queued has no rank 9: world size 4 (ranks 0-3)\n"

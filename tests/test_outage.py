@@ -13,6 +13,7 @@ from support.fakes import FakeRunner, failed, ok
 
 from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.conclude import conclude
+from ddlaunch.policy.requeue import Ending, RetryBudget
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts
@@ -147,9 +148,8 @@ def test_requeue_is_retried_until_the_controller_answers_and_recorded(
     runner = FakeRunner(
         {("scontrol", "requeue"): lambda argv: failed(a) if (a := next(answers)) else ok()}
     )
-    done = conclude(
-        run, cause="crash", committed_step=40, max_requeues=3, client=SlurmClient(runner), job="7"
-    )
+    ending, budget = Ending("crash", 40), RetryBudget(max_requeues=3)
+    done = conclude(run, ending, budget, SlurmClient(runner), job="7")
     assert done.requeued
     (record,) = attempts.load(run)
     assert record["decision"] == "requeue after crash: committed step none -> 40"
@@ -166,9 +166,8 @@ def test_a_requeue_that_never_gets_through_stops_the_run_with_the_reason(
     monkeypatch.setattr("ddlaunch.conclude.REQUEUE_PATIENCE_S", 0.0)
     run = _open_attempt(tmp_path)
     runner = FakeRunner({("scontrol", "requeue"): failed(KILLED["requeue"])})
-    done = conclude(
-        run, cause="crash", committed_step=40, max_requeues=3, client=SlurmClient(runner), job="7"
-    )
+    ending, budget = Ending("crash", 40), RetryBudget(max_requeues=3)
+    done = conclude(run, ending, budget, SlurmClient(runner), job="7")
     assert not done.requeued and done.state == "FAILED"
     outcome = json.loads((run / "outcome.json").read_text())
     assert outcome["reason"] == (

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from ddlaunch.policy.requeue import decide, final_state
+from ddlaunch.policy.requeue import (
+    REPLACE_CAUSES,
+    RESTART_CAUSES,
+    Ending,
+    History,
+    RetryBudget,
+    decide,
+    final_state,
+    restartable,
+)
 
 
 @pytest.mark.parametrize(
@@ -56,67 +65,24 @@ from ddlaunch.policy.requeue import decide, final_state
     ],
 )
 def test_decide(cause, now, resumed, so_far, cap, requeue, reason) -> None:
-    d = decide(
-        cause=cause,
-        committed_now=now,
-        resumed_from=resumed,
-        requeues_so_far=so_far,
-        max_requeues=cap,
-    )
+    d = decide(Ending(cause, now), RetryBudget(cap), History(resumed, so_far))
     assert (d.requeue, d.reason) == (requeue, reason)
 
 
 def test_policy_preflight_requeues_without_progress_but_within_the_cap() -> None:
-    d = decide(
-        cause="preflight",
-        blamed=["n2"],
-        committed_now=None,
-        resumed_from=None,
-        requeues_so_far=0,
-        max_requeues=3,
-    )
+    d = decide(Ending("preflight", None, blamed=("n2",)), RetryBudget(3), History(None, 0))
     assert d.requeue and d.reason == "requeue after preflight, without n2"
-    capped = decide(
-        cause="preflight",
-        blamed=["n2"],
-        committed_now=None,
-        resumed_from=None,
-        requeues_so_far=3,
-        max_requeues=3,
-    )
+    capped = decide(Ending("preflight", None, blamed=("n2",)), RetryBudget(3), History(None, 3))
     assert not capped.requeue
 
 
 def test_policy_hang_without_blame_needs_progress() -> None:
-    d = decide(
-        cause="hang",
-        blamed=[],
-        committed_now=40,
-        resumed_from=40,
-        requeues_so_far=1,
-        max_requeues=3,
-    )
+    d = decide(Ending("hang", 40, blamed=()), RetryBudget(3), History(40, 1))
     assert not d.requeue and "no progress" in d.reason
-    d = decide(
-        cause="hang",
-        blamed=["n1"],
-        committed_now=40,
-        resumed_from=40,
-        requeues_so_far=1,
-        max_requeues=3,
-    )
+    d = decide(Ending("hang", 40, blamed=("n1",)), RetryBudget(3), History(40, 1))
     assert d.requeue and d.reason.endswith("without n1")
-    same = decide(
-        cause="crash",
-        blamed=[],
-        committed_now=40,
-        resumed_from=20,
-        requeues_so_far=1,
-        max_requeues=3,
-    )
-    assert same == decide(
-        cause="crash", committed_now=40, resumed_from=20, requeues_so_far=1, max_requeues=3
-    )
+    same = decide(Ending("crash", 40, blamed=()), RetryBudget(3), History(20, 1))
+    assert same == decide(Ending("crash", 40), RetryBudget(3), History(20, 1))
 
 
 def test_final_state_of_an_attempt_that_is_not_requeued() -> None:
@@ -127,3 +93,25 @@ def test_final_state_of_an_attempt_that_is_not_requeued() -> None:
         "FAILED",
         "FAILED",
     ]
+
+
+@pytest.mark.parametrize("cause", sorted({*RESTART_CAUSES, *REPLACE_CAUSES, "signal", "crash"}))
+@pytest.mark.parametrize("blamed", [(), ("n2",)])
+@pytest.mark.parametrize("replaceable", [False, True])
+def test_decide_restarts_exactly_where_the_restart_rule_allows(cause, blamed, replaceable) -> None:
+    # Progress made and budget left: only the rule itself says restart or not.
+    d = decide(Ending(cause, 40, blamed=blamed), RetryBudget(3, 3, replaceable), History(20))
+    assert d.restart == restartable(cause, blamed, replaceable)
+
+
+def test_a_final_reason_rules_out_every_retry() -> None:
+    budget = RetryBudget(3, 3, True)
+    d = decide(Ending("crash", 40, final="every node failed preflight"), budget, History(20))
+    assert (d.requeue, d.restart, d.reason) == (False, False, "every node failed preflight")
+
+
+def test_the_culprit_is_attributions_first_cause() -> None:
+    assert Ending("crash", record={"culprit": "rank 1 on node1 killed by SIGKILL"}).culprit == (
+        "rank 1 on node1 killed by SIGKILL"
+    )
+    assert Ending("completed").culprit is None

@@ -14,7 +14,7 @@ from support.rundirs import committed_run
 
 from ddlaunch.job import hooks
 from ddlaunch.policy.heartbeats import current_beats
-from ddlaunch.policy.requeue import decide
+from ddlaunch.policy.requeue import Ending, History, RetryBudget, decide
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts
@@ -188,14 +188,9 @@ def test_decide_restart_requeue_or_stop(
     cause, blamed, now, resumed, restarts, requeues, caps, expected
 ) -> None:
     d = decide(
-        cause=cause,
-        blamed=blamed,
-        committed_now=now,
-        resumed_from=resumed,
-        restarts_so_far=restarts,
-        max_restarts=caps[0],
-        requeues_so_far=requeues,
-        max_requeues=caps[1],
+        Ending(cause, now, blamed=tuple(blamed)),
+        RetryBudget(caps[1], caps[0]),
+        History(resumed, requeues, restarts),
     )
     kind = "restart" if d.restart else "requeue" if d.requeue else "stop"
     assert (kind, d.reason) == expected

@@ -24,7 +24,7 @@ from ddlaunch.job.watchdog import watch
 from ddlaunch.job.watches import NodeFailureWatch
 from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.placement import describe_shortage, place
-from ddlaunch.policy.requeue import decide
+from ddlaunch.policy.requeue import Ending, History, RetryBudget, decide
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, exclusions
@@ -117,15 +117,7 @@ def test_a_blamed_node_restarts_in_the_allocation_only_where_it_can_be_replaced(
     cause, replaceable, now, expected
 ) -> None:
     d = decide(
-        cause=cause,
-        committed_now=now,
-        resumed_from=40,
-        requeues_so_far=0,
-        max_requeues=3,
-        blamed=["node2"],
-        restarts_so_far=0,
-        max_restarts=3,
-        replaceable=replaceable,
+        Ending(cause, now, blamed=("node2",)), RetryBudget(3, 3, replaceable), History(40, 0, 0)
     )
     kind = "restart" if d.restart else "requeue" if d.requeue else "stop"
     assert (kind, d.reason) == expected

@@ -24,6 +24,7 @@ from ddlaunch.app.status import ACTIVE_STATES, RunStatus, fold_state
 from ddlaunch.app.status_poll import Target, poll, resolve
 from ddlaunch.conclude import conclude, saved_phrase
 from ddlaunch.policy import requeue as policy
+from ddlaunch.policy.requeue import NO_RETRY, Ending
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import outcome
 from ddlaunch.store.members import member_of
@@ -139,16 +140,8 @@ def close_cancelled(run_dir: Path) -> str:
             reason = saved_phrase("cancelled", None, committed)
         else:
             reason = "cancelled before it started"
-        conclude(
-            run_dir,
-            cause=policy.CAUSE_CANCELLED,
-            committed_step=committed,
-            max_requeues=0,
-            client=None,
-            job="",
-            final=reason,
-            say=_quiet,
-        )
+        ending = Ending(policy.CAUSE_CANCELLED, committed, final=reason)
+        conclude(run_dir, ending, NO_RETRY, None, say=_quiet)
         recorded = outcome.read_outcome(run_dir) or {}
     return str(recorded.get("reason") or recorded.get("state") or "cancelled")
 

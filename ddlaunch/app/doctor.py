@@ -28,6 +28,7 @@ from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import ClusterFacts, LaunchPlan
 from ddlaunch.planning.render import directive_lines, render_template, template_search_path
 from ddlaunch.policy.preflight import evaluate
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.store import outcome, submission
 from ddlaunch.store import preflight as records
@@ -145,7 +146,7 @@ def run_doctor(
     count: int | None,
     nodelist: str | None,
     timeout: float,
-    client: Any,
+    client: SlurmClient,
     started: Callable[[str, Path], None] = lambda job_id, run_dir: None,
     sleep: Callable[[float], Any] = time.sleep,
     facts: ClusterFacts | None = None,
@@ -207,7 +208,9 @@ def run_doctor(
     return DoctorRun(job_id, run.path, verdict_rows(evaluate(cfg, nodes, reports), reports))
 
 
-def _cancel_on_interrupt(client: Any, job_id: str, run_dir: Path, exc: KeyboardInterrupt) -> None:
+def _cancel_on_interrupt(
+    client: SlurmClient, job_id: str, run_dir: Path, exc: KeyboardInterrupt
+) -> None:
     try:
         client.cancel([job_id])
     except UserError as error:
@@ -218,7 +221,7 @@ def _cancel_on_interrupt(client: Any, job_id: str, run_dir: Path, exc: KeyboardI
 
 
 def wait_for_job(
-    client: Any,
+    client: SlurmClient,
     job_id: str,
     timeout: float,
     sleep: Callable[[float], Any],

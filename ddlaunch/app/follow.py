@@ -28,6 +28,7 @@ from typing import Any
 from ddlaunch import fsutil
 from ddlaunch.app.status import ACTIVE_STATES, min_poll_interval
 from ddlaunch.app.status_poll import Target, poll
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import outcome, submission
 from ddlaunch.store.rundir import LOGS_DIR
 
@@ -185,7 +186,7 @@ class RunWatch:
     """Whether the run has ended, from its directory; Slurm at most once per interval."""
 
     run_dir: Path
-    client: Any = None  # a SlurmClient; None: never ask Slurm (a local run)
+    client: SlurmClient | None = None  # a SlurmClient; None: never ask Slurm (a local run)
     interval: float = field(default_factory=min_poll_interval)
     clock: Callable[[], float] = time.monotonic
     queries: int = 0  # squeue polls made (the benchmark counts the commands themselves)

@@ -18,6 +18,7 @@ from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import parse_duration
 from ddlaunch.errors import UserError
 from ddlaunch.policy import requeue as policy
+from ddlaunch.policy.requeue import NO_RETRY, Ending
 from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import read_result
@@ -66,17 +67,8 @@ def open_attempt(run_dir: Path) -> dict[str, Any]:
 
 
 def _finish(run_dir: Path, cause: str, reason: str, **details: Any) -> None:
-    conclude(
-        run_dir,
-        cause=cause,
-        committed_step=committed_step(run_dir),
-        max_requeues=0,
-        client=None,
-        job="",
-        final=reason,
-        say=_quiet,
-        details=details,
-    )
+    ending = Ending(cause, committed_step(run_dir), final=reason)
+    conclude(run_dir, ending, NO_RETRY, None, say=_quiet, details=details)
 
 
 def interrupted_reason(run_dir: Path, started: float) -> str:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from ddlaunch.app.runs import RunInfo, find_member, find_run, read_run
 from ddlaunch.app.status import QUIET_FAILURES, attempt_failure, failures_of, run_failure
+from ddlaunch.config.validate import load_config
 from ddlaunch.errors import UserError
 from ddlaunch.store.failures import Failure
 from ddlaunch.store.members import member_of
-from ddlaunch.store.records import Unreadable
-from ddlaunch.store.rundir import LOGS_DIR, batch_logs, rank_log, read_config_tree
+from ddlaunch.store.rundir import LOGS_DIR, batch_logs, config_path, rank_log
 from ddlaunch.store.sweeps import member_jobs
 
 
@@ -63,12 +63,10 @@ def failing_rank(info: RunInfo) -> tuple[str, int, Failure | None] | None:
 
 
 def world_size(run_dir: Path) -> int | None:
-    """Ranks of the run, from its resolved config (no validation needed for two keys)."""
+    """Ranks of the run, from its resolved config (``Config.world_size``)."""
     try:
-        nodes = read_config_tree(run_dir).get("nodes") or {}
-        per_node = nodes.get("gpus_per_node") or nodes.get("tasks_per_node") or 1
-        return int(nodes.get("count", 1)) * int(per_node)
-    except (OSError, ValueError, TypeError, Unreadable):  # unknown: any rank may be asked
+        return load_config(config_path(run_dir)).world_size
+    except (OSError, UserError):  # unknown: any rank may be asked
         return None
 
 

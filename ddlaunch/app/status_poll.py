@@ -34,7 +34,7 @@ from ddlaunch.app.status import (
     settled,
 )
 from ddlaunch.slurm import queue
-from ddlaunch.slurm.client import SlurmClient, SlurmUnreachable
+from ddlaunch.slurm.client import JobRows, SlurmClient, SlurmUnreachable
 from ddlaunch.store import sweeps
 from ddlaunch.store.members import member_of
 from ddlaunch.store.rundir import config_path, default_run_root, is_run_dir
@@ -54,7 +54,7 @@ class Target:
 
 def poll(
     targets: Sequence[Target],
-    client: Any,
+    client: JobRows,
     *,
     form: str = "text",
     read: Any = None,

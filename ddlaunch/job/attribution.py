@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.policy import attribution as policy
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import heartbeats
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import read_failures
@@ -125,7 +126,7 @@ def this_attempts_failures(run_dir: Path, attempt: AttemptId) -> list[policy.Rai
     ]
 
 
-def accounting(client: Any, attempt: AttemptId) -> list[policy.StepExit]:
+def accounting(client: SlurmClient, attempt: AttemptId) -> list[policy.StepExit]:
     """The job's steps as sacct has them; empty without accounting (or not yet written)."""
     try:
         return policy.parse_sacct_steps(client.step_accounting(attempt.task or attempt.job_id))
@@ -142,7 +143,7 @@ def attribute(
     run_dir: Path,
     attempt: AttemptId,
     index: int,
-    client: Any,
+    client: SlurmClient,
     log: Path | None = None,
     kernel_log: Callable[[], str] = read_kernel_log,
 ) -> dict[str, Any]:
@@ -176,7 +177,9 @@ def attribute(
     return out
 
 
-def attribute_safely(run_dir: Path, attempt: AttemptId, index: int, client: Any) -> dict[str, Any]:
+def attribute_safely(
+    run_dir: Path, attempt: AttemptId, index: int, client: SlurmClient
+) -> dict[str, Any]:
     """``attribute``, but a failure to attribute never costs the attempt its conclusion."""
     try:
         return attribute(run_dir, attempt, index, client)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.slurm.parse import node_is_bad
 from ddlaunch.store.attempts import AttemptId
@@ -49,7 +49,11 @@ def slurmd_reachable(address: str, port: int, timeout: float = 3.0) -> bool:
 
 
 def blame_nodes(
-    run_dir: Path, nodes: Sequence[str], attempt: AttemptId, client: Any, ranks_per_node: int
+    run_dir: Path,
+    nodes: Sequence[str],
+    attempt: AttemptId,
+    client: SlurmClient,
+    ranks_per_node: int,
 ) -> tuple[list[str], str]:
     """Nodes to blame for a failed srun: reported bad by Slurm, or hosting ranks that died
     silently and whose slurmd no longer answers. Returns (nodes, explanation)."""

@@ -6,13 +6,14 @@ bad-node list."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ddlaunch.job.attribution import attribute_safely
 from ddlaunch.job.blame import blame_nodes
 from ddlaunch.policy import requeue as policy
+from ddlaunch.policy.requeue import Ending
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import badnodes, exclusions
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
@@ -26,17 +27,8 @@ class Blame:
     bad_node_ttl_hours: float
 
 
-@dataclass
-class Ending:
-    """How an attempt ended, as the end hook works it out."""
-
-    cause: str
-    blamed: list[str] = field(default_factory=list)
-    record: dict[str, Any] = field(default_factory=dict)
-
-
 def crash_or_node_failure(
-    run_dir: Path, nodes: list[str], attempt: AttemptId, client: Any, settings: Blame
+    run_dir: Path, nodes: list[str], attempt: AttemptId, client: SlurmClient, settings: Blame
 ) -> Ending:
     """srun may return before Slurm notices a dead node: blame nodes Slurm reports as bad or
     whose slurmd stopped answering, and keep them out of the next attempt (and, being
@@ -47,7 +39,7 @@ def crash_or_node_failure(
     exclusions.add_excluded(run_dir, blamed, "node failure: " + why)
     source = f"run {run_dir.name}"
     badnodes.record(blamed, "node failure: " + why, settings.bad_node_ttl_hours, source)
-    return Ending(policy.CAUSE_NODE_FAILURE, blamed, {"health": why})
+    return Ending(policy.CAUSE_NODE_FAILURE, blamed=tuple(blamed), record={"health": why})
 
 
 def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: Blame) -> Ending | None:
@@ -67,7 +59,7 @@ def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: Blame) -> Endin
         hang = cause == policy.CAUSE_HANG
         ttl = settings.bad_node_ttl_hours
         badnodes.record(blamed, f"{cause}: {detail}", ttl, source, suspected=hang)
-    return Ending(cause, blamed, {"health": detail})
+    return Ending(cause, blamed=tuple(blamed), record={"health": detail})
 
 
 def failed_ending(
@@ -75,7 +67,7 @@ def failed_ending(
     nodes: list[str],
     attempt: AttemptId,
     index: int,
-    client: Any,
+    client: SlurmClient,
     settings: Blame,
 ) -> Ending:
     """How an attempt whose ranks failed ended: the watchdog's verdict, else a crash or a
@@ -84,9 +76,10 @@ def failed_ending(
     ending = watchdog_ending(run_dir, attempt, settings) or crash_or_node_failure(
         run_dir, nodes, attempt, client, settings
     )
+    record = dict(ending.record)
     if ending.cause in (policy.CAUSE_CRASH, policy.CAUSE_NODE_FAILURE):
-        ending.record.update(attribute_safely(run_dir, attempt, index, client))
+        record.update(attribute_safely(run_dir, attempt, index, client))
     if ending.cause == policy.CAUSE_NODE_FAILURE:
         # The ranks left alive failed because a peer vanished: the node is the cause.
-        ending.record["culprit"] = f"node failure of {','.join(ending.blamed)}"
-    return ending
+        record["culprit"] = f"node failure of {','.join(ending.blamed)}"
+    return replace(ending, record=record)

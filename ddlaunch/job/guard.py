@@ -66,7 +66,7 @@ def guard_node(allocation: Sequence[str], batch_host: str) -> str | None:
     return others[-1] if others else None
 
 
-def batch_host_lost(client: Any, job: str, batch_host: str) -> str | None:
+def batch_host_lost(client: SlurmClient, job: str, batch_host: str) -> str | None:
     """Why the batch host is lost to the job, or None. Slurm removes a failed node from a
     --no-kill job ("Removing failed node node1 from JobId=...": the job's NodeList no longer
     names it, measured on 22.05; ``sinfo`` meanwhile shows the node ``mixed*``, not down), or
@@ -81,7 +81,7 @@ def batch_host_lost(client: Any, job: str, batch_host: str) -> str | None:
 
 def watch_batch_host(
     run_dir: Path,
-    client: Any,
+    client: SlurmClient,
     attempt: AttemptId,
     batch_host: str,
     ttl_hours: float,
@@ -107,7 +107,7 @@ def watch_batch_host(
 
 
 def act(
-    run_dir: Path, client: Any, attempt: AttemptId, host: str, why: str, ttl_hours: float
+    run_dir: Path, client: SlurmClient, attempt: AttemptId, host: str, why: str, ttl_hours: float
 ) -> None:
     if cancel_reason(run_dir, attempt.task, client) is not None:
         print(f"[ddlaunch guard] {why}; the run was cancelled: no requeue", flush=True)

@@ -19,17 +19,19 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import Conclusion, cancel_reason, conclude
-from ddlaunch.config.recovery_schema import can_leave_out
+from ddlaunch.config.recovery_schema import FaultToleranceSpec, HealthSpec, can_leave_out
+from ddlaunch.config.schema import Config
 from ddlaunch.config.trainers import is_byo
+from ddlaunch.config.validate import load_config
 from ddlaunch.job import stop as stopping
 from ddlaunch.job.blame import bad_nodes, expand
-from ddlaunch.job.endings import Blame, Ending, failed_ending
+from ddlaunch.job.endings import Blame, failed_ending
 from ddlaunch.job.guard import exec_guard
 from ddlaunch.job.placement import (
     next_placement,
@@ -46,50 +48,72 @@ from ddlaunch.job.preflight import (
 )
 from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.policy.requeue import Ending, RetryBudget
+from ddlaunch.slurm.client import Requeuer, SlurmClient
 from ddlaunch.store import attempts, badnodes, exclusions, outcome, signal_save, stops
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import (
     CheckpointSource,
     checkpoint_source,
+    config_path,
     latest_checkpoint,
     read_config_tree,
 )
 
+# The schema's own defaults, for a run whose config cannot be read.
+_FT, _HEALTH = FaultToleranceSpec(), HealthSpec()
+
 
 @dataclass(frozen=True)
 class HookSettings:
-    """The few config values the hooks need, read without validating the whole config."""
+    """The few config values the hooks need (``from_config``); the defaults are the
+    schema's."""
 
-    max_requeues: int = 3
-    max_restarts: int = 3
+    max_requeues: int = _FT.max_requeues
+    max_restarts: int = _FT.max_restarts
     ranks_per_node: int = 1
-    bad_node_ttl_hours: float = 24.0
-    signal_lead: int = 120
+    bad_node_ttl_hours: float = _HEALTH.bad_node_ttl_hours
+    signal_lead: int = _FT.signal_lead
     nodes: int = 1  # nodes.count: the ranks' nodes
     min_nodes: int | None = None  # nodes.min
-    spare_nodes: int = 0
+    spare_nodes: int = _FT.spare_nodes
 
     @property
     def elastic(self) -> bool:
         """A failed node can be left out inside the allocation (Config.elastic)."""
         return can_leave_out(self.nodes, self.min_nodes, self.spare_nodes)
 
+    @property
+    def requeues_only(self) -> RetryBudget:
+        """The budget of a conclusion that cannot restart in the allocation (after a save on
+        the signal: the time is up; in a pod: Kubernetes restarts it)."""
+        return RetryBudget(self.max_requeues)
+
     @classmethod
-    def from_tree(cls, tree: Mapping[str, Any]) -> HookSettings:
-        nodes = tree.get("nodes") or {}
-        health = tree.get("health") or {}
-        ft = tree.get("fault_tolerance") or {}
+    def from_config(cls, cfg: Config) -> HookSettings:
+        ft = cfg.fault_tolerance
         return cls(
-            max_requeues=int(ft.get("max_requeues", 3)),
-            max_restarts=int(ft.get("max_restarts", 3)),
-            ranks_per_node=int(nodes.get("gpus_per_node") or nodes.get("tasks_per_node") or 1),
-            bad_node_ttl_hours=float(health.get("bad_node_ttl_hours", 24.0)),
-            signal_lead=int(ft.get("signal_lead", 120)),
-            nodes=int(nodes.get("count") or 1),
-            min_nodes=int(nodes["min"]) if nodes.get("min") is not None else None,
-            spare_nodes=int(ft.get("spare_nodes") or 0),
+            max_requeues=ft.max_requeues,
+            max_restarts=ft.max_restarts,
+            ranks_per_node=cfg.ranks_per_node,
+            bad_node_ttl_hours=cfg.health.bad_node_ttl_hours,
+            signal_lead=ft.signal_lead,
+            nodes=cfg.nodes.count,
+            min_nodes=cfg.nodes.min,
+            spare_nodes=ft.spare_nodes,
         )
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> HookSettings:
+        """The run's settings, read as every batch-host hook reads the run's config
+        (``load_config``: validated, with the schema's defaults); the defaults, with a
+        warning in the batch log, when it cannot be read: an unreadable config must not cost
+        the attempt its record."""
+        try:
+            return cls.from_config(load_config(config_path(run_dir)))
+        except Exception as exc:
+            print(f"[ddlaunch] warning: {config_path(run_dir)}: {exc}; defaults used", flush=True)
+            return cls()
 
 
 # Endings after which the newest checkpoint of a layout without a completeness marker is
@@ -100,7 +124,7 @@ _CLEAN = (policy.CAUSE_COMPLETED, policy.CAUSE_SIGNAL)
 def _close_cut_off(
     run_dir: Path,
     record: dict[str, Any],
-    client: Any,
+    client: SlurmClient,
     step: int | None,
     settings: HookSettings,
 ) -> None:
@@ -155,7 +179,7 @@ def prepare_restart(
 
 def start(
     run_dir: Path,
-    client: Any,
+    client: SlurmClient,
     attempt: AttemptId,
     env: Mapping[str, str],
     settings: HookSettings = HookSettings(),
@@ -197,7 +221,9 @@ def start(
     )
 
 
-def replaceable(run_dir: Path, env: Mapping[str, str], client: Any, settings: HookSettings) -> bool:
+def replaceable(
+    run_dir: Path, env: Mapping[str, str], client: SlurmClient, settings: HookSettings
+) -> bool:
     """Whether the next step can leave the run's excluded nodes out inside the allocation:
     a job with spares or nodes.min that has usable nodes enough left."""
     if not settings.elastic:
@@ -206,21 +232,21 @@ def replaceable(run_dir: Path, env: Mapping[str, str], client: Any, settings: Ho
     return found is not None
 
 
-def may_restart(ending: Ending, client: Any, attempt: AttemptId, replace: bool = False) -> bool:
-    """Whether a restart in the allocation can work: an ending it could retry (with blamed
-    nodes only where ``replace``: the allocation has nodes enough without them), a controller
-    that answers (srun needs it for the new step; without it the run would stop for want of
-    progress, where a requeue is retried until Slurm is back) and the job still in the start
-    this attempt began in (nobody requeued it meanwhile)."""
-    if ending.blamed:
-        if not replace or ending.cause not in policy.REPLACE_CAUSES:
-            return False
-    elif ending.cause not in policy.RESTART_CAUSES:
+def may_restart(
+    ending: Ending, client: SlurmClient, attempt: AttemptId, spare: bool = False
+) -> bool:
+    """Whether a restart in the allocation can work: an ending the restart rule allows
+    (``policy.restartable``; with blamed nodes only where ``spare``: the allocation has nodes
+    enough without them), a controller that answers (srun needs it for the new step; without
+    it the run would stop for want of progress, where a requeue is retried until Slurm is
+    back) and the job still in the start this attempt began in (nobody requeued it
+    meanwhile)."""
+    if not policy.restartable(ending.cause, ending.blamed, spare):
         return False
     return same_start(client, attempt)
 
 
-def same_start(client: Any, attempt: AttemptId) -> bool:
+def same_start(client: SlurmClient, attempt: AttemptId) -> bool:
     try:
         return bool(client.restarts(attempt.task) == attempt.restart)
     except Exception:  # unreachable, or an answer we cannot read: requeue as before
@@ -232,28 +258,21 @@ def conclude_signal_save(
     saved: Mapping[str, Any],
     attempt: AttemptId,
     settings: HookSettings,
-    client: Any,
+    client: Requeuer,
     exit_code: int,
 ) -> Conclusion:
     """The ranks (in a container) saved on the signal and left the conclusion to the host
     (the end hook here, the leader pod on Kubernetes): conclude as rank 0 would have."""
     step = int(saved["step"])
-    return conclude(
-        run_dir,
-        cause=policy.CAUSE_SIGNAL,
-        committed_step=step,
-        max_requeues=settings.max_requeues,
-        client=client,
-        job=attempt.task,
-        saved_step=step,
-        record={"signal": saved.get("reason"), "exit_code": exit_code},
-    )
+    record = {"signal": saved.get("reason"), "exit_code": exit_code}
+    ending = Ending(policy.CAUSE_SIGNAL, step, record=record, saved_step=step)
+    return conclude(run_dir, ending, settings.requeues_only, client, job=attempt.task)
 
 
 def end(
     run_dir: Path,
     exit_code: int,
-    client: Any,
+    client: SlurmClient,
     attempt: AttemptId,
     settings: HookSettings = HookSettings(),
     can_restart: bool = False,
@@ -304,21 +323,22 @@ def end(
             blame = Blame(settings.ranks_per_node, settings.bad_node_ttl_hours)
             ending = failed_ending(run_dir, nodes, attempt, index, client, blame)
     found = latest_checkpoint(run_dir, source)
-    replace = can_restart and bool(ending.blamed) and replaceable(run_dir, env, client, settings)
-    restarts = can_restart and may_restart(ending, client, attempt, replace)
+    ending = replace(
+        ending,
+        committed_step=found.step if found else None,
+        record={"exit_code": exit_code, **ending.record},
+    )
+    spare = can_restart and bool(ending.blamed) and replaceable(run_dir, env, client, settings)
+    restarts = can_restart and may_restart(ending, client, attempt, spare)
+    budget = RetryBudget(settings.max_requeues, settings.max_restarts if restarts else 0, spare)
     conclusion = conclude(
         run_dir,
-        cause=ending.cause,
-        committed_step=found.step if found else None,
-        max_requeues=settings.max_requeues,
-        client=client,
+        ending,
+        budget,
+        client,
         job=attempt.task,
-        blamed=ending.blamed,
-        record={"exit_code": exit_code, **ending.record},
         # A trainer may have requeued the job itself (Lightning): not a second time.
         restart=attempt.restart if is_byo(source.kind) else None,
-        max_restarts=settings.max_restarts if restarts else 0,
-        replaceable=replace,
     )
     if conclusion.restart:
         return RESTART_EXIT
@@ -327,7 +347,7 @@ def end(
 
 def conclude_saved(
     run_dir: Path,
-    client: Any,
+    client: SlurmClient,
     attempt: AttemptId,
     settings: HookSettings,
     stop: Mapping[str, Any],
@@ -335,17 +355,11 @@ def conclude_saved(
     """The trainer completed its save on ddlaunch's signal: conclude the attempt now (requeue,
     or record why not), without waiting for the trainer to exit; the end hook then finds it
     closed."""
-    conclude(
-        run_dir,
-        cause=policy.CAUSE_TRAINER_STOP,
-        committed_step=stop.get("saved_step"),
-        max_requeues=settings.max_requeues,
-        client=client,
-        job=attempt.task,
-        saved_step=stop.get("saved_step"),
-        record={"signal": stop.get("signal"), "stop": stop.get("why")},
-        restart=attempt.restart,
-    )
+    step = stop.get("saved_step")
+    record = {"signal": stop.get("signal"), "stop": stop.get("why")}
+    ending = Ending(policy.CAUSE_TRAINER_STOP, step, record=record, saved_step=step)
+    budget = settings.requeues_only
+    conclude(run_dir, ending, budget, client, job=attempt.task, restart=attempt.restart)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,12 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         start_task(run_dir)
     client = SlurmClient()
     if args.hook == "start":
-        start(run_dir, client, attempt, os.environ, _settings(run_dir))
+        start(run_dir, client, attempt, os.environ, HookSettings.of_run(run_dir))
         return 0
     if args.hook == "preflight":
         nodes = expand(os.environ.get("SLURM_JOB_NODELIST", ""))
         return preflight_hook(run_dir, client, attempt, nodes)
-    settings = _settings(run_dir)
+    settings = HookSettings.of_run(run_dir)
     if args.hook == "place":
         return print_placement(run_dir, os.environ, client, settings.nodes, settings.min_nodes)
     if args.hook == "guard":
@@ -388,14 +402,6 @@ def main(argv: list[str] | None = None) -> int:
         request.run(why, stopping.budget(settings.signal_lead))
         return 0
     return end(run_dir, args.exit_code, client, attempt, settings, args.can_restart)
-
-
-def _settings(run_dir: Path) -> HookSettings:
-    try:
-        return HookSettings.from_tree(read_config_tree(run_dir))
-    except Exception as exc:  # an unreadable config must not cost the attempt its record
-        print(f"[ddlaunch] warning: {run_dir / 'config.yaml'}: {exc}; defaults used", flush=True)
-        return HookSettings()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 
 from ddlaunch.job.blame import bad_nodes, expand
 from ddlaunch.policy.placement import Placement, describe_shortage, place
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import exclusions
 
 # Set by the batch script for each step of a job with spares or nodes.min: the step's nodes
@@ -25,7 +26,7 @@ def step_nodelist(env: Mapping[str, str]) -> str:
     return env.get(STEP_NODES_VAR) or env.get("SLURM_JOB_NODELIST", "")
 
 
-def unusable(run_dir: Path, allocation: list[str], client: Any) -> set[str]:
+def unusable(run_dir: Path, allocation: list[str], client: SlurmClient) -> set[str]:
     bad = set(exclusions.excluded(run_dir))
     # Slurm unreachable: the run's own exclusions still hold.
     with contextlib.suppress(Exception):
@@ -34,7 +35,7 @@ def unusable(run_dir: Path, allocation: list[str], client: Any) -> set[str]:
 
 
 def next_placement(
-    run_dir: Path, env: Mapping[str, str], client: Any, wanted: int, minimum: int | None
+    run_dir: Path, env: Mapping[str, str], client: SlurmClient, wanted: int, minimum: int | None
 ) -> tuple[Placement | None, str]:
     """(placement, why none) for the next step, from the job's node list."""
     allocation = expand(env.get("SLURM_JOB_NODELIST", ""))
@@ -44,7 +45,7 @@ def next_placement(
 
 
 def print_placement(
-    run_dir: Path, env: Mapping[str, str], client: Any, wanted: int, minimum: int | None
+    run_dir: Path, env: Mapping[str, str], client: SlurmClient, wanted: int, minimum: int | None
 ) -> int:
     """``hooks place``: the next step's nodes and their count, one line for the batch script
     (``node1,node3 2``); exit 1, saying why, when too few usable nodes are left."""

@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -41,10 +41,12 @@ from ddlaunch.job.hooks import HookSettings, conclude_signal_save
 from ddlaunch.planning import pod_env
 from ddlaunch.policy import pod_exit
 from ddlaunch.policy import requeue as policy
+from ddlaunch.policy.requeue import Ending
+from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import attempts, pods, signal_save
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.layout import LOGS_DIR, SUBMITIT_DIR
-from ddlaunch.store.rundir import committed_step, read_config_tree
+from ddlaunch.store.rundir import committed_step
 
 POLL_S = 0.2
 KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL: the ranks' stop flag may need a step to act
@@ -58,13 +60,16 @@ class PodRestart:
     def __init__(self) -> None:
         self.requested = False
 
-    def exclude_nodes(self, job: str, nodes: Any) -> bool:
+    def exclude_nodes(self, job: str, nodes: Iterable[str]) -> bool:
         return False
+
+    def restarts(self, job: str) -> int | None:
+        return None  # the attempt number is Kubernetes' own count, not asked here
 
     def requeue(self, job: str) -> None:
         self.requested = True
 
-    def accounting_rows(self, job_ids: Any) -> dict[str, Any]:
+    def accounting_rows(self, job_ids: Iterable[str]) -> dict[str, QueueRow]:
         return {}  # no accounting: only cancel.json says a stop was wanted
 
 
@@ -168,22 +173,17 @@ def wait_ranks(
 def conclude_attempt(run_dir: Path, attempt: AttemptId, ranks_exit: int) -> int:
     """The leader's end hook: how the attempt ended, the one policy's decision, the exit
     code every pod leaves with (recorded for them)."""
-    settings = HookSettings.from_tree(read_config_tree(run_dir))
+    settings = HookSettings.of_run(run_dir)
     client = PodRestart()
     saved = signal_save.read(run_dir, attempt)
     conclusion: Conclusion
     if saved is not None:
         conclusion = conclude_signal_save(run_dir, saved, attempt, settings, client, ranks_exit)
     else:
-        conclusion = conclude(
-            run_dir,
-            cause=policy.CAUSE_COMPLETED if ranks_exit == 0 else policy.CAUSE_CRASH,
-            committed_step=committed_step(run_dir),
-            max_requeues=settings.max_requeues,
-            client=client,
-            job=attempt.task,
-            record={"exit_code": ranks_exit},
-        )
+        cause = policy.CAUSE_COMPLETED if ranks_exit == 0 else policy.CAUSE_CRASH
+        ending = Ending(cause, committed_step(run_dir), record={"exit_code": ranks_exit})
+        budget = settings.requeues_only
+        conclusion = conclude(run_dir, ending, budget, client, job=attempt.task)
     code = pod_exit.exit_code(conclusion.requeued, conclusion.state)
     pods.write_decision(run_dir, attempt, code, conclusion.state, conclusion.decision.reason)
     return code

@@ -19,7 +19,8 @@ from typing import Any
 from ddlaunch.conclude import conclude
 from ddlaunch.config import Config, load_config
 from ddlaunch.policy import preflight as verdicts
-from ddlaunch.policy.requeue import CAUSE_PREFLIGHT
+from ddlaunch.policy.requeue import CAUSE_PREFLIGHT, Ending, RetryBudget
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import badnodes, exclusions
 from ddlaunch.store import preflight as records
 from ddlaunch.store.attempts import AttemptId
@@ -74,7 +75,7 @@ def preflight_argv(
 
 
 def check_spares(
-    run_dir: Path, client: Any, attempt: AttemptId, spares: Sequence[str]
+    run_dir: Path, client: SlurmClient, attempt: AttemptId, spares: Sequence[str]
 ) -> list[str]:
     """The hot spares run the preflight's node checks (GPUs, free space, torch) as the job
     starts, beside the training step, so that a spare is known good before a failure needs
@@ -111,7 +112,7 @@ def check_spares(
 
 
 def run_preflight_step(
-    cfg: Config, run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequence[str]
+    cfg: Config, run_dir: Path, client: SlurmClient, attempt: AttemptId, nodes: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
     """Run the node task on every node of the allocation; return the reports by host."""
     timeout = cfg.health.preflight_timeout
@@ -127,7 +128,9 @@ def run_preflight_step(
     return reports
 
 
-def preflight_hook(run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequence[str]) -> int:
+def preflight_hook(
+    run_dir: Path, client: SlurmClient, attempt: AttemptId, nodes: Sequence[str]
+) -> int:
     """``job.hooks preflight``: the checks as a separate srun step before training (the
     batch script runs them inside the ranks instead, ``ddlaunch.worker.gate``)."""
     cfg = load_config(config_path(run_dir))
@@ -146,7 +149,7 @@ def preflight_hook(run_dir: Path, client: Any, attempt: AttemptId, nodes: Sequen
 
 def preflight_outcome(
     run_dir: Path,
-    client: Any,
+    client: SlurmClient,
     attempt: AttemptId,
     nodes: Sequence[str],
     failed: bool = True,
@@ -210,7 +213,7 @@ RESTARTED = 77  # apply_decision: failing nodes excluded, restart on the nodes l
 def apply_decision(
     cfg: Config,
     run_dir: Path,
-    client: Any,
+    client: SlurmClient,
     attempt: AttemptId,
     decision: verdicts.Decision,
     in_allocation: InAllocation | None = None,
@@ -226,19 +229,16 @@ def apply_decision(
         source = f"run {run_dir.name}"
         badnodes.record(blamed, decision.reason, cfg.health.bad_node_ttl_hours, source)
     replace = bool(blamed) and in_allocation is not None and in_allocation.replaceable()
-    conclusion = conclude(
-        run_dir,
-        cause=CAUSE_PREFLIGHT,
-        committed_step=committed_step(run_dir),
-        max_requeues=cfg.fault_tolerance.max_requeues,
-        client=client,
-        job=attempt.task,
-        blamed=blamed,
+    ending = Ending(
+        CAUSE_PREFLIGHT,
+        committed_step(run_dir),
+        blamed=tuple(blamed),
+        record={"health": decision.reason} if blamed else {},
         final=decision.reason if decision.stop else None,
-        record={"health": decision.reason} if blamed else None,
-        max_restarts=in_allocation.max_restarts if in_allocation and replace else 0,
-        replaceable=replace,
     )
+    restarts = in_allocation.max_restarts if in_allocation and replace else 0
+    budget = RetryBudget(cfg.fault_tolerance.max_requeues, restarts, replace)
+    conclusion = conclude(run_dir, ending, budget, client, job=attempt.task)
     if conclusion.restart:
         return RESTARTED
     return REQUEUED if conclusion.requeued else STOPPED

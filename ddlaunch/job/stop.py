@@ -32,6 +32,7 @@ from typing import Any
 
 from ddlaunch.config.trainers import NO_SIGNAL
 from ddlaunch.job.watches import end_step
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import stops
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import CheckpointSource, latest_checkpoint
@@ -59,7 +60,7 @@ class StopRequest:
     run_dir: Path
     attempt: AttemptId
     source: CheckpointSource
-    client: Any
+    client: SlurmClient
     srun_pid: int | None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Any] = time.sleep

@@ -44,7 +44,7 @@ from ddlaunch.store.heartbeats import read_heartbeats
 from ddlaunch.store.rundir import checkpoint_source, config_path
 
 
-def relay_deferred_signal(run_dir: Path, attempt: AttemptId, client: Any) -> None:
+def relay_deferred_signal(run_dir: Path, attempt: AttemptId, client: SlurmClient) -> None:
     """Send the pre-timeout signal that arrived during preflight to the training step: the
     ranks have installed their handlers once they send heartbeats."""
     name = preflight_records.take_deferred_signal(run_dir, attempt)
@@ -98,7 +98,7 @@ class _Watch:
     attempt: AttemptId
     thresholds: analysis.Thresholds
     expected_ranks: int | None
-    client: Any
+    client: SlurmClient
     started: float
     state: analysis.StragglerState = field(default_factory=analysis.StragglerState)
     last_step: int | None = None
@@ -185,7 +185,7 @@ def watch(
     thresholds: analysis.Thresholds,
     expected_ranks: int | None,
     srun_pid: int | None,
-    client: Any,
+    client: SlurmClient,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], Any] = time.sleep,
     max_polls: int | None = None,

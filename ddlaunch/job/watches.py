@@ -19,19 +19,19 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.job.blame import blame_nodes, expand
 from ddlaunch.policy.heartbeats import Beat
 from ddlaunch.policy.preflight import node_report_line
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import preflight as records
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import FAILURES_DIR
 
 
-def end_step_without(job_id: str | None, client: Any, srun_pid: int) -> None:
+def end_step_without(job_id: str | None, client: SlurmClient, srun_pid: int) -> None:
     """End a step one of whose nodes died: ``scancel`` reaches the ranks on the nodes still
     up but waits for the dead one (MessageTimeout), and srun waits for that node's tasks until
     Slurm declares it down (24-30 s on the dev cluster, SlurmdTimeout on a site): so scancel
@@ -45,12 +45,12 @@ def end_step_without(job_id: str | None, client: Any, srun_pid: int) -> None:
         os.kill(srun_pid, signal.SIGKILL)
 
 
-def _cancel_quietly(job_id: str, client: Any) -> None:
+def _cancel_quietly(job_id: str, client: SlurmClient) -> None:
     with contextlib.suppress(Exception):  # srun is killed whatever scancel says
         end_step(job_id, client)
 
 
-def end_step(job_id: str, client: Any) -> list[str]:
+def end_step(job_id: str, client: SlurmClient) -> list[str]:
     """End the job's running steps (``scancel --signal=KILL JOB.STEP``, never the batch step);
     returns them."""
     steps: list[str] = client.job_steps(job_id)
@@ -68,7 +68,7 @@ class PreflightWatch:
         self.run_dir, self.attempt, self.timeout = run_dir, attempt, timeout
         self.done = timeout is None
 
-    def poll(self, elapsed: float, client: Any) -> bool:
+    def poll(self, elapsed: float, client: SlurmClient) -> bool:
         """True when the step was ended because the preflight timed out."""
         if self.done:
             return False
@@ -197,7 +197,7 @@ class NodeFailureWatch:
         return failed_ranks(self.run_dir, a.restart, self.not_before, a.relaunch)
 
     def poll(
-        self, now: float, beats: Sequence[Beat], stale_after: float, client: Any
+        self, now: float, beats: Sequence[Beat], stale_after: float, client: SlurmClient
     ) -> tuple[list[str], str]:
         """(dead nodes, why); empty when nothing is found (or it is not time to probe)."""
         if not self.nodes or not self.triggered(now, beats, stale_after):

@@ -21,8 +21,8 @@ to both alike. Once the restarts are used up, a requeue is the fallback within i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 # How an attempt ended.
 CAUSE_COMPLETED = "completed"
@@ -67,36 +67,86 @@ class Decision:
         return self.requeue or self.restart
 
 
-def decide(
-    *,
-    cause: str,
-    committed_now: int | None,
-    resumed_from: int | None,
-    requeues_so_far: int,
-    max_requeues: int,
-    blamed: Sequence[str] = (),
-    restarts_so_far: int = 0,
-    max_restarts: int = 0,
-    replaceable: bool = False,
-) -> Decision:
-    """Retry after an attempt that ended for ``cause``, and how? ``blamed``: nodes a health
-    check (preflight, hang, straggler) or a node failure singled out and that the retry will
-    exclude. ``max_restarts``: restarts inside the allocation the caller can do (0: it
-    cannot, e.g. rank 0 after a signal save; only the batch script loops). ``replaceable``:
-    the allocation has enough usable nodes without the blamed ones for a new step."""
+@dataclass(frozen=True)
+class Ending:
+    """How an attempt ended, as whoever concludes it worked it out.
+
+    ``cause``: one of the ``CAUSE_*`` above. ``committed_step``: the newest complete
+    checkpoint now. ``blamed``: nodes a health check (preflight, hang, straggler) or a node
+    failure singled out; the caller added them to the run's exclusions and the retry leaves
+    them out. ``record``: more fields for the attempt record (exit code, the culprit rank and
+    its signal, health detail). ``saved_step``: the step a signal save just committed, said
+    in a cancelled run's outcome. ``final``: a reason that rules out any retry (every node
+    failed preflight, a checkpoint save failed on every rank)."""
+
+    cause: str
+    committed_step: int | None = None
+    blamed: tuple[str, ...] = ()
+    record: Mapping[str, object] = field(default_factory=dict)
+    saved_step: int | None = None
+    final: str | None = None
+
+    @property
+    def culprit(self) -> str | None:
+        """The first cause in words, as attribution named it (``rank 1 on node1 killed by
+        SIGKILL``, ``node failure of node2``); None where none was named."""
+        named = self.record.get("culprit")
+        return None if named is None else str(named)
+
+
+@dataclass(frozen=True)
+class RetryBudget:
+    """What the concluding caller may spend on a retry. ``max_requeues``: the run's cap.
+    ``max_restarts``: restarts inside the allocation the caller can start (only the batch
+    script's end hook, whose script loops; 0 elsewhere). ``replaceable``: the allocation has
+    usable nodes enough without the blamed ones (a hot spare, or ``nodes.min`` allows fewer),
+    so a restart may leave them out."""
+
+    max_requeues: int = 0
+    max_restarts: int = 0
+    replaceable: bool = False
+
+
+# A caller that can only record the outcome (a local run, a cancel): no retry of any kind.
+NO_RETRY = RetryBudget()
+
+
+@dataclass(frozen=True)
+class History:
+    """What the run's earlier attempts used: the step this attempt resumed from, and the
+    requeues and restarts so far."""
+
+    resumed_from: int | None = None
+    requeues: int = 0
+    restarts: int = 0
+
+
+def restartable(cause: str, blamed: Sequence[str], replaceable: bool) -> bool:
+    """The restart rule: a new step in the same allocation can retry this ending. Without a
+    blamed node, for endings where the ranks failed and the nodes did not; with blamed nodes,
+    for endings that singled out nodes, where the allocation can do without them."""
+    if blamed:
+        return cause in REPLACE_CAUSES and replaceable
+    return cause in RESTART_CAUSES
+
+
+def decide(ending: Ending, budget: RetryBudget, history: History = History()) -> Decision:
+    """Retry after ``ending``, and how, within ``budget`` and what ``history`` used."""
+    cause, blamed, committed_now = ending.cause, ending.blamed, ending.committed_step
+    if ending.final is not None:
+        return Decision(False, ending.final)
     if cause == CAUSE_COMPLETED:
         return Decision(False, "completed")
     if cause == CAUSE_CANCELLED:
         return Decision(False, "cancelled by the user")
-    restartable = (cause in RESTART_CAUSES and not blamed) or (
-        cause in REPLACE_CAUSES and bool(blamed) and replaceable
-    )
-    can_restart = restartable and restarts_so_far < max_restarts
+    max_restarts, restarts_so_far = budget.max_restarts, history.restarts
+    requeues_so_far, max_requeues = history.requeues, budget.max_requeues
+    can_restart = restartable(cause, blamed, budget.replaceable) and restarts_so_far < max_restarts
     if not can_restart and requeues_so_far >= max_requeues:
         used = (
             f"{restarts_so_far} restarts in the allocation reached "
             f"fault_tolerance.max_restarts={max_restarts}, "
-            if restartable and max_restarts > 0
+            if restartable(cause, blamed, budget.replaceable) and max_restarts > 0
             else ""
         )
         return Decision(
@@ -109,6 +159,7 @@ def decide(
     guarded = cause in (CAUSE_CRASH, CAUSE_NODE_FAILURE, CAUSE_TRAINER_STOP) or (
         cause in HEALTH_CAUSES and not excluding
     )
+    resumed_from = history.resumed_from
     progressed = committed_now is not None and (
         resumed_from is None or committed_now > resumed_from
     )

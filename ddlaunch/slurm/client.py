@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from ddlaunch.errors import UserError
 from ddlaunch.runner import CommandResult, Runner, SubprocessRunner
@@ -63,6 +64,29 @@ def unreachable(result: CommandResult) -> bool:
 
 def failure(what: str, result: CommandResult) -> SlurmError:
     return (SlurmUnreachable if unreachable(result) else SlurmError)(what, result)
+
+
+class Requeuer(Protocol):
+    """What concluding an attempt asks of its scheduler: was the job cancelled (accounting),
+    was it restarted meanwhile, exclude nodes, requeue. ``SlurmClient`` on the batch host; a
+    pod's ``PodRestart`` on Kubernetes, whose requeue is the pod's exit code."""
+
+    def accounting_rows(self, job_ids: Iterable[str]) -> dict[str, QueueRow]: ...
+
+    def restarts(self, job_id: str) -> int | None: ...
+
+    def exclude_nodes(self, job_id: str, nodes: Iterable[str]) -> bool: ...
+
+    def requeue(self, job_id: str) -> None: ...
+
+
+class JobRows(Protocol):
+    """What ``status`` asks of its scheduler: the queue's and accounting's rows of its jobs
+    (``SlurmClient``; ``NoScheduler`` for Kubernetes runs)."""
+
+    def status_rows(self, job_ids: Sequence[str], form: str = "text") -> dict[str, QueueRow]: ...
+
+    def accounting_rows(self, job_ids: Sequence[str]) -> dict[str, QueueRow]: ...
 
 
 def default_timeout() -> float:

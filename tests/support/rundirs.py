@@ -31,11 +31,20 @@ def example_run_dir(tmp_path: Path, **health: Any) -> Path:
     return run_dir
 
 
+# The launch section of the run configs these builders write (validation asks for one).
+LAUNCH = "launch: {entrypoint: 'train:main'}\n"
+
+
 def committed_run(tmp_path: Path, committed: list[int], config: str | None = None) -> Path:
-    """``<tmp>/run`` with complete checkpoints at ``committed`` (DCP metadata + marker)."""
+    """``<tmp>/run`` with complete checkpoints at ``committed`` (DCP metadata + marker).
+    ``config``: the sections the test sets; a run's config is always a valid one, so a
+    launch is added when it names none."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    (run / "config.yaml").write_text(config or "fault_tolerance: {max_requeues: 3}\n")
+    text = config or "fault_tolerance: {max_requeues: 3}\n"
+    if "launch:" not in text:
+        text += LAUNCH
+    (run / "config.yaml").write_text(text)
     for step in committed:
         d = run / "checkpoints" / f"step-{step}"
         d.mkdir()
