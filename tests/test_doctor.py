@@ -101,3 +101,57 @@ def test_doctor_tells_the_pending_reason_and_cancels_its_job_on_ctrl_c(
     assert info.value.__notes__ == ["doctor job 61 cancelled"]
     (doctor_dir,) = (tmp_path / "runs" / "doctor").iterdir()
     assert (doctor_dir / "outcome.json").exists() and (doctor_dir / "submission.json").exists()
+
+
+def test_doctor_nodes_counts_its_own_nodes_not_the_configs_hot_spares(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    # A config with a hot spare on a 3-node partition (MaxNodes=3, recorded sinfo): its own
+    # job would hold 2 + 1 nodes; `doctor --nodes 3` holds 3, and is not refused for 3 + 1.
+    import pytest
+    from support.fakes import FakeRunner, ok
+
+    from ddlaunch.app.doctor import run_doctor
+    from ddlaunch.app.prepare import Refused
+    from ddlaunch.planning.plan import ClusterFacts
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.slurm.partitions import PartitionFacts
+
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
+    nodes = ("node1", "node2", "node3")
+    facts = ClusterFacts(
+        partitions=(PartitionFacts("debug", nodes, (4, 4, 4), (8, 8, 8), 3, None, True),)
+    )
+    spare = ["fault_tolerance.spare_nodes=1", "nodes.count=3"]
+    runner = FakeRunner({("sbatch",): ok("62\n"), ("squeue",): ok("62|PENDING|Priority|\n")})
+
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt  # the job was submitted: that is all this test needs
+
+    with pytest.raises(KeyboardInterrupt):
+        run_doctor(
+            "examples/mlp",
+            spare,
+            count=3,
+            nodelist=None,
+            timeout=900,
+            client=SlurmClient(runner),
+            sleep=interrupt,
+            facts=facts,
+        )
+    assert ["scancel", "62"] in runner.calls  # submitted, then cancelled by the Ctrl-C
+    with pytest.raises(Refused) as refused:
+        run_doctor(
+            "examples/mlp",
+            spare,
+            count=None,
+            nodelist=None,
+            timeout=900,
+            client=SlurmClient(FakeRunner({})),
+            facts=facts,
+        )
+    assert (
+        "  nodes.count + fault_tolerance.spare_nodes: 3 + 1 = 4 nodes is more than partition "
+        "debug's MaxNodes=3"
+    ) in str(refused.value).splitlines()

@@ -161,13 +161,18 @@ def run_doctor(
     prepared = prepare(config_source(config), overrides)
     cfg, plan = prepared.config, prepared.plan
     if facts is not None:
+        # The doctor's job asks for what it checks: --nodes or --nodelist exactly (none of
+        # the config's hot spares), else the nodes the config's job would hold.
+        chosen = len(names) or count
+        spares = 0 if chosen else cfg.fault_tolerance.spare_nodes
         asked = dataclasses.replace(
             cfg,
             nodes=dataclasses.replace(
                 cfg.nodes,
-                count=len(names) or count or cfg.nodes.count,
+                count=chosen or cfg.nodes.count,
                 nodelist=tuple(names) or cfg.nodes.nodelist,
             ),
+            fault_tolerance=dataclasses.replace(cfg.fault_tolerance, spare_nodes=spares),
         )
         for line in check_configs([asked], facts, [], os.getcwd(), force, time.time()):
             tell(f"warning: {line}")
