@@ -16,6 +16,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,12 @@ def test_status_target_kubernetes_reads_the_pods_records(tmp_path: Path) -> None
         line = next(x for x in status().splitlines() if x.startswith("podrun "))
         return re.split(r"\s{2,}", line.strip())
 
+    assert row()[:4] == ["podrun", "podrun", "NOT_APPLIED", "-"]
+    # Unchanged for longer than the status cache waits before it keeps a queued run: the
+    # state still comes from the run's intent (which names the target), poll after poll.
+    past = time.time() - 60
+    os.utime(done.run_dir, (past, past))
+    assert row()[:4] == ["podrun", "podrun", "NOT_APPLIED", "-"]
     assert row()[:4] == ["podrun", "podrun", "NOT_APPLIED", "-"]
     first = attempts.new_record(
         0, AttemptId("podrun", 0, "podrun"), nodes="2 pods", host="a", resumed_from=None

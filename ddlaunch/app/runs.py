@@ -353,6 +353,10 @@ class RunReader:
         if info.problems:  # its damaged records are read again, and said, every poll
             cache.forget(run_dir.name)
             return info
+        if info.intent.get("target") == "kubernetes":
+            # Its state comes from the intent's target and manifest, which a queued entry
+            # does not keep; and reading it asks no scheduler, so there is nothing to save.
+            return info
         queued = Queued(info.job_ids, info.intent, info.submitted)
         cache.put(run_dir.name, mtime_ns, listing, self.now, queued)
         return info
