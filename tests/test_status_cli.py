@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -293,3 +294,23 @@ def test_a_terminal_gets_the_table_fitted_to_its_width(tmp_path: Path) -> None:
         "run            job  state    nodes      step  ckpt  attempts\n"
         "a-rather…b2b2  9    RUNNING  node[1-3]     -     -         0\n"
     )
+
+
+def test_a_member_that_has_not_started_is_pending_not_unreadable(tmp_path: Path) -> None:
+    # Members 0 and 1 run; member 2 waits in the queue (throttled), so it has no run
+    # directory yet: its job comes from the array's record, and nothing is "unreadable".
+    sweep = _sweep(tmp_path / "runs", "lr", ["a", "b", "c"])
+    shutil.rmtree(sweep / "members" / "2")
+    (sweep / "arrays").mkdir()
+    (sweep / "arrays" / "0.json").write_text(
+        json.dumps({"name": "0", "job_id": "900", "members": [0, 1, 2], "time": T0})
+    )
+    queue = "900_0|RUNNING|None|node1\n900_1|RUNNING|None|node1\n900_2|PENDING|JobArrayTaskLimit|\n"
+    proc = ddlaunch(tmp_path, "status", "lr", squeue=queue)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.splitlines() == [
+        "run   job    state    nodes  step  ckpt  attempts  note",
+        "lr/0  900_0  RUNNING  node1     -     -         1  params.lr=a",
+        "lr/1  900_1  RUNNING  node1     -     -         1  params.lr=b",
+        "lr/2  900_2  PENDING  -         -     -         0  params.lr=c; JobArrayTaskLimit",
+    ]

@@ -223,7 +223,9 @@ def read_run(
         info.watchdog = rec.json(summary, dict, None, watchdog.SUMMARY_FIELDS)
     if staging.STAGING_DIR in present:
         info.staging = latest_staging(run_dir, info.attempts, rec.problems)
-    if CONFIG_FILE not in present:
+    if CONFIG_FILE not in present and (present or run_dir.is_dir()):
+        # A directory that does not exist is no damage: a sweep member that has not started
+        # has none yet (its job ids come from the sweep's array records).
         rec.problems.append(records.Problem(CONFIG_FILE, "missing"))
     elif with_checkpoints:
         _read_checkpoints(info, present, rec)
