@@ -197,3 +197,32 @@ def test_the_throughput_uses_checkpoints_and_the_watchdog_samples(tmp_path: Path
     assert t.samples == [(T0 + 20, 20), (T0 + 40, 40), (T0 + 50, 50)]
     assert report.throughput(t.samples) == [(T0 + 40, 1.0), (T0 + 50, 1.0)]
     assert throughput_note(t) is None
+
+
+def test_a_run_restarting_in_its_allocation_is_titled_as_status_says(tmp_path: Path) -> None:
+    # Attempt 0 crashed (its rank's failure record) and the end hook restarted the ranks in
+    # the allocation; the job runs on. The run directory alone would say FAILED.
+    import json
+
+    from support.fakes import FakeRunner
+    from test_status_cli import T0, make_run
+
+    from ddlaunch.slurm.client import SlurmClient
+
+    crashed = {
+        "attempt": 0,
+        "start": T0,
+        "end": T0 + 60,
+        "cause": "crash",
+        "decision": "restart in the allocation after crash: committed step 20 -> 40",
+    }
+    run = make_run(tmp_path, "r", "5", T0, attempts=[crashed])
+    (run / "failures").mkdir()
+    record = {"rank": 1, "host": "node1", "exception": "ValueError", "message": "x", "time": T0}
+    (run / "failures" / "rank-1.json").write_text(json.dumps(record))
+    assert report.load_timeline(run).state == "FAILED"  # what the records alone can say
+    runner = FakeRunner({"squeue": "5|RUNNING|None|node[1-2]\n"})
+    t = report.load_timeline(run, SlurmClient(runner))
+    assert t.state == "RUNNING"
+    assert "<h1>Run r: RUNNING</h1>" in report.html_page(t, "")
+    assert [c[0] for c in runner.calls] == ["squeue"]  # one queue query, as status makes

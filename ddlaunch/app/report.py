@@ -9,6 +9,7 @@ out around the picture (drawn by ``app.report_figure``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import itertools
@@ -20,10 +21,12 @@ from typing import Any
 
 from ddlaunch.app.runs import read_run
 from ddlaunch.app.status import run_status
+from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.checkpoint import adapters
 from ddlaunch.checkpoint.layout import list_checkpoints
 from ddlaunch.config.trainers import KIND_DDLAUNCH
 from ddlaunch.policy.staging import node_line
+from ddlaunch.slurm.client import JobRows, SlurmError
 from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
@@ -316,10 +319,16 @@ def _attempt_at(attempts: Sequence[Mapping[str, Any]], when: float) -> str:
     return ""
 
 
-def load_timeline(run_dir: Path) -> Timeline:
-    """Everything ``report`` draws, from the run directory."""
+def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
+    """Everything ``report`` draws, from the run directory; the state as ``status`` says it
+    (``client``: one queue query, as a status poll makes; None: the run directory alone).
+    A run restarting in its allocation has a failed attempt and is still running."""
     info = read_run(run_dir)
     row = run_status(info, None)
+    if client is not None and info.outcome is None:
+        # No Slurm here (a copied run directory): what the records say.
+        with contextlib.suppress(SlurmError):
+            (row,) = poll([Target(run_dir)], client, read=lambda _: info)
     state = row.state
     # Without a readable config (info.problems says so) the checkpoints cannot be found.
     checkpoints = checkpoint_times(run_dir) if info.checkpoint_root is not None else []

@@ -25,9 +25,10 @@ def command(run: str, out: str | None) -> None:
     from ddlaunch.app.report import html_page, load_timeline
     from ddlaunch.app.report_figure import draw
     from ddlaunch.app.runs import find_run
+    from ddlaunch.slurm.client import SlurmClient
 
     run_dir = find_run(run)
-    t = load_timeline(run_dir)
+    t = load_timeline(run_dir, SlurmClient())
     folder = Path(out) if out else run_dir / "report"
     folder.mkdir(parents=True, exist_ok=True)
     png = folder / "report.png"
