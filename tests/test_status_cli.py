@@ -314,3 +314,42 @@ def test_a_member_that_has_not_started_is_pending_not_unreadable(tmp_path: Path)
         "lr/1  900_1  RUNNING  node1     -     -         1  params.lr=b",
         "lr/2  900_2  PENDING  -         -     -         0  params.lr=c; JobArrayTaskLimit",
     ]
+
+
+def test_a_restart_in_the_allocation_is_starting_not_a_stale_heartbeat(tmp_path: Path) -> None:
+    # Attempt 0 reached step 185 and crashed; the end hook restarted the ranks in the
+    # allocation from the checkpoint at 150. Until the new attempt's watchdog polls, the run
+    # directory holds attempt 0's last summary and progress: they are not the run's news.
+    crashed = {
+        "attempt": 0,
+        "job_id": "12",
+        "nodes": "node[1-2]",
+        "start": T0,
+        "end": T0 + 300,
+        "cause": "crash",
+        "committed_step": 150,
+        "decision": "restart in the allocation after crash: committed step none -> 150",
+    }
+    again = {
+        "attempt": 1,
+        "job_id": "12",
+        "nodes": "node[1-2]",
+        "start": T0 + 305,
+        "resumed_from": 150,
+        "in_allocation": True,
+        "relaunch": 1,
+    }
+    make_run(
+        tmp_path / "runs",
+        "r",
+        "12",
+        T0,
+        attempts=[crashed, again],
+        progress=(185, T0 + 290),
+        watchdog={"time": T0 + 295, "oldest_beat_age": 1.0, "step": 185},
+        ckpt=[150],
+    )
+    proc = ddlaunch(tmp_path, "status", "r", "--json", squeue="12|RUNNING|None|node[1-2]\n")
+    (row,) = json.loads(proc.stdout)
+    assert (row["state"], row["step"], row["checkpoint_step"]) == ("RUNNING", 150, 150)
+    assert row["health"] == "attempt 1 starting from step 150"

@@ -199,22 +199,41 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
 
         parts.append(staging_summary(info.staging))
     hb = info.watchdog
-    running = bool(info.attempts) and "end" not in info.attempts[-1]
+    latest = info.attempts[-1] if info.attempts else {}
+    running = bool(latest) and "end" not in latest
     if hb and running and state == "RUNNING":
-        age = now - float(hb.get("time", now)) + float(hb.get("oldest_beat_age", 0.0))
-        parts.append(f"heartbeat {age:.0f} s ago")
+        began = latest.get("start")
+        if isinstance(began, int | float) and float(hb.get("time", now)) < began:
+            # The summary is the previous attempt's (the new one's watchdog has not polled
+            # yet): its beats are the dead ranks', and the step it gave is behind us now.
+            parts.append(starting(latest))
+        else:
+            age = now - float(hb.get("time", now)) + float(hb.get("oldest_beat_age", 0.0))
+            parts.append(f"heartbeat {age:.0f} s ago")
     return "; ".join(parts)
+
+
+def starting(attempt: Mapping[str, Any]) -> str:
+    """``attempt 1 starting from step 150``: a new attempt before its first heartbeat."""
+    origin = attempt.get("resumed_from")
+    where = f"from step {origin}" if origin is not None else "from scratch"
+    return f"attempt {attempt.get('attempt', '?')} starting {where}"
 
 
 def current_step(info: RunInfo) -> int | None:
     """The step the run reached: from the freshest of its records (rank 0's progress, the
-    watchdog's summary of the heartbeats), never behind its latest committed checkpoint
-    (a record written before a resume would otherwise lag it)."""
+    watchdog's summary of the heartbeats) written since the running attempt began, never
+    behind its latest committed checkpoint (a record written before a resume would otherwise
+    lag it, or run ahead of a restart that resumed from an earlier step)."""
     best: tuple[float, int] | None = None
+    latest = info.attempts[-1] if info.attempts else {}
+    began = latest.get("start") if "end" not in latest else None
     for record in (info.progress, info.watchdog):
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             continue
         when = float(record.get("time") or 0.0)
+        if isinstance(began, int | float) and when < began:
+            continue  # the previous attempt's: the running one resumed behind it
         if best is None or when >= best[0]:
             best = (when, int(record["step"]))
     steps = [s for s in (best[1] if best else None, info.latest_step) if s is not None]
