@@ -7,6 +7,7 @@ failure records)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner
@@ -418,3 +419,16 @@ def test_status_and_report_tell_a_restart_from_a_requeue() -> None:
     assert [a.how for a in t.attempts] == ["9", "9 (restart in the allocation)", "9"]
     assert t.attempts[1].detail == "rank 1 on node1: RuntimeError: in 1"
     assert "9 (restart in the allocation)" in report.html_page(t, "")
+
+
+def test_rank_0_names_the_attempt_as_status_does(tmp_path: Path) -> None:
+    # After a restart inside the allocation Slurm's restart count is still 0; the run's
+    # second attempt record is attempt 1, and rank 0's first line says so.
+    from ddlaunch.worker.rank import _attempt_said
+
+    first = attempts.new_record(0, AttemptId("9", 0, "9"), nodes="n1", host="n1", resumed_from=None)
+    again = attempts.new_record(
+        1, AttemptId("9", 0, "9", 1), nodes="n1", host="n1", resumed_from=20
+    )
+    attempts.save(tmp_path, [first, again])
+    assert (_attempt_said(0, tmp_path), _attempt_said(1, tmp_path)) == (" attempt 1", "")

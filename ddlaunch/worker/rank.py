@@ -26,6 +26,7 @@ from typing import Any
 from ddlaunch.config import Config, load_config
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.planning.staging import node_path
+from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import write_failure
 from ddlaunch.store.rundir import config_path
@@ -120,6 +121,16 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _attempt_said(rank: int, run_dir: Path) -> str:
+    """`` attempt 1``, numbered as ``status`` numbers attempts (the start hook opened this
+    one's record): said by rank 0 alone, so one rank reads the record, not every rank.
+    Slurm's restart count would not do: a restart inside the allocation keeps it."""
+    if rank != 0:
+        return ""
+    opened = attempts.load(run_dir)
+    return f" attempt {len(opened) - 1}" if opened else ""
+
+
 def run_rank(run_dir: str) -> dict[str, Any]:
     """Run this task's rank of the job whose run directory is ``run_dir``."""
     d = from_environ(os.environ)
@@ -128,7 +139,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
     os.environ["DDLAUNCH_RUN_DIR"] = str(run_dir)
     print(
         f"[ddlaunch] rank {d.rank}/{d.world_size} local {d.local_rank} host {host} "
-        f"job {d.job_id} attempt {d.restart_count}",
+        f"job {d.job_id}{_attempt_said(d.rank, Path(run_dir))}",
         flush=True,
     )
     try:
