@@ -21,9 +21,11 @@ from support.devcluster import SLURM_CONF, DevCluster, DevClusterError, bring_up
 # Inherited from the caller's shell, these would change what the code under test does: a
 # pytest started inside an salloc has SLURM_JOB_ID (every rank function would think it runs
 # as a Slurm task), a user's DDLAUNCH_RUN_ROOT or DDLAUNCH_BAD_NODES would be written to,
-# COLUMNS/LINES would change every table. SLURM_CONF (the dev cluster's) is the one kept.
+# COLUMNS/LINES would change every table. Kept: SLURM_CONF (the dev cluster's) and the one
+# variable that steers the tests rather than the code (regenerating the golden renders).
+_KEPT = ("SLURM_CONF", "DDLAUNCH_UPDATE_GOLDEN")
 for _name in list(os.environ):
-    if (_name.startswith(("SLURM_", "DDLAUNCH_")) and _name != "SLURM_CONF") or _name in (
+    if (_name.startswith(("SLURM_", "DDLAUNCH_")) and _name not in _KEPT) or _name in (
         "COLUMNS",
         "LINES",
     ):

@@ -176,3 +176,15 @@ def test_a_straggler_and_a_node_death_are_evidence_about_the_node(tmp_path, bad_
     hooks.start(run, SlurmClient(runner), AttemptId.from_env(env), env)
     (entry,) = badnodes.active(badnodes.load(bad_list), 0.0)
     assert (entry.node, entry.reason) == ("node2", "node failure: node2 down*")
+
+
+@pytest.mark.parametrize(
+    ("deadline", "said"),
+    [
+        (None, "time limit in 120 s"),  # a script that does not pass the limit
+        (1000.0 + 118, "time limit in 118 s"),  # Slurm's pre-timeout signal
+        (1000.0 + 29 * 60, "stop signal received with 29 min left before the time limit"),
+    ],
+)
+def test_the_stop_hook_says_a_signal_by_hand_is_not_the_time_limit(deadline, said) -> None:
+    assert hooks.stop_reason(deadline, 1000.0, 120) == said

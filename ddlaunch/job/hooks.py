@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -362,12 +363,26 @@ def conclude_saved(
     conclude(run_dir, ending, budget, client, job=attempt.task, restart=attempt.restart)
 
 
+def stop_reason(deadline: float | None, now: float, lead: int) -> str:
+    """What the stop hook says it stops for: the time limit when it is near (Slurm's
+    pre-timeout signal, ``lead`` seconds ahead), else a signal someone sent by hand
+    (``scancel --signal``), which the trap cannot tell apart otherwise."""
+    if deadline is None:
+        return f"time limit in {lead} s"
+    left = deadline - now
+    if left > lead + 60:
+        return f"stop signal received with {left / 60:.0f} min left before the time limit"
+    return f"time limit in {max(0, round(left))} s"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.hooks")
     hooks = ["start", "preflight", "end", "stop", "place", "spares", "guard"]
     parser.add_argument("hook", choices=hooks)
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--srun-pid", type=int, default=None)
+    # The job's time limit (Unix time), given by scripts that know it (older ones do not).
+    parser.add_argument("--deadline", type=float, default=None)
     # Given by a batch script that loops on RESTART_EXIT (older scripts do not).
     parser.add_argument("--can-restart", action="store_true")
     args = parser.parse_args(argv)
@@ -398,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         source = checkpoint_source(run_dir, read_config_tree(run_dir))
         request = stopping.StopRequest(run_dir, attempt, source, client, args.srun_pid)
         request.on_saved = lambda stop: conclude_saved(run_dir, client, attempt, settings, stop)
-        why = f"time limit in {settings.signal_lead} s"
+        why = stop_reason(args.deadline, time.time(), settings.signal_lead)
         request.run(why, stopping.budget(settings.signal_lead))
         return 0
     return end(run_dir, args.exit_code, client, attempt, settings, args.can_restart)
