@@ -155,3 +155,26 @@ def test_advise_says_what_it_lacks(tmp_path) -> None:
         "error: run r2 has had no failure to estimate an MTTF from: set "
         "fault_tolerance.mttf_hours, or give one: ddlaunch advise r2 --mttf-hours 24\n"
     )
+
+
+def test_advise_on_a_trainer_that_records_no_save_says_so(tmp_path) -> None:
+    # An HF Trainer run with 2 complete checkpoints (and one it left incomplete): the saves
+    # happened, ddlaunch just cannot time them.
+    run = RunDir.create(tmp_path, "hf1")
+    run.write_text(
+        "config.yaml",
+        f"launch: {{script: train.py}}\ntrainer: {{kind: hf, checkpoint_dir: {run.path}/out}}\n",
+    )
+    for step, complete in ((100, True), (200, True), (300, False)):
+        folder = run.path / "out" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "trainer_state.json").write_text("{}")
+        if not complete:
+            (folder / "checkpoint-is-incomplete.txt").write_text("")
+    proc = advise_cli(tmp_path, "hf1")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: run hf1: it has 2 checkpoints, but its trainer (trainer.kind: hf) records no "
+        "save stall (timings.jsonl is written by Session code), so there is no save cost to "
+        "advise on\n"
+    )

@@ -276,6 +276,15 @@ def test_config_errors_name_their_source(tmp_path: Path) -> None:
         "  (top level): config file not found; did you mean 'examples/mlp'? (give a path, or "
         "a shipped preset name; `ddlaunch presets` lists them) (examples/mpl)\n"
     )
+    (tmp_path / "configs").mkdir()
+    proc = ddlaunch(tmp_path, "render", "configs")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2,
+        "",
+        "error: invalid config (1 error):\n"
+        "  (top level): a directory, not a config file: give the YAML file in it "
+        "(`ddlaunch presets` lists the shipped configs) (configs)\n",
+    )
 
 
 def test_sweep_file_errors_name_the_file_line(tmp_path: Path) -> None:
@@ -437,4 +446,22 @@ def _cancel(tmp_path: Path, env: dict[str, str], *refs: str) -> subprocess.Compl
         cwd=tmp_path,
         check=False,
         timeout=60,
+    )
+
+
+def test_an_ambiguous_prefix_counts_the_runs_it_does_not_name(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for i in range(3):
+        make_run(root, f"mlp-{i}", str(10 + i), T0 + i)
+    proc = ddlaunch(tmp_path, "logs", "mlp")
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "error: 'mlp' matches 3 runs (mlp-0, mlp-1, mlp-2); give more of the id\n",
+    )
+    for i in range(3, 7):
+        make_run(root, f"mlp-{i}", str(10 + i), T0 + i)
+    proc = ddlaunch(tmp_path, "logs", "mlp")
+    assert proc.stderr == (
+        "error: 'mlp' matches 7 runs (mlp-0, mlp-1, mlp-2, mlp-3, mlp-4, and 2 more); "
+        "give more of the id\n"
     )

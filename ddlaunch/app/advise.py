@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.checkpoint import adapters
+from ddlaunch.config.trainers import is_byo
 from ddlaunch.errors import UserError
 from ddlaunch.policy import interval
 from ddlaunch.policy import requeue as causes
 from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store import timings
-from ddlaunch.store.rundir import read_config_tree
+from ddlaunch.store.rundir import checkpoint_source, read_config_tree
 
 # Endings that are failures (the MTTF counts them; a restart cost follows them). A signal is
 # the planned stop at the time limit, a preflight failure comes before any training.
@@ -141,6 +143,26 @@ def mttf(
     )
 
 
+def no_save_measured(run_dir: Path) -> str:
+    """Why there is no save cost to advise on: none yet, or a trainer that does not say."""
+    try:
+        source = checkpoint_source(run_dir)
+    except UserError:  # the config is damaged (status says so): the general answer
+        source = None
+    if source is not None and is_byo(source.kind):
+        saved = sum(1 for c in adapters.scan(source.root, source.layout) if c.complete)
+        have = f"it has {saved} checkpoint{'' if saved == 1 else 's'}, but " if saved else ""
+        return (
+            f"run {run_dir.name}: {have}its trainer (trainer.kind: {source.kind}) records no "
+            f"save stall ({timings.TIMINGS_FILE} is written by Session code), so there is no "
+            "save cost to advise on"
+        )
+    return (
+        f"run {run_dir.name} measured no checkpoint save yet ({timings.TIMINGS_FILE}: Session "
+        "code records each one)"
+    )
+
+
 def advise_run(
     run_dir: Path, now: float | None = None, mttf_override: float | None = None
 ) -> Advice:
@@ -150,10 +172,7 @@ def advise_run(
     name = run_dir.name
     save = save_cost(records)
     if save is None:
-        raise UserError(
-            f"run {name} measured no checkpoint save yet ({timings.TIMINGS_FILE}: Session "
-            "code records each one)"
-        )
+        raise UserError(no_save_measured(run_dir))
     spaced = spacing(records)
     if spaced is None:
         raise UserError(f"run {name} needs two checkpoints of one attempt to measure its step time")

@@ -68,6 +68,10 @@ def member_path(ref: str, root: Path) -> Path | None:
     return matches[0] / MEMBERS_DIR / index if len(matches) == 1 else None
 
 
+# The runs an ambiguous prefix error names before it counts the rest.
+MATCHES_SHOWN = 5
+
+
 def find_run(ref: str, root: Path | None = None) -> Path:
     """A run by path, by id under the run root, by a unique id prefix, or a sweep member as
     ``SWEEP/<i>``. Only reads: a sweep member that has not started has no run directory yet
@@ -90,8 +94,10 @@ def find_run(ref: str, root: Path | None = None) -> Path:
             f"no run {ref!r} (looked for a run directory at that path and under "
             f"{root}; set DDLAUNCH_RUN_ROOT or pass the run directory)"
         )
-    names = ", ".join(p.name for p in matches[:5])
-    raise UserError(f"{ref!r} matches {len(matches)} runs ({names}...); give more of the id")
+    shown = MATCHES_SHOWN
+    names = ", ".join(p.name for p in matches[:shown])
+    more = f", and {len(matches) - shown} more" if len(matches) > shown else ""
+    raise UserError(f"{ref!r} matches {len(matches)} runs ({names}{more}); give more of the id")
 
 
 def _not_a_run(ref: str, root: Path) -> None:

@@ -355,6 +355,17 @@ def apply_overrides(
 def load_tree(config: str | Path, overrides: Sequence[str] = ()) -> LoadedTree:
     """Read a config file (path or shipped preset name) with its presets and overrides."""
     path = resolve_config_name(str(config))
+    if path is None and Path(config).is_dir():
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "",
+                    "a directory, not a config file: give the YAML file in it "
+                    "(`ddlaunch presets` lists the shipped configs)",
+                    str(config),
+                )
+            ]
+        )
     if path is None:
         raise ConfigError(
             [
