@@ -240,3 +240,26 @@ def test_facts_fixture_files_are_the_recorded_command() -> None:
     from ddlaunch.slurm.partitions import SINFO_ARGV
 
     assert (R22 / "sinfo-partitions.argv").read_text().strip() == shlex.join(SINFO_ARGV)
+
+
+def test_a_container_this_host_cannot_see_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No apptainer on this host's PATH and an image file that is not here: the job would end
+    # at its first srun with execve() failing. The nodes may see both: warnings, not errors.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    image = tmp_path / "images" / "torch.sif"
+    cfg = config("container.runtime=apptainer", f"container.image={image}")
+    found = check_launch(cfg, str(tmp_path))
+    assert found.errors == []
+    assert found.warnings == [
+        f"container.image: {image} does not exist on this host; every node must have it (the "
+        "ranks fail at their start if not)",
+        "container.runtime: apptainer runs 'apptainer', which is not on this host's PATH; "
+        "every node must have it (the ranks fail at their start if not)",
+    ]
+    image.parent.mkdir()
+    image.write_text("")
+    (tmp_path / "apptainer").write_text("#!/bin/sh\n")
+    (tmp_path / "apptainer").chmod(0o755)
+    assert check_launch(cfg, str(tmp_path)).warnings == []

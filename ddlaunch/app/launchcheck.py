@@ -97,6 +97,7 @@ def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.envi
                     f"{text}; the job's Python (launch.python, launch.setup) may see other modules"
                 )
     stage_sources(cfg, found)
+    container_image(cfg, found)
     python = launch.python
     if os.path.isabs(python):
         if not os.path.exists(python):
@@ -106,6 +107,31 @@ def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.envi
         elif os.path.isdir(python) or not os.access(python, os.X_OK):
             found.errors.append(f"launch.python: {python} is not an executable file")
     return found
+
+
+# The command each runtime's srun line runs on the nodes (pyxis is srun's own plugin).
+_RUNTIME_COMMAND = {"apptainer": "apptainer", "singularity": "singularity", "podman": "podman"}
+
+
+def container_image(cfg: Config, found: Findings) -> None:
+    """What this host can tell about the container before the job fails on it: an image
+    file that is not here, a runtime command that is not here. Warnings: the nodes may see
+    other files and commands (a node-local image store, a runtime only on compute nodes)."""
+    container = cfg.container
+    image = container.image or ""
+    if container.runtime == "none":
+        return
+    if image.startswith("/") and not os.path.exists(image):
+        found.warnings.append(
+            f"container.image: {image} does not exist on this host; every node must have it "
+            "(the ranks fail at their start if not)"
+        )
+    command = _RUNTIME_COMMAND.get(container.runtime)
+    if command is not None and shutil.which(command) is None:
+        found.warnings.append(
+            f"container.runtime: {container.runtime} runs {command!r}, which is not on this "
+            "host's PATH; every node must have it (the ranks fail at their start if not)"
+        )
 
 
 def stage_sources(cfg: Config, found: Findings) -> None:
