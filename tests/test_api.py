@@ -333,3 +333,27 @@ def test_cancel_leaves_an_ended_run_alone(slurm_bin: Path) -> None:
     calls = [c.split()[0] for c in slurm_calls(slurm_bin)[before:]]
     assert calls == ["squeue"]  # cancel's one poll (status() reads the cached end); no scancel
     assert not (run.dir / "cancel.json").exists()
+
+
+def test_a_local_run_and_its_resume_from_python(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``submit(local=True)`` runs the two ranks here to their end; ``resume`` refuses a run at
+    its last step and trains further from its final checkpoint when asked to. Nothing is
+    printed: the ranks write their logs."""
+    quick = ["params.steps=20", "nodes.count=1"]
+    run = ddlaunch.submit("examples/mlp", quick, local=True, run_root=tmp_path / "runs")
+    assert run.job_id is None
+    done = run.status()
+    assert (done.state, done.step, done.checkpoint, done.attempts) == ("COMPLETED", 20, 20, 1)
+    assert run.result is not None and (run.result["steps"], run.result["world_size"]) == (20, 2)
+    assert "[ddlaunch] starting from scratch" in list(run.logs(rank=0))
+    with pytest.raises(ddlaunch.UserError, match=r"already reached its last step \(20, "):
+        run.resume(local=True)
+    again = run.resume(["params.steps=40"], local=True)
+    assert again == run
+    final = again.status()
+    assert (final.state, final.step, final.attempts) == ("COMPLETED", 40, 2)
+    assert [a.resumed_from for a in final.history] == [None, 20]
+    assert again.result is not None and again.result["start_step"] == 20
+    assert capfd.readouterr() == ("", "")
