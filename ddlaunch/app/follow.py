@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ class LogStream:
     from_start: bool = True
     prefix: bool = False
     paths: Sequence[Path] | None = None  # exactly these files (logs -f), instead of the above
+    headers: bool = True  # False: the lines alone, no ``==> file <==`` (the Python API)
     _sources: dict[Path, _Source] = field(default_factory=dict)
     _last: Path | None = None
 
@@ -113,7 +114,7 @@ class LogStream:
                 tag = "[batch]" if source.label == "batch" else f"[rank {source.label}]"
                 write("".join(f"{tag} {line}\n" for line in lines))
                 continue
-            if self._last != path:
+            if self._last != path and self.headers:
                 write(f"==> {path} <==\n")
                 self._last = path
             write("".join(f"{line}\n" for line in lines))
@@ -146,7 +147,7 @@ class LogStream:
                     tag = "[batch]" if source.label == "batch" else f"[rank {source.label}]"
                     write(f"{tag} {rest}\n")
                 else:
-                    if self._last != source.path:
+                    if self._last != source.path and self.headers:
                         write(f"==> {source.path} <==\n")
                         self._last = source.path
                     write(f"{rest}\n")
@@ -230,8 +231,31 @@ def follow(
 ) -> RunEnd:
     """Print the run's new log lines until it ends; returns how it ended. Ctrl-C
     (KeyboardInterrupt) propagates to the caller, which detaches: nothing is cancelled."""
+    chunks = follow_chunks(stream, watch, poll_s=poll_s, sleep=sleep, clock=clock)
     while True:
-        stream.pump(write)
+        try:
+            write(next(chunks))
+        except StopIteration as stop:
+            end: RunEnd = stop.value
+            return end
+
+
+def follow_chunks(
+    stream: LogStream,
+    watch: RunWatch,
+    *,
+    poll_s: float = POLL_S,
+    sleep: Callable[[float], Any] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Generator[str, None, RunEnd]:
+    """``follow`` as a generator (the Python API's ``Run.logs(follow=True)``): yields the text
+    ``follow`` would write, as it comes; its return value (``StopIteration.value``) is how
+    the run ended."""
+    pending: list[str] = []
+    while True:
+        stream.pump(pending.append)
+        yield from pending
+        pending.clear()
         end = watch.ended()
         if end is not None:
             break
@@ -239,8 +263,11 @@ def follow(
     # The last lines (the end hook's verdict, a rank's traceback) land just after the outcome.
     started = quiet = clock()
     while clock() - started < DRAIN_MAX_S and clock() - quiet < QUIET_S:
-        if stream.pump(write):
+        if stream.pump(pending.append):
             quiet = clock()
+        yield from pending
+        pending.clear()
         sleep(min(poll_s, 0.2))
-    stream.flush(write)
+    stream.flush(pending.append)
+    yield from pending
     return end

@@ -204,6 +204,7 @@ def view(
     since: float | None = None,
     now: float | None = None,
     target: str = "slurm",
+    root: Path | None = None,
 ) -> StatusView:
     """One poll of ``status``: the runs and sweeps named by ``refs`` (all when empty), with
     ONE squeue call for those that have not ended. Without refs and ``show_all``, finished
@@ -212,9 +213,10 @@ def view(
     state of a run that ended is cached once (``store.status_cache``): a later poll neither
     asks Slurm about it nor reads its directory unless it is shown, so it costs what the
     active runs cost. ``runner`` is injectable (tests count the Slurm calls it receives).
-    ``target`` kubernetes: no scheduler is asked, the run directories alone say it."""
+    ``target`` kubernetes: no scheduler is asked, the run directories alone say it.
+    ``root``: the run root to read (default: ``$DDLAUNCH_RUN_ROOT`` or the built-in one)."""
     now = time.time() if now is None else now
-    root = default_run_root()
+    root = root or default_run_root()
     reader = RunReader(lambda: now)  # one cache load for both the listing and the reads
     grouped = not refs if overview is None else overview
     # Runs under the root the cache knows ended: their names only (no Path, no read) until
