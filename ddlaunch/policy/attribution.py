@@ -168,17 +168,28 @@ def _task_ends(host: str, tasks: str, how: str, order: int, teardown: bool) -> l
 
 def parse_step_log(text: str) -> StepLog:
     """srun's and slurmstepd's lines in (a batch log's part of one attempt)."""
+    return parse_step_lines(text.splitlines())
+
+
+def parse_step_lines(lines: Iterable[str]) -> StepLog:
+    """``parse_step_log`` over lines as they are read (a batch log streamed from the
+    attempt's offset): one pass, linear in the lines, at 16,000 task reports as at 4."""
     ends: list[TaskEnd] = []
+    seen: set[int] = set()
     teardown = False
     cancelled, oom = None, 0
-    for line in text.splitlines():
-        line = line.strip()
+    for raw in lines:
+        line = raw.strip()
+        if "srun" not in line and "slurmstepd" not in line:
+            continue  # every pattern below names one of them: the ranks' output is skipped
         found = _TASK_END.match(line)
         if found:
             more = _task_ends(found["host"], found["tasks"], found["how"], len(ends), teardown)
             # A rank ended by srun's teardown reports only that; its first report stands.
-            seen = {e.rank for e in ends}
-            ends += [e for e in more if e.rank not in seen]
+            for end in more:
+                if end.rank not in seen:
+                    seen.add(end.rank)
+                    ends.append(end)
             continue
         if _TEARDOWN.match(line):
             teardown = True
