@@ -11,10 +11,11 @@ by the step's teardown say nothing about their node and make none a suspect."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ddlaunch.policy.attribution import StepLog, torn_down
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.slurm.parse import node_is_bad
@@ -30,19 +31,17 @@ def bad_nodes(states: dict[str, str]) -> list[str]:
     return sorted(n for n, s in states.items() if node_is_bad(s))
 
 
-def silent_ranks(run_dir: Path, attempt: AttemptId, world_size: int) -> list[int]:
-    """Ranks of this attempt that died without writing a failure record (killed, not
-    raised): their node is a suspect. The ranks name their job as Slurm addresses it
-    (``ARRAY_TASK`` in an array), which is ``attempt.task``."""
+def recorded_ranks(run_dir: Path, attempt: AttemptId) -> set[int]:
+    """Ranks of this attempt that wrote a failure record (raised). The ranks name their job
+    as Slurm addresses it (``ARRAY_TASK`` in an array), which is ``attempt.task``."""
     names = {attempt.job_id, attempt.task}
-    recorded = {
+    return {
         f.rank
         for f in read_failures(run_dir)
         if str(f.job_id) in names
         and (f.attempt or 0) == attempt.restart
         and f.relaunch == attempt.relaunch
     }
-    return [r for r in range(world_size) if r not in recorded]
 
 
 def slurmd_reachable(address: str, port: int, timeout: float = 3.0) -> bool:
@@ -74,18 +73,20 @@ def blame_nodes(
     attempt: AttemptId,
     client: SlurmClient,
     ranks_per_node: int,
-    torn_down: Collection[int] = frozenset(),
+    step: StepLog | None = None,
 ) -> tuple[list[str], str]:
     """Nodes to blame for a failed srun: reported bad by Slurm, or hosting ranks that died
-    silently (``torn_down``: ranks srun's teardown ended, never suspects) and whose slurmd
-    no longer answers. Returns (nodes, explanation)."""
+    silently and whose slurmd no longer answers. ``step``: srun's reports of the step, when
+    read; the ranks its teardown ended make no node a suspect (``policy.torn_down``).
+    Returns (nodes, explanation)."""
     if not nodes:
         return [], ""
     states = client.node_states(nodes)
     bad = {n: f"{n} {s}" for n, s in states.items() if node_is_bad(s)}
-    silent = silent_ranks(run_dir, attempt, len(nodes) * ranks_per_node)
-    gone = {r for r in silent if r not in torn_down}
-    suspects = sorted({nodes[r // ranks_per_node] for r in gone} - set(bad))
+    recorded = recorded_ranks(run_dir, attempt)
+    spared = torn_down(step, recorded) if step is not None else frozenset()
+    silent = (r for r in range(len(nodes) * ranks_per_node) if r not in recorded)
+    suspects = sorted({nodes[r // ranks_per_node] for r in silent if r not in spared} - set(bad))
     port = client.slurmd_port() if suspects else None
     if port:
         known = client.node_addresses(suspects)

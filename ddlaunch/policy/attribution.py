@@ -18,7 +18,7 @@ teardown, that rank is the one the others lost (its kill was only reported late)
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 # glibc's strsignal() texts, which srun prints for a task a signal ended.
@@ -201,6 +201,17 @@ def parse_step_lines(lines: Iterable[str]) -> StepLog:
         if events:
             oom += int(events["n"])
     return StepLog(tuple(ends), cancelled, oom)
+
+
+def torn_down(log: StepLog, recorded: Collection[int] = ()) -> frozenset[int]:
+    """Ranks srun reported as ended by the step's teardown: Slurm killed them because
+    another rank had failed, which says nothing about their node (node blame leaves them
+    out). Except a lone rank killed there without a failure record: it may be the peer the
+    others lost (``_peer_gone_in_the_teardown``), so it stays a suspect."""
+    ended = [e for e in log.ends if e.teardown and e.rank not in recorded]
+    killed = [e for e in ended if e.signal]
+    lone = {killed[0].rank} if len(killed) == 1 else set()
+    return frozenset(e.rank for e in ended if e.rank not in lone)
 
 
 # The kernel's OOM killer (mm/oom_kill.c): "Out of memory: Killed process 4242 (python) ..."

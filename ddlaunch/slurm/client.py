@@ -21,10 +21,10 @@ from ddlaunch.slurm import queue
 from ddlaunch.slurm.parse import (
     SQUEUE_FORMAT,
     QueueRow,
+    parse_node_addresses,
     parse_sbatch_parsable,
     parse_scontrol_show_job,
     parse_sinfo_nodes,
-    parse_node_addresses,
     parse_squeue,
 )
 from ddlaunch.slurm.partitions import SINFO_ARGV, PartitionFacts, parse_sinfo_partitions
