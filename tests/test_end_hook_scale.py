@@ -81,8 +81,12 @@ def test_16000_per_task_reports_name_the_rank_that_was_killed_first(tmp_path) ->
     client = SlurmClient(FakeRunner({"sacct": ""}))
     got = collect.attribute(run, JOB, 0, client, log=log, kernel_log=lambda: "")
     assert got["culprit"] == "rank 5 on node1 killed by SIGKILL"
-    assert len(got["ranks_ended"]) == RANKS
-    assert sum(1 for e in got["ranks_ended"] if e.get("teardown")) == RANKS - 1
+    # The record keeps the first 100 of each list and counts the rest.
+    assert len(got["ranks_ended"]) == len(got["causes"]) == collect.KEEP_RANKS == 100
+    assert got["ranks_ended_more"] == got["causes_more"] == RANKS - 100
+    assert got["causes"][0]["kind"] == "killed"
+    assert {c["kind"] for c in got["causes"][1:]} == {"teardown"}
+    assert len(json.dumps(got)) < 32 * 1024
     # Without the offset (a run started by an older ddlaunch) the tail cuts off both the
     # culprit's line and the teardown's start: it names a rank of the teardown instead.
     records = attempts.load(run)

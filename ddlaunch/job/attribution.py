@@ -9,6 +9,9 @@ What the end hook adds to a crashed attempt's record (``attempts.json``):
   errors, then the teardown; each ``{rank, host, kind, text, source}``;
 * ``culprit``: the first cause in words (``rank 1 on node1 killed by SIGKILL``), which
   ``status`` and ``logs`` show;
+* ``ranks_ended_more`` / ``causes_more``: how many entries were left out of each list
+  beyond its first ``KEEP_RANKS`` (only then present): at 16,000 ranks the record stays a
+  few KiB instead of megabytes rewritten at every later update of ``attempts.json``;
 * ``step_accounting``: the steps' exit as sacct kept them, when accounting has them
   (corroboration, and the signal when the log named no rank).
 
@@ -40,6 +43,9 @@ from ddlaunch.store.rundir import batch_logs, rank_log
 # last, a rank's last words are at its end.
 LOG_TAIL_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
+# Entries of ``ranks_ended`` and ``causes`` kept in the record (the first, the culprit among
+# them); the rest are counted. Above any job below 100 ranks: those keep every entry.
+KEEP_RANKS = 100
 REQUEUE_NOTE = "DUE TO JOB REQUEUE ***"
 
 
@@ -216,9 +222,13 @@ def attribute(
     steps = accounting(client, attempt)
     causes = policy.rank_causes(step, raised, tails, steps)
     out: dict[str, Any] = {
-        "ranks_ended": [e.as_dict() for e in step.ends],
-        "causes": [c.as_dict() for c in causes],
+        "ranks_ended": [e.as_dict() for e in step.ends[:KEEP_RANKS]],
+        "causes": [c.as_dict() for c in causes[:KEEP_RANKS]],
     }
+    if len(step.ends) > KEEP_RANKS:
+        out["ranks_ended_more"] = len(step.ends) - KEEP_RANKS
+    if len(causes) > KEEP_RANKS:
+        out["causes_more"] = len(causes) - KEEP_RANKS
     if causes:
         out["culprit"] = causes[0].text
     if steps:
