@@ -58,6 +58,12 @@ def test_a_killed_rank_is_named_and_the_completed_run_is_headlined_completed(
     }
     # Its peers' errors (if any rank got to raise) are collateral, never the cause.
     assert all(c["kind"] != "raised" for c in first["causes"]), first["causes"]
+    # Each start hook recorded where its attempt begins in the batch log Slurm appended to:
+    # the second attempt's part holds its own start line and none of the first's reports.
+    (log,) = (run_dir / "logs").glob(f"batch-{job_id}*")
+    assert 0 <= first["log_offset"] < runs[1]["log_offset"], runs
+    second_part = log.read_bytes()[runs[1]["log_offset"] :].decode(errors="replace")
+    assert "[ddlaunch] attempt 1 on" in second_part and "Killed" not in second_part, second_part
     env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"), "NO_COLOR": "1"}
     status = ddlaunch("status", cwd=tmp_path, env=env)
     assert status.returncode == 0, status.stderr

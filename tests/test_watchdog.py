@@ -265,7 +265,11 @@ def test_watchdog_leaves_a_live_allocation_alone(tmp_path: Path) -> None:
     (failures / "rank-0.json").write_text(
         json.dumps({"rank": 0, "attempt": 0, "time": time.time() - 5})
     )
-    out = f"SlurmdPort = {server.getsockname()[1]}\nNodeName=n NodeAddr=127.0.0.1\n"
+    port = server.getsockname()[1]
+    # scontrol names each node it shows (one call for all the suspects).
+    out = f"SlurmdPort = {port}\n" + "".join(
+        f"NodeName={n} NodeAddr=127.0.0.1\n" for n in ("node1", "node2")
+    )
     runner = FakeRunner(
         {
             "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),

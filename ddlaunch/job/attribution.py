@@ -9,11 +9,17 @@ What the end hook adds to a crashed attempt's record (``attempts.json``):
   errors, then the teardown; each ``{rank, host, kind, text, source}``;
 * ``culprit``: the first cause in words (``rank 1 on node1 killed by SIGKILL``), which
   ``status`` and ``logs`` show;
+* ``ranks_ended_more`` / ``causes_more``: how many entries were left out of each list
+  beyond its first ``KEEP_RANKS`` (only then present): at 16,000 ranks the record stays a
+  few KiB instead of megabytes rewritten at every later update of ``attempts.json``;
 * ``step_accounting``: the steps' exit as sacct kept them, when accounting has them
   (corroboration, and the signal when the log named no rank).
 
 Sources: srun's per-task reports and slurmstepd's notes in the batch log (this attempt's
-part of it: a requeued job appends to the same file), the ranks' failure records of this
+part of it: a requeued job appends to the same file; read line by line from the size the
+start hook recorded, ``log_offset``, so that 16,000 per-task lines are all read, the
+culprit's first; a record without it, from an older ddlaunch, gets the last
+``LOG_TAIL_BYTES``), the ranks' failure records of this
 attempt, the end of a silent rank's stderr, the kernel's OOM note for a rank SIGKILLed on
 this host (its pid, from its heartbeat, in ``/dev/kmsg`` where that is readable), and
 ``sacct -j JOB``.
@@ -22,20 +28,24 @@ this host (its pid, from its heartbeat, in ``/dev/kmsg`` where that is readable)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ddlaunch.policy import attribution as policy
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import heartbeats
+from ddlaunch.store import attempts, heartbeats
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import read_failures
 from ddlaunch.store.rundir import batch_logs, rank_log
 
-# How much of a log is read: srun's reports come last, a rank's last words are at its end.
+# How much of a log is read without a recorded offset (older runs): srun's reports come
+# last, a rank's last words are at its end.
 LOG_TAIL_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
+# Entries of ``ranks_ended`` and ``causes`` kept in the record (the first, the culprit among
+# them); the rest are counted. Above any job below 100 ranks: those keep every entry.
+KEEP_RANKS = 100
 REQUEUE_NOTE = "DUE TO JOB REQUEUE ***"
 
 
@@ -60,6 +70,55 @@ def batch_log(run_dir: Path, attempt: AttemptId) -> Path | None:
     logs = batch_logs(run_dir)
     named = [p for p in logs if attempt.job_id and attempt.job_id in p.name]
     return (named or logs)[-1] if logs else None
+
+
+def log_size(log: Path | None) -> int | None:
+    """The batch log's size now (the start hook records it as the attempt's ``log_offset``)."""
+    try:
+        return os.stat(log).st_size if log else None
+    except OSError:
+        return None
+
+
+def recorded_offset(run_dir: Path, index: int) -> int | None:
+    """``log_offset`` of attempt ``index``'s record (None: older runs, or not recorded)."""
+    for record in reversed(attempts.load(run_dir)):
+        if record.get("attempt") == index:
+            offset = record.get("log_offset")
+            return offset if isinstance(offset, int) and offset >= 0 else None
+    return None
+
+
+def _lines_from(path: Path, offset: int) -> Iterator[str]:
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        for raw in handle:  # one line at a time: no part of the log is held whole
+            yield raw.decode(errors="replace")
+
+
+def read_step(
+    run_dir: Path, attempt: AttemptId, index: int, log: Path | None = None
+) -> policy.StepLog:
+    """What this attempt's part of the batch log says about its step: streamed from the
+    recorded offset; the old tail when there is none, or when the log is shorter than it (a
+    different file than the start hook saw)."""
+    log = log or batch_log(run_dir, attempt)
+    if log is None:
+        return policy.StepLog()
+    offset = recorded_offset(run_dir, index)
+    size = log_size(log)
+    if offset is not None and size is not None and offset <= size:
+        return policy.parse_step_lines(_lines_from(log, offset))
+    return policy.parse_step_log(attempt_part(_tail(log, LOG_TAIL_BYTES), index))
+
+
+def read_step_safely(run_dir: Path, attempt: AttemptId, index: int) -> policy.StepLog | None:
+    """``read_step``, or None: an unreadable log never costs the attempt its conclusion
+    (``attribute_safely`` then tries again and reports why)."""
+    try:
+        return read_step(run_dir, attempt, index)
+    except Exception:
+        return None
 
 
 def attempt_part(text: str, index: int) -> str:
@@ -146,11 +205,12 @@ def attribute(
     client: SlurmClient,
     log: Path | None = None,
     kernel_log: Callable[[], str] = read_kernel_log,
+    step: policy.StepLog | None = None,
 ) -> dict[str, Any]:
-    """The fields this module adds to the attempt's record (see the module's doc)."""
-    log = log or batch_log(run_dir, attempt)
-    text = attempt_part(_tail(log, LOG_TAIL_BYTES), index) if log else ""
-    step = policy.parse_step_log(text)
+    """The fields this module adds to the attempt's record (see the module's doc).
+    ``step``: the batch log's part already read (``read_step``), else it is read here."""
+    if step is None:
+        step = read_step(run_dir, attempt, index, log)
     step = policy.mark_oom(step, oom_ranks(run_dir, step, this_host(), kernel_log))
     raised = this_attempts_failures(run_dir, attempt)
     recorded = {r.rank for r in raised}
@@ -162,9 +222,13 @@ def attribute(
     steps = accounting(client, attempt)
     causes = policy.rank_causes(step, raised, tails, steps)
     out: dict[str, Any] = {
-        "ranks_ended": [e.as_dict() for e in step.ends],
-        "causes": [c.as_dict() for c in causes],
+        "ranks_ended": [e.as_dict() for e in step.ends[:KEEP_RANKS]],
+        "causes": [c.as_dict() for c in causes[:KEEP_RANKS]],
     }
+    if len(step.ends) > KEEP_RANKS:
+        out["ranks_ended_more"] = len(step.ends) - KEEP_RANKS
+    if len(causes) > KEEP_RANKS:
+        out["causes_more"] = len(causes) - KEEP_RANKS
     if causes:
         out["culprit"] = causes[0].text
     if steps:
@@ -178,11 +242,15 @@ def attribute(
 
 
 def attribute_safely(
-    run_dir: Path, attempt: AttemptId, index: int, client: SlurmClient
+    run_dir: Path,
+    attempt: AttemptId,
+    index: int,
+    client: SlurmClient,
+    step: policy.StepLog | None = None,
 ) -> dict[str, Any]:
     """``attribute``, but a failure to attribute never costs the attempt its conclusion."""
     try:
-        return attribute(run_dir, attempt, index, client)
+        return attribute(run_dir, attempt, index, client, step=step)
     except Exception as exc:
         print(f"[ddlaunch] warning: could not attribute the failure: {exc!r}", flush=True)
         return {}

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ddlaunch.job.attribution import attribute_safely
+from ddlaunch.job.attribution import attribute_safely, read_step_safely
 from ddlaunch.job.blame import blame_nodes
 from ddlaunch.policy import requeue as policy
+from ddlaunch.policy.attribution import StepLog
 from ddlaunch.policy.requeue import Ending
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import badnodes, exclusions
@@ -28,12 +29,18 @@ class Blame:
 
 
 def crash_or_node_failure(
-    run_dir: Path, nodes: list[str], attempt: AttemptId, client: SlurmClient, settings: Blame
+    run_dir: Path,
+    nodes: list[str],
+    attempt: AttemptId,
+    client: SlurmClient,
+    settings: Blame,
+    step: StepLog | None = None,
 ) -> Ending:
     """srun may return before Slurm notices a dead node: blame nodes Slurm reports as bad or
     whose slurmd stopped answering, and keep them out of the next attempt (and, being
-    evidence about the node, out of my later jobs: the bad-node list)."""
-    blamed, why = blame_nodes(run_dir, nodes, attempt, client, settings.ranks_per_node)
+    evidence about the node, out of my later jobs: the bad-node list). ``step``: srun's
+    reports, whose teardown's ranks make no node a suspect."""
+    blamed, why = blame_nodes(run_dir, nodes, attempt, client, settings.ranks_per_node, step)
     if not blamed:
         return Ending(policy.CAUSE_CRASH)
     exclusions.add_excluded(run_dir, blamed, "node failure: " + why)
@@ -73,12 +80,14 @@ def failed_ending(
     """How an attempt whose ranks failed ended: the watchdog's verdict, else a crash or a
     node failure, with which rank, where and how (srun's reports, failure records,
     accounting)."""
+    # The batch log is read once, for the blame and the attribution both.
+    step = read_step_safely(run_dir, attempt, index)
     ending = watchdog_ending(run_dir, attempt, settings) or crash_or_node_failure(
-        run_dir, nodes, attempt, client, settings
+        run_dir, nodes, attempt, client, settings, step
     )
     record = dict(ending.record)
     if ending.cause in (policy.CAUSE_CRASH, policy.CAUSE_NODE_FAILURE):
-        record.update(attribute_safely(run_dir, attempt, index, client))
+        record.update(attribute_safely(run_dir, attempt, index, client, step))
     if ending.cause == policy.CAUSE_NODE_FAILURE:
         # The ranks left alive failed because a peer vanished: the node is the cause.
         record["culprit"] = f"node failure of {','.join(ending.blamed)}"

@@ -31,6 +31,7 @@ from ddlaunch.config.schema import Config
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.config.validate import load_config
 from ddlaunch.job import stop as stopping
+from ddlaunch.job.attribution import batch_log, log_size
 from ddlaunch.job.blame import bad_nodes, expand
 from ddlaunch.job.endings import Blame, failed_ending
 from ddlaunch.job.guard import exec_guard
@@ -185,6 +186,9 @@ def start(
     env: Mapping[str, str],
     settings: HookSettings = HookSettings(),
 ) -> None:
+    # Where this attempt's part of the batch log begins (before this hook's own lines): the
+    # end hook reads srun's reports from there, however many tasks there are.
+    log_offset = log_size(batch_log(run_dir, attempt))
     records = attempts.load(run_dir)
     source = checkpoint_source(run_dir)
     if records and attempts.is_open(records[-1]):
@@ -198,6 +202,8 @@ def start(
     record = attempts.new_record(
         len(records), attempt, nodes=nodes, host=os.uname().nodename, resumed_from=step
     )
+    if log_offset is not None:
+        record["log_offset"] = log_offset
     if settings.elastic:
         wanted, fewest, per_node = settings.nodes, settings.min_nodes, settings.ranks_per_node
         record.update(placement_fields(run_dir, env, nodes, wanted, fewest, per_node))

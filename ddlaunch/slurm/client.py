@@ -21,6 +21,7 @@ from ddlaunch.slurm import queue
 from ddlaunch.slurm.parse import (
     SQUEUE_FORMAT,
     QueueRow,
+    parse_node_addresses,
     parse_sbatch_parsable,
     parse_scontrol_show_job,
     parse_sinfo_nodes,
@@ -260,3 +261,14 @@ class SlurmClient:
         if not result.ok:
             return None
         return parse_scontrol_show_job(result.stdout).get("NodeAddr")
+
+    def node_addresses(self, nodes: Iterable[str]) -> dict[str, str]:
+        """Node name -> ``NodeAddr`` of every given node, in ONE ``scontrol show node -o``
+        call (one line per node). An unknown node makes scontrol exit 1 but it still prints
+        the others (22.05, recorded): their lines are kept; a node missing from the answer
+        is missing from the result."""
+        names = sorted(set(nodes))
+        if not names:
+            return {}
+        result = self._run(["scontrol", "show", "node", "-o", ",".join(names)])
+        return parse_node_addresses(result.stdout)

@@ -52,6 +52,18 @@ def parse_scontrol_show_job(stdout: str) -> dict[str, str]:
     return fields
 
 
+def parse_node_addresses(stdout: str) -> dict[str, str]:
+    """``scontrol show node -o NODES``: node -> ``NodeAddr``, one line per node (lines
+    without both keys, such as a message, are skipped)."""
+    out: dict[str, str] = {}
+    for line in stdout.splitlines():
+        fields = parse_scontrol_show_job(line)
+        name, address = fields.get("NodeName"), fields.get("NodeAddr")
+        if name and address:
+            out.setdefault(name, address)
+    return out
+
+
 # Node states in which a node is to blame for a job's end (sinfo %T, long form; a trailing
 # "*" means "not responding").
 BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "unknown")

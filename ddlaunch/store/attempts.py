@@ -35,6 +35,9 @@ FIELDS = {
     "resumed_from": INT,
     "committed_step": INT,
     "blamed": STRINGS,
+    # The batch log's size when the start hook opened the attempt: where this attempt's part
+    # of it begins (a requeued job appends to the same file).
+    "log_offset": INT,
 }
 
 # The batch script counts its restarts inside the allocation (new srun steps of one job start)
