@@ -153,6 +153,30 @@ def test_oom_exit_codes_and_cores_in_words() -> None:
     assert ends.oom_events == 1
 
 
+def test_a_rank_whose_program_never_ran_says_why() -> None:
+    # Recorded on the 22.05 dev cluster (`srun -N1 -n2 /nonexistent/apptainer exec x`): the
+    # container runtime missing on the node, as a job with container.runtime: apptainer
+    # ends where the nodes have no apptainer.
+    log = policy.parse_step_log(
+        "slurmstepd-node1: error: execve(): /nonexistent/apptainer: No such file or directory\n"
+        "slurmstepd-node1: error: execve(): /nonexistent/apptainer: No such file or directory\n"
+        "srun: error: node1: tasks 0-1: Exited with exit code 2\n"
+        "srun: error: node2: task 2: Exited with exit code 2\n"
+    )
+    assert [f"rank {e.rank} on {e.host} {e.how()}" for e in log.ends] == [
+        "rank 0 on node1 could not start (execve(): /nonexistent/apptainer: No such file or "
+        "directory)",
+        "rank 1 on node1 could not start (execve(): /nonexistent/apptainer: No such file or "
+        "directory)",
+        "rank 2 on node2 exited with exit code 2 without a Python exception",
+    ]
+    causes = policy.rank_causes(log, [])
+    assert causes[0].text == (
+        "rank 0 on node1 could not start (execve(): /nonexistent/apptainer: No such file or "
+        "directory)"
+    )
+
+
 # ------------------------------------------------------------------ ranking combinatorics
 
 KINDS = ("killed", "crashed", "raised", "collateral", "teardown")

@@ -77,6 +77,10 @@ _TEARDOWN = re.compile(
 # (22.05 names the node: "slurmstepd-node1: error: *** STEP 12.1 ON node1 CANCELLED AT ...")
 _STEP_CANCELLED = re.compile(r"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) (?P<what>.+?) \*\*\*")
 _OOM = re.compile(r"slurmstepd(-\S+)?: error: Detected (?P<n>\d+) oom[-_ ]kill event")
+# A task whose program could not be run at all (a container runtime missing on the node, a
+# wrong interpreter path); recorded from 22.05, one line per task before srun's report:
+# "slurmstepd-node1: error: execve(): apptainer: No such file or directory".
+_EXECVE = re.compile(r"slurmstepd-(?P<host>\S+): error: (?P<what>execve\(\): .+?)\s*$")
 
 # Messages and exception types of ranks that failed only because a peer died or hung in a
 # collective (gloo's and NCCL's words, torch.distributed's store and watchdog).
@@ -110,8 +114,11 @@ class TaskEnd:
     core: bool = False
     order: int = 0
     teardown: bool = False
+    not_started: str | None = None  # slurmstepd's execve() error: the program never ran
 
     def how(self) -> str:
+        if self.not_started and self.exit_code is not None:
+            return f"could not start ({self.not_started})"
         if self.oom:
             return "killed by the out-of-memory killer"
         if self.signal:
@@ -131,6 +138,8 @@ class TaskEnd:
         for flag in ("oom", "core", "teardown"):
             if getattr(self, flag):
                 out[flag] = True
+        if self.not_started:
+            out["not_started"] = self.not_started
         return out
 
 
@@ -154,7 +163,9 @@ def expand_tasks(spec: str) -> list[int]:
     return out
 
 
-def _task_ends(host: str, tasks: str, how: str, order: int, teardown: bool) -> list[TaskEnd]:
+def _task_ends(
+    host: str, tasks: str, how: str, order: int, teardown: bool, not_started: str | None = None
+) -> list[TaskEnd]:
     core = how.endswith("(core dumped)")
     how = how.removesuffix("(core dumped)").strip()
     exited = _EXITED.match(how)
@@ -162,7 +173,8 @@ def _task_ends(host: str, tasks: str, how: str, order: int, teardown: bool) -> l
     oom = how.lower() == "out of memory"
     sig = None if exited or oom else SIGNAL_TEXTS.get(how, how)
     return [
-        TaskEnd(rank, host, sig, code, oom, core, order, teardown) for rank in expand_tasks(tasks)
+        TaskEnd(rank, host, sig, code, oom, core, order, teardown, not_started)
+        for rank in expand_tasks(tasks)
     ]
 
 
@@ -178,13 +190,17 @@ def parse_step_lines(lines: Iterable[str]) -> StepLog:
     seen: set[int] = set()
     teardown = False
     cancelled, oom = None, 0
+    unstarted: dict[str, str] = {}  # host -> the first execve() error slurmstepd reported there
     for raw in lines:
         line = raw.strip()
         if "srun" not in line and "slurmstepd" not in line:
             continue  # every pattern below names one of them: the ranks' output is skipped
         found = _TASK_END.match(line)
         if found:
-            more = _task_ends(found["host"], found["tasks"], found["how"], len(ends), teardown)
+            host = found["host"]
+            more = _task_ends(
+                host, found["tasks"], found["how"], len(ends), teardown, unstarted.get(host)
+            )
             # A rank ended by srun's teardown reports only that; its first report stands.
             for end in more:
                 if end.rank not in seen:
@@ -200,6 +216,9 @@ def parse_step_lines(lines: Iterable[str]) -> StepLog:
         events = _OOM.search(line)
         if events:
             oom += int(events["n"])
+        failed = _EXECVE.search(line)
+        if failed:
+            unstarted.setdefault(failed["host"], failed["what"])
     return StepLog(tuple(ends), cancelled, oom)
 
 
