@@ -96,6 +96,19 @@ def test_every_page_is_built(site: Path) -> None:
         assert (site / folder / "index.html").is_file(), f"{source} was not built"
 
 
+def test_the_pictures_are_drawn_by_the_code(site: Path) -> None:
+    # The recovery guide's report picture is drawn at build time by the report's own code
+    # (docs/_gen/recovery_report.py), and the page shows it.
+    png = site / "how-to" / "recovery-report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (
+        'src="../recovery-report.png"' in (site / "how-to" / "recovery" / "index.html").read_text()
+    )
+    assert (
+        'src="../floors.svg"' in (site / "explanation" / "architecture" / "index.html").read_text()
+    )
+
+
 def render_commands() -> Iterator[tuple[str, str]]:
     """Every `ddlaunch render ...` and Slurm `ddlaunch submit ...` command line in a code
     block of the pages and the README (a trailing `\\` continues it, a `#` starts a comment):
