@@ -16,8 +16,8 @@ from ddlaunch.policy.fabric import (
     IBV_DEVINFO,
     IP_LINK,
     NVIDIA_SMI_TOPO,
-    Finding,
-    Status,
+    FabricFinding,
+    FabricStatus,
     check_node,
     parse_ibstat,
     parse_ibv_devinfo,
@@ -241,7 +241,7 @@ def profile(name: str, *overrides: str) -> Config:
     return validate_tree(load_tree(name, ["launch.entrypoint=m:f", *overrides]))
 
 
-def by_check(findings: list[Finding]) -> dict[str, Finding]:
+def by_check(findings: list[FabricFinding]) -> dict[str, FabricFinding]:
     return {f.check: f for f in findings}
 
 
@@ -303,37 +303,39 @@ def test_dgx_profile_on_a_healthy_node() -> None:
     findings = by_check(
         check_node(cfg, {IBV_DEVINFO: devinfo, NVIDIA_SMI_TOPO: TOPO_NVSWITCH, IP_LINK: None})
     )
-    assert findings["fabric.hca.mlx5_0"].status is Status.OK
-    assert findings["topology.gpus"].status is Status.OK
-    assert findings["topology.interconnect"].status is Status.OK
+    assert findings["fabric.hca.mlx5_0"].status is FabricStatus.OK
+    assert findings["topology.gpus"].status is FabricStatus.OK
+    assert findings["topology.interconnect"].status is FabricStatus.OK
     assert "NV18" in findings["topology.interconnect"].detail
     # GPU2..7's closest configured HCA (only mlx5_0 here) is across the SMP link.
-    assert findings["fabric.gpudirect"].status is Status.MISMATCH
+    assert findings["fabric.gpudirect"].status is FabricStatus.MISMATCH
     assert "GPU2 (SYS)" in findings["fabric.gpudirect"].detail
 
 
 def test_gpudirect_ok_when_every_gpu_has_a_near_hca() -> None:
     cfg = profile("clusters/dgx-h100", "fabric.hcas=[mlx5_0, mlx5_3, mlx5_4, mlx5_5]")
     findings = by_check(check_node(cfg, {NVIDIA_SMI_TOPO: TOPO_NVSWITCH}))
-    assert findings["fabric.gpudirect"].status is Status.OK
+    assert findings["fabric.gpudirect"].status is FabricStatus.OK
 
 
 def test_missing_and_down_hcas_are_mismatches() -> None:
     cfg = profile("clusters/dgx-h100")  # 8 compute adapters
     findings = by_check(check_node(cfg, {IBV_DEVINFO: IBV_DEVINFO_SAMPLE}))
-    assert findings["fabric.hca.mlx5_0"].status is Status.OK
+    assert findings["fabric.hca.mlx5_0"].status is FabricStatus.OK
     down = findings["fabric.hca.mlx5_3"]
-    assert down.status is Status.MISMATCH and "not ACTIVE (port 1: PORT_DOWN (1))" in down.detail
+    assert (
+        down.status is FabricStatus.MISMATCH and "not ACTIVE (port 1: PORT_DOWN (1))" in down.detail
+    )
     missing = findings["fabric.hca.mlx5_4"]
-    assert missing.status is Status.MISMATCH and "mlx5_4 not present" in missing.detail
+    assert missing.status is FabricStatus.MISMATCH and "mlx5_4 not present" in missing.detail
 
 
 def test_ibstat_is_used_when_ibv_devinfo_is_absent() -> None:
     cfg = profile("clusters/dgx-h100", "fabric.hcas=[mlx5_0, mlx5_3]")
     findings = by_check(check_node(cfg, {IBV_DEVINFO: None, IBSTAT: IBSTAT_SAMPLE}))
-    assert findings["fabric.hca.mlx5_0"].status is Status.OK
+    assert findings["fabric.hca.mlx5_0"].status is FabricStatus.OK
     assert "(ibstat)" in findings["fabric.hca.mlx5_0"].detail
-    assert findings["fabric.hca.mlx5_3"].status is Status.MISMATCH
+    assert findings["fabric.hca.mlx5_3"].status is FabricStatus.MISMATCH
 
 
 def test_roce_profile_wants_ethernet_link_layer() -> None:
@@ -341,15 +343,16 @@ def test_roce_profile_wants_ethernet_link_layer() -> None:
     findings = by_check(check_node(cfg, {IBV_DEVINFO: IBV_DEVINFO_SAMPLE}))
     wrong = findings["fabric.hca.mlx5_0"]
     assert (
-        wrong.status is Status.MISMATCH and "link layer is InfiniBand, not Ethernet" in wrong.detail
+        wrong.status is FabricStatus.MISMATCH
+        and "link layer is InfiniBand, not Ethernet" in wrong.detail
     )
-    assert findings["fabric.hca.mlx5_bond_0"].status is Status.OK
+    assert findings["fabric.hca.mlx5_bond_0"].status is FabricStatus.OK
 
 
 def test_absent_tools_are_unchecked_with_reason() -> None:
     cfg = profile("clusters/dgx-h100", "nodes.gpus_per_node=8", "fabric.interface=eth0")
     findings = check_node(cfg, {key: None for key in COMMANDS})
-    assert {f.status for f in findings} == {Status.UNCHECKED}
+    assert {f.status for f in findings} == {FabricStatus.UNCHECKED}
     reasons = {f.check: f.detail for f in findings}
     assert "neither ibv_devinfo nor ibstat" in reasons["fabric.devices"]
     assert "ip -o link gave no output" in reasons["fabric.interface.eth0"]
@@ -359,16 +362,16 @@ def test_absent_tools_are_unchecked_with_reason() -> None:
 def test_efa_without_named_devices_needs_one_active() -> None:
     cfg = profile("clusters/aws-p5")
     active = check_node(cfg, {IBV_DEVINFO: IBV_DEVINFO_SAMPLE})
-    assert active[0].status is Status.OK and "mlx5_0" in active[0].detail
+    assert active[0].status is FabricStatus.OK and "mlx5_0" in active[0].detail
     dead = IBV_DEVINFO_SAMPLE.replace("PORT_ACTIVE (4)", "PORT_DOWN (1)")
-    assert check_node(cfg, {IBV_DEVINFO: dead})[0].status is Status.MISMATCH
+    assert check_node(cfg, {IBV_DEVINFO: dead})[0].status is FabricStatus.MISMATCH
 
 
 def test_interface_checks() -> None:
     up = by_check(check_node(profile("clusters/devcluster"), {IP_LINK: IP_LINK_SAMPLE}))
-    assert up["fabric.interface.eth0"].status is Status.OK
+    assert up["fabric.interface.eth0"].status is FabricStatus.OK
     down = by_check(check_node(profile("clusters/perlmutter-gpu"), {IP_LINK: IP_LINK_SAMPLE}))
-    assert down["fabric.interface.hsn0"].status is Status.MISMATCH
+    assert down["fabric.interface.hsn0"].status is FabricStatus.MISMATCH
     assert "exists but is down" in down["fabric.interface.hsn0"].detail
     # A prefix that NCCL would accept but gloo would not.
     prefix = by_check(
@@ -376,7 +379,7 @@ def test_interface_checks() -> None:
             profile("clusters/perlmutter-gpu", "fabric.interface=hsn"), {IP_LINK: IP_LINK_SAMPLE}
         )
     )
-    assert prefix["fabric.interface.hsn"].status is Status.MISMATCH
+    assert prefix["fabric.interface.hsn"].status is FabricStatus.MISMATCH
     assert "only hsn0, hsn1 match it as a prefix" in prefix["fabric.interface.hsn"].detail
     absent = by_check(
         check_node(
@@ -391,7 +394,7 @@ def test_interface_checks() -> None:
 
 def test_slingshot_devices_are_unchecked_by_verbs_tools() -> None:
     findings = by_check(check_node(profile("clusters/perlmutter-gpu"), {}))
-    assert findings["fabric.devices"].status is Status.UNCHECKED
+    assert findings["fabric.devices"].status is FabricStatus.UNCHECKED
     assert "cxi_stat" in findings["fabric.devices"].detail
 
 
@@ -400,7 +403,7 @@ def test_nvswitch_profile_on_node_with_nvlink_down() -> None:
     finding = by_check(check_node(cfg, {NVIDIA_SMI_TOPO: TOPO_NVSWITCH_DOWN}))[
         "topology.interconnect"
     ]
-    assert finding.status is Status.MISMATCH
+    assert finding.status is FabricStatus.MISMATCH
     assert "28 GPU pairs have no NVLink (e.g. GPU0-GPU1: NODE)" in finding.detail
 
 
@@ -410,7 +413,7 @@ def test_gpu_count_against_job_and_preset() -> None:
             profile("clusters/dgx-h100", "nodes.gpus_per_node=8"), {NVIDIA_SMI_TOPO: TOPO_PCIE}
         )
     )
-    assert fewer["topology.gpus"].status is Status.MISMATCH
+    assert fewer["topology.gpus"].status is FabricStatus.MISMATCH
     assert "4 GPUs, but the job asks for 8" in fewer["topology.gpus"].detail
     other = by_check(
         check_node(
@@ -421,22 +424,23 @@ def test_gpu_count_against_job_and_preset() -> None:
 
 
 def test_interconnect_classification() -> None:
-    def verdict(preset: str, topo: str) -> Finding:
+    def verdict(preset: str, topo: str) -> FabricFinding:
         return by_check(check_node(profile(preset), {NVIDIA_SMI_TOPO: topo}))[
             "topology.interconnect"
         ]
 
-    assert verdict("clusters/workstation", TOPO_PCIE).status is Status.OK
+    assert verdict("clusters/workstation", TOPO_PCIE).status is FabricStatus.OK
     pcie_on_nvlink = verdict("clusters/workstation", TOPO_NVLINK_PAIRS)
     assert (
-        pcie_on_nvlink.status is Status.MISMATCH and "interconnect: nvlink" in pcie_on_nvlink.detail
+        pcie_on_nvlink.status is FabricStatus.MISMATCH
+        and "interconnect: nvlink" in pcie_on_nvlink.detail
     )
     pcie_on_switch = verdict("clusters/workstation", TOPO_NVSWITCH)
     assert "interconnect: nvswitch" in pcie_on_switch.detail
     nvlink = verdict("clusters/perlmutter-gpu", TOPO_NVLINK_PAIRS)
-    assert nvlink.status is Status.OK and "2 of 6 GPU pairs" in nvlink.detail
-    assert verdict("clusters/perlmutter-gpu", TOPO_PCIE).status is Status.MISMATCH
-    assert verdict("clusters/aws-p5", TOPO_NVLINK_PAIRS).status is Status.MISMATCH
+    assert nvlink.status is FabricStatus.OK and "2 of 6 GPU pairs" in nvlink.detail
+    assert verdict("clusters/perlmutter-gpu", TOPO_PCIE).status is FabricStatus.MISMATCH
+    assert verdict("clusters/aws-p5", TOPO_NVLINK_PAIRS).status is FabricStatus.MISMATCH
 
 
 # ---------------------------------------------------------------- fabric.kind: auto (the default)
@@ -447,9 +451,9 @@ IB_ONLY_SAMPLE = IBV_DEVINFO_SAMPLE.split("hca_id:\tmlx5_bond_0")[0]
 def test_undeclared_fabric_on_an_infiniband_node_warns_and_names_the_preset() -> None:
     cfg = profile("examples/mlp", "fabric.kind=auto", "fabric.interface=null")
     findings = by_check(check_node(cfg, {IBV_DEVINFO: IB_ONLY_SAMPLE}))
-    assert findings["fabric.kind"] == Finding(
+    assert findings["fabric.kind"] == FabricFinding(
         "fabric.kind",
-        Status.WARNING,
+        FabricStatus.WARNING,
         "active RDMA devices mlx5_0 (ibv_devinfo) but no fabric declared (fabric.kind: auto): "
         "NCCL chooses by itself, with none of the profile's tuning; declare it, e.g. "
         "defaults: [clusters/dgx-h100] or fabric.kind: ib",
@@ -466,13 +470,13 @@ def test_undeclared_fabric_on_a_roce_node_names_the_roce_preset() -> None:
 def test_undeclared_fabric_without_rdma_is_ok_and_without_tools_unchecked() -> None:
     cfg = profile("examples/mlp", "fabric.kind=auto")
     down = IBV_DEVINFO_SAMPLE.replace("PORT_ACTIVE (4)", "PORT_DOWN (1)")
-    assert by_check(check_node(cfg, {IBV_DEVINFO: down}))["fabric.kind"] == Finding(
+    assert by_check(check_node(cfg, {IBV_DEVINFO: down}))["fabric.kind"] == FabricFinding(
         "fabric.kind",
-        Status.OK,
+        FabricStatus.OK,
         "no active RDMA device (ibv_devinfo): NCCL will use TCP sockets (fabric.kind: auto)",
     )
     unknown = by_check(check_node(cfg, {IBV_DEVINFO: None, IBSTAT: None}))["fabric.kind"]
-    assert unknown.status is Status.UNCHECKED and "is unknown" in unknown.detail
+    assert unknown.status is FabricStatus.UNCHECKED and "is unknown" in unknown.detail
 
 
 def test_named_presets_exist_and_declare_that_fabric() -> None:
@@ -485,5 +489,5 @@ def test_named_presets_exist_and_declare_that_fabric() -> None:
 def test_auto_interconnect_reports_the_links_it_found() -> None:
     cfg = profile("clusters/dgx-h100", "launch.entrypoint=m:f", "topology.interconnect=auto")
     finding = by_check(check_node(cfg, {NVIDIA_SMI_TOPO: TOPO_PCIE}))["topology.interconnect"]
-    assert finding.status is Status.OK
+    assert finding.status is FabricStatus.OK
     assert finding.detail.startswith("0 of ") and "leaves NCCL_P2P_LEVEL to NCCL" in finding.detail

@@ -9,7 +9,7 @@ from support.fakes import FakeRunner
 from support.rundirs import example_run_dir
 
 from ddlaunch.health import checks
-from ddlaunch.policy.preflight import Status
+from ddlaunch.policy.preflight import CheckStatus
 from ddlaunch.worker import node_task
 
 
@@ -39,7 +39,7 @@ def test_local_checks_with_injected_faults(tmp_path: Path) -> None:
         cfg, run_dir, env, FakeRunner(), {"free_gb": 0.5, "gpus": 1, "torch_error": "boom"}
     )
     by = {c.name: c for c in found}
-    assert by["gpus"].status == Status.FAIL
-    assert by["disk:checkpoints"].status == by["disk:scratch"].status == Status.FAIL
+    assert by["gpus"].status == CheckStatus.FAIL
+    assert by["disk:checkpoints"].status == by["disk:scratch"].status == CheckStatus.FAIL
     assert by["torch"].detail == "import torch failed: boom"
     assert facts["gpus"]["assigned"] == 1

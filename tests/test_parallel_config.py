@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 
 from ddlaunch.config import ConfigError, load_config
-from ddlaunch.config.parallel import Degrees, Layout, nearest, resolve
+from ddlaunch.config.parallel import Degrees, ParallelLayout, nearest, resolve
 from ddlaunch.config.schema import ParallelSpec
 
 
 def degrees(nodes: int, per_node: int, **given: object) -> Degrees:
-    found, issues = resolve(ParallelSpec(**given), Layout(nodes, per_node))  # type: ignore[arg-type]
+    found, issues = resolve(ParallelSpec(**given), ParallelLayout(nodes, per_node))  # type: ignore[arg-type]
     assert found is not None, issues
     return found
 
 
 def messages(nodes: int, per_node: int, **given: object) -> list[str]:
-    found, issues = resolve(ParallelSpec(**given), Layout(nodes, per_node))  # type: ignore[arg-type]
+    found, issues = resolve(ParallelSpec(**given), ParallelLayout(nodes, per_node))  # type: ignore[arg-type]
     assert found is None
     return [f"{'.'.join(path)}: {message}" for path, message in issues]
 

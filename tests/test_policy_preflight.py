@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 from ddlaunch.policy import preflight as v
-from ddlaunch.policy.preflight import Status
+from ddlaunch.policy.preflight import CheckStatus
 
 
 def test_gpu_check() -> None:
-    assert v.gpu_check(0, None, None).status == Status.OK
-    assert v.gpu_check(4, 4, None).status == Status.OK
+    assert v.gpu_check(0, None, None).status == CheckStatus.OK
+    assert v.gpu_check(4, 4, None).status == CheckStatus.OK
     assert "nvidia-smi absent" in v.gpu_check(4, 4, None).detail
-    assert v.gpu_check(4, 3, None).status == Status.FAIL
+    assert v.gpu_check(4, 3, None).status == CheckStatus.FAIL
     assert v.gpu_check(4, 4, 3).detail == "nvidia-smi lists 3 GPUs, requested 4"
-    assert v.gpu_check(4, None, None).status == Status.FAIL
-    assert v.gpu_check(4, 4, None, "Unable to determine the device handle").status == Status.FAIL
+    assert v.gpu_check(4, None, None).status == CheckStatus.FAIL
+    assert (
+        v.gpu_check(4, 4, None, "Unable to determine the device handle").status == CheckStatus.FAIL
+    )
 
 
 def test_disk_and_torch_checks() -> None:
-    assert v.disk_check("checkpoints", "/c", 5.0, 1.0).status == Status.OK
+    assert v.disk_check("checkpoints", "/c", 5.0, 1.0).status == CheckStatus.OK
     failed = v.disk_check("checkpoints", "/c", 0.2, 1.0)
-    assert failed.status == Status.FAIL and "needs 1 (health.min_free_gb)" in failed.detail
-    assert v.disk_check("scratch", "/s", None, 1.0, "No such file").status == Status.FAIL
-    assert v.torch_check(None, "ModuleNotFoundError: torch").status == Status.FAIL
+    assert failed.status == CheckStatus.FAIL and "needs 1 (health.min_free_gb)" in failed.detail
+    assert v.disk_check("scratch", "/s", None, 1.0, "No such file").status == CheckStatus.FAIL
+    assert v.torch_check(None, "ModuleNotFoundError: torch").status == CheckStatus.FAIL
     assert v.torch_check("2.3", None, 1.5).detail == "torch 2.3 imported in 1.5 s"
 
 
@@ -36,19 +38,19 @@ def test_one_slow_node_among_five_is_blamed_not_its_neighbours() -> None:
     # n3 is slow: its own exchange and both neighbours' (n2 sends to it, n4 receives from it).
     ring = {"n1": 40.0, "n2": 3.0, "n3": 2.0, "n4": 3.0, "n5": 40.0}
     checks = v.bandwidth_checks(ring, 5.0, 10.0, order)
-    assert checks["n3"].status == Status.FAIL
-    assert checks["n2"].status == checks["n4"].status == Status.WARN
-    assert checks["n1"].status == Status.OK
+    assert checks["n3"].status == CheckStatus.FAIL
+    assert checks["n2"].status == checks["n4"].status == CheckStatus.WARN
+    assert checks["n1"].status == CheckStatus.OK
 
 
 def test_slow_allocation_is_a_warning_not_an_exclusion() -> None:
     checks = v.bandwidth_checks({"a": 1.0, "b": 1.0}, 1.0, 10.0, ["a", "b"])
-    assert {c.status for c in checks.values()} == {Status.WARN}
+    assert {c.status for c in checks.values()} == {CheckStatus.WARN}
     checks = v.bandwidth_checks({"a": 1, "b": 1, "c": 1, "d": 2}, 2.0, 10.0, list("abcd"))
-    assert {c.status for c in checks.values()} == {Status.WARN}  # the fabric, not a node
+    assert {c.status for c in checks.values()} == {CheckStatus.WARN}  # the fabric, not a node
     # Three slow measurements around one node is the pattern of that one node being bad.
     checks = v.bandwidth_checks({"a": 1, "b": 1, "c": 1, "d": 50}, 2.0, 10.0, list("abcd"))
-    assert [n for n, c in checks.items() if c.status == Status.FAIL] == ["b"]
+    assert [n for n, c in checks.items() if c.status == CheckStatus.FAIL] == ["b"]
 
 
 def test_join_reports_and_decide() -> None:
@@ -89,7 +91,7 @@ def test_a_failure_every_node_shares_stops_the_run_and_blames_no_node() -> None:
     missing = staging.check(
         [_staged("/nope", "FileNotFoundError: /nope: no such file or directory")]
     )
-    assert missing.status == Status.FAIL and missing.cause
+    assert missing.status == CheckStatus.FAIL and missing.cause
     alone = v.decide(v.join_reports(["node1"], {"node1": _report(missing)}, 0.2))
     assert (alone.exclude, alone.stop) == ((), True)
     assert alone.reason == (

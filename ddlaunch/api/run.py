@@ -196,7 +196,7 @@ def _no_sbatch(verb: str) -> Exception:
 
 
 def _run_here(run_dir: Path, prepared: Prepared) -> None:
-    """The ranks as local processes, to their end (``LocalRunError``, ``Interrupted``)."""
+    """The ranks as local processes, to their end (``LocalRunError``, ``LocalRunInterrupted``)."""
     from ddlaunch.app.local import run_locally
 
     run_locally(run_dir, prepared.config)

@@ -38,7 +38,7 @@ class LocalRun:
         return "result: " + ", ".join(items)
 
 
-class Interrupted(UserError):
+class LocalRunInterrupted(UserError):
     """Ctrl-C (or SIGTERM) ended a local run; the message says what was kept. The exit
     status is the shell's for that signal: 130 for SIGINT, 143 for SIGTERM."""
 
@@ -89,7 +89,7 @@ def run_locally(
     run_dir: Path, cfg: Config, on_interrupt: Callable[[], None] | None = None
 ) -> LocalRun:
     """Run every rank of ``run_dir`` here (within ``job.time``); the attempt and the outcome
-    are recorded either way (``LocalRunError`` names the failing rank; ``Interrupted``:
+    are recorded either way (``LocalRunError`` names the failing rank; ``LocalRunInterrupted``:
     Ctrl-C, after the ranks saved at their next step boundary)."""
     from ddlaunch.launch.local import LocalRunError, run_local  # imports submitit
 
@@ -104,7 +104,7 @@ def run_locally(
     except KeyboardInterrupt as exc:
         reason = interrupted_reason(run_dir, started)
         _finish(run_dir, policy.CAUSE_CANCELLED, reason)
-        raise Interrupted(reason, signal_name(exc)) from None
+        raise LocalRunInterrupted(reason, signal_name(exc)) from None
     seconds = round(time.time() - started, 2)
     _finish(run_dir, policy.CAUSE_COMPLETED, "", seconds=seconds)
     return LocalRun(results, seconds, read_result(run_dir))

@@ -71,7 +71,7 @@ from ddlaunch.checkpoint.agreement import (
 )
 from ddlaunch.checkpoint.layout import CheckpointInfo, CheckpointState, CommitMarker
 from ddlaunch.checkpoint.policy import should_checkpoint
-from ddlaunch.checkpoint.staging import HandOff, ReusableCpuStager, Staged, storage_key
+from ddlaunch.checkpoint.staging import HandOff, ReusableCpuStager, StagedState, storage_key
 from ddlaunch.checkpoint.state import TrainState
 
 __all__ = ["CheckpointError", "CheckpointManager", "CheckpointSaveError", "TrainState"]
@@ -324,7 +324,7 @@ class CheckpointManager:
         # means a second writer, and failing beats mixing two checkpoints.
         return dcp.FileSystemWriter(path, sync_files=True, overwrite=False)
 
-    def _stage(self, state_dict: dict[str, Any]) -> Staged | BaseException:
+    def _stage(self, state_dict: dict[str, Any]) -> StagedState | BaseException:
         """Copy the state into the staging buffers and start the background copy of the
         optimizer-owned tensors (``self._staging``); local, so an error is returned, for
         _start_write to agree on."""
@@ -338,14 +338,16 @@ class CheckpointManager:
             self._staging = self._stager.start_deferred(staged)
         return staged
 
-    def _start_write(self, staged: Staged | BaseException, step: int, path: Path) -> Future[Any]:
+    def _start_write(
+        self, staged: StagedState | BaseException, step: int, path: Path
+    ) -> Future[Any]:
         """Agree that every rank staged, then start DCP's writer thread, which begins once
         the background copy is done."""
         # Agree before any rank enters DCP's collectives: a rank that failed to stage would
         # otherwise leave the others' writer threads blocked until the collective timeout.
         error = staged if isinstance(staged, BaseException) else None
         self._agree.raise_unless_all(error is None, "staging", step, error)
-        assert isinstance(staged, Staged)
+        assert isinstance(staged, StagedState)
         writer = self._writer(path)
         writer.per_thread_copy_ahead = 0  # the state is on the CPU already
         response = dcp.async_save(

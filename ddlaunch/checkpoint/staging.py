@@ -102,7 +102,7 @@ def storage_key(tensor: torch.Tensor) -> int:
 
 
 @dataclass
-class Staged:
+class StagedState:
     """A staged state dict that is complete once ``deferred`` (CPU tensors, copied by the
     staging thread) and the device-to-host copies recorded by ``device_done`` are done."""
 
@@ -172,9 +172,9 @@ class ReusableCpuStager:
 
     def stage(
         self, state_dict: dict[str, Any], defer: Callable[[torch.Tensor], bool] | None = None
-    ) -> Staged:
+    ) -> StagedState:
         """Copy ``state_dict`` into the cache, except the tensors ``defer`` picks: those are
-        listed in ``Staged.deferred`` for start_deferred() (or copy_pairs) to copy later."""
+        listed in ``StagedState.deferred`` for start_deferred() (or copy_pairs) to copy later."""
         layout = _layout(state_dict)
         if self._cache is None or layout != self._layout:
             self._cache = None  # free the old buffers before allocating new ones
@@ -192,9 +192,9 @@ class ReusableCpuStager:
         if filler.queued_on_device:
             device_done = torch.cuda.Event()
             device_done.record()  # on the current stream, after the queued copies
-        return Staged(staged, filler.deferred, device_done)
+        return StagedState(staged, filler.deferred, device_done)
 
-    def start_deferred(self, staged: Staged) -> Future[BaseException | None]:
+    def start_deferred(self, staged: StagedState) -> Future[BaseException | None]:
         """Copy ``staged.deferred`` in the background, then wait for its device-to-host
         copies. The future never raises: it holds the copy's exception, if any, so that
         the caller decides how to report it."""
@@ -210,7 +210,7 @@ class ReusableCpuStager:
         self._layout = None
 
 
-def _run_copies(staged: Staged) -> BaseException | None:
+def _run_copies(staged: StagedState) -> BaseException | None:
     try:
         copy_pairs(staged.deferred)
         if staged.device_done is not None:

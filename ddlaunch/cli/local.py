@@ -38,7 +38,7 @@ def run_here(run_dir: Path, cfg: Config) -> None:
     """The same lines for ``submit --local`` and ``resume --local``: where the run runs,
     rank 0's output as it goes, then its result and how long it took (or how it was
     interrupted)."""
-    from ddlaunch.app.local import Interrupted, run_locally
+    from ddlaunch.app.local import LocalRunInterrupted, run_locally
 
     click.echo(f"run dir: {run_dir}  local, {cfg.world_size} ranks")
     stop = threading.Event()
@@ -46,7 +46,7 @@ def run_here(run_dir: Path, cfg: Config) -> None:
     streamer.start()
     try:
         done = run_locally(run_dir, cfg, on_interrupt=_told)
-    except Interrupted as exc:
+    except LocalRunInterrupted as exc:
         stop.set()
         streamer.join(timeout=10)
         click.echo(str(exc), err=True)  # "interrupted, saved step 109": not an error

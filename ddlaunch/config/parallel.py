@@ -57,7 +57,7 @@ class Degrees:
 
 
 @dataclass(frozen=True)
-class Layout:
+class ParallelLayout:
     """The job's shape: ``nodes`` x ``ranks_per_node`` ranks; ``unit`` names a node's ranks
     in messages (GPUs, or ranks for CPU jobs)."""
 
@@ -87,12 +87,12 @@ def nearest(value: int, valid: Sequence[int]) -> str:
     return " or ".join(str(p) for p in picks)
 
 
-def layout_of(cfg: Any) -> Layout:
+def layout_of(cfg: Any) -> ParallelLayout:
     unit = "GPUs" if cfg.nodes.gpus_per_node else "ranks"
-    return Layout(cfg.nodes.count, cfg.ranks_per_node, unit)
+    return ParallelLayout(cfg.nodes.count, cfg.ranks_per_node, unit)
 
 
-def resolve(spec: Any, layout: Layout) -> tuple[Degrees | None, list[Issue]]:
+def resolve(spec: Any, layout: ParallelLayout) -> tuple[Degrees | None, list[Issue]]:
     """``spec`` (a ``ParallelSpec``) for ``layout`` -> (degrees, []) or (None, issues)."""
     return _Resolver(spec, layout).run()
 
@@ -106,7 +106,7 @@ def degrees_of(cfg: Any) -> Degrees:
 
 
 class _Resolver:
-    def __init__(self, spec: Any, layout: Layout) -> None:
+    def __init__(self, spec: Any, layout: ParallelLayout) -> None:
         self.spec, self.layout = spec, layout
         self.issues: list[Issue] = []
 

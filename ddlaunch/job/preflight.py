@@ -215,7 +215,7 @@ def apply_decision(
     run_dir: Path,
     client: SlurmClient,
     attempt: AttemptId,
-    decision: verdicts.Decision,
+    decision: verdicts.PreflightDecision,
     in_allocation: InAllocation | None = None,
 ) -> int:
     """Act on the preflight decision: 0 (train), ``REQUEUED`` (failing nodes excluded, job

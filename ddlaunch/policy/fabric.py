@@ -29,12 +29,12 @@ from ddlaunch.policy.fabric_tools import (
 # The parsers are part of this module's interface (the doctor and the tests use them here).
 __all__ = [
     "COMMANDS",
-    "Finding",
+    "FabricFinding",
+    "FabricStatus",
     "GpuTopology",
     "Link",
     "RdmaDevice",
     "RdmaPort",
-    "Status",
     "check_node",
     "parse_ibstat",
     "parse_ibv_devinfo",
@@ -56,7 +56,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 }
 
 
-class Status(StrEnum):
+class FabricStatus(StrEnum):
     OK = "ok"
     MISMATCH = "mismatch"
     UNCHECKED = "unchecked"
@@ -73,11 +73,11 @@ PRESET_FOR_FABRIC = {
 
 
 @dataclass(frozen=True)
-class Finding:
+class FabricFinding:
     """One comparison: ``check`` names what was compared, ``detail`` says what was found."""
 
     check: str
-    status: Status
+    status: FabricStatus
     detail: str
 
 
@@ -110,14 +110,14 @@ def _fabric_of(device: RdmaDevice) -> str:
     return "efa" if device.name.startswith(("efa", "rdmap")) else "ib"
 
 
-def _undeclared_findings(outputs: dict[str, str | None]) -> list[Finding]:
+def _undeclared_findings(outputs: dict[str, str | None]) -> list[FabricFinding]:
     """fabric.kind: auto. NCCL picks a transport itself; say what the node offers it."""
     found = _read_devices(outputs)
     if found is None:
         return [
-            Finding(
+            FabricFinding(
                 "fabric.kind",
-                Status.UNCHECKED,
+                FabricStatus.UNCHECKED,
                 "fabric.kind is auto and neither ibv_devinfo nor ibstat gave output: whether "
                 "the nodes have an RDMA fabric is unknown",
             )
@@ -126,9 +126,9 @@ def _undeclared_findings(outputs: dict[str, str | None]) -> list[Finding]:
     active = [d for d in devices.values() if d.active]
     if not active:
         return [
-            Finding(
+            FabricFinding(
                 "fabric.kind",
-                Status.OK,
+                FabricStatus.OK,
                 f"no active RDMA device ({tool}): NCCL will use TCP sockets (fabric.kind: auto)",
             )
         ]
@@ -136,9 +136,9 @@ def _undeclared_findings(outputs: dict[str, str | None]) -> list[Finding]:
     kind = kinds[0]
     names = ", ".join(d.name for d in active)
     return [
-        Finding(
+        FabricFinding(
             "fabric.kind",
-            Status.WARNING,
+            FabricStatus.WARNING,
             f"active RDMA devices {names} ({tool}) but no fabric declared (fabric.kind: auto): "
             f"NCCL chooses by itself, with none of the profile's tuning; declare it, e.g. "
             f"defaults: [{PRESET_FOR_FABRIC[kind]}] or fabric.kind: {kind}",
@@ -146,16 +146,16 @@ def _undeclared_findings(outputs: dict[str, str | None]) -> list[Finding]:
     ]
 
 
-def _rdma_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]:
+def _rdma_findings(cfg: Config, outputs: dict[str, str | None]) -> list[FabricFinding]:
     fab = cfg.fabric
     if fab.kind == "auto":
         return _undeclared_findings(outputs)
     if fab.kind not in ("ib", "roce", "efa"):
         if fab.kind == "slingshot":
             return [
-                Finding(
+                FabricFinding(
                     "fabric.devices",
-                    Status.UNCHECKED,
+                    FabricStatus.UNCHECKED,
                     "Slingshot CXI NICs are not verbs devices; check them with cxi_stat",
                 )
             ]
@@ -163,25 +163,29 @@ def _rdma_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]
     found = _read_devices(outputs)
     if found is None:
         return [
-            Finding(
+            FabricFinding(
                 "fabric.devices",
-                Status.UNCHECKED,
+                FabricStatus.UNCHECKED,
                 "neither ibv_devinfo nor ibstat gave output (rdma-core / infiniband-diags "
                 "not installed, or no RDMA driver loaded)",
             )
         ]
     devices, tool = found
     layer = {"ib": "InfiniBand", "roce": "Ethernet"}.get(fab.kind)
-    findings: list[Finding] = []
+    findings: list[FabricFinding] = []
     wanted = [h.split(":")[0] for h in fab.hcas]
     if not wanted:
         active = [d.name for d in devices.values() if d.active]
         if active:
-            return [Finding("fabric.devices", Status.OK, f"active: {', '.join(active)} ({tool})")]
+            return [
+                FabricFinding(
+                    "fabric.devices", FabricStatus.OK, f"active: {', '.join(active)} ({tool})"
+                )
+            ]
         return [
-            Finding(
+            FabricFinding(
                 "fabric.devices",
-                Status.MISMATCH,
+                FabricStatus.MISMATCH,
                 f"no active RDMA device for fabric.kind={fab.kind} ({tool} lists "
                 f"{', '.join(devices) or 'none'})",
             )
@@ -191,38 +195,46 @@ def _rdma_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]
         device = devices.get(name)
         if device is None:
             findings.append(
-                Finding(
+                FabricFinding(
                     check,
-                    Status.MISMATCH,
+                    FabricStatus.MISMATCH,
                     f"{name} not present ({tool} lists {', '.join(devices) or 'none'})",
                 )
             )
         elif not device.active:
             states = ", ".join(f"port {p.number}: {p.state or '?'}" for p in device.ports)
-            findings.append(Finding(check, Status.MISMATCH, f"{name} is not ACTIVE ({states})"))
+            findings.append(
+                FabricFinding(check, FabricStatus.MISMATCH, f"{name} is not ACTIVE ({states})")
+            )
         elif layer and not any(p.link_layer == layer for p in device.ports if p.active):
             seen = ", ".join(sorted({p.link_layer or "?" for p in device.ports}))
             findings.append(
-                Finding(
+                FabricFinding(
                     check,
-                    Status.MISMATCH,
+                    FabricStatus.MISMATCH,
                     f"{name} is active but its link layer is {seen}, not {layer} "
                     f"(fabric.kind={fab.kind})",
                 )
             )
         else:
-            findings.append(Finding(check, Status.OK, f"{name} present and ACTIVE ({tool})"))
+            findings.append(
+                FabricFinding(check, FabricStatus.OK, f"{name} present and ACTIVE ({tool})")
+            )
     return findings
 
 
-def _interface_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]:
+def _interface_findings(cfg: Config, outputs: dict[str, str | None]) -> list[FabricFinding]:
     interface = cfg.fabric.interface
     if not interface:
         return []
     check = f"fabric.interface.{interface}"
     text = outputs.get(IP_LINK)
     if not text:
-        return [Finding(check, Status.UNCHECKED, "ip -o link gave no output (iproute2 missing?)")]
+        return [
+            FabricFinding(
+                check, FabricStatus.UNCHECKED, "ip -o link gave no output (iproute2 missing?)"
+            )
+        ]
     links = parse_ip_link(text)
     link = links.get(interface)
     if link is None:
@@ -233,18 +245,22 @@ def _interface_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Fin
             if similar
             else f"; interfaces: {', '.join(sorted(links)) or 'none'}"
         )
-        return [Finding(check, Status.MISMATCH, f"no interface named {interface}{hint}")]
+        return [
+            FabricFinding(check, FabricStatus.MISMATCH, f"no interface named {interface}{hint}")
+        ]
     if not link.up:
         flags = ",".join(sorted(link.flags))
         return [
-            Finding(
-                check, Status.MISMATCH, f"{interface} exists but is down (<{flags}>, {link.state})"
+            FabricFinding(
+                check,
+                FabricStatus.MISMATCH,
+                f"{interface} exists but is down (<{flags}>, {link.state})",
             )
         ]
-    return [Finding(check, Status.OK, f"{interface} is up")]
+    return [FabricFinding(check, FabricStatus.OK, f"{interface} is up")]
 
 
-def _gpu_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]:
+def _gpu_findings(cfg: Config, outputs: dict[str, str | None]) -> list[FabricFinding]:
     text = outputs.get(NVIDIA_SMI_TOPO)
     wanted = cfg.nodes.gpus_per_node
     expected = cfg.cluster.gpus_per_node
@@ -253,41 +269,43 @@ def _gpu_findings(cfg: Config, outputs: dict[str, str | None]) -> list[Finding]:
             return []
         reason = "nvidia-smi topo -m gave no output (no NVIDIA driver, or not an NVIDIA node)"
         return [
-            Finding("topology.gpus", Status.UNCHECKED, reason),
-            Finding("topology.interconnect", Status.UNCHECKED, reason),
+            FabricFinding("topology.gpus", FabricStatus.UNCHECKED, reason),
+            FabricFinding("topology.interconnect", FabricStatus.UNCHECKED, reason),
         ]
     topo = parse_nvidia_smi_topo(text)
     count = len(topo.gpus)
-    findings: list[Finding] = []
+    findings: list[FabricFinding] = []
     if count < wanted:
         findings.append(
-            Finding(
+            FabricFinding(
                 "topology.gpus",
-                Status.MISMATCH,
+                FabricStatus.MISMATCH,
                 f"{count} GPUs, but the job asks for {wanted} per node (nodes.gpus_per_node)",
             )
         )
     elif expected is not None and count != expected:
         findings.append(
-            Finding(
+            FabricFinding(
                 "topology.gpus",
-                Status.MISMATCH,
+                FabricStatus.MISMATCH,
                 f"{count} GPUs, but preset {cfg.cluster.name!r} says {expected} "
                 "(cluster.gpus_per_node)",
             )
         )
     else:
-        findings.append(Finding("topology.gpus", Status.OK, f"{count} GPUs"))
+        findings.append(FabricFinding("topology.gpus", FabricStatus.OK, f"{count} GPUs"))
     findings.append(_interconnect_finding(cfg, topo))
     findings += _gdr_findings(cfg, topo)
     return findings
 
 
-def _interconnect_finding(cfg: Config, topo: GpuTopology) -> Finding:
+def _interconnect_finding(cfg: Config, topo: GpuTopology) -> FabricFinding:
     check, declared = "topology.interconnect", cfg.topology.interconnect
     pairs = topo.pairs()
     if not pairs:
-        return Finding(check, Status.UNCHECKED, "fewer than two GPUs: no GPU-GPU links to check")
+        return FabricFinding(
+            check, FabricStatus.UNCHECKED, "fewer than two GPUs: no GPU-GPU links to check"
+        )
     nvlinked = [p for p in pairs if p[2].startswith("NV")]
     others = [p for p in pairs if not p[2].startswith("NV")]
     if declared == "nvswitch":
@@ -295,44 +313,48 @@ def _interconnect_finding(cfg: Config, topo: GpuTopology) -> Finding:
         # same, so "every pair over NVLink" is what can be verified.
         if others:
             a, b, how = others[0]
-            return Finding(
+            return FabricFinding(
                 check,
-                Status.MISMATCH,
+                FabricStatus.MISMATCH,
                 f"profile says nvswitch but {len(others)} GPU pairs have no NVLink "
                 f"(e.g. {a}-{b}: {how}); NVSwitch fabric manager down?",
             )
         kinds = ", ".join(sorted({p[2] for p in nvlinked}))
-        return Finding(check, Status.OK, f"every GPU pair is NVLink-connected ({kinds})")
+        return FabricFinding(
+            check, FabricStatus.OK, f"every GPU pair is NVLink-connected ({kinds})"
+        )
     if declared == "auto":
         kinds = ", ".join(sorted({p[2] for p in pairs}))
-        return Finding(
+        return FabricFinding(
             check,
-            Status.OK,
+            FabricStatus.OK,
             f"{len(nvlinked)} of {len(pairs)} GPU pairs are NVLink-connected ({kinds}); "
             "interconnect: auto leaves NCCL_P2P_LEVEL to NCCL",
         )
     if declared == "nvlink":
         if not nvlinked:
-            return Finding(
+            return FabricFinding(
                 check,
-                Status.MISMATCH,
+                FabricStatus.MISMATCH,
                 "profile says nvlink but no GPU pair is NVLink-connected (PCIe only)",
             )
-        return Finding(
-            check, Status.OK, f"{len(nvlinked)} of {len(pairs)} GPU pairs are NVLink-connected"
+        return FabricFinding(
+            check,
+            FabricStatus.OK,
+            f"{len(nvlinked)} of {len(pairs)} GPU pairs are NVLink-connected",
         )
     if nvlinked:
         a, b, how = nvlinked[0]
-        return Finding(
+        return FabricFinding(
             check,
-            Status.MISMATCH,
+            FabricStatus.MISMATCH,
             f"profile says pcie but {len(nvlinked)} GPU pairs have NVLink (e.g. {a}-{b}: "
             f"{how}); interconnect: {'nvswitch' if not others else 'nvlink'} would use it",
         )
-    return Finding(check, Status.OK, "no NVLink between GPUs, as the pcie profile says")
+    return FabricFinding(check, FabricStatus.OK, "no NVLink between GPUs, as the pcie profile says")
 
 
-def _gdr_findings(cfg: Config, topo: GpuTopology) -> list[Finding]:
+def _gdr_findings(cfg: Config, topo: GpuTopology) -> list[FabricFinding]:
     """With GPUDirect RDMA at NCCL_NET_GDR_LEVEL=PHB, each GPU needs an HCA within PHB."""
     fab = cfg.fabric
     if fab.kind not in ("ib", "roce") or not fab.gpudirect or not topo.nic_paths:
@@ -348,17 +370,17 @@ def _gdr_findings(cfg: Config, topo: GpuTopology) -> list[Finding]:
             far.append(f"{gpu} ({best})")
     if far:
         return [
-            Finding(
+            FabricFinding(
                 "fabric.gpudirect",
-                Status.MISMATCH,
+                FabricStatus.MISMATCH,
                 "GPUDirect RDMA (NCCL_NET_GDR_LEVEL=PHB) will not be used for "
                 f"{', '.join(far)}: no configured HCA within the same CPU",
             )
         ]
-    return [Finding("fabric.gpudirect", Status.OK, "every GPU has an HCA within PHB")]
+    return [FabricFinding("fabric.gpudirect", FabricStatus.OK, "every GPU has an HCA within PHB")]
 
 
-def check_node(profile_cfg: Config, outputs: dict[str, str | None]) -> list[Finding]:
+def check_node(profile_cfg: Config, outputs: dict[str, str | None]) -> list[FabricFinding]:
     """Compare one node's command outputs (keys of ``COMMANDS``; None = absent) with a profile."""
     return [
         *_rdma_findings(profile_cfg, outputs),

@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 
-class Status(StrEnum):
+class CheckStatus(StrEnum):
     OK = "ok"
     FAIL = "fail"
     WARN = "warn"
@@ -33,7 +33,7 @@ class Status(StrEnum):
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: Status
+    status: CheckStatus
     detail: str
     # Set on a failure of something every node shares: the failure with no node-specific
     # numbers (free GB, seconds), so that the same cause reads the same on every node.
@@ -47,7 +47,7 @@ class Check:
     def from_dict(cls, d: Mapping[str, Any]) -> Check:
         return cls(
             str(d.get("name", "?")),
-            Status(d.get("status", "unchecked")),
+            CheckStatus(d.get("status", "unchecked")),
             str(d.get("detail", "")),
             str(d.get("cause", "")),
         )
@@ -78,24 +78,28 @@ def gpu_check(
     """GPUs visible vs requested. ``assigned``: what Slurm gave the step (CUDA_VISIBLE_DEVICES
     or SLURM_JOB_GPUS); ``smi_count``: what nvidia-smi lists, None when it is absent."""
     if requested == 0:
-        return Check("gpus", Status.OK, "no GPUs requested")
+        return Check("gpus", CheckStatus.OK, "no GPUs requested")
     if smi_error:
-        return Check("gpus", Status.FAIL, f"nvidia-smi failed: {smi_error}")
+        return Check("gpus", CheckStatus.FAIL, f"nvidia-smi failed: {smi_error}")
     if assigned is None and smi_count is None:
-        return Check("gpus", Status.FAIL, f"requested {requested} GPUs, none assigned by Slurm")
+        return Check(
+            "gpus", CheckStatus.FAIL, f"requested {requested} GPUs, none assigned by Slurm"
+        )
     if assigned is not None and assigned < requested:
-        return Check("gpus", Status.FAIL, f"Slurm assigned {assigned} GPUs, requested {requested}")
+        return Check(
+            "gpus", CheckStatus.FAIL, f"Slurm assigned {assigned} GPUs, requested {requested}"
+        )
     if smi_count is not None and smi_count < requested:
         return Check(
-            "gpus", Status.FAIL, f"nvidia-smi lists {smi_count} GPUs, requested {requested}"
+            "gpus", CheckStatus.FAIL, f"nvidia-smi lists {smi_count} GPUs, requested {requested}"
         )
     if smi_count is None:
         return Check(
             "gpus",
-            Status.OK,
+            CheckStatus.OK,
             f"{assigned} assigned by Slurm (nvidia-smi absent: device health not checked)",
         )
-    return Check("gpus", Status.OK, f"{smi_count} listed by nvidia-smi, {requested} requested")
+    return Check("gpus", CheckStatus.OK, f"{smi_count} listed by nvidia-smi, {requested} requested")
 
 
 # The checkpoint directory lies on the filesystem every node shares (the run directory's, or
@@ -110,16 +114,16 @@ def disk_check(
     shared = label in SHARED_DISKS
     if free_gb is None:
         detail = f"{path}: {error or 'cannot stat'}"
-        return Check(name, Status.FAIL, detail, detail if shared else "")
+        return Check(name, CheckStatus.FAIL, detail, detail if shared else "")
     if free_gb < min_free_gb:
         cause = f"{path}: less free space than {min_free_gb:g} GB (health.min_free_gb)"
         return Check(
             name,
-            Status.FAIL,
+            CheckStatus.FAIL,
             f"{path}: {free_gb:.2f} GB free, needs {min_free_gb:g} (health.min_free_gb)",
             cause if shared else "",
         )
-    return Check(name, Status.OK, f"{path}: {free_gb:.1f} GB free")
+    return Check(name, CheckStatus.OK, f"{path}: {free_gb:.1f} GB free")
 
 
 def torch_check(version: str | None, error: str | None, seconds: float | None = None) -> Check:
@@ -127,9 +131,9 @@ def torch_check(version: str | None, error: str | None, seconds: float | None = 
         # The ranks' Python environment (launch.python, launch.setup, the image) is the job's:
         # one that cannot import torch on every node is the user's, not the hardware's.
         detail = f"import torch failed: {error}"
-        return Check("torch", Status.FAIL, detail, detail)
+        return Check("torch", CheckStatus.FAIL, detail, detail)
     took = f" in {seconds:.1f} s" if seconds is not None else ""
-    return Check("torch", Status.OK, f"torch {version} imported{took}")
+    return Check("torch", CheckStatus.OK, f"torch {version} imported{took}")
 
 
 def bandwidth_checks(
@@ -145,11 +149,11 @@ def bandwidth_checks(
     floor, and only when that leaves a minority of the nodes: if most are slow, the fabric (or
     the floor) is the problem, not a node, and excluding them would stall the run."""
     if skipped:
-        return {n: Check("bandwidth", Status.UNCHECKED, skipped) for n in order}
+        return {n: Check("bandwidth", CheckStatus.UNCHECKED, skipped) for n in order}
     members = [n for n in order if ring_gbps.get(n) is not None]
     if len(members) < 2:
         why = "fewer than two nodes could join the all-reduce test"
-        return {n: Check("bandwidth", Status.UNCHECKED, why) for n in order}
+        return {n: Check("bandwidth", CheckStatus.UNCHECKED, why) for n in order}
     slow = {n for n in members if (ring_gbps[n] or 0.0) < floor}
     k = len(members)
     blamed = set()
@@ -167,15 +171,19 @@ def bandwidth_checks(
     for n in order:
         rate = ring_gbps.get(n)
         if rate is None:
-            out[n] = Check("bandwidth", Status.UNCHECKED, "did not take part in the test")
+            out[n] = Check("bandwidth", CheckStatus.UNCHECKED, "did not take part in the test")
             continue
         mine = f"ring exchange {rate:.2f} Gbit/s, floor {floor:g}"
         if n in blamed and minority:
-            out[n] = Check("bandwidth", Status.FAIL, f"{mine}; neighbours fast, this node slow")
+            out[n] = Check(
+                "bandwidth", CheckStatus.FAIL, f"{mine}; neighbours fast, this node slow"
+            )
         elif n in slow or (not minority and allreduce_gbps is not None and allreduce_gbps < floor):
-            out[n] = Check("bandwidth", Status.WARN, f"{mine}; {overall}; no single node to blame")
+            out[n] = Check(
+                "bandwidth", CheckStatus.WARN, f"{mine}; {overall}; no single node to blame"
+            )
         else:
-            out[n] = Check("bandwidth", Status.OK, f"{mine}; {overall}".rstrip("; "))
+            out[n] = Check("bandwidth", CheckStatus.OK, f"{mine}; {overall}".rstrip("; "))
     return out
 
 
@@ -186,7 +194,7 @@ class NodeVerdict:
 
     @property
     def failed(self) -> list[Check]:
-        return [c for c in self.checks if c.status == Status.FAIL]
+        return [c for c in self.checks if c.status == CheckStatus.FAIL]
 
     @property
     def ok(self) -> bool:
@@ -231,7 +239,7 @@ def join_reports(
                     [
                         Check(
                             "report",
-                            Status.FAIL,
+                            CheckStatus.FAIL,
                             "no preflight report (task died, hung or timed out)",
                         )
                     ],
@@ -244,7 +252,7 @@ def join_reports(
 
 
 @dataclass(frozen=True)
-class Decision:
+class PreflightDecision:
     """``exclude``: nodes to keep out and requeue without; ``stop``: fail the run instead,
     blaming no node: every node failed alike on something they share (``shared_cause``: a
     staging source that does not exist, the checkpoint filesystem, the Python environment;
@@ -271,14 +279,14 @@ def shared_cause(verdicts: Sequence[NodeVerdict]) -> str | None:
     return "; ".join(seen.pop()) if len(seen) == 1 else None
 
 
-def decide(verdicts: Sequence[NodeVerdict]) -> Decision:
+def decide(verdicts: Sequence[NodeVerdict]) -> PreflightDecision:
     failed = [v for v in verdicts if not v.ok]
     if not failed:
-        return Decision((), False, "every node passed")
+        return PreflightDecision((), False, "every node passed")
     cause = shared_cause(verdicts)
     if cause is not None:
         nodes = ", ".join(v.node for v in verdicts)
-        return Decision(
+        return PreflightDecision(
             (),
             True,
             f"preflight failed alike on every node ({nodes}), which no node's exclusion "
@@ -286,8 +294,8 @@ def decide(verdicts: Sequence[NodeVerdict]) -> Decision:
         )
     why = "; ".join(f"{v.node}: {v.reason()}" for v in failed)
     if len(failed) == len(verdicts) > 1:
-        return Decision((), True, f"preflight failed on every node ({why})")
-    return Decision(tuple(v.node for v in failed), False, f"preflight failed: {why}")
+        return PreflightDecision((), True, f"preflight failed on every node ({why})")
+    return PreflightDecision(tuple(v.node for v in failed), False, f"preflight failed: {why}")
 
 
 def verdicts_as_dict(verdicts: Sequence[NodeVerdict]) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddlaunch.policy.preflight import Check, Status
+from ddlaunch.policy.preflight import Check, CheckStatus
 
 Files = Mapping[str, tuple[int, int]]  # relative path -> (size, mtime_ns)
 
@@ -71,7 +71,7 @@ def check(items: Sequence[Mapping[str, Any]]) -> Check:
     cause = ""
     if failed and all(source_failure(i) for i in failed):
         cause = "; ".join(item_text(i) for i in failed)
-    return Check("staging", Status.FAIL if failed else Status.OK, text, cause)
+    return Check("staging", CheckStatus.FAIL if failed else CheckStatus.OK, text, cause)
 
 
 def node_line(host: str, record: Mapping[str, Any]) -> str:
