@@ -2,11 +2,12 @@
 
 Runs in the background beside the training step on the batch host. Every few seconds it reads
 the heartbeat records of this attempt (one file per node; each record kind once a cycle),
-writes ``health/watchdog.json`` (a summary for ``status``) and asks ``policy.heartbeats.analyse`` whether the attempt is hung or a node
-straggles. On a finding it writes ``health/verdict-<job>-<restart>.json`` (cause, blamed
-nodes, detail) and ends the training step with ``scancel --signal=KILL`` on it; srun then
-returns, and the end hook (``job.hooks end``) reads the verdict, excludes the nodes and
-requeues through the usual path. It exits when srun does. Inert for code that never beats
+writes ``health/watchdog.json`` (a summary for ``status``) and asks
+``policy.heartbeats.analyse`` whether the attempt is hung or a node straggles. On a finding
+it writes ``health/verdict-<job>-<restart>.json`` (cause, blamed nodes, detail) and ends
+the training step with ``scancel --signal=KILL`` on it; srun then returns, and the end hook
+(``job.hooks end``) reads the verdict, excludes the nodes and requeues through the usual
+path. It exits when srun does. Inert for code that never beats
 (no ``Session``).
 
 Two more duties (``job.watches``): it prints the in-rank preflight's verdicts into the batch
@@ -142,9 +143,7 @@ class _Watch:
             relay_deferred_signal(self.run_dir, self.attempt, self.client)
         busy = analysis.node_busy_times(beats)
         self.record(now, beats, busy)
-        return analysis.analyse(
-            beats, now, self.thresholds, self.state, self.expected_ranks, busy
-        )
+        return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks, busy)
 
     def record(
         self, now: float, beats: list[analysis.Beat], busy: dict[str, float] | None = None
