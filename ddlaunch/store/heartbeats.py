@@ -6,7 +6,7 @@
   Each rank record is exactly what that rank wrote (step, time, step and busy time, where it
   is stuck, whether it waits in a collective), so the watchdog sees each rank as before.
 * ``<node tmp>/ddlaunch-beats-<key>/rank-<R>.json`` (node-local: /dev/shm or $TMPDIR, one
-  directory per run and attempt): each rank's own latest record, which its leader merges.
+  directory per run, host and attempt): each rank's own latest record, which its leader merges.
 * ``health/heartbeat/rank-<R>.json``: the per-rank layout of earlier versions, still read.
 
 Why a file per node rather than a network transport (the ranks sending beats to the batch
@@ -57,15 +57,18 @@ def node_heartbeat_path(run_dir: str | os.PathLike[str], host: str) -> Path:
 def local_beats_dir(
     node_tmp: str | os.PathLike[str],
     run_dir: str | os.PathLike[str],
+    host: str,
     job_id: str,
     restart: int,
     relaunch: int,
 ) -> Path:
-    """The node-local directory of one attempt's ranks: keyed by the run directory and the
-    attempt, so two runs (or two attempts) on one node never merge each other's beats."""
+    """The node-local directory of one attempt's ranks on one host: keyed by the run
+    directory, the host and the attempt, so two runs (or two attempts) never merge each
+    other's beats, nor two nodes that share a /dev/shm (a dev cluster's nodes in network
+    namespaces of one machine)."""
     import hashlib  # here, not at the top: the login node imports this module too
 
-    key = f"{os.path.abspath(run_dir)}\0{job_id}\0{restart}\0{relaunch}"
+    key = f"{os.path.abspath(run_dir)}\0{host}\0{job_id}\0{restart}\0{relaunch}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(node_tmp) / f"{LOCAL_PREFIX}{digest}"
 

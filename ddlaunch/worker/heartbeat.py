@@ -117,7 +117,7 @@ class Heartbeat:
             local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
         self.leader = local_rank == 0
         base = local_dir if local_dir is not None else node_tmp()
-        self.local_dir = local_beats_dir(base, run_dir, self.job_id, restart, relaunch)
+        self.local_dir = local_beats_dir(base, run_dir, self.host, self.job_id, restart, relaunch)
         self.local_path = local_rank_path(self.local_dir, rank)
         # The node's record in the run directory, written by the leader only.
         self.path = node_heartbeat_path(run_dir, self.host)
