@@ -135,3 +135,19 @@ def test_beats_make_no_directory_after_the_first(
         other.write()
         leader.write()
     assert made == []
+
+
+def test_the_leader_removes_its_nodes_directories_of_earlier_attempts(tmp_path: Path) -> None:
+    """Ranks killed in attempt 0 (no stop, no cleanup) left their node-local directory; the
+    leader of attempt 1 removes it, and leaves another run's directory alone."""
+    shm = tmp_path / "shm"
+    killed = Heartbeat(tmp_path / "run", 0, host="n1", job_id="9", restart=0, local_dir=shm)
+    killed.prepare()
+    killed.write()
+    other_run = Heartbeat(tmp_path / "run2", 0, host="n1", job_id="9", restart=0, local_dir=shm)
+    other_run.prepare()
+    other_run.write()
+    Heartbeat(tmp_path / "run", 0, host="n1", job_id="9", restart=1, local_dir=shm).prepare()
+    left = sorted(p.name for p in shm.iterdir())
+    assert len(left) == 2 and killed.local_dir.name not in left
+    assert other_run.local_dir.name in left

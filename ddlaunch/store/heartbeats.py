@@ -5,7 +5,7 @@
   ...]}``, written by the node's leader rank (local rank 0) every ``health.heartbeat_interval``.
   Each rank record is exactly what that rank wrote (step, time, step and busy time, where it
   is stuck, whether it waits in a collective), so the watchdog sees each rank as before.
-* ``<node tmp>/ddlaunch-beats-<key>/rank-<R>.json`` (node-local: /dev/shm or $TMPDIR, one
+* ``<node tmp>/ddlaunch-beats-<key>-<attempt>/rank-<R>.json`` (node-local: /dev/shm or $TMPDIR, one
   directory per run, host and attempt): each rank's own latest record, which its leader merges.
 * ``health/heartbeat/rank-<R>.json``: the per-rank layout of earlier versions, still read.
 
@@ -66,11 +66,28 @@ def local_beats_dir(
     directory, the host and the attempt, so two runs (or two attempts) never merge each
     other's beats, nor two nodes that share a /dev/shm (a dev cluster's nodes in network
     namespaces of one machine)."""
+    attempt = "".join(c if c.isalnum() else "_" for c in f"{job_id}-{restart}-{relaunch}")
+    return Path(node_tmp) / f"{_local_prefix(run_dir, host)}{attempt}"
+
+
+def earlier_local_dirs(
+    node_tmp: str | os.PathLike[str], run_dir: str | os.PathLike[str], host: str, current: Path
+) -> list[Path]:
+    """This run's node-local directories on this host of other attempts: the attempts of a
+    run follow each other, so these are over (one whose ranks were killed stays behind)."""
+    prefix = _local_prefix(run_dir, host)
+    try:
+        names = os.listdir(node_tmp)
+    except OSError:
+        return []
+    return [Path(node_tmp) / n for n in names if n.startswith(prefix) and n != current.name]
+
+
+def _local_prefix(run_dir: str | os.PathLike[str], host: str) -> str:
     import hashlib  # here, not at the top: the login node imports this module too
 
-    key = f"{os.path.abspath(run_dir)}\0{host}\0{job_id}\0{restart}\0{relaunch}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(node_tmp) / f"{LOCAL_PREFIX}{digest}"
+    key = f"{os.path.abspath(run_dir)}\0{host}"
+    return f"{LOCAL_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:16]}-"
 
 
 def local_rank_path(local_dir: Path, rank: int) -> Path:

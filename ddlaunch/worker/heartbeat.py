@@ -39,6 +39,7 @@ from typing import Any
 
 from ddlaunch.store.heartbeats import (
     MERGE_LOCK,
+    earlier_local_dirs,
     heartbeat_path,
     local_beats_dir,
     local_rank_path,
@@ -117,6 +118,8 @@ class Heartbeat:
             local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
         self.leader = local_rank == 0
         base = local_dir if local_dir is not None else node_tmp()
+        self._node_tmp = base
+        self._run_dir = run_dir
         self.local_dir = local_beats_dir(base, run_dir, self.host, self.job_id, restart, relaunch)
         self.local_path = local_rank_path(self.local_dir, rank)
         # The node's record in the run directory, written by the leader only.
@@ -221,13 +224,17 @@ class Heartbeat:
     def prepare(self) -> None:
         """Make the directories, once (not on every beat), and remove this rank's file of the
         per-rank layout (a run started by an earlier version), which every later watchdog
-        cycle would otherwise read."""
+        cycle would otherwise read; the leader also removes its node's directories of this
+        run's earlier attempts."""
         with contextlib.suppress(OSError):
             self.local_dir.mkdir(parents=True, exist_ok=True)
             if self.leader:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):
             self._old_layout.unlink(missing_ok=True)
+        if self.leader:  # an earlier attempt's directory, left by ranks that were killed
+            for old in earlier_local_dirs(self._node_tmp, self._run_dir, self.host, self.local_dir):
+                shutil.rmtree(old, ignore_errors=True)
 
     def start(self) -> Heartbeat:
         self.prepare()
