@@ -34,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +204,7 @@ class Heartbeat:
         write_heartbeat(self.path, record)
 
     @contextlib.contextmanager
-    def _merge_lock(self) -> Any:
+    def _merge_lock(self) -> Iterator[None]:
         # Node-local flock: a closing rank's merge and the leader's never interleave, so the
         # last merge written has read every record written before it.
         lock = self.local_dir / MERGE_LOCK
