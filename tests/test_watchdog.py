@@ -293,3 +293,38 @@ def test_watchdog_leaves_a_live_allocation_alone(tmp_path: Path) -> None:
         server.close()
     assert nodes.found == []
     assert any(c[0] == "sinfo" for c in runner.calls)  # it did look
+
+
+def test_the_watchdog_reads_the_failure_records_once_a_cycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks failed and srun still runs: each cycle reads the failure records once (16,000
+    files at scale), not once to decide whether to probe and again to decide how soon."""
+    from ddlaunch.job import watches
+
+    failures = tmp_path / "failures"
+    failures.mkdir()
+    (failures / "rank-0.json").write_text(json.dumps({"rank": 0, "attempt": 0, "time": 1.0}))
+    reads: list[int] = []
+    real = watches.failed_ranks
+
+    def counted(*args: object, **kw: object) -> list[float]:
+        reads.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(watches, "failed_ranks", counted)
+    two_ranks_beat(tmp_path, "7", 5, "running", 100.0)
+    nodes = NodeFailureWatch(tmp_path, AttemptId("7", 0, "7"), 0.0, 1, "", grace=1e9)
+    watch(
+        tmp_path,
+        attempt=AttemptId("7", 0, "7"),
+        thresholds=T,
+        expected_ranks=2,
+        srun_pid=None,
+        client=SlurmClient(FakeRunner()),
+        clock=lambda: 100.0,
+        sleep=lambda s: None,
+        max_polls=3,
+        nodes=nodes,
+    )
+    assert len(reads) == 3 and nodes.pending()

@@ -1,12 +1,13 @@
 """The watchdog: ``python -m ddlaunch.job.watchdog --srun-pid PID`` (batch host, torch-free).
 
 Runs in the background beside the training step on the batch host. Every few seconds it reads
-the ranks' heartbeat files of this attempt, writes ``health/watchdog.json`` (a summary for
-``status``) and asks ``policy.heartbeats.analyse`` whether the attempt is hung or a node
-straggles. On a finding it writes ``health/verdict-<job>-<restart>.json`` (cause, blamed
-nodes, detail) and ends the training step with ``scancel --signal=KILL`` on it; srun then
-returns, and the end hook (``job.hooks end``) reads the verdict, excludes the nodes and
-requeues through the usual path. It exits when srun does. Inert for code that never beats
+the heartbeat records of this attempt (one file per node; each record kind once a cycle),
+writes ``health/watchdog.json`` (a summary for ``status``) and asks
+``policy.heartbeats.analyse`` whether the attempt is hung or a node straggles. On a finding
+it writes ``health/verdict-<job>-<restart>.json`` (cause, blamed nodes, detail) and ends
+the training step with ``scancel --signal=KILL`` on it; srun then returns, and the end hook
+(``job.hooks end``) reads the verdict, excludes the nodes and requeues through the usual
+path. It exits when srun does. Inert for code that never beats
 (no ``Session``).
 
 Two more duties (``job.watches``): it prints the in-rank preflight's verdicts into the batch
@@ -140,12 +141,15 @@ class _Watch:
         """Summarise the beats for ``status`` and ``report``; the finding, if any."""
         if self.attempt.job_id:
             relay_deferred_signal(self.run_dir, self.attempt, self.client)
-        self.record(now, beats)
-        return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks)
+        busy = analysis.node_busy_times(beats)
+        self.record(now, beats, busy)
+        return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks, busy)
 
-    def record(self, now: float, beats: list[analysis.Beat]) -> None:
+    def record(
+        self, now: float, beats: list[analysis.Beat], busy: dict[str, float] | None = None
+    ) -> None:
         """The summary ``status`` shows, and a step-history sample when the step advanced."""
-        summary = analysis.summary(beats, now)
+        summary = analysis.summary(beats, now, busy)
         a = self.attempt
         summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
         records.write_summary(self.run_dir, summary)
