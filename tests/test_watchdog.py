@@ -328,3 +328,21 @@ def test_the_watchdog_reads_the_failure_records_once_a_cycle(
         nodes=nodes,
     )
     assert len(reads) == 3 and nodes.pending()
+
+
+def test_a_step_sample_stays_small_at_2000_nodes(tmp_path: Path) -> None:
+    # The history report draws from: the time, the step, the attempt and the slowest nodes;
+    # a line per poll must not carry every node's busy time (40 KB a poll at 2,000 nodes).
+    from ddlaunch.store import watchdog as records
+
+    (tmp_path / "health").mkdir()
+    busy = {f"node{i:04d}": 1.0 + (i % 7) / 100 for i in range(2000)}
+    busy["node1234"] = 9.5  # the straggler
+    summary = {"time": 100.0, "step": 40, "job_id": "7", "restart": 0, "busy_per_node": busy}
+    records.append_sample(tmp_path, summary)
+    (line,) = (tmp_path / "health" / "steps.jsonl").read_text().splitlines()
+    assert len(line) < 600
+    kept = json.loads(line)["busy"]
+    assert (kept["nodes"], kept["median"]) == (2000, 1.03)
+    assert list(kept["slowest"])[:2] == ["node1234", "node0006"]
+    assert len(kept["slowest"]) == records.SLOWEST_KEPT
