@@ -22,7 +22,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> Path:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *, durable: bool = True
+) -> Path:
+    """``durable=False``: temp name and rename, no fsync: never torn, even if the writer
+    dies, but a power loss may lose the file. For records thousands of ranks write at once
+    whose loss costs only detail (a failure record: srun's reports still name the rank), where
+    two fsyncs each would load the filesystem's metadata servers at the worst moment."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     # O_EXCL on a random name, as tempfile.mkstemp does, without importing tempfile (and
@@ -33,7 +39,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.chmod(tmp_name, mode)
         os.replace(tmp_name, target)
     except BaseException:
@@ -41,16 +48,22 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    fsync_dir(target.parent)
+    if durable:
+        fsync_dir(target.parent)
     return target
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"), mode)
+def atomic_write_text(
+    path: str | os.PathLike[str], text: str, mode: int = 0o644, *, durable: bool = True
+) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode, durable=durable)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any, mode: int = 0o644) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
+def atomic_write_json(
+    path: str | os.PathLike[str], obj: Any, mode: int = 0o644, *, durable: bool = True
+) -> Path:
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    return atomic_write_text(path, text, mode, durable=durable)
 
 
 def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ddlaunch.store.failures import read_failures
 
 
@@ -46,3 +48,25 @@ def test_collateral_error_first_in_time_still_ranks_after_a_real_error(tmp_path:
     write(tmp_path, 2, 0, 10.0, "RuntimeError", "Socket Timeout")
     write(tmp_path, 3, 0, 11.0, "torch.OutOfMemoryError", "CUDA out of memory")
     assert [f.rank for f in read_failures(tmp_path)] == [3, 2]
+
+
+def test_a_failure_record_costs_no_fsync_and_other_records_two(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 16,000 ranks write one at once when a collective fails: no fsync for them, while the
+    # run's state (here an outcome) stays durable: the file, then its directory.
+    import os
+
+    from ddlaunch.store import failures, outcome
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    failures.write_failure(tmp_path, 3, {"rank": 3, "exception": "RuntimeError"})
+    assert synced == [] and failures.read_failure_record(tmp_path, 3) == {
+        "rank": 3,
+        "exception": "RuntimeError",
+    }
+    assert [p.name for p in (tmp_path / "failures").iterdir()] == ["rank-3.json"]  # no temp
+    outcome.write_outcome(tmp_path, "FAILED", "crash")
+    assert len(synced) == 2
