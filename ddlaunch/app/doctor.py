@@ -146,7 +146,7 @@ def run_doctor(
     count: int | None,
     nodelist: str | None,
     timeout: float,
-    client: SlurmClient,
+    client: SlurmClient | None = None,
     started: Callable[[str, Path], None] = lambda job_id, run_dir: None,
     sleep: Callable[[float], Any] = time.sleep,
     facts: ClusterFacts | None = None,
@@ -156,7 +156,9 @@ def run_doctor(
     """Submit the doctor job, wait for it (``started`` is told its id, ``tell`` every change
     of its state and pending reason), judge the reports. A job that could never start
     (``facts``) is refused before sbatch unless ``force``; an interrupt while it waits
-    cancels it."""
+    cancels it. Without a ``client``, the one that runs Slurm's commands."""
+    if client is None:
+        client = SlurmClient()
     names = expand_hostlist(nodelist) if nodelist else []
     prepared = prepare(config_source(config), overrides)
     cfg, plan = prepared.config, prepared.plan

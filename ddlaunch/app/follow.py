@@ -271,3 +271,9 @@ def follow_chunks(
     stream.flush(pending.append)
     yield from pending
     return end
+
+
+def watch_run(run_dir: Path, *, local: bool = False) -> RunWatch:
+    """The watch of a run followed from the terminal: a local run's directory alone, else
+    its directory and Slurm (through the one client)."""
+    return RunWatch(run_dir, None if local else SlurmClient())

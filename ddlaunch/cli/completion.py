@@ -5,25 +5,17 @@ arguments: RUN and SWEEP from the run root's entries, CONFIG from the shipped pr
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import Any, Literal
 
 import click
 
 SHELLS = ("bash", "zsh", "fish")
 
 
-def _entries(kind: str) -> list[str]:
-    from ddlaunch.store.rundir import CONFIG_FILE, default_run_root
-    from ddlaunch.store.sweeps import MEMBERS_FILE
+def _entries(kind: Literal["run", "sweep"]) -> list[str]:
+    from ddlaunch.app.entries import run_root_entries
 
-    root = default_run_root()
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
-        return []
-    marker = CONFIG_FILE if kind == "run" else MEMBERS_FILE
-    return [n for n in names if not n.startswith(".") and os.path.exists(root / n / marker)]
+    return run_root_entries(kind)
 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:

@@ -58,7 +58,6 @@ def command(
     the job."""
     from ddlaunch.app.doctor import run_doctor
     from ddlaunch.app.facts import probe
-    from ddlaunch.slurm.client import SlurmClient
 
     facts, warnings = probe()
     for line in warnings:
@@ -69,7 +68,6 @@ def command(
         count=count,
         nodelist=nodelist,
         timeout=timeout,
-        client=SlurmClient(),
         started=lambda job_id, run_dir: click.echo(f"doctor job {job_id} ({run_dir})", err=True),
         facts=facts,
         force=force,

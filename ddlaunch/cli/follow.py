@@ -19,10 +19,9 @@ def _write(text: str) -> None:
 
 def follow_run(run_dir: Path, stream: LogStream, *, local: bool = False) -> NoReturn:
     """Follow until the run ends; exit with 0 if it completed, else 1 (130 on Ctrl-C)."""
-    from ddlaunch.app.follow import RunWatch, follow
-    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.app.follow import follow, watch_run
 
-    watch = RunWatch(run_dir, None if local else SlurmClient())
+    watch = watch_run(run_dir, local=local)
     sys.stdout.flush()  # what was printed before (the tail) comes first, also in a pipe
     try:
         end = follow(stream, watch, _write)

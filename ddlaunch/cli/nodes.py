@@ -47,24 +47,22 @@ def command(ctx: click.Context) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Include expired entries.")
 def list_cmd(as_json: bool = False, show_all: bool = False) -> None:
     """List the nodes on my bad-node list."""
+    from ddlaunch.app.nodes import list_nodes
     from ddlaunch.cli.terminal import Terminal
-    from ddlaunch.store import badnodes
 
-    now = time.time()
-    entries = badnodes.load()
-    shown = entries if show_all else badnodes.active(entries, now)
+    listed = list_nodes(show_all)
+    now = listed.now
     term = Terminal()
     if as_json:
-        term.out(json.dumps([e.as_dict() for e in shown], indent=2))
+        term.out(json.dumps([e.as_dict() for e in listed.shown], indent=2))
         return
-    suspects = badnodes.suspects(entries, now)
-    if not shown:
-        term.out(f"no bad nodes ({badnodes.default_path()})")
+    if not listed.shown:
+        term.out(f"no bad nodes ({listed.path})")
     else:
-        term.print(entries_table(shown, now))
-    if suspects and not show_all:
+        term.print(entries_table(list(listed.shown), now))
+    if listed.suspects and not show_all:
         term.out("suspects (one run's hang each; listed when a second run blames them):")
-        for e in suspects:
+        for e in listed.suspects:
             term.out(f"  {e.node}: {e.source}: {e.reason} ({_when(e.expires, now)})")
 
 
@@ -86,69 +84,29 @@ def list_cmd(as_json: bool = False, show_all: bool = False) -> None:
 def add_cmd(nodes: tuple[str, ...], reason: str, ttl: str, force: bool) -> None:
     """Add NODEs (Slurm hostlists such as node[1-3] are expanded). Names are checked against
     the cluster (one sinfo call): an unknown name would make every later sbatch fail."""
-    from ddlaunch.config.schema import PATTERNS
-    from ddlaunch.errors import UserError
-    from ddlaunch.slurm.hostlist import expand_hostlist
-    from ddlaunch.store import badnodes
+    from ddlaunch.app.nodes import add_nodes
 
-    try:
-        ttl_s = badnodes.parse_ttl(ttl)
-        names = [n for spec in nodes for n in expand_hostlist(spec)]
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    # The names end up in an #SBATCH --exclude line: only Slurm tokens are safe there.
-    pattern, expected = PATTERNS["slurm_token"]
-    bad = [n for n in names if not pattern.match(n)]
-    if bad:
-        raise UserError(f"node name {bad[0]!r} must be {expected}")
-    _check_known(names, force)
-    now = time.time()
-    path = badnodes.save(
-        badnodes.add(badnodes.load(), names, reason=reason, now=now, ttl_s=ttl_s, source="user")
+    added = add_nodes(
+        nodes, reason, ttl, force, warn=lambda line: click.echo(f"warning: {line}", err=True)
     )
-    click.echo(f"added {', '.join(names)} (expires {_when(now + ttl_s if ttl_s else None, now)})")
-    click.echo(f"list: {path}")
-
-
-def _check_known(names: list[str], force: bool) -> None:
-    from ddlaunch.app.facts import probe
-    from ddlaunch.errors import UserError
-    from ddlaunch.planning.feasibility import unknown_nodes
-
-    facts, warnings = probe()
-    for line in warnings:
-        click.echo(f"warning: {line}", err=True)
-    if not facts.partitions:
-        return
-    unknown = unknown_nodes(facts.partitions, names)
-    if unknown and not force:
-        known = sorted({n for p in facts.partitions for n in p.nodes})
-        raise UserError(
-            f"{', '.join(unknown)}: no such node in this cluster (it has {', '.join(known)}); "
-            "--force adds it anyway"
-        )
+    click.echo(f"added {', '.join(added.names)} (expires {_when(added.expires, added.now)})")
+    click.echo(f"list: {added.path}")
 
 
 @command.command("remove")
 @click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
 def remove_cmd(nodes: tuple[str, ...]) -> None:
     """Remove NODEs from the list."""
-    from ddlaunch.slurm.hostlist import expand_hostlist
-    from ddlaunch.store import badnodes
+    from ddlaunch.app.nodes import remove_nodes
 
-    names = [n for spec in nodes for n in expand_hostlist(spec)]
-    entries = badnodes.load()
-    kept = badnodes.remove(entries, names)
-    badnodes.save(kept)
-    gone = sorted({e.node for e in entries} - {e.node for e in kept})
+    gone = remove_nodes(nodes)
     click.echo(f"removed {', '.join(gone)}" if gone else "none of those nodes was listed")
 
 
 @command.command("clear")
 def clear_cmd() -> None:
     """Empty the list."""
-    from ddlaunch.store import badnodes
+    from ddlaunch.app.nodes import clear_nodes
 
-    count = len(badnodes.load())
-    badnodes.save([])
+    count = clear_nodes()
     click.echo(f"cleared {count} entr{'y' if count == 1 else 'ies'}")

@@ -147,7 +147,7 @@ def _width() -> int | None:
 def _parse_since(text: str | None) -> float | None:
     if text is None:
         return None
-    from ddlaunch.store.badnodes import parse_ttl
+    from ddlaunch.app.nodes import parse_ttl
 
     try:
         seconds = parse_ttl(text)
