@@ -16,7 +16,7 @@ from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
 from ddlaunch.planning.feasibility import unknown_nodes
-from ddlaunch.planning.plan import ClusterFacts, CodePaths, LaunchPlan, make_plan
+from ddlaunch.planning.plan import ClusterFacts, CodePaths, LaunchPlan, format_argv, make_plan
 from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
@@ -30,6 +30,11 @@ class Prepared:
     plan: LaunchPlan
     script: str
     snapshot: Snapshot | None = None  # the code the ranks run from (launch.snapshot)
+
+    @property
+    def sbatch_line(self) -> str:
+        """The exact sbatch command line, shell-quoted, as a dry run prints it."""
+        return format_argv(self.plan.sbatch_argv)
 
 
 def prepare(

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-from typing import Any
-
 import click
 
 from ddlaunch.cli.completion import complete_runs
@@ -40,51 +36,28 @@ def command(
     without it). Discovery needs no torch. One resume of a run at a time: a second one
     fails with "already being resumed".
     """
-    from ddlaunch.app.resume import prepare_resume, refuse_if_active, resuming, rewrite
-    from ddlaunch.planning.plan import format_argv
+    from ddlaunch.app import events
+    from ddlaunch.app.resume_run import ResumeDryRun, Resuming, resume_run
 
-    here = local or shutil.which("sbatch") is None
-    if dry_run:
-        resumption = prepare_resume(run, overrides, nodes)
-        _say_excluding(resumption)
-        click.echo(resumption.prepared.script, nl=False)
-        click.echo(f"# resumes from {resumption.origin}")
-        click.echo(f"# sbatch argv: {format_argv(resumption.prepared.plan.sbatch_argv)}")
-        return
-    facts = None
-    if not here:
-        from ddlaunch.app.facts import probe
+    for event in resume_run(run, overrides, nodes, local=local, dry_run=dry_run, force=force):
+        match event:
+            case events.Warned(text=text):
+                click.echo(f"warning: {text}", err=True)
+            case events.Excluding(line=line):
+                click.echo(line, err=True)
+            case ResumeDryRun(script=script, sbatch_line=sbatch_line, origin=origin):
+                click.echo(script, nl=False)
+                click.echo(f"# resumes from {origin}")
+                click.echo(f"# sbatch argv: {sbatch_line}")
+            case Resuming(run_id=run_id, origin=origin):
+                click.echo(f"resuming {run_id} from {origin}")
+            case events.RunsLocally(asked=asked):
+                if not asked:
+                    click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
+            case events.LocalRun(run_dir=run_dir, config=cfg):
+                from ddlaunch.cli.local import run_here
 
-        facts, warnings = probe()
-        for line in warnings:
-            click.echo(f"warning: {line}", err=True)
-    with resuming(run) as path:
-        resumption = prepare_resume(str(path), overrides, nodes, facts=facts, force=force)
-        for line in resumption.warnings:
-            click.echo(f"warning: {line}", err=True)
-        _say_excluding(resumption)
-        prepared, info = resumption.prepared, resumption.info
-        if not here:
-            from ddlaunch.slurm.client import SlurmClient
-
-            refuse_if_active(info, SlurmClient())
-        rewrite(resumption)
-        click.echo(f"resuming {info.run_id} from {resumption.origin}")
-        if here:
-            from ddlaunch.cli.local import run_here
-
-            if not local:
-                click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
-            run_here(resumption.run_dir.path, prepared.config)
-            return
-        from ddlaunch.app.submit import submit_to_slurm
-
-        submitted = submit_to_slurm(prepared, workdir=os.getcwd(), run_dir=resumption.run_dir)
-        click.echo(f"run {info.run_id}  job {submitted.job_id}")
-        click.echo(f"run dir: {submitted.run_dir}")
-
-
-def _say_excluding(resumption: Any) -> None:
-    excluding = resumption.exclusion_line()
-    if excluding:
-        click.echo(excluding, err=True)
+                run_here(run_dir, cfg)
+            case events.Accepted(run_id=run_id, run_dir=run_dir, job_id=job_id):
+                click.echo(f"run {run_id}  job {job_id}")
+                click.echo(f"run dir: {run_dir}")

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
 from ddlaunch.cli.options import config_argument, force_option, set_option, target_option
 from ddlaunch.cli.snapshot import report_snapshot
-
-if TYPE_CHECKING:
-    from ddlaunch.app.prepare import Submission
-    from ddlaunch.planning.plan import ClusterFacts
 
 
 @click.command("submit")
@@ -88,71 +82,52 @@ def _submit_slurm(
     force: bool,
     workdir: str,
 ) -> None:
-    from ddlaunch.app.prepare import prepare_submission
-    from ddlaunch.planning.plan import format_argv
+    from ddlaunch.app import events
+    from ddlaunch.app.submit_run import submit_run
 
-    here = local or shutil.which("sbatch") is None
-    # --dry-run asks nothing of Slurm (it works offline, like render).
-    facts, warnings = (None, []) if here or dry_run else _probe()
-    for line in warnings:
-        click.echo(f"warning: {line}", err=True)
+    chosen: tuple[int, ...] | None = (0,)
+    steps = submit_run(
+        config,
+        overrides,
+        dry_run=dry_run,
+        local=local,
+        run_root=run_root,
+        force=force,
+        workdir=workdir,
+    )
+    for event in steps:
+        match event:
+            case events.Warned(text=text):
+                click.echo(f"warning: {text}", err=True)
+            case events.Excluding(line=line):
+                click.echo(line, err=True)
+            case events.CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
+                report_snapshot(cfg, snap, stored=stored)
+            case events.DryRun(script=script, sbatch_line=sbatch_line):
+                click.echo(script, nl=False)
+                click.echo(f"# sbatch argv: {sbatch_line}")
+            case events.RunsLocally(asked=asked):
+                if not asked:
+                    click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
+            case events.LocalRun(run_id=run_id, run_dir=run_dir, config=cfg):
+                from ddlaunch.cli.local import run_here
 
-    def prepare() -> Submission:
-        return prepare_submission(
-            config,
-            overrides,
-            run_root=run_root,
-            workdir=workdir,
-            facts=facts,
-            force=force,
-            snapshot="path" if dry_run else "store",
-        )
+                click.echo(f"run {run_id}")
+                run_here(run_dir, cfg)
+            case events.Submitting():
+                from ddlaunch.cli.follow import parse_ranks
 
-    submission = prepare()
-    for line in submission.warnings:
-        click.echo(f"warning: {line}", err=True)
-    prepared, exclude = submission.prepared, submission.excluded
-    if exclude:
-        click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
-    report_snapshot(prepared.config, prepared.snapshot, stored=not dry_run)
-    for warning in prepared.plan.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    if dry_run:
-        click.echo(prepared.script, nl=False)
-        click.echo(f"# sbatch argv: {format_argv(prepared.plan.sbatch_argv)}")
-        return
-    if here:
-        if not local:
-            click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
-        from ddlaunch.app.submit import create_run_dir
-        from ddlaunch.cli.local import run_here
-        from ddlaunch.runner import SubprocessRunner
+                # Before sbatch: a bad --ranks submits nothing.
+                chosen = parse_ranks(ranks) if follow_ else (0,)
+            case events.Accepted(run_id=run_id, run_dir=run_dir, job_id=job_id):
+                click.echo(f"run {run_id}  job {job_id}")
+                click.echo(f"run dir: {run_dir}")
+                if follow_:
+                    from ddlaunch.app.follow import LogStream
+                    from ddlaunch.cli.follow import follow_run
 
-        run_dir = create_run_dir(prepared, SubprocessRunner(), workdir)
-        click.echo(f"run {prepared.plan.run_id}")
-        run_here(run_dir.path, prepared.config)
-        return
-    from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm
-    from ddlaunch.cli.follow import parse_ranks
-
-    for warning in stop_window_warnings(prepared):
-        click.echo(f"warning: {warning}", err=True)
-    chosen = parse_ranks(ranks) if follow_ else (0,)
-    submitted = submit_to_slurm(prepared, workdir=workdir, reprepare=lambda: prepare().prepared)
-    click.echo(f"run {submitted.run_id}  job {submitted.job_id}")
-    click.echo(f"run dir: {submitted.run_dir}")
-    if follow_:
-        from ddlaunch.app.follow import LogStream
-        from ddlaunch.cli.follow import follow_run
-
-        sys.stdout.flush()
-        follow_run(submitted.run_dir, LogStream(submitted.run_dir, chosen, prefix=chosen != (0,)))
-
-
-def _probe() -> tuple[ClusterFacts, list[str]]:
-    from ddlaunch.app.facts import probe
-
-    return probe()
+                    sys.stdout.flush()
+                    follow_run(run_dir, LogStream(run_dir, chosen, prefix=chosen != (0,)))
 
 
 def _submit_objects(

@@ -1,0 +1,104 @@
+"""``submit`` to Slurm as one use case: probe the cluster, prepare and check the run, then
+print it (dry run), run it here (``--local``, or no sbatch on PATH) or submit it.
+
+The steps come back as events (``app.events``) in the order they happen; the caller prints
+each one and, for a ``LocalRun``, starts the local run itself (it streams rank 0's output).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from ddlaunch.app.events import (
+    Accepted,
+    CodeSnapshot,
+    DryRun,
+    Excluding,
+    LocalRun,
+    RunsLocally,
+    Submitting,
+    Warned,
+)
+from ddlaunch.app.prepare import Prepared, Submission, prepare_submission
+
+if TYPE_CHECKING:
+    from ddlaunch.planning.plan import ClusterFacts
+
+SubmitEvent = (
+    Warned | Excluding | CodeSnapshot | DryRun | RunsLocally | LocalRun | Submitting | Accepted
+)
+
+
+def sbatch_missing() -> bool:
+    """No sbatch on PATH: the ranks run here instead."""
+    return shutil.which("sbatch") is None
+
+
+def submit_run(
+    config: str,
+    overrides: Sequence[str],
+    *,
+    dry_run: bool,
+    local: bool,
+    run_root: str | None,
+    force: bool,
+    workdir: str,
+) -> Iterator[SubmitEvent]:
+    """Submit ``config`` (with ``overrides``) to Slurm, or print it (``dry_run``), or run it
+    here (``local``, or no sbatch on PATH). A dry run asks nothing of Slurm (it works
+    offline, like render)."""
+    here = local or sbatch_missing()
+    facts, warnings = (None, []) if here or dry_run else _probe()
+    for line in warnings:
+        yield Warned(line)
+
+    def prepare() -> Submission:
+        return prepare_submission(
+            config,
+            overrides,
+            run_root=run_root,
+            workdir=workdir,
+            facts=facts,
+            force=force,
+            snapshot="path" if dry_run else "store",
+        )
+
+    submission = prepare()
+    for line in submission.warnings:
+        yield Warned(line)
+    prepared, exclude = submission.prepared, submission.excluded
+    if exclude:
+        yield Excluding(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)")
+    yield CodeSnapshot(prepared.config, prepared.snapshot, stored=not dry_run)
+    for warning in prepared.plan.warnings:
+        yield Warned(warning)
+    if dry_run:
+        yield DryRun(prepared.script, prepared.sbatch_line)
+        return
+    if here:
+        yield from _run_here(prepared, local, workdir)
+        return
+    from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm
+
+    for warning in stop_window_warnings(prepared):
+        yield Warned(warning)
+    yield Submitting()
+    done = submit_to_slurm(prepared, workdir=workdir, reprepare=lambda: prepare().prepared)
+    yield Accepted(done.run_id, done.run_dir, done.job_id)
+
+
+def _run_here(prepared: Prepared, asked: bool, workdir: str) -> Iterator[SubmitEvent]:
+    from ddlaunch.app.submit import create_run_dir
+    from ddlaunch.runner import SubprocessRunner
+
+    yield RunsLocally(asked)
+    run_dir = create_run_dir(prepared, SubprocessRunner(), workdir)
+    yield LocalRun(prepared.plan.run_id, run_dir.path, prepared.config)
+
+
+def _probe() -> tuple[ClusterFacts, list[str]]:
+    from ddlaunch.app.facts import probe
+
+    return probe()
