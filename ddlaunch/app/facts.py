@@ -32,3 +32,23 @@ def probe(max_array_size: bool = False) -> tuple[ClusterFacts, list[str]]:
 
         size = probe_max_array_size(client)
     return ClusterFacts(max_array_size=size, partitions=partitions), []
+
+
+def sweep_facts(
+    max_array_size: int | None, offline: bool = False
+) -> tuple[ClusterFacts, list[str]]:
+    """A sweep's facts: the partitions and MaxArraySize (capped by ``max_array_size``, the
+    option), and the probe's warnings. ``offline`` (--dry-run): nothing is asked of Slurm
+    but MaxArraySize."""
+    import dataclasses
+
+    warnings: list[str] = []
+    if offline:
+        from ddlaunch.slurm.arrays import probe_max_array_size
+
+        probed = probe_max_array_size(SlurmClient()) if shutil.which("scontrol") else None
+        facts = ClusterFacts(max_array_size=probed)
+    else:
+        facts, warnings = probe(max_array_size=True)
+    sizes = [s for s in (facts.max_array_size, max_array_size) if s]
+    return dataclasses.replace(facts, max_array_size=min(sizes) if sizes else None), warnings

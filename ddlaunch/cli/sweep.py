@@ -6,14 +6,11 @@ import on any path (the rank function is pickled by reference).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,6 +18,9 @@ from ddlaunch.cli.completion import complete_sweeps
 from ddlaunch.cli.options import force_option, set_option
 from ddlaunch.cli.snapshot import report_snapshot
 from ddlaunch.errors import UserError
+
+if TYPE_CHECKING:
+    from ddlaunch.sweeps.events import SweepDryRun
 
 
 class _SweepGroup(click.Group):
@@ -64,52 +64,44 @@ def _progress() -> Iterator[_Phases]:
         yield _Phases(bar)
 
 
-def _facts(max_array_size: int | None, offline: bool = False) -> Any:
-    """Cluster facts, probed once here at the edge: the partitions and MaxArraySize (capped
-    by the option). ``offline`` (--dry-run): nothing is asked of Slurm but MaxArraySize."""
-    import dataclasses
-
-    from ddlaunch.app.facts import probe
-    from ddlaunch.planning.plan import ClusterFacts
-    from ddlaunch.slurm.arrays import probe_max_array_size
-    from ddlaunch.slurm.client import SlurmClient
-
-    if offline:
-        probed = probe_max_array_size(SlurmClient()) if shutil.which("scontrol") else None
-        facts = ClusterFacts(max_array_size=probed)
-    else:
-        facts, warnings = probe(max_array_size=True)
-        for line in warnings:
-            click.echo(f"warning: {line}", err=True)
-    sizes = [s for s in (facts.max_array_size, max_array_size) if s]
-    return dataclasses.replace(facts, max_array_size=min(sizes) if sizes else None)
-
-
-def _check(configs: Sequence[Any], facts: Any, force: bool) -> None:
-    """The checks ``submit`` makes before sbatch, for each distinct member config."""
-    import time
-
-    from ddlaunch.app.prepare import check_configs
-
-    for line in check_configs(configs, facts, [], os.getcwd(), force, time.time()):
-        click.echo(f"warning: {line}", err=True)
-
-
-def _need_slurm() -> None:
-    if shutil.which("sbatch") is None:
-        raise UserError("sweeps run on Slurm and there is no sbatch on PATH (--dry-run works)")
-
-
-def _print_dry_run(arrays: Sequence[Any], header: list[str]) -> None:
-    from ddlaunch.planning.plan import format_argv
-
-    for line in header:
+def _print_dry_run(dry: SweepDryRun) -> None:
+    for line in dry.header:
         click.echo(f"# {line}")
-    for array in arrays:
+    for array in dry.arrays:
         members = array.spec.members
         click.echo(f"# ---- array {array.spec.name}: {len(members)} tasks, members {members}")
         click.echo(array.script, nl=False)
-        click.echo(f"# sbatch argv: {format_argv(array.plan.sbatch_argv)}")
+        click.echo(f"# sbatch argv: {array.sbatch_line}")
+
+
+def _say(event: Any) -> None:
+    """Print one event of ``sweep submit`` or ``sweep resubmit`` as it comes."""
+    from ddlaunch.app.events import CodeSnapshot, Warned
+    from ddlaunch.sweeps.events import (
+        ArraysSubmitted,
+        Heading,
+        Note,
+        NothingToResubmit,
+        SweepDryRun,
+    )
+
+    match event:
+        case Warned(text=text):
+            click.echo(f"warning: {text}", err=True)
+        case CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
+            report_snapshot(cfg, snap, stored=stored)
+        case SweepDryRun():
+            _print_dry_run(event)
+        case Note(line=line):
+            click.echo(line, err=True)
+        case NothingToResubmit(which=which):
+            click.echo(f"no {which} members; nothing to resubmit")
+        case Heading(line=line, sweep_dir=sweep_dir):
+            click.echo(line)
+            if sweep_dir is not None:
+                click.echo(f"sweep dir: {sweep_dir}")
+        case ArraysSubmitted(outcomes=outcomes, sweep_dir=sweep_dir):
+            _report(outcomes, sweep_dir)
 
 
 def _report(outcomes: Sequence[Any], sweep_dir: Any) -> None:
@@ -170,46 +162,20 @@ def submit(
     cluster's MaxArraySize forces a split). Returns as soon as sbatch has accepted the
     arrays; each member's run directory is created when it first starts. `--set` applies
     to every member."""
-    from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.sweeps.prepare import prepare_sweep
-    from ddlaunch.sweeps.spec import parse_sweep_file
-    from ddlaunch.sweeps.submit import submit_sweep
+    from ddlaunch.sweeps.submit_file import submit_sweep_file
 
-    spec = parse_sweep_file(sweep_file, overrides)
-    if not dry_run:
-        _need_slurm()
-    facts = _facts(max_array_size, offline=dry_run)
-    with _progress() as bar:
-        prepared = prepare_sweep(
-            spec,
-            workdir=os.getcwd(),
-            facts=facts,
-            run_root=run_root,
-            hold=hold,
-            tick=bar.phase("validating members", spec.size),
-            snapshot="path" if dry_run else "store",
-        )
-        report_snapshot(prepared.configs[0], prepared.snapshot, stored=not dry_run)
-        size = f"MaxArraySize {facts.max_array_size}" if facts.max_array_size else "no split"
-        head = (
-            f"sweep {prepared.sweep_id}: {len(prepared.members)} members in "
-            f"{len(prepared.arrays)} array(s) ({size})"
-        )
-        if dry_run:
-            table = [f"{m.index:>5}  {m.label}" for m in prepared.members]
-            _print_dry_run(prepared.arrays, [head, f"dir: {prepared.sweep_dir}", *table])
-            return
-        _check(prepared.group_configs, facts, force)
-        outcomes = submit_sweep(
-            prepared,
-            workdir=os.getcwd(),
-            client=SlurmClient(),
-            tick_create=bar.phase("writing the sweep directory", len(prepared.members)),
-            tick_submit=bar.phase("submitting arrays", len(prepared.members)),
-        )
-    click.echo(head)
-    click.echo(f"sweep dir: {prepared.sweep_dir}")
-    _report(outcomes, prepared.sweep_dir)
+    steps = submit_sweep_file(
+        sweep_file,
+        overrides,
+        dry_run=dry_run,
+        run_root=run_root,
+        max_array_size=max_array_size,
+        hold=hold,
+        force=force,
+        progress=_progress,
+    )
+    for event in steps:
+        _say(event)
 
 
 @command.command("status")
@@ -219,25 +185,15 @@ def status(sweep_ref: str, as_json: bool) -> None:
     """One row per member (overrides, state, step, checkpoint, metric) and a summary line.
     The states come from one squeue call for all the sweep's arrays."""
     from ddlaunch.cli.terminal import Terminal
-    from ddlaunch.store.rundir import default_run_root
-    from ddlaunch.store.sweeps import find_sweep, read_members
-    from ddlaunch.sweeps.spec import DEFAULT_METRIC
-    from ddlaunch.sweeps.status import collect, render_table, summary
+    from ddlaunch.sweeps.status import render_table, summary, sweep_status
 
-    path = find_sweep(sweep_ref, default_run_root())
-    rows = collect(path)
+    report = sweep_status(sweep_ref)
     term = Terminal()
     if as_json:
-        doc = {
-            "sweep": str(path),
-            "summary": summary(rows),
-            "members": [r.as_dict() for r in rows],
-        }
-        term.out(json.dumps(doc, indent=2))
+        term.out(json.dumps(report.as_dict(), indent=2))
         return
-    metric = read_members(path).get("metric") or DEFAULT_METRIC
-    term.print(render_table(rows, metric))
-    term.out(summary(rows))
+    term.print(render_table(report.rows, report.metric))
+    term.out(summary(report.rows))
 
 
 @command.command("cancel")
@@ -254,10 +210,9 @@ def cancel_sweep(sweep_ref: str, wait_s: float) -> None:
     """Cancel every member of SWEEP that has not ended (all its arrays): the same as
     `ddlaunch cancel SWEEP`."""
     from ddlaunch.app.cancel import cancel
-    from ddlaunch.store.rundir import default_run_root
-    from ddlaunch.store.sweeps import find_sweep
+    from ddlaunch.sweeps.status import locate_sweep
 
-    path = find_sweep(sweep_ref, default_run_root())
+    path = locate_sweep(sweep_ref)
     for line in cancel([str(path)], wait_s=wait_s):
         click.echo(line)
 
@@ -293,76 +248,19 @@ def resubmit(
     STOPPED and SUBMIT_FAILED members, `--cancelled` CANCELLED ones; `--set` changes their
     configs. A COMPLETED member named with --member runs again only if it has something
     left to train (raise params.steps with --set)."""
-    from ddlaunch.store.rundir import default_run_root
-    from ddlaunch.store.sweeps import find_sweep
+    from ddlaunch.sweeps.resubmit import resubmit as resubmit_members
 
-    if not failed and not cancelled and not members:
-        raise UserError("say which members: --failed, --cancelled, or --member N (repeatable)")
-    path = find_sweep(sweep_ref, default_run_root())
-    from ddlaunch.store import lock
-
-    # One resubmission of a sweep at a time (and no `resume` of one of its members
-    # meanwhile): a second one fails at once instead of submitting the members twice.
-    # A dry run submits nothing, so it takes no lock.
-    held = lock.exclusive(path, "resubmitted", f"sweep {path.name}")
-    with contextlib.nullcontext() if dry_run else held:
-        _resubmit(path, failed, cancelled, members, overrides, dry_run, max_array_size, hold, force)
-
-
-def _resubmit(
-    path: Any,
-    failed: bool,
-    cancelled: bool,
-    members: tuple[int, ...],
-    overrides: tuple[str, ...],
-    dry_run: bool,
-    max_array_size: int | None,
-    hold: bool,
-    force: bool,
-) -> None:
-    from ddlaunch.slurm.client import SlurmClient
-    from ddlaunch.sweeps.resubmit import check_completed
-    from ddlaunch.sweeps.status import LIVE_STATES, collect, pick_members
-    from ddlaunch.sweeps.submit import plan_resubmission, resubmit_members
-
-    client = SlurmClient()
-    rows = {r.index: r for r in collect(path, client)}
-    unknown = sorted(set(members) - set(rows))
-    if unknown:
-        raise UserError(f"no member {unknown[0]} in {path} (members 0-{len(rows) - 1})")
-    chosen = pick_members(rows.values(), failed=failed, cancelled=cancelled, named=members)
-    if not chosen:
-        which = " or ".join(w for w, on in (("failed", failed), ("cancelled", cancelled)) if on)
-        click.echo(f"no {which} members; nothing to resubmit")
-        return
-    live = [i for i in chosen if rows[i].state in LIVE_STATES]
-    if live:
-        raise UserError(
-            f"member {live[0]} is still {rows[live[0]].state} as job {rows[live[0]].job_id}; "
-            f"cancel it first (ddlaunch cancel {rows[live[0]].run_dir})"
-        )
-    if not dry_run:
-        _need_slurm()
-    facts = _facts(max_array_size, offline=dry_run)
-    configs, arrays, sources = plan_resubmission(
-        path, chosen, workdir=os.getcwd(), facts=facts, overrides=overrides, hold=hold
+    steps = resubmit_members(
+        sweep_ref,
+        failed=failed,
+        cancelled=cancelled,
+        members=members,
+        overrides=overrides,
+        dry_run=dry_run,
+        max_array_size=max_array_size,
+        hold=hold,
+        force=force,
+        progress=_progress,
     )
-    for line in check_completed(path, [rows[i] for i in chosen], configs, overrides):
-        click.echo(line, err=True)
-    head = f"resubmitting {len(chosen)} member(s) of {path.name}: {', '.join(map(str, chosen))}"
-    if dry_run:
-        _print_dry_run(arrays, [head])
-        return
-    _check(configs, facts, force)
-    click.echo(head)
-    with _progress() as bar:
-        outcomes = resubmit_members(
-            path,
-            chosen,
-            configs,
-            arrays,
-            sources,
-            client,
-            bar.phase("submitting arrays", len(chosen)),
-        )
-    _report(outcomes, path)
+    for event in steps:
+        _say(event)

@@ -22,7 +22,14 @@ from ddlaunch.config.load import LoadedTree, apply_overrides, load_tree
 from ddlaunch.config.schema import Config, StorageSpec
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
-from ddlaunch.planning.plan import ArraySpec, ClusterFacts, CodePaths, LaunchPlan, make_plan
+from ddlaunch.planning.plan import (
+    ArraySpec,
+    ClusterFacts,
+    CodePaths,
+    LaunchPlan,
+    format_argv,
+    make_plan,
+)
 from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store.rundir import new_run_id, resolve_run_root
@@ -56,6 +63,11 @@ class ArrayJob:
 
     plan: LaunchPlan
     script: str
+
+    @property
+    def sbatch_line(self) -> str:
+        """The exact sbatch command line, shell-quoted, as a dry run prints it."""
+        return format_argv(self.plan.sbatch_argv)
 
     @property
     def spec(self) -> ArraySpec:

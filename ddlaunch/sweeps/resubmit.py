@@ -1,15 +1,36 @@
-"""What ``sweep resubmit`` checks before it submits members again (login node)."""
+"""``sweep resubmit`` (login node): which members, what it refuses, the plan of the new
+array and its submission, under the sweep's lock. The steps come back as events
+(``app.events``, ``sweeps.events``) in order; the caller prints each one."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.app.events import Warned
+from ddlaunch.app.facts import sweep_facts
 from ddlaunch.app.resume import refuse_if_done
 from ddlaunch.app.runs import read_run
+from ddlaunch.errors import UserError
+from ddlaunch.store import lock
 from ddlaunch.store.layout import MEMBERS_DIR
-from ddlaunch.store.rundir import is_run_dir
+from ddlaunch.store.rundir import default_run_root, is_run_dir
+from ddlaunch.store.sweeps import find_sweep
+from ddlaunch.sweeps.events import (
+    ArraysSubmitted,
+    Heading,
+    Note,
+    NothingToResubmit,
+    Progress,
+    SweepDryRun,
+    no_progress,
+)
+from ddlaunch.sweeps.submit_file import check_members, need_slurm
+
+ResubmitEvent = Warned | Note | NothingToResubmit | SweepDryRun | Heading | ArraysSubmitted
 
 
 def check_completed(
@@ -29,3 +50,104 @@ def check_completed(
         refuse_if_done(info, run, cfg, overrides, again=again)
         origin = f"step {info.latest_step}" if info.latest_step is not None else "scratch"
         yield f"member {row.index} had COMPLETED; it runs again, from {origin}"
+
+
+def resubmit(
+    sweep_ref: str,
+    *,
+    failed: bool,
+    cancelled: bool,
+    members: Sequence[int],
+    overrides: Sequence[str],
+    dry_run: bool,
+    max_array_size: int | None,
+    hold: bool,
+    force: bool,
+    progress: Progress = no_progress,
+) -> Iterator[ResubmitEvent]:
+    """``sweep resubmit``: submit members again, as a new array, each in its own run
+    directory and from its own latest complete checkpoint. The members are those ``failed``
+    and ``cancelled`` select and those named in ``members``; one still queued or running is
+    refused, as is a COMPLETED one with nothing left to train.
+
+    One resubmission of a sweep at a time (and no ``resume`` of one of its members
+    meanwhile): a second one fails at once instead of submitting the members twice. A dry
+    run submits nothing, so it takes no lock."""
+    if not failed and not cancelled and not members:
+        raise UserError("say which members: --failed, --cancelled, or --member N (repeatable)")
+    path = find_sweep(sweep_ref, default_run_root())
+    held = lock.exclusive(path, "resubmitted", f"sweep {path.name}")
+    with contextlib.nullcontext() if dry_run else held:
+        yield from _resubmit(
+            path,
+            failed,
+            cancelled,
+            members,
+            overrides,
+            dry_run,
+            max_array_size,
+            hold,
+            force,
+            progress,
+        )
+
+
+def _resubmit(
+    path: Path,
+    failed: bool,
+    cancelled: bool,
+    members: Sequence[int],
+    overrides: Sequence[str],
+    dry_run: bool,
+    max_array_size: int | None,
+    hold: bool,
+    force: bool,
+    progress: Progress,
+) -> Iterator[ResubmitEvent]:
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.sweeps.status import LIVE_STATES, collect, pick_members
+    from ddlaunch.sweeps.submit import plan_resubmission, resubmit_members
+
+    client = SlurmClient()
+    rows = {r.index: r for r in collect(path, client)}
+    unknown = sorted(set(members) - set(rows))
+    if unknown:
+        raise UserError(f"no member {unknown[0]} in {path} (members 0-{len(rows) - 1})")
+    chosen = pick_members(rows.values(), failed=failed, cancelled=cancelled, named=members)
+    if not chosen:
+        which = " or ".join(w for w, on in (("failed", failed), ("cancelled", cancelled)) if on)
+        yield NothingToResubmit(which)
+        return
+    live = [i for i in chosen if rows[i].state in LIVE_STATES]
+    if live:
+        raise UserError(
+            f"member {live[0]} is still {rows[live[0]].state} as job {rows[live[0]].job_id}; "
+            f"cancel it first (ddlaunch cancel {rows[live[0]].run_dir})"
+        )
+    if not dry_run:
+        need_slurm()
+    facts, warnings = sweep_facts(max_array_size, offline=dry_run)
+    for line in warnings:
+        yield Warned(line)
+    configs, arrays, sources = plan_resubmission(
+        path, chosen, workdir=os.getcwd(), facts=facts, overrides=overrides, hold=hold
+    )
+    for line in check_completed(path, [rows[i] for i in chosen], configs, overrides):
+        yield Note(line)
+    head = f"resubmitting {len(chosen)} member(s) of {path.name}: {', '.join(map(str, chosen))}"
+    if dry_run:
+        yield SweepDryRun((head,), tuple(arrays))
+        return
+    yield from check_members(configs, facts, force)
+    yield Heading(head)
+    with progress() as bar:
+        outcomes = resubmit_members(
+            path,
+            chosen,
+            configs,
+            arrays,
+            sources,
+            client,
+            bar.phase("submitting arrays", len(chosen)),
+        )
+    yield ArraysSubmitted(tuple(outcomes), path)

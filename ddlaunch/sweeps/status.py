@@ -15,9 +15,11 @@ from ddlaunch.app.status import run_status
 from ddlaunch.slurm.arrays import queue_tasks, show_array_tasks
 from ddlaunch.slurm.client import SlurmClient, SlurmUnreachable
 from ddlaunch.slurm.parse import QueueRow
+from ddlaunch.store.rundir import default_run_root
 from ddlaunch.store.sweep_cancels import cancelled_members
 from ddlaunch.store.sweeps import (
     MEMBERS_DIR,
+    find_sweep,
     member_jobs,
     member_label,
     member_overrides,
@@ -189,3 +191,35 @@ def pick_members(
         if (failed and r.state in FAILED_STATES) or (cancelled and r.state == "CANCELLED")
     }
     return sorted(picked | set(named))
+
+
+def locate_sweep(ref: str) -> Path:
+    """The sweep directory ``ref`` names: a sweep id, a unique prefix of one, or a directory
+    (under the run root)."""
+    return find_sweep(ref, default_run_root())
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """``sweep status``: the sweep, one row per member, and the metric its table shows."""
+
+    path: Path
+    rows: tuple[MemberStatus, ...]
+
+    @property
+    def metric(self) -> str:
+        # Read only for the table: the JSON form never needed members.json's metric.
+        return str(read_members(self.path).get("metric") or DEFAULT_METRIC)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sweep": str(self.path),
+            "summary": summary(self.rows),
+            "members": [r.as_dict() for r in self.rows],
+        }
+
+
+def sweep_status(ref: str) -> SweepReport:
+    """The rows of every member of sweep ``ref`` (one squeue call for all its arrays)."""
+    path = locate_sweep(ref)
+    return SweepReport(path, tuple(collect(path)))
