@@ -1,6 +1,6 @@
-"""The preflight seen from the batch host: the separate preflight step and the end hook after
-an in-rank preflight (exclude and requeue, stop, or leave it to the crash handling), and the
-watchdog's verdict in the end hook."""
+"""The preflight seen from the batch host: the end hook after an in-rank preflight (exclude
+and requeue, stop, or leave it to the crash handling), and the watchdog's verdict in the end
+hook."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from support.fakes import FakeRunner
 from support.rundirs import example_run_dir, in_attempt
 
 from ddlaunch.job import hooks
-from ddlaunch.job.preflight import REQUEUED, STOPPED, preflight_hook
+from ddlaunch.job.preflight import preflight_outcome
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, badnodes
@@ -44,49 +44,6 @@ def _fake_preflight(run_dir: Path, job: str, reports: dict[str, dict]):
     return FakeRunner(on_run=on_run)
 
 
-def test_preflight_hook_excludes_and_requeues_then_sets_the_exclusion(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run_dir = example_run_dir(tmp_path)
-    attempt = in_attempt(monkeypatch, tmp_path, "377", 0)
-    attempts.save(run_dir, [{"attempt": 0, "job_id": "377", "nodes": "node[1-2]", "start": 1.0}])
-    ok = {
-        "checks": [{"name": "gpus", "status": "ok", "detail": "2"}],
-        "net": {"ring_gbps": 4.0, "allreduce_gbps": 3.0, "backend": "gloo"},
-    }
-    full = {
-        "checks": [{"name": "disk:checkpoints", "status": "fail", "detail": "0.00 GB free"}],
-        "net": {"ring_gbps": 4.0, "backend": "gloo"},
-    }
-    runner = _fake_preflight(run_dir, "377", {"node1": ok, "node2": full})
-    assert preflight_hook(run_dir, SlurmClient(runner), attempt, NODES) == REQUEUED
-    names = [c[:2] for c in runner.calls]
-    # Refused on the running job; so requeue first, then exclude on the pending job.
-    assert names.count(["scontrol", "update"]) == 2
-    assert names.index(["scontrol", "requeue"]) < len(names) - 1
-    assert runner.calls[-1] == ["scontrol", "update", "JobId=377", "ExcNodeList=node2"]
-    srun = next(c for c in runner.calls if c[0] == "srun")
-    assert "--ntasks-per-node=1" in srun and "ddlaunch.worker.node_task" in srun
-    (rec,) = attempts.load(run_dir)
-    assert rec["cause"] == "preflight" and rec["blamed"] == ["node2"]
-    assert [p["ok"] for p in rec["preflight"]] == [True, False]
-    assert json.loads((run_dir / "excluded_nodes.json").read_text()) == ["node2"]
-    assert badnodes.active_nodes(tmp_path / "bad.json") == ["node2"]
-
-
-def test_preflight_hook_stops_when_every_node_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run_dir = example_run_dir(tmp_path)
-    attempt = in_attempt(monkeypatch, tmp_path, "5", 0)
-    attempts.save(run_dir, [{"attempt": 0, "job_id": "5", "nodes": "node[1-2]", "start": 1.0}])
-    full = {"checks": [{"name": "disk:checkpoints", "status": "fail", "detail": "full"}]}
-    runner = _fake_preflight(run_dir, "5", {"node1": full, "node2": full})
-    assert preflight_hook(run_dir, SlurmClient(runner), attempt, NODES) == STOPPED
-    assert json.loads((run_dir / "outcome.json").read_text())["state"] == "FAILED"
-    assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
-
-
 def test_a_staging_source_missing_on_every_node_stops_and_blames_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -100,8 +57,12 @@ def test_a_staging_source_missing_on_every_node_stops_and_blames_none(
     item = {"name": "train", "src": "/nope", "dst": "/var/tmp/s/node1/data/train-1"}
     item |= {"state": "failed", "error": "FileNotFoundError: /nope: no such file or directory"}
     missing = {"checks": [staging.check([item]).as_dict()], "net": {"skipped": "single node"}}
-    runner = _fake_preflight(run_dir, "6", {"node1": missing})
-    assert preflight_hook(run_dir, SlurmClient(runner), attempt, ["node1"]) == STOPPED
+    # The ranks' gate wrote the node's report and the ranks ended before the verdict.
+    reports = records.reports_dir(run_dir, attempt)
+    reports.mkdir(parents=True)
+    (reports / "node1.json").write_text(json.dumps({"host": "node1", **missing}))
+    runner = _fake_preflight(run_dir, "6", {})
+    assert preflight_outcome(run_dir, SlurmClient(runner), attempt, ["node1"]) == 1  # stopped
     reason = (
         "preflight failed alike on every node (node1), which no node's exclusion fixes: "
         "staging: train: failed: FileNotFoundError: /nope: no such file or directory"
@@ -112,13 +73,6 @@ def test_a_staging_source_missing_on_every_node_stops_and_blames_none(
     assert not (run_dir / "excluded_nodes.json").exists()
     (rec,) = attempts.load(run_dir)
     assert not rec.get("blamed") and not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
-
-
-def test_preflight_off_runs_nothing(tmp_path: Path) -> None:
-    run_dir = example_run_dir(tmp_path, preflight="false")
-    runner = FakeRunner()
-    client = SlurmClient(runner)
-    assert preflight_hook(run_dir, client, AttemptId("1", 0), NODES) == 0 and runner.calls == []
 
 
 _OK_REPORT = {

@@ -13,12 +13,12 @@ import pytest
 from support.fakes import FakeRunner
 from support.rundirs import write_beat
 
-from ddlaunch.job.preflight import defer_signal
 from ddlaunch.job.watchdog import relay_deferred_signal, watch
 from ddlaunch.job.watches import NodeFailureWatch
 from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.worker.node_task import catch_preempt_signal
 
@@ -183,7 +183,7 @@ def test_preempt_signal_during_preflight_is_kept_and_relayed(tmp_path: Path) -> 
         assert received == ["SIGUSR2"]
     finally:
         signal.signal(signal.SIGUSR2, saved)
-    defer_signal(tmp_path, AttemptId("", 0), {"n1": {"signal": "SIGUSR2"}, "n2": {}})
+    preflight_records.defer_signal(tmp_path, AttemptId("", 0), "SIGUSR2")
     runner = FakeRunner()
     write_beat(
         tmp_path,

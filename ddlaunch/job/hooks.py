@@ -45,7 +45,6 @@ from ddlaunch.job.preflight import (
     RESTART_EXIT,
     InAllocation,
     check_spares,
-    preflight_hook,
     preflight_outcome,
 )
 from ddlaunch.job.sweep_task import start_task
@@ -383,7 +382,7 @@ def stop_reason(deadline: float | None, now: float, lead: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.hooks")
-    hooks = ["start", "preflight", "end", "stop", "place", "spares", "guard"]
+    hooks = ["start", "end", "stop", "place", "spares", "guard"]
     parser.add_argument("hook", choices=hooks)
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--srun-pid", type=int, default=None)
@@ -403,9 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.hook == "start":
         start(run_dir, client, attempt, os.environ, HookSettings.of_run(run_dir))
         return 0
-    if args.hook == "preflight":
-        nodes = expand(os.environ.get("SLURM_JOB_NODELIST", ""))
-        return preflight_hook(run_dir, client, attempt, nodes)
     settings = HookSettings.of_run(run_dir)
     if args.hook == "place":
         return print_placement(run_dir, os.environ, client, settings.nodes, settings.min_nodes)

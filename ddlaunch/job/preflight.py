@@ -4,8 +4,7 @@
 gate, ``ddlaunch.worker.gate``, or node reports on disk when the ranks ended before the
 verdict)? Then exclude the failing nodes and requeue, or stop the run when every node failed
 alike or no requeue is left (``apply_decision``, through ``ddlaunch.conclude``).
-``preflight_hook`` does the same around a separate srun step of node tasks
-(``python -m ddlaunch.job.hooks preflight``; the batch script no longer runs it).
+``check_spares`` runs the node checks on the hot spares as a separate srun step.
 """
 
 from __future__ import annotations
@@ -111,42 +110,6 @@ def check_spares(
     return []
 
 
-def run_preflight_step(
-    cfg: Config, run_dir: Path, client: SlurmClient, attempt: AttemptId, nodes: Sequence[str]
-) -> dict[str, dict[str, Any]]:
-    """Run the node task on every node of the allocation; return the reports by host."""
-    timeout = cfg.health.preflight_timeout
-    argv = preflight_argv(cfg.launch.python, len(nodes), timeout, run_dir / LOGS_DIR)
-    result = client.run_step(argv, timeout=timeout + 30)
-    for line in (result.stdout + result.stderr).splitlines():
-        if line.strip():
-            print(line, flush=True)
-    reports = records.read_reports(run_dir, attempt)
-    for node in nodes:
-        if node in reports:
-            print(verdicts.node_report_line(reports[node]), flush=True)
-    return reports
-
-
-def preflight_hook(
-    run_dir: Path, client: SlurmClient, attempt: AttemptId, nodes: Sequence[str]
-) -> int:
-    """``job.hooks preflight``: the checks as a separate srun step before training (the
-    batch script runs them inside the ranks instead, ``ddlaunch.worker.gate``)."""
-    cfg = load_config(config_path(run_dir))
-    if not cfg.health.preflight:
-        return 0
-    reports = run_preflight_step(cfg, run_dir, client, attempt, nodes)
-    defer_signal(run_dir, attempt, reports)
-    results = verdicts.evaluate(cfg, nodes, reports)
-    decision = verdicts.decide(results)
-    records.record_verdicts(
-        run_dir, attempt, list(nodes), *verdicts.as_records(results), decision.reason
-    )
-    print(f"[ddlaunch] preflight: {decision.reason}", flush=True)
-    return apply_decision(cfg, run_dir, client, attempt, decision)
-
-
 def preflight_outcome(
     run_dir: Path,
     client: SlurmClient,
@@ -242,13 +205,3 @@ def apply_decision(
     if conclusion.restart:
         return RESTARTED
     return REQUEUED if conclusion.requeued else STOPPED
-
-
-def defer_signal(run_dir: Path, attempt: AttemptId, reports: dict[str, dict[str, Any]]) -> None:
-    """The pre-timeout signal arrived during preflight (Slurm sends it once): leave it for
-    the watchdog, which sends it to the training step once its ranks report."""
-    names = [str(r["signal"]) for r in reports.values() if r.get("signal")]
-    if not names:
-        return
-    records.defer_signal(run_dir, attempt, names[0])
-    print(f"[ddlaunch] {names[0]} arrived during preflight; passed on to the training step")

@@ -1,5 +1,6 @@
 """The preflight node task: ``python -m ddlaunch.worker.node_task [--doctor]``, one srun task
-per node, for ``ddlaunch doctor`` (and a separate preflight step, ``job.hooks preflight``).
+per node, for ``ddlaunch doctor`` (and, with ``--spare``, the hot spares' checks, ``job.hooks
+spares``).
 Training jobs run the same checks inside their ranks instead (``ddlaunch.worker.gate``).
 
 Phase 1 (torch-free facts, then ``import torch``): the node checks of ``ddlaunch.health``. The
@@ -199,8 +200,7 @@ def run(
 def catch_preempt_signal(env: Mapping[str, str]) -> list[str]:
     """The pre-timeout signal goes to every running step, this one too if it comes early.
     Its default action would kill the task (and so fail the node); instead it is noted in
-    the report, and the watchdog hands it on to the training step
-    (``job.preflight.defer_signal``)."""
+    the report."""
     received: list[str] = []
 
     def note(signum: int, frame: object) -> None:
