@@ -21,6 +21,8 @@ from ddlaunch.errors import UserError
 
 if TYPE_CHECKING:
     from ddlaunch.sweeps.events import SweepDryRun
+    from ddlaunch.sweeps.resubmit import ResubmitEvent
+    from ddlaunch.sweeps.submit_file import SweepSubmitEvent
 
 
 class _SweepGroup(click.Group):
@@ -74,7 +76,7 @@ def _print_dry_run(dry: SweepDryRun) -> None:
         click.echo(f"# sbatch argv: {array.sbatch_line}")
 
 
-def _say(event: Any) -> None:
+def _say(event: SweepSubmitEvent | ResubmitEvent) -> None:
     """Print one event of ``sweep submit`` or ``sweep resubmit`` as it comes."""
     from ddlaunch.app.events import CodeSnapshot, Warned
     from ddlaunch.sweeps.events import (
