@@ -152,11 +152,19 @@ def run_doctor(
     facts: ClusterFacts | None = None,
     force: bool = False,
     tell: Callable[[str], None] = lambda line: None,
+    probe: bool = False,
 ) -> DoctorRun:
     """Submit the doctor job, wait for it (``started`` is told its id, ``tell`` every change
     of its state and pending reason), judge the reports. A job that could never start
     (``facts``) is refused before sbatch unless ``force``; an interrupt while it waits
-    cancels it. Without a ``client``, the one that runs Slurm's commands."""
+    cancels it. Without a ``client``, the one that runs Slurm's commands. ``probe``: ask
+    Slurm for the ``facts`` first (``app.facts.probe``; ``tell`` hears its warnings)."""
+    if probe:
+        from ddlaunch.app.facts import probe as probe_facts
+
+        facts, warnings = probe_facts()
+        for line in warnings:
+            tell(f"warning: {line}")
     if client is None:
         client = SlurmClient()
     names = expand_hostlist(nodelist) if nodelist else []

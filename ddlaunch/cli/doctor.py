@@ -57,11 +57,7 @@ def command(
     waits, each change of the job's state is shown with its pending reason; Ctrl-C cancels
     the job."""
     from ddlaunch.app.doctor import run_doctor
-    from ddlaunch.app.facts import probe
 
-    facts, warnings = probe()
-    for line in warnings:
-        click.echo(f"warning: {line}", err=True)
     done = run_doctor(
         config,
         overrides,
@@ -69,9 +65,9 @@ def command(
         nodelist=nodelist,
         timeout=timeout,
         started=lambda job_id, run_dir: click.echo(f"doctor job {job_id} ({run_dir})", err=True),
-        facts=facts,
         force=force,
         tell=lambda line: click.echo(line, err=True),
+        probe=True,
     )
     if as_json:
         click.echo(json.dumps([r.__dict__ for r in done.rows], indent=2))
