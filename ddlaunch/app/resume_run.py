@@ -10,7 +10,7 @@ paused inside it).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 from ddlaunch.app.events import Accepted, DryRun, Excluding, LocalRun, RunsLocally, Warned
@@ -50,7 +50,7 @@ def resume_run(
     local: bool,
     dry_run: bool,
     force: bool,
-) -> Iterator[ResumeEvent]:
+) -> Generator[ResumeEvent, None, None]:
     """Resubmit ``run`` from its latest complete checkpoint, in its own run directory (or
     run it here: ``local``, or no sbatch on PATH)."""
     here = local or sbatch_missing()

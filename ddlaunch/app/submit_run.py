@@ -8,7 +8,7 @@ each one and, for a ``LocalRun``, starts the local run itself (it streams rank 0
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ddlaunch.app.events import (
@@ -45,7 +45,7 @@ def submit_run(
     run_root: str | None,
     force: bool,
     workdir: str,
-) -> Iterator[SubmitEvent]:
+) -> Generator[SubmitEvent, None, None]:
     """Submit ``config`` (with ``overrides``) to Slurm, or print it (``dry_run``), or run it
     here (``local``, or no sbatch on PATH). A dry run asks nothing of Slurm (it works
     offline, like render)."""

@@ -10,6 +10,9 @@ import click
 
 from ddlaunch.config.schema import Config
 
+# Said when the ranks run here only because there is no sbatch (not --local).
+NO_SBATCH = "no sbatch on PATH: running the ranks locally (--local)"
+
 
 def _told() -> None:
     click.echo(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from ddlaunch.cli.completion import complete_runs
@@ -38,26 +40,31 @@ def command(
     """
     from ddlaunch.app import events
     from ddlaunch.app.resume_run import ResumeDryRun, Resuming, resume_run
+    from ddlaunch.cli.local import NO_SBATCH
 
-    for event in resume_run(run, overrides, nodes, local=local, dry_run=dry_run, force=force):
-        match event:
-            case events.Warned(text=text):
-                click.echo(f"warning: {text}", err=True)
-            case events.Excluding(line=line):
-                click.echo(line, err=True)
-            case ResumeDryRun(script=script, sbatch_line=sbatch_line, origin=origin):
-                click.echo(script, nl=False)
-                click.echo(f"# resumes from {origin}")
-                click.echo(f"# sbatch argv: {sbatch_line}")
-            case Resuming(run_id=run_id, origin=origin):
-                click.echo(f"resuming {run_id} from {origin}")
-            case events.RunsLocally(asked=asked):
-                if not asked:
-                    click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
-            case events.LocalRun(run_dir=run_dir, config=cfg):
-                from ddlaunch.cli.local import run_here
+    steps = resume_run(run, overrides, nodes, local=local, dry_run=dry_run, force=force)
+    # Closed at once when a step here raises or exits (a local run's Ctrl-C): the run's
+    # lock is let go then, not when the traceback is freed.
+    with contextlib.closing(steps):
+        for event in steps:
+            match event:
+                case events.Warned(text=text):
+                    click.echo(f"warning: {text}", err=True)
+                case events.Excluding(line=line):
+                    click.echo(line, err=True)
+                case ResumeDryRun(script=script, sbatch_line=sbatch_line, origin=origin):
+                    click.echo(script, nl=False)
+                    click.echo(f"# resumes from {origin}")
+                    click.echo(f"# sbatch argv: {sbatch_line}")
+                case Resuming(run_id=run_id, origin=origin):
+                    click.echo(f"resuming {run_id} from {origin}")
+                case events.RunsLocally(asked=asked):
+                    if not asked:
+                        click.echo(NO_SBATCH, err=True)
+                case events.LocalRun(run_dir=run_dir, config=cfg):
+                    from ddlaunch.cli.local import run_here
 
-                run_here(run_dir, cfg)
-            case events.Accepted(run_id=run_id, run_dir=run_dir, job_id=job_id):
-                click.echo(f"run {run_id}  job {job_id}")
-                click.echo(f"run dir: {run_dir}")
+                    run_here(run_dir, cfg)
+                case events.Accepted(run_id=run_id, run_dir=run_dir, job_id=job_id):
+                    click.echo(f"run {run_id}  job {job_id}")
+                    click.echo(f"run dir: {run_dir}")

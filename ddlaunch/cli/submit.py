@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -84,6 +85,7 @@ def _submit_slurm(
 ) -> None:
     from ddlaunch.app import events
     from ddlaunch.app.submit_run import submit_run
+    from ddlaunch.cli.local import NO_SBATCH
 
     chosen: tuple[int, ...] | None = (0,)
     steps = submit_run(
@@ -95,39 +97,42 @@ def _submit_slurm(
         force=force,
         workdir=workdir,
     )
-    for event in steps:
-        match event:
-            case events.Warned(text=text):
-                click.echo(f"warning: {text}", err=True)
-            case events.Excluding(line=line):
-                click.echo(line, err=True)
-            case events.CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
-                report_snapshot(cfg, snap, stored=stored)
-            case events.DryRun(script=script, sbatch_line=sbatch_line):
-                click.echo(script, nl=False)
-                click.echo(f"# sbatch argv: {sbatch_line}")
-            case events.RunsLocally(asked=asked):
-                if not asked:
-                    click.echo("no sbatch on PATH: running the ranks locally (--local)", err=True)
-            case events.LocalRun(run_id=run_id, run_dir=run_dir, config=cfg):
-                from ddlaunch.cli.local import run_here
+    # Closed at once when a step here raises or exits (a local run's Ctrl-C, --follow's
+    # end): whatever the use case holds is let go then, not when the traceback is freed.
+    with contextlib.closing(steps):
+        for event in steps:
+            match event:
+                case events.Warned(text=text):
+                    click.echo(f"warning: {text}", err=True)
+                case events.Excluding(line=line):
+                    click.echo(line, err=True)
+                case events.CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
+                    report_snapshot(cfg, snap, stored=stored)
+                case events.DryRun(script=script, sbatch_line=sbatch_line):
+                    click.echo(script, nl=False)
+                    click.echo(f"# sbatch argv: {sbatch_line}")
+                case events.RunsLocally(asked=asked):
+                    if not asked:
+                        click.echo(NO_SBATCH, err=True)
+                case events.LocalRun(run_id=run_id, run_dir=run_dir, config=cfg):
+                    from ddlaunch.cli.local import run_here
 
-                click.echo(f"run {run_id}")
-                run_here(run_dir, cfg)
-            case events.Submitting():
-                from ddlaunch.cli.follow import parse_ranks
+                    click.echo(f"run {run_id}")
+                    run_here(run_dir, cfg)
+                case events.Submitting():
+                    from ddlaunch.cli.follow import parse_ranks
 
-                # Before sbatch: a bad --ranks submits nothing.
-                chosen = parse_ranks(ranks) if follow_ else (0,)
-            case events.Accepted(run_id=run_id, run_dir=run_dir, job_id=job_id):
-                click.echo(f"run {run_id}  job {job_id}")
-                click.echo(f"run dir: {run_dir}")
-                if follow_:
-                    from ddlaunch.app.follow import LogStream
-                    from ddlaunch.cli.follow import follow_run
+                    # Before sbatch: a bad --ranks submits nothing.
+                    chosen = parse_ranks(ranks) if follow_ else (0,)
+                case events.Accepted(run_id=run_id, run_dir=run_dir, job_id=job_id):
+                    click.echo(f"run {run_id}  job {job_id}")
+                    click.echo(f"run dir: {run_dir}")
+                    if follow_:
+                        from ddlaunch.app.follow import LogStream
+                        from ddlaunch.cli.follow import follow_run
 
-                    sys.stdout.flush()
-                    follow_run(run_dir, LogStream(run_dir, chosen, prefix=chosen != (0,)))
+                        sys.stdout.flush()
+                        follow_run(run_dir, LogStream(run_dir, chosen, prefix=chosen != (0,)))
 
 
 def _submit_objects(

@@ -6,6 +6,7 @@ import on any path (the rank function is pickled by reference).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -176,8 +177,9 @@ def submit(
         force=force,
         progress=_progress,
     )
-    for event in steps:
-        _say(event)
+    with contextlib.closing(steps):  # the sweep's lock is let go as soon as this ends
+        for event in steps:
+            _say(event)
 
 
 @command.command("status")
@@ -264,5 +266,6 @@ def resubmit(
         force=force,
         progress=_progress,
     )
-    for event in steps:
-        _say(event)
+    with contextlib.closing(steps):  # the sweep's lock is let go as soon as this ends
+        for event in steps:
+            _say(event)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ def resubmit(
     hold: bool,
     force: bool,
     progress: Progress = no_progress,
-) -> Iterator[ResubmitEvent]:
+) -> Generator[ResubmitEvent, None, None]:
     """``sweep resubmit``: submit members again, as a new array, each in its own run
     directory and from its own latest complete checkpoint. The members are those ``failed``
     and ``cancelled`` select and those named in ``members``; one still queued or running is

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 from ddlaunch.app.events import CodeSnapshot, Warned
 from ddlaunch.app.facts import sweep_facts
@@ -45,7 +45,7 @@ def submit_sweep_file(
     hold: bool,
     force: bool,
     progress: Progress = no_progress,
-) -> Iterator[SweepSubmitEvent]:
+) -> Generator[SweepSubmitEvent, None, None]:
     """Expand ``sweep_file`` (``overrides`` apply to every member), validate every member,
     write the sweep directory and submit the members as job arrays; ``dry_run``: print
     them only, asking nothing of Slurm but MaxArraySize."""
