@@ -409,6 +409,30 @@ def test_resubmit_of_a_completed_member_says_so(tmp_path: Path) -> None:
     assert nothing.stdout == "no cancelled members; nothing to resubmit\n"
 
 
+def test_resubmit_refuses_when_the_members_still_running_hold_the_throttle(
+    tmp_path: Path,
+) -> None:
+    from support.fakes import FakeRunner, ok
+    from support.sweeps import sbatch_ids, submitted_sweep
+
+    runner = FakeRunner({("sbatch",): sbatch_ids("374"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=4, max_size=None, throttle=2)
+    # Members 0 and 1 run (throttle 2); 2 and 3 left the queue (cancelled while pending).
+    queue = "374_0|RUNNING|None|node1\n374_1|RUNNING|None|node2\n"
+    bin_dir = fake_slurm_bin(tmp_path / "cluster", squeue=queue)
+    env = {
+        "DDLAUNCH_RUN_ROOT": str(prepared.sweep_dir.parent),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
+    done = ddlaunch(tmp_path, "sweep", "resubmit", "sw", "--member", "2", "--member", "3",
+                    env=env)  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "error: the sweep's throttle (2) is held by 2 member(s) still queued or running "
+        "(0, 1): resubmit when one has ended, or with --force to run one more beside them\n"
+    )
+
+
 # ----------------------------------------------------------------------------- cancel
 
 

@@ -394,3 +394,20 @@ def test_ctrl_c_while_the_arrays_are_submitted_cancels_them_and_says_so(tmp_path
     assert records["0"]["error"] == "interrupted by SIGINT during the submission; cancelled"
     assert sorted(c[1:] for c in runner.calls if c[0] == "scancel") == [["700", "701"]]
     assert info.value.__notes__ == ["arrays 700, 701 were cancelled; sw records it"]
+
+
+def test_a_resubmission_shares_the_throttle_with_the_members_still_running(
+    tmp_path: Path,
+) -> None:
+    # throttle 2 over 4 members; one of the first array is still running while the others
+    # are resubmitted: the new array gets the one slot left (%1), not 2 more (3 at once).
+    runner = FakeRunner({("sbatch",): sbatch_ids("700"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=4, max_size=None, throttle=2)
+    _, arrays, _ = plan_resubmission(
+        prepared.sweep_dir, [1, 2, 3], workdir=str(tmp_path), facts=ClusterFacts(), busy=1
+    )
+    assert [a.spec.spec for a in arrays] == ["0-2%1"]
+    _, free, _ = plan_resubmission(
+        prepared.sweep_dir, [1, 2, 3], workdir=str(tmp_path), facts=ClusterFacts()
+    )
+    assert [a.spec.spec for a in free] == ["0-2%2"]

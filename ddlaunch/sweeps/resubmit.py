@@ -18,7 +18,7 @@ from ddlaunch.errors import UserError
 from ddlaunch.store import lock
 from ddlaunch.store.layout import MEMBERS_DIR
 from ddlaunch.store.rundir import default_run_root, is_run_dir
-from ddlaunch.store.sweeps import find_sweep
+from ddlaunch.store.sweeps import find_sweep, read_members
 from ddlaunch.sweeps.events import (
     ArraysSubmitted,
     Heading,
@@ -129,8 +129,23 @@ def _resubmit(
     facts, warnings = sweep_facts(max_array_size, offline=dry_run)
     for line in warnings:
         yield Warned(line)
+    # Members still queued or running in the sweep's other arrays hold throttle slots.
+    busy = [i for i, row in rows.items() if i not in chosen and row.state in LIVE_STATES]
+    throttle = read_members(path).get("throttle")
+    if throttle is not None and len(busy) >= throttle and not force:
+        raise UserError(
+            f"the sweep's throttle ({throttle}) is held by {len(busy)} member(s) still queued "
+            f"or running ({', '.join(map(str, busy[:8]))}{', ...' if len(busy) > 8 else ''}): "
+            "resubmit when one has ended, or with --force to run one more beside them"
+        )
     configs, arrays, sources = plan_resubmission(
-        path, chosen, workdir=os.getcwd(), facts=facts, overrides=overrides, hold=hold
+        path,
+        chosen,
+        workdir=os.getcwd(),
+        facts=facts,
+        overrides=overrides,
+        hold=hold,
+        busy=len(busy),
     )
     for line in check_completed(path, [rows[i] for i in chosen], configs, overrides):
         yield Note(line)

@@ -285,6 +285,11 @@ def next_array_name(sweep_dir: Path) -> int:
     return max((int(n) for n in names if n.isdigit()), default=-1) + 1
 
 
+def free_slots(throttle: int | None, busy: int) -> int | None:
+    """The sweep's throttle less the members that hold a slot now (at least one)."""
+    return None if throttle is None else max(1, throttle - busy)
+
+
 def plan_resubmission(
     sweep_dir: Path,
     indices: Sequence[int],
@@ -293,7 +298,11 @@ def plan_resubmission(
     facts: ClusterFacts,
     overrides: Sequence[str] = (),
     hold: bool = False,
+    busy: int = 0,
 ) -> tuple[list[Config], list[ArrayJob], tuple[str, ...]]:
+    """The arrays that submit ``indices`` again. ``busy``: members of the sweep still queued
+    or running in its other arrays: they hold that many of the sweep's ``throttle`` slots,
+    so the new arrays share what is left (at least one)."""
     meta = read_members(sweep_dir)
     configs = load_member_configs(sweep_dir, indices, overrides)
     sources: tuple[str, ...] = (f"resubmission in sweep {meta['sweep_id']}",)
@@ -310,7 +319,7 @@ def plan_resubmission(
         workdir=workdir,
         sources=sources,
         facts=facts,
-        throttle=meta.get("throttle"),
+        throttle=free_slots(meta.get("throttle"), busy),
         first_name=next_array_name(sweep_dir),
         hold=hold,
         code=code,

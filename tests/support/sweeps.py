@@ -110,11 +110,12 @@ def sweep_file(tmp_path: Path, body: str) -> Path:
 
 
 def submitted_sweep(
-    tmp_path: Path, runner: Fake, members: int = 5, max_size: int = 3
+    tmp_path: Path, runner: Fake, members: int = 5, max_size: int = 3, throttle: int | None = None
 ) -> tuple[PreparedSweep, list[ArrayOutcome]]:
     (tmp_path / "base.yaml").write_text(BASE)
     lrs = ", ".join(str(i) for i in range(members))
-    path = sweep_file(tmp_path, f"grid:\n  params.lr: [{lrs}]\n")
+    head = f"throttle: {throttle}\n" if throttle else ""
+    path = sweep_file(tmp_path, f"{head}grid:\n  params.lr: [{lrs}]\n")
     prepared = prepare_sweep(
         parse_sweep_file(path),
         workdir=str(tmp_path),
