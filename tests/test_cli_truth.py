@@ -350,7 +350,7 @@ def test_config_reference_keys_under_their_section(tmp_path: Path) -> None:
         "params",
     ]
     # The site's config page is generated from the same function at build time; that it
-    # holds these lines in order is checked by tests/test_templates_readme.py and, on the
+    # holds these lines in order is checked by tests/test_site_templates.py and, on the
     # built site, tests/test_docs_site.py.
 
 
