@@ -17,6 +17,11 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it, imported when the name is first asked for.
 _LAZY = {
+    "ArrayResult": "ddlaunch.api",
+    "MemberState": "ddlaunch.api",
+    "Sweep": "ddlaunch.api",
+    "SweepStatus": "ddlaunch.api",
+    "sweep": "ddlaunch.api",
     "Attempt": "ddlaunch.api",
     "DryRun": "ddlaunch.api",
     "Run": "ddlaunch.api",
@@ -32,19 +37,24 @@ _LAZY = {
 }
 
 __all__ = [
+    "ArrayResult",
     "Attempt",
     "ConfigError",
     "DryRun",
+    "MemberState",
     "Run",
     "RunStatus",
     "SlurmError",
     "SlurmUnreachable",
+    "Sweep",
+    "SweepStatus",
     "UserError",
     "WaitTimeout",
     "__version__",
     "render",
     "runs",
     "submit",
+    "sweep",
 ]
 
 

@@ -357,3 +357,38 @@ def test_a_local_run_and_its_resume_from_python(
     assert [a.resumed_from for a in final.history] == [None, 20]
     assert again.result is not None and again.result["start_step"] == 20
     assert capfd.readouterr() == ("", "")
+
+
+def test_a_sweep_has_the_status_that_sweep_status_json_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.fakes import FakeRunner, ok
+    from support.sweeps import sbatch_ids, start, submitted_sweep
+
+    runner = FakeRunner({("sbatch",): sbatch_ids("374"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=3, max_size=None)
+    members = prepared.sweep_dir / "members"
+    start(members / "0", "374_0")
+    outcome.write_outcome(members / "0", "COMPLETED")
+    progress.write_result(members / "0", {"final_loss": 0.5})
+    start(members / "1", "374_1")
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(prepared.sweep_dir.parent))
+    bin_dir = fake_slurm_bin(
+        tmp_path / "bin", squeue="374_1|RUNNING|None|node1\n374_2|PENDING|Priority|\n"
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    sweep = ddlaunch.Sweep("s")  # a prefix of the sweep id "sw"
+    assert (sweep.id, sweep.dir, sweep.arrays) == ("sw", prepared.sweep_dir, ())
+    status = sweep.status()
+    (printed,) = [json.loads(cli(tmp_path, "sweep", "status", "sw", "--json").stdout)]
+    assert status.summary == printed["summary"] == "3 members: 1 COMPLETED, 1 RUNNING, 1 PENDING"
+    for member, row in zip(status.members, printed["members"], strict=True):
+        assert member.run_dir == Path(row["run_dir"])
+        for name in ("index", "overrides", "job_id", "state", "step", "attempts", "metric"):
+            assert getattr(member, name) == row[name], name
+    assert status.members[0].metric == 0.5 and not status.ended
+    assert (status.count("PENDING"), sweep.member(1).job_id) == (1, "374_1")
+    with pytest.raises(ddlaunch.UserError, match="no run"):
+        sweep.member(2)  # not started: no run directory yet
+    nothing = sweep.resubmit(failed=True)
+    assert nothing.arrays == () and nothing == sweep

@@ -90,3 +90,24 @@ def test_cancel_ends_a_running_job_cancelled(
     assert slurm_cluster.job_state(run.job_id) in (None, "CANCELLED")
     assert run.wait(timeout=30, poll=1).state == "CANCELLED"
     assert run.result is None  # the training never reached its end
+
+
+def test_a_sweep_from_python_runs_its_members_to_their_end(
+    slurm_cluster, slurm_job_cleanup, run_root: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "base.yaml").write_text(
+        "defaults: [examples/mlp]\njob: {name: api-sweep, time: '00:05:00'}\n"
+        "nodes: {count: 1, gpus_per_node: 1, cpus_per_task: 1}\nparams: {steps: 20}\n"
+    )
+    (tmp_path / "sweep.yaml").write_text("base: base.yaml\ngrid:\n  params.lr: [0.01, 0.02]\n")
+    sweep = ddlaunch.sweep(tmp_path / "sweep.yaml")
+    assert [(a.members, a.error) for a in sweep.arrays] == [((0, 1), None)]
+    slurm_job_cleanup.extend(a.job_id for a in sweep.arrays if a.job_id)
+    assert sweep.dir.parent == run_root
+    again = ddlaunch.Sweep(sweep.id)  # re-attached by its id, as another process would
+    status = wait_for(lambda: (s := again.status()).ended and s, timeout=240, what="the sweep")
+    assert [m.state for m in status.members] == ["COMPLETED", "COMPLETED"], status
+    assert [m.overrides for m in status.members] == ["params.lr=0.01", "params.lr=0.02"]
+    assert all(isinstance(m.metric, float) for m in status.members)  # final_loss, reported
+    assert again.member(1).result is not None
+    assert again.resubmit(failed=True).arrays == ()  # nothing failed: nothing submitted

@@ -18,6 +18,21 @@ from ddlaunch.api.errors import WaitTimeout
 from ddlaunch.api.launch import render, submit
 from ddlaunch.api.listing import runs
 from ddlaunch.api.run import Run
+from ddlaunch.api.sweep import ArrayResult, MemberState, Sweep, SweepStatus, sweep
 from ddlaunch.api.values import Attempt, DryRun, RunStatus
 
-__all__ = ["Attempt", "DryRun", "Run", "RunStatus", "WaitTimeout", "render", "runs", "submit"]
+__all__ = [
+    "ArrayResult",
+    "Attempt",
+    "DryRun",
+    "MemberState",
+    "Run",
+    "RunStatus",
+    "Sweep",
+    "SweepStatus",
+    "WaitTimeout",
+    "render",
+    "runs",
+    "submit",
+    "sweep",
+]
