@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 # name -> the module that defines it, imported when the name is first asked for.
 _LAZY = {
     "ArrayResult": "ddlaunch.api",
+    "Member": "ddlaunch.api",
     "MemberState": "ddlaunch.api",
     "Sweep": "ddlaunch.api",
     "SweepStatus": "ddlaunch.api",
@@ -41,6 +42,7 @@ __all__ = [
     "Attempt",
     "ConfigError",
     "DryRun",
+    "Member",
     "MemberState",
     "Run",
     "RunStatus",

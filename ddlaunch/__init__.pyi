@@ -2,6 +2,7 @@
 from ddlaunch.api import ArrayResult as ArrayResult
 from ddlaunch.api import Attempt as Attempt
 from ddlaunch.api import DryRun as DryRun
+from ddlaunch.api import Member as Member
 from ddlaunch.api import MemberState as MemberState
 from ddlaunch.api import Run as Run
 from ddlaunch.api import RunStatus as RunStatus

@@ -379,6 +379,11 @@ def test_a_sweep_has_the_status_that_sweep_status_json_prints(
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     sweep = ddlaunch.Sweep("s")  # a prefix of the sweep id "sw"
     assert (sweep.id, sweep.dir, sweep.arrays) == ("sw", prepared.sweep_dir, ())
+    assert [(m.index, m.overrides, m.run_dir.name) for m in sweep.members] == [
+        (0, "params.lr=0", "0"),
+        (1, "params.lr=1", "1"),
+        (2, "params.lr=2", "2"),
+    ]
     status = sweep.status()
     (printed,) = [json.loads(cli(tmp_path, "sweep", "status", "sw", "--json").stdout)]
     assert status.summary == printed["summary"] == "3 members: 1 COMPLETED, 1 RUNNING, 1 PENDING"

@@ -18,13 +18,14 @@ from ddlaunch.api.errors import WaitTimeout
 from ddlaunch.api.launch import render, submit
 from ddlaunch.api.listing import runs
 from ddlaunch.api.run import Run
-from ddlaunch.api.sweep import ArrayResult, MemberState, Sweep, SweepStatus, sweep
+from ddlaunch.api.sweep import ArrayResult, Member, MemberState, Sweep, SweepStatus, sweep
 from ddlaunch.api.values import Attempt, DryRun, RunStatus
 
 __all__ = [
     "ArrayResult",
     "Attempt",
     "DryRun",
+    "Member",
     "MemberState",
     "Run",
     "RunStatus",

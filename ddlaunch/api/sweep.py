@@ -35,6 +35,16 @@ class MemberState:
 
 
 @dataclass(frozen=True)
+class Member:
+    """One member as the sweep defines it (no Slurm call): its number, the overrides that
+    make it, and the run directory it has once it started."""
+
+    index: int
+    overrides: str
+    run_dir: Path
+
+
+@dataclass(frozen=True)
 class SweepStatus:
     """Every member's state now (one queue query for all the sweep's arrays)."""
 
@@ -98,6 +108,16 @@ class Sweep:
     def arrays(self) -> tuple[ArrayResult, ...]:
         """What the ``sweep()`` or ``resubmit()`` that returned this object submitted."""
         return self._arrays
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """Every member, in order, from the sweep's ``members.json`` (no Slurm call)."""
+        from ddlaunch.store.sweeps import member_run_dirs
+
+        return tuple(
+            Member(i, label, run_dir)
+            for i, (label, run_dir) in enumerate(member_run_dirs(self._dir))
+        )
 
     def member(self, index: int) -> Run:
         """Member ``index`` as a ``Run`` (``UserError`` until it has started: a member's run
