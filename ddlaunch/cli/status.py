@@ -14,6 +14,7 @@ import click
 
 from ddlaunch.cli.completion import complete_targets
 from ddlaunch.cli.table import ELLIPSIS, TAIL, Column, fit, unique_prefixes
+from ddlaunch.cli.terminal import table_width
 
 COLUMNS = (
     Column("run", "shrink"),
@@ -135,15 +136,6 @@ def page(shown: Any, width: int | None) -> str:
     return "\n".join(lines)
 
 
-def _width() -> int | None:
-    """The terminal's width; None when stdout is not a terminal (one row per line)."""
-    if not sys.stdout.isatty():
-        return None
-    import shutil
-
-    return shutil.get_terminal_size().columns  # $COLUMNS first, as ls and rich read it
-
-
 def _parse_since(text: str | None) -> float | None:
     if text is None:
         return None
@@ -225,7 +217,7 @@ def _show(shown: Any, as_json: bool) -> None:
         indent = 2 if sys.stdout.isatty() else None
         sys.stdout.write(json.dumps([r.as_dict() for r in shown.rows], indent=indent) + "\n")
         return
-    sys.stdout.write(page(shown, _width()) + "\n")
+    sys.stdout.write(page(shown, table_width()) + "\n")
 
 
 class _interrupted:

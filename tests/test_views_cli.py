@@ -1,0 +1,173 @@
+"""Whole outputs of the views a new user reads first, piped and at a terminal of 80 columns
+(``NO_COLOR=1``, ``TZ=UTC``, a run root of the test's own), against recorded Slurm output
+replayed by stand-in commands on PATH (``support.fakes.fake_slurm_bin``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+from support.fakes import fake_slurm_bin
+from test_status_cli import T0, _sweep
+
+from ddlaunch.app.doctor import Row
+from ddlaunch.cli.doctor import table as doctor_table
+
+
+def env_for(tmp_path: Path, **slurm: str) -> dict[str, str]:
+    bin_dir = fake_slurm_bin(tmp_path / "bin", **slurm)
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad_nodes.json"),
+        "SLURM_CONF": str(tmp_path / "no-slurm.conf"),
+        "NO_COLOR": "1",
+        "COLUMNS": "80",
+        "TZ": "UTC",
+    }
+
+
+def piped(tmp_path: Path, *args: str, **slurm: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        capture_output=True,
+        text=True,
+        env=env_for(tmp_path, **slurm),
+        cwd=tmp_path,
+        check=False,
+        timeout=60,
+    )
+
+
+def at_terminal(tmp_path: Path, *args: str, **slurm: str) -> tuple[int, str]:
+    """The exit status and what a terminal of 80 columns shows (stdout on a pty)."""
+    leader, follower = pty.openpty()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env_for(tmp_path, **slurm),
+        cwd=tmp_path,
+        check=False,
+        timeout=60,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return proc.returncode, b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def _long_sweep(tmp_path: Path) -> Path:
+    sweep = _sweep(tmp_path / "runs", "lr", ["0.01 params.batch_size=32", "0.1"])
+    (sweep / "members" / "0" / "result.json").write_text(json.dumps({"final_loss": 0.04217}))
+    return sweep
+
+
+QUEUE = "900_0|COMPLETED|None|node1\n900_1|RUNNING|None|node2\n"
+
+
+def test_sweep_status_in_a_pipe_is_one_member_per_line(tmp_path: Path) -> None:
+    _long_sweep(tmp_path)
+    proc = piped(tmp_path, "sweep", "status", "lr", squeue=QUEUE)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert proc.stdout.splitlines() == [
+        "#  overrides                            job    state      step  ckpt  attempts  "
+        "final_loss",
+        "0  params.lr=0.01 params.batch_size=32  900_0  COMPLETED     -     -         1  "
+        "   0.04217",
+        "1  params.lr=0.1                        900_1  RUNNING       -     -         1  "
+        "         -",
+        "2 members: 1 COMPLETED, 1 RUNNING",
+    ]
+
+
+def test_sweep_status_at_80_columns_moves_counts_under_the_row(tmp_path: Path) -> None:
+    _long_sweep(tmp_path)
+    code, out = at_terminal(tmp_path, "sweep", "status", "lr", squeue=QUEUE)
+    assert code == 0
+    assert out == (
+        "#  overrides                            job    state      step  ckpt  final_loss\n"
+        "0  params.lr=0.01 params.batch_size=32  900_0  COMPLETED     -     -     0.04217\n"
+        "  attempts 1\n"
+        "1  params.lr=0.1                        900_1  RUNNING       -     -           -\n"
+        "  attempts 1\n"
+        "2 members: 1 COMPLETED, 1 RUNNING\n"
+    )
+
+
+def _bad_nodes(tmp_path: Path) -> None:
+    entry = {
+        "node": "gpu-node-017",
+        "reason": "rank 3 hung in all_reduce for 600 s (heartbeat analysis of run mlp-2026)",
+        "added": T0,
+        "expires": None,
+        "source": "run mlp-example-20261201-120000-a1b2",
+    }
+    (tmp_path / "bad_nodes.json").write_text(json.dumps([entry]))
+
+
+def test_nodes_in_a_pipe_and_at_80_columns(tmp_path: Path) -> None:
+    _bad_nodes(tmp_path)
+    proc = piped(tmp_path, "nodes")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.splitlines() == [
+        "node          expires  added             source                                reason",
+        "gpu-node-017  never    2026-09-21 14:13  run mlp-example-20261201-120000-a1b2  "
+        "rank 3 hung in all_reduce for 600 s (heartbeat analysis of run mlp-2026)",
+    ]
+    code, out = at_terminal(tmp_path, "nodes")
+    assert code == 0
+    assert out == (
+        "node          expires  added             source\n"
+        "gpu-node-017  never    2026-09-21 14:13  run mlp-example-20261201-120000-a1b2\n"
+        "  rank 3 hung in all_reduce for 600 s (heartbeat analysis of run mlp-2026)\n"
+    )
+
+
+def _doctor_rows() -> list[Row]:
+    checks = {
+        "gpus": "8 listed",
+        "torch": "2.5.1+cu124",
+        "bandwidth": "ring 92.1 GB/s",
+        "disk:/scratch": "ok: 812 GB free",
+        "disk:/tmp": "ok: 40 GB free",
+    }
+    fabric = ["rdma.mlx5_0: mismatch (port down)", "fabric.kind: warning (declare it)"]
+    return [
+        Row("gpu-node-017", "MISMATCH", checks, fabric, []),
+        Row("gpu-node-018", "ok", checks, [], []),
+    ]
+
+
+def test_doctor_table_in_a_pipe_and_at_80_columns() -> None:
+    # The table the verb prints after its job (which a unit test does not submit).
+    assert doctor_table(_doctor_rows(), None).splitlines() == [
+        "node          verdict   gpus      torch        bandwidth       "
+        "disk                                     fabric",
+        "gpu-node-017  MISMATCH  8 listed  2.5.1+cu124  ring 92.1 GB/s  "
+        "/scratch: 812 GB free; /tmp: 40 GB free  "
+        "rdma.mlx5_0: mismatch (port down); fabric.kind: warning (declare it)",
+        "gpu-node-018  ok        8 listed  2.5.1+cu124  ring 92.1 GB/s  "
+        "/scratch: 812 GB free; /tmp: 40 GB free",
+    ]
+    assert doctor_table(_doctor_rows(), 80).splitlines() == [
+        "node          verdict   gpus      torch        bandwidth",
+        "gpu-node-017  MISMATCH  8 listed  2.5.1+cu124  ring 92.1 GB/s",
+        "  disk /scratch: 812 GB free; /tmp: 40 GB free; rdma.mlx5_0: mismatch (port",
+        "  down); fabric.kind: warning (declare it)",
+        "gpu-node-018  ok        8 listed  2.5.1+cu124  ring 92.1 GB/s",
+        "  disk /scratch: 812 GB free; /tmp: 40 GB free",
+    ]
