@@ -171,3 +171,35 @@ def test_doctor_table_in_a_pipe_and_at_80_columns() -> None:
         "gpu-node-018  ok        8 listed  2.5.1+cu124  ring 92.1 GB/s",
         "  disk /scratch: 812 GB free; /tmp: 40 GB free",
     ]
+
+
+def test_sweep_help_shows_whole_subcommand_lines_at_80_columns(tmp_path: Path) -> None:
+    proc = piped(tmp_path, "sweep", "--help")
+    assert proc.returncode == 0, proc.stderr
+    commands = proc.stdout[proc.stdout.index("Commands:") :]
+    assert commands == (
+        "Commands:\n"
+        "  cancel    Cancel every member of SWEEP that has not ended (all its arrays):\n"
+        "            the same as `ddlaunch cancel SWEEP`.\n"
+        "  resubmit  Submit members again, as a new array, each in its own run\n"
+        "            directory and from its own latest complete checkpoint.\n"
+        "  status    One row per member (overrides, state, step, checkpoint, metric)\n"
+        "            and a summary line.\n"
+        "  submit    Expand FILE, validate every member, write the sweep directory\n"
+        "            (every member's resolved config in members.json) and submit the\n"
+        "            members as job arrays (one, unless the cluster's MaxArraySize\n"
+        "            forces a split).\n"
+    )
+
+
+def test_no_group_cuts_a_help_line_at_80_columns(tmp_path: Path) -> None:
+    for group in ([], ["sweep"], ["nodes"]):
+        proc = piped(tmp_path, *group, "--help")
+        assert proc.returncode == 0, proc.stderr
+        cut = [
+            line
+            for line in proc.stdout.splitlines()
+            if line.endswith("...") and not line.startswith("Usage:")
+        ]
+        wide = [line for line in proc.stdout.splitlines() if len(line) > 80]
+        assert (group, cut, wide) == (group, [], [])

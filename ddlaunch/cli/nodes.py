@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ddlaunch.cli.groups import Group
 from ddlaunch.cli.table import Column, fit
 from ddlaunch.cli.terminal import table_width
 
@@ -41,7 +42,7 @@ def entries_table(entries: list, now: float, width: int | None) -> str:
     return "\n".join(fit(COLUMNS, rows, width))
 
 
-@click.group("nodes", invoke_without_command=True)
+@click.group("nodes", cls=Group, invoke_without_command=True)
 @click.pass_context
 def command(ctx: click.Context) -> None:
     """Show (or edit) my bad-node list. Listed nodes are excluded from every later

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ddlaunch.cli.completion import complete_sweeps
+from ddlaunch.cli.groups import Group
 from ddlaunch.cli.options import force_option, set_option
 from ddlaunch.cli.snapshot import report_snapshot
 from ddlaunch.errors import UserError
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ddlaunch.sweeps.submit_file import SweepSubmitEvent
 
 
-class _SweepGroup(click.Group):
+class _SweepGroup(Group):
     """A group whose default verb is ``submit``: ``sweep FILE`` == ``sweep submit FILE``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
