@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from support.fakes import fake_slurm_bin
-from test_status_cli import T0, _sweep
+from support.fakes import fake_slurm_bin, slurm_calls
+from test_status_cli import T0, _sweep, make_run
 
 from ddlaunch.app.doctor import Row
 from ddlaunch.cli.doctor import table as doctor_table
@@ -203,3 +204,43 @@ def test_no_group_cuts_a_help_line_at_80_columns(tmp_path: Path) -> None:
         ]
         wide = [line for line in proc.stdout.splitlines() if len(line) > 80]
         assert (group, cut, wide) == (group, [], [])
+
+
+def test_cancel_of_a_pending_job_waits_for_it_to_leave_the_queue(tmp_path: Path) -> None:
+    make_run(tmp_path / "runs", "r", "383", T0)
+    env = env_for(tmp_path, squeue="383|PENDING|Priority|\n")
+    fake_slurm_bin(tmp_path / "bin", after_scancel={"squeue": ""}, squeue="383|PENDING|Priority|\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "cancel", "r"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stderr) == (0, "waiting for job 383 to leave the queue...\n")
+    assert proc.stdout == "r: cancelled job 383: cancelled before it started\n"
+
+
+def test_ctrl_c_during_cancel_s_wait_says_the_job_was_cancelled(tmp_path: Path) -> None:
+    make_run(tmp_path / "runs", "r", "384", T0, attempts=[{"attempt": 0, "start": T0}])
+    # the job keeps running after scancel (its ranks save), so cancel waits
+    env = env_for(tmp_path, squeue="384|RUNNING|None|node1\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlaunch", "cancel", "r"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stderr is not None
+    try:
+        assert proc.stderr.readline() == "waiting for job 384 to stop (the ranks save first)...\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out) == (130, "")
+    # (the blank line is click's: it ends the terminal's echo of ^C)
+    assert err == "\ninterrupted (SIGINT): job 384 was cancelled; not waiting for it to stop\n"
+    assert "scancel 384" in slurm_calls(tmp_path / "bin")

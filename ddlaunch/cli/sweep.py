@@ -257,10 +257,11 @@ def cancel_sweep(sweep_ref: str, wait_s: float) -> None:
     """Cancel every member of SWEEP that has not ended (all its arrays): the same as
     `ddlaunch cancel SWEEP`."""
     from ddlaunch.app.cancel import cancel
+    from ddlaunch.cli.cancel import tell_waiting
     from ddlaunch.sweeps.status import locate_sweep
 
     path = locate_sweep(sweep_ref)
-    for line in cancel([str(path)], wait_s=wait_s):
+    for line in cancel([str(path)], wait_s=wait_s, waiting=tell_waiting):
         click.echo(line)
 
 
