@@ -244,3 +244,28 @@ def test_ctrl_c_during_cancel_s_wait_says_the_job_was_cancelled(tmp_path: Path) 
     # (the blank line is click's: it ends the terminal's echo of ^C)
     assert err == "\ninterrupted (SIGINT): job 384 was cancelled; not waiting for it to stop\n"
     assert "scancel 384" in slurm_calls(tmp_path / "bin")
+
+
+def test_watch_says_the_interval_floor_once_and_stops_when_the_named_runs_ended(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "runs"
+    make_run(root, "ok", "390", T0, outcome=("COMPLETED", "finished step 300"))
+    make_run(root, "bad", "391", T0 + 1, outcome=("FAILED", "rank 1 exited 1"))
+    floor = "--interval 5 is below the floor of 30 s ($DDLAUNCH_MIN_POLL_S): polling every 30 s\n"
+    stopped = "every run named has ended; stopped watching\n"
+    proc = piped(tmp_path, "status", "--watch", "--interval", "5", "ok")
+    assert (proc.returncode, proc.stderr) == (0, floor + stopped)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("polled ") and lines[0].endswith(", every 30 s (Ctrl-C to stop)")
+    assert lines[1:] == [
+        "run  job  state      nodes  step  ckpt  attempts  note",
+        "ok   390  COMPLETED  -         -     -         0  finished step 300",
+    ]
+    proc = piped(tmp_path, "status", "--watch", "ok", "bad")
+    assert (proc.returncode, proc.stderr) == (1, stopped)
+    assert proc.stdout.splitlines()[1:] == [
+        "run  job  state      nodes  step  ckpt  attempts  note",
+        "ok   390  COMPLETED  -         -     -         0  finished step 300",
+        "bad  391  FAILED     -         -     -         0  rank 1 exited 1",
+    ]

@@ -155,7 +155,12 @@ def _parse_since(text: str | None) -> float | None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (full run ids).")
 @click.option("--all", "show_all", is_flag=True, help="Every run, however long ago it ended.")
 @click.option("--since", metavar="AGE", help="Finished runs submitted within AGE (12h, 7d).")
-@click.option("--watch", is_flag=True, help="Poll again every --interval until interrupted.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Poll again every --interval until interrupted, or until every RUN named has ended "
+    "(exit 0 when all COMPLETED, 1 otherwise).",
+)
 @click.option(
     "--target",
     type=click.Choice(["slurm", "kubernetes"]),
@@ -188,7 +193,7 @@ def command(
     node health and the first failing rank come from the run directories.
     """
     from ddlaunch.app.status import min_poll_interval
-    from ddlaunch.app.status_poll import view
+    from ddlaunch.app.status_poll import all_ended, view
 
     def poll() -> Any:
         return view(runs, show_all=show_all or bool(runs), since=_parse_since(since), target=target)
@@ -196,7 +201,13 @@ def command(
     if not watch:
         _show(poll(), as_json)
         return
-    interval = max(interval, min_poll_interval())
+    floor = min_poll_interval()
+    if interval < floor:
+        sys.stderr.write(
+            f"--interval {interval:g} is below the floor of {floor:g} s ($DDLAUNCH_MIN_POLL_S): "
+            f"polling every {floor:g} s\n"
+        )
+        interval = floor
     tty = sys.stdout.isatty() and not as_json
     with _interrupted():
         while True:
@@ -208,6 +219,12 @@ def command(
                 sys.stdout.write(f"polled {stamp}, every {interval:g} s (Ctrl-C to stop)\n")
             _show(shown, as_json)
             sys.stdout.flush()  # a pipe gets every poll as it comes, not at exit
+            if runs and shown.rows and all_ended(shown.rows):
+                # Named runs that all ended never change again: stop, as `logs -f` does,
+                # with its exit status (0 only when every one COMPLETED).
+                completed = all(r.state == "COMPLETED" for r in shown.rows)
+                sys.stderr.write("every run named has ended; stopped watching\n")
+                sys.exit(0 if completed else 1)
             time.sleep(interval)
 
 
