@@ -269,3 +269,54 @@ def test_watch_says_the_interval_floor_once_and_stops_when_the_named_runs_ended(
         "ok   390  COMPLETED  -         -     -         0  finished step 300",
         "bad  391  FAILED     -         -     -         0  rank 1 exited 1",
     ]
+
+
+def _two_runs(tmp_path: Path) -> str:
+    root = tmp_path / "runs"
+    history = [
+        {
+            "attempt": 0,
+            "start": T0,
+            "end": T0 + 60,
+            "cause": "node_fail",
+            "culprit": "rank 1 on node1 killed by SIGKILL",
+            "job_id": "383",
+        },
+        {"attempt": 1, "start": T0 + 70, "job_id": "384"},
+    ]
+    make_run(root, "user-llama-8b-20261202-051122-3380", "384", T0, attempts=history)
+    make_run(root, "vit-20261202-051122-3788", "385", T0 + 1)
+    return "384|RUNNING|None|node[2-3]\n385|RUNNING|None|node4\n"
+
+
+def test_status_at_80_columns_moves_earlier_failures_under_the_row(tmp_path: Path) -> None:
+    queue = _two_runs(tmp_path)
+    code, out = at_terminal(tmp_path, "status", squeue=queue)
+    assert code == 0
+    assert out == (
+        "run     job  state    nodes      step  ckpt  attempts\n"
+        "u…3380  384  RUNNING  node[2-3]     -     -         2\n"
+        "  earlier 0: rank 1 on node1 killed by SIGKILL\n"
+        "v…3788  385  RUNNING  node4         -     -         0\n"
+    )
+    # a pipe keeps one row per line, the attempts cell whole
+    proc = piped(tmp_path, "status", squeue=queue)
+    assert proc.stdout.splitlines()[1] == (
+        "user-llama-8b-20261202-051122-3380  384  RUNNING  node[2-3]     -     -  "
+        "2 (0: rank 1 on node1 killed by SIGKILL)"
+    )
+
+
+def test_a_shortened_run_id_is_accepted_back(tmp_path: Path) -> None:
+    queue = _two_runs(tmp_path)
+    proc = piped(tmp_path, "status", "--json", "u…3380", squeue=queue)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["run_id"] for r in json.loads(proc.stdout)] == ["user-llama-8b-20261202-051122-3380"]
+    # the ellipsis stands for at least one character, and head and tail must both match
+    proc = piped(tmp_path, "status", "u…3788", squeue=queue)
+    assert proc.returncode == 2
+    root = tmp_path / "runs"
+    assert proc.stderr == (
+        f"error: no run 'u…3788' (looked for a run directory at that path and under {root}; "
+        "set DDLAUNCH_RUN_ROOT or pass the run directory)\n"
+    )

@@ -46,18 +46,24 @@ def shorten_end(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + ELLIPSIS
 
 
-def attempts_cell(r: Any) -> str:
-    """The count, and how each earlier attempt failed: ``2 (0: rank 1 on node1 killed by
-    SIGKILL)``. The latest attempt's failure, when it is the run's headline, is not history
-    (it is while the job waits for its next attempt)."""
+def earlier_failures(r: Any) -> str:
+    """How each earlier attempt failed: ``0: rank 1 on node1 killed by SIGKILL``. The latest
+    attempt's failure, when it is the run's headline, is not history (it is while the job
+    waits for its next attempt)."""
     history = r.history[:-1] if r.failure else r.history
-    earlier = [
+    return "; ".join(
         f"{a.get('attempt')}: {shorten_end(a['culprit'], CULPRIT_WIDTH)}"
         for a in history
         if a.get("culprit")
-    ]
+    )
+
+
+def attempts_cell(r: Any) -> str:
+    """The count, and how each earlier attempt failed: ``2 (0: rank 1 on node1 killed by
+    SIGKILL)`` (one cell: a pipe's row)."""
+    earlier = earlier_failures(r)
     count = _num(r.attempts)
-    return f"{count} ({'; '.join(earlier)})" if earlier else count
+    return f"{count} ({earlier})" if earlier else count
 
 
 def cells(r: Any) -> tuple[str, ...]:
@@ -73,15 +79,27 @@ def cells(r: Any) -> tuple[str, ...]:
     )
 
 
+# At a terminal the earlier attempts' failures are a column of their own that moves under
+# the row first (before the nodes and the counts), so that the count stays in its column.
+EARLIER = Column("earlier", "detail", rank=0)
+
+
 def render(rows: Sequence[Any], width: int | None, names: Sequence[str] = ()) -> str:
     """Rows -> the table (pure). ``width``: the terminal's, or None for a pipe (one row per
-    line). ``names``: every id the run root holds, so that a run id shortened to fit keeps
-    a prefix unique among them."""
+    line, the attempts cell whole). ``names``: every id the run root holds, so that a run id
+    shortened to fit keeps a prefix unique among them (``prefix…suffix`` is accepted back
+    wherever a run id is)."""
     ids = [r.run_id for r in rows]
     prefixes = unique_prefixes(ids, names)
     shortest = max((min(prefixes[i] + 1 + TAIL, len(i)) for i in ids), default=0)
-    columns = (Column("run", "shrink", min_width=shortest), *COLUMNS[1:])
-    return "\n".join(fit(columns, [cells(r) for r in rows], width))
+    columns = [Column("run", "shrink", min_width=shortest), *COLUMNS[1:]]
+    table = [list(cells(r)) for r in rows]
+    if width is not None and any(earlier_failures(r) for r in rows):
+        columns.insert(7, EARLIER)
+        for cell, r in zip(table, rows, strict=True):
+            cell[6] = _num(r.attempts)
+            cell.insert(7, earlier_failures(r))
+    return "\n".join(fit(columns, table, width))
 
 
 def attempt_lines(row: Any) -> list[str]:
