@@ -168,7 +168,7 @@ def test_a_unique_prefix_of_a_sweep_id_cancels_the_whole_sweep(root: Path) -> No
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         0,
         "sw: cancelled 4 member(s) (3 pending, 1 running; array 387)\n",
-        "waiting for 4 jobs to stop (the ranks save first)...\n",
+        "waiting for job 387_0 to stop (the ranks save first) and 3 jobs to leave the queue...\n",
     )
     assert [c for c in slurm_calls(bin_dir) if c.startswith("scancel")] == ["scancel 387"]
     assert not (root / "mlp-run" / "cancel.json").exists()

@@ -46,6 +46,19 @@ class Plan:
         return [(ref, t, r) for ref, t, r in self.rows if _cancellable(r)]
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """The jobs ``cancel`` waits for, told before the wait: a job that started stops after
+    its ranks save; one that never started (still queued) only leaves the queue."""
+
+    started: tuple[str, ...]
+    queued: tuple[str, ...]
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        return self.started + self.queued
+
+
 def _cancellable(row: RunStatus) -> bool:
     return row.state in ACTIVE_STATES and bool(row.job_id)
 
@@ -151,23 +164,41 @@ def cancel(
     client: SlurmClient | None = None,
     *,
     wait_s: float = 120.0,
-    waiting: Callable[[list[str]], None] | None = None,
+    waiting: Callable[[Waiting], None] | None = None,
 ) -> list[str]:
     """Cancel what ``refs`` name; returns the lines to print. ``waiting`` is told the jobs it
-    waits for, before the wait."""
+    waits for, before the wait. An interrupt during the wait carries a note that the jobs
+    were cancelled already (the scancel ran; only the wait was cut short)."""
     client = client or SlurmClient()
     plan = plan_cancel(refs, client)
     jobs = _record(plan)
     if jobs:
         client.cancel(_scancel_ids(plan))
-        if waiting is not None and wait_s > 0:
-            waiting(jobs)
-    left = _wait_until_gone(client, jobs, wait_s) if jobs and wait_s > 0 else set(jobs)
+    try:  # from here on an interrupt cuts the wait short, not the cancel
+        if jobs and waiting is not None and wait_s > 0:
+            queued = {r.job_id for _, _, r in plan.to_cancel() if r.state == "PENDING"}
+            waiting(
+                Waiting(
+                    tuple(j for j in jobs if j not in queued),
+                    tuple(j for j in jobs if j in queued),
+                )
+            )
+        left = _wait_until_gone(client, jobs, wait_s) if jobs and wait_s > 0 else set(jobs)
+    except KeyboardInterrupt as exc:
+        if jobs:
+            exc.add_note(_not_waiting(jobs))
+        raise
     ended = {}
     for _, target, row in plan.to_cancel():
         if row.job_id not in left and is_run_dir(target.path):
             ended[target.path] = close_cancelled(target.path)
     return _lines(plan, left, ended)
+
+
+def _not_waiting(jobs: Sequence[str]) -> str:
+    if len(jobs) == 1:
+        return f"job {jobs[0]} was cancelled; not waiting for it to stop"
+    return f"{len(jobs)} jobs were cancelled; not waiting for them to stop"
 
 
 def _lines(plan: Plan, left: set[str], ended: dict[Path, str]) -> list[str]:

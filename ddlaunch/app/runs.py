@@ -7,6 +7,7 @@ checkpoints are all read from files there. Slurm is asked only for the live stat
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -73,9 +74,10 @@ MATCHES_SHOWN = 5
 
 
 def find_run(ref: str, root: Path | None = None) -> Path:
-    """A run by path, by id under the run root, by a unique id prefix, or a sweep member as
-    ``SWEEP/<i>``. Only reads: a sweep member that has not started has no run directory yet
-    (``find_member``, ``find_run_materialized``)."""
+    """A run by path, by id under the run root, by a unique id prefix, by a shortened id as
+    ``status`` shows it (``prefix…suffix``), or a sweep member as ``SWEEP/<i>``. Only
+    reads: a sweep member that has not started has no run directory yet (``find_member``,
+    ``find_run_materialized``)."""
     as_path = Path(ref).expanduser()
     root = root or default_run_root()
     if is_run_dir(as_path):
@@ -85,7 +87,18 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     member = member_path(ref, root)
     if member is not None and is_run_dir(member):
         return member
-    matches = sorted(p for p in root.glob(f"{ref}*") if is_run_dir(p)) if "/" not in ref else []
+    # What `status` puts in the middle of an id it shortened (cli.table.ELLIPSIS).
+    head, shortened, tail = ref.partition("\u2026")
+    if "/" in ref:
+        matches = []
+    elif shortened:  # `status` shortened the id to fit: the ids with that head and tail
+        matches = sorted(
+            p
+            for p in root.glob(f"{glob.escape(head)}*")
+            if p.name.endswith(tail) and len(p.name) > len(head) + len(tail) and is_run_dir(p)
+        )
+    else:
+        matches = sorted(p for p in root.glob(f"{ref}*") if is_run_dir(p))
     if len(matches) == 1:
         return matches[0]
     if not matches:

@@ -250,7 +250,7 @@ def view(
         ended = {
             k: min(_times(rows[t] for t in u))
             for k, u in units.items()
-            if k not in cached and _ended([rows[t] for t in u])
+            if k not in cached and all_ended([rows[t] for t in u])
         }
         ended |= {k: min(_times(t.final for t in u)) for k, u in cached.items()}
         ended |= {name: float(f.submitted or 0.0) for name, (_, f) in finals.items()}
@@ -280,7 +280,8 @@ def _times(items: Iterable[Any]) -> list[float]:
     return [float(i.submitted or 0.0) for i in items] or [0.0]
 
 
-def _ended(rows: Sequence[RunStatus]) -> bool:
+def all_ended(rows: Sequence[RunStatus]) -> bool:
+    """Every row reached a final state (what ``status --watch RUN`` waits for)."""
     return all(r.state not in ACTIVE_STATES and r.state != "UNKNOWN" for r in rows)
 
 

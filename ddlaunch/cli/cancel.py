@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ddlaunch.cli.completion import complete_runs
+
+if TYPE_CHECKING:
+    from ddlaunch.app.cancel import Waiting
+
+
+def _jobs(jobs: tuple[str, ...]) -> str:
+    return f"job {jobs[0]}" if len(jobs) == 1 else f"{len(jobs)} jobs"
+
+
+def waiting_line(w: Waiting) -> str:
+    """What the wait is for: started jobs stop once their ranks saved; a job that never
+    started has no ranks, it only leaves the queue."""
+    if not w.queued:
+        return f"waiting for {_jobs(w.started)} to stop (the ranks save first)..."
+    if not w.started:
+        return f"waiting for {_jobs(w.queued)} to leave the queue..."
+    return (
+        f"waiting for {_jobs(w.started)} to stop (the ranks save first) and "
+        f"{_jobs(w.queued)} to leave the queue..."
+    )
+
+
+def tell_waiting(w: Waiting) -> None:
+    click.echo(waiting_line(w), err=True)
 
 
 @click.command("cancel")
@@ -26,9 +52,5 @@ def command(runs: tuple[str, ...], wait_s: float) -> None:
     checkpoint; a run that has ended is left alone."""
     from ddlaunch.app.cancel import cancel
 
-    def waiting(jobs: list[str]) -> None:
-        what = f"job {jobs[0]}" if len(jobs) == 1 else f"{len(jobs)} jobs"
-        click.echo(f"waiting for {what} to stop (the ranks save first)...", err=True)
-
-    for line in cancel(runs, wait_s=wait_s, waiting=waiting):
+    for line in cancel(runs, wait_s=wait_s, waiting=tell_waiting):
         click.echo(line)

@@ -8,30 +8,43 @@ from typing import Any
 import click
 
 from ddlaunch.cli.options import force_option, set_option
+from ddlaunch.cli.table import Column, fit
+from ddlaunch.cli.terminal import table_width
+
+COLUMNS = (
+    Column("node"),
+    Column("verdict"),
+    Column("gpus", "detail", rank=4),
+    Column("torch", "detail", rank=3),
+    Column("bandwidth", "detail", rank=2),
+    Column("disk", "detail", rank=1),
+    Column("fabric", "note"),
+)
 
 
-def table(rows: list[Any]) -> Any:
-    from rich.table import Table
-
-    t = Table(show_lines=True)
-    for col in ("node", "verdict", "gpus", "disk", "torch", "bandwidth", "fabric"):
-        t.add_column(col, overflow="fold")
+def table(rows: list[Any], width: int | None) -> str:
+    """One line per node in a pipe; at a terminal the checks move under the row (disk
+    first, the longest) by the rules of ``status``'s table (``cli/table.py``), so that a
+    node name or a verdict is never cut inside a word."""
+    out = []
     for r in rows:
-        disk = "\n".join(
+        disk = "; ".join(
             f"{k[5:]}: {v.rsplit(': ', 1)[-1]}"
             for k, v in r.checks.items()
             if k.startswith("disk:")
         )
-        t.add_row(
-            r.node,
-            r.verdict,
-            r.checks.get("gpus", r.checks.get("report", "-")),
-            disk or "-",
-            r.checks.get("torch", "-"),
-            r.checks.get("bandwidth", "-"),
-            "\n".join(r.fabric) or "-",
+        out.append(
+            (
+                r.node,
+                r.verdict,
+                r.checks.get("gpus", r.checks.get("report", "-")),
+                r.checks.get("torch", "-"),
+                r.checks.get("bandwidth", "-"),
+                disk or "-",
+                "; ".join(r.fabric),
+            )
         )
-    return t
+    return "\n".join(fit(COLUMNS, out, width))
 
 
 @click.command("doctor")
@@ -75,6 +88,6 @@ def command(
     from ddlaunch.cli.terminal import Terminal
 
     term = Terminal()
-    term.print(table(done.rows))
+    term.out(table(done.rows, table_width()))
     if done.unchecked:
         term.out("could not be checked:\n  " + "\n  ".join(done.unchecked))

@@ -7,6 +7,10 @@ import time
 
 import click
 
+from ddlaunch.cli.groups import Group
+from ddlaunch.cli.table import Column, fit
+from ddlaunch.cli.terminal import table_width
+
 
 def _when(ts: float | None, now: float) -> str:
     if ts is None:
@@ -18,19 +22,27 @@ def _when(ts: float | None, now: float) -> str:
     return sign + text + ("" if sign else " ago")
 
 
-def entries_table(entries: list, now: float) -> object:
-    from rich.table import Table
+COLUMNS = (
+    Column("node"),
+    Column("expires"),
+    Column("added", "detail", rank=2),
+    Column("source", "detail", rank=1),
+    Column("reason", "note"),
+)
 
-    table = Table()
-    for col in ("node", "reason", "added", "expires", "source"):
-        table.add_column(col, overflow="fold")
+
+def entries_table(entries: list, now: float, width: int | None) -> str:
+    """The list's lines (pure), by the rules of ``status``'s table (``cli/table.py``): one
+    entry per line in a pipe; at a terminal, source and added move under the row, then the
+    reason, and no name is ever cut."""
+    rows = []
     for e in entries:
         added = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.added)) if e.added else "-"
-        table.add_row(e.node, e.reason, added, _when(e.expires, now), e.source)
-    return table
+        rows.append((e.node, _when(e.expires, now), added, e.source, e.reason))
+    return "\n".join(fit(COLUMNS, rows, width))
 
 
-@click.group("nodes", invoke_without_command=True)
+@click.group("nodes", cls=Group, invoke_without_command=True)
 @click.pass_context
 def command(ctx: click.Context) -> None:
     """Show (or edit) my bad-node list. Listed nodes are excluded from every later
@@ -59,7 +71,7 @@ def list_cmd(as_json: bool = False, show_all: bool = False) -> None:
     if not listed.shown:
         term.out(f"no bad nodes ({listed.path})")
     else:
-        term.print(entries_table(list(listed.shown), now))
+        term.out(entries_table(list(listed.shown), now, table_width()))
     if listed.suspects and not show_all:
         term.out("suspects (one run's hang each; listed when a second run blames them):")
         for e in listed.suspects:

@@ -14,6 +14,7 @@ import click
 
 from ddlaunch.cli.completion import complete_targets
 from ddlaunch.cli.table import ELLIPSIS, TAIL, Column, fit, unique_prefixes
+from ddlaunch.cli.terminal import table_width
 
 COLUMNS = (
     Column("run", "shrink"),
@@ -45,18 +46,24 @@ def shorten_end(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + ELLIPSIS
 
 
-def attempts_cell(r: Any) -> str:
-    """The count, and how each earlier attempt failed: ``2 (0: rank 1 on node1 killed by
-    SIGKILL)``. The latest attempt's failure, when it is the run's headline, is not history
-    (it is while the job waits for its next attempt)."""
+def earlier_failures(r: Any) -> str:
+    """How each earlier attempt failed: ``0: rank 1 on node1 killed by SIGKILL``. The latest
+    attempt's failure, when it is the run's headline, is not history (it is while the job
+    waits for its next attempt)."""
     history = r.history[:-1] if r.failure else r.history
-    earlier = [
+    return "; ".join(
         f"{a.get('attempt')}: {shorten_end(a['culprit'], CULPRIT_WIDTH)}"
         for a in history
         if a.get("culprit")
-    ]
+    )
+
+
+def attempts_cell(r: Any) -> str:
+    """The count, and how each earlier attempt failed: ``2 (0: rank 1 on node1 killed by
+    SIGKILL)`` (one cell: a pipe's row)."""
+    earlier = earlier_failures(r)
     count = _num(r.attempts)
-    return f"{count} ({'; '.join(earlier)})" if earlier else count
+    return f"{count} ({earlier})" if earlier else count
 
 
 def cells(r: Any) -> tuple[str, ...]:
@@ -72,15 +79,27 @@ def cells(r: Any) -> tuple[str, ...]:
     )
 
 
+# At a terminal the earlier attempts' failures are a column of their own that moves under
+# the row first (before the nodes and the counts), so that the count stays in its column.
+EARLIER = Column("earlier", "detail", rank=0)
+
+
 def render(rows: Sequence[Any], width: int | None, names: Sequence[str] = ()) -> str:
     """Rows -> the table (pure). ``width``: the terminal's, or None for a pipe (one row per
-    line). ``names``: every id the run root holds, so that a run id shortened to fit keeps
-    a prefix unique among them."""
+    line, the attempts cell whole). ``names``: every id the run root holds, so that a run id
+    shortened to fit keeps a prefix unique among them (``prefix…suffix`` is accepted back
+    wherever a run id is)."""
     ids = [r.run_id for r in rows]
     prefixes = unique_prefixes(ids, names)
     shortest = max((min(prefixes[i] + 1 + TAIL, len(i)) for i in ids), default=0)
-    columns = (Column("run", "shrink", min_width=shortest), *COLUMNS[1:])
-    return "\n".join(fit(columns, [cells(r) for r in rows], width))
+    columns = [Column("run", "shrink", min_width=shortest), *COLUMNS[1:]]
+    table = [list(cells(r)) for r in rows]
+    if width is not None and any(earlier_failures(r) for r in rows):
+        columns.insert(7, EARLIER)
+        for cell, r in zip(table, rows, strict=True):
+            cell[6] = _num(r.attempts)
+            cell.insert(7, earlier_failures(r))
+    return "\n".join(fit(columns, table, width))
 
 
 def attempt_lines(row: Any) -> list[str]:
@@ -135,15 +154,6 @@ def page(shown: Any, width: int | None) -> str:
     return "\n".join(lines)
 
 
-def _width() -> int | None:
-    """The terminal's width; None when stdout is not a terminal (one row per line)."""
-    if not sys.stdout.isatty():
-        return None
-    import shutil
-
-    return shutil.get_terminal_size().columns  # $COLUMNS first, as ls and rich read it
-
-
 def _parse_since(text: str | None) -> float | None:
     if text is None:
         return None
@@ -163,7 +173,12 @@ def _parse_since(text: str | None) -> float | None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (full run ids).")
 @click.option("--all", "show_all", is_flag=True, help="Every run, however long ago it ended.")
 @click.option("--since", metavar="AGE", help="Finished runs submitted within AGE (12h, 7d).")
-@click.option("--watch", is_flag=True, help="Poll again every --interval until interrupted.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Poll again every --interval until interrupted, or until every RUN named has ended "
+    "(exit 0 when all COMPLETED, 1 otherwise).",
+)
 @click.option(
     "--target",
     type=click.Choice(["slurm", "kubernetes"]),
@@ -196,7 +211,7 @@ def command(
     node health and the first failing rank come from the run directories.
     """
     from ddlaunch.app.status import min_poll_interval
-    from ddlaunch.app.status_poll import view
+    from ddlaunch.app.status_poll import all_ended, view
 
     def poll() -> Any:
         return view(runs, show_all=show_all or bool(runs), since=_parse_since(since), target=target)
@@ -204,7 +219,13 @@ def command(
     if not watch:
         _show(poll(), as_json)
         return
-    interval = max(interval, min_poll_interval())
+    floor = min_poll_interval()
+    if interval < floor:
+        sys.stderr.write(
+            f"--interval {interval:g} is below the floor of {floor:g} s ($DDLAUNCH_MIN_POLL_S): "
+            f"polling every {floor:g} s\n"
+        )
+        interval = floor
     tty = sys.stdout.isatty() and not as_json
     with _interrupted():
         while True:
@@ -216,6 +237,12 @@ def command(
                 sys.stdout.write(f"polled {stamp}, every {interval:g} s (Ctrl-C to stop)\n")
             _show(shown, as_json)
             sys.stdout.flush()  # a pipe gets every poll as it comes, not at exit
+            if runs and shown.rows and all_ended(shown.rows):
+                # Named runs that all ended never change again: stop, as `logs -f` does,
+                # with its exit status (0 only when every one COMPLETED).
+                completed = all(r.state == "COMPLETED" for r in shown.rows)
+                sys.stderr.write("every run named has ended; stopped watching\n")
+                sys.exit(0 if completed else 1)
             time.sleep(interval)
 
 
@@ -225,7 +252,7 @@ def _show(shown: Any, as_json: bool) -> None:
         indent = 2 if sys.stdout.isatty() else None
         sys.stdout.write(json.dumps([r.as_dict() for r in shown.rows], indent=indent) + "\n")
         return
-    sys.stdout.write(page(shown, _width()) + "\n")
+    sys.stdout.write(page(shown, table_width()) + "\n")
 
 
 class _interrupted:

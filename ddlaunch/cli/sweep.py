@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ddlaunch.cli.completion import complete_sweeps
+from ddlaunch.cli.groups import Group
 from ddlaunch.cli.options import force_option, set_option
 from ddlaunch.cli.snapshot import report_snapshot
 from ddlaunch.errors import UserError
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ddlaunch.sweeps.submit_file import SweepSubmitEvent
 
 
-class _SweepGroup(click.Group):
+class _SweepGroup(Group):
     """A group whose default verb is ``submit``: ``sweep FILE`` == ``sweep submit FILE``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -188,16 +189,58 @@ def submit(
 def status(sweep_ref: str, as_json: bool) -> None:
     """One row per member (overrides, state, step, checkpoint, metric) and a summary line.
     The states come from one squeue call for all the sweep's arrays."""
-    from ddlaunch.cli.terminal import Terminal
-    from ddlaunch.sweeps.status import render_table, summary, sweep_status
+    from ddlaunch.cli.terminal import Terminal, table_width
+    from ddlaunch.sweeps.status import summary, sweep_status
 
     report = sweep_status(sweep_ref)
     term = Terminal()
     if as_json:
         term.out(json.dumps(report.as_dict(), indent=2))
         return
-    term.print(render_table(report.rows, report.metric))
+    term.out(member_table(report.rows, report.metric, table_width()))
     term.out(summary(report.rows))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def member_table(rows: Sequence[Any], metric: str, width: int | None) -> str:
+    """The members' lines (pure), by the rules of ``status``'s table (``cli/table.py``): one
+    member per line in a pipe; at a terminal the checkpoint and attempt counts move under
+    the row, then the note, and overrides such as ``params.lr=0.01`` are never cut."""
+    from ddlaunch.cli.table import Column, fit
+
+    columns = (
+        Column("#", right=True),
+        Column("overrides"),
+        Column("job"),
+        Column("state"),
+        Column("step", right=True),
+        Column("ckpt", "detail", right=True, rank=2),
+        Column("attempts", "detail", right=True, rank=1),
+        Column(metric, right=True),
+        Column("note", "note"),
+    )
+    cells = [
+        (
+            str(r.index),
+            r.overrides,
+            r.job_id or "-",
+            r.state,
+            _cell(r.step),
+            _cell(r.checkpoint_step),
+            str(r.attempts),
+            _cell(r.metric),
+            r.note,
+        )
+        for r in rows
+    ]
+    return "\n".join(fit(columns, cells, width))
 
 
 @command.command("cancel")
@@ -214,10 +257,11 @@ def cancel_sweep(sweep_ref: str, wait_s: float) -> None:
     """Cancel every member of SWEEP that has not ended (all its arrays): the same as
     `ddlaunch cancel SWEEP`."""
     from ddlaunch.app.cancel import cancel
+    from ddlaunch.cli.cancel import tell_waiting
     from ddlaunch.sweeps.status import locate_sweep
 
     path = locate_sweep(sweep_ref)
-    for line in cancel([str(path)], wait_s=wait_s):
+    for line in cancel([str(path)], wait_s=wait_s, waiting=tell_waiting):
         click.echo(line)
 
 

@@ -7,6 +7,16 @@ import sys
 from typing import Any
 
 
+def table_width() -> int | None:
+    """The terminal's width, for ``table.fit``; None when stdout is not a terminal (a pipe or
+    a file gets one row per line, nothing shortened)."""
+    if not sys.stdout.isatty():
+        return None
+    import shutil
+
+    return shutil.get_terminal_size().columns  # $COLUMNS first, as ls and rich read it
+
+
 class Terminal:
     def __init__(self, *, debug: bool = False):
         self.debug = debug
