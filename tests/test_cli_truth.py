@@ -305,10 +305,11 @@ def test_sweep_file_errors_name_the_file_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[1:] == [
         "  member 1 (nodes.gpus_per_node=9):",
+        # By the first origin: the presets' lines, then the sweep file's overrides.
+        "    nodes.cpus_per_task: 1 CPUs x 9 ranks per node exceeds the 8 CPUs a node of "
+        "'devcluster' has (preset:examples/mlp:10; sweep.yaml:3; preset:clusters/devcluster:7)",
         "    nodes.gpus_per_node: asks for 9 GPUs per node but the cluster preset 'devcluster' "
         "has 4 (sweep.yaml:3; preset:clusters/devcluster:6)",
-        "    nodes.cpus_per_task: 1 CPUs x 9 ranks per node exceeds the 8 CPUs a node of "
-        "'devcluster' has (preset:examples/mlp:10; sweep.yaml:3)",
     ]
 
 

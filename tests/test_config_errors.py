@@ -133,7 +133,7 @@ CASES = [
         "tasks_with_gpus",
         "nodes:\n  gpus_per_node: 4\n  tasks_per_node: 2\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  nodes.tasks_per_node: ddlaunch starts one rank per GPU; with gpus_per_node=4 leave tasks_per_node unset (bad.yaml:3)",
+        "  nodes.tasks_per_node: ddlaunch starts one rank per GPU; with gpus_per_node=4 leave tasks_per_node unset (bad.yaml:3; bad.yaml:2)",
     ),
     (
         "env_name",
@@ -241,7 +241,7 @@ CASES = [
         "cpus_exceed",
         "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 4\n  cpus_per_task: 4\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  nodes.cpus_per_task: 4 CPUs x 4 ranks per node exceeds the 8 CPUs a node of 'devcluster' has (bad.yaml:4; bad.yaml:3)",
+        "  nodes.cpus_per_task: 4 CPUs x 4 ranks per node exceeds the 8 CPUs a node of 'devcluster' has (bad.yaml:4; bad.yaml:3; preset:clusters/devcluster:7)",
     ),
     (
         "section_scalar",
@@ -289,7 +289,7 @@ CASES = [
         "trainer_signal_for_session",
         "launch:\n  entrypoint: m:f\ntrainer:\n  signal: TERM\n",
         [],
-        "  trainer.signal: has no effect with trainer.kind=ddlaunch (bad.yaml:4; bad.yaml:3)",
+        "  trainer.signal: has no effect with trainer.kind=ddlaunch (bad.yaml:4)",
     ),
     (
         "launch_module_name",
@@ -463,3 +463,85 @@ def test_mistyped_config_name_on_the_command_line_gets_a_did_you_mean(
         "  (top level): config file not found; did you mean 'examples/mlp'? (give a path, or a "
         "shipped preset name; `ddlaunch presets` lists them) (examples/mpl)\n"
     )
+
+
+def _render(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLURM_CONF": str(cwd / "no-slurm.conf")}
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "render", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+
+
+def test_cli_blames_the_set_that_chose_the_runtime(tmp_path: Path) -> None:
+    # The runtime came from --set: the preset that left container.image unset did nothing wrong.
+    proc = _render(tmp_path, "examples/mlp", "--set", "container.runtime=apptainer")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid config (1 error):\n"
+        "  container.image: runtime apptainer needs an image "
+        "(--set container.runtime=apptainer)\n"
+    )
+
+
+def test_cli_names_every_degree_of_a_parallel_product(tmp_path: Path) -> None:
+    # dp and tp come from the preset's lines, pp from --set: the product names all three.
+    proc = _render(tmp_path, "examples/fsdp-tp", "--set", "parallel.pp=3")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid config (1 error):\n"
+        "  parallel: dp 2 x tp 2 x pp 3 x cp 1 = 12, but the job has 4 ranks (2 nodes x 2 "
+        "GPUs); nearest valid: pp 1 (or dp: auto) "
+        "(preset:examples/fsdp-tp:15; preset:examples/fsdp-tp:16; --set parallel.pp=3)\n"
+    )
+
+
+FIVE_ERRORS = """\
+job:
+  name: five
+  time: "1:00"
+nodes:
+  count: two
+launch:
+  entrypoint: m:f
+  backend: nccl2
+fault_tolerance:
+  checkpoint_every_steps: x
+  signal_lead: 120
+  keep_last: -1
+"""
+
+
+def test_cli_lists_every_independent_error_in_line_order(tmp_path: Path) -> None:
+    # The schema walks fault_tolerance before launch; the user reads the file top down. The
+    # type error of checkpoint_every_steps does not hide signal_lead's clash with job.time
+    # (both of those keys are valid); nodes.count's error does hide nothing else.
+    (tmp_path / "bad.yaml").write_text(FIVE_ERRORS)
+    proc = _render(tmp_path, "bad.yaml", "--set", "nodes.gpus_per_node=99")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid config (6 errors):\n"
+        "  nodes.count: expected an integer, got str 'two' (bad.yaml:5)\n"
+        "  launch.backend: must be one of auto, nccl, gloo, got 'nccl2' (did you mean "
+        "'nccl'?) (bad.yaml:8)\n"
+        "  fault_tolerance.checkpoint_every_steps: expected an integer, got str 'x' "
+        "(bad.yaml:10)\n"
+        "  fault_tolerance.signal_lead: 120 s is not shorter than the time limit "
+        "job.time=1:00 (60 s) (bad.yaml:11; bad.yaml:3)\n"
+        "  fault_tolerance.keep_last: must be 0..1000000, got -1 (bad.yaml:12)\n"
+        "  nodes.gpus_per_node: must be 0..16, got 99 (--set nodes.gpus_per_node=99)\n"
+    )
+
+
+def test_a_contradiction_with_an_invalid_key_stays_hidden(tmp_path: Path) -> None:
+    # nodes.count fell back to its default: "min is more than count" would be about that.
+    (tmp_path / "bad.yaml").write_text(
+        "nodes:\n  count: two\n  min: 5\nlaunch:\n  entrypoint: m:f\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "bad.yaml")
+    assert [issue.path for issue in info.value.issues] == ["nodes.count"]

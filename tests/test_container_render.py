@@ -160,7 +160,7 @@ def test_no_container_renders_no_container_lines() -> None:
     [
         (
             ["container.runtime=pyxis"],
-            "container.image: runtime pyxis needs an image (bad.yaml:2)",
+            "container.image: runtime pyxis needs an image (--set container.runtime=pyxis)",
         ),
         (
             ["container.runtime=apptainer", "container.image=images/x.sif"],

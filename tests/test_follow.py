@@ -91,3 +91,52 @@ def test_prefix_mode_labels_every_line(tmp_path: Path) -> None:
     assert "".join(printed) == (
         "[batch] [ddlaunch] attempt 0\n[rank 0] a\n[rank 1] b\n[rank 1] partial\n"
     )
+
+
+PREFLIGHT = (
+    "[ddlaunch preflight node1] ok; bandwidth: 9.8 Gbit/s ring (2.1 s)\n"
+    "[ddlaunch preflight node2] ok; bandwidth: 9.7 Gbit/s ring (2.0 s)\n"
+    "[ddlaunch] preflight: all 2 nodes passed\n"
+)
+
+
+def test_submit_follow_prints_each_preflight_line_once_per_attempt(tmp_path: Path) -> None:
+    # Rank 0's gate and the batch host both write the preflight's lines, each into its own
+    # log; a requeued attempt writes the same lines again, which are new lines to show.
+    run = example_run_dir(tmp_path)
+    logs = run / "logs"
+    now = [0.0]
+    script = {
+        1.0: ("batch-41.out", "[ddlaunch] attempt 0 on node[1-2]\n"),
+        2.0: ("rank-0.out", PREFLIGHT + "step 10\n"),
+        3.0: ("batch-41.out", PREFLIGHT + "[ddlaunch] requeued: progress 0 -> 10\n"),
+        4.0: ("batch-42.out", "[ddlaunch] attempt 1 on node[1-2]\n" + PREFLIGHT),
+        5.0: ("rank-0.out", PREFLIGHT + "step 20\n"),
+    }
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        for at in [t for t in script if t <= now[0]]:
+            name, text = script.pop(at)
+            append(logs / name, text)
+        if now[0] >= 6 and not (run / "outcome.json").exists():
+            write_outcome(run, "COMPLETED", "finished")
+
+    printed: list[str] = []
+    stream = LogStream(run, (0,))  # what `submit --follow` follows: batch logs and rank 0
+    end = follow(stream, RunWatch(run), printed.append, sleep=sleep, clock=lambda: now[0])
+    assert end.state == "COMPLETED"
+    assert "".join(printed) == (
+        f"==> {logs / 'batch-41.out'} <==\n"
+        "[ddlaunch] attempt 0 on node[1-2]\n"
+        f"==> {logs / 'rank-0.out'} <==\n"
+        f"{PREFLIGHT}"
+        "step 10\n"
+        f"==> {logs / 'batch-41.out'} <==\n"
+        "[ddlaunch] requeued: progress 0 -> 10\n"
+        f"==> {logs / 'batch-42.out'} <==\n"
+        "[ddlaunch] attempt 1 on node[1-2]\n"
+        f"{PREFLIGHT}"
+        f"==> {logs / 'rank-0.out'} <==\n"
+        "step 20\n"
+    )

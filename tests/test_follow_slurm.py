@@ -76,3 +76,7 @@ def test_submit_follow_covers_both_attempts_and_exits_with_the_run_status(
             found.append(line)
             at += 1
     assert at == len(wanted), f"missing {wanted[at]!r} in order; output:\n" + "\n".join(lines)
+    # The preflight's verdict is in the batch log and in rank 0's: shown once per attempt.
+    attempts = [line for line in lines if line.startswith("[ddlaunch] attempt ")]
+    verdicts = [line for line in lines if line.startswith("[ddlaunch] preflight: ")]
+    assert len(attempts) == 2 and len(verdicts) == 2, "\n".join(lines)

@@ -9,6 +9,8 @@ Regenerate the goldens after an intended change with:
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -343,3 +345,41 @@ def test_kubernetes_guide_states_the_exit_codes_and_defaults_the_code_uses() -> 
     assert f"| {STOP_EXIT} | `podFailurePolicy` `FailJob` on {STOP_EXIT}" in section
     assert f"tolerations with {spec.node_unreachable_seconds} s" in section
     assert f"port {spec.master_port}" in section
+
+
+def test_cli_reports_every_problem_of_the_target_at_once(tmp_path: Path) -> None:
+    # No image, the run root on no volume, a Slurm-only key: one render names all three.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddlaunch",
+            "render",
+            "examples/mlp",
+            "--target",
+            "kubernetes",
+            "--run-id",
+            "r1",
+            "--run-root",
+            "/runs",
+            "--set",
+            "fault_tolerance.spare_nodes=1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "SLURM_CONF": str(tmp_path / "no-slurm.conf")},
+    )
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid config (3 errors):\n"
+        "  container.image: --target kubernetes runs the ranks in an image: set "
+        "container.image (e.g. nvcr.io/nvidia/pytorch:24.05-py3, with ddlaunch installed or "
+        "on a kubernetes.volumes mount)\n"
+        "  kubernetes.volumes: /runs/r1 (storage.run_root) is on no writable "
+        "kubernetes.volumes mount (mounts: none): the pods write the attempts, logs and "
+        "checkpoints there, and ddlaunch reads them back from here\n"
+        "  fault_tolerance.spare_nodes: hot spares and elastic shrink act inside a Slurm "
+        "allocation; not on Kubernetes\n"
+    )

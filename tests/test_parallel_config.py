@@ -166,7 +166,7 @@ def _config(tmp_path: Path, parallel: str) -> Path:
             "  dp: 2\n  tp: 2\n",
             "parallel: dp 2 x tp 2 x pp 1 x cp 1 = 4, but the job has 8 ranks (2 nodes x 4 "
             "GPUs); nearest valid: dp 4 or tp 4 or pp 2 or cp 2 (or dp: auto) "
-            "(exp.yaml:5; exp.yaml:6)",
+            "(exp.yaml:6; exp.yaml:7)",
         ),
         (
             "  tp: three\n",

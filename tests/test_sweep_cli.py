@@ -63,3 +63,35 @@ def test_bad_member_message_from_the_cli(tmp_path: Path, base: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: invalid sweep: 1 of 2 members do not validate")
     assert "member 1 (nodes.gpus_per_node=9):" in proc.stderr
+
+
+def _dry_run_job_names(tmp_path: Path, sweep: Path) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "sweep", str(sweep), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        env={
+            **os.environ,
+            "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+            "SLURM_CONF": str(tmp_path / "no-slurm.conf"),
+        },
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [line for line in proc.stdout.splitlines() if line.startswith("#SBATCH --job-name")]
+
+
+def test_the_array_job_is_named_after_the_sweep(tmp_path: Path) -> None:
+    # mlp-lr.yaml says name: mlp-lr; its base's job.name is mlp-example.
+    names = _dry_run_job_names(tmp_path, REPO / "configs" / "sweeps" / "mlp-lr.yaml")
+    assert names == ["#SBATCH --job-name=mlp-lr"]
+
+
+def test_a_sweep_without_a_name_keeps_the_base_job_name(tmp_path: Path) -> None:
+    sweep = tmp_path / "lr.yaml"
+    sweep.write_text(
+        f"base: {REPO / 'configs' / 'examples' / 'mlp.yaml'}\ngrid:\n  params.lr: [1, 2]\n"
+    )
+    assert _dry_run_job_names(tmp_path, sweep) == ["#SBATCH --job-name=mlp-example"]

@@ -7,7 +7,9 @@ Two parts, both driven by ``follow``:
   appears when a resumed run gets a new job id) and the chosen ranks' ``.out`` / ``.err`` (the
   same files across requeues: sbatch appends). Like ``tail -f`` it prints a ``==> file <==``
   header whenever the file it prints from changes; with ``prefix`` every line carries its
-  source instead (``[batch]``, ``[rank 1]``). Only whole lines are printed.
+  source instead (``[batch]``, ``[rank 1]``). Only whole lines are printed. The preflight's
+  lines are written twice, into rank 0's log by the gate and into the batch log by the batch
+  host (each log must be whole by itself): the stream prints each occurrence once.
 * ``RunWatch`` tells when the run has reached its final state. The run directory says so first
   (``outcome.json``, written by whoever concludes the last attempt), read every poll; Slurm is
   asked only when the directory cannot know (a job killed before its end hook ran), with
@@ -32,6 +34,8 @@ from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import outcome, submission
 from ddlaunch.store.rundir import LOGS_DIR
 
+# The preflight's report lines (``policy.preflight.node_report_line``, the gate's verdict).
+PREFLIGHT_PREFIXES = ("[ddlaunch preflight ", "[ddlaunch] preflight: ")
 POLL_S = 0.5  # between looks at the files: no Slurm call is made per poll
 QUIET_S = 1.0  # after the end: stop once the logs have been quiet this long ...
 DRAIN_MAX_S = 5.0  # ... or after this long at most
@@ -62,6 +66,9 @@ class LogStream:
     headers: bool = True  # False: the lines alone, no ``==> file <==`` (the Python API)
     _sources: dict[Path, _Source] = field(default_factory=dict)
     _last: Path | None = None
+    # Per source label, how often each preflight line was seen: the n-th occurrence of a
+    # line in one log is the echo of the n-th in another, a later attempt's repeat is not.
+    _preflight: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.from_start:
@@ -106,7 +113,7 @@ class LogStream:
         wrote = False
         for path in self._candidates():
             source = self._sources.setdefault(path, _Source(path, self._label(path)))
-            lines = self._read(source)
+            lines = self._once(source.label, self._read(source))
             if not lines:
                 continue
             wrote = True
@@ -119,6 +126,20 @@ class LogStream:
                 self._last = path
             write("".join(f"{line}\n" for line in lines))
         return wrote
+
+    def _once(self, label: str, lines: list[str]) -> list[str]:
+        """``lines`` without the preflight lines another log has shown already."""
+        seen = self._preflight.setdefault(label, {})
+        out = []
+        for line in lines:
+            if line.startswith(PREFLIGHT_PREFIXES):
+                count = seen.get(line, 0)
+                seen[line] = count + 1
+                others = (n.get(line, 0) for key, n in self._preflight.items() if key != label)
+                if any(n > count for n in others):
+                    continue
+            out.append(line)
+        return out
 
     @staticmethod
     def _read(source: _Source) -> list[str]:
@@ -143,6 +164,8 @@ class LogStream:
         for source in self._sources.values():
             if source.partial:
                 rest, source.partial = source.partial.decode(errors="replace"), b""
+                if not self._once(source.label, [rest]):
+                    continue
                 if self.prefix:
                     tag = "[batch]" if source.label == "batch" else f"[rank {source.label}]"
                     write(f"{tag} {rest}\n")

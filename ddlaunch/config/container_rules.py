@@ -4,6 +4,7 @@ paths. Called by ``validate.check_contradictions`` with its issue collector."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ddlaunch.config.schema import Config
@@ -43,8 +44,16 @@ _FILE_SUFFIXES["singularity"] = _FILE_SUFFIXES["apptainer"]
 
 
 class Collector(Protocol):
-    def fail(self, path: tuple[str, ...], message: str, *, also: tuple[str, ...] = ()) -> None:
-        """Record one issue at ``path``."""
+    def fail(
+        self,
+        path: tuple[str, ...],
+        message: str,
+        *,
+        also: tuple[str, ...] = (),
+        reads: Sequence[tuple[str, ...]] = (),
+    ) -> None:
+        """Record one issue at ``path``; ``also``: the other key it is about, whose origin
+        is named too; ``reads``: keys the rule read without blaming them."""
 
 
 def _looks_like_path(image: str) -> bool:
@@ -110,15 +119,25 @@ def check_container(cfg: Config, b: Collector) -> None:
         # (the Slurm planner says so: ``planning.plan.make_plan``).
         return
     if not c.image:
-        b.fail(("container", "image"), f"runtime {c.runtime} needs an image", also=("container",))
+        # The runtime asked for the image: its origin (a --set, say) is named, not the file
+        # that left container.image unset.
+        b.fail(
+            ("container", "image"),
+            f"runtime {c.runtime} needs an image",
+            also=("container", "runtime"),
+        )
     else:
         problem = image_problem(c.runtime, c.image)
         if problem:
-            b.fail(("container", "image"), problem)
+            b.fail(("container", "image"), problem, reads=[("container", "runtime")])
     for i, mount in enumerate(c.mounts):
         problem = mount_problem(c.runtime, mount)
         if problem:
-            b.fail(("container", "mounts"), f"entry {i + 1}: {problem}")
+            b.fail(
+                ("container", "mounts"),
+                f"entry {i + 1}: {problem}",
+                reads=[("container", "runtime")],
+            )
     if c.workdir is not None and not c.workdir.startswith("/"):
         b.fail(("container", "workdir"), f"must be an absolute path, got {c.workdir!r}")
     for i, arg in enumerate(c.extra_args):

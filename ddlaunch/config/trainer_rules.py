@@ -37,12 +37,12 @@ def _unused_rules(t: Any, kind: str, fail: Fail) -> None:
         "step_key",
     ):
         if getattr(t, key) is not None:
-            fail((*_T, key), f"has no effect with trainer.kind={kind}", also=_T)
+            fail((*_T, key), f"has no effect with trainer.kind={kind}", also=(*_T, "kind"))
     if t.stop_before_limit and kind == trainers.KIND_NONE:
         fail(
             (*_T, "stop_before_limit"),
             "needs a trainer.kind whose checkpoints ddlaunch can find",
-            also=_T,
+            also=(*_T, "kind"),
         )
 
 

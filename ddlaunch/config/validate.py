@@ -123,6 +123,7 @@ class _Builder:
         self.fallback = fallback
         self.issues: list[ConfigIssue] = []
         self.unknown_keys: set[int] = set()  # indices of issues that are unknown keys
+        self.involved: list[frozenset[KeyPath]] = []  # per issue: the keys it is about
 
     def where(self, path: KeyPath) -> str | None:
         # The closest enclosing key that has a recorded line.
@@ -132,19 +133,35 @@ class _Builder:
         return None
 
     def fail(
-        self, path: KeyPath, message: str, *, also: KeyPath = (), unknown: bool = False
+        self,
+        path: KeyPath,
+        message: str,
+        *,
+        also: KeyPath = (),
+        others: Sequence[KeyPath] = (),
+        reads: Sequence[KeyPath] = (),
+        unknown: bool = False,
     ) -> None:
-        """Record an issue at ``path``. ``also``: the other key of a contradiction; the
-        lines that wrote either key are named (a key left at its default has none: its
-        section's line would blame the preset for what a --set caused). ``unknown``: an
-        unknown key, which leaves every other value as written."""
-        written = [self.locations[p] for p in (path, also) if p and p in self.locations]
+        """Record an issue at ``path``. ``also`` (and ``others``): the other keys of a
+        contradiction; the lines that wrote any of these keys are named (a key left at its
+        default has none: its section's line would blame the preset for what a --set
+        caused). ``reads``: keys the rule read without the message blaming them; an invalid
+        one makes the issue a consequence of that key's error. ``unknown``: an unknown key,
+        which leaves every other value as written."""
+        keys = [p for p in (path, also, *others) if p]
+        written = [self.locations[p] for p in keys if p in self.locations and not self._section(p)]
         where = "; ".join(dict.fromkeys(written)) or self.where(path)
         if not where and also:
             where = self.where(also)
         self.issues.append(ConfigIssue(".".join(path), message, where or self.fallback))
+        self.involved.append(frozenset((*keys, *reads)))
         if unknown:
             self.unknown_keys.add(len(self.issues) - 1)
+
+    def _section(self, path: KeyPath) -> bool:
+        """Whether ``path`` is a section whose keys were written one by one: its own line
+        is the section's header, which sets none of the values a contradiction is about."""
+        return any(len(p) > len(path) and p[: len(path)] == path for p in self.locations)
 
     def build(self, cls: type, data: Any, path: KeyPath) -> Any:
         if data is None:
@@ -307,14 +324,20 @@ def _plan_rules(cfg: Config, b: _Builder) -> None:
         from ddlaunch.config import parallel
 
         _, issues = parallel.resolve(cfg.parallel, parallel.layout_of(cfg))
-        given = [("parallel", k) for k in parallel.TOP if getattr(cfg.parallel, k) is not None]
+        # Every issue is about the degrees given together, against the job's shape: each
+        # given degree's origin is named (a --set among them included), the shape's keys
+        # only when no degree was given.
+        degrees = (*parallel.TOP, "dp_shard", "dp_replicate")
+        given = [("parallel", k) for k in degrees if getattr(cfg.parallel, k) is not None]
+        shape = [("nodes", "count"), ("nodes", "gpus_per_node"), ("nodes", "tasks_per_node")]
         for path, message in issues:
-            b.fail(path, message, also=given[0] if given else ("nodes", "count"))
+            b.fail(path, message, others=given or shape[:1], reads=shape)
     if cfg.storage.stage or cfg.storage.scratch:
         from ddlaunch.config import staging
 
         for path, message in staging.issues(cfg):
-            b.fail(path, message)
+            # These rules read the whole section and the job's shape.
+            b.fail(path, message, reads=[("storage",), ("nodes",)])
 
 
 def _node_rules(cfg: Config, b: _Builder) -> None:
@@ -331,6 +354,7 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
             ("nodes", "tasks_per_node"),
             f"ddlaunch starts one rank per GPU; with "
             f"gpus_per_node={n.gpus_per_node} leave tasks_per_node unset",
+            also=("nodes", "gpus_per_node"),
         )
     mem_keys = [k for k in ("mem", "mem_per_cpu", "mem_per_gpu") if getattr(n, k) is not None]
     if len(mem_keys) > 1:
@@ -339,7 +363,11 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
             f"set only one of nodes.{', nodes.'.join(mem_keys)} (Slurm accepts one memory option)",
         )
     if n.mem_per_gpu is not None and not n.gpus_per_node:
-        b.fail(("nodes", "mem_per_gpu"), "needs nodes.gpus_per_node > 0")
+        b.fail(
+            ("nodes", "mem_per_gpu"),
+            "needs nodes.gpus_per_node > 0",
+            also=("nodes", "gpus_per_node"),
+        )
     if n.min is not None and n.min > n.count:
         message = f"is {n.min}, more than nodes.count={n.count}"
         b.fail(("nodes", "min"), message, also=("nodes", "count"))
@@ -351,6 +379,7 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
             f"{n.cpus_per_task} CPUs x {cfg.ranks_per_node} ranks "
             f"per node exceeds the {cpus} CPUs a node of {cfg.cluster.name!r} has",
             also=("nodes", ranks_key),
+            others=[("cluster", "cpus_per_node")],
         )
 
 
@@ -419,22 +448,52 @@ def validate_tree(loaded: LoadedTree) -> Config:
     cfg = builder.build(Config, loaded.tree, ())
     field_issues = len(builder.issues)
     check_contradictions(cfg, builder)
-    # A contradiction in a section that already has a bad value is likely a consequence of
-    # it (the bad value fell back to its default), so only the value's error is shown. An
-    # unknown key changes no value: the section's contradictions are still reported.
-    bad_sections = {
-        issue.path.split(".")[0]
+    # A bad value fell back to its default, so a contradiction that involves that key is
+    # likely its consequence and is left out; every other one is independent and shown now
+    # (a user fixes them all in one pass). An unknown key changes no value.
+    invalid = [
+        tuple(issue.path.split("."))
         for i, issue in enumerate(builder.issues[:field_issues])
         if i not in builder.unknown_keys
-    }
-    builder.issues[field_issues:] = [
-        issue
-        for issue in builder.issues[field_issues:]
-        if issue.path.split(".")[0] not in bad_sections
     ]
-    if builder.issues:
-        raise ConfigError(builder.issues)
+    kept = builder.issues[:field_issues] + [
+        issue
+        for issue, keys in zip(
+            builder.issues[field_issues:], builder.involved[field_issues:], strict=True
+        )
+        if not _consequence(issue, keys, invalid)
+    ]
+    if kept:
+        raise ConfigError(sorted(kept, key=functools.partial(_position, loaded.sources)))
     return cfg
+
+
+def _consequence(issue: ConfigIssue, keys: frozenset[KeyPath], invalid: list[KeyPath]) -> bool:
+    """Whether a contradiction involves a key whose value was invalid: one of its keys is
+    that key, inside it or around it, or its message names it."""
+    for bad in invalid:
+        for key in keys:
+            n = min(len(key), len(bad))
+            if key[:n] == bad[:n]:
+                return True
+        if ".".join(bad) in issue.message:
+            return True
+    return False
+
+
+_LINE = re.compile(r"^(?P<file>.*):(?P<line>\d+)$")
+
+
+def _position(sources: list[str], issue: ConfigIssue) -> tuple[int, int]:
+    """Where an issue sorts: by its first origin's file (presets first, in load order, then
+    the file, then the ``--set`` options in their order) and line."""
+    first = (issue.where or "").split("; ")[0]
+    match = _LINE.match(first)
+    name, line = (match["file"], int(match["line"])) if match else (first, 0)
+    files = [s for s in sources if not s.startswith("--set")]
+    if name in files:
+        return files.index(name), line
+    return len(files), 0
 
 
 def load_config(config: str | Path, overrides: Sequence[str] = ()) -> Config:

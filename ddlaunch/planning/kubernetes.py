@@ -93,29 +93,23 @@ def master_addr(kind: str, name: str) -> str:
     return f"{name}-{REPLICATED_JOB}-0-0.{name}"  # JobSet: <pod hostname>.<subdomain>
 
 
-def image_of(cfg: Config) -> str:
-    """The pods' image: ``container.image`` as a registry reference."""
+def _reference(image: str) -> str:
+    # docker://ref (apptainer, podman) and enroot's registry#path (pyxis) name the same image.
+    return image.removeprefix("docker://").replace("#", "/", 1)
+
+
+def _image_problem(cfg: Config) -> str | None:
+    """Why ``container.image`` cannot be the pods' image, or None."""
     image = cfg.container.image
     if not image:
-        raise ConfigError(
-            [
-                ConfigIssue(
-                    "container.image",
-                    "--target kubernetes runs the ranks in an image: set container.image "
-                    "(e.g. nvcr.io/nvidia/pytorch:24.05-py3, with ddlaunch installed or on a "
-                    "kubernetes.volumes mount)",
-                )
-            ]
+        return (
+            "--target kubernetes runs the ranks in an image: set container.image "
+            "(e.g. nvcr.io/nvidia/pytorch:24.05-py3, with ddlaunch installed or on a "
+            "kubernetes.volumes mount)"
         )
     if image.startswith(("/", ".", "~")) or image.endswith(FILE_IMAGE):
-        message = f"{image!r} is an image file; Kubernetes pulls a registry reference"
-        raise ConfigError([ConfigIssue("container.image", message)])
-    # docker://ref (apptainer, podman) and enroot's registry#path (pyxis) name the same image.
-    ref = image.removeprefix("docker://").replace("#", "/", 1)
-    problem = image_problem("podman", ref)  # podman takes plain registry references
-    if problem:
-        raise ConfigError([ConfigIssue("container.image", problem)])
-    return ref
+        return f"{image!r} is an image file; Kubernetes pulls a registry reference"
+    return image_problem("podman", _reference(image))  # podman takes plain references
 
 
 def _covering(cfg: Config, path: str) -> tuple[str, bool] | None:
@@ -129,7 +123,10 @@ def _covering(cfg: Config, path: str) -> tuple[str, bool] | None:
 
 def _check_storage(cfg: Config, run_dir: str, checkpoints: str) -> list[ConfigIssue]:
     issues = []
-    for key, path in (("storage.run_root", run_dir), ("storage.checkpoint_dir", checkpoints)):
+    paths = [("storage.run_root", run_dir)]
+    if cfg.storage.checkpoint_dir:  # else inside the run directory: its problem is the root's
+        paths.append(("storage.checkpoint_dir", checkpoints))
+    for key, path in paths:
         cover = _covering(cfg, path)
         if cover is None or cover[1]:
             mounts = ", ".join(sorted(cfg.kubernetes.volumes)) or "none"
@@ -145,7 +142,6 @@ def _check_storage(cfg: Config, run_dir: str, checkpoints: str) -> list[ConfigIs
                     "logs and checkpoints there, and ddlaunch reads them back from here",
                 )
             )
-            break
     return issues
 
 
@@ -353,11 +349,14 @@ def make_kubernetes_plan(
     the pods run as, the owner of the run directory (decided at the edge)."""
     code = code or CodePaths()
     kind, name = cfg.kubernetes.kind, object_name(run_id)
-    image = image_of(cfg)
     checkpoints = cfg.storage.checkpoint_dir or str(PurePosixPath(run_dir) / CHECKPOINTS_DIR)
-    issues = _check_storage(cfg, run_dir, checkpoints) + _slurm_only(cfg)
+    # Every problem of the target at once: the user fixes them in one pass.
+    problem = _image_problem(cfg)
+    issues = [ConfigIssue("container.image", problem)] if problem else []
+    issues += _check_storage(cfg, run_dir, checkpoints) + _slurm_only(cfg)
     if issues:
         raise ConfigError(issues)
+    image = _reference(cfg.container.image or "")
     pythonpath, workdir = _code(cfg, code)
     scratch = cfg.storage.scratch
     own_scratch = scratch if scratch and not _covering(cfg, scratch) else None

@@ -229,6 +229,18 @@ def _script_inputs(cfg: Config, root: str | None) -> tuple[Any, ...]:
     return (root, storage, *(id(getattr(cfg, name)) for name in _SECTIONS))
 
 
+def _named(cfg: Config, job_name: str | None, jobs: dict[int, Any]) -> Config:
+    """``cfg`` with the array's job name. ``jobs``: the renamed job sections by the
+    identity of the original, so members that shared a section still share one (the
+    grouping of ``_script_inputs`` goes by identity)."""
+    if job_name is None or job_name == cfg.job.name:
+        return cfg
+    job = jobs.get(id(cfg.job))
+    if job is None:
+        job = jobs[id(cfg.job)] = dataclasses.replace(cfg.job, name=job_name)
+    return dataclasses.replace(cfg, job=job)
+
+
 def _members_line(name: str, members: Sequence[int]) -> str:
     """The lines of the built-in template that name an array and list its members."""
     return f"\nexport DDLAUNCH_SWEEP_ARRAY={name}\nmembers=({' '.join(map(str, members))})\n"
@@ -277,9 +289,11 @@ def plan_arrays(
     first_name: int = 0,
     hold: bool = False,
     code: CodePaths | None = None,
+    job_name: str | None = None,
 ) -> list[ArrayJob]:
     """Group members whose array scripts are identical, split each group at MaxArraySize,
-    and plan and render one array per chunk.
+    and plan and render one array per chunk. ``job_name``: the arrays' Slurm job name (the
+    sweep file's ``name:``; default: the members' job.name).
 
     Members differing only in what the job reads (params, most keys) share one script and
     thus one array; a member that changes the script (nodes, time, env...) is put into an
@@ -289,7 +303,11 @@ def plan_arrays(
     groups: dict[str, list[int]] = {}
     firsts: dict[str, tuple[Config, str | None]] = {}
     known: dict[tuple[Any, ...], str] = {}  # _script_inputs -> the script's key
-    for index, cfg in members:
+    renamed: dict[int, Any] = {}  # id(a member's job section) -> it with the array's name
+    for index, member_cfg in members:
+        # The array is the sweep's job: it carries the sweep's name, while each member's
+        # resolved config keeps its own job.name.
+        cfg = _named(member_cfg, job_name, renamed)
         root = member_checkpoint_root(cfg, index)
         inputs = _script_inputs(cfg, root)
         key = known.get(inputs)
@@ -396,6 +414,7 @@ def prepare_sweep(
         throttle=spec.throttle,
         hold=hold,
         code=code,
+        job_name=spec.name,
     )
     return PreparedSweep(
         spec,
