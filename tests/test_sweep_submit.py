@@ -411,3 +411,13 @@ def test_a_resubmission_shares_the_throttle_with_the_members_still_running(
         prepared.sweep_dir, [1, 2, 3], workdir=str(tmp_path), facts=ClusterFacts()
     )
     assert [a.spec.spec for a in free] == ["0-2%2"]
+
+
+def test_a_resubmitted_array_keeps_the_sweeps_job_name(tmp_path: Path) -> None:
+    runner = FakeRunner({("sbatch",): sbatch_ids("710"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=2, max_size=None, name="lr-search")
+    _, arrays, _ = plan_resubmission(
+        prepared.sweep_dir, [1], workdir=str(tmp_path), facts=ClusterFacts()
+    )
+    (array,) = arrays
+    assert "#SBATCH --job-name=lr-search\n" in array.script

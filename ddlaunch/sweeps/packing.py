@@ -64,6 +64,7 @@ def packed_members(prepared: PreparedSweep) -> str:
     assert len(prepared.members) == spec.size, "members are the product of the axes"
     head = {
         "sweep_id": prepared.sweep_id,
+        "name": spec.name,  # the arrays' Slurm job name, a resubmission's too
         "source": str(spec.path.absolute()),
         "base": str(spec.base.absolute()),
         "set": list(spec.common),

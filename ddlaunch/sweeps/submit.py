@@ -320,6 +320,8 @@ def plan_resubmission(
         sources=sources,
         facts=facts,
         throttle=free_slots(meta.get("throttle"), busy),
+        # The sweep file's name: (a sweep written before it was recorded: the members' own).
+        job_name=meta.get("name"),
         first_name=next_array_name(sweep_dir),
         hold=hold,
         code=code,

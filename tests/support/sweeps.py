@@ -110,11 +110,17 @@ def sweep_file(tmp_path: Path, body: str) -> Path:
 
 
 def submitted_sweep(
-    tmp_path: Path, runner: Fake, members: int = 5, max_size: int = 3, throttle: int | None = None
+    tmp_path: Path,
+    runner: Fake,
+    members: int = 5,
+    max_size: int = 3,
+    throttle: int | None = None,
+    name: str | None = None,
 ) -> tuple[PreparedSweep, list[ArrayOutcome]]:
     (tmp_path / "base.yaml").write_text(BASE)
     lrs = ", ".join(str(i) for i in range(members))
     head = f"throttle: {throttle}\n" if throttle else ""
+    head += f"name: {name}\n" if name else ""
     path = sweep_file(tmp_path, f"{head}grid:\n  params.lr: [{lrs}]\n")
     prepared = prepare_sweep(
         parse_sweep_file(path),
