@@ -151,7 +151,7 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any
             cause = (
                 "?" if not rec.is_open else "running" if state in ACTIVE_STATES else state.lower()
             )
-        item: dict[str, Any] = {
+        item: dict[str, object] = {
             "attempt": rec.attempt,
             "job_id": rec.job_id,
             "nodes": rec.nodes or "",

@@ -139,7 +139,7 @@ def _close_cut_off(
     dead = list(record.dead_nodes or ())
     blamed = sorted(set(bad_nodes(states)) | set(dead))
     cause = policy.CAUSE_TRAINER_STOP if asked and not blamed else policy.CAUSE_REQUEUED_BY_SLURM
-    extra: dict[str, Any] = {"node_states": states}
+    extra: dict[str, object] = {"node_states": states}
     if asked:
         extra.update(signal=asked.get("signal"), stop=asked.get("why"))
         extra["decision"] = "requeued by Slurm (the trainer's own scontrol requeue)"
@@ -160,7 +160,7 @@ def unclean_end(previous: AttemptRecord | None) -> float | None:
     saw it, or infinity when it was cut off before the end hook (time unknown)."""
     if previous is None or previous.cause in _CLEAN or previous.exit_code == 0:
         return None
-    if previous.exit_code is None and "exit_code" not in previous.nulls:
+    if previous.exit_code is None:
         return float("inf")
     return float(previous.end or float("inf"))
 
