@@ -174,9 +174,8 @@ def conclude(
     log; a login-node caller passes its own). ``details``: more fields for ``outcome.json``
     (a local run's duration)."""
     records = attempts.load(run_dir)
-    current = records[-1] if records else {}
     history = policy.History(
-        resumed_from=current.get("resumed_from"),
+        resumed_from=records[-1].resumed_from if records else None,
         requeues=attempts.requeues(records),
         restarts=attempts.restarts(records),
     )

@@ -189,8 +189,9 @@ class Session:
             if self.rank == 0:
                 print(f"[ddlaunch] {exc.reason}; training continues", flush=True)
                 entry = {"step": exc.step, "reason": exc.reason, "time": time.time()}
-                failed = attempts.load(self.run_dir)[-1:] or [{}]
-                errors = [*failed[0].get("checkpoint_errors", [])[-9:], entry]
+                failed = attempts.load(self.run_dir)[-1:]
+                before = (failed[0].checkpoint_errors if failed else None) or ()
+                errors = [*before[-9:], entry]
                 attempts.update_open(self.run_dir, checkpoint_errors=errors)
             return None
 

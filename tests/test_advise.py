@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.rundirs import write_attempts
 
 from ddlaunch.policy import interval
-from ddlaunch.store import attempts, timings
+from ddlaunch.store import timings
 from ddlaunch.store.rundir import RunDir
 
 
@@ -71,7 +72,7 @@ def measured_run(root: Path, config: str) -> Path:
     the allocation), a save every 20 steps of 0.5 s, 0.2 s stall each."""
     run = RunDir.create(root, "r1")
     run.write_text("config.yaml", config)
-    attempts.save(
+    write_attempts(
         run.path,
         [
             {"attempt": 0, "job_id": "7", "restart_count": 0, "start": T0, "end": T0 + 70.0,

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 from support.fakes import fake_slurm_bin, slurm_calls
+from support.rundirs import write_attempts
 
 import ddlaunch
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config.validate import to_plain
-from ddlaunch.store import attempts, outcome, progress, submission
+from ddlaunch.store import outcome, progress, submission
 from ddlaunch.store.rundir import RunDir
 
 T0 = 1_790_000_000.0
@@ -32,7 +33,7 @@ def make_run(root: Path, name: str, job_id: str, **records: object) -> Path:
     run.write_text("config.yaml", CONFIG)
     submission.write_submission(run.path, {"job_ids": [job_id], "submitted": T0})
     if "attempts" in records:
-        attempts.save(run.path, records["attempts"])  # type: ignore[arg-type]
+        write_attempts(run.path, records["attempts"])  # type: ignore[arg-type]
     if "outcome" in records:
         outcome.write_outcome(run.path, *records["outcome"])  # type: ignore[misc]
     if "progress" in records:

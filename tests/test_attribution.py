@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner
-from support.rundirs import committed_run
+from support.rundirs import attempt_json, committed_run, write_attempts
 
 from ddlaunch.job import attribution as collect
 from ddlaunch.job import hooks
 from ddlaunch.policy import attribution as policy
 from ddlaunch.policy.attribution import Raised, StepLog, TaskEnd, rank_causes
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm-22.05"
@@ -358,7 +357,7 @@ def test_accounting_only_when_the_log_named_no_rank(
 def test_the_end_hook_records_the_killed_rank_of_a_crashed_attempt(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": None}])
+    write_attempts(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": None}])
     (run / "logs").mkdir()
     # An earlier attempt's report above this attempt's start line must not count.
     (run / "logs" / "batch-9.out").write_text(
@@ -375,7 +374,7 @@ def test_the_end_hook_records_the_killed_rank_of_a_crashed_attempt(tmp_path, mon
     )
     settings = hooks.HookSettings(ranks_per_node=2)
     assert hooks.end(run, 137, SlurmClient(runner), AttemptId("9", 0, "9"), settings) == 0
-    record = attempts.load(run)[0]
+    record = attempt_json(run)[0]
     assert record["cause"] == "crash"
     assert record["culprit"] == "rank 1 on node1 killed by SIGKILL"
     assert record["causes"][0] == {

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from support.fakes import FakeRunner
-from support.rundirs import committed_run
+from support.rundirs import attempt_json, committed_run, write_attempts
 
 from ddlaunch.job import attribution as collect
 from ddlaunch.job import hooks
@@ -20,7 +20,6 @@ from ddlaunch.policy import attribution as policy
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.hostlist import expand_hostlist
-from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm-22.05"
@@ -72,7 +71,7 @@ def started_run(tmp_path: Path, runner: FakeRunner) -> tuple[Path, Path]:
 def test_the_start_hook_records_where_its_attempt_begins_in_the_batch_log(tmp_path) -> None:
     run, log = started_run(tmp_path, FakeRunner())
     before = log.read_text().index("[ddlaunch] attempt 0 on")
-    assert attempts.load(run)[0]["log_offset"] == before
+    assert attempt_json(run)[0]["log_offset"] == before
 
 
 def test_16000_per_task_reports_name_the_rank_that_was_killed_first(tmp_path) -> None:
@@ -89,9 +88,9 @@ def test_16000_per_task_reports_name_the_rank_that_was_killed_first(tmp_path) ->
     assert len(json.dumps(got)) < 32 * 1024
     # Without the offset (a run started by an older ddlaunch) the tail cuts off both the
     # culprit's line and the teardown's start: it names a rank of the teardown instead.
-    records = attempts.load(run)
+    records = attempt_json(run)
     del records[0]["log_offset"]
-    attempts.save(run, records)
+    write_attempts(run, records)
     old = collect.attribute(run, JOB, 0, client, log=log, kernel_log=lambda: "")
     assert old["culprit"] != got["culprit"]
     assert old["culprit"].endswith("killed by SIGTERM")
@@ -102,7 +101,7 @@ def test_an_offset_beyond_the_log_falls_back_to_its_tail(tmp_path) -> None:
     (run / "logs").mkdir()
     log = run / "logs" / "batch-9.out"
     log.write_text("srun: error: node1: task 1: Segmentation fault\n")
-    attempts.save(run, [{"attempt": 0, "nodes": "node1", "log_offset": 10**9}])
+    write_attempts(run, [{"attempt": 0, "nodes": "node1", "log_offset": 10**9}])
     step = collect.read_step(run, AttemptId("9", 0, "9"), 0, log)
     assert [(e.rank, e.signal) for e in step.ends] == [(1, "SIGSEGV")]
 

@@ -8,11 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
-from support.rundirs import example_run_dir
+from support.rundirs import attempt_json, example_run_dir, write_attempts
 
 from ddlaunch.config import load_config
 from ddlaunch.health.checks import INJECT_VAR
-from ddlaunch.store import attempts
 from ddlaunch.store import preflight as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.worker import gate
@@ -47,7 +46,7 @@ def test_gate_fails_every_rank_before_training_and_records_why(
     monkeypatch.setenv("MASTER_PORT", str(d.master_port))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
-    attempts.save(run_dir, [{"attempt": 0, "job_id": "41", "nodes": "node1", "restart_count": 0}])
+    write_attempts(run_dir, [{"attempt": 0, "job_id": "41", "nodes": "node1", "restart_count": 0}])
     cfg = load_config(run_dir / "config.yaml")
     assert gate.enabled(cfg, env)
     report = gate.node_phase(cfg, run_dir, d, env, "node1")
@@ -61,7 +60,7 @@ def test_gate_fails_every_rank_before_training_and_records_why(
     assert failed.value.code == gate.GATE_EXIT and "disk:checkpoints" in failed.value.reason
     record = records.read_gate(run_dir, AttemptId("41", 0))
     assert record is not None and record["passed"] is False
-    (rec,) = attempts.load(run_dir)
+    (rec,) = attempt_json(run_dir)
     assert rec["preflight"] == [
         {"node": "node1", "ok": False, "reason": rec["preflight"][0]["reason"]}
     ]

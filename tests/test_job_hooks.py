@@ -8,11 +8,10 @@ import json
 
 import pytest
 from support.fakes import FakeRunner
-from support.rundirs import committed_run
+from support.rundirs import attempt_json, committed_run, write_attempts
 
 from ddlaunch.job import hooks
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.exclusions import excluded
 
@@ -29,7 +28,7 @@ def bad_list(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
 
 def test_start_closes_a_cut_off_attempt_and_blames_down_nodes(tmp_path) -> None:
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(
+    write_attempts(
         run,
         [{"attempt": 0, "job_id": "7", "nodes": "node[1-2]", "start": 1.0, "resumed_from": None}],
     )
@@ -37,7 +36,7 @@ def test_start_closes_a_cut_off_attempt_and_blames_down_nodes(tmp_path) -> None:
     # Recorded from the dev cluster: `sinfo -h -N -o '%N|%T' -n node1,node2` after a node kill.
     runner = FakeRunner({"sinfo": "node1|allocated\nnode2|down*\n"})
     hooks.start(run, SlurmClient(runner), AttemptId.from_env(env), env)
-    records = attempts.load(run)
+    records = attempt_json(run)
     assert records[0]["cause"] == "requeued by Slurm" and records[0]["blamed"] == ["node2"]
     assert records[0]["committed_step"] == 40
     assert records[1] == {
@@ -53,17 +52,17 @@ def test_start_closes_a_cut_off_attempt_and_blames_down_nodes(tmp_path) -> None:
 
 def test_end_requeues_a_crash_that_made_progress(tmp_path) -> None:
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
+    write_attempts(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
     runner = FakeRunner({"sinfo": "node1|allocated\nnode2|allocated\n"})
     assert hooks.end(run, 1, SlurmClient(runner), JOB_9) == 0
     assert ["scontrol", "requeue", "9"] in runner.calls
-    assert attempts.load(run)[0]["cause"] == "crash"
+    assert attempt_json(run)[0]["cause"] == "crash"
     assert not (run / "outcome.json").exists()
 
 
 def test_end_stops_a_crash_without_progress(tmp_path) -> None:
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(
+    write_attempts(
         run,
         [
             {"attempt": 0, "nodes": "node[1-2]", "resumed_from": None, "end": 1},
@@ -82,7 +81,7 @@ def test_end_stops_a_crash_without_progress(tmp_path) -> None:
 
 def test_end_blames_the_node_whose_ranks_died_silently(tmp_path) -> None:
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": None}])
+    write_attempts(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": None}])
     (run / "failures").mkdir()
     for rank in (0, 1):  # the ranks on node1 raised (a peer vanished); node2's were killed
         (run / "failures" / f"rank-{rank}.json").write_text(
@@ -106,7 +105,7 @@ def test_end_blames_the_node_whose_ranks_died_silently(tmp_path) -> None:
     )
     settings = hooks.HookSettings(ranks_per_node=2)
     assert hooks.end(run, 137, SlurmClient(runner), JOB_9, settings) == 0
-    record = attempts.load(run)[0]
+    record = attempt_json(run)[0]
     assert record["cause"] == "node failure" and record["blamed"] == ["node2"]
     assert ["scontrol", "update", "JobId=9", "ExcNodeList=node2"] in runner.calls
     assert runner.calls[-1] == ["scontrol", "requeue", "9"]
@@ -119,12 +118,12 @@ def test_end_concludes_a_signal_save_the_containerised_ranks_left_to_the_host(tm
     from ddlaunch.store import signal_save
 
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(run, [{"attempt": 0, "job_id": "9", "nodes": "node[1-2]", "resumed_from": 20}])
+    write_attempts(run, [{"attempt": 0, "job_id": "9", "nodes": "node[1-2]", "resumed_from": 20}])
     signal_save.write(run, JOB_9, 40, "SIGUSR2")
     runner = FakeRunner({"sacct": ""})
     assert hooks.end(run, 0, SlurmClient(runner), JOB_9) == 0
     assert ["scontrol", "requeue", "9"] in runner.calls
-    record = attempts.load(run)[0]
+    record = attempt_json(run)[0]
     assert (record["cause"], record["committed_step"], record["signal"]) == (
         "signal",
         40,
@@ -148,11 +147,11 @@ def test_a_hang_excludes_the_node_from_the_run_but_only_suspects_it(tmp_path, ba
     from ddlaunch.store import badnodes
 
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
+    write_attempts(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
     _verdict(run, "hang")
     runner = FakeRunner()
     assert hooks.end(run, 137, SlurmClient(runner), JOB_9) == 0
-    assert excluded(run) == ["node2"] and attempts.load(run)[0]["cause"] == "hang"
+    assert excluded(run) == ["node2"] and attempt_json(run)[0]["cause"] == "hang"
     assert badnodes.active_nodes(bad_list) == []  # later jobs may still use it
     (suspect,) = badnodes.suspects(badnodes.load(bad_list), 0.0)
     assert (suspect.node, suspect.source) == ("node2", "run run")
@@ -162,15 +161,15 @@ def test_a_straggler_and_a_node_death_are_evidence_about_the_node(tmp_path, bad_
     from ddlaunch.store import badnodes
 
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
+    write_attempts(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])
     _verdict(run, "straggler")
     assert hooks.end(run, 137, SlurmClient(FakeRunner()), JOB_9) == 0
     assert badnodes.active_nodes(bad_list) == ["node2"]
     badnodes.save([], bad_list)
     # A node Slurm declared down while the job ran (the start hook of the next attempt).
-    records = attempts.load(run)
+    records = attempt_json(run)
     records.append({"attempt": 1, "job_id": "9", "nodes": "node[1-2]", "start": 2.0})
-    attempts.save(run, records)
+    write_attempts(run, records)
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "2", "SLURM_JOB_NODELIST": "node[1,3]"}
     runner = FakeRunner({"sinfo": "node1|allocated\nnode2|down*\n"})
     hooks.start(run, SlurmClient(runner), AttemptId.from_env(env), env)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner
-from support.rundirs import example_run_dir, in_attempt
+from support.rundirs import attempt_json, example_run_dir, in_attempt, write_attempts
 
 from ddlaunch.job import hooks
 from ddlaunch.job.preflight import preflight_outcome
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, badnodes
+from ddlaunch.store import badnodes
 from ddlaunch.store import preflight as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.watchdog import verdict_path
@@ -53,7 +53,7 @@ def test_a_staging_source_missing_on_every_node_stops_and_blames_none(
 
     run_dir = example_run_dir(tmp_path)
     attempt = in_attempt(monkeypatch, tmp_path, "6", 0)
-    attempts.save(run_dir, [{"attempt": 0, "job_id": "6", "nodes": "node1", "start": 1.0}])
+    write_attempts(run_dir, [{"attempt": 0, "job_id": "6", "nodes": "node1", "start": 1.0}])
     item = {"name": "train", "src": "/nope", "dst": "/var/tmp/s/node1/data/train-1"}
     item |= {"state": "failed", "error": "FileNotFoundError: /nope: no such file or directory"}
     missing = {"checks": [staging.check([item]).as_dict()], "net": {"skipped": "single node"}}
@@ -71,7 +71,7 @@ def test_a_staging_source_missing_on_every_node_stops_and_blames_none(
     assert f"[ddlaunch] preflight: {reason}\n" in capsys.readouterr().out
     assert badnodes.active_nodes(tmp_path / "bad.json") == []
     assert not (run_dir / "excluded_nodes.json").exists()
-    (rec,) = attempts.load(run_dir)
+    (rec,) = attempt_json(run_dir)
     assert not rec.get("blamed") and not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
 
 
@@ -88,7 +88,7 @@ def _in_rank_preflight(
     on disk, the gate record (or none: the ranks ended before the verdict)."""
     run_dir = example_run_dir(tmp_path)
     attempt = in_attempt(monkeypatch, tmp_path, "377", 0)
-    attempts.save(
+    write_attempts(
         run_dir,
         [{"attempt": 0, "job_id": "377", "nodes": "node[1-2]", "start": 1.0, "restart_count": 0}],
     )
@@ -117,7 +117,7 @@ def test_end_hook_excludes_the_node_that_failed_the_gate_and_requeues(
         {"passed": False, "reason": "preflight failed: node2: disk:checkpoints: 0.00 GB free"},
     )
     assert hooks.end(run_dir, 75, SlurmClient(runner), ATTEMPT) == 0
-    (rec,) = attempts.load(run_dir)
+    (rec,) = attempt_json(run_dir)
     assert rec["cause"] == "preflight" and rec["blamed"] == ["node2"]
     assert "disk:checkpoints" in rec["health"]
     assert runner.calls[-1] == ["scontrol", "update", "JobId=377", "ExcNodeList=node2"]
@@ -134,7 +134,7 @@ def test_end_hook_blames_a_node_that_never_reported(
     judges from the reports on disk and records the verdicts itself."""
     run_dir, runner = _in_rank_preflight(tmp_path, monkeypatch, {"node1": _OK_REPORT}, None)
     assert hooks.end(run_dir, 1, SlurmClient(runner), ATTEMPT) == 0
-    (rec,) = attempts.load(run_dir)
+    (rec,) = attempt_json(run_dir)
     assert rec["cause"] == "preflight" and rec["blamed"] == ["node2"]
     assert [p["ok"] for p in rec["preflight"]] == [True, False]
     latest = json.loads((run_dir / "health" / "preflight.json").read_text())
@@ -151,7 +151,7 @@ def test_end_hook_treats_a_crash_after_a_passed_gate_as_a_crash(
         {"passed": True, "reason": "every node passed", "printed": True},
     )
     assert hooks.end(run_dir, 1, SlurmClient(runner), ATTEMPT) == 1
-    (rec,) = attempts.load(run_dir)
+    (rec,) = attempt_json(run_dir)
     assert rec["cause"] == "crash" and not any(
         c[:2] == ["scontrol", "requeue"] for c in runner.calls
     )
@@ -162,7 +162,7 @@ def test_end_hook_consumes_the_watchdog_verdict(
 ) -> None:
     run_dir = example_run_dir(tmp_path)
     attempt = in_attempt(monkeypatch, tmp_path, "9", 1)
-    attempts.save(
+    write_attempts(
         run_dir,
         [
             {
@@ -183,7 +183,7 @@ def test_end_hook_consumes_the_watchdog_verdict(
     sinfo = CommandResult(("sinfo",), 0, "node2|mixed\n", "")
     runner = FakeRunner({"sinfo": sinfo})
     assert hooks.end(run_dir, 137, SlurmClient(runner), attempt) == 0
-    rec = attempts.load(run_dir)[-1]
+    rec = attempt_json(run_dir)[-1]
     assert rec["cause"] == "hang" and rec["blamed"] == ["node2"]
     assert rec["health"] == "rank(s) 1 stuck"
     assert ["scontrol", "update", "JobId=9", "ExcNodeList=node2"] in runner.calls

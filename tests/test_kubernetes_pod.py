@@ -17,11 +17,12 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from support.kube import container_of, documents, pod_environment, pod_templates
-from support.rundirs import committed_run
+from support.rundirs import attempt_json, committed_run, write_attempts
 
 from ddlaunch.app.kubernetes import create_run_dir, prepare_objects
 from ddlaunch.job.pod import conclude_attempt
@@ -40,7 +41,7 @@ def _open(run: Path, previous: int = 0, resumed_from: int | None = None) -> None
         {
             **attempts.new_record(
                 i, AttemptId("golden", i, "golden"), nodes="2 pods", host="n", resumed_from=None
-            ),
+            ).to_json(),
             "end": 1.0,
             "cause": "crash",
         }
@@ -49,14 +50,14 @@ def _open(run: Path, previous: int = 0, resumed_from: int | None = None) -> None
     records.append(
         attempts.new_record(previous, ATTEMPT, nodes="2 pods", host="n", resumed_from=resumed_from)
     )
-    attempts.save(run, records)
+    write_attempts(run, records)
 
 
 def test_a_crash_after_progress_restarts_the_gang(tmp_path: Path) -> None:
     run = committed_run(tmp_path, [50])
     _open(run)
     assert conclude_attempt(run, ATTEMPT, ranks_exit=1) == RETRY_EXIT
-    last = attempts.load(run)[-1]
+    last = attempt_json(run)[-1]
     assert (last["cause"], last["decision"]) == (
         "crash",
         "requeue after crash: committed step none -> 50",
@@ -70,9 +71,9 @@ def test_a_crash_without_progress_stops(tmp_path: Path) -> None:
     _open(run, resumed_from=50)
     assert conclude_attempt(run, ATTEMPT, ranks_exit=1) == STOP_EXIT
     record = outcome.read_outcome(run)
-    assert record["state"] == "FAILED"
+    assert record.state == "FAILED"
     assert (
-        record["reason"]
+        record.reason
         == "stopped: no progress in the last attempt (the committed step stayed at 50)"
     )
 
@@ -81,7 +82,7 @@ def test_the_requeue_cap_stops(tmp_path: Path) -> None:
     run = committed_run(tmp_path, [50], "fault_tolerance: {max_requeues: 2}\n")
     _open(run, previous=2)
     assert conclude_attempt(run, ATTEMPT, ranks_exit=1) == STOP_EXIT
-    assert outcome.read_outcome(run)["reason"] == (
+    assert outcome.read_outcome(run).reason == (
         "stopped: 2 requeues reached fault_tolerance.max_requeues=2"
     )
 
@@ -90,12 +91,12 @@ def test_completion_and_a_signal_save(tmp_path: Path) -> None:
     run = committed_run(tmp_path, [300])
     _open(run)
     assert conclude_attempt(run, ATTEMPT, ranks_exit=0) == 0
-    assert outcome.read_outcome(run)["state"] == "COMPLETED"
+    assert outcome.read_outcome(run).state == "COMPLETED"
     run2 = committed_run(tmp_path / "b", [60])
     _open(run2)
     signal_save.write(run2, ATTEMPT, 60, "SIGTERM")  # rank 0 saved on Kubernetes' SIGTERM
     assert conclude_attempt(run2, ATTEMPT, ranks_exit=0) == RETRY_EXIT
-    assert attempts.load(run2)[-1]["cause"] == "signal"
+    assert attempt_json(run2)[-1]["cause"] == "signal"
 
 
 def _free_port() -> int:
@@ -172,13 +173,13 @@ def test_two_pods_run_one_job_and_node_0_concludes(tmp_path: Path) -> None:
     ]
     assert {r["master"] for r in records} == {f"127.0.0.1:{port}"}
     assert {r["rank_sum"] for r in records} == {6.0}
-    (attempt,) = attempts.load(run_dir)
+    (attempt,) = attempt_json(run_dir)
     assert (attempt["job_id"], attempt["cause"], attempt["batch_host"]) == (
         "podrun",
         "completed",
         "pod-0",
     )
-    assert outcome.read_outcome(run_dir)["state"] == "COMPLETED"
+    assert outcome.read_outcome(run_dir).state == "COMPLETED"
     assert pods.read_decision(run_dir, AttemptId("podrun", 0, "podrun"))["exit_code"] == 0
     assert "node 0 concluded: completed" in results[1][1]
     assert (run_dir / "logs" / "rank-3.out").is_file()
@@ -190,9 +191,9 @@ def test_a_failed_rank_on_node_0_stops_every_pod_with_the_stop_code(tmp_path: Pa
     # Node 1's rank would sleep two minutes: its pod ends it on node 0's decision.
     assert [code for code, _ in results] == [STOP_EXIT, STOP_EXIT], results
     record = outcome.read_outcome(run_dir)
-    assert record["state"] == "FAILED"
+    assert record.state == "FAILED"
     assert (
-        record["reason"]
+        record.reason
         == "stopped: no progress in the last attempt (no checkpoint was ever committed)"
     )
     failure = json.loads((run_dir / "failures" / "rank-0.json").read_text())
@@ -257,17 +258,21 @@ def test_status_target_kubernetes_reads_the_pods_records(tmp_path: Path) -> None
     first = attempts.new_record(
         0, AttemptId("podrun", 0, "podrun"), nodes="2 pods", host="a", resumed_from=None
     )
-    first.update(
-        start=1700000000.0, end=1700000060.0, cause="restarted by Kubernetes", committed_step=20
+    first = replace(
+        first,
+        start=1700000000.0,
+        end=1700000060.0,
+        cause="restarted by Kubernetes",
+        committed_step=20,
     )
     second = attempts.new_record(
         1, AttemptId("podrun", 1, "podrun"), nodes="2 pods", host="a", resumed_from=20
     )
-    second["start"] = 1700000100.0
-    attempts.save(done.run_dir, [first, second])
+    second = replace(second, start=1700000100.0)
+    write_attempts(done.run_dir, [first, second])
     assert row()[:4] == ["podrun", "podrun", "RUNNING", "2 pods"]
-    second.update(end=1700000130.0, cause="crash", committed_step=40)
-    attempts.save(done.run_dir, [first, second])
+    second = replace(second, end=1700000130.0, cause="crash", committed_step=40)
+    write_attempts(done.run_dir, [first, second])
     ckpt = done.run_dir / "checkpoints" / "step-40"
     ckpt.mkdir(parents=True)
     (ckpt / ".metadata").write_text("x")

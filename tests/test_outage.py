@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner, failed, ok
+from support.rundirs import attempt_json, write_attempts
 
 from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.conclude import conclude
@@ -135,7 +136,7 @@ def _open_attempt(tmp_path: Path) -> Path:
     record = attempts.new_record(
         0, AttemptId("7", 0, "7"), nodes="n1", host="n1", resumed_from=None
     )
-    attempts.save(run, [record])
+    write_attempts(run, [record])
     return run
 
 
@@ -151,7 +152,7 @@ def test_requeue_is_retried_until_the_controller_answers_and_recorded(
     ending, budget = Ending("crash", 40), RetryBudget(max_requeues=3)
     done = conclude(run, ending, budget, SlurmClient(runner), job="7")
     assert done.requeued
-    (record,) = attempts.load(run)
+    (record,) = attempt_json(run)
     assert record["decision"] == "requeue after crash: committed step none -> 40"
     requeue = record["requeue"]
     assert requeue["done"] is True and requeue["tries"] == 3
@@ -174,5 +175,5 @@ def test_a_requeue_that_never_gets_through_stops_the_run_with_the_reason(
         f"requeue failed: scontrol requeue 7 failed (exit 1): {KILLED['requeue']}; "
         "ddlaunch resume run continues"
     )
-    (record,) = attempts.load(run)
+    (record,) = attempt_json(run)
     assert record["requeue"]["done"] is False and record["requeue"]["tries"] == 1

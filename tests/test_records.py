@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
-from ddlaunch.store import attempts, records
+from ddlaunch.store import attempts, outcome, records
 
 
 @pytest.mark.parametrize(
@@ -44,3 +46,57 @@ def test_a_missing_record_is_no_problem_and_a_field_of_the_wrong_kind_is_dropped
         "unreadable attempts.json: attempt 0's start is a string where a number is expected",
         "unreadable attempts.json: attempt 1 is a number where an object is expected",
     ]
+
+
+def test_the_attempt_record_has_an_attribute_for_each_field() -> None:
+    names = [f.name for f in dataclasses.fields(attempts.AttemptRecord)]
+    assert names == [*attempts.FIELDS, "extra", "nulls"]
+
+
+def test_an_attempt_record_is_rewritten_as_it_was_read(tmp_path: Path) -> None:
+    # Nulls stay nulls, absent fields stay absent, whole numbers stay whole, and keys this
+    # version does not know (another version's) survive an update.
+    written = [
+        {"attempt": 0, "job_id": "9", "start": 1, "resumed_from": None, "blamed": [],
+         "from_a_newer_version": {"x": [1, 2]}},
+        {"attempt": 1, "job_id": "9", "start": 2.5, "end": 3.0, "causes": [{"rank": 1}]},
+    ]  # fmt: skip
+    path = tmp_path / "attempts.json"
+    path.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+    before = path.read_bytes()
+    loaded = attempts.load(tmp_path)
+    assert [r.to_json() for r in loaded] == written
+    assert (loaded[0].start, loaded[0].resumed_from, loaded[0].blamed) == (1, None, ())
+    assert loaded[0].is_open and not loaded[1].is_open
+    assert loaded[1].causes == ({"rank": 1},) and loaded[0].causes is None
+    attempts.save(tmp_path, loaded)
+    assert path.read_bytes() == before
+    assert attempts.update_last(tmp_path, guard="requeued", exit_code=None)
+    assert attempts.load(tmp_path)[-1].to_json() == {
+        **written[1],
+        "guard": "requeued",
+        "exit_code": None,
+    }
+
+
+def test_a_bad_attempt_field_is_dropped_and_the_rest_kept() -> None:
+    record = attempts.AttemptRecord.from_json({"attempt": "one", "nodes": "n1", "odd": 1})
+    assert (record.attempt, record.nodes, record.extra) == (None, "n1", {"odd": 1})
+
+
+def test_closing_an_attempt_returns_the_closed_record() -> None:
+    opened = attempts.AttemptRecord(attempt=0, job_id="9", start=1.0)
+    closed = attempts.close(opened, cause="crash", committed_step=None, culprit="rank 1")
+    assert opened.is_open and not closed.is_open
+    assert (closed.cause, closed.culprit, closed.committed_step) == ("crash", "rank 1", None)
+    assert closed.to_json()["committed_step"] is None  # recorded as not known
+
+
+def test_the_outcome_record(tmp_path: Path) -> None:
+    assert outcome.read_outcome(tmp_path) is None
+    outcome.write_outcome(tmp_path, "COMPLETED", "done", duration_s=5)
+    found = outcome.read_outcome(tmp_path)
+    assert found is not None
+    assert (found.state, found.reason, found.details) == ("COMPLETED", "done", {"duration_s": 5})
+    (tmp_path / "outcome.json").write_text('{"state": 3, "time": 1}')
+    assert outcome.read_outcome(tmp_path) == outcome.Outcome(None, "", 1.0, {})

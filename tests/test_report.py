@@ -8,13 +8,19 @@ from pathlib import Path
 import pytest
 
 from ddlaunch.app import report
+from ddlaunch.store.attempts import AttemptRecord
+
+
+def _attempts(*records: dict[str, object]) -> list[AttemptRecord]:
+    """Attempt records as ``attempts.json`` holds them."""
+    return [AttemptRecord.from_json(r) for r in records]
 
 
 def test_timeline_and_html() -> None:
     t = report.build(
         "r1",
         "COMPLETED",
-        [
+        _attempts(
             {
                 "attempt": 0,
                 "job_id": "5",
@@ -34,7 +40,7 @@ def test_timeline_and_html() -> None:
                 "cause": "completed",
                 "committed_step": 100,
             },
-        ],
+        ),
         [(20, 100.0), (40, 200.0)],
         [{"time": 150.0, "rank": 1, "host": "n2", "exception": "ValueError"}],
         [{"time": 60.0, "step": 0}, {"time": 160.0, "step": 50}, {"time": 260.0, "step": 100}],
@@ -53,7 +59,7 @@ def test_report_draws_a_png(tmp_path: Path) -> None:
     t = report.build(
         "r1",
         "RUNNING",
-        [{"attempt": 0, "nodes": "n1", "start": 0.0}],
+        _attempts({"attempt": 0, "nodes": "n1", "start": 0.0}),
         [],
         [],
         [{"time": 0.0, "step": 0}, {"time": 60.0, "step": 30}],
@@ -132,7 +138,7 @@ def test_a_crashed_attempt_says_its_exception_and_a_cancel_is_no_failure() -> No
         "where": "train.py:9",
         "time": 50.0,
     }
-    t = report.build("r", "RUNNING", [crash], [], [failure], [])
+    t = report.build("r", "RUNNING", _attempts(crash), [], [failure], [])
     assert t.attempts[0].detail == "rank 1 on node1: ValueError: boom at train.py:9"
     assert report.color("cancelled") != report.color("crash")
 
@@ -155,7 +161,7 @@ def test_the_axis_hugs_the_data_and_labels_never_overprint() -> None:
     pytest.importorskip("matplotlib")
     from ddlaunch.app.report_figure import LABEL_GAP, _Minutes, _spaced, throughput_note, x_limits
 
-    attempts = [{"attempt": 0, "start": 0.0, "end": 600.0, "cause": "completed"}]
+    attempts = _attempts({"attempt": 0, "start": 0.0, "end": 600.0, "cause": "completed"})
     ckpts = [(s, 10.0 + 5.0 * s) for s in range(0, 120, 1)]  # every 5 s: labels would crowd
     t = report.build("r", "COMPLETED", attempts, ckpts, [], [{"time": 10.0, "step": 0}])
     low, high = x_limits(t)

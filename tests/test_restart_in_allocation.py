@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner
-from support.rundirs import committed_run
+from support.rundirs import attempt_json, committed_run, write_attempts
 
 from ddlaunch.job import hooks
 from ddlaunch.policy.heartbeats import current_beats
@@ -19,7 +19,7 @@ from ddlaunch.policy.requeue import Ending, History, RetryBudget, decide
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts
-from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.attempts import AttemptId, AttemptRecord
 from ddlaunch.store.outcome import CANCEL_FILE
 from ddlaunch.worker.distenv import from_environ, master_port_for
 
@@ -200,11 +200,11 @@ def test_decide_restart_requeue_or_stop(
 
 def test_restarts_and_requeues_are_counted_apart() -> None:
     records = [
-        {"attempt": 0},
-        {"attempt": 1, "in_allocation": True, "relaunch": 1},
-        {"attempt": 2},  # a requeue: a new start of the job
-        {"attempt": 3, "in_allocation": True, "relaunch": 1},
-        {"attempt": 4, "in_allocation": True, "relaunch": 2},
+        AttemptRecord(attempt=0),
+        AttemptRecord(attempt=1, in_allocation=True, relaunch=1),
+        AttemptRecord(attempt=2),  # a requeue: a new start of the job
+        AttemptRecord(attempt=3, in_allocation=True, relaunch=1),
+        AttemptRecord(attempt=4, in_allocation=True, relaunch=2),
     ]
     assert attempts.requeues(records) == 1
     assert attempts.restarts(records) == 3
@@ -214,7 +214,7 @@ def test_restarts_and_requeues_are_counted_apart() -> None:
 def _run_with_open_attempt(tmp_path, committed, **record):  # type: ignore[no-untyped-def]
     run = committed_run(tmp_path, committed)
     base = {"attempt": 0, "job_id": "9", "restart_count": 0, "nodes": "node[1-2]"}
-    attempts.save(run, [{**base, "resumed_from": None, **record}])
+    write_attempts(run, [{**base, "resumed_from": None, **record}])
     return run
 
 
@@ -229,7 +229,7 @@ def test_end_hook_asks_the_script_for_a_restart_and_never_requeues(tmp_path) -> 
     code = hooks.end(run, 1, SlurmClient(runner), AttemptId("9", 0, "9"), can_restart=True)
     assert code == hooks.RESTART_EXIT
     assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
-    record = attempts.load(run)[0]
+    record = attempt_json(run)[0]
     assert record["cause"] == "crash" and record["committed_step"] == 40
     assert record["decision"] == (
         "restart in the allocation after crash: committed step none -> 40 (restart 1 of 3)"
@@ -255,7 +255,7 @@ def test_no_restart_without_the_controller_or_once_the_job_moved_on(tmp_path, an
     runner = FakeRunner({**HEALTHY, "scontrol show job": answer})
     code = hooks.end(run, 1, SlurmClient(runner), AttemptId("9", 0, "9"), can_restart=True)
     assert code != hooks.RESTART_EXIT
-    decision = attempts.load(run)[0]["decision"]
+    decision = attempt_json(run)[0]["decision"]
     assert decision.startswith("requeue after crash: committed step none -> 40"), decision
 
 
@@ -285,12 +285,12 @@ def test_a_cancel_between_restarts_stops_for_good(tmp_path) -> None:
     assert code == 1
     outcome = json.loads((run / "outcome.json").read_text())
     assert outcome["state"] == "CANCELLED"
-    assert attempts.load(run)[0]["cause"] == "cancelled"
+    assert attempt_json(run)[0]["cause"] == "cancelled"
 
 
 def test_restarts_used_up_fall_back_to_a_requeue(tmp_path) -> None:
     run = committed_run(tmp_path, [20, 40, 60])
-    attempts.save(
+    write_attempts(
         run,
         [
             {"attempt": 0, "job_id": "9", "resumed_from": None, "end": 1, "cause": "crash"},
@@ -308,12 +308,12 @@ def test_restarts_used_up_fall_back_to_a_requeue(tmp_path) -> None:
     settings = hooks.HookSettings(max_restarts=1, max_requeues=1)
     code = hooks.end(run, 1, SlurmClient(runner), AttemptId("9", 0, "9", 1), settings, True)
     assert code == 0 and runner.calls[-1] == ["scontrol", "requeue", "9"]
-    assert attempts.load(run)[1]["decision"] == "requeue after crash: committed step 40 -> 60"
+    assert attempt_json(run)[1]["decision"] == "requeue after crash: committed step 40 -> 60"
 
 
 def test_start_hook_records_a_restart_in_the_allocation(tmp_path) -> None:
     run = committed_run(tmp_path, [20, 40])
-    attempts.save(
+    write_attempts(
         run,
         [
             {
@@ -332,7 +332,7 @@ def test_start_hook_records_a_restart_in_the_allocation(tmp_path) -> None:
     runner = FakeRunner({})
     attempt = AttemptId.from_env(env)
     hooks.start(run, SlurmClient(runner), attempt, env)
-    first, second = attempts.load(run)
+    first, second = attempt_json(run)
     assert first["cause"] == "crash"  # closed by its end hook: left as it was
     assert second == {
         **second,
@@ -359,7 +359,7 @@ def test_each_restart_is_its_own_attempt_for_files_ports_and_records() -> None:
     first = AttemptId.from_env(env)
     again = AttemptId.from_env({**env, "DDLAUNCH_RELAUNCH": "2"})
     assert (first.key, again.key) == ("9-0", "9-0.2")
-    assert attempts.record_key({"job_id": "9", "restart_count": 0, "relaunch": 2}) == "9-0.2"
+    assert AttemptRecord(job_id="9", restart_count=0, relaunch=2).key == "9-0.2"
     ports = {from_environ({**env, "DDLAUNCH_RELAUNCH": str(n)}).master_port for n in range(4)}
     assert len(ports) == 4  # a new MASTER_PORT per restart
     assert from_environ(env).master_port == master_port_for("9", 0)  # unchanged without one
@@ -388,6 +388,7 @@ def test_status_and_report_tell_a_restart_from_a_requeue() -> None:
         {**base, "attempt": 2, "restart_count": 1, "start": 90.0, "end": 130.0,
          "cause": "completed", "resumed_from": 80, "committed_step": 300},
     ]  # fmt: skip
+    records = [AttemptRecord.from_json(r) for r in records]
     # Each restart's failure records are its own: attempt 1's rank 1, not attempt 0's.
     failures = [
         {"rank": 1, "host": "node1", "job_id": "9", "attempt": 0, "relaunch": relaunch,
@@ -430,5 +431,5 @@ def test_rank_0_names_the_attempt_as_status_does(tmp_path: Path) -> None:
     again = attempts.new_record(
         1, AttemptId("9", 0, "9", 1), nodes="n1", host="n1", resumed_from=20
     )
-    attempts.save(tmp_path, [first, again])
+    write_attempts(tmp_path, [first, again])
     assert (_attempt_said(0, tmp_path), _attempt_said(1, tmp_path)) == (" attempt 1", "")

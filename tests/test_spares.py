@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.fakes import FakeRunner
-from support.rundirs import committed_run
+from support.rundirs import attempt_json, committed_run, write_attempts
 
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config import ConfigError, load_config
@@ -27,8 +27,8 @@ from ddlaunch.policy.placement import describe_shortage, place
 from ddlaunch.policy.requeue import Ending, History, RetryBudget, decide
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, exclusions
-from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store import exclusions
+from ddlaunch.store.attempts import AttemptId, AttemptRecord
 from ddlaunch.store.watchdog import write_verdict
 
 ALLOC = ["node1", "node2", "node3"]
@@ -133,7 +133,7 @@ def _dead_node_run(tmp_path: Path) -> Path:
     """An attempt on node1,node2 (node3 spare) whose step the watchdog ended: node2 died."""
     run = committed_run(tmp_path, [20, 40, 60])
     record = {"attempt": 0, "job_id": "9", "restart_count": 0, "nodes": "node1,node2"}
-    attempts.save(run, [{**record, "resumed_from": 40, "start": 1.0}])
+    write_attempts(run, [{**record, "resumed_from": 40, "start": 1.0}])
     verdict = {"cause": "node failure", "nodes": ["node2"], "detail": "node2 slurmd unreachable"}
     write_verdict(run, AttemptId("9", 0, "9"), verdict)
     return run
@@ -150,7 +150,7 @@ def test_end_hook_restarts_on_the_spare_after_a_dead_node(tmp_path: Path) -> Non
     code = hooks.end(run, 137, client, AttemptId("9", 0, "9"), SPARE, True, ENV)
     assert code == hooks.RESTART_EXIT
     assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
-    record = attempts.load(run)[0]
+    record = attempt_json(run)[0]
     assert (record["cause"], record["blamed"]) == ("node failure", ["node2"])
     assert record["decision"] == (
         "restart in the allocation after node failure: committed step 40 -> 60, without node2 "
@@ -166,9 +166,7 @@ def test_without_a_usable_spare_the_dead_node_means_a_requeue(tmp_path: Path) ->
     runner = _slurm("node1|allocated\nnode2|allocated*\nnode3|down*\n")
     code = hooks.end(run, 137, SlurmClient(runner), AttemptId("9", 0, "9"), SPARE, True, ENV)
     assert code == 0 and runner.calls[-1] == ["scontrol", "requeue", "9"]
-    assert (
-        attempts.load(run)[0]["decision"] == "requeue after node failure: committed step 40 -> 60"
-    )
+    assert attempt_json(run)[0]["decision"] == "requeue after node failure: committed step 40 -> 60"
 
 
 def test_a_job_without_spares_requeues_as_before(tmp_path: Path) -> None:
@@ -186,7 +184,7 @@ def test_the_start_hook_records_the_step_its_spares_and_a_shrink(tmp_path: Path)
     env = {"SLURM_JOB_NODELIST": "node[1-2]", "DDLAUNCH_STEP_NODELIST": "node1"}
     runner = FakeRunner({"sinfo": "node1|allocated\nnode2|down*\n"})
     hooks.start(run, SlurmClient(runner), AttemptId("9", 0, "9", 1), env, shrink)
-    (record,) = attempts.load(run)
+    (record,) = attempt_json(run)
     assert record["nodes"] == "node1" and record["allocation"] == "node[1-2]"
     assert record["spares"] == [] and record["world_size"] == 2
     assert record["shrunk"] == (
@@ -375,14 +373,14 @@ def test_a_node_that_fails_the_preflight_is_replaced_by_the_spare_in_the_allocat
     run_dir = example_run_dir(tmp_path)
     attempt = in_attempt(monkeypatch, tmp_path, "9", 0)
     record = {"attempt": 0, "job_id": "9", "restart_count": 0, "nodes": "node1,node2"}
-    attempts.save(run_dir, [{**record, "resumed_from": None, "start": 1.0}])
+    write_attempts(run_dir, [{**record, "resumed_from": None, "start": 1.0}])
     for host, rep in {"node1": _OK, "node2": _FULL}.items():
         records.write_report(run_dir, attempt, host, {"host": host, **rep})
     runner = _slurm("node1|allocated\nnode2|allocated\nnode3|allocated\n")
     code = hooks.end(run_dir, 1, SlurmClient(runner), attempt, SPARE, True, ENV)
     assert code == hooks.RESTART_EXIT
     assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
-    (rec,) = attempts.load(run_dir)
+    (rec,) = attempt_json(run_dir)
     assert (rec["cause"], rec["blamed"]) == ("preflight", ["node2"])
     assert rec["decision"] == (
         "restart in the allocation after preflight, without node2 (restart 1 of 3)"
@@ -404,6 +402,7 @@ def test_status_and_report_say_a_shrink() -> None:
          "relaunch": 1, "in_allocation": True, "shrunk": shrunk, "cause": "completed",
          "resumed_from": 60, "committed_step": 300},
     ]  # fmt: skip
+    records = [AttemptRecord.from_json(r) for r in records]
     history = attempt_history(SimpleNamespace(attempts=records, failures=[]), "COMPLETED")  # type: ignore[arg-type]
     lines = [line.split(" at ")[0] for line in attempt_lines(SimpleNamespace(history=history))]
     assert lines == [
@@ -429,7 +428,7 @@ def test_the_guard_requeues_the_job_once_slurm_removes_its_batch_host(
 
     run_dir = example_run_dir(tmp_path)
     attempt = in_attempt(monkeypatch, tmp_path, "9", 0)
-    attempts.save(run_dir, [{"attempt": 0, "job_id": "9", "nodes": "node1", "start": 1.0}])
+    write_attempts(run_dir, [{"attempt": 0, "job_id": "9", "nodes": "node1", "start": 1.0}])
     # Recorded on the dev cluster (22.05): squeue of the job before and after Slurm removed
     # its failed batch host; sinfo meanwhile says mixed* (not responding), never down.
     rows = iter(
@@ -452,7 +451,7 @@ def test_the_guard_requeues_the_job_once_slurm_removes_its_batch_host(
     assert exclusions.excluded(run_dir) == ["node1"]
     assert badnodes.active_nodes(tmp_path / "bad.json") == ["node1"]
     why = "batch host node1 removed from the job by Slurm (NodeList=node2)"
-    (rec,) = attempts.load(run_dir)
+    (rec,) = attempt_json(run_dir)
     assert rec["guard"] == f"requeued by ddlaunch's guard: {why}"
     assert capsys.readouterr().out == (
         "[ddlaunch guard] watching batch host node1\n"
@@ -461,7 +460,7 @@ def test_the_guard_requeues_the_job_once_slurm_removes_its_batch_host(
     # The start hook of the requeued job closes the cut-off attempt with the guard's words.
     restart = FakeRunner({"sinfo": "node1|down*\nnode2|idle\n"})
     hooks.start(run_dir, SlurmClient(restart), AttemptId("9", 1, "9"), {}, hooks.HookSettings())
-    first = attempts.load(run_dir)[0]
+    first = attempt_json(run_dir)[0]
     assert (first["cause"], first["blamed"]) == ("requeued by Slurm", ["node1"])
     assert first["decision"] == f"requeued by ddlaunch's guard: {why}"
 
@@ -524,7 +523,7 @@ def test_a_node_the_watchdog_saw_die_is_blamed_after_slurms_requeue_even_once_ba
 
     run = committed_run(tmp_path, [20, 40])
     record = {"attempt": 0, "job_id": "7", "restart_count": 0, "nodes": "node[1-2]"}
-    attempts.save(run, [{**record, "resumed_from": None, "start": 1.0}])
+    write_attempts(run, [{**record, "resumed_from": None, "start": 1.0}])
     now = time.time()
     runner = _node2_died(run, now)
     attempt = AttemptId("7", 0, "7")
@@ -540,12 +539,12 @@ def test_a_node_the_watchdog_saw_die_is_blamed_after_slurms_requeue_even_once_ba
         sleep=lambda s: None,
         nodes=nodes,
     )
-    (opened,) = attempts.load(run)
+    (opened,) = attempt_json(run)
     assert opened["dead_nodes"] == ["node2"] and "end" not in opened
     # Slurm requeued the job; node2 is back (mixed) when the next attempt starts.
     back = FakeRunner({"sinfo": "node1|mixed\nnode2|mixed\n"})
     hooks.start(run, SlurmClient(back), AttemptId("7", 1, "7"), {}, hooks.HookSettings())
-    first = attempts.load(run)[0]
+    first = attempt_json(run)[0]
     assert (first["cause"], first["blamed"]) == ("requeued by Slurm", ["node2"])
     assert exclusions.excluded(run) == ["node2"]
     assert badnodes.active_nodes(Path(os.environ["DDLAUNCH_BAD_NODES"])) == ["node2"]

@@ -337,7 +337,9 @@ def test_queued_runs_are_cached_until_their_directory_changes(
     reader = runs.RunReader()
     info = reader.read(dirs[1])
     reader.save()
-    assert calls == [dirs[1]] and info.attempts == [{"attempt": 0, "start": 1.0}]
+    assert calls == [dirs[1]] and [a.to_json() for a in info.attempts] == [
+        {"attempt": 0, "start": 1.0}
+    ]
     # A directory changed within the last seconds is never cached.
     fresh = make_run(tmp_path, "fresh", "78")
     reader = runs.RunReader()

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 from support.fakes import fake_slurm_bin, slurm_calls
+from support.rundirs import write_attempts
 
-from ddlaunch.store import attempts, outcome, progress, submission
+from ddlaunch.store import outcome, progress, submission
 from ddlaunch.store.rundir import RunDir
 
 T0 = 1_790_000_000.0  # a fixed submission clock: rows sort by it
@@ -35,7 +36,7 @@ def make_run(root: Path, name: str, job_id: str | None, submitted: float, **reco
     else:
         submission.write_intent(run.path, {"created": submitted, "state": "submitted"})
     if "attempts" in records:
-        attempts.save(run.path, records["attempts"])
+        write_attempts(run.path, records["attempts"])
     if "outcome" in records:
         outcome.write_outcome(run.path, *records["outcome"])
     if "progress" in records:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.fakes import FakeRunner
+from support.rundirs import attempt_json, write_attempts
 
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config.validate import to_plain
@@ -93,13 +94,13 @@ def hf_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
 
 
 def open_attempt(run: Path, resumed_from: int | None, attempt: AttemptId = JOB) -> None:
-    records = attempts.load(run)
+    records = attempt_json(run)
     records.append(
         attempts.new_record(
             len(records), attempt, nodes="node[1-2]", host="node1", resumed_from=resumed_from
         )
     )
-    attempts.save(run, records)
+    write_attempts(run, records)
 
 
 SINFO = {"sinfo": "node1|allocated\nnode2|allocated\n"}
@@ -159,7 +160,7 @@ def test_end_hook_requeue_matrix(
         stops.write_stop(run, JOB, why="time limit in 120 s", signal="TERM")
     runner = FakeRunner({**SINFO, "scontrol show job": "JobId=9 JobState=RUNNING Restarts=0"})
     code = hooks.end(run, exit_code, SlurmClient(runner), JOB)
-    record = attempts.load(run)[-1]
+    record = attempt_json(run)[-1]
     assert (record["cause"], record["decision"], requeued(runner)) == (cause, decision, requeue)
     assert record["committed_step"] == after and record["exit_code"] == exit_code
     assert code == (0 if requeue else exit_code)
@@ -179,7 +180,7 @@ def test_a_stop_asked_in_an_earlier_attempt_does_not_count(tmp_path: Path) -> No
     stops.write_stop(run, AttemptId("9", 3, "9"), why="old")
     runner = FakeRunner(SINFO)
     hooks.end(run, 0, SlurmClient(runner), JOB)
-    assert attempts.load(run)[-1]["cause"] == "completed"
+    assert attempt_json(run)[-1]["cause"] == "completed"
 
 
 def test_no_second_requeue_after_the_trainers_own(tmp_path: Path) -> None:
@@ -196,7 +197,7 @@ def test_no_second_requeue_after_the_trainers_own(tmp_path: Path) -> None:
     stops.write_stop(run, JOB, why="time limit in 120 s", signal="USR1")
     runner = FakeRunner({**SINFO, "scontrol show job": "JobId=9 JobState=PENDING Restarts=1"})
     assert hooks.end(run, 0, SlurmClient(runner), JOB) == 0
-    record = attempts.load(run)[-1]
+    record = attempt_json(run)[-1]
     assert record["decision"] == (
         "requeue after trainer stop: committed step none -> 30 (the trainer requeued the job)"
     )
@@ -210,7 +211,7 @@ def test_start_hook_closes_an_attempt_the_trainer_requeued(tmp_path: Path) -> No
     nxt = AttemptId("9", 1, "9")
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "node[1-2]"}
     hooks.start(run, SlurmClient(FakeRunner(SINFO)), nxt, env)
-    first, second = attempts.load(run)
+    first, second = attempt_json(run)
     assert first["cause"] == "trainer stop" and first["signal"] == "USR1"
     assert first["decision"] == "requeued by Slurm (the trainer's own scontrol requeue)"
     assert second["restart_count"] == 1 and second["resume_checkpoint"] is None
@@ -220,7 +221,7 @@ def test_start_hook_chooses_the_checkpoint_and_moves_the_partial_one(tmp_path: P
     run = byo_run(tmp_path)
     hf_checkpoint(run, 40)
     hf_checkpoint(run, 60, complete=False)  # kill -9 while HF wrote checkpoint-60
-    attempts.save(
+    write_attempts(
         run,
         [
             {
@@ -237,7 +238,7 @@ def test_start_hook_chooses_the_checkpoint_and_moves_the_partial_one(tmp_path: P
     )
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "node1"}
     hooks.start(run, SlurmClient(FakeRunner(SINFO)), AttemptId("9", 1, "9"), env)
-    record = attempts.load(run)[-1]
+    record = attempt_json(run)[-1]
     assert record["resumed_from"] == 40
     assert record["resume_checkpoint"] == str(run / "checkpoints" / "checkpoint-40")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-40"]
@@ -300,7 +301,7 @@ def test_the_save_on_the_signal_is_concluded_at_once(
     monkeypatch.setattr(request, "sleep", lambda s: (clock.sleep(s), hf_checkpoint(run, 44)))
     record = request.run("time limit in 120 s", 105)
     assert record["saved_step"] == 44
-    closed = attempts.load(run)[-1]
+    closed = attempt_json(run)[-1]
     assert (closed["cause"], closed["decision"]) == (
         "trainer stop",
         "requeue after trainer stop: committed step 40 -> 44",
@@ -458,7 +459,7 @@ def test_report_and_resume_see_the_trainers_checkpoints(tmp_path: Path) -> None:
     for step in (20, 40):
         hf_checkpoint(run, step)
     hf_checkpoint(run, 60, complete=False)
-    attempts.save(run, [{"attempt": 0, "job_id": "9", "start": 1.0, "end": 2.0}])
+    write_attempts(run, [{"attempt": 0, "job_id": "9", "start": 1.0, "end": 2.0}])
     info = read_run(run)
     assert (info.trainer, info.latest_step) == ("hf", 40)
     assert info.latest_checkpoint == run / "checkpoints" / "checkpoint-40"

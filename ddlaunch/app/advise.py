@@ -27,6 +27,7 @@ from ddlaunch.policy import interval
 from ddlaunch.policy import requeue as causes
 from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store import timings
+from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.rundir import checkpoint_source, read_config_tree
 
 # Endings that are failures (the MTTF counts them; a restart cost follows them). A signal is
@@ -104,7 +105,7 @@ def spacing(records: Sequence[Mapping[str, Any]]) -> tuple[float, float, int] | 
 
 
 def restart_cost(
-    attempts: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]]
+    attempts: Sequence[AttemptRecord], records: Sequence[Mapping[str, Any]]
 ) -> Measured:
     first = {
         str(r.get("attempt")): float(r["time"])
@@ -113,9 +114,9 @@ def restart_cost(
     }
     costs = []
     for before, after in itertools.pairwise(attempts):
-        began = first.get(attempts_store.record_key(after))
-        if before.get("cause") in FAILURES and before.get("end") and began is not None:
-            costs.append(began - float(before["end"]))
+        began = first.get(after.key)
+        if before.cause in FAILURES and before.end and began is not None:
+            costs.append(began - before.end)
     if not costs:
         return Measured(0.0, "not measured (no failure was followed by a first step): 0 assumed")
     n = len(costs)
@@ -126,14 +127,12 @@ def restart_cost(
     )
 
 
-def mttf(
-    tree: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]], now: float
-) -> Measured | None:
+def mttf(tree: Mapping[str, Any], attempts: Sequence[AttemptRecord], now: float) -> Measured | None:
     hours = (tree.get("fault_tolerance") or {}).get("mttf_hours")
     if hours:
         return Measured(float(hours) * 3600.0, "fault_tolerance.mttf_hours")
-    spent = sum(float(a.get("end") or now) - float(a["start"]) for a in attempts if a.get("start"))
-    failed = sum(1 for a in attempts if a.get("cause") in FAILURES)
+    spent = sum(float(a.end or now) - a.start for a in attempts if a.start)
+    failed = sum(1 for a in attempts if a.cause in FAILURES)
     if not failed or spent <= 0:
         return None
     return Measured(

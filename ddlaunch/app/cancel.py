@@ -155,8 +155,10 @@ def close_cancelled(run_dir: Path) -> str:
             reason = "cancelled before it started"
         ending = Ending(policy.CAUSE_CANCELLED, committed, final=reason)
         conclude(run_dir, ending, NO_RETRY, None, say=_quiet)
-        recorded = outcome.read_outcome(run_dir) or {}
-    return str(recorded.get("reason") or recorded.get("state") or "cancelled")
+        recorded = outcome.read_outcome(run_dir)
+    if recorded is None:
+        return "cancelled"
+    return recorded.reason or recorded.state or "cancelled"
 
 
 def cancel(

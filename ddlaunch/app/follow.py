@@ -218,8 +218,8 @@ class RunWatch:
 
     def ended(self) -> RunEnd | None:
         record = outcome.read_outcome(self.run_dir)
-        if record:
-            return RunEnd(str(record.get("state", "UNKNOWN")), str(record.get("reason") or ""))
+        if record is not None:
+            return RunEnd(record.state or "UNKNOWN", record.reason)
         intent = _read_intent(self.run_dir)
         if intent.get("state") == "failed":
             return RunEnd("SUBMIT_FAILED", str(intent.get("error", "")))

@@ -51,7 +51,7 @@ def _quiet(text: str) -> None:
     """The CLI says how a local run ended; the conclusion itself stays silent here."""
 
 
-def open_attempt(run_dir: Path) -> dict[str, Any]:
+def open_attempt(run_dir: Path) -> attempts.AttemptRecord:
     """This machine's attempt record (as the start hook opens one on Slurm)."""
     records = attempts.load(run_dir)
     host = socket.gethostname()

@@ -29,7 +29,7 @@ class Logs:
 def requeued(info: RunInfo) -> bool:
     """The latest attempt ended and the run did not (no outcome): the job was requeued and
     waits for its next attempt, which makes the latest one history too."""
-    return bool(info.attempts) and "end" in info.attempts[-1] and info.outcome is None
+    return bool(info.attempts) and not info.attempts[-1].is_open and info.outcome is None
 
 
 def attempt_failures(info: RunInfo) -> list[str]:
@@ -38,8 +38,8 @@ def attempt_failures(info: RunInfo) -> list[str]:
     for rec in info.attempts if requeued(info) else info.attempts[:-1]:
         why = attempt_failure(rec, info.failures)
         if why:
-            job = f"job {rec['job_id']}, " if rec.get("job_id") else ""
-            out.append(f"attempt {rec.get('attempt')} ({job}{rec.get('cause')}): {why}")
+            job = f"job {rec.job_id}, " if rec.job_id else ""
+            out.append(f"attempt {rec.attempt} ({job}{rec.cause}): {why}")
     return out
 
 
@@ -47,14 +47,15 @@ def failing_rank(info: RunInfo) -> tuple[str, int, Failure | None] | None:
     """The latest attempt's failure: its words, the rank whose log to show, and that rank's
     failure record if it raised. None when the run completed or was cancelled (an earlier
     attempt's failure is history), waits for its requeue, or nothing failed."""
-    if (info.outcome or {}).get("state") in QUIET_FAILURES or requeued(info):
+    if (info.outcome is not None and info.outcome.state in QUIET_FAILURES) or requeued(info):
         return None
     headline = run_failure(info)
     if headline is None:
         return None
-    latest = info.attempts[-1] if info.attempts else {}
-    mine = failures_of(latest, info.failures) if info.attempts else info.failures
-    ranked = [c for c in latest.get("causes") or [] if isinstance(c.get("rank"), int)]
+    latest = info.attempts[-1] if info.attempts else None
+    mine = failures_of(latest, info.failures) if latest is not None else info.failures
+    causes = (latest.causes if latest is not None else None) or ()
+    ranked = [c for c in causes if isinstance(c.get("rank"), int)]
     rank = ranked[0]["rank"] if ranked else mine[0].rank if mine else None
     if rank is None:
         return None
@@ -74,7 +75,7 @@ def not_started(info: RunInfo) -> str:
     """Why a run without an attempt has no logs."""
     if info.intent.get("state") == "failed":
         return f"no logs: the submission failed: {info.intent.get('error', '')}"
-    if info.cancel_requested or (info.outcome or {}).get("state") == "CANCELLED":
+    if info.cancel_requested or (info.outcome is not None and info.outcome.state == "CANCELLED"):
         return "no logs: the run was cancelled before it started"
     if info.job_id:
         return f"no log yet: job {info.job_id} has not started (no attempt recorded)"

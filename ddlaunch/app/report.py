@@ -27,9 +27,9 @@ from ddlaunch.checkpoint.layout import list_checkpoints
 from ddlaunch.config.trainers import KIND_DDLAUNCH
 from ddlaunch.policy.staging import node_line
 from ddlaunch.slurm.client import JobRows, SlurmError
-from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
+from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.failures import read_failures
 from ddlaunch.store.rundir import checkpoint_source
 
@@ -107,7 +107,7 @@ class Timeline:
 def build(
     run_id: str,
     state: str,
-    attempts: Sequence[Mapping[str, Any]],
+    attempts: Sequence[AttemptRecord],
     checkpoints: Sequence[tuple[int, float]],
     failures: Sequence[Mapping[str, Any]],
     samples: Sequence[Mapping[str, Any]],
@@ -121,26 +121,25 @@ def build(
     t = Timeline(run_id, state, excluded=list(excluded), preflight=[dict(p) for p in preflight])
     t.note = note
     for rec in attempts:
-        if rec.get("start") is None:
+        if rec.start is None:
             continue
-        key = attempts_store.record_key(rec)
-        phase, phase_detail = staging_phase((staging or {}).get(key, {}), now)
+        phase, phase_detail = staging_phase((staging or {}).get(rec.key, {}), now)
         t.attempts.append(
             AttemptSpan(
-                attempt=int(_first(rec.get("attempt"), len(t.attempts))),
-                job_id=str(rec.get("job_id", "")),
-                nodes=str(rec.get("nodes", "")),
-                start=float(rec["start"]),
-                end=float(rec["end"]) if rec.get("end") is not None else now,
-                cause=str(rec.get("cause") or "running"),
-                blamed=tuple(rec.get("blamed") or ()),
-                resumed_from=rec.get("resumed_from"),
-                committed_step=rec.get("committed_step"),
+                attempt=rec.attempt if rec.attempt is not None else len(t.attempts),
+                job_id=rec.job_id or "",
+                nodes=rec.nodes or "",
+                start=float(rec.start),
+                end=float(rec.end) if rec.end is not None else now,
+                cause=rec.cause or "running",
+                blamed=rec.blamed or (),
+                resumed_from=rec.resumed_from,
+                committed_step=rec.committed_step,
                 detail=attempt_detail(rec, failures),
                 staging=phase,
                 staging_detail=phase_detail,
-                in_allocation=bool(rec.get("in_allocation")),
-                shrunk=str(rec.get("shrunk") or ""),
+                in_allocation=bool(rec.in_allocation),
+                shrunk=rec.shrunk or "",
             )
         )
     for step, when in checkpoints:
@@ -164,24 +163,20 @@ def build(
     return t
 
 
-def _first(value: Any, default: Any) -> Any:
-    return default if value is None else value
-
-
-def attempt_detail(rec: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]) -> str:
+def attempt_detail(rec: AttemptRecord, failures: Sequence[Mapping[str, Any]]) -> str:
     """What an attempt's row says beside its cause: a health finding, a crashed attempt's
     first failing rank (the exception, not the requeue policy's words), else the decision."""
-    if rec.get("health"):
-        return str(rec["health"])
-    if rec.get("culprit"):  # the end hook's attribution: a killed rank leaves no record
-        return str(rec["culprit"])
-    if rec.get("cause") == "crash":
+    if rec.health:
+        return rec.health
+    if rec.culprit:  # the end hook's attribution: a killed rank leaves no record
+        return rec.culprit
+    if rec.cause == "crash":
         mine = [
             f
             for f in failures
-            if str(f.get("job_id")) == str(rec.get("job_id"))
-            and int(f.get("attempt") or 0) == int(rec.get("restart_count") or 0)
-            and int(f.get("relaunch") or 0) == int(rec.get("relaunch") or 0)
+            if str(f.get("job_id")) == str(rec.job_id)
+            and int(f.get("attempt") or 0) == (rec.restart_count or 0)
+            and int(f.get("relaunch") or 0) == (rec.relaunch or 0)
         ]
         if mine:
             first = min(mine, key=lambda f: float(f.get("time") or 0.0))
@@ -190,7 +185,7 @@ def attempt_detail(rec: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]
                 f"rank {first.get('rank')} on {first.get('host')}: "
                 f"{first.get('exception')}: {first.get('message', '')}{where}"
             )
-    return str(rec.get("decision") or "")
+    return rec.decision or ""
 
 
 def split_series(t: Timeline) -> list[list[tuple[float, int]]]:
@@ -311,11 +306,11 @@ def checkpoint_times(run_dir: Path) -> list[tuple[int, float]]:
     return out
 
 
-def _attempt_at(attempts: Sequence[Mapping[str, Any]], when: float) -> str:
+def _attempt_at(attempts: Sequence[AttemptRecord], when: float) -> str:
     """The attempt running at ``when`` (a checkpoint's commit): its samples form one line."""
     for rec in reversed(attempts):
-        if rec.get("start") is not None and float(rec["start"]) <= when:
-            return str(rec.get("attempt", ""))
+        if rec.start is not None and rec.start <= when:
+            return "" if rec.attempt is None else str(rec.attempt)
     return ""
 
 

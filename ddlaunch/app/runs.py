@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +28,11 @@ from ddlaunch.store import (
     submission,
     watchdog,
 )
-from ddlaunch.store import attempts as attempts_store
-from ddlaunch.store.attempts import ATTEMPTS_FILE
+from ddlaunch.store.attempts import ATTEMPTS_FILE, AttemptRecord
 from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusable_failures
 from ddlaunch.store.layout import ARRAYS_DIR
 from ddlaunch.store.members import ensure_member_dir, member_of
+from ddlaunch.store.outcome import Outcome
 from ddlaunch.store.rundir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -181,8 +182,8 @@ class RunInfo:
     intent: dict[str, Any] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     result: dict[str, Any] | None = None
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    outcome: dict[str, Any] | None = None
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    outcome: Outcome | None = None
     checkpoint_root: Path | None = None
     latest_step: int | None = None
     latest_checkpoint: Path | None = None  # the entry the latest step is in
@@ -227,8 +228,11 @@ def read_run(
         rec.problems += unusable_failures(run_dir)
         info.failures = read_failures(run_dir)
     info.result = rec.json(progress.RESULT_FILE, dict)
-    info.attempts = rec.items(ATTEMPTS_FILE, attempts.FIELDS, "attempt")
-    info.outcome = rec.json(outcome.OUTCOME_FILE, dict, None, outcome.FIELDS)
+    info.attempts = [
+        AttemptRecord.from_json(a) for a in rec.items(ATTEMPTS_FILE, attempts.FIELDS, "attempt")
+    ]
+    found = rec.json(outcome.OUTCOME_FILE, dict, None, outcome.FIELDS)
+    info.outcome = None if found is None else Outcome.from_json(found)
     info.progress = rec.json(progress.PROGRESS_FILE, dict, None, progress.FIELDS)
     info.excluded = rec.strings(exclusions.EXCLUDED_FILE)
     snapshot = rec.json(SNAPSHOT_FILE, dict, {}, snapshots.FIELDS)
@@ -279,15 +283,14 @@ def _read_checkpoints(info: RunInfo, present: AbstractSet[str], rec: records.Rea
 
 def latest_staging(
     run_dir: Path,
-    attempts: list[dict[str, Any]],
+    attempts: Sequence[AttemptRecord],
     problems: list[records.Problem] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The staging records of the newest attempt that staged (host -> record)."""
     every = staging.read_all(run_dir, problems)
     for rec in reversed(attempts):
-        key = attempts_store.record_key(rec)
-        if key in every:
-            return every[key]
+        if rec.key in every:
+            return every[rec.key]
     return every[max(every)] if every else {}
 
 
@@ -302,15 +305,15 @@ def run_id(run_dir: Path) -> str:
 
 
 def submitted_time(
-    run_dir: Path, record: dict[str, Any], intent: dict[str, Any], attempts: list[Any]
+    run_dir: Path, record: dict[str, Any], intent: dict[str, Any], attempts: Sequence[AttemptRecord]
 ) -> float | None:
     """When the run was last submitted (a local run: when it started): the order
     ``status`` lists runs in."""
     for value in (record.get("submitted"), intent.get("created")):
         if isinstance(value, int | float):
             return float(value)
-    if attempts and isinstance(attempts[0], dict) and attempts[0].get("start"):
-        return float(attempts[0]["start"])
+    if attempts and attempts[0].start:
+        return float(attempts[0].start)
     try:
         return os.stat(run_dir / CONFIG_FILE).st_mtime
     except OSError:

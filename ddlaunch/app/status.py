@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from ddlaunch.app.runs import (
 )
 from ddlaunch.policy.requeue import CAUSE_CRASH, HEALTH_CAUSES
 from ddlaunch.slurm.parse import QueueRow
+from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.failures import Failure, is_collateral
 
 # Slurm's many job states folded into the few a user acts on.
@@ -99,14 +100,14 @@ class RunStatus:
 CLOCK_SLACK_S = 5.0  # the ranks' clocks are other nodes' clocks
 
 
-def failures_of(record: Mapping[str, Any], failures: Sequence[Failure]) -> list[Failure]:
+def failures_of(record: AttemptRecord, failures: Sequence[Failure]) -> list[Failure]:
     """The failure records written in the attempt ``record`` (its restart count, and no
     earlier than it started: a resumed run's new job counts its restarts from 0 again);
     a rank's record is replaced by its next failure, so only the latest ones remain."""
-    restart = int(record.get("restart_count", 0) or 0)
-    relaunch = int(record.get("relaunch", 0) or 0)  # a restart in the allocation
-    start = float(record.get("start") or 0.0)
-    end = record.get("end")
+    restart = record.restart_count or 0
+    relaunch = record.relaunch or 0  # a restart in the allocation
+    start = float(record.start or 0.0)
+    end = record.end
     return [
         f
         for f in failures
@@ -122,13 +123,13 @@ def failures_of(record: Mapping[str, Any], failures: Sequence[Failure]) -> list[
 _RANK_FAILURES = (CAUSE_CRASH, None)
 
 
-def attempt_failure(record: Mapping[str, Any], failures: Sequence[Failure]) -> str | None:
+def attempt_failure(record: AttemptRecord, failures: Sequence[Failure]) -> str | None:
     """Which rank ended the attempt, where and how, in words: the end hook's attribution
     (``culprit``: a rank killed by a signal leaves no failure record), else the first of
     its failure records (cause first), else None."""
-    if record.get("culprit"):
-        return str(record["culprit"])
-    if record.get("cause") not in _RANK_FAILURES:
+    if record.culprit:
+        return record.culprit
+    if record.cause not in _RANK_FAILURES:
         return None
     mine = failures_of(record, failures)
     if not mine:
@@ -145,30 +146,32 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any
     ends as the run did."""
     out = []
     for rec in info.attempts:
-        cause = rec.get("cause")
+        cause = rec.cause
         if not cause:
-            cause = "?" if "end" in rec else "running" if state in ACTIVE_STATES else state.lower()
-        item = {
-            "attempt": rec.get("attempt"),
-            "job_id": rec.get("job_id"),
-            "nodes": rec.get("nodes", ""),
-            "start": rec.get("start"),
-            "end": rec.get("end"),
+            cause = (
+                "?" if not rec.is_open else "running" if state in ACTIVE_STATES else state.lower()
+            )
+        item: dict[str, object] = {
+            "attempt": rec.attempt,
+            "job_id": rec.job_id,
+            "nodes": rec.nodes or "",
+            "start": rec.start,
+            "end": rec.end,
             "cause": cause,
-            "resumed_from": rec.get("resumed_from"),
-            "committed_step": rec.get("committed_step"),
-            "blamed": list(rec.get("blamed") or []),
+            "resumed_from": rec.resumed_from,
+            "committed_step": rec.committed_step,
+            "blamed": list(rec.blamed or []),
         }
-        why = rec.get("health") or rec.get("signal")
+        why = rec.health or rec.signal
         if why:
-            item["detail"] = str(why)
-        if rec.get("preflight"):
-            item["preflight"] = rec["preflight"]
-        if rec.get("in_allocation"):
+            item["detail"] = why
+        if rec.preflight:
+            item["preflight"] = [dict(p) for p in rec.preflight]
+        if rec.in_allocation:
             item["in_allocation"] = True  # a new srun step of the same job start: no requeue
-        if rec.get("shrunk"):
-            item["shrunk"] = str(rec["shrunk"])  # fewer nodes than nodes.count (nodes.min)
-        culprit = attempt_failure(rec, info.failures) if "end" in rec else None
+        if rec.shrunk:
+            item["shrunk"] = rec.shrunk  # fewer nodes than nodes.count (nodes.min)
+        culprit = attempt_failure(rec, info.failures) if not rec.is_open else None
         if culprit:
             item["culprit"] = culprit
         out.append(item)
@@ -185,9 +188,9 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
 
         parts.append("preflight " + summary_line(info.preflight.get("verdicts", [])))
     blamed = [
-        f"{a.get('cause')} on {','.join(a['blamed'])}"
+        f"{a.cause} on {','.join(a.blamed)}"
         for a in info.attempts
-        if a.get("blamed") and a.get("cause") in HEALTH_CAUSES
+        if a.blamed and a.cause in HEALTH_CAUSES
     ]
     if blamed:
         parts.append("; ".join(blamed))
@@ -199,11 +202,10 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
 
         parts.append(staging_summary(info.staging))
     hb = info.watchdog
-    latest = info.attempts[-1] if info.attempts else {}
-    running = bool(latest) and "end" not in latest
-    if hb and running and state == "RUNNING":
-        began = latest.get("start")
-        if isinstance(began, int | float) and float(hb.get("time", now)) < began:
+    latest = info.attempts[-1] if info.attempts else None
+    if hb and latest is not None and latest.is_open and state == "RUNNING":
+        began = latest.start
+        if began is not None and float(hb.get("time", now)) < began:
             # The summary is the previous attempt's (the new one's watchdog has not polled
             # yet): its beats are the dead ranks', and the step it gave is behind us now.
             parts.append(starting(latest))
@@ -213,11 +215,12 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
     return "; ".join(parts)
 
 
-def starting(attempt: Mapping[str, Any]) -> str:
+def starting(attempt: AttemptRecord) -> str:
     """``attempt 1 starting from step 150``: a new attempt before its first heartbeat."""
-    origin = attempt.get("resumed_from")
+    origin = attempt.resumed_from
     where = f"from step {origin}" if origin is not None else "from scratch"
-    return f"attempt {attempt.get('attempt', '?')} starting {where}"
+    number = attempt.attempt if attempt.attempt is not None else "?"
+    return f"attempt {number} starting {where}"
 
 
 def current_step(info: RunInfo) -> int | None:
@@ -226,13 +229,13 @@ def current_step(info: RunInfo) -> int | None:
     behind its latest committed checkpoint (a record written before a resume would otherwise
     lag it, or run ahead of a restart that resumed from an earlier step)."""
     best: tuple[float, int] | None = None
-    latest = info.attempts[-1] if info.attempts else {}
-    began = latest.get("start") if "end" not in latest else None
+    latest = info.attempts[-1] if info.attempts else None
+    began = latest.start if latest is not None and latest.is_open else None
     for record in (info.progress, info.watchdog):
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             continue
         when = float(record.get("time") or 0.0)
-        if isinstance(began, int | float) and when < began:
+        if began is not None and when < began:
             continue  # the previous attempt's: the running one resumed behind it
         if best is None or when >= best[0]:
             best = (when, int(record["step"]))
@@ -242,8 +245,8 @@ def current_step(info: RunInfo) -> int | None:
 
 def _state_from_run_dir(info: RunInfo) -> str:
     """How a run ended, when Slurm has nothing to say: its own records."""
-    if info.outcome:
-        return str(info.outcome.get("state", "UNKNOWN"))
+    if info.outcome is not None:
+        return info.outcome.state or "UNKNOWN"
     if info.cancel_requested:
         return "CANCELLED"  # asked for, and the job is gone: it did not run to its end
     if info.result is not None:
@@ -279,22 +282,20 @@ def run_status(
     else:
         state = _state_from_run_dir(info)
     # How the job itself concluded is more precise than Slurm's view of the job that ended.
-    if info.outcome and state not in ACTIVE_STATES:
-        state = str(info.outcome.get("state", state))
+    if info.outcome is not None and state not in ACTIVE_STATES:
+        state = info.outcome.state or state
     failure = run_failure(info)
-    if state in ACTIVE_STATES and info.attempts and "end" in info.attempts[-1]:
+    if state in ACTIVE_STATES and info.attempts and not info.attempts[-1].is_open:
         failure = None  # requeued, waiting for its next attempt: the failure is history
     if state in QUIET_FAILURES:
         failure = None
     if state == "SUBMIT_FAILED":
         failure = str(info.intent.get("error", ""))
-    detail = (
-        str(info.outcome.get("reason")) if info.outcome and info.outcome.get("reason") else None
-    )
+    detail = info.outcome.reason if info.outcome is not None and info.outcome.reason else None
     if detail is not None and detail.lower() == state.lower():
         detail = None  # "COMPLETED: completed" says nothing more
     if not nodes and info.attempts:
-        nodes = str(info.attempts[-1].get("nodes", ""))
+        nodes = info.attempts[-1].nodes or ""
     return RunStatus(
         run_id=info.run_id,
         path=str(info.path),
@@ -324,10 +325,10 @@ def run_status(
 def pod_state(info: RunInfo) -> str:
     """A run of --target kubernetes, from its run directory alone (no API server call): the
     leader pod's records say whether an attempt runs, restarts or how the run ended."""
-    if info.outcome:
-        return str(info.outcome.get("state", "UNKNOWN"))
+    if info.outcome is not None:
+        return info.outcome.state or "UNKNOWN"
     if info.attempts:  # a pod started (applied here, or by hand from elsewhere)
-        return "RUNNING" if "end" not in info.attempts[-1] else "RESTARTING"
+        return "RUNNING" if info.attempts[-1].is_open else "RESTARTING"
     intent_state = info.intent.get("state")
     if intent_state == "failed":
         return "SUBMIT_FAILED"
@@ -353,7 +354,7 @@ def run_failure(info: RunInfo) -> str | None:
     if not info.attempts:
         return info.failures[0].one_line() if info.failures else None
     latest = info.attempts[-1]
-    if "end" not in latest:
+    if latest.is_open:
         # Still running: a rank that raised while its peers go on is news already.
         mine = failures_of(latest, info.failures)
         return mine[0].one_line() if mine else None

@@ -83,9 +83,9 @@ def log_size(log: Path | None) -> int | None:
 def recorded_offset(run_dir: Path, index: int) -> int | None:
     """``log_offset`` of attempt ``index``'s record (None: older runs, or not recorded)."""
     for record in reversed(attempts.load(run_dir)):
-        if record.get("attempt") == index:
-            offset = record.get("log_offset")
-            return offset if isinstance(offset, int) and offset >= 0 else None
+        if record.attempt == index:
+            offset = record.log_offset
+            return offset if offset is not None and offset >= 0 else None
     return None
 
 

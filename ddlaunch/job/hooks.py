@@ -52,7 +52,7 @@ from ddlaunch.policy import requeue as policy
 from ddlaunch.policy.requeue import Ending, RetryBudget
 from ddlaunch.slurm.client import Requeuer, SlurmClient
 from ddlaunch.store import attempts, badnodes, exclusions, outcome, signal_save, stops
-from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.attempts import AttemptId, AttemptRecord
 from ddlaunch.store.rundir import (
     CheckpointSource,
     checkpoint_source,
@@ -124,48 +124,49 @@ _CLEAN = (policy.CAUSE_COMPLETED, policy.CAUSE_SIGNAL)
 
 def _close_cut_off(
     run_dir: Path,
-    record: dict[str, Any],
+    record: AttemptRecord,
     client: SlurmClient,
     step: int | None,
     settings: HookSettings,
-) -> None:
+) -> AttemptRecord:
     """The previous attempt never reached ``end``: Slurm requeued it (a node failure, a
     preemption), or the trainer did after ddlaunch asked it to stop (Lightning's own
     ``scontrol requeue`` ends the batch shell too)."""
     asked = stops.read_stop_of(run_dir, record)
-    prev_nodes = expand(record.get("nodes", ""))
+    prev_nodes = expand(record.nodes or "")
     states = client.node_states(prev_nodes) if prev_nodes else {}
     # The watchdog saw them die (slurmd refused) even if Slurm has them back by now.
-    dead = [str(n) for n in record.get("dead_nodes") or []]
+    dead = list(record.dead_nodes or ())
     blamed = sorted(set(bad_nodes(states)) | set(dead))
     cause = policy.CAUSE_TRAINER_STOP if asked and not blamed else policy.CAUSE_REQUEUED_BY_SLURM
-    extra: dict[str, Any] = {"node_states": states}
+    extra: dict[str, object] = {"node_states": states}
     if asked:
         extra.update(signal=asked.get("signal"), stop=asked.get("why"))
         extra["decision"] = "requeued by Slurm (the trainer's own scontrol requeue)"
-    elif record.get("guard"):
-        extra["decision"] = str(record["guard"])  # the batch host died (job.guard)
-    attempts.close(record, cause=cause, committed_step=step, blamed=blamed, **extra)
+    elif record.guard:
+        extra["decision"] = record.guard  # the batch host died (job.guard)
+    closed = attempts.close(record, cause=cause, committed_step=step, blamed=blamed, **extra)
     if blamed:
-        said = {n: str(record.get("dead_why") or "died") for n in dead}
+        said = {n: record.dead_why or "died" for n in dead}
         why = "node failure: " + ", ".join(f"{n} {states.get(n) or said[n]}" for n in blamed)
         exclusions.add_excluded(run_dir, blamed, why)
         # A node Slurm declared down is evidence about the node: my later jobs avoid it.
         badnodes.record(blamed, why, settings.bad_node_ttl_hours, f"run {run_dir.name}")
+    return closed
 
 
-def unclean_end(previous: Mapping[str, Any] | None) -> float | None:
+def unclean_end(previous: AttemptRecord | None) -> float | None:
     """When the previous attempt ended uncleanly (None: it did not): its end as the end hook
     saw it, or infinity when it was cut off before the end hook (time unknown)."""
-    if previous is None or previous.get("cause") in _CLEAN or previous.get("exit_code") == 0:
+    if previous is None or previous.cause in _CLEAN or previous.exit_code == 0:
         return None
-    if "exit_code" not in previous:
+    if previous.exit_code is None:
         return float("inf")
-    return float(previous.get("end") or float("inf"))
+    return float(previous.end or float("inf"))
 
 
 def prepare_restart(
-    run_dir: Path, source: CheckpointSource, previous: dict[str, Any] | None, tag: str
+    run_dir: Path, source: CheckpointSource, previous: AttemptRecord | None, tag: str
 ) -> list[Path]:
     """Before the trainer restarts: move partial checkpoints it might pick up out of its
     directory (never deleted). For layouts without a completeness marker the newest one is
@@ -190,9 +191,10 @@ def start(
     log_offset = log_size(batch_log(run_dir, attempt))
     records = attempts.load(run_dir)
     source = checkpoint_source(run_dir)
-    if records and attempts.is_open(records[-1]):
+    if records and records[-1].is_open:
         found = latest_checkpoint(run_dir, source)
-        _close_cut_off(run_dir, records[-1], client, found.step if found else None, settings)
+        step = found.step if found else None
+        records[-1] = _close_cut_off(run_dir, records[-1], client, step, settings)
     if is_byo(source.kind):
         prepare_restart(run_dir, source, records[-1] if records else None, attempt.key)
     found = latest_checkpoint(run_dir, source)
@@ -202,25 +204,25 @@ def start(
         len(records), attempt, nodes=nodes, host=os.uname().nodename, resumed_from=step
     )
     if log_offset is not None:
-        record["log_offset"] = log_offset
+        record = record.updated(log_offset=log_offset)
     if settings.elastic:
         wanted, fewest, per_node = settings.nodes, settings.min_nodes, settings.ranks_per_node
-        record.update(placement_fields(run_dir, env, nodes, wanted, fewest, per_node))
+        record = record.updated(**placement_fields(run_dir, env, nodes, wanted, fewest, per_node))
     again = ""
     if attempt.relaunch and records:
         # The batch script restarted the ranks in the allocation after the previous attempt.
-        record["restart_cause"] = records[-1].get("cause")
-        again = f" (restart {attempt.relaunch} in the allocation after {record['restart_cause']})"
+        record = record.updated(restart_cause=records[-1].cause)
+        again = f" (restart {attempt.relaunch} in the allocation after {record.restart_cause})"
     if is_byo(source.kind):
         # The ranks take the checkpoint from here, so all of them resume from the same one.
-        record["resume_checkpoint"] = str(found.path) if found else None
+        record = record.updated(resume_checkpoint=str(found.path) if found else None)
     records.append(record)
     attempts.save(run_dir, records)
     origin = f"step {step}" if step is not None else "scratch"
     if found is not None and is_byo(source.kind):
         origin += f" ({found.path})"
-    if record.get("shrunk"):
-        again += f" (shrunk: {record['shrunk']})"
+    if record.shrunk:
+        again += f" (shrunk: {record.shrunk})"
     print(
         f"[ddlaunch] attempt {len(records) - 1} on {nodes}{again}, resuming from {origin}",
         flush=True,
@@ -292,16 +294,16 @@ def end(
     if not records:
         return exit_code
     current = records[-1]
-    if not attempts.is_open(current):
+    if not current.is_open:
         # Closed by rank 0 already: it saved on the signal and requeued the job itself, or
         # it stopped the run (a checkpoint save failed): Slurm's state should say which.
-        ended = outcome.read_outcome(run_dir) or {}
-        return 1 if ended.get("state") == policy.FAILED else 0
+        ended = outcome.read_outcome(run_dir)
+        return 1 if ended is not None and ended.state == policy.FAILED else 0
     saved = signal_save.read(run_dir, attempt)
     if saved is not None:
         conclusion = conclude_signal_save(run_dir, saved, attempt, settings, client, exit_code)
         return 0 if conclusion.requeued else exit_code
-    nodes = expand(current.get("nodes", ""))
+    nodes = expand(current.nodes or "")
     source = checkpoint_source(run_dir)
     asked = stops.read_stop(run_dir, attempt) if is_byo(source.kind) else None
     if cancel_reason(run_dir) is not None:
@@ -325,7 +327,7 @@ def end(
         if exit_code == 0:
             ending = Ending(policy.CAUSE_COMPLETED)
         else:
-            index = int(current.get("attempt", len(records) - 1))
+            index = current.attempt if current.attempt is not None else len(records) - 1
             blame = Blame(settings.ranks_per_node, settings.bad_node_ttl_hours)
             ending = failed_ending(run_dir, nodes, attempt, index, client, blame)
     found = latest_checkpoint(run_dir, source)

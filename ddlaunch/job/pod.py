@@ -85,8 +85,10 @@ def open_attempt(run_dir: Path, attempt: AttemptId, pod: pod_env.PodIdentity, ho
     """The leader's start hook: close an attempt Kubernetes cut off, open this one."""
     records = attempts.load(run_dir)
     step = committed_step(run_dir)
-    if records and attempts.is_open(records[-1]):
-        attempts.close(records[-1], cause=policy.CAUSE_RESTARTED, committed_step=step, blamed=[])
+    if records and records[-1].is_open:
+        records[-1] = attempts.close(
+            records[-1], cause=policy.CAUSE_RESTARTED, committed_step=step, blamed=[]
+        )
     record = attempts.new_record(
         len(records), attempt, nodes=f"{pod.nodes} pods", host=host, resumed_from=step
     )

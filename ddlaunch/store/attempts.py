@@ -10,18 +10,19 @@ count, read from the job's environment in one place.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.store import records
 from ddlaunch.store.layout import KUBERNETES_JOB_VAR, KUBERNETES_RESTART_VAR
-from ddlaunch.store.records import INT, NUMBER, STRINGS, TEXT
+from ddlaunch.store.records import BOOL, INT, NUMBER, OBJECTS, STRINGS, TEXT
 
 ATTEMPTS_FILE = "attempts.json"
-# The fields of an attempt record readers rely on, with their kinds (``store.records.clean``).
+# The fields of an attempt record readers rely on, with their kinds (``store.records.clean``);
+# ``AttemptRecord`` has one attribute for each.
 FIELDS = {
     "attempt": INT,
     "job_id": TEXT,
@@ -38,7 +39,112 @@ FIELDS = {
     # The batch log's size when the start hook opened the attempt: where this attempt's part
     # of it begins (a requeued job appends to the same file).
     "log_offset": INT,
+    # A restart inside the allocation (a new srun step of the same job start) and its count.
+    "in_allocation": BOOL,
+    "relaunch": INT,
+    "restart_cause": TEXT,
+    # How it ended, in more words: the failed node checks, the signal or stop, the rank that
+    # caused it (``job.attribution``), the ranks' exit code.
+    "health": TEXT,
+    "signal": TEXT,
+    "culprit": TEXT,
+    "causes": OBJECTS,
+    "exit_code": INT,
+    # What the watchdog and the guard saw of a dying allocation.
+    "dead_nodes": STRINGS,
+    "dead_why": TEXT,
+    "guard": TEXT,
+    "shrunk": TEXT,  # fewer nodes than nodes.count (nodes.min): the global batch changed
+    "resume_checkpoint": TEXT,  # a trainer's own checkpoint the ranks resume from
+    "preflight": OBJECTS,  # the preflight verdicts per node
+    "checkpoint_errors": OBJECTS,  # saves that failed while training went on
 }
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt (see the module's doc): an attribute per ``FIELDS`` entry, None where the
+    record has none (lists: None where absent, a tuple otherwise). ``extra``: the record's
+    other keys, kept as found so that a rewrite loses nothing another version wrote;
+    ``nulls``: the fields recorded as null ("not known"), which a rewrite keeps apart from
+    absent ones (``end`` absent: the attempt is open)."""
+
+    attempt: int | None = None
+    job_id: str | None = None
+    restart_count: int | None = None
+    nodes: str | None = None
+    batch_host: str | None = None
+    start: float | None = None
+    end: float | None = None
+    cause: str | None = None
+    decision: str | None = None
+    resumed_from: int | None = None
+    committed_step: int | None = None
+    blamed: tuple[str, ...] | None = None
+    log_offset: int | None = None
+    in_allocation: bool | None = None
+    relaunch: int | None = None
+    restart_cause: str | None = None
+    health: str | None = None
+    signal: str | None = None
+    culprit: str | None = None
+    causes: tuple[Mapping[str, Any], ...] | None = None
+    exit_code: int | None = None
+    dead_nodes: tuple[str, ...] | None = None
+    dead_why: str | None = None
+    guard: str | None = None
+    shrunk: str | None = None
+    resume_checkpoint: str | None = None
+    preflight: tuple[Mapping[str, Any], ...] | None = None
+    checkpoint_errors: tuple[Mapping[str, Any], ...] | None = None
+    extra: Mapping[str, object] = field(default_factory=dict)
+    nulls: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> AttemptRecord:
+        """The record of one JSON object; a field of the wrong kind is dropped (``clean``
+        it first to report which)."""
+        found = dict(data)
+        records.clean(found, FIELDS, ATTEMPTS_FILE)
+        known: dict[str, Any] = {}
+        extra: dict[str, object] = {}
+        nulls = set()
+        for key, value in found.items():
+            if key not in FIELDS:
+                extra[key] = value
+            elif value is None:
+                nulls.add(key)
+            elif FIELDS[key].container:
+                known[key] = tuple(value) if isinstance(value, list) else value
+            else:
+                known[key] = value  # a whole number stays one: rewritten as it was
+        return cls(**known, extra=extra, nulls=frozenset(nulls))
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key in FIELDS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if isinstance(value, tuple) else value
+            elif key in self.nulls:
+                out[key] = None
+        out.update((k, v) for k, v in self.extra.items() if k not in FIELDS)
+        return out
+
+    def updated(self, **changes: object) -> AttemptRecord:
+        """This record with ``changes`` (JSON values, by key: a field or an extra key; None
+        records "not known")."""
+        return AttemptRecord.from_json({**self.to_json(), **changes})
+
+    @property
+    def is_open(self) -> bool:
+        return self.end is None and "end" not in self.nulls
+
+    @property
+    def key(self) -> str:
+        """``AttemptId.key`` of the attempt."""
+        return key_of(self.job_id or "", self.restart_count or 0, self.relaunch or 0)
+
 
 # The batch script counts its restarts inside the allocation (new srun steps of one job start)
 # in this variable; the ranks and the hooks read it to tell those attempts apart.
@@ -80,9 +186,15 @@ class AttemptId:
         Slurm), ``<job>-<restart>.<relaunch>`` for a restart inside the allocation."""
         return key_of(self.job_id or "local", self.restart, self.relaunch)
 
-    def matches(self, record: Mapping[str, Any]) -> bool:
-        """Whether an attempt record (``job_id``, ``restart_count``, ``relaunch``) is this
-        attempt."""
+    def matches(self, record: Mapping[str, Any] | AttemptRecord) -> bool:
+        """Whether a record of an attempt (``job_id``, ``restart_count``, ``relaunch``) is
+        this attempt."""
+        if isinstance(record, AttemptRecord):
+            return (
+                record.job_id == self.job_id
+                and (record.restart_count or 0) == self.restart
+                and (record.relaunch or 0) == self.relaunch
+            )
         return (
             str(record.get("job_id")) == self.job_id
             and int(record.get("restart_count", 0) or 0) == self.restart
@@ -94,85 +206,78 @@ def key_of(job_id: str, restart: int, relaunch: int = 0) -> str:
     return f"{job_id}-{restart}" + (f".{relaunch}" if relaunch else "")
 
 
-def record_key(record: Mapping[str, Any]) -> str:
-    """``AttemptId.key`` of an attempt record."""
-    return key_of(
-        str(record.get("job_id", "")),
-        int(record.get("restart_count", 0) or 0),
-        int(record.get("relaunch", 0) or 0),
-    )
-
-
-def requeues(records: list[dict[str, Any]]) -> int:
+def requeues(records: Sequence[AttemptRecord]) -> int:
     """Requeues so far: the attempts after the first that began a new start of the job."""
-    return sum(1 for r in records[1:] if not r.get("in_allocation"))
+    return sum(1 for r in records[1:] if not r.in_allocation)
 
 
-def restarts(records: list[dict[str, Any]]) -> int:
+def restarts(records: Sequence[AttemptRecord]) -> int:
     """Restarts inside an allocation so far (new srun steps of a running job)."""
-    return sum(1 for r in records if r.get("in_allocation"))
+    return sum(1 for r in records if r.in_allocation)
 
 
-def load(run_dir: Path) -> list[dict[str, Any]]:
+def load(run_dir: Path) -> list[AttemptRecord]:
     """The attempt records; a file that cannot be used counts as none (``app.runs`` tells
     the user which and why), so that concluding an attempt never fails on it."""
     found, _ = records.load_json(run_dir / ATTEMPTS_FILE, list, [])
-    return records.clean_items(found, FIELDS, ATTEMPTS_FILE)[0]
+    return [
+        AttemptRecord.from_json(r) for r in records.clean_items(found, FIELDS, ATTEMPTS_FILE)[0]
+    ]
 
 
-def save(run_dir: Path, attempts: list[dict[str, Any]]) -> None:
-    fsutil.atomic_write_json(run_dir / ATTEMPTS_FILE, attempts, 0o600)
+def save(run_dir: Path, attempts: Sequence[AttemptRecord]) -> None:
+    fsutil.atomic_write_json(run_dir / ATTEMPTS_FILE, [a.to_json() for a in attempts], 0o600)
 
 
-def is_open(record: Mapping[str, Any]) -> bool:
-    return "end" not in record
+def close(
+    record: AttemptRecord, *, cause: str, committed_step: int | None, **extra: object
+) -> AttemptRecord:
+    """``record`` ended now (in memory; the caller saves)."""
+    return record.updated(end=time.time(), cause=cause, committed_step=committed_step, **extra)
 
 
-def close(record: dict[str, Any], *, cause: str, committed_step: int | None, **extra: Any) -> None:
-    """Mark ``record`` ended now (in memory; the caller saves)."""
-    record.update({"end": time.time(), "cause": cause, "committed_step": committed_step, **extra})
-
-
-def end_last(run_dir: Path, *, cause: str, committed_step: int | None, **extra: Any) -> bool:
+def end_last(run_dir: Path, *, cause: str, committed_step: int | None, **extra: object) -> bool:
     """Close the newest open attempt; False when there is none (closed already, or none)."""
     attempts = load(run_dir)
-    if not attempts or not is_open(attempts[-1]):
+    if not attempts or not attempts[-1].is_open:
         return False
-    close(attempts[-1], cause=cause, committed_step=committed_step, **extra)
+    attempts[-1] = close(attempts[-1], cause=cause, committed_step=committed_step, **extra)
     save(run_dir, attempts)
     return True
 
 
-def update_open(run_dir: Path, **fields: Any) -> bool:
+def update_open(run_dir: Path, **fields: object) -> bool:
     """Add ``fields`` to the newest attempt while it is open (e.g. its preflight verdicts)."""
     attempts = load(run_dir)
-    if not attempts or not is_open(attempts[-1]):
+    if not attempts or not attempts[-1].is_open:
         return False
-    attempts[-1].update(fields)
+    attempts[-1] = attempts[-1].updated(**fields)
     save(run_dir, attempts)
     return True
 
 
-def update_last(run_dir: Path, **fields: Any) -> bool:
+def update_last(run_dir: Path, **fields: object) -> bool:
     """Add ``fields`` to the newest attempt, open or closed (what its requeue went through)."""
     attempts = load(run_dir)
     if not attempts:
         return False
-    attempts[-1].update(fields)
+    attempts[-1] = attempts[-1].updated(**fields)
     save(run_dir, attempts)
     return True
 
 
 def new_record(
     index: int, attempt: AttemptId, *, nodes: str, host: str, resumed_from: int | None
-) -> dict[str, Any]:
-    return {
-        "attempt": index,
-        "job_id": attempt.job_id,
-        "restart_count": attempt.restart,
-        "nodes": nodes,
-        "batch_host": host,
-        "start": time.time(),
-        "resumed_from": resumed_from,
-        **({"in_allocation": True, "relaunch": attempt.relaunch} if attempt.relaunch else {}),
-    }
+) -> AttemptRecord:
+    return AttemptRecord.from_json(
+        {
+            "attempt": index,
+            "job_id": attempt.job_id,
+            "restart_count": attempt.restart,
+            "nodes": nodes,
+            "batch_host": host,
+            "start": time.time(),
+            "resumed_from": resumed_from,
+            **({"in_allocation": True, "relaunch": attempt.relaunch} if attempt.relaunch else {}),
+        }
+    )

@@ -66,6 +66,7 @@ def _strings(value: Any) -> bool:
 NUMBER = Kind("a number", _number)
 INT = Kind("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool))
 TEXT = Kind("a string", lambda v: isinstance(v, str))
+BOOL = Kind("true/false", lambda v: isinstance(v, bool))
 OBJECT = Kind("an object", lambda v: isinstance(v, dict), container=True)
 OBJECTS = Kind("a list of objects", _objects, container=True)
 STRINGS = Kind("a list of strings", _strings, container=True)

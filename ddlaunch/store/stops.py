@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch import fsutil
-from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.attempts import AttemptId, AttemptRecord
 
 STOP_FILE = "stop.json"
 
@@ -34,7 +34,7 @@ def read_stop(run_dir: Path, attempt: AttemptId) -> dict[str, Any] | None:
     return record
 
 
-def read_stop_of(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+def read_stop_of(run_dir: Path, record: AttemptRecord) -> dict[str, Any] | None:
     """The stop request of the attempt ``record`` (an attempts.json entry), or None."""
-    job = str(record.get("job_id") or "")
-    return read_stop(run_dir, AttemptId(job, int(record.get("restart_count", 0) or 0), job))
+    job = record.job_id or ""
+    return read_stop(run_dir, AttemptId(job, record.restart_count or 0, job))

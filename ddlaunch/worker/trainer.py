@@ -31,8 +31,7 @@ def chosen_checkpoint(
         attempt = AttemptId.from_env(env)
         if wait_for_attempt(run_dir, attempt, timeout=60.0):
             record = attempts.load(run_dir)[-1]
-            path = record.get("resume_checkpoint")
-            return (str(path) if path else None), record.get("resumed_from")
+            return record.resume_checkpoint or None, record.resumed_from
     found = latest_checkpoint(run_dir)
     return (str(found.path), found.step) if found else (None, None)
 

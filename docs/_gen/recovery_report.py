@@ -17,6 +17,7 @@ import mkdocs_gen_files
 
 from ddlaunch.app.report import build
 from ddlaunch.app.report_figure import draw
+from ddlaunch.store.attempts import AttemptRecord
 
 T0 = 1_790_000_000.0
 STEP_S = 0.5  # seconds a step
@@ -68,8 +69,9 @@ def timeline():  # type: ignore[no-untyped-def]
         {"time": back + (s - RESUMES) * STEP_S, "step": s, "job_id": "41", "relaunch": 1}
         for s in range(RESUMES, LAST + 1, 10)
     ]
-    return build("recovered-run", "COMPLETED", attempts, checkpoints, [failure], samples,
-                 excluded=["node2"], now=attempts[-1]["end"])  # fmt: skip
+    records = [AttemptRecord.from_json(a) for a in attempts]  # as attempts.json holds them
+    return build("recovered-run", "COMPLETED", records, checkpoints, [failure], samples,
+                 excluded=["node2"], now=records[-1].end)  # fmt: skip
 
 
 with tempfile.TemporaryDirectory() as tmp:

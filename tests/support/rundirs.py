@@ -5,6 +5,7 @@ produces on purpose (a torn record, a partial checkpoint)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ import yaml
 
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config.validate import to_plain
-from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store import attempts
+from ddlaunch.store.attempts import AttemptId, AttemptRecord
 
 
 def example_run_dir(tmp_path: Path, **health: Any) -> Path:
@@ -73,3 +75,17 @@ def write_beat(run_dir: Path, **rec: Any) -> None:
     d = run_dir / "health" / "heartbeat"
     d.mkdir(parents=True, exist_ok=True)
     (d / f"rank-{rec['rank']}.json").write_text(json.dumps(rec))
+
+
+def write_attempts(run_dir: Path, records: Sequence[Mapping[str, Any] | AttemptRecord]) -> None:
+    """``attempts.json`` of hand-built records (JSON objects) or the store's, through its
+    writer."""
+    attempts.save(
+        run_dir,
+        [r if isinstance(r, AttemptRecord) else AttemptRecord.from_json(r) for r in records],
+    )
+
+
+def attempt_json(run_dir: Path) -> list[dict[str, Any]]:
+    """The attempt records as the store reads them, as the JSON objects it writes."""
+    return [r.to_json() for r in attempts.load(run_dir)]
