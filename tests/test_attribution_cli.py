@@ -155,17 +155,18 @@ def test_a_run_completed_after_a_killed_rank_is_headlined_completed(tmp_path: Pa
         "r    377  COMPLETED  node[1-2]   160   160  2 (0: rank 1 on node1 killed by SIGKILL)\n"
         + attempt_lines
     )
+    # At a terminal the attempts cell keeps its count; how earlier attempts failed goes
+    # under the row (docs/how-to/watch.md).
     assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status") == (
-        "run  job  state      step  ckpt                                  attempts\n"
-        "r    377  COMPLETED   160   160  2 (0: rank 1 on node1 killed by SIGKILL)\n"
-        "  nodes node[1-2]\n" + attempt_lines
+        "run  job  state      nodes      step  ckpt  attempts\n"
+        "r    377  COMPLETED  node[1-2]   160   160         2\n"
+        "  earlier 0: rank 1 on node1 killed by SIGKILL\n" + attempt_lines
     )
-    # Narrower, the attempts move under the row: the attempts line.
+    # Narrower, the same: the row fits 60 columns with the count alone.
     assert at_terminal(tmp_path, COMPLETED_QUEUE, 60, "status") == (
-        "run  job  state      step  ckpt\n"
-        "r    377  COMPLETED   160   160\n"
-        "  nodes node[1-2]; attempts 2 (0: rank 1 on node1 killed by\n"
-        "  SIGKILL)\n" + attempt_lines
+        "run  job  state      nodes      step  ckpt  attempts\n"
+        "r    377  COMPLETED  node[1-2]   160   160         2\n"
+        "  earlier 0: rank 1 on node1 killed by SIGKILL\n" + attempt_lines
     )
     logs = run / "logs"
     assert piped(tmp_path, COMPLETED_QUEUE, "logs", "r") == (
