@@ -38,21 +38,10 @@ from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.requeue import CAUSE_NODE_FAILURE
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts
-from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.heartbeats import read_heartbeats
 from ddlaunch.store.rundir import checkpoint_source, config_path
-
-
-def relay_deferred_signal(run_dir: Path, attempt: AttemptId, client: SlurmClient) -> None:
-    """Send the pre-timeout signal that arrived during preflight to the training step: the
-    ranks have installed their handlers once they send heartbeats."""
-    name = preflight_records.take_deferred_signal(run_dir, attempt)
-    if name is None:
-        return
-    client.cancel([attempt.job_id], signal=name.removeprefix("SIG"))
-    print(f"[ddlaunch watchdog] sent the deferred {name} to the ranks", flush=True)
 
 
 def alive(pid: int) -> bool:
@@ -139,8 +128,6 @@ class _Watch:
 
     def analyse(self, now: float, beats: list[analysis.Beat]) -> analysis.Finding | None:
         """Summarise the beats for ``status`` and ``report``; the finding, if any."""
-        if self.attempt.job_id:
-            relay_deferred_signal(self.run_dir, self.attempt, self.client)
         busy = analysis.node_busy_times(beats)
         self.record(now, beats, busy)
         return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks, busy)

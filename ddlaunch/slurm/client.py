@@ -256,12 +256,6 @@ class SlurmClient:
                 return int(value.strip())
         return None
 
-    def node_address(self, node: str) -> str | None:
-        result = self._run(["scontrol", "show", "node", "-o", node])
-        if not result.ok:
-            return None
-        return parse_scontrol_show_job(result.stdout).get("NodeAddr")
-
     def node_addresses(self, nodes: Iterable[str]) -> dict[str, str]:
         """Node name -> ``NodeAddr`` of every given node, in ONE ``scontrol show node -o``
         call (one line per node). An unknown node makes scontrol exit 1 but it still prints

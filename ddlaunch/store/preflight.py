@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -93,21 +92,3 @@ def write_gate(run_dir: Path, attempt: AttemptId, record: dict[str, Any]) -> Non
 def mark_printed(run_dir: Path, attempt: AttemptId, record: dict[str, Any]) -> None:
     """The verdicts are in the batch log now (by the watchdog or the end hook): once only."""
     write_gate(run_dir, attempt, {**record, "printed": True})
-
-
-def deferred_signal_path(run_dir: Path, attempt: AttemptId) -> Path:
-    return run_dir / HEALTH_DIR / f"deferred-signal-{attempt.key}.json"
-
-
-def defer_signal(run_dir: Path, attempt: AttemptId, name: str) -> None:
-    fsutil.atomic_write_json(deferred_signal_path(run_dir, attempt), {"signal": name}, 0o600)
-
-
-def take_deferred_signal(run_dir: Path, attempt: AttemptId) -> str | None:
-    """The deferred signal's name, once: the record is renamed to ``.sent``."""
-    path = deferred_signal_path(run_dir, attempt)
-    record = fsutil.read_json(path) if path.exists() else None
-    if not record:
-        return None
-    os.replace(path, path.with_suffix(".sent"))
-    return str(record["signal"])

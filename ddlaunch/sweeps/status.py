@@ -151,35 +151,6 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
     return rows
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def render_table(rows: Sequence[MemberStatus], metric: str = DEFAULT_METRIC) -> Any:
-    from rich.table import Table
-
-    table = Table(show_lines=False)
-    for col in ("#", "overrides", "job", "state", "step", "ckpt", "attempts", metric, "note"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("#", "job", "state"))
-    for r in rows:
-        table.add_row(
-            str(r.index),
-            r.overrides,
-            r.job_id or "-",
-            r.state,
-            _cell(r.step),
-            _cell(r.checkpoint_step),
-            str(r.attempts),
-            _cell(r.metric),
-            r.note,
-        )
-    return table
-
-
 def pick_members(
     rows: Iterable[MemberStatus], *, failed: bool, cancelled: bool, named: Iterable[int]
 ) -> list[int]:
