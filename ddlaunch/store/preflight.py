@@ -5,9 +5,7 @@
 * ``health/spares/<job>-<restart>/<host>.json``: the same of each hot spare, checked beside
   the training step (local checks only: a spare is in no step yet);
 * ``health/preflight.json``: the latest verdicts (for ``status`` and ``report``);
-* ``health/gate-<job>-<restart>.json``: the in-rank gate's decision for one attempt;
-* ``health/deferred-signal-<job>-<restart>.json``: a pre-timeout signal that arrived during
-  a separate preflight step, for the watchdog to hand on to the training step.
+* ``health/gate-<job>-<restart>.json``: the in-rank gate's decision for one attempt.
 """
 
 from __future__ import annotations
