@@ -104,7 +104,7 @@ INVALID = [
     (
         ["parallel.dp=4"],
         "parallel: dp 4 x tp 2 x pp 1 x cp 1 = 8, but the job has 4 ranks (2 nodes x 2 GPUs); "
-        "nearest valid: dp 2 or tp 1 (or dp: auto) (plan-bad.yaml:11; --set parallel.dp=4)",
+        "nearest valid: dp 2 or tp 1 (or dp: auto) (--set parallel.dp=4; plan-bad.yaml:13)",
     ),
 ]
 
