@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,14 @@ def _print_dry_run(dry: SweepDryRun) -> None:
         click.echo(f"# ---- array {array.spec.name}: {len(members)} tasks, members {members}")
         click.echo(array.script, nl=False)
         click.echo(f"# sbatch argv: {array.sbatch_line}")
+
+
+def _say_all(steps: Generator[SweepSubmitEvent | ResubmitEvent, None, None]) -> None:
+    """Print each step of a sweep use case as it comes; closing the generator at the end
+    (or at an exception) lets the sweep's lock go at once."""
+    with contextlib.closing(steps):
+        for event in steps:
+            _say(event)
 
 
 def _say(event: SweepSubmitEvent | ResubmitEvent) -> None:
@@ -178,9 +186,7 @@ def submit(
         force=force,
         progress=_progress,
     )
-    with contextlib.closing(steps):  # the sweep's lock is let go as soon as this ends
-        for event in steps:
-            _say(event)
+    _say_all(steps)
 
 
 @command.command("status")
@@ -310,6 +316,4 @@ def resubmit(
         force=force,
         progress=_progress,
     )
-    with contextlib.closing(steps):  # the sweep's lock is let go as soon as this ends
-        for event in steps:
-            _say(event)
+    _say_all(steps)
