@@ -41,6 +41,26 @@ class FaultToleranceSpec:
         "restart inside the allocation on a spare instead of requeueing.",
         range=(0, 1000),
     )
+    mode: str = opt(
+        "job",
+        "What a failure stops. job: every rank (the whole job restarts or requeues). "
+        "replica_groups: only its replica group (torchft; each of parallel.dp_replicate "
+        "groups of whole nodes is a fault domain, the others keep training and the restarted "
+        "group heals from a live one); needs the ft extra (pip install 'ddlaunch[ft]').",
+        choices=("job", "replica_groups"),
+    )
+    min_replica_groups: int = opt(
+        1,
+        "With mode: replica_groups, the fewest live groups training may go on with; fewer is "
+        "a failure of the whole job (restart or requeue from the latest complete checkpoint).",
+        range=(1, 10**5),
+    )
+    heal_timeout: int = opt(
+        600,
+        "With mode: replica_groups, seconds a restarted group may take to rejoin the others' "
+        "quorum before it is given up (and the job goes on without it, or fails).",
+        range=(10, 86400),
+    )
     mttf_hours: float | None = opt(
         None,
         "Mean time between failures of the whole job, in hours, for `ddlaunch advise`; "
