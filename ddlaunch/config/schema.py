@@ -441,6 +441,7 @@ class Config:
 
     @property
     def elastic(self) -> bool:
-        """Whether a failed node can be left out inside the allocation (--no-kill)."""
-        n = self.nodes
-        return can_leave_out(n.count, n.min, self.fault_tolerance.spare_nodes)
+        """Whether a failed node can be left out inside the allocation (--no-kill); with
+        replica groups always: a dead node costs its group, never the job."""
+        n, ft = self.nodes, self.fault_tolerance
+        return ft.mode == "replica_groups" or can_leave_out(n.count, n.min, ft.spare_nodes)

@@ -54,3 +54,13 @@ class GroupIdentity:
             RANK_OFFSET_VAR: str(self.rank_offset),
             GROUP_RESTART_VAR: str(self.restart),
         }
+
+
+def job_rank(environ: Mapping[str, str]) -> int | None:
+    """A replica group's rank numbered job-wide (the offset + its srun task id), None
+    outside replica groups: what its records, rank logs and result file are named by."""
+    ident = GroupIdentity.from_env(environ)
+    task = environ.get("SLURM_PROCID")
+    if ident is None or task is None:
+        return None
+    return ident.rank_offset + int(task)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.parallel import degrees_of
 from ddlaunch.config.schema import Config
 from ddlaunch.config.trainers import NO_SIGNAL, is_byo, placeholders, substitute
 from ddlaunch.config.validate import parse_duration
@@ -93,6 +94,20 @@ class TrainerStop:
 
 
 @dataclass(frozen=True)
+class ReplicaGroups:
+    """fault_tolerance.mode: replica_groups: what the script gives the groups' supervisor
+    (``ddlaunch.job.groups``)."""
+
+    groups: int
+    nodes_per_group: int
+    min_groups: int
+    max_restarts: int
+    heal_timeout: int
+    stale_after: float  # the heartbeats' staleness (policy.heartbeats.Thresholds.stale_after)
+    bad_node_ttl_hours: float
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     run_id: str
     run_dir: str
@@ -124,6 +139,7 @@ class LaunchPlan:
     # each attempt's step runs on the nodes `hooks place` picks.
     elastic: bool = False
     check_spares: bool = False  # hot spares and health.preflight: the spares are checked too
+    replica_groups: ReplicaGroups | None = None
 
     # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
     env_from_submit: tuple[str, ...] = ()
@@ -346,6 +362,7 @@ def make_plan(
         container_runtime=cfg.container.runtime,
         elastic=cfg.elastic,
         check_spares=cfg.fault_tolerance.spare_nodes > 0 and cfg.health.preflight,
+        replica_groups=replica_groups(cfg),
         container_exports=launch.exports,
         mkdirs=tuple(mkdirs) if in_container else (),
         tracking_env=tracking,
@@ -401,3 +418,20 @@ def _rank_order_args(cfg: Config) -> list[str]:
 
 def format_argv(argv: Sequence[str]) -> str:
     return shlex.join(argv)
+
+
+def replica_groups(cfg: Config) -> ReplicaGroups | None:
+    """The groups of a replica_groups config (validation made nodes.count divisible)."""
+    ft = cfg.fault_tolerance
+    if ft.mode != "replica_groups":
+        return None
+    groups = degrees_of(cfg).dp_replicate
+    return ReplicaGroups(
+        groups=groups,
+        nodes_per_group=cfg.nodes.count // max(groups, 1),
+        min_groups=ft.min_replica_groups,
+        max_restarts=ft.max_restarts,
+        heal_timeout=ft.heal_timeout,
+        stale_after=3 * cfg.health.heartbeat_interval + 5,
+        bad_node_ttl_hours=cfg.health.bad_node_ttl_hours,
+    )

@@ -58,6 +58,9 @@ FIELDS = {
     "resume_checkpoint": TEXT,  # a trainer's own checkpoint the ranks resume from
     "preflight": OBJECTS,  # the preflight verdicts per node
     "checkpoint_errors": OBJECTS,  # saves that failed while training went on
+    # fault_tolerance.mode: replica_groups: each group restarted alone in this attempt
+    # (``job.groups``: group, cause, culprit, nodes, the decision).
+    "group_restarts": OBJECTS,
 }
 
 
@@ -97,6 +100,7 @@ class AttemptRecord:
     resume_checkpoint: str | None = None
     preflight: tuple[Mapping[str, Any], ...] | None = None
     checkpoint_errors: tuple[Mapping[str, Any], ...] | None = None
+    group_restarts: tuple[Mapping[str, Any], ...] | None = None
     extra: Mapping[str, object] = field(default_factory=dict)
     nulls: frozenset[str] = frozenset()
 

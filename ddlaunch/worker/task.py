@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.planning.group_env import job_rank
 from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.rundir import LOGS_DIR
 from ddlaunch.worker import leave, signals
 from ddlaunch.worker.distenv import from_environ
 
@@ -86,8 +88,14 @@ def write_result(path: Path, outcome: tuple[str, Any]) -> None:
 
 
 def run(folder: Path, env: Mapping[str, str] = os.environ) -> Any:
-    # The global rank names the result file: srun's task id, or a pod's rank.
-    task = env.get("SLURM_PROCID") or str(from_environ(env).rank)
+    # The global rank names the result file: srun's task id (job-wide in a replica group),
+    # or a pod's rank.
+    grouped = job_rank(env)
+    task = (
+        str(grouped)
+        if grouped is not None
+        else env.get("SLURM_PROCID") or str(from_environ(env).rank)
+    )
     job = job_id(env)
     delayed = load(folder / f"{job}_submitted.pkl")
     result_path = folder / f"{job}_{task}_result.pkl"
@@ -105,6 +113,23 @@ def run(folder: Path, env: Mapping[str, str] = os.environ) -> Any:
     return result
 
 
+def redirect_group_logs(env: Mapping[str, str]) -> None:
+    """A replica group's rank writes ``logs/rank-<job-wide rank>.out|.err`` itself: srun's
+    ``%t`` numbers each group's step from 0, so srun's own files would collide (the
+    supervisor points srun at one file per group, for what is printed before this)."""
+    rank, run_dir = job_rank(env), env.get("DDLAUNCH_RUN_DIR")
+    if rank is None or not run_dir:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, stream in ((1, "out"), (2, "err")):
+        with contextlib.suppress(OSError):
+            path = Path(run_dir) / LOGS_DIR / f"rank-{rank}.{stream}"
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -114,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     # Before anything else, as submitit's runner does: the pre-timeout signal (and SIGTERM)
     # only set the stop flag; their default action would end the task.
     signals.install(os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2", also=("TERM",))
+    redirect_group_logs(os.environ)
     # Every way out goes through ddlaunch.worker.leave: a finished rank never aborts in the
     # interpreter's native teardown.
     try:

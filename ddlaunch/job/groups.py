@@ -1,0 +1,482 @@
+"""The replica groups' supervisor (batch host, torch-free): ``python -m ddlaunch.job.groups``.
+
+With ``fault_tolerance.mode: replica_groups`` the batch script runs this in place of its one
+srun step. It starts the torchft lighthouse on the batch host, then one srun step per
+replica group on that group's nodes (each its own torch.distributed world; the groups meet
+per step through the lighthouse and torchft's Manager), and watches them:
+
+* a group whose step fails (a rank crashed or was killed: srun ends the step,
+  --kill-on-bad-exit; a node that died: found as the watchdog finds one, and its step ended
+  at once) is restarted **alone**, on its own nodes or with a hot spare in place of a dead
+  one (``policy.groups`` decides), while the other groups' steps keep running; the restarted
+  group heals from a live group (torchft's checkpoint transport) and rejoins;
+* a restarted group that has not rejoined within ``fault_tolerance.heal_timeout`` is ended
+  and counts as failed again (the progress guard then gives it up);
+* each group restart goes into the attempt's record (``group_restarts``: group, cause,
+  culprit as attribution finds it, old and new nodes, when);
+* fewer live groups than ``min_replica_groups``, or the lighthouse gone, is a failure of the
+  whole job: every group's step is ended and this exits nonzero, so the end hook concludes
+  the attempt as today (restart in the allocation, or requeue from the latest complete
+  checkpoint). Every group finished: exit 0.
+
+Why a Python supervisor and not bash: it waits on several steps at once, reads the failure
+records and srun's reports of one group, and keeps per-group counts; bash's ``wait -n``
+cannot tell which step ended without racing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+from ddlaunch.job.blame import bad_nodes, expand, probe_all
+from ddlaunch.job.placement import step_nodelist
+from ddlaunch.planning.group_env import GroupIdentity
+from ddlaunch.planning.ports import master_port_for
+from ddlaunch.policy import attribution as attrib
+from ddlaunch.policy import groups as policy
+from ddlaunch.policy.groups import GroupState
+from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.store import attempts, badnodes, exclusions, group_records
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.failures import read_failures
+from ddlaunch.store.rundir import LOGS_DIR
+
+# Where the worker's argv starts in this module's command line (after srun's argv).
+WORKER_MARK = "--ddlaunch-worker"
+POLL_S = 0.2
+# A group whose ranks left failure records but whose srun has not returned this long after:
+# srun waits for a task on a node that no longer answers; probe its nodes.
+GRACE_S = 2.0
+PROBE_EVERY_S = 1.0
+PROBE_ALWAYS_NODES = 64
+LIGHTHOUSE_UP_S = 15.0
+# Survivors drop a dead group from the quorum after this long without its manager's
+# heartbeat (torchft's default is 5000 ms; the managers beat every 100 ms).
+HEARTBEAT_TIMEOUT_MS = 1000
+QUORUM_TICK_MS = 100
+# How long the lighthouse waits, at the first quorum, for groups still starting.
+JOIN_TIMEOUT_MS = 10000
+WHOLE_JOB_FAILED = 1
+
+
+@dataclass
+class Group:
+    """One group's step as the supervisor runs it."""
+
+    state: GroupState
+    rank_offset: int
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    srun_log: Path | None = None
+    log_offset: int = 0
+    last_probe: float = float("-inf")
+    dead: tuple[str, ...] = ()
+    ended_why: str = ""  # why the supervisor ended the step itself (dead node, no heal)
+
+
+@dataclass
+class Settings:
+    groups: int
+    ranks_per_node: int
+    min_groups: int
+    max_restarts: int
+    heal_timeout: float
+    stale_after: float
+    bad_node_ttl_hours: float
+    srun: tuple[str, ...]
+    worker: tuple[str, ...]
+    lighthouse: str = "torchft_lighthouse"
+
+
+@dataclass
+class Supervisor:
+    settings: Settings
+    run_dir: Path
+    attempt: AttemptId
+    allocation: list[str]
+    client: SlurmClient
+    env: Mapping[str, str]
+    groups: list[Group] = field(default_factory=list)
+    lighthouse_addr: str = ""
+    clock: Callable[[], float] = time.time
+    stopping: bool = False
+
+    # ------------------------------------------------------------------ start
+
+    def start_group(self, g: Group) -> None:
+        s = self.settings
+        nodes = g.state.nodes
+        k = len(nodes)
+        restart = g.state.restarts
+        ident = GroupIdentity(g.state.group, s.groups, self.lighthouse_addr, g.rank_offset, restart)
+        job = self.attempt.task or self.attempt.job_id or "job"
+        port = master_port_for(
+            f"{job}.group{g.state.group}.{restart}", self.attempt.restart, self.attempt.relaunch
+        )
+        env = dict(self.env)
+        env.update(ident.env(manager_port=port + 1 if port + 1 < 60000 else port - 1))
+        env["DDLAUNCH_MASTER_PORT"] = str(port)
+        env["DDLAUNCH_STEP_NODELIST"] = ",".join(nodes)
+        env["DDLAUNCH_WORLD_SIZE"] = str(k * s.ranks_per_node)
+        logs = self.run_dir / LOGS_DIR
+        logs.mkdir(parents=True, exist_ok=True)
+        g.srun_log = logs / f"group-{g.state.group}.srun"
+        with contextlib.suppress(OSError):
+            g.log_offset = g.srun_log.stat().st_size
+        argv = [
+            *group_logs(s.srun, logs, g.state.group),
+            "--overlap",
+            f"--nodes={k}",
+            f"--ntasks={k * s.ranks_per_node}",
+            f"--nodelist={','.join(nodes)}",
+            *s.worker,
+        ]
+        err: IO[bytes] = open(g.srun_log, "ab")  # noqa: SIM115 (the child holds it)
+        with err:
+            g.proc = subprocess.Popen(argv, env=env, stderr=err, start_new_session=False)
+        g.started = self.clock()
+        g.dead, g.ended_why = (), ""
+        g.state = replace(g.state, running=True, rejoined=restart == 0)
+        say(
+            f"group {g.state.group}: started on {','.join(nodes)} (ranks {g.rank_offset}-"
+            f"{g.rank_offset + k * s.ranks_per_node - 1}, restart {restart})"
+        )
+
+    # ------------------------------------------------------------------ watch
+
+    def group_failures(self, g: Group) -> list[attrib.Raised]:
+        """This group's ranks' failure records since its (re)start."""
+        last = g.rank_offset + len(g.state.nodes) * self.settings.ranks_per_node
+        names = {self.attempt.job_id, self.attempt.task}
+        return [
+            attrib.Raised(f.rank, f.host, f.exception, f.message, f.where, f.time)
+            for f in read_failures(self.run_dir)
+            if g.rank_offset <= f.rank < last
+            and str(f.job_id) in names
+            and f.time >= g.started - 1.0
+        ]
+
+    def dead_nodes(self, g: Group) -> list[str]:
+        """The group's nodes Slurm reports bad or whose slurmd does not answer."""
+        nodes = list(g.state.nodes)
+        try:
+            bad = set(bad_nodes(self.client.node_states(nodes)))
+        except Exception:
+            bad = set()
+        port = self.client.slurmd_port()
+        rest = [n for n in nodes if n not in bad]
+        if port and rest:
+            known = self.client.node_addresses(rest)
+            addresses = [known.get(n) or n for n in rest]
+            for node, up in zip(rest, probe_all(addresses, port, timeout=1.0), strict=True):
+                if not up:
+                    bad.add(node)
+        return sorted(bad)
+
+    def watch_running(self, g: Group, now: float) -> None:
+        """A running group whose node died, or that never healed: end its step now."""
+        assert g.proc is not None
+        if not g.state.rejoined:
+            if group_records.rejoined(self.run_dir, self.attempt, g.state.group, g.state.restarts):
+                g.state = replace(g.state, rejoined=True)
+                say(
+                    f"group {g.state.group}: rejoined the others "
+                    f"{now - g.started:.1f} s after its start"
+                )
+            elif now - g.started > self.settings.heal_timeout:
+                g.ended_why = (
+                    f"it did not rejoin the others within fault_tolerance."
+                    f"heal_timeout ({self.settings.heal_timeout:.0f} s)"
+                )
+                self.end_step(g)
+                return
+        failed = self.group_failures(g)
+        stale = failed and now - min(f.time for f in failed) >= GRACE_S
+        # A small job's nodes are probed every second whatever the trigger (a node dying with
+        # all of a group's ranks leaves no record, and heartbeats are seconds apart); a big
+        # one's only on a trigger (2,000 connects a second would load the batch host).
+        small = len(self.allocation) <= PROBE_ALWAYS_NODES
+        if (small or stale or self.silent(g, now)) and now - g.last_probe >= PROBE_EVERY_S:
+            g.last_probe = now
+            dead = self.dead_nodes(g)
+            if dead:
+                g.dead = tuple(dead)
+                g.ended_why = f"node {', '.join(dead)} died"
+                self.end_step(g)
+
+    def silent(self, g: Group, now: float) -> bool:
+        """The group's nodes wrote no heartbeat for a while although its step runs: a node
+        that vanished without closing its connections (its ranks cannot say so)."""
+        stale = self.settings.stale_after
+        return group_records.silent_since(self.run_dir, g.state.nodes, g.started, now, stale)
+
+    def end_step(self, g: Group) -> None:
+        say(f"group {g.state.group}: ending its step: {g.ended_why}")
+        if g.proc is not None and g.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                g.proc.send_signal(signal.SIGKILL)
+
+    # ------------------------------------------------------------------ failure
+
+    def attribution(self, g: Group) -> tuple[str, list[dict[str, object]]]:
+        """(culprit, causes) of the group's failure, job-wide rank numbers."""
+        step = attrib.StepLog()
+        if g.srun_log is not None:
+            with contextlib.suppress(OSError), open(g.srun_log, errors="replace") as log:
+                log.seek(g.log_offset)
+                step = attrib.parse_step_lines(log)
+        ends = tuple(replace(e, rank=e.rank + g.rank_offset) for e in step.ends)
+        step = replace(step, ends=ends)
+        causes = attrib.rank_causes(step, self.group_failures(g))
+        culprit = causes[0].text if causes else (g.ended_why or "")
+        return culprit, [c.as_dict() for c in causes[:10]]
+
+    def on_failure(self, g: Group, code: int | None) -> int | None:
+        """Restart, give up or fail the job; the exit code when the job fails."""
+        now = self.clock()
+        culprit, causes = self.attribution(g)
+        cause = g.ended_why or (culprit or f"its step exited with code {code}")
+        unusable = set(g.dead) | set(exclusions.excluded(self.run_dir))
+        states = [x.state for x in self.groups]
+        spares = policy.free_nodes(self.allocation, states, unusable)
+        decision = policy.decide(
+            g.state,
+            states,
+            unusable=unusable,
+            spares=spares,
+            max_restarts=self.settings.max_restarts,
+            min_groups=self.settings.min_groups,
+        )
+        entry: dict[str, object] = {
+            "group": g.state.group,
+            "restart": g.state.restarts,
+            "time": now,
+            "up_s": round(now - g.started, 3),
+            "cause": cause,
+            "culprit": culprit,
+            "causes": causes,
+            "nodes": list(g.state.nodes),
+            "exit_code": code,
+            "decision": decision.action,
+            "why": decision.reason,
+        }
+        if decision.nodes:
+            entry["new_nodes"] = list(decision.nodes)
+        if g.dead:
+            why = f"node failure under replica group {g.state.group}: {cause}"
+            exclusions.add_excluded(self.run_dir, g.dead, why)
+            with contextlib.suppress(Exception):  # the bad-node list is the user's, best effort
+                badnodes.record(
+                    list(g.dead), why, self.settings.bad_node_ttl_hours, f"run {self.run_dir.name}"
+                )
+        record_restart(self.run_dir, entry)
+        say(f"group {g.state.group} failed: {cause}; {decision.reason}")
+        if decision.action == policy.RESTART:
+            g.state = replace(g.state, nodes=decision.nodes, restarts=g.state.restarts + 1)
+            self.start_group(g)
+            return None
+        g.state = replace(g.state, running=False, given_up=True)
+        if decision.action == policy.FAIL_JOB:
+            self.end_all(f"the job cannot go on: {decision.reason}")
+            return WHOLE_JOB_FAILED
+        return None
+
+    def end_all(self, why: str) -> None:
+        say(f"ending every group: {why}")
+        for g in self.groups:
+            if g.proc is not None and g.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    g.proc.send_signal(signal.SIGKILL)
+        for g in self.groups:
+            if g.proc is not None:
+                with contextlib.suppress(Exception):
+                    g.proc.wait(timeout=30)
+
+    def run(self, lighthouse: subprocess.Popen[bytes] | None) -> int:
+        for g in self.groups:
+            self.start_group(g)
+        while True:
+            if self.stopping:
+                self.end_all("the batch script was signalled")
+                return 143
+            if lighthouse is not None and lighthouse.poll() is not None:
+                self.end_all(f"the lighthouse exited with code {lighthouse.returncode}")
+                return WHOLE_JOB_FAILED
+            now = self.clock()
+            for g in self.groups:
+                if g.proc is None or not g.state.running:
+                    continue
+                code = g.proc.poll()
+                if code is None:
+                    self.watch_running(g, now)
+                    continue
+                if code == 0 and not g.ended_why:
+                    g.state = replace(g.state, running=False, done=True)
+                    say(f"group {g.state.group}: every rank finished")
+                    continue
+                failed = self.on_failure(g, code)
+                if failed is not None:
+                    return failed
+            if all(not g.state.running for g in self.groups):
+                done = [g for g in self.groups if g.state.done]
+                return 0 if done else WHOLE_JOB_FAILED
+            time.sleep(POLL_S)
+
+
+def group_logs(srun: Sequence[str], logs: Path, group: int) -> list[str]:
+    """srun's argv with the rank logs (``rank-%t``: numbered from 0 in every group's step)
+    pointed at one file per group; each rank then writes its own job-wide named log
+    (``worker.task.redirect_group_logs``)."""
+    out = []
+    for arg in srun:
+        for flag, stream in (("--output=", "out"), ("--error=", "err")):
+            if arg.startswith(flag) and "%t" in arg:
+                arg = f"{flag}{logs / f'group-{group}.{stream}'}"
+        out.append(arg)
+    return out
+
+
+def record_restart(run_dir: Path, entry: dict[str, object]) -> None:
+    """Append one group restart to the open attempt's record (a failing write must not
+    stop the supervisor: the batch log has the line)."""
+    try:
+        records = attempts.load(run_dir)
+        before = list(records[-1].group_restarts or ()) if records else []
+        attempts.update_open(run_dir, group_restarts=[*before[-99:], entry])
+    except Exception as exc:
+        say(f"warning: group restart not recorded: {exc!r}")
+
+
+def say(line: str) -> None:
+    print(f"[ddlaunch groups] {line}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def start_lighthouse(
+    binary: str, min_groups: int, log: Path, host: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The torchft lighthouse on this host, up and listening; (process, its address)."""
+    port = free_port()
+    argv = [
+        binary,
+        "--min_replicas",
+        str(min_groups),
+        "--quorum_tick_ms",
+        str(QUORUM_TICK_MS),
+        "--join_timeout_ms",
+        str(JOIN_TIMEOUT_MS),
+        "--heartbeat_timeout_ms",
+        str(HEARTBEAT_TIMEOUT_MS),
+        "--bind",
+        f"[::]:{port}",
+    ]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + LIGHTHOUSE_UP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the lighthouse exited with code {proc.returncode} (see {log})")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return proc, f"http://{host}:{port}"
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(
+        f"the lighthouse did not listen on port {port} within {LIGHTHOUSE_UP_S:.0f} s"
+    )
+
+
+def parse_args(argv: Sequence[str]) -> Settings:
+    parser = argparse.ArgumentParser(prog="python -m ddlaunch.job.groups")
+    parser.add_argument("--groups", type=int, required=True)
+    parser.add_argument("--ranks-per-node", type=int, required=True)
+    parser.add_argument("--min-groups", type=int, default=1)
+    parser.add_argument("--max-restarts", type=int, default=3)
+    parser.add_argument("--heal-timeout", type=float, default=600.0)
+    parser.add_argument("--stale-after", type=float, default=35.0)
+    parser.add_argument("--bad-node-ttl-hours", type=float, default=24.0)
+    parser.add_argument("--lighthouse", default="torchft_lighthouse")
+    parser.add_argument("srun", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    rest = list(args.srun)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if WORKER_MARK not in rest:
+        parser.error(f"the command line needs SRUN... {WORKER_MARK} WORKER...")
+    cut = rest.index(WORKER_MARK)
+    return Settings(
+        groups=args.groups,
+        ranks_per_node=args.ranks_per_node,
+        min_groups=args.min_groups,
+        max_restarts=args.max_restarts,
+        heal_timeout=args.heal_timeout,
+        stale_after=args.stale_after,
+        bad_node_ttl_hours=args.bad_node_ttl_hours,
+        srun=tuple(rest[:cut]),
+        worker=tuple(rest[cut + 1 :]),
+        lighthouse=args.lighthouse,
+    )
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    env = os.environ if env is None else env
+    run_dir = Path(env.get("DDLAUNCH_RUN_DIR", "."))
+    attempt = AttemptId.from_env(env)
+    nodes = expand(step_nodelist(env))
+    try:
+        cut = policy.group_nodes(nodes, settings.groups)
+    except ValueError as exc:
+        say(f"error: {exc}")
+        return WHOLE_JOB_FAILED
+    host = env.get("SLURMD_NODENAME") or socket.gethostname()
+    try:
+        lighthouse, address = start_lighthouse(
+            settings.lighthouse, settings.min_groups, run_dir / LOGS_DIR / "lighthouse.log", host
+        )
+    except (OSError, RuntimeError) as exc:
+        say(f"error: could not start the torchft lighthouse: {exc}")
+        return WHOLE_JOB_FAILED
+    say(f"lighthouse at {address} (min {settings.min_groups} live group(s))")
+    per_group = len(cut[0]) * settings.ranks_per_node
+    sup = Supervisor(
+        settings,
+        run_dir,
+        attempt,
+        expand(env.get("SLURM_JOB_NODELIST", "")) or nodes,
+        SlurmClient(),
+        env,
+        [Group(GroupState(i, c), i * per_group) for i, c in enumerate(cut)],
+        address,
+    )
+
+    def stop(signum: int, frame: Any) -> None:
+        sup.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        return sup.run(lighthouse)
+    finally:
+        lighthouse.terminate()
+        with contextlib.suppress(Exception):
+            lighthouse.wait(timeout=5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

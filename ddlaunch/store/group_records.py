@@ -1,0 +1,88 @@
+"""What the replica groups' ranks tell the batch host's supervisor (``job.groups``), torch-free.
+
+* ``groups/heal-<g>.json``: written by group ``g``'s rank 0 when the group (re)joined the
+  others' quorum (healed from a live group, or started with them): the attempt, the group's
+  restart count, the step it healed to, when. The supervisor's heal timeout and progress
+  guard read it.
+* Silence: a group whose nodes' heartbeat records stopped (``store.heartbeats``), the
+  trigger for probing its nodes when no rank of it could write a failure record (the whole
+  node died).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ddlaunch import fsutil
+from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.heartbeats import node_heartbeat_path
+
+GROUPS_DIR = "groups"
+
+
+@dataclass(frozen=True)
+class HealRecord:
+    group: int
+    restart: int  # the group's restarts in this attempt when it (re)joined
+    job_id: str
+    attempt: int  # Slurm's restart count
+    relaunch: int  # restarts in the allocation
+    step: int  # the step it joined at (healed to)
+    healed_from: int | None  # the group it healed from, None: it did not need to heal
+    time: float
+    seconds: float  # from the group's process start to the join
+
+    def of(self, attempt: AttemptId, group: int, restart: int) -> bool:
+        return (
+            self.group == group
+            and self.restart == restart
+            and self.job_id == attempt.job_id
+            and self.attempt == attempt.restart
+            and self.relaunch == attempt.relaunch
+        )
+
+
+def heal_path(run_dir: Path, group: int) -> Path:
+    return run_dir / GROUPS_DIR / f"heal-{group}.json"
+
+
+def write_heal(run_dir: Path, record: HealRecord) -> None:
+    path = heal_path(run_dir, record.group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fsutil.atomic_write_json(path, asdict(record))
+
+
+def read_heal(run_dir: Path, group: int) -> HealRecord | None:
+    try:
+        data = fsutil.read_json(heal_path(run_dir, group))
+        return HealRecord(**data) if isinstance(data, dict) else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def rejoined(run_dir: Path, attempt: AttemptId, group: int, restart: int) -> bool:
+    """Whether group ``group`` rejoined the others since its ``restart``-th start."""
+    found = read_heal(run_dir, group)
+    return found is not None and found.of(attempt, group, restart)
+
+
+def last_beat(run_dir: Path, nodes: tuple[str, ...]) -> float | None:
+    """The newest heartbeat merge time of these nodes' records, None without any."""
+    beats = []
+    for node in nodes:
+        try:
+            data = fsutil.read_json(node_heartbeat_path(run_dir, node))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("beat"), (int, float)):
+            beats.append(float(data["beat"]))
+    return max(beats) if beats else None
+
+
+def silent_since(
+    run_dir: Path, nodes: tuple[str, ...], started: float, now: float, stale_after: float
+) -> bool:
+    """The group's nodes have beaten since its start but not for ``stale_after`` seconds."""
+    beat = last_beat(run_dir, nodes)
+    return beat is not None and beat >= started - 1.0 and now - beat > stale_after
