@@ -174,6 +174,8 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any
         culprit = attempt_failure(rec, info.failures) if not rec.is_open else None
         if culprit:
             item["culprit"] = culprit
+        if rec.group_restarts:
+            item["group_restarts"] = [dict(g) for g in rec.group_restarts]
         out.append(item)
     return out
 

@@ -129,7 +129,32 @@ def attempt_lines(row: Any) -> list[str]:
         if why:
             text += ": " + "; ".join(why)
         lines.append(text)
+        lines.extend(f"  {group_restart_line(g)}" for g in a.get("group_restarts") or ())
     return lines
+
+
+def group_restart_line(g: dict[str, Any]) -> str:
+    """One replica group's failure inside an attempt: what failed, what was decided, how
+    it rejoined."""
+    up = f" after {g['up_s']:.0f}s" if isinstance(g.get("up_s"), (int, float)) else ""
+    text = f"group {g.get('group')} failed{up}: {g.get('cause') or '?'}"
+    if g.get("culprit") and g.get("culprit") != g.get("cause"):
+        text += f" ({g['culprit']})"
+    decision = g.get("decision")
+    if decision == "restart":
+        nodes = ",".join(g.get("new_nodes") or ())
+        text += f"; restarted on {nodes}"
+        if g.get("rejoined_step") is not None:
+            source = g.get("healed_from")
+            healed = f", healed from group {source}" if source is not None else ""
+            text += (
+                f"; rejoined at step {g['rejoined_step']} in {g.get('rejoin_s', 0):.1f}s{healed}"
+            )
+            if g.get("steps_missed") is not None:
+                text += f", {g['steps_missed']} steps missed"
+    elif g.get("why"):
+        text += f"; {g['why']}"
+    return text
 
 
 def page(shown: Any, width: int | None) -> str:

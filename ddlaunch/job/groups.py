@@ -47,7 +47,7 @@ from ddlaunch.policy import attribution as attrib
 from ddlaunch.policy import groups as policy
 from ddlaunch.policy.groups import GroupState
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, badnodes, exclusions, group_records
+from ddlaunch.store import attempts, badnodes, exclusions, group_records, heartbeats
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import read_failures
 from ddlaunch.store.rundir import LOGS_DIR
@@ -148,10 +148,35 @@ class Supervisor:
         g.started = self.clock()
         g.dead, g.ended_why = (), ""
         g.state = replace(g.state, running=True, rejoined=restart == 0)
+        self.publish()
         say(
             f"group {g.state.group}: started on {','.join(nodes)} (ranks {g.rank_offset}-"
             f"{g.rank_offset + k * s.ranks_per_node - 1}, restart {restart})"
         )
+
+    def publish(self) -> None:
+        """``groups/state.json`` for ``status`` (best effort: never stops the groups)."""
+        views = []
+        for g in self.groups:
+            st = g.state
+            state = (
+                group_records.GIVEN_UP
+                if st.given_up
+                else group_records.FINISHED
+                if st.done
+                else group_records.TRAINING
+                if st.rejoined
+                else group_records.HEALING
+            )
+            views.append(group_records.GroupView(st.group, st.nodes, state, st.restarts))
+        a = self.attempt
+        snapshot = group_records.GroupsState(
+            a.job_id, a.restart, a.relaunch, self.clock(), tuple(views)
+        )
+        try:
+            group_records.write_state(self.run_dir, snapshot)
+        except OSError as exc:
+            say(f"warning: groups/state.json not written: {exc}")
 
     # ------------------------------------------------------------------ watch
 
@@ -188,12 +213,17 @@ class Supervisor:
         """A running group whose node died, or that never healed: end its step now."""
         assert g.proc is not None
         if not g.state.rejoined:
-            if group_records.rejoined(self.run_dir, self.attempt, g.state.group, g.state.restarts):
+            heal = group_records.read_heal(self.run_dir, g.state.group)
+            if heal is not None and heal.of(self.attempt, g.state.group, g.state.restarts):
                 g.state = replace(g.state, rejoined=True)
+                after = now - g.started
+                source = f"from group {heal.healed_from}" if heal.healed_from is not None else ""
                 say(
-                    f"group {g.state.group}: rejoined the others "
-                    f"{now - g.started:.1f} s after its start"
+                    f"group {g.state.group}: rejoined at step {heal.step} {source} "
+                    f"{after:.1f} s after its restart"
                 )
+                record_rejoin(self.run_dir, g.state.group, g.state.restarts - 1, heal, after)
+                self.publish()
             elif now - g.started > self.settings.heal_timeout:
                 g.ended_why = (
                     f"it did not rejoin the others within fault_tolerance."
@@ -220,6 +250,18 @@ class Supervisor:
         that vanished without closing its connections (its ranks cannot say so)."""
         stale = self.settings.stale_after
         return group_records.silent_since(self.run_dir, g.state.nodes, g.started, now, stale)
+
+    def last_step(self, g: Group) -> int | None:
+        """The newest step the group's ranks reported in their heartbeats."""
+        last = g.rank_offset + len(g.state.nodes) * self.settings.ranks_per_node
+        steps = [
+            int(r["step"])
+            for r in heartbeats.read_heartbeats(self.run_dir)
+            if isinstance(r.get("step"), int)
+            and g.rank_offset <= int(r.get("rank", -1)) < last
+            and r.get("job_id") == self.attempt.job_id
+        ]
+        return max(steps) if steps else None
 
     def end_step(self, g: Group) -> None:
         say(f"group {g.state.group}: ending its step: {g.ended_why}")
@@ -273,6 +315,9 @@ class Supervisor:
         }
         if decision.nodes:
             entry["new_nodes"] = list(decision.nodes)
+        step = self.last_step(g)
+        if step is not None:
+            entry["failed_at_step"] = step
         if g.dead:
             why = f"node failure under replica group {g.state.group}: {cause}"
             exclusions.add_excluded(self.run_dir, g.dead, why)
@@ -287,6 +332,7 @@ class Supervisor:
             self.start_group(g)
             return None
         g.state = replace(g.state, running=False, given_up=True)
+        self.publish()
         if decision.action == policy.FAIL_JOB:
             self.end_all(f"the job cannot go on: {decision.reason}")
             return WHOLE_JOB_FAILED
@@ -324,6 +370,7 @@ class Supervisor:
                 if code == 0 and not g.ended_why:
                     g.state = replace(g.state, running=False, done=True)
                     say(f"group {g.state.group}: every rank finished")
+                    self.publish()
                     continue
                 failed = self.on_failure(g, code)
                 if failed is not None:
@@ -356,6 +403,29 @@ def record_restart(run_dir: Path, entry: dict[str, object]) -> None:
         attempts.update_open(run_dir, group_restarts=[*before[-99:], entry])
     except Exception as exc:
         say(f"warning: group restart not recorded: {exc!r}")
+
+
+def record_rejoin(
+    run_dir: Path, group: int, restart: int, heal: group_records.HealRecord, after: float
+) -> None:
+    """Add the heal to the group's restart entry (``restart``: the entry's count)."""
+    try:
+        records = attempts.load(run_dir)
+        entries = [dict(e) for e in (records[-1].group_restarts or ())] if records else []
+        for entry in reversed(entries):
+            if entry.get("group") == group and entry.get("restart") == restart:
+                failed_at = entry.get("failed_at_step")
+                if isinstance(failed_at, int):
+                    entry["steps_missed"] = max(heal.step - failed_at, 0)
+                entry.update(
+                    rejoined_step=heal.step,
+                    healed_from=heal.healed_from,
+                    rejoin_s=round(after, 3),
+                )
+                break
+        attempts.update_open(run_dir, group_restarts=entries)
+    except Exception as exc:
+        say(f"warning: the rejoin was not recorded: {exc!r}")
 
 
 def say(line: str) -> None:
