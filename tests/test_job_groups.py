@@ -1,0 +1,98 @@
+"""The replica groups' supervisor's pieces that need no cluster: its command line, the rank
+logs per group, job-wide rank names, and its records in a run directory (the supervisor
+itself runs on the dev cluster: tests/test_replica_groups_slurm.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddlaunch.job import groups
+from ddlaunch.planning.group_env import GroupIdentity, job_rank
+from ddlaunch.store import attempts, group_records
+from ddlaunch.store.attempts import AttemptId
+
+
+def test_the_command_line_splits_srun_from_the_worker() -> None:
+    s = groups.parse_args(
+        [
+            "--groups", "2", "--ranks-per-node", "4", "--min-groups", "1",
+            "--", "srun", "--unbuffered", "--output=/r/logs/rank-%t.out",
+            groups.WORKER_MARK, "python3", "-m", "ddlaunch.worker.task", "/r/submitit",
+        ]
+    )  # fmt: skip
+    assert (s.groups, s.ranks_per_node, s.min_groups) == (2, 4, 1)
+    assert s.srun == ("srun", "--unbuffered", "--output=/r/logs/rank-%t.out")
+    assert s.worker == ("python3", "-m", "ddlaunch.worker.task", "/r/submitit")
+
+
+def test_a_command_line_without_the_worker_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        groups.parse_args(["--groups", "2", "--ranks-per-node", "1", "--", "srun"])
+    assert f"needs SRUN... {groups.WORKER_MARK} WORKER..." in capsys.readouterr().err
+
+
+def test_each_group_step_logs_to_its_own_files() -> None:
+    srun = ["srun", "--output=/r/logs/rank-%t.out", "--error=/r/logs/rank-%t.err", "--x=1"]
+    assert groups.group_logs(srun, Path("/r/logs"), 1) == [
+        "srun",
+        "--output=/r/logs/group-1.out",
+        "--error=/r/logs/group-1.err",
+        "--x=1",
+    ]
+
+
+def test_ranks_are_named_job_wide_in_a_group() -> None:
+    env = GroupIdentity(1, 2, "http://node1:1", rank_offset=4).env(manager_port=29511)
+    assert job_rank({**env, "SLURM_PROCID": "3"}) == 7
+    assert job_rank({"SLURM_PROCID": "3"}) is None  # not a replica group
+    assert GroupIdentity.from_env({**env, "REPLICA_GROUP_ID": "0"}) == GroupIdentity(
+        0, 2, "http://node1:1", 4, 0
+    )
+
+
+def open_attempt(run_dir: Path) -> None:
+    attempts.save(run_dir, [attempts.AttemptRecord(attempt=0, job_id="7", start=1.0)])
+
+
+def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Path) -> None:
+    open_attempt(tmp_path)
+    groups.record_restart(
+        tmp_path,
+        {"group": 1, "restart": 0, "cause": "node node2 died", "failed_at_step": 60},
+    )
+    heal = group_records.HealRecord(1, 1, "7", 0, 0, step=63, healed_from=0, time=5.0, seconds=4.0)
+    groups.record_rejoin(tmp_path, 1, 0, heal, 4.25)
+    (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
+    assert dict(entry) == {
+        "group": 1,
+        "restart": 0,
+        "cause": "node node2 died",
+        "failed_at_step": 60,
+        "rejoined_step": 63,
+        "healed_from": 0,
+        "rejoin_s": 4.25,
+        "steps_missed": 3,
+    }
+
+
+def test_a_heal_record_belongs_to_one_attempt_and_restart(tmp_path: Path) -> None:
+    attempt = AttemptId(job_id="7", task="7", restart=0, relaunch=0)
+    heal = group_records.HealRecord(1, 1, "7", 0, 0, step=3, healed_from=0, time=1.0, seconds=1.0)
+    group_records.write_heal(tmp_path, heal)
+    assert group_records.rejoined(tmp_path, attempt, 1, 1)
+    assert not group_records.rejoined(tmp_path, attempt, 1, 2)  # a later restart
+    assert not group_records.rejoined(tmp_path, AttemptId("8", "8", 0, 0), 1, 1)
+    assert not group_records.rejoined(tmp_path, attempt, 0, 1)  # another group's
+
+
+def test_the_groups_state_round_trips(tmp_path: Path) -> None:
+    views = (
+        group_records.GroupView(0, ("node1",), group_records.TRAINING, 0),
+        group_records.GroupView(1, ("node3",), group_records.HEALING, 1),
+    )
+    state = group_records.GroupsState("7", 0, 0, 12.5, views)
+    group_records.write_state(tmp_path, state)
+    assert group_records.read_state(tmp_path) == state
+    assert state.live == 2
