@@ -23,8 +23,10 @@ from ddlaunch.app.runs import (
 )
 from ddlaunch.policy.requeue import CAUSE_CRASH, HEALTH_CAUSES
 from ddlaunch.slurm.parse import QueueRow
+from ddlaunch.store import group_records
 from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.failures import Failure, is_collateral
+from ddlaunch.store.group_records import GroupsState
 
 # Slurm's many job states folded into the few a user acts on.
 STATE_MAP = {
@@ -203,8 +205,10 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
         from ddlaunch.policy.staging import summary as staging_summary
 
         parts.append(staging_summary(info.staging))
-    hb = info.watchdog
     latest = info.attempts[-1] if info.attempts else None
+    if info.groups and latest is not None and latest.is_open and state == "RUNNING":
+        parts.append(groups_summary(info.groups))
+    hb = info.watchdog
     if hb and latest is not None and latest.is_open and state == "RUNNING":
         began = latest.start
         if began is not None and float(hb.get("time", now)) < began:
@@ -215,6 +219,19 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
             age = now - float(hb.get("time", now)) + float(hb.get("oldest_beat_age", 0.0))
             parts.append(f"heartbeat {age:.0f} s ago")
     return "; ".join(parts)
+
+
+def groups_summary(state: GroupsState) -> str:
+    """``replica groups: 1 of 2 training (group 1 healing on node3, restart 1)``."""
+    training = sum(1 for g in state.groups if g.state == group_records.TRAINING)
+    others = [
+        f"group {g.group} {g.state} on {','.join(g.nodes)}"
+        + (f", restart {g.restarts}" if g.restarts else "")
+        for g in state.groups
+        if g.state != group_records.TRAINING
+    ]
+    text = f"replica groups: {training} of {len(state.groups)} training"
+    return text + (f" ({'; '.join(others)})" if others else "")
 
 
 def starting(attempt: AttemptRecord) -> str:
