@@ -28,7 +28,9 @@ HEAD = (
     "fault_tolerance:\n"  # 5
     "  mode: replica_groups\n"  # 6
 )
-NEEDS = "but fault_tolerance.mode: replica_groups needs 2 or more, one group of whole nodes per replica"
+NEEDS = (
+    "but fault_tolerance.mode: replica_groups needs 2 or more, one group of whole nodes per replica"
+)
 UNEQUAL = "replica groups do not cut nodes.count"
 PP_GROUP = (
     "would split nodes between stages unevenly (a stage holds whole nodes, or whole fractions "
@@ -259,7 +261,11 @@ def test_render_says_the_groups_and_the_cross_group_all_reduce(tmp_path: Path) -
 
 
 def test_many_groups_are_summarised(tmp_path: Path) -> None:
-    sets = ("nodes.count=2000", "parallel.dp_replicate=250", "fault_tolerance.min_replica_groups=200")
+    sets = (
+        "nodes.count=2000",
+        "parallel.dp_replicate=250",
+        "fault_tolerance.min_replica_groups=200",
+    )
     lines = describe.parallel_lines(load_config(_valid(tmp_path, "", sets), sets))
     assert lines[1] == (
         "replica groups: 250 x 8 nodes (nodes 0-7 | nodes 8-15 | ... | nodes 1992-1999), "
@@ -353,7 +359,7 @@ def test_torchft_is_found_without_being_imported(tmp_path: Path, no_torchft: Non
 
 def test_the_guide_shows_what_render_prints_and_the_rules(tmp_path: Path) -> None:
     page = (REPO / "docs" / "how-to" / "replica-groups.md").read_text()
-    path = _valid(tmp_path, "parallel:\n  dp_replicate: 2\n  tp: 2\n")
+    path = _valid(tmp_path, "parallel:\n  dp_replicate: 2\n  tp: 2\n  model_params: 7e9\n")
     for line in describe.parallel_lines(load_config(path)):
         assert f"# {line}\n" in page, f"the guide's render excerpt is stale: {line!r}"
     assert "pip install 'ddlaunch[ft]'" in page

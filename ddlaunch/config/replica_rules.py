@@ -48,7 +48,12 @@ REPLICATE: KeyPath = ("parallel", "dp_replicate")
 COUNT: KeyPath = ("nodes", "count")
 # The rules on degrees read the job's shape and every degree: an invalid one among them makes
 # their issue a consequence of that key's own error.
-_SHAPE: list[KeyPath] = [COUNT, ("nodes", "gpus_per_node"), ("nodes", "tasks_per_node"), ("parallel",)]
+_SHAPE: list[KeyPath] = [
+    COUNT,
+    ("nodes", "gpus_per_node"),
+    ("nodes", "tasks_per_node"),
+    ("parallel",),
+]
 _SHOWN_CHOICES = 4
 # The keys that act only in replica-groups mode.
 _GROUP_KEYS = ("min_replica_groups", "heal_timeout")
@@ -143,16 +148,17 @@ def _listed(values: list[int]) -> str:
 
 def _too_few(cfg: Config, degrees: Degrees) -> str:
     given = cfg.parallel.dp_replicate
-    label = {None: "unset", AUTO: "auto gives 1"}.get(given, f"is {given}") + " (one group)"
+    if given is None:
+        label = "unset (one group)"
+    else:
+        label = "auto gives 1 (one group)" if given == AUTO else f"is {given} (one group)"
     nodes = cfg.nodes.count
     rule = f"it must divide nodes.count {nodes} and dp {degrees.dp}"
     choices = group_counts(cfg, degrees)
     if choices:
         advice = f"set it to {_listed(choices)} ({rule})"
     else:
-        advice = (
-            f"no count fits this job ({rule}): add nodes, or use fault_tolerance.mode: job"
-        )
+        advice = f"no count fits this job ({rule}): add nodes, or use fault_tolerance.mode: job"
     return (
         f"{label}, but fault_tolerance.mode: replica_groups needs 2 or more, one group of "
         f"whole nodes per replica; {advice}"

@@ -167,9 +167,7 @@ def replica_groups(cfg: Config) -> ReplicaGroups | None:
     d = degrees_of(cfg)
     layout = layout_of(cfg)
     per_group = layout.nodes // d.dp_replicate
-    inner = ParallelPlan(
-        Degrees(d.pp, 1, d.dp_shard, d.cp, d.tp), per_group, layout.ranks_per_node
-    )
+    inner = ParallelPlan(Degrees(d.pp, 1, d.dp_shard, d.cp, d.tp), per_group, layout.ranks_per_node)
     return ReplicaGroups(d.dp_replicate, per_group, inner, cfg.fault_tolerance.min_replica_groups)
 
 
