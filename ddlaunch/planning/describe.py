@@ -1,6 +1,10 @@
 """What ``render`` and ``submit --dry-run`` say about the plan (pure text): the placement of the
 parallelism plan with its estimated communication per step, and the data staging. The lines
-become comments of the batch script, so the run directory's ``job.sbatch`` keeps them."""
+become comments of the batch script, so the run directory's ``job.sbatch`` keeps them.
+
+With ``fault_tolerance.mode: replica_groups`` the placement is the groups' (their nodes, one
+group's plan, dp_replicate's peers across the groups), in job-wide ranks; job mode's lines
+are left as they were (the golden renders hold them)."""
 
 from __future__ import annotations
 
