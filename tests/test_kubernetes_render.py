@@ -304,6 +304,19 @@ def test_errors(tmp_path: Path) -> None:
     )
 
 
+def test_replica_groups_are_refused_with_what_to_do(tmp_path: Path) -> None:
+    # A valid replica-groups config (4 nodes, 2 groups): only the target refuses it.
+    sets = ["fault_tolerance.mode=replica_groups", "parallel.dp_replicate=2"]
+    with pytest.raises(ConfigError) as info:
+        render(_dgx(tmp_path), sets)
+    assert [str(issue) for issue in info.value.issues] == [
+        "fault_tolerance.mode: replica_groups is not built for --target kubernetes (each group "
+        "would need its own independently restarting replicated job plus a lighthouse "
+        "service); use fault_tolerance.mode: job there, or submit to Slurm"
+    ]
+    assert documents(render(_dgx(tmp_path), ["parallel.dp_replicate=2"]))  # mode: job renders
+
+
 def test_nfs_and_read_only_volumes(tmp_path: Path) -> None:
     (template,) = pod_templates(
         documents(

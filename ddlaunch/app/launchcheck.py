@@ -17,6 +17,12 @@ sees as well (it writes the run directory the nodes read), so one missing here i
 otherwise every node the job lands on fails its staging. Only a source inside a node-local
 directory of the config (``storage.scratch``, another entry's ``dst``) may exist on the
 nodes alone: a warning.
+
+``fault_tolerance.mode: replica_groups`` needs torchft (the ranks' manager, the batch host's
+lighthouse). The nodes usually run this same installation from the shared filesystem, so a
+ddlaunch installed without its ``ft`` extra is an error here, before the job waits in the
+queue; it is searched for as an entry point's package is, without importing it (torchft
+imports torch). ``--force`` submits anyway where only the nodes' Python has it.
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.envi
                 )
     stage_sources(cfg, found)
     container_image(cfg, found)
+    replica_groups_package(cfg, found)
     python = launch.python
     if os.path.isabs(python):
         if not os.path.exists(python):
@@ -107,6 +114,19 @@ def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.envi
         elif os.path.isdir(python) or not os.access(python, os.X_OK):
             found.errors.append(f"launch.python: {python} is not an executable file")
     return found
+
+
+FT_INSTALL = "pip install 'ddlaunch[ft]'"
+
+
+def replica_groups_package(cfg: Config, found: Findings) -> None:
+    """torchft importable by this Python where the config asks for replica groups."""
+    if cfg.fault_tolerance.mode != "replica_groups" or module_found("torchft", []):
+        return
+    found.errors.append(
+        f"fault_tolerance.mode: replica_groups needs torchft, which {sys.executable} cannot "
+        f"import: {FT_INSTALL}"
+    )
 
 
 # The command each runtime's srun line runs on the nodes (pyxis is srun's own plugin).

@@ -14,6 +14,9 @@ Rules, in the order they are checked (the first that fails for a key is reported
 * pp divides the nodes (each stage holds whole nodes) or is a multiple of them (each node
   holds whole stages): a stage never straddles part of a node;
 * dp_replicate x dp_shard equals dp.
+
+With ``fault_tolerance.mode: replica_groups`` the resolved degrees are checked again against
+one replica group's nodes (``config.replica_rules``).
 """
 
 from __future__ import annotations
@@ -85,6 +88,23 @@ def nearest(value: int, valid: Sequence[int]) -> str:
     above = [v for v in valid if v > value]
     picks = ([max(below)] if below else []) + ([min(above)] if above else [])
     return " or ".join(str(p) for p in picks)
+
+
+def pp_fits(pp: int, nodes: int, ranks_per_node: int) -> bool:
+    """Whether ``pp`` stages fit ``nodes`` whole nodes: pp divides the nodes, or each node
+    holds a whole number of stages."""
+    return (nodes * ranks_per_node) % pp == 0 and (nodes % pp == 0 or pp % nodes == 0)
+
+
+def pp_choices(nodes: int, ranks_per_node: int) -> list[int]:
+    """Every pp that fits ``nodes`` nodes, for "nearest valid"."""
+    return sorted({*divisors(nodes), *(nodes * k for k in divisors(ranks_per_node))})
+
+
+def replica_mode(cfg: Any) -> bool:
+    """``fault_tolerance.mode: replica_groups``: dp_replicate counts groups of whole nodes,
+    each its own world (``planning.parallel.replica_groups``)."""
+    return bool(cfg.fault_tolerance.mode == "replica_groups")
 
 
 def layout_of(cfg: Any) -> ParallelLayout:
@@ -215,14 +235,13 @@ class _Resolver:
         return " or ".join(out)
 
     def pp_valid(self, pp: int) -> bool:
-        nodes = self.layout.nodes
-        return self.layout.world % pp == 0 and (nodes % pp == 0 or pp % nodes == 0)
+        return pp_fits(pp, self.layout.nodes, self.layout.ranks_per_node)
 
     def pp_ok(self, pp: int, auto: bool) -> bool:
         if self.pp_valid(pp):
             return True
         nodes, g = self.layout.nodes, self.layout.ranks_per_node
-        valid = sorted({*divisors(nodes), *(nodes * k for k in divisors(g))})
+        valid = pp_choices(nodes, g)
         label = f"auto gives pp {pp}:" if auto else f"{pp}"
         self.fail(
             "pp",

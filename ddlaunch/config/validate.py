@@ -21,6 +21,7 @@ from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.kubernetes_rules import check_kubernetes
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
+from ddlaunch.config.recovery_schema import FaultToleranceSpec
 from ddlaunch.config.schema import PATTERNS, Config
 
 _MAIL_TYPES = {
@@ -312,9 +313,22 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
         check_container,
         check_snapshot,
         _plan_rules,
+        _replica_rules,
         check_kubernetes,
     ):
         check(cfg, b)
+
+
+def _replica_rules(cfg: Config, b: _Builder) -> None:
+    """``fault_tolerance.mode: replica_groups`` against the job's shape (and its keys in job
+    mode); the module is imported only for configs that touch them."""
+    ft, plain = cfg.fault_tolerance, FaultToleranceSpec()
+    group_keys = (ft.min_replica_groups, ft.heal_timeout)
+    if ft.mode == "job" and group_keys == (plain.min_replica_groups, plain.heal_timeout):
+        return
+    from ddlaunch.config.replica_rules import check_replica_groups
+
+    check_replica_groups(cfg, b)
 
 
 def _plan_rules(cfg: Config, b: _Builder) -> None:

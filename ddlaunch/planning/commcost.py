@@ -9,6 +9,8 @@ reduce-scatter (n-1)/n):
 * dp_shard (FSDP): all-gather the parameters for forward and again for backward, and
   reduce-scatter the gradients: 3 (n-1)/n x P b / (tp pp);
 * dp_replicate (HSDP replicas): all-reduce the gradient shards: 2 (n-1)/n x P b / (tp pp dp_shard);
+  with ``fault_tolerance.mode: replica_groups`` the same all-reduce runs across the groups,
+  through torchft, every step, and the other dimensions are placed inside one group;
 * tp (Megatron-style, no sequence parallelism): two activation all-reduces per layer forward
   and two backward: 4 x 2 (n-1)/n x t h b x L / pp;
 * cp (ring attention, as many K/V heads as heads): K and V pass around the ring forward,
@@ -26,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddlaunch.config.schema import Config
-from ddlaunch.planning.parallel import ParallelPlan, Span
+from ddlaunch.planning.parallel import ParallelPlan, Span, replica_groups
 
 # Per GPU and direction, Gbit/s (the datasheets give GB/s over both directions).
 INTRA: dict[str, tuple[float, str]] = {
@@ -113,15 +115,27 @@ def _traffic(dim: str, n: int, plan: ParallelPlan, cfg: Config) -> tuple[float |
 
 
 def estimate(plan: ParallelPlan, cfg: Config) -> list[DimCost]:
-    """One entry per dimension with more than one rank, innermost (tp) first."""
+    """One entry per dimension with more than one rank, innermost (tp) first; with replica
+    groups the dimensions of one group's plan, then dp_replicate across the groups."""
     inside, across = intra_node(cfg), inter_node(cfg)
+    groups = replica_groups(cfg)
+    if groups is None:
+        spans = [plan.span(dim) for dim in reversed(plan.names)]
+    else:
+        inner = [groups.inner.span(dim) for dim in reversed(plan.names) if dim != "dp_replicate"]
+        spans = [*inner, groups.span()]
     out = []
-    for dim in reversed(plan.names):
-        span = plan.span(dim)
+    for span in spans:
+        dim = span.dim
         if span.size == 1:
             continue
         size, what = _traffic(dim, span.size, plan, cfg)
-        if span.inside_node:
+        if groups is not None and dim == "dp_replicate":
+            # Each rank all-reduces its shard with the same rank of every other group, all
+            # of a node's ranks at once: the node's network shared, as in HSDP.
+            gbps, link = across.gbps / plan.ranks_per_node, f"across {groups.count} replica groups"
+            what = f"{what} through torchft, per step" if size is not None else what
+        elif span.inside_node:
             gbps, link = inside.gbps, "inside a node"
         else:
             gbps = across.gbps / plan.ranks_per_node

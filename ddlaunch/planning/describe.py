@@ -1,12 +1,25 @@
 """What ``render`` and ``submit --dry-run`` say about the plan (pure text): the placement of the
 parallelism plan with its estimated communication per step, and the data staging. The lines
-become comments of the batch script, so the run directory's ``job.sbatch`` keeps them."""
+become comments of the batch script, so the run directory's ``job.sbatch`` keeps them.
+
+With ``fault_tolerance.mode: replica_groups`` the placement is the groups' (their nodes, one
+group's plan, dp_replicate's peers across the groups), in job-wide ranks; job mode's lines
+are left as they were (the golden renders hold them)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ddlaunch.config.schema import Config
 from ddlaunch.planning import commcost, staging
-from ddlaunch.planning.parallel import ParallelPlan, parallel_plan, ranks_text
+from ddlaunch.planning.parallel import (
+    ParallelPlan,
+    ReplicaGroups,
+    Span,
+    parallel_plan,
+    ranks_text,
+    replica_groups,
+)
 
 SHOWN_NODES = 4  # per-node lines before "... more nodes"
 SHOWN_GROUPS = 2
@@ -50,36 +63,48 @@ def warnings(cfg: Config) -> list[str]:
 
 
 def _dims_lines(plan: ParallelPlan) -> list[str]:
-    rows = [f"{'dim':<13} {'size':>4} {'groups':>6}  {'where':<34} first groups"]
+    rows = [_DIMS_HEADER]
     for dim in reversed(plan.names):
         span = plan.span(dim)
         if span.size == 1:
             continue
-        if span.inside_node:
-            where = "inside a node"
-        else:
-            ranks = "1 rank" if span.per_node == 1 else f"{span.per_node} ranks"
-            where = f"across {span.nodes} nodes, {ranks} on each"
-        shown = []
-        for i, group in enumerate(plan.groups(dim)):
-            if i == SHOWN_GROUPS:
-                shown.append("...")
-                break
-            shown.append(ranks_text(group))
-        rows.append(f"{dim:<13} {span.size:>4} {span.groups:>6}  {where:<34} {' '.join(shown)}")
+        rows.append(_dim_row(span, span.groups, _where(span), plan.groups(dim)))
     if len(rows) == 1:
         rows.append("(one rank: no groups)")
     return rows
 
 
-def _node_lines(plan: ParallelPlan) -> list[str]:
+_DIMS_HEADER = f"{'dim':<13} {'size':>4} {'groups':>6}  {'where':<34} first groups"
+
+
+def _where(span: Span) -> str:
+    if span.inside_node:
+        return "inside a node"
+    ranks = "1 rank" if span.per_node == 1 else f"{span.per_node} ranks"
+    return f"across {span.nodes} nodes, {ranks} on each"
+
+
+def _dim_row(span: Span, groups: int, where: str, found: Iterable[list[int]]) -> str:
+    """One dimension: its size, how many groups the job has, where a group lies and the
+    first groups' ranks."""
+    shown = []
+    for i, group in enumerate(found):
+        if i == SHOWN_GROUPS:
+            shown.append("...")
+            break
+        shown.append(ranks_text(group))
+    return f"{span.dim:<13} {span.size:>4} {groups:>6}  {where:<34} {' '.join(shown)}"
+
+
+def _node_lines(plan: ParallelPlan, replicas: ReplicaGroups | None = None) -> list[str]:
     g = plan.ranks_per_node
     inner = [d for d in ("tp", "cp") if plan.size(d) > 1 and plan.span(d).inside_node]
     lines = []
     for node in range(min(plan.nodes, SHOWN_NODES)):
         first = node * g
         ranks = f"ranks {first}-{first + g - 1}" if g > 1 else f"rank {first}"
-        text = f"node {node}: {ranks}"
+        group = f" (group {replicas.group_of_node(node)})" if replicas else ""
+        text = f"node {node}{group}: {ranks}"
         for dim in inner:
             groups = {tuple(plan.group(dim, r)) for r in range(first, first + g)}
             text += f"; {dim} " + " ".join(ranks_text(list(grp)) for grp in sorted(groups))
@@ -126,18 +151,64 @@ def parallel_lines(cfg: Config) -> list[str]:
     d = plan.degrees
     unit = "GPUs" if cfg.nodes.gpus_per_node else "ranks"
     shape = ", ".join(f"{n} {s}" for n, s in zip(plan.names, plan.shape, strict=True))
-    lines = [
+    head = (
         f"Parallelism (parallel:): {plan.world} ranks on {plan.nodes} nodes x "
         f"{plan.ranks_per_node} {unit} = dp {d.dp} (replicate {d.dp_replicate} x shard "
-        f"{d.dp_shard}) x tp {d.tp} x pp {d.pp} x cp {d.cp}",
-        f"device_mesh() dims, outermost first: {shape}",
+        f"{d.dp_shard}) x tp {d.tp} x pp {d.pp} x cp {d.cp}"
+    )
+    order = (
         f"rank r runs on node r // {plan.ranks_per_node} (allocation order, srun "
-        "--distribution=block)",
-        *_dims_lines(plan),
-        *_node_lines(plan),
-        *_cost_lines(plan, cfg),
-    ]
+        "--distribution=block)"
+    )
+    replicas = replica_groups(cfg)
+    if replicas is not None:
+        placement = [*_group_lines(replicas), order, *_group_dims_lines(replicas)]
+    else:
+        placement = [f"device_mesh() dims, outermost first: {shape}", order, *_dims_lines(plan)]
+    lines = [head, *placement, *_node_lines(plan, replicas), *_cost_lines(plan, cfg)]
     return lines + [f"warning: {w}" for w in warnings(cfg)]
+
+
+def _node_range(nodes: range) -> str:
+    return f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {nodes[0]}-{nodes[-1]}"
+
+
+def _group_lines(replicas: ReplicaGroups) -> list[str]:
+    """What replica groups make of the job: its fault domains, each group's own world and
+    how its ranks are named job-wide."""
+    count, k = replicas.count, replicas.nodes_per_group
+    listed = [_node_range(replicas.nodes(g)) for g in range(count)]
+    if count > 2 * SHOWN_GROUPS:
+        listed = [*listed[:SHOWN_GROUPS], "...", listed[-1]]
+    size = "1 node" if k == 1 else f"{k} nodes"
+    inner = replicas.inner
+    shape = ", ".join(
+        f"{n} {s}" for n, s in zip(inner.names, inner.shape, strict=True) if n != "dp_replicate"
+    )
+    ranks = replicas.ranks_per_group
+    return [
+        f"replica groups: {count} x {size} ({' | '.join(listed)}), torchft; a failure restarts "
+        f"its group only; min {replicas.min_live} live",
+        f"each group is its own world of {ranks} ranks, its mesh outermost first: {shape}; "
+        f"dp_replicate {count} across the groups, through torchft",
+        f"group g's rank r is the job's rank g x {ranks} + r",
+    ]
+
+
+def _group_dims_lines(replicas: ReplicaGroups) -> list[str]:
+    """The dimensions of one group's plan (group 0's ranks, job-wide groups counted), then
+    dp_replicate across the groups."""
+    inner, count = replicas.inner, replicas.count
+    rows = [_DIMS_HEADER]
+    for dim in reversed(inner.names):
+        span = inner.span(dim)
+        if span.size == 1:
+            continue
+        rows.append(_dim_row(span, span.groups * count, _where(span), inner.groups(dim)))
+    across = replicas.span()
+    peers = (replicas.peers(r) for r in range(replicas.ranks_per_group))
+    rows.append(_dim_row(across, across.groups, f"across {count} groups, torchft", peers))
+    return rows
 
 
 def staging_lines(cfg: Config) -> list[str]:

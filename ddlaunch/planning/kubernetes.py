@@ -334,6 +334,15 @@ def _slurm_only(cfg: Config) -> list[ConfigIssue]:
         issues.append(ConfigIssue("fault_tolerance.spare_nodes", why))
     if cfg.nodes.min is not None:
         issues.append(ConfigIssue("nodes.min", why))
+    if cfg.fault_tolerance.mode == "replica_groups":
+        issues.append(
+            ConfigIssue(
+                "fault_tolerance.mode",
+                "replica_groups is not built for --target kubernetes (each group would need "
+                "its own independently restarting replicated job plus a lighthouse service); "
+                "use fault_tolerance.mode: job there, or submit to Slurm",
+            )
+        )
     return issues
 
 

@@ -11,6 +11,12 @@ across nodes.
 
 Everything here is arithmetic on strides: planning a 16,000-GPU job enumerates no rank
 (``benchmarks/bench_parallel_plan.py``); ``groups`` lists a dimension's groups on demand.
+
+With ``fault_tolerance.mode: replica_groups`` dp_replicate is not a mesh dimension of one
+world: ``replica_groups`` cuts the nodes into that many groups of consecutive whole nodes, each
+its own world holding one replica (the inner plan: dp_replicate 1 on a group's nodes), and
+torchft averages across the groups. The job-wide rank of a group's rank r is the group's
+offset + r, which is ``rank_of`` again: groups are consecutive nodes.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ddlaunch.config.parallel import DIMS, Degrees, degrees_of, layout_of
+from ddlaunch.config.parallel import DIMS, Degrees, degrees_of, layout_of, replica_mode
 from ddlaunch.config.schema import Config
 
 
@@ -111,6 +117,58 @@ def parallel_plan(cfg: Config) -> ParallelPlan:
     """The plan of a validated config (the default, nothing configured: dp over the world)."""
     layout = layout_of(cfg)
     return ParallelPlan(degrees_of(cfg), layout.nodes, layout.ranks_per_node)
+
+
+@dataclass(frozen=True)
+class ReplicaGroups:
+    """``fault_tolerance.mode: replica_groups``: ``count`` groups of ``nodes_per_group``
+    consecutive whole nodes (group g holds nodes [g k, (g + 1) k)), each its own world with
+    the plan ``inner`` (its ranks numbered from 0), training goes on while ``min_live`` are
+    live."""
+
+    count: int
+    nodes_per_group: int
+    inner: ParallelPlan
+    min_live: int
+
+    @property
+    def ranks_per_group(self) -> int:
+        return self.inner.world
+
+    def nodes(self, group: int) -> range:
+        """The job's node indices (allocation order) that ``group`` runs on."""
+        first = group * self.nodes_per_group
+        return range(first, first + self.nodes_per_group)
+
+    def rank_offset(self, group: int) -> int:
+        """The job-wide rank of the group's rank 0."""
+        return group * self.ranks_per_group
+
+    def group_of_node(self, node: int) -> int:
+        return node // self.nodes_per_group
+
+    def peers(self, rank: int) -> list[int]:
+        """The job-wide ranks that torchft averages ``rank``'s gradients with: the same rank
+        of every group, ``rank``'s own included, by group."""
+        local = rank % self.ranks_per_group
+        return [self.rank_offset(g) + local for g in range(self.count)]
+
+    def span(self) -> Span:
+        """dp_replicate across the groups, in job-wide ranks: one rank of each group, each
+        on its own node."""
+        k = self.ranks_per_group
+        return Span("dp_replicate", self.count, k, k, self.count, 1)
+
+
+def replica_groups(cfg: Config) -> ReplicaGroups | None:
+    """The groups of a validated config in replica-groups mode; None in job mode."""
+    if not replica_mode(cfg):
+        return None
+    d = degrees_of(cfg)
+    layout = layout_of(cfg)
+    per_group = layout.nodes // d.dp_replicate
+    inner = ParallelPlan(Degrees(d.pp, 1, d.dp_shard, d.cp, d.tp), per_group, layout.ranks_per_node)
+    return ReplicaGroups(d.dp_replicate, per_group, inner, cfg.fault_tolerance.min_replica_groups)
 
 
 def ranks_text(ranks: list[int]) -> str:
