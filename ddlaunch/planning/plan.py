@@ -94,7 +94,7 @@ class TrainerStop:
 
 
 @dataclass(frozen=True)
-class ReplicaGroups:
+class ReplicaSupervision:
     """fault_tolerance.mode: replica_groups: what the script gives the groups' supervisor
     (``ddlaunch.job.groups``)."""
 
@@ -139,7 +139,7 @@ class LaunchPlan:
     # each attempt's step runs on the nodes `hooks place` picks.
     elastic: bool = False
     check_spares: bool = False  # hot spares and health.preflight: the spares are checked too
-    replica_groups: ReplicaGroups | None = None
+    replica_groups: ReplicaSupervision | None = None
 
     # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
     env_from_submit: tuple[str, ...] = ()
@@ -420,13 +420,13 @@ def format_argv(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
 
-def replica_groups(cfg: Config) -> ReplicaGroups | None:
+def replica_groups(cfg: Config) -> ReplicaSupervision | None:
     """The groups of a replica_groups config (validation made nodes.count divisible)."""
     ft = cfg.fault_tolerance
     if ft.mode != "replica_groups":
         return None
     groups = degrees_of(cfg).dp_replicate
-    return ReplicaGroups(
+    return ReplicaSupervision(
         groups=groups,
         nodes_per_group=cfg.nodes.count // max(groups, 1),
         min_groups=ft.min_replica_groups,
