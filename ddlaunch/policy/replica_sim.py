@@ -379,6 +379,8 @@ def expected(s: Scenario) -> Expected:
     live = sum(p * (g - d) for d, p in enumerate(law)) / g
     absorbed = [(g - d) * lam * p for d, p in enumerate(law)][:-1]  # d < g - low
     nu = low * lam * law[-1]
+    if nu * (s.interval_s + s.save_s) < 1e-15:
+        nu = 0.0  # below a float's resolution of the goodput (and 1 / nu may overflow)
     block = s.stall_s + s.redone_s
     beta = sum(absorbed) * block
     # Capacity per block: the survivors', and the failed group's where it is back before
