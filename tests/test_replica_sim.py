@@ -249,5 +249,7 @@ def test_scenario_refuses_groups_of_part_nodes_and_impossible_minimums() -> None
         scenario(groups=3)
     with pytest.raises(ValueError, match=r"min_groups must be 1\.\.16, got 17"):
         scenario(min_groups=17)
+    with pytest.raises(ValueError, match="stall and steps redone outlast the job's MTTF"):
+        scenario(stall_s=KOKOLIS_16K - 5.0)
     s = scenario(groups=64)
     assert (s.nodes, s.job_mttf_s, s.group_mttf_s) == (2048, KOKOLIS_16K, 64 * KOKOLIS_16K)

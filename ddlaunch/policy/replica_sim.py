@@ -93,6 +93,9 @@ class Scenario:
             raise ValueError("costs, steps and the repair time cannot be negative")
         if self.spare_nodes is not None and self.spare_nodes < 0:
             raise ValueError(f"spare_nodes cannot be negative, got {self.spare_nodes}")
+        if self.stall_s + self.redone_s >= self.job_mttf_s:
+            # Blocks would queue faster than they pass: training would never go on.
+            raise ValueError("a group failure's stall and steps redone outlast the job's MTTF")
 
     @property
     def nodes(self) -> int:
