@@ -215,3 +215,23 @@ def fail_on_rank_0(config: Any) -> None:
     if int(os.environ["RANK"]) == 0:
         raise ValueError("boom on rank 0")
     time.sleep(120)
+
+
+def mlp_step_times(config: Any) -> dict[str, Any]:
+    """The example MLP, each rank appending ``<time> <step>`` before every step to
+    ``out/steps-<job-wide rank>.txt`` (and its pid once, ``out/pid-<rank>.txt``): what a
+    replica-groups test needs to see that a group kept training while another was down."""
+    from ddlaunch.examples import mlp
+    from ddlaunch.planning.group_env import job_rank
+
+    rank = job_rank(os.environ)
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    out = Path(os.environ["DDLAUNCH_RUN_DIR"]) / "out"
+    out.mkdir(exist_ok=True)
+    (out / f"pid-{rank}.txt").open("a").write(f"{os.getpid()}\n")
+    steps = (out / f"steps-{rank}.txt").open("a", buffering=1)
+
+    def on_step(step: int) -> None:
+        steps.write(f"{time.time():.3f} {step}\n")
+
+    return mlp.main(config, on_step=on_step)

@@ -1,0 +1,171 @@
+"""Replica groups on the real dev cluster (torchft from PyPI, gloo on CPU): a failure stops
+only its group.
+
+Every run trains the example MLP as 2 replica groups of 1 node x 2 ranks
+(``parallel.dp_replicate: 2``) through ``launch_entrypoints:mlp_step_times``, which records
+each rank's pid and the time it started each step: what shows that group 0 kept training,
+in the same processes, while group 1 was down.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from support.devcluster import wait_for
+from test_fault_tolerance import attempts, mlp_config, result
+from test_launch_slurm import ddlaunch, submit
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+STEP_SLEEP = 0.1
+# The final loss of the uninterrupted job-mode run (4 ranks, 300 steps) is ~0.015 (the
+# example's noise floor is 0.01). A group that trained alone for a while saw half the data
+# of those steps: the loss must still reach the same neighbourhood.
+LOSS_TOLERANCE = 0.01
+REFERENCE_LOSS = 0.0148
+
+
+def groups_config(tmp_path: Path, name: str, steps: int = 300, **ft: object) -> Path:
+    return mlp_config(
+        tmp_path,
+        name,
+        entrypoint="launch_entrypoints:mlp_step_times",
+        params={"steps": steps, "step_sleep": STEP_SLEEP},
+        parallel={"dp_replicate": 2},
+        fault_tolerance={"mode": "replica_groups", **ft},
+        health={"preflight": False, "heartbeat_interval": 1.0},
+    )
+
+
+def group_pids(run_dir: Path, offset: int) -> set[int]:
+    """The live rank processes of the group whose ranks start at ``offset``."""
+    want = (f"DDLAUNCH_RUN_DIR={run_dir}".encode(), f"DDLAUNCH_GROUP_RANK_OFFSET={offset}".encode())
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            b"ddlaunch.worker.task" in cmdline
+            and b"python" in cmdline.split(b"\0")[0]
+            and all(w in env for w in want)
+        ):
+            found.add(int(entry.name))
+    return found
+
+
+def step_times(run_dir: Path, rank: int) -> list[tuple[float, int]]:
+    path = run_dir / "out" / f"steps-{rank}.txt"
+    lines = path.read_text().split("\n") if path.exists() else []
+    return [(float(t), int(s)) for t, s in (line.split() for line in lines if line.strip())]
+
+
+def last_step(run_dir: Path, rank: int) -> int:
+    times = step_times(run_dir, rank)
+    return times[-1][1] if times else -1
+
+
+def group_restarts(run_dir: Path) -> list[dict]:
+    return [g for a in attempts(run_dir) for g in a.get("group_restarts") or ()]
+
+
+@pytest.mark.alone
+def test_a_killed_rank_restarts_its_group_only(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    config = groups_config(tmp_path, "rg-rank")
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: last_step(run_dir, 2) >= 60, 240, "group 1 at step 60")
+    survivors = group_pids(run_dir, 0)
+    victims = group_pids(run_dir, 2)
+    assert len(survivors) == 2 and len(victims) == 2, (survivors, victims)
+    killed_at = time.time()
+    os.kill(max(victims), signal.SIGKILL)
+    rejoined = wait_for(
+        lambda: [g for g in group_restarts(run_dir) if g.get("rejoined_step") is not None],
+        180,
+        "group 1 rejoined",
+    )
+    assert group_pids(run_dir, 0) == survivors  # group 0 never restarted
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+
+    (entry,) = rejoined
+    assert entry["group"] == 1 and entry["decision"] == "restart"
+    assert entry["new_nodes"] == entry["nodes"]  # its own node: nothing died
+    assert "killed by SIGKILL" in entry["culprit"], entry
+    # Group 0 kept committing steps while group 1 was down: its longest pause between two
+    # steps is the survivors' stall (torchft drops a group after its manager's heartbeat
+    # stops for HEARTBEAT_TIMEOUT_MS = 1 s), far below group 1's time away.
+    times = step_times(run_dir, 0)
+    during = [t for t, _ in times if killed_at <= t <= killed_at + entry["rejoin_s"]]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(times) if b[0] >= killed_at]
+    stall = max(gaps)
+    print(
+        f"group 1 back in {entry['rejoin_s']:.1f} s; group 0 took {len(during)} steps meanwhile; "
+        f"its longest pause {stall:.2f} s"
+    )
+    assert len(during) >= 5
+    assert stall <= 1.0 + 2 * (STEP_SLEEP + 0.2) + 0.1 + 1.0, stall
+    res = result(run_dir)
+    assert res["steps"] == 300
+    assert abs(res["final_loss"] - REFERENCE_LOSS) <= LOSS_TOLERANCE, res
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path).stdout
+    assert "  group 1 failed after " in status and "restarted on node" in status, status
+
+
+@pytest.mark.alone
+def test_a_dead_node_moves_its_group_to_the_spare(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    os.environ["DDLAUNCH_BAD_NODES"] = str(tmp_path / "bad-nodes.json")
+    config = groups_config(tmp_path, "rg-node", spare_nodes=1)
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: last_step(run_dir, 2) >= 60, 240, "group 1 at step 60")
+    first = attempts(run_dir)[0]
+    victim = slurm_cluster.hostnames(first["nodes"])[1]
+    survivors = group_pids(run_dir, 0)
+    try:
+        assert slurm_cluster.kill_node(victim) > 0
+        wait_for(
+            lambda: [g for g in group_restarts(run_dir) if g.get("rejoined_step") is not None],
+            180,
+            "group 1 rejoined on the spare",
+        )
+        assert group_pids(run_dir, 0) == survivors
+        assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    finally:
+        slurm_cluster.revive_node(victim)
+    (entry,) = group_restarts(run_dir)
+    assert entry["cause"] == f"node {victim} died", entry
+    assert victim not in entry["new_nodes"] and len(entry["new_nodes"]) == 1
+    assert json.loads((run_dir / "excluded_nodes.json").read_text()) == [victim]
+    bad = json.loads((tmp_path / "bad-nodes.json").read_text())
+    assert victim in json.dumps(bad)
+    assert result(run_dir)["steps"] == 300
+
+
+def test_both_groups_killed_restart_the_job_from_the_checkpoint(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    config = groups_config(tmp_path, "rg-both", max_restarts=0)
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: last_step(run_dir, 0) >= 60, 240, "step 60")
+    # Every rank at once, as a whole-job failure: no group is left to heal from.
+    for pid in group_pids(run_dir, 0) | group_pids(run_dir, 2):
+        os.kill(pid, signal.SIGKILL)
+    state = slurm_cluster.wait_job_state(job_id, ("COMPLETED", "FAILED"), timeout=360)
+    runs = attempts(run_dir)
+    assert state == "COMPLETED", runs
+    assert len(runs) >= 2, runs  # a second attempt (requeue: max_restarts 0)
+    resumed = runs[-1]["resumed_from"]
+    assert resumed is not None and resumed >= 40 and resumed % 20 == 0, runs
+    assert result(run_dir)["start_step"] == resumed
