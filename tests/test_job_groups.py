@@ -96,3 +96,26 @@ def test_the_groups_state_round_trips(tmp_path: Path) -> None:
     group_records.write_state(tmp_path, state)
     assert group_records.read_state(tmp_path) == state
     assert state.live == 2
+
+
+def test_torchtitan_in_a_replica_group_gets_its_own_torchft_flags(tmp_path: Path) -> None:
+    from ddlaunch.config import load_config
+    from ddlaunch.worker.trainer import torchtitan_ft_args
+
+    cfg_path = tmp_path / "titan.yaml"
+    cfg_path.write_text(
+        "nodes: {count: 4, gpus_per_node: 2}\n"
+        "launch: {module: torchtitan.train, backend: gloo}\n"
+        "trainer: {kind: torchtitan}\n"
+        "parallel: {dp_replicate: 2}\n"
+        "fault_tolerance: {mode: replica_groups, min_replica_groups: 1}\n"
+    )
+    cfg = load_config(cfg_path)
+    env = GroupIdentity(1, 2, "http://node1:29510", rank_offset=4).env(manager_port=29512)
+    assert torchtitan_ft_args(cfg, {**env, "SLURM_PROCID": "0"}) == [
+        "--fault_tolerance.enable",
+        "--fault_tolerance.replica_id=1",
+        "--fault_tolerance.group_size=2",
+        "--fault_tolerance.min_replica_size=1",
+    ]
+    assert torchtitan_ft_args(cfg, {"SLURM_PROCID": "0"}) == []  # not in a group

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ddlaunch.config.schema import Config
 from ddlaunch.config.trainers import is_byo, substitute
+from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.planning.resume import resume_values, with_resume_args
 from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
@@ -36,11 +37,27 @@ def chosen_checkpoint(
     return (str(found.path), found.step) if found else (None, None)
 
 
+def torchtitan_ft_args(cfg: Config, env: Mapping[str, str]) -> list[str]:
+    """torchtitan's own torchft flags for a rank of a replica group (its Manager reads the
+    lighthouse and the manager port from the environment, torchft's names): each group is
+    one torchtitan instance, as torchtitan's torchft guide runs it."""
+    ident = GroupIdentity.from_env(env)
+    if ident is None or cfg.trainer_kind != "torchtitan":
+        return []
+    return [
+        "--fault_tolerance.enable",
+        f"--fault_tolerance.replica_id={ident.group}",
+        f"--fault_tolerance.group_size={ident.groups}",
+        f"--fault_tolerance.min_replica_size={cfg.fault_tolerance.min_replica_groups}",
+    ]
+
+
 def trainer_args(cfg: Config, run_dir: Path, env: MutableMapping[str, str]) -> list[str]:
     """``launch.args`` as this rank runs them (unchanged for ddlaunch and none)."""
     args = list(cfg.launch.args)
     if not is_byo(cfg.trainer_kind):
         return args
+    args += torchtitan_ft_args(cfg, env)
     root = checkpoint_source(run_dir).root
     dirs = {"checkpoint_dir": str(root), "run_dir": str(run_dir), "run_id": run_dir.name}
     args = [substitute(word, dirs) for word in args]
