@@ -267,6 +267,8 @@ class Session:
             replica.write_step(step)
         waited = time.monotonic()
         stop = signals.agreed()
+        if replica is not None:
+            stop = replica.agree_stop(stop)
         # The agreement is a collective: time spent in it is time waiting for slower ranks.
         self.heartbeat.step(step, wait_s=time.monotonic() - waited)
         if stop:

@@ -20,6 +20,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+import torch.distributed.checkpoint as dcp
 import yaml
 from submitit.core.utils import JobPaths
 
@@ -70,19 +71,29 @@ class Group:
     procs: list[subprocess.Popen[bytes]]
 
 
-def start_group(run: Path, lighthouse: str, group: int, restart: int, groups_n: int) -> Group:
+def start_group(
+    run: Path,
+    lighthouse: str,
+    group: int,
+    restart: int,
+    groups_n: int,
+    size: int = GROUP_SIZE,
+    start: int = 0,
+) -> Group:
+    """Start ``size`` ranks of ``group`` (``restart``: the group's restart count, which a
+    whole-job start resets; ``start``: tells two whole-job starts' processes apart)."""
     cfg = load_config(run / "config.yaml")
-    job_id = f"rg{group}x{restart}"  # per start: its own submitit result files
+    job_id = f"rg{group}x{restart}s{start}"  # per start: its own submitit result files
     folder = run / SUBMITIT_DIR
     JobPaths(folder, job_id).submitted_pickle.parent.mkdir(parents=True, exist_ok=True)
     JobPaths(folder, job_id).submitted_pickle.write_bytes(cloudpickle.dumps(rank_call(run)))
-    env = _base_env(cfg, run, job_id, GROUP_SIZE)
+    env = _base_env(cfg, run, job_id, size)
     env[PORT_OVERRIDE_VAR] = str(_free_port())  # each group its own world
-    identity = GroupIdentity(group, groups_n, lighthouse, group * GROUP_SIZE, restart)
+    identity = GroupIdentity(group, groups_n, lighthouse, group * size, restart)
     env.update(identity.env(manager_port=0))
     procs = []
-    for rank in range(GROUP_SIZE):
-        job_rank = group * GROUP_SIZE + rank
+    for rank in range(size):
+        job_rank = group * size + rank
         with (
             open(run / LOGS_DIR / f"rank-{job_rank}.out", "ab") as out,
             open(run / LOGS_DIR / f"rank-{job_rank}.err", "ab") as err,
@@ -202,10 +213,15 @@ def test_a_killed_group_heals_from_its_peer_while_the_other_keeps_training(
     assert stall < 3.0 and down_steps >= 10, (stall, down_steps)
     heal = groups.read_heal(run, 1, 1)
     assert heal is not None and heal.step_before == 0 and heal.healed_from_step > KILL_AT
+    # Counted from the restarted processes' start: within the restart -> heal time seen here.
+    assert 0 < heal.seconds_from_start < rejoined_at - restarted_at + 1.0
     assert "healed from a live peer" in (run / LOGS_DIR / "rank-2.out").read_text()
-    assert "starting from step" not in (run / LOGS_DIR / "rank-2.out").read_text().split(
-        "[ddlaunch] rank 2 (group 1", 2
-    )[-1]  # the restart did not read the disk
+    assert (
+        "starting from step"
+        not in (run / LOGS_DIR / "rank-2.out")
+        .read_text()
+        .split("[ddlaunch] rank 2 (group 1", 2)[-1]
+    )  # the restart did not read the disk
     results = [result_of(run, g0, r) for r in range(GROUP_SIZE)]
     results += [result_of(run, g1b, r) for r in range(GROUP_SIZE)]
     assert {r["param_sha256"] for r in results} == {results[0]["param_sha256"]}
@@ -213,9 +229,15 @@ def test_a_killed_group_heals_from_its_peer_while_the_other_keeps_training(
     assert groups.read_step(run, 0).step == STEPS  # type: ignore[union-attr]
     assert groups.read_step(run, 1).step == STEPS  # type: ignore[union-attr]
     # The job-mode run averages 4 ranks' batches at every step; the groups lost group 1's
-    # batches while it was down: the same loss within 20 % (both near the 0.01 noise floor).
+    # batches while it was down: the same loss within 5 % (measured: 0.01365 and 0.01372,
+    # near the 0.01 noise floor).
     final, ref = results[0]["final_loss"], reference["final_loss"]
-    assert math.isclose(final, ref, rel_tol=0.2), (final, ref)
+    assert math.isclose(final, ref, rel_tol=0.05), (final, ref)
+    # One group wrote the checkpoints, the manager's step with them.
+    steps = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert steps == ["step-300", "step-400"]  # keep_last 2, every 100 steps
+    metadata = dcp.FileSystemReader(str(run / "checkpoints" / "step-400")).read_metadata()
+    assert {"torchft.step", "torchft.batches_committed"} <= set(metadata.state_dict_metadata)
     # Job-wide ranks in the records: no two groups share a heartbeat or failure name.
     beats = json.loads(next((run / "health" / "heartbeat").glob("node-*.json")).read_text())
     assert {b["rank"] for b in beats["ranks"]} >= {0, 1, 2, 3}
@@ -250,3 +272,38 @@ def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) 
             r"optimizer",
             record["message"],
         ), record["message"]
+
+
+@pytest.mark.timeout(150)
+def test_the_signal_is_saved_by_one_group_and_every_group_resumes_from_it(
+    tmp_path: Path,
+) -> None:
+    run = make_run(tmp_path, "signal", f"params.step_sleep={STEP_SLEEP}")
+    log0 = run / LOGS_DIR / "rank-0.out"
+    server = lighthouse()
+    try:
+        first = [start_group(run, server.address(), g, 0, 2, size=1) for g in (0, 1)]
+        deadline = time.monotonic() + 60
+        while last_step(log0) < 20:
+            assert time.monotonic() < deadline, "no training"
+            time.sleep(0.02)
+        for proc in (p for g in first for p in g.procs):
+            os.kill(proc.pid, signal.SIGUSR2)
+        codes = wait_all([p for g in first for p in g.procs], 60)
+        assert codes == [0, 0]  # Preempted: a clean exit, in both groups
+        saved = [p.name for p in (run / "checkpoints").iterdir()]
+        assert len(saved) == 1, saved  # one group saved, once
+        step = int(saved[0].removeprefix("step-"))
+        said = [(run / LOGS_DIR / f"rank-{r}.out").read_text() for r in (0, 1)]
+        assert all(f"stopped after saving step {step}" in text for text in said), said
+        # The whole job starts again (a requeue): every group loads the step from disk.
+        again = [start_group(run, server.address(), g, 0, 2, size=1, start=1) for g in (0, 1)]
+        codes = wait_all([p for g in again for p in g.procs], 90)
+    finally:
+        server.shutdown()
+    assert codes == [0, 0]
+    for r in (0, 1):
+        assert f"starting from step {step}" in (run / LOGS_DIR / f"rank-{r}.out").read_text()
+    results = [result_of(run, g, 0) for g in again]
+    assert results[0]["start_step"] == results[1]["start_step"] == step
+    assert results[0]["param_sha256"] == results[1]["param_sha256"]

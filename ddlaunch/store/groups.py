@@ -42,8 +42,8 @@ class GroupStep:
 class HealRecord:
     """``healed_from_step``: the step of the peer's state the group took (its new step);
     ``step_before``: the group's own step before (0 for a group that restarted from
-    nothing); ``healed_at``: epoch seconds; ``seconds_from_start``: from the Session's start
-    in this process to the healed state (process start-up before the Session not counted)."""
+    nothing); ``healed_at``: epoch seconds; ``seconds_from_start``: from the start of the
+    group's rank 0 process (torch's import included) to the healed state."""
 
     group: int
     restart: int

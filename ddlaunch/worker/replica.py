@@ -19,6 +19,14 @@ when the quorum changes. A step then goes:
    counted. A failed commit (a peer died mid-step) leaves the step number where it was, and
    the Session yields the same step again under the next quorum.
 
+Checkpoints and the pre-timeout signal. One group writes the job's checkpoints (DCP, a
+collective of its own ranks, with the manager's step in them): rank 0 of the current quorum.
+A whole-job start (``DDLAUNCH_GROUP_RESTART`` 0) loads the latest complete checkpoint in every
+group; a restarted group reads nothing from disk and heals at its first quorum. The signal's
+flag is agreed within the group and then across the groups (``agree_stop``), so all groups
+stop at the same step: the saving group saves it and its rank 0 concludes the attempt, the
+others leave with ``Preempted``.
+
 Divergence detection. A loop that averages within its group only (a plain
 ``dist.all_reduce``, a plain DDP) trains each group on its own data: nothing fails, the
 groups just drift apart, and the one checkpoint (saved by one group) silently holds one
@@ -41,7 +49,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,11 +80,24 @@ DIVERGED = (
 )
 
 
+def process_started(default: float) -> float:
+    """When this process started (epoch seconds), from Linux's /proc; ``default`` elsewhere.
+    A group's time to heal counts from its processes' start, torch's import included."""
+    try:
+        # Field 22 (starttime, clock ticks after boot); fields after the ")" of the name.
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as stat:
+            boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return default
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 class ReplicaGroupsDiverged(RuntimeError):
     """The groups' parameters differ: the loop does not average across groups."""
 
 
-def group_identity(config: Config, environ: dict[str, str] | os._Environ[str]) -> GroupIdentity | None:
+def group_identity(config: Config, environ: Mapping[str, str]) -> GroupIdentity | None:
     """This rank's group when the config asks for replica groups and the supervisor started
     it as one; None (job mode) otherwise, with one line when the config asked for groups."""
     if config.fault_tolerance.mode != "replica_groups":
@@ -111,12 +132,12 @@ class ReplicaOptimizer(torch.optim.Optimizer):
         self.optim = optimizer
         self.replica = replica
 
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
         return self.optim.param_groups
 
-    @property  # type: ignore[override]
-    def state(self) -> Any:
+    @property
+    def state(self) -> Any:  # type: ignore[override]
         return self.optim.state
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -160,6 +181,8 @@ class Replica:
         self.group_world = dist.get_world_size()
         self.check_every = check_every
         cuda = dist.get_backend() == "nccl"
+        # Where the small agreement tensors live: NCCL reduces CUDA tensors only.
+        self._device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
         pg_class = tf.process_group.ProcessGroupNCCL if cuda else tf.process_group.ProcessGroupGloo
         ft = config.fault_tolerance
         self.manager: Manager = tf.manager.Manager(
@@ -182,7 +205,7 @@ class Replica:
             replica_id=f"ddlaunch_group_{identity.group}",
         )
         self._committed: bool | None = None
-        self._started = time.time()
+        self._started = process_started(default=time.time())
         self._last_step_write = 0.0
         self.healed: groups.HealRecord | None = None
 
@@ -229,6 +252,18 @@ class Replica:
         works = [self.manager.allreduce(grad) for grad in grads]
         for work in works:
             work.wait()
+
+    def agree_stop(self, stop: bool) -> bool:
+        """The group's stop flag (the pre-timeout signal), agreed across the groups too: every
+        group leaves at the same step, so the one that saves (rank 0 of the quorum) saves
+        the step the others stop at, and only it concludes the attempt. A failed reduce (a
+        peer died in it) leaves the group's own flag. Two reduces of one value per step."""
+        flag = torch.tensor([float(stop)], device=self._device)
+        self.manager.allreduce(flag, reduce_op=dist.ReduceOp.MAX).wait()
+        if self.manager.errored() is not None:
+            flag.fill_(float(stop))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the group's ranks take one branch
+        return bool(flag.item() > 0)
 
     def is_saver(self) -> bool:
         """Whether this group saves the job's checkpoints: rank 0 of the current quorum."""
@@ -284,7 +319,9 @@ class Replica:
     def write_step(self, step: int, force: bool = False) -> None:
         """Rank 0: the group's last committed step, at most every few seconds."""
         now = time.time()
-        if self.group_rank != 0 or (not force and now - self._last_step_write < groups.STEP_EVERY_S):
+        if self.group_rank != 0 or (
+            not force and now - self._last_step_write < groups.STEP_EVERY_S
+        ):
             return
         self._last_step_write = now
         record = groups.GroupStep(
