@@ -24,6 +24,14 @@ is never committed; the previous complete checkpoint stays. With
 ``fault_tolerance.on_save_failure: stop`` rank 0 ends the run with the reason (``checkpoint
 save failed: no space left on <dir>``, through ``ddlaunch.conclude``) before any rank exits;
 with ``continue`` training goes on and the next save tries again.
+
+With ``fault_tolerance.mode: replica_groups`` (each replica group its own world, restarted
+alone) the session also runs torchft's per-step quorum (``ddlaunch.worker.replica``): the
+steps follow the committed step, a healed group jumps to its peer's, a step broken by a dying
+peer group is run again. The loop steps ``session.optimizer`` and calls
+``session.average_gradients(model)`` (both do what the plain calls did in job mode), and
+picks its data by ``session.job_rank``; a loop that averages within its group only is
+stopped with ``ReplicaGroupsDiverged``. One group saves the checkpoints.
 """
 
 from __future__ import annotations
@@ -39,10 +47,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import DeviceMesh
 
+from ddlaunch.checkpoint.layout import CheckpointInfo
 from ddlaunch.checkpoint.manager import CheckpointManager, CheckpointSaveError, TrainState
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
+from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL, Ending, RetryBudget
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, signal_save, timings
@@ -135,7 +145,7 @@ class Session:
                 where = "a live peer group's state (the group restarted)"
             print(f"[ddlaunch] starting from {where}", flush=True)
 
-    def _join_groups(self, identity: Any, check_every: int) -> Any:
+    def _join_groups(self, identity: GroupIdentity, check_every: int) -> CheckpointInfo | None:
         """Replica groups: the torchft Manager, with the Session's state as what a healing
         group receives; the latest complete checkpoint on a whole-job start, nothing from
         disk on a group restart (the first quorum heals it from a live peer)."""

@@ -31,7 +31,9 @@ from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.store import groups
 from ddlaunch.store.failures import read_failure_record
 from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR
+from ddlaunch.worker import replica
 from ddlaunch.worker.distenv import PORT_OVERRIDE_VAR
+from ddlaunch.worker.replica import group_identity
 
 torchft = pytest.importorskip("torchft")
 from torchft.coordination import LighthouseServer  # noqa: E402
@@ -307,3 +309,29 @@ def test_the_signal_is_saved_by_one_group_and_every_group_resumes_from_it(
     results = [result_of(run, g, 0) for g in again]
     assert results[0]["start_step"] == results[1]["start_step"] == step
     assert results[0]["param_sha256"] == results[1]["param_sha256"]
+
+
+def test_replica_groups_without_the_group_environment_train_in_job_mode(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cfg = load_config("examples/mlp", ["fault_tolerance.mode=replica_groups"])
+    assert group_identity(cfg, {"RANK": "0"}) is None
+    assert capsys.readouterr().out == (
+        "[ddlaunch] fault_tolerance.mode is replica_groups but this run was not started as "
+        "replica groups (no REPLICA_GROUP_ID): training in job mode\n"
+    )
+    env = GroupIdentity(1, 2, "http://h:1", 4, 3).env(manager_port=0)
+    assert group_identity(cfg, env) == GroupIdentity(1, 2, "http://h:1", 4, 3)
+    assert group_identity(load_config("examples/mlp"), env) is None  # job mode: env unused
+
+
+def test_replica_groups_without_torchft_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "torchft" or m.startswith("torchft.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchft", None)  # what a missing package looks like
+    with pytest.raises(RuntimeError) as caught:
+        replica._torchft()
+    assert str(caught.value) == (
+        "fault_tolerance.mode: replica_groups needs torchft, which is not installed here: "
+        "pip install 'ddlaunch[ft]'"
+    )
