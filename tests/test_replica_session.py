@@ -175,7 +175,9 @@ def test_a_killed_group_heals_from_its_peer_while_the_other_keeps_training(
             assert time.monotonic() < deadline, "group 0 did not reach the kill step"
             assert all(p.poll() is None for p in g0.procs + g1.procs)
             time.sleep(0.02)
-        # Group 1's rank 0 dies; srun would then end the step's other rank.
+        # Group 1's rank 0 dies, usually inside the next step's compute (params.step_sleep,
+        # between backward and the reduce); srun would then end the step's other rank.
+        time.sleep(STEP_SLEEP / 2)
         killed_at, step_at_kill = time.monotonic(), last_step(log0)
         os.kill(g1.procs[0].pid, signal.SIGKILL)
         g1.procs[0].wait()
@@ -204,8 +206,10 @@ def test_a_killed_group_heals_from_its_peer_while_the_other_keeps_training(
         codes = wait_all(g0.procs + g1b.procs, 120)
     finally:
         server.shutdown()
+    reruns = log0.read_text().count("did not commit")
     print(
-        f"group 0: stall {stall:.2f} s after the kill, {down_steps} steps in the 4 s after it; "
+        f"group 0: {reruns} step(s) run again; "
+        f"stall {stall:.2f} s after the kill, {down_steps} steps in the 4 s after it; "
         f"kill -> rejoin {rejoined_at - killed_at:.1f} s (restart -> heal "
         f"{rejoined_at - restarted_at:.1f} s); group 0 at step {step_at_rejoin} then"
     )

@@ -104,6 +104,10 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
             loss = F.mse_loss(model(x), y)
             step_optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if step_sleep:
+                # Between backward and the gradient reduce, where a real step's compute is: a
+                # rank killed in it dies with its peers about to reduce with it.
+                time.sleep(step_sleep)
             # All-reduce each gradient in a fixed order (across the groups too in replica
             # groups). DDP would do this too, but it rebuilds its gradient buckets after the
             # first iteration, so the first step after a resume would sum in a different
@@ -118,8 +122,6 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
                     f"[mlp] step {step + 1}/{steps} loss {loss.item():.4f} eval {eval_loss():.4f}",
                     flush=True,
                 )
-            if step_sleep:
-                time.sleep(step_sleep)
 
     result = {
         "initial_loss": initial_loss,
