@@ -24,6 +24,14 @@ is never committed; the previous complete checkpoint stays. With
 ``fault_tolerance.on_save_failure: stop`` rank 0 ends the run with the reason (``checkpoint
 save failed: no space left on <dir>``, through ``ddlaunch.conclude``) before any rank exits;
 with ``continue`` training goes on and the next save tries again.
+
+With ``fault_tolerance.mode: replica_groups`` (each replica group its own world, restarted
+alone) the session also runs torchft's per-step quorum (``ddlaunch.worker.replica``): the
+steps follow the committed step, a healed group jumps to its peer's, a step broken by a dying
+peer group is run again. The loop steps ``session.optimizer`` and calls
+``session.average_gradients(model)`` (both do what the plain calls did in job mode), and
+picks its data by ``session.job_rank``; a loop that averages within its group only is
+stopped with ``ReplicaGroupsDiverged``. One group saves the checkpoints.
 """
 
 from __future__ import annotations
@@ -36,12 +44,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import DeviceMesh
 
+from ddlaunch.checkpoint.layout import CheckpointInfo
 from ddlaunch.checkpoint.manager import CheckpointManager, CheckpointSaveError, TrainState
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
+from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL, Ending, RetryBudget
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, signal_save, timings
@@ -52,8 +63,15 @@ from ddlaunch.worker import signals
 from ddlaunch.worker.distributed import init_distributed
 from ddlaunch.worker.heartbeat import Heartbeat
 from ddlaunch.worker.mesh import device_mesh
+from ddlaunch.worker.replica import (
+    CHECK_EVERY,
+    Replica,
+    ReplicaGroupsDiverged,
+    ReplicaOptimizer,
+    group_identity,
+)
 
-__all__ = ["Preempted", "Session", "device_mesh"]
+__all__ = ["Preempted", "ReplicaGroupsDiverged", "Session", "device_mesh"]
 from ddlaunch.worker.stops import StopRank
 
 PROGRESS_EVERY_S = 5.0
@@ -76,10 +94,13 @@ class Session:
         optimizer: torch.optim.Optimizer | None = None,
         *,
         extra_state: dict[str, Any] | None = None,
+        check_every: int = CHECK_EVERY,
     ) -> None:
         init_distributed()
         self.config = config
         self.rank = dist.get_rank()
+        # The job-wide rank and world: the group-local ones, except in replica groups.
+        self.job_rank, self.job_world = self.rank, dist.get_world_size()
         self.run_dir = Path(os.environ.get("DDLAUNCH_RUN_DIR", "."))
         self.attempt = AttemptId.from_env(os.environ)
         root = os.environ.get("DDLAUNCH_CHECKPOINT_DIR") or str(self.run_dir / CHECKPOINTS_DIR)
@@ -94,7 +115,14 @@ class Session:
             "train": TrainState(model, optimizer or ()),
             **(extra_state or {}),
         }
-        info = self.manager.load_latest(self.state)
+        self._model = model
+        self._optimizer = optimizer
+        self.replica: Replica | None = None
+        identity = group_identity(config, os.environ)
+        if identity is None:
+            info = self.manager.load_latest(self.state)
+        else:
+            info = self._join_groups(identity, check_every)
         self.start_step = info.step if info else 0
         self.resumed = info is not None
         self._last_progress = 0.0
@@ -105,7 +133,7 @@ class Session:
         # background thread writes one small file per rank every health.heartbeat_interval.
         self.heartbeat = Heartbeat(
             self.run_dir,
-            self.rank,
+            self.job_rank,
             interval=config.health.heartbeat_interval,
             job_id=self.attempt.job_id,
             restart=self.attempt.restart,
@@ -113,7 +141,87 @@ class Session:
         ).start()
         if self.rank == 0:
             where = f"step {self.start_step}" if info else "scratch"
+            if self.replica is not None and self.replica.identity.restart:
+                where = "a live peer group's state (the group restarted)"
             print(f"[ddlaunch] starting from {where}", flush=True)
+
+    def _join_groups(self, identity: GroupIdentity, check_every: int) -> CheckpointInfo | None:
+        """Replica groups: the torchft Manager, with the Session's state as what a healing
+        group receives; the latest complete checkpoint on a whole-job start, nothing from
+        disk on a group restart (the first quorum heals it from a live peer)."""
+        replica = Replica(
+            identity,
+            self.config,
+            self.run_dir,
+            state_dict=self._user_state,
+            load_state_dict=self._load_user_state,
+            check_every=check_every,
+        )
+        self.replica = replica
+        self.job_rank = replica.job_rank
+        self.job_world = identity.groups * dist.get_world_size()
+        # Saved with every checkpoint: the manager's committed step (torchft's rule).
+        self.state[_MANAGER_KEY] = _ManagerState(replica.manager)
+        if identity.restart == 0:
+            return self.manager.load_latest(self.state)
+        self.manager.prepare_staging(self.state)
+        return None
+
+    def _user_state(self) -> dict[str, Any]:
+        return {
+            key: value.state_dict() if isinstance(value, Stateful) else value
+            for key, value in self.state.items()
+            if key != _MANAGER_KEY
+        }
+
+    def _load_user_state(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            target = self.state.get(key)
+            if isinstance(target, Stateful):
+                target.load_state_dict(value)
+            elif isinstance(target, torch.Tensor):
+                target.copy_(value)
+            else:
+                self.state[key] = value
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer the loop steps: the Session's own in job mode; in replica groups a
+        wrapper that applies a step only when it commits (``ReplicaOptimizer``)."""
+        if self.replica is None or self._optimizer is None:
+            return self._optimizer
+        if not isinstance(self._optimizer, ReplicaOptimizer):
+            self._optimizer = ReplicaOptimizer(self.replica, self._optimizer)
+        return self._optimizer
+
+    def average_gradients(self, model: torch.nn.Module) -> None:
+        """Average the gradients of ``model`` over every data-parallel rank: an all-reduce
+        over the world in job mode; in replica groups within the group, then across the
+        live groups (through the torchft Manager). A fixed order, no buckets: the first
+        step after a resume sums exactly as an uninterrupted run does."""
+        if self.replica is not None:
+            self.replica.average(model)
+            return
+        world = dist.get_world_size()
+        for param in model.parameters():
+            if param.grad is not None:
+                dist.all_reduce(param.grad)
+                param.grad /= world
+
+    def wrap_ddp(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A DistributedDataParallel of ``model`` for this mode: torch's over the world in
+        job mode; torchft's (gradients averaged across the live groups) in replica groups,
+        for one-rank groups; use ``average_gradients`` for larger groups."""
+        if self.replica is None:
+            return torch.nn.parallel.DistributedDataParallel(model)
+        if self.replica.group_world != 1:
+            raise ValueError(
+                "wrap_ddp in replica groups averages across groups only: with more than one "
+                "rank per group call session.average_gradients(model) after backward instead"
+            )
+        from torchft.ddp import DistributedDataParallel
+
+        return DistributedDataParallel(self.replica.manager, model)
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -125,6 +233,11 @@ class Session:
 
     def steps(self, total: int) -> Iterator[int]:
         """Yield the global steps still to run; checkpoint and stop at step boundaries."""
+        if self.replica is not None:
+            return self._replica_steps(self.replica, total)
+        return self._job_steps(total)
+
+    def _job_steps(self, total: int) -> Iterator[int]:
         step = self.start_step
         while step < total:
             yield step
@@ -132,16 +245,51 @@ class Session:
             self._boundary(step, total)
         self._final_step = total  # leaving the ``with`` block saves it
 
+    def _replica_steps(self, replica: Replica, total: int) -> Iterator[int]:
+        """The steps follow the manager's committed step: a healed group jumps to its
+        peer's; a step that did not commit (a peer group died in it) is run again."""
+        while replica.step < total:
+            step = replica.start_step()
+            if step >= total:
+                break
+            yield step
+            if not replica.commit():
+                if self.rank == 0:
+                    print(
+                        f"[ddlaunch] step {step} did not commit (a peer group failed in it); "
+                        "running it again",
+                        flush=True,
+                    )
+                continue
+            self._boundary(replica.step, total)
+        self._final_step = total
+
     def _boundary(self, step: int, total: int) -> None:
         ft = self.config.fault_tolerance
+        replica = self.replica
+        # In replica groups one group writes the job's checkpoints and progress: rank 0 of
+        # the current quorum (the same on every rank of a group).
+        saver = replica is None or replica.is_saver()
         self._saving(self.manager.maybe_finish)
-        self._report(step)
+        if saver:
+            self._report(step)
+        if replica is not None:
+            replica.write_step(step)
         waited = time.monotonic()
         stop = signals.agreed()
+        if replica is not None:
+            stop = replica.agree_stop(stop)
         # The agreement is a collective: time spent in it is time waiting for slower ranks.
         self.heartbeat.step(step, wait_s=time.monotonic() - waited)
         if stop:
+            if not saver:  # another group saves; this one just leaves
+                self.heartbeat.stop("preempted")
+                raise Preempted(step)
             self._save_and_requeue(step)
+        if replica is not None and _check_due(replica, step, total, ft.checkpoint_every_steps):
+            replica.check_in_sync(self._model, step)
+        if not saver:
+            return
         if not self._first_step_seen and self.rank == 0:
             # Where this attempt's restart cost ends (``ddlaunch advise``).
             self._first_step_seen = True
@@ -256,12 +404,18 @@ class Session:
         """Commit what is pending and save ``final_step`` if it is not committed yet."""
         self._saving(self.manager.wait)
         last = self.manager.last_committed
-        if final_step is not None and (last is None or last.step != final_step):
+        saver = self.replica is None or self.replica.is_saver()
+        if saver and final_step is not None and (last is None or last.step != final_step):
             meta = {"step": final_step, "final": True}
             self._saving(lambda: self.manager.save(final_step, self.state, meta), final=True)
             self._saving(self.manager.wait, final=True)
         self.manager.close()
-        self._report(final_step if final_step is not None else self.start_step, force=True)
+        if saver:
+            self._report(final_step if final_step is not None else self.start_step, force=True)
+        if self.replica is not None:
+            if final_step is not None:
+                self.replica.write_step(final_step, force=True)
+            self.replica.shutdown()
         self.heartbeat.stop("closed")
 
     def __enter__(self) -> Session:
@@ -272,3 +426,27 @@ class Session:
             self.close(self._final_step)
         elif not issubclass(exc_type, Preempted):
             self.heartbeat.stop("failed")
+
+
+_MANAGER_KEY = "torchft"
+
+
+class _ManagerState(Stateful):
+    """The torchft Manager's step in a checkpoint (restored with the model on a whole-job
+    start, so every group's manager resumes at the checkpoint's step)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.manager.state_dict())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.manager.load_state_dict(state_dict)
+
+
+def _check_due(replica: Replica, step: int, total: int, every_steps: int | None) -> bool:
+    """The divergence check's steps: the same on every group (step numbers only, no
+    clocks): every ``check_every`` steps, each step-cadence checkpoint, the last step."""
+    cadence = bool(every_steps) and step % (every_steps or 1) == 0
+    return step >= total or step % replica.check_every == 0 or cadence

@@ -61,16 +61,6 @@ def param_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def average_gradients(model: nn.Module, world: int) -> None:
-    """All-reduce each gradient in a fixed order. DDP would do this too, but it rebuilds its
-    gradient buckets after the first iteration, so the first step after a resume would sum in
-    a different layout (and order) than an uninterrupted run: equal in value, not in bits."""
-    for param in model.parameters():
-        if param.grad is not None:
-            dist.all_reduce(param.grad)
-            param.grad /= world
-
-
 def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train; ``on_step(step)`` runs before each step (fault-injection hook for tests)."""
     p = config.params
@@ -82,7 +72,6 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
     # do not fight over the cores.
     torch.set_num_threads(1)
     init_distributed()
-    rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(seed)  # the same initial weights on every rank
     net = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
@@ -100,18 +89,31 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
     started = time.monotonic()
     losses: dict[int, float] = {}
     # The session restores the latest complete checkpoint (model, optimizer, step), saves on
-    # the configured cadence and on the pre-timeout signal, and commits the final step.
+    # the configured cadence and on the pre-timeout signal, and commits the final step. With
+    # fault_tolerance.mode: replica_groups it also keeps the groups in step (torchft).
     with Session(config, model, optimizer) as session:
         start_step = session.start_step
+        # Job-wide: in replica groups each group's ranks see their own part of the data.
+        rank, world = session.job_rank, session.job_world
+        step_optimizer = session.optimizer
+        assert step_optimizer is not None
         for step in session.steps(steps):
             if on_step is not None:
                 on_step(step)
             x, y = batch(seed, step, rank, batch_size, w)
             loss = F.mse_loss(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
+            step_optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            average_gradients(model, world)
-            optimizer.step()
+            if step_sleep:
+                # Between backward and the gradient reduce, where a real step's compute is: a
+                # rank killed in it dies with its peers about to reduce with it.
+                time.sleep(step_sleep)
+            # All-reduce each gradient in a fixed order (across the groups too in replica
+            # groups). DDP would do this too, but it rebuilds its gradient buckets after the
+            # first iteration, so the first step after a resume would sum in a different
+            # layout (and order) than an uninterrupted run: equal in value, not in bits.
+            session.average_gradients(model)
+            step_optimizer.step()
             if step % 10 == 0:
                 losses[step] = eval_loss()
             if rank == 0 and log_every and (step + 1) % log_every == 0:
@@ -120,8 +122,6 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
                     f"[mlp] step {step + 1}/{steps} loss {loss.item():.4f} eval {eval_loss():.4f}",
                     flush=True,
                 )
-            if step_sleep:
-                time.sleep(step_sleep)
 
     result = {
         "initial_loss": initial_loss,

@@ -25,6 +25,7 @@ from typing import Any
 
 from ddlaunch.config import Config, load_config
 from ddlaunch.config.trainers import is_byo
+from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.planning.staging import node_path
 from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
@@ -43,12 +44,25 @@ from ddlaunch.worker.stops import StopRank
 from ddlaunch.worker.trainer import describe, trainer_args
 
 
-def failure_record(exc: BaseException, d: DistEnv, host: str) -> dict[str, Any]:
+def job_rank(d: DistEnv, group: GroupIdentity | None) -> int:
+    """The rank records name: job-wide. In replica groups each group is its own world
+    numbered from 0, so the group's offset is added (two groups' rank 0 never share a
+    record)."""
+    return d.rank + (group.rank_offset if group is not None else 0)
+
+
+def failure_record(
+    exc: BaseException, d: DistEnv, host: str, group: GroupIdentity | None = None
+) -> dict[str, Any]:
     """What ``failures/rank-<R>.json`` holds: enough to name the culprit in one line."""
     frames = traceback.extract_tb(exc.__traceback__)
     last = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+    extra: dict[str, Any] = {}
+    if group is not None:
+        extra = {"group": group.group, "group_rank": d.rank, "group_restart": group.restart}
     return {
-        "rank": d.rank,
+        "rank": job_rank(d, group),
+        **extra,
         "host": host,
         "job_id": d.job_id,
         "attempt": d.restart_count,
@@ -134,12 +148,17 @@ def _attempt_said(rank: int, run_dir: Path) -> str:
 def run_rank(run_dir: str) -> dict[str, Any]:
     """Run this task's rank of the job whose run directory is ``run_dir``."""
     d = from_environ(os.environ)
+    group = GroupIdentity.from_env(os.environ)
+    rank = job_rank(d, group)
     host = socket.gethostname()
     os.environ.update(torchrun_env(d))
     os.environ["DDLAUNCH_RUN_DIR"] = str(run_dir)
+    said = f"{rank}/{d.world_size}"
+    if group is not None:
+        said = f"{rank} (group {group.group}: rank {d.rank}/{d.world_size})"
     print(
-        f"[ddlaunch] rank {d.rank}/{d.world_size} local {d.local_rank} host {host} "
-        f"job {d.job_id}{_attempt_said(d.rank, Path(run_dir))}",
+        f"[ddlaunch] rank {said} local {d.local_rank} host {host} "
+        f"job {d.job_id}{_attempt_said(rank, Path(run_dir))}",
         flush=True,
     )
     try:
@@ -159,7 +178,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
         # BaseException: a KeyboardInterrupt or sys.exit(3) is a failure of this rank too;
         # our own stops (StopRank, above) are not.
         try:
-            write_failure(run_dir, d.rank, failure_record(exc, d, host))
+            write_failure(run_dir, rank, failure_record(exc, d, host, group))
         except OSError as write_error:
             print(
                 f"[ddlaunch] could not write the failure record: {write_error}",
@@ -167,7 +186,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
                 flush=True,
             )
         raise
-    return {"rank": d.rank, "host": host, "result": _jsonable(result)}
+    return {"rank": rank, "host": host, "result": _jsonable(result)}
 
 
 def _take_signals(cfg: Config) -> None:
