@@ -10,8 +10,7 @@ import pytest
 
 from ddlaunch.job import groups
 from ddlaunch.planning.group_env import GroupIdentity, job_rank
-from ddlaunch.store import attempts, group_records
-from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store import attempts, group_state
 
 
 def test_the_command_line_splits_srun_from_the_worker() -> None:
@@ -62,8 +61,7 @@ def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Pa
         tmp_path,
         {"group": 1, "restart": 0, "cause": "node node2 died", "failed_at_step": 60},
     )
-    heal = group_records.HealRecord(1, 1, "7", 0, 0, step=63, healed_from=0, time=5.0, seconds=4.0)
-    groups.record_rejoin(tmp_path, 1, 0, heal, 4.25)
+    groups.record_rejoin(tmp_path, 1, 0, 63, True, 4.25)
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
     assert dict(entry) == {
         "group": 1,
@@ -71,30 +69,20 @@ def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Pa
         "cause": "node node2 died",
         "failed_at_step": 60,
         "rejoined_step": 63,
-        "healed_from": 0,
+        "healed": True,
         "rejoin_s": 4.25,
         "steps_missed": 3,
     }
 
 
-def test_a_heal_record_belongs_to_one_attempt_and_restart(tmp_path: Path) -> None:
-    attempt = AttemptId(job_id="7", task="7", restart=0, relaunch=0)
-    heal = group_records.HealRecord(1, 1, "7", 0, 0, step=3, healed_from=0, time=1.0, seconds=1.0)
-    group_records.write_heal(tmp_path, heal)
-    assert group_records.rejoined(tmp_path, attempt, 1, 1)
-    assert not group_records.rejoined(tmp_path, attempt, 1, 2)  # a later restart
-    assert not group_records.rejoined(tmp_path, AttemptId("8", "8", 0, 0), 1, 1)
-    assert not group_records.rejoined(tmp_path, attempt, 0, 1)  # another group's
-
-
 def test_the_groups_state_round_trips(tmp_path: Path) -> None:
     views = (
-        group_records.GroupView(0, ("node1",), group_records.TRAINING, 0),
-        group_records.GroupView(1, ("node3",), group_records.HEALING, 1),
+        group_state.GroupView(0, ("node1",), group_state.TRAINING, 0),
+        group_state.GroupView(1, ("node3",), group_state.HEALING, 1),
     )
-    state = group_records.GroupsState("7", 0, 0, 12.5, views)
-    group_records.write_state(tmp_path, state)
-    assert group_records.read_state(tmp_path) == state
+    state = group_state.GroupsState("7", 0, 0, 12.5, views)
+    group_state.write_state(tmp_path, state)
+    assert group_state.read_state(tmp_path) == state
     assert state.live == 2
 
 

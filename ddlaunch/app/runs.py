@@ -19,7 +19,7 @@ from ddlaunch.errors import UserError
 from ddlaunch.store import (
     attempts,
     exclusions,
-    group_records,
+    group_state,
     outcome,
     preflight,
     progress,
@@ -200,7 +200,7 @@ class RunInfo:
     cancel_requested: bool = False  # cancel.json: `ddlaunch cancel` asked for it
     mtime_ns: int | None = None  # the directory's, when read through RunReader
     problems: list[str] = field(default_factory=list)  # "unreadable <record>: <reason>"
-    groups: group_records.GroupsState | None = None  # replica groups: the supervisor's view
+    groups: group_state.GroupsState | None = None  # replica groups: the supervisor's view
 
     @property
     def job_id(self) -> str | None:
@@ -248,8 +248,8 @@ def read_run(
         info.watchdog = rec.json(summary, dict, None, watchdog.SUMMARY_FIELDS)
     if staging.STAGING_DIR in present:
         info.staging = latest_staging(run_dir, info.attempts, rec.problems)
-    if group_records.GROUPS_DIR in present:
-        info.groups = group_records.read_state(run_dir)
+    if group_state.GROUPS_DIR in present:
+        info.groups = group_state.read_state(run_dir)
     if CONFIG_FILE not in present and (present or run_dir.is_dir()):
         # A directory that does not exist is no damage: a sweep member that has not started
         # has none yet (its job ids come from the sweep's array records).

@@ -23,10 +23,10 @@ from ddlaunch.app.runs import (
 )
 from ddlaunch.policy.requeue import CAUSE_CRASH, HEALTH_CAUSES
 from ddlaunch.slurm.parse import QueueRow
-from ddlaunch.store import group_records
+from ddlaunch.store import group_state
 from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.failures import Failure, is_collateral
-from ddlaunch.store.group_records import GroupsState
+from ddlaunch.store.group_state import GroupsState
 
 # Slurm's many job states folded into the few a user acts on.
 STATE_MAP = {
@@ -223,12 +223,12 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
 
 def groups_summary(state: GroupsState) -> str:
     """``replica groups: 1 of 2 training (group 1 healing on node3, restart 1)``."""
-    training = sum(1 for g in state.groups if g.state == group_records.TRAINING)
+    training = sum(1 for g in state.groups if g.state == group_state.TRAINING)
     others = [
         f"group {g.group} {g.state} on {','.join(g.nodes)}"
         + (f", restart {g.restarts}" if g.restarts else "")
         for g in state.groups
-        if g.state != group_records.TRAINING
+        if g.state != group_state.TRAINING
     ]
     text = f"replica groups: {training} of {len(state.groups)} training"
     return text + (f" ({'; '.join(others)})" if others else "")

@@ -47,7 +47,7 @@ from ddlaunch.policy import attribution as attrib
 from ddlaunch.policy import groups as policy
 from ddlaunch.policy.groups import GroupState
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts, badnodes, exclusions, group_records, heartbeats
+from ddlaunch.store import attempts, badnodes, exclusions, group_state, groups, heartbeats
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import read_failures
 from ddlaunch.store.rundir import LOGS_DIR
@@ -160,21 +160,21 @@ class Supervisor:
         for g in self.groups:
             st = g.state
             state = (
-                group_records.GIVEN_UP
+                group_state.GIVEN_UP
                 if st.given_up
-                else group_records.FINISHED
+                else group_state.FINISHED
                 if st.done
-                else group_records.TRAINING
+                else group_state.TRAINING
                 if st.rejoined
-                else group_records.HEALING
+                else group_state.HEALING
             )
-            views.append(group_records.GroupView(st.group, st.nodes, state, st.restarts))
+            views.append(group_state.GroupView(st.group, st.nodes, state, st.restarts))
         a = self.attempt
-        snapshot = group_records.GroupsState(
+        snapshot = group_state.GroupsState(
             a.job_id, a.restart, a.relaunch, self.clock(), tuple(views)
         )
         try:
-            group_records.write_state(self.run_dir, snapshot)
+            group_state.write_state(self.run_dir, snapshot)
         except OSError as exc:
             say(f"warning: groups/state.json not written: {exc}")
 
@@ -213,16 +213,17 @@ class Supervisor:
         """A running group whose node died, or that never healed: end its step now."""
         assert g.proc is not None
         if not g.state.rejoined:
-            heal = group_records.read_heal(self.run_dir, g.state.group)
-            if heal is not None and heal.of(self.attempt, g.state.group, g.state.restarts):
+            back = self.rejoin(g)
+            if back is not None:
                 g.state = replace(g.state, rejoined=True)
+                step, heal = back
                 after = now - g.started
-                source = f"from group {heal.healed_from}" if heal.healed_from is not None else ""
+                how = f"healed from a live group at step {step}" if heal else f"at step {step}"
                 say(
-                    f"group {g.state.group}: rejoined at step {heal.step} {source} "
+                    f"group {g.state.group}: rejoined the others ({how}) "
                     f"{after:.1f} s after its restart"
                 )
-                record_rejoin(self.run_dir, g.state.group, g.state.restarts - 1, heal, after)
+                record_rejoin(self.run_dir, g.state.group, g.state.restarts - 1, step, heal, after)
                 self.publish()
             elif now - g.started > self.settings.heal_timeout:
                 g.ended_why = (
@@ -245,11 +246,24 @@ class Supervisor:
                 g.ended_why = f"node {', '.join(dead)} died"
                 self.end_step(g)
 
+    def rejoin(self, g: Group) -> tuple[int, bool] | None:
+        """(step, healed) once the restarted group is back in the quorum: its heal record,
+        or (a group that needed no heal) a committed step, written since this start."""
+        st = g.state
+        heal = groups.read_heal(self.run_dir, st.group, st.restarts)
+        if heal is not None and heal.healed_at >= g.started - 1.0:
+            return heal.healed_from_step, True
+        step = groups.read_step(self.run_dir, st.group)
+        if step is not None and step.restart == st.restarts and step.time >= g.started - 1.0:
+            return step.step, False
+        return None
+
     def silent(self, g: Group, now: float) -> bool:
         """The group's nodes wrote no heartbeat for a while although its step runs: a node
         that vanished without closing its connections (its ranks cannot say so)."""
+        beat = heartbeats.last_node_beat(self.run_dir, g.state.nodes)
         stale = self.settings.stale_after
-        return group_records.silent_since(self.run_dir, g.state.nodes, g.started, now, stale)
+        return beat is not None and beat >= g.started - 1.0 and now - beat > stale
 
     def last_step(self, g: Group) -> int | None:
         """The newest step the group's ranks reported in their heartbeats."""
@@ -406,7 +420,7 @@ def record_restart(run_dir: Path, entry: dict[str, object]) -> None:
 
 
 def record_rejoin(
-    run_dir: Path, group: int, restart: int, heal: group_records.HealRecord, after: float
+    run_dir: Path, group: int, restart: int, step: int, healed: bool, after: float
 ) -> None:
     """Add the heal to the group's restart entry (``restart``: the entry's count)."""
     try:
@@ -416,12 +430,8 @@ def record_rejoin(
             if entry.get("group") == group and entry.get("restart") == restart:
                 failed_at = entry.get("failed_at_step")
                 if isinstance(failed_at, int):
-                    entry["steps_missed"] = max(heal.step - failed_at, 0)
-                entry.update(
-                    rejoined_step=heal.step,
-                    healed_from=heal.healed_from,
-                    rejoin_s=round(after, 3),
-                )
+                    entry["steps_missed"] = max(step - failed_at, 0)
+                entry.update(rejoined_step=step, healed=healed, rejoin_s=round(after, 3))
                 break
         attempts.update_open(run_dir, group_restarts=entries)
     except Exception as exc:

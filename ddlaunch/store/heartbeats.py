@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,17 @@ def _read_records(directory: Path, prefix: str) -> list[dict[str, Any]]:
         if isinstance(rec, dict):
             records.append(rec)
     return records
+
+
+def last_node_beat(run_dir: str | os.PathLike[str], hosts: Sequence[str]) -> float | None:
+    """The newest merge time (``beat``) of these nodes' records; None without any."""
+    beats = []
+    for host in hosts:
+        try:
+            with open(node_heartbeat_path(run_dir, host), encoding="utf-8") as handle:
+                rec = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("beat"), (int, float)):
+            beats.append(float(rec["beat"]))
+    return max(beats) if beats else None
