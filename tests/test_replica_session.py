@@ -51,7 +51,6 @@ def make_run(tmp_path: Path, name: str, *sets: str, **launch: object) -> Path:
         [
             "fault_tolerance.mode=replica_groups",
             "fault_tolerance.checkpoint_every_steps=100",
-            "fault_tolerance.async_save=false",
             f"params.steps={STEPS}",
             "params.log_every=1",
             *sets,
