@@ -21,6 +21,8 @@ from support.devcluster import wait_for
 from test_fault_tolerance import attempts, mlp_config, result
 from test_launch_slurm import ddlaunch, submit
 
+from ddlaunch.checkpoint.layout import read_commit_marker
+
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 STEP_SLEEP = 0.1
 # The final loss of the uninterrupted job-mode run (4 ranks, 300 steps) is ~0.015 (the
@@ -169,3 +171,56 @@ def test_both_groups_killed_restart_the_job_from_the_checkpoint(
     resumed = runs[-1]["resumed_from"]
     assert resumed is not None and resumed >= 40 and resumed % 20 == 0, runs
     assert result(run_dir)["start_step"] == resumed
+
+
+def lighthouse_pid(run_dir: Path) -> int | None:
+    wanted = f"DDLAUNCH_RUN_DIR={run_dir}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"torchft_lighthouse" in cmdline and b"--min_replicas" in cmdline and wanted in env:
+            return int(entry.name)
+    return None
+
+
+def test_a_lost_lighthouse_restarts_the_whole_job(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    config = groups_config(tmp_path, "rg-lighthouse")
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: last_step(run_dir, 0) >= 60, 240, "step 60")
+    pid = lighthouse_pid(run_dir)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=360) == "COMPLETED"
+    first, second = attempts(run_dir)[:2]
+    assert first["decision"].startswith("restart in the allocation"), first
+    assert second["in_allocation"] is True and second["resumed_from"] >= 40
+    batch = next((run_dir / "logs").glob("batch-*.out")).read_text()
+    assert "ending every group: the lighthouse exited with code -9" in batch, batch
+    assert result(run_dir)["steps"] == 300
+
+
+def test_the_time_limit_signal_saves_once_and_requeues(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    config = groups_config(tmp_path, "rg-signal")
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: last_step(run_dir, 0) >= 60, 240, "step 60")
+    slurm_cluster.signal_job(job_id, "USR2")
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=360) == "COMPLETED"
+    runs = attempts(run_dir)
+    assert [r["cause"] for r in runs] == ["signal", "completed"], runs
+    saved = runs[0]["committed_step"]
+    assert saved >= 60 and runs[1]["resumed_from"] == saved
+    # One collective save, by one group (its 2 ranks), not one per group.
+    marker = read_commit_marker(run_dir / "checkpoints" / f"step-{saved}")
+    assert marker is not None and marker.world_size == 2 and marker.num_shard_files == 2
+    assert marker.metadata.get("reason") == "signal"
+    res = result(run_dir)
+    assert res["start_step"] == saved and res["steps"] == 300
