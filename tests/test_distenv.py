@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
+from ddlaunch.planning.ports import PORT_HIGH, PORT_LOW
 from ddlaunch.worker.distenv import (
-    PORT_HIGH,
-    PORT_LOW,
     DistEnv,
     choose_backend,
     expand_hostlist,
