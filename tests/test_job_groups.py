@@ -107,3 +107,21 @@ def test_torchtitan_in_a_replica_group_gets_its_own_torchft_flags(tmp_path: Path
         "--fault_tolerance.min_replica_size=1",
     ]
     assert torchtitan_ft_args(cfg, {"SLURM_PROCID": "0"}) == []  # not in a group
+
+
+def test_a_replica_groups_mesh_is_the_groups_inner_plan(tmp_path: Path) -> None:
+    from ddlaunch.config import load_config
+    from ddlaunch.worker.mesh import mesh_plan
+
+    path = tmp_path / "hsdp.yaml"
+    path.write_text(
+        "nodes: {count: 4, gpus_per_node: 2}\n"
+        "launch: {entrypoint: ddlaunch.examples.mlp:main, backend: gloo}\n"
+        "parallel: {dp_replicate: 2, dp_shard: 4}\n"
+        "fault_tolerance: {mode: replica_groups}\n"
+    )
+    cfg = load_config(path)
+    env = GroupIdentity(0, 2, "http://node1:1", rank_offset=0).env(manager_port=1)
+    inner = mesh_plan(cfg, {**env, "SLURM_PROCID": "0"})
+    assert (inner.world, dict(zip(inner.names, inner.shape, strict=True))["dp_replicate"]) == (4, 1)
+    assert mesh_plan(cfg, {}).world == 8  # outside a group: the job's plan

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddlaunch.config import Config, load_config
-from ddlaunch.planning.parallel import ParallelPlan, parallel_plan
+from ddlaunch.planning.group_env import GroupIdentity
+from ddlaunch.planning.parallel import ParallelPlan, parallel_plan, replica_groups
 from ddlaunch.store.rundir import config_path
 from ddlaunch.worker.distributed import init_distributed
 
@@ -85,11 +87,21 @@ def check_placement(plan: ParallelPlan) -> list[str]:
     return hosts
 
 
+def mesh_plan(cfg: Config, environ: Mapping[str, str]) -> ParallelPlan:
+    """The plan this rank's world holds: the job's, or, in a replica group (its own world),
+    the group's inner plan (dp_replicate 1: the groups meet through torchft, not the mesh)."""
+    groups = replica_groups(cfg)
+    if groups is not None and GroupIdentity.from_env(environ) is not None:
+        return groups.inner
+    return parallel_plan(cfg)
+
+
 def device_mesh(config: Config | None = None) -> DeviceMesh:
-    """The job's mesh over the plan of ``config`` (default: the run's own config)."""
+    """The job's mesh over the plan of ``config`` (default: the run's own config); in a
+    replica group, the group's."""
     cfg = config if config is not None else run_config()
     backend = init_distributed()
-    plan = parallel_plan(cfg)
+    plan = mesh_plan(cfg, os.environ)
     world = dist.get_world_size()
     if plan.world != world:
         raise PlacementError(
