@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.health import checks
+from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.policy import preflight as verdicts
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.slurm.hostlist import expand_hostlist
@@ -62,7 +63,11 @@ class PreflightFailed(StopRank):
 
 
 def enabled(cfg: Any, env: Mapping[str, str]) -> bool:
-    """Preflight runs in Slurm jobs only, as before (a local run has no nodes to exclude)."""
+    """Preflight runs in Slurm jobs only, as before (a local run has no nodes to exclude),
+    and not in replica groups: its verdicts, its gate record and the end hook's judgement are
+    one per attempt, while groups start and fail apart (``render`` warns)."""
+    if GroupIdentity.from_env(env) is not None:
+        return False
     return bool(cfg.health.preflight) and env.get("SUBMITIT_EXECUTOR") == "slurm"
 
 
