@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import itertools
 
-from bench_recovery import sh
+from bench_recovery import rank_pids, sh
 from bench_spares import (
     DEVCLUSTER,
     SCHEDULE,
@@ -103,23 +103,6 @@ def committed(points: list[tuple[float, int]], final: int | None) -> set[int]:
     if final is not None and points and points[-1][1] == final - 1:
         done.add(final - 1)
     return done
-
-
-def rank_pids(run: Path) -> list[int]:
-    """Rank processes (ddlaunch.worker.task, by their run directory), sorted."""
-    wanted = f"DDLAUNCH_RUN_DIR={run}".encode()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"python" in cmd[0] and b"ddlaunch.worker.task" in cmd and wanted in env:
-            out.append(int(entry.name))
-    return sorted(out)
 
 
 def group_restarts(run: Path) -> list[dict]:

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,25 +45,31 @@ def groups_config(tmp_path: Path, name: str, steps: int = 300, **ft: object) -> 
     )
 
 
-def group_pids(run_dir: Path, offset: int) -> set[int]:
-    """The live rank processes of the group whose ranks start at ``offset``."""
-    want = (f"DDLAUNCH_RUN_DIR={run_dir}".encode(), f"DDLAUNCH_GROUP_RANK_OFFSET={offset}".encode())
-    found = set()
+def processes(run_dir: Path) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
+    """(pid, argv, environment) of this run's processes: the dev cluster's nodes share this
+    machine's PID namespace."""
+    wanted = f"DDLAUNCH_RUN_DIR={run_dir}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (
-            b"ddlaunch.worker.task" in cmdline
-            and b"python" in cmdline.split(b"\0")[0]
-            and all(w in env for w in want)
-        ):
-            found.add(int(entry.name))
-    return found
+        if wanted in env:
+            yield int(entry.name), argv, env
+
+
+def group_pids(run_dir: Path, offset: int) -> set[int]:
+    """The live rank processes of the group whose ranks start at ``offset`` (not its srun,
+    whose command line names the task module too)."""
+    group = f"DDLAUNCH_GROUP_RANK_OFFSET={offset}".encode()
+    return {
+        pid
+        for pid, argv, env in processes(run_dir)
+        if b"python" in argv[0] and b"ddlaunch.worker.task" in argv and group in env
+    }
 
 
 def step_times(run_dir: Path, rank: int) -> list[tuple[float, int]]:
@@ -174,17 +181,10 @@ def test_both_groups_killed_restart_the_job_from_the_checkpoint(
 
 
 def lighthouse_pid(run_dir: Path) -> int | None:
-    wanted = f"DDLAUNCH_RUN_DIR={run_dir}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"torchft_lighthouse" in cmdline and b"--min_replicas" in cmdline and wanted in env:
-            return int(entry.name)
+    for pid, argv, _ in processes(run_dir):
+        cmdline = b"\0".join(argv)
+        if b"torchft_lighthouse" in cmdline and b"--min_replicas" in cmdline:
+            return pid
     return None
 
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ddlaunch.job.blame import bad_nodes, expand, probe_all
 from ddlaunch.job.placement import step_nodelist
@@ -49,7 +49,7 @@ from ddlaunch.policy.groups import GroupState
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, badnodes, exclusions, group_state, groups, heartbeats
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.store.failures import read_failures
+from ddlaunch.store.failures import Failure, read_failures
 from ddlaunch.store.rundir import LOGS_DIR
 
 # Where the worker's argv starts in this module's command line (after srun's argv).
@@ -142,8 +142,7 @@ class Supervisor:
             f"--nodelist={','.join(nodes)}",
             *s.worker,
         ]
-        err: IO[bytes] = open(g.srun_log, "ab")  # noqa: SIM115 (the child holds it)
-        with err:
+        with open(g.srun_log, "ab") as err:  # srun keeps its own copy of the descriptor
             g.proc = subprocess.Popen(argv, env=env, stderr=err, start_new_session=False)
         g.started = self.clock()
         g.dead, g.ended_why = (), ""
@@ -180,13 +179,14 @@ class Supervisor:
 
     # ------------------------------------------------------------------ watch
 
-    def group_failures(self, g: Group) -> list[attrib.Raised]:
-        """This group's ranks' failure records since its (re)start."""
+    def group_failures(self, g: Group, found: list[Failure] | None = None) -> list[attrib.Raised]:
+        """This group's ranks' failure records since its (re)start; ``found``: the run's
+        records, read once per poll for every group."""
         last = g.rank_offset + len(g.state.nodes) * self.settings.ranks_per_node
         names = {self.attempt.job_id, self.attempt.task}
         return [
             attrib.Raised(f.rank, f.host, f.exception, f.message, f.where, f.time)
-            for f in read_failures(self.run_dir)
+            for f in (read_failures(self.run_dir) if found is None else found)
             if g.rank_offset <= f.rank < last
             and str(f.job_id) in names
             and f.time >= g.started - 1.0
@@ -209,7 +209,7 @@ class Supervisor:
                     bad.add(node)
         return sorted(bad)
 
-    def watch_running(self, g: Group, now: float) -> None:
+    def watch_running(self, g: Group, now: float, found: list[Failure]) -> None:
         """A running group whose node died, or that never healed: end its step now."""
         assert g.proc is not None
         if not g.state.rejoined:
@@ -232,7 +232,7 @@ class Supervisor:
                 )
                 self.end_step(g)
                 return
-        failed = self.group_failures(g)
+        failed = self.group_failures(g, found)
         stale = failed and now - min(f.time for f in failed) >= GRACE_S
         # A small job's nodes are probed every second whatever the trigger (a node dying with
         # all of a group's ranks leaves no record, and heartbeats are seconds apart); a big
@@ -374,12 +374,13 @@ class Supervisor:
                 self.end_all(f"the lighthouse exited with code {lighthouse.returncode}")
                 return WHOLE_JOB_FAILED
             now = self.clock()
+            found = read_failures(self.run_dir)
             for g in self.groups:
                 if g.proc is None or not g.state.running:
                     continue
                 code = g.proc.poll()
                 if code is None:
-                    self.watch_running(g, now)
+                    self.watch_running(g, now, found)
                     continue
                 if code == 0 and not g.ended_why:
                     g.state = replace(g.state, running=False, done=True)
