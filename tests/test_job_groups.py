@@ -125,3 +125,18 @@ def test_a_replica_groups_mesh_is_the_groups_inner_plan(tmp_path: Path) -> None:
     inner = mesh_plan(cfg, {**env, "SLURM_PROCID": "0"})
     assert (inner.world, dict(zip(inner.names, inner.shape, strict=True))["dp_replicate"]) == (4, 1)
     assert mesh_plan(cfg, {}).world == 8  # outside a group: the job's plan
+
+
+def test_status_says_which_groups_train() -> None:
+    from ddlaunch.app.status import groups_summary
+
+    views = (
+        group_state.GroupView(0, ("node1",), group_state.TRAINING, 0),
+        group_state.GroupView(1, ("node3",), group_state.HEALING, 1),
+    )
+    state = group_state.GroupsState("7", 0, 0, 12.5, views)
+    assert groups_summary(state) == (
+        "replica groups: 1 of 2 training (group 1 healing on node3, restart 1)"
+    )
+    every = group_state.GroupsState("7", 0, 0, 1.0, views[:1])
+    assert groups_summary(every) == "replica groups: 1 of 1 training"
