@@ -50,6 +50,7 @@ def make_run(tmp_path: Path, name: str, *sets: str, **launch: object) -> Path:
         "examples/mlp",
         [
             "fault_tolerance.mode=replica_groups",
+            "parallel.dp_replicate=2",
             "fault_tolerance.checkpoint_every_steps=100",
             f"params.steps={STEPS}",
             "params.log_every=1",
@@ -317,7 +318,9 @@ def test_the_signal_is_saved_by_one_group_and_every_group_resumes_from_it(
 def test_replica_groups_without_the_group_environment_train_in_job_mode(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    cfg = load_config("examples/mlp", ["fault_tolerance.mode=replica_groups"])
+    cfg = load_config(
+        "examples/mlp", ["fault_tolerance.mode=replica_groups", "parallel.dp_replicate=2"]
+    )
     assert group_identity(cfg, {"RANK": "0"}) is None
     assert capsys.readouterr().out == (
         "[ddlaunch] fault_tolerance.mode is replica_groups but this run was not started as "

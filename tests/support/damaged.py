@@ -26,6 +26,8 @@ import ddlaunch.store
 from ddlaunch.store import (
     exclusions,
     failures,
+    group_state,
+    groups,
     outcome,
     pods,
     preflight,
@@ -109,6 +111,14 @@ def _complete(run: Path, root: Path) -> None:
     (run / MANIFEST_FILE).write_text("apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\n")
     pods.next_incarnation(run, 0)
     pods.write_decision(run, ATTEMPT, 0, None, "requeued")
+    # what a replica-groups run adds: the groups' steps and heals, the supervisor's view
+    groups.write_step(run, groups.GroupStep(group=1, restart=1, step=3, time=4.0))
+    heal = groups.HealRecord(
+        group=1, restart=1, healed_from_step=3, step_before=0, healed_at=4.0, seconds_from_start=2.0
+    )
+    groups.write_heal(run, heal)
+    view = group_state.GroupView(1, ("node2",), group_state.HEALING, 1)
+    group_state.write_state(run, group_state.GroupsState(JOB, 0, 0, 4.0, (view,)))
     (run / HISTORY_DIR).mkdir(exist_ok=True)
     shutil.copy2(run / "config.yaml", run / HISTORY_DIR / "20260101-000000-config.yaml")
 
