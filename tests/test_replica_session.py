@@ -144,10 +144,10 @@ def last_step(log: Path) -> int:
     return int(steps[-1]) if steps else 0
 
 
-def lighthouse() -> Any:
+def lighthouse(min_replicas: int = 1) -> Any:
     return LighthouseServer(
         bind="[::]:0",
-        min_replicas=1,
+        min_replicas=min_replicas,
         join_timeout_ms=10000,
         quorum_tick_ms=100,
         heartbeat_timeout_ms=1000,
@@ -254,10 +254,13 @@ def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) 
     run = make_run(
         tmp_path,
         "diverge",
+        # Both groups in every quorum: on a loaded machine the second group's start can lag
+        # the first's by more than its 50 steps, and a group alone has no peer to differ from.
+        "fault_tolerance.min_replica_groups=2",
         entrypoint=None,
         script=str(SCRIPTS / "group_only.py"),
     )
-    server = lighthouse()
+    server = lighthouse(min_replicas=2)
     try:
         started = [start_group(run, server.address(), g, 0, 2) for g in (0, 1)]
         codes = wait_all([p for g in started for p in g.procs], 90)
