@@ -1,16 +1,25 @@
 """The replica groups' supervisor's pieces that need no cluster: its command line, the rank
-logs per group, job-wide rank names, and its records in a run directory (the supervisor
-itself runs on the dev cluster: tests/test_replica_groups_slurm.py)."""
+logs per group, job-wide rank names, its records in a run directory, and its hang verdict and
+step cancel with real processes standing in for each group's srun (the supervisor itself runs
+on the dev cluster: tests/test_replica_groups_slurm.py)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from support.fakes import FakeRunner
 
 from ddlaunch.job import groups
 from ddlaunch.planning.group_env import GroupIdentity, job_rank
+from ddlaunch.policy.groups import GroupState
+from ddlaunch.runner import CommandResult
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, group_state
+from ddlaunch.store.attempts import AttemptId
 
 
 def test_the_command_line_splits_srun_from_the_worker() -> None:
@@ -140,3 +149,173 @@ def test_status_says_which_groups_train() -> None:
     )
     every = group_state.GroupsState("7", 0, 0, 1.0, views[:1])
     assert groups_summary(every) == "replica groups: 1 of 1 training"
+
+
+# ------------------------------------------------ the supervisor with stand-ins for srun
+
+# What each group's "srun" runs here: a process that lives until it is killed (srun's
+# options, which start_group appends, are its ignored arguments).
+SRUN = (sys.executable, "-c", "import time; time.sleep(300)")
+
+
+class Slurm:
+    """The controller's side, for the fake runner: the job's steps by name; cancelling one
+    ends its srun (as Slurm's killing of the step's tasks makes srun return)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, str] = {}  # step id -> name
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}  # step id -> its "srun"
+        self.names: dict[str, str] = {}  # every step started, ended ones too
+        # (what, step, whether a step of its group runs: the cancelled one / an old one)
+        self.events: list[tuple[str, str, bool]] = []
+
+    def answer(self, argv: list[str]) -> CommandResult | None:
+        if argv[:3] == ["squeue", "-h", "-s"]:
+            lines = "".join(f"{i}|{n}\n" for i, n in self.steps.items())
+            return CommandResult(tuple(argv), 0, f"77.batch|batch\n{lines}", "")
+        if argv[0] == "scancel":
+            for step in argv[2:]:
+                proc = self.procs[step]
+                self.events.append(("scancel", step, proc.poll() is None))
+                proc.send_signal(signal.SIGTERM)
+                proc.wait()
+                self.steps.pop(step, None)
+            return CommandResult(tuple(argv), 0, "", "")
+        return None
+
+
+class Recording(groups.Supervisor):
+    """The supervisor, telling ``Slurm`` about each step it starts."""
+
+    slurm: Slurm
+
+    def start_group(self, g: groups.Group) -> None:
+        super().start_group(g)
+        assert g.proc is not None
+        step = f"77.{len(self.slurm.procs)}"
+        self.slurm.steps[step] = groups.step_name(g.state.group, g.state.restarts)
+        self.slurm.procs[step] = g.proc
+        mine = f"ddlaunch-group-{g.state.group}-"
+        old = [
+            s
+            for s, p in self.slurm.procs.items()
+            if p is not g.proc and p.poll() is None and self.slurm.names[s].startswith(mine)
+        ]
+        self.slurm.names[step] = self.slurm.steps[step]
+        self.slurm.events.append(("start", step, bool(old)))
+
+
+def node_beats(run_dir: Path, host: str, ranks: list[dict[str, object]], at: float) -> None:
+    from ddlaunch.store.heartbeats import node_heartbeat_path, node_record, write_heartbeat
+
+    path = node_heartbeat_path(run_dir, host)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_heartbeat(path, node_record(host, "77", 0, 0, at, ranks))
+
+
+def rank_beat(rank: int, host: str, started: float, step_wall: float, at: float) -> dict:
+    return {
+        "rank": rank, "host": host, "job_id": "77", "restart": 0, "relaunch": 0,
+        "started": started, "state": "running", "step": 40, "step_wall": step_wall,
+        "beat": at, "waiting": True,
+    }  # fmt: skip
+
+
+def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path) -> None:
+    open_attempt(tmp_path)
+    slurm = Slurm()
+    settings = groups.Settings(
+        groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
+        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
+        hang_timeout=30, heartbeat_interval=1,
+    )  # fmt: skip
+    now = [1000.0]
+    sup = Recording(
+        settings,
+        tmp_path,
+        AttemptId("77", 0),
+        ["node1", "node2"],
+        SlurmClient(FakeRunner(on_run=slurm.answer)),
+        {},
+        [
+            groups.Group(GroupState(0, ("node1",)), 0),
+            groups.Group(GroupState(1, ("node2",)), 2),
+        ],
+        "http://batch:1",
+        clock=lambda: now[0],
+    )
+    sup.slurm = slurm
+    for g in sup.groups:
+        sup.start_group(g)
+    survivor = sup.groups[0].proc
+    assert survivor is not None
+    # 40 s later: group 0 waits for group 1 (its ranks beat, its step stopped with group
+    # 1's); group 1's rank 3 froze (SIGSTOP) 39 s ago.
+    now[0] = 1042.0
+    waiting = [rank_beat(r, "node1", 1001, 1002, 1041.5) for r in (0, 1)]
+    node_beats(tmp_path, "node1", waiting, 1041.5)
+    frozen = rank_beat(3, "node2", 1001, 1002, 1003)
+    node_beats(tmp_path, "node2", [rank_beat(2, "node2", 1001, 1002, 1041.5), frozen], 1041.5)
+    sup.changed = 1001.0
+    assert sup.watch_hangs(now[0]) is None
+    (g0, g1) = sup.groups
+    assert g1.ended_why.startswith("hang: ") and g0.ended_why == ""
+    assert sup.on_failure(g1, g1.proc.poll() if g1.proc else None) is None
+
+    # Cancel (while its srun still ran), the step gone, then the restart: in that order.
+    assert slurm.events == [
+        ("start", "77.0", False),
+        ("start", "77.1", False),
+        ("scancel", "77.1", True),
+        ("start", "77.2", False),  # no step of group 1 left running
+    ]
+    assert ["scancel", "--signal=KILL", "77.1"] in sup.client.runner.calls  # type: ignore[attr-defined]
+    assert survivor.poll() is None and g0.proc is survivor  # group 0 untouched
+    assert g1.state.restarts == 1 and g1.proc is not None and g1.proc.poll() is None
+    (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
+    assert {k: entry[k] for k in ("group", "cause", "nodes", "blamed", "decision")} == {
+        "group": 1,
+        "cause": "hang",
+        "nodes": ["node2"],
+        "blamed": ["node2"],
+        "decision": "restart",
+    }
+    assert entry["culprit"] == (
+        "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped "
+        "(process frozen)"
+    )
+    assert entry["new_nodes"] == ["node2"]
+    sup.end_all("the test is over")
+    assert survivor.poll() is not None
+
+
+def test_the_steps_are_found_by_name() -> None:
+    from ddlaunch.slurm.queue import parse_step_names
+
+    # squeue -h -s -j 77 -o '%i|%j' (the shape recorded in fixtures/slurm-22.05, with names)
+    listed = "77.batch|batch\n77.extern|extern\n77.0|ddlaunch-group-0-0\n77.3|ddlaunch-group-1-1\n"
+    assert parse_step_names(listed) == {
+        "ddlaunch-group-0-0": ["77.0"],
+        "ddlaunch-group-1-1": ["77.3"],
+    }
+    assert groups.step_name(1, 1) == "ddlaunch-group-1-1"
+
+
+def test_each_group_step_is_named_for_its_group_and_restart(tmp_path: Path) -> None:
+    settings = groups.Settings(
+        groups=1, ranks_per_node=1, min_groups=1, max_restarts=0, heal_timeout=60,
+        stale_after=8, bad_node_ttl_hours=0,
+        srun=(sys.executable, "-c", "import sys; print(sys.argv[1:])"), worker=("w",),
+    )  # fmt: skip
+    sup = groups.Supervisor(
+        settings, tmp_path, AttemptId("77", 0), ["n1"], SlurmClient(FakeRunner()), {},
+        [groups.Group(GroupState(0, ("n1",), restarts=2), 0)], "http://batch:1",
+    )  # fmt: skip
+    (g,) = sup.groups
+    sup.start_group(g)
+    assert g.proc is not None and g.proc.wait(timeout=30) == 0
+    # What srun is given after its own argv.
+    assert g.proc.args[3:] == [
+        "--job-name=ddlaunch-group-0-2", "--overlap", "--nodes=1", "--ntasks=1",
+        "--nodelist=n1", "w",
+    ]  # fmt: skip

@@ -10,8 +10,16 @@ per step through the lighthouse and torchft's Manager), and watches them:
   at once) is restarted **alone**, on its own nodes or with a hot spare in place of a dead
   one (``policy.groups`` decides), while the other groups' steps keep running; the restarted
   group heals from a live group (torchft's checkpoint transport) and rejoins;
+* a group that hangs (its ranks' heartbeats show no finished step for ``health.hang_timeout``:
+  the watchdog's rule, ``policy.heartbeats.detect_hang``, on the group's own ranks) is ended
+  and restarted alone like a crash, cause ``hang``; ``policy.groups.hung_groups`` tells the
+  hung group from the others, which a hung group stalls too;
 * a restarted group that has not rejoined within ``fault_tolerance.heal_timeout`` is ended
   and counts as failed again (the progress guard then gives it up);
+* ending a group's step cancels the step itself (``scancel --signal=KILL JOB.STEP``, the step
+  found by its name, ``ddlaunch-group-<g>-<restart>``): killing srun alone would leave the
+  step's tasks running on the group's other nodes; then srun is waited for, and the step's
+  leaving the queue, before the group restarts;
 * each group restart goes into the attempt's record (``group_restarts``: group, cause,
   culprit as attribution finds it, old and new nodes, when);
 * fewer live groups than ``min_replica_groups``, or the lighthouse gone, is a failure of the
@@ -28,11 +36,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,13 +52,16 @@ from typing import Any
 
 from ddlaunch.job.blame import bad_nodes, expand, probe_all
 from ddlaunch.job.placement import step_nodelist
+from ddlaunch.job.watchdog import poll_period
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.planning.ports import master_port_for
 from ddlaunch.policy import attribution as attrib
 from ddlaunch.policy import groups as policy
+from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.groups import GroupState
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.client import SlurmClient, scancel_argv
 from ddlaunch.store import attempts, badnodes, exclusions, group_state, groups, heartbeats
+from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import Failure, read_failures
 from ddlaunch.store.rundir import LOGS_DIR
@@ -68,6 +82,22 @@ QUORUM_TICK_MS = 100
 # How long the lighthouse waits, at the first quorum, for groups still starting.
 JOIN_TIMEOUT_MS = 10000
 WHOLE_JOB_FAILED = 1
+# Ending a group's step: how long scancel may take before srun is killed anyway (it waits
+# MessageTimeout for a dead node's slurmd, while the live nodes have the signal at once),
+# how long srun may take to return after it, and how long the step may take to leave the
+# queue (its tasks killed on every node) before the group restarts regardless.
+CANCEL_WAIT_S = 2.0
+SRUN_WAIT_S = 5.0
+STEP_GONE_S = 10.0
+STEP_GONE_POLL_S = 0.5
+STEP_NAME = "ddlaunch-group-{group}-{restart}"
+CANCEL_SIGNAL = "KILL"
+
+
+def step_name(group: int, restart: int) -> str:
+    """The name of a group's srun step (``--job-name`` of a step): how the supervisor finds
+    the step's id in ``squeue -s`` to cancel it."""
+    return STEP_NAME.format(group=group, restart=restart)
 
 
 @dataclass
@@ -82,7 +112,10 @@ class Group:
     log_offset: int = 0
     last_probe: float = float("-inf")
     dead: tuple[str, ...] = ()
-    ended_why: str = ""  # why the supervisor ended the step itself (dead node, no heal)
+    ended_why: str = ""  # why the supervisor ended the step itself (dead node, no heal, hang)
+    cause: str = ""  # the recorded cause where it is a verdict's (``hang``)
+    detail: str = ""  # the verdict's detail: the culprit of the record
+    blamed: tuple[str, ...] = ()  # the nodes the verdict names
 
 
 @dataclass
@@ -97,6 +130,13 @@ class Settings:
     srun: tuple[str, ...]
     worker: tuple[str, ...]
     lighthouse: str = "torchft_lighthouse"
+    hang_timeout: float = 0.0  # health.hang_timeout; 0: no hang verdict (health.watchdog off)
+    heartbeat_interval: float = 10.0
+
+    @property
+    def thresholds(self) -> analysis.Thresholds:
+        # The straggler rule is not run per group (docs/how-to/replica-groups.md says why).
+        return analysis.Thresholds(self.hang_timeout, self.heartbeat_interval, math.inf, math.inf)
 
 
 @dataclass
@@ -111,6 +151,8 @@ class Supervisor:
     lighthouse_addr: str = ""
     clock: Callable[[], float] = time.time
     stopping: bool = False
+    last_hang_check: float = float("-inf")
+    changed: float = 0.0  # when a group was last started or ended (hung_groups' ``changed``)
 
     # ------------------------------------------------------------------ start
 
@@ -136,6 +178,7 @@ class Supervisor:
             g.log_offset = g.srun_log.stat().st_size
         argv = [
             *group_logs(s.srun, logs, g.state.group),
+            f"--job-name={step_name(g.state.group, restart)}",
             "--overlap",
             f"--nodes={k}",
             f"--ntasks={k * s.ranks_per_node}",
@@ -144,8 +187,8 @@ class Supervisor:
         ]
         with open(g.srun_log, "ab") as err:  # srun keeps its own copy of the descriptor
             g.proc = subprocess.Popen(argv, env=env, stderr=err, start_new_session=False)
-        g.started = self.clock()
-        g.dead, g.ended_why = (), ""
+        g.started = self.changed = self.clock()
+        g.dead, g.ended_why, g.cause, g.detail, g.blamed = (), "", "", "", ()
         g.state = replace(g.state, running=True, rejoined=restart == 0)
         self.publish()
         say(
@@ -278,10 +321,134 @@ class Supervisor:
         return max(steps) if steps else None
 
     def end_step(self, g: Group) -> None:
+        """End the group's step: cancel it through Slurm (every node's tasks; killing srun
+        alone leaves them running on the nodes still up), then wait for srun (killed if it
+        does not return) and for the step to leave the queue; the caller's next poll sees
+        srun's exit and restarts the group (``on_failure``)."""
         say(f"group {g.state.group}: ending its step: {g.ended_why}")
-        if g.proc is not None and g.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                g.proc.send_signal(signal.SIGKILL)
+        self.changed = self.clock()
+        ids: list[str] = []
+        # Aside: scancel waits for a dead node's slurmd (MessageTimeout) while the live nodes
+        # have the signal at once; srun must not wait that long.
+        cancel = threading.Thread(target=self.cancel_step, args=(g, ids), daemon=True)
+        cancel.start()
+        cancel.join(CANCEL_WAIT_S)
+        if g.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                g.proc.wait(timeout=SRUN_WAIT_S if not g.dead else 0.1)
+            if g.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    g.proc.send_signal(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    g.proc.wait(timeout=SRUN_WAIT_S)
+        if ids and not g.dead:  # a dead node's step stays in the queue until Slurm says so
+            self.wait_step_gone(ids)
+
+    def cancel_step(self, g: Group, found: list[str]) -> None:
+        """``scancel --signal=KILL JOB.STEP`` of the group's current step (found by its name
+        in one ``squeue -s``); ``found`` gets the step ids. Best effort: srun is killed
+        whatever Slurm answers."""
+        job = self.attempt.job_id
+        if not job:
+            return
+        name = step_name(g.state.group, g.state.restarts)
+        try:
+            ids = self.client.steps_by_name(job).get(name, [])
+            if not ids:
+                say(f"group {g.state.group}: step {name} is not in the queue (ended already)")
+                return
+            found.extend(ids)
+            say(f"group {g.state.group}: {shlex.join(scancel_argv(ids, CANCEL_SIGNAL))}")
+            self.client.cancel(ids, signal=CANCEL_SIGNAL)
+        except Exception as exc:
+            say(f"warning: group {g.state.group}: its step was not cancelled: {exc}")
+
+    def wait_step_gone(self, ids: list[str]) -> None:
+        """Until none of ``ids`` is in the queue (its tasks ended on every node), at most
+        ``STEP_GONE_S``: a restart on the same nodes must not meet the old step's ranks."""
+        job = self.attempt.job_id
+        deadline = time.monotonic() + STEP_GONE_S
+        while time.monotonic() < deadline:
+            try:
+                listed = {i for found in self.client.steps_by_name(job).values() for i in found}
+            except Exception:
+                return
+            if not listed & set(ids):
+                return
+            time.sleep(STEP_GONE_POLL_S)
+        left = ", ".join(ids)
+        say(f"warning: step(s) {left} still in the queue {STEP_GONE_S:.0f} s after scancel")
+
+    # ------------------------------------------------------------------ hangs
+
+    def watch_hangs(self, now: float) -> int | None:
+        """The hang verdict per group, once a watchdog poll period (``health.hang_timeout``
+        and the watchdog's rule on each watched group's ranks; ``policy.groups.hung_groups``
+        picks the hung ones): end each hung group's step (it restarts like a crash, cause
+        ``hang``); every group hung: the whole job's failure (the exit code)."""
+        s = self.settings
+        t = s.thresholds
+        if s.hang_timeout <= 0 or now - self.last_hang_check < poll_period(t):
+            return None
+        self.last_hang_check = now
+        # A restarted group that has not rejoined answers to heal_timeout instead.
+        watched = [
+            g
+            for g in self.groups
+            if g.proc is not None and g.state.running and g.state.rejoined and not g.ended_why
+        ]
+        if not watched:
+            return None
+        a = self.attempt
+        records = heartbeats.read_heartbeats(self.run_dir)  # one read for every group
+        beats = analysis.current_beats(records, a.job_id, a.restart, 0.0, a.relaunch)
+        views: list[policy.GroupBeats] = []
+        by_group: dict[int, Group] = {}
+        for g in watched:
+            size = len(g.state.nodes) * s.ranks_per_node
+            mine = [
+                b
+                for b in beats
+                if g.rank_offset <= b.rank < g.rank_offset + size and b.started >= g.started - 1.0
+            ]
+            last = analysis.last_progress(mine)
+            if last is None:  # no heartbeat from this start yet: nothing to judge
+                continue
+            running = [b for b in mine if b.state == "running"]
+            views.append(
+                policy.GroupBeats(
+                    g.state.group,
+                    analysis.detect_hang(mine, now, t, size),
+                    last,
+                    len(analysis.frozen(running, now, t)) == len(running),
+                )
+            )
+            by_group[g.state.group] = g
+        verdict = policy.hung_groups(views, now, t, self.changed)
+        if verdict.whole_job is not None:
+            finding = verdict.whole_job
+            # The watchdog's verdict record: the end hook concludes the attempt as a hang.
+            watchdog_records.write_verdict(
+                self.run_dir,
+                a,
+                {
+                    "cause": finding.cause,
+                    "nodes": list(finding.nodes),
+                    "ranks": list(finding.ranks),
+                    "detail": finding.detail,
+                    "time": now,
+                    "job_id": a.job_id,
+                    "restart": a.restart,
+                },
+            )
+            self.end_all(f"hang: {finding.detail}")
+            return WHOLE_JOB_FAILED
+        for group, finding in verdict.hung:
+            g = by_group[group]
+            g.cause, g.detail, g.blamed = finding.cause, finding.detail, finding.nodes
+            g.ended_why = f"hang: {finding.detail}"
+            self.end_step(g)
+        return None
 
     # ------------------------------------------------------------------ failure
 
@@ -302,7 +469,9 @@ class Supervisor:
         """Restart, give up or fail the job; the exit code when the job fails."""
         now = self.clock()
         culprit, causes = self.attribution(g)
-        cause = g.ended_why or (culprit or f"its step exited with code {code}")
+        if g.detail:  # a verdict's: the srun log shows only the supervisor's own kill
+            culprit = g.detail
+        cause = g.cause or g.ended_why or (culprit or f"its step exited with code {code}")
         unusable = set(g.dead) | set(exclusions.excluded(self.run_dir))
         states = [x.state for x in self.groups]
         spares = policy.free_nodes(self.allocation, states, unusable)
@@ -329,6 +498,8 @@ class Supervisor:
         }
         if decision.nodes:
             entry["new_nodes"] = list(decision.nodes)
+        if g.blamed:
+            entry["blamed"] = list(g.blamed)
         step = self.last_step(g)
         if step is not None:
             entry["failed_at_step"] = step
@@ -390,6 +561,9 @@ class Supervisor:
                 failed = self.on_failure(g, code)
                 if failed is not None:
                     return failed
+            failed = self.watch_hangs(now)
+            if failed is not None:
+                return failed
             if all(not g.state.running for g in self.groups):
                 done = [g for g in self.groups if g.state.done]
                 return 0 if done else WHOLE_JOB_FAILED
@@ -492,6 +666,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
     parser.add_argument("--stale-after", type=float, default=35.0)
     parser.add_argument("--bad-node-ttl-hours", type=float, default=24.0)
     parser.add_argument("--lighthouse", default="torchft_lighthouse")
+    parser.add_argument("--hang-timeout", type=float, default=0.0)
+    parser.add_argument("--heartbeat-interval", type=float, default=10.0)
     parser.add_argument("srun", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rest = list(args.srun)
@@ -511,6 +687,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
         srun=tuple(rest[:cut]),
         worker=tuple(rest[cut + 1 :]),
         lighthouse=args.lighthouse,
+        hang_timeout=args.hang_timeout,
+        heartbeat_interval=args.heartbeat_interval,
     )
 
 
