@@ -259,14 +259,17 @@ class Supervisor:
             back = self.rejoin(g)
             if back is not None:
                 g.state = replace(g.state, rejoined=True)
-                step, heal = back
+                step, heal, source = back
                 after = now - g.started
-                how = f"healed from a live group at step {step}" if heal else f"at step {step}"
+                peer = "a live group" if source is None else f"group {source}"
+                how = f"healed from {peer} at step {step}" if heal else f"at step {step}"
                 say(
                     f"group {g.state.group}: rejoined the others ({how}) "
                     f"{after:.1f} s after its restart"
                 )
-                record_rejoin(self.run_dir, g.state.group, g.state.restarts - 1, step, heal, after)
+                record_rejoin(
+                    self.run_dir, g.state.group, g.state.restarts - 1, step, heal, after, source
+                )
                 self.publish()
             elif now - g.started > self.settings.heal_timeout:
                 g.ended_why = (
@@ -289,16 +292,17 @@ class Supervisor:
                 g.ended_why = f"node {', '.join(dead)} died"
                 self.end_step(g)
 
-    def rejoin(self, g: Group) -> tuple[int, bool] | None:
-        """(step, healed) once the restarted group is back in the quorum: its heal record,
-        or (a group that needed no heal) a committed step, written since this start."""
+    def rejoin(self, g: Group) -> tuple[int, bool, int | None] | None:
+        """(step, healed, the group it healed from) once the restarted group is back in the
+        quorum: its heal record, or (a group that needed no heal) a committed step, written
+        since this start."""
         st = g.state
         heal = groups.read_heal(self.run_dir, st.group, st.restarts)
         if heal is not None and heal.healed_at >= g.started - 1.0:
-            return heal.healed_from_step, True
+            return heal.healed_from_step, True, heal.healed_from_group
         step = groups.read_step(self.run_dir, st.group)
         if step is not None and step.restart == st.restarts and step.time >= g.started - 1.0:
-            return step.step, False
+            return step.step, False, None
         return None
 
     def silent(self, g: Group, now: float) -> bool:
@@ -595,9 +599,16 @@ def record_restart(run_dir: Path, entry: dict[str, object]) -> None:
 
 
 def record_rejoin(
-    run_dir: Path, group: int, restart: int, step: int, healed: bool, after: float
+    run_dir: Path,
+    group: int,
+    restart: int,
+    step: int,
+    healed: bool,
+    after: float,
+    source: int | None = None,
 ) -> None:
-    """Add the heal to the group's restart entry (``restart``: the entry's count)."""
+    """Add the heal to the group's restart entry (``restart``: the entry's count;
+    ``source``: the group it healed from, where known)."""
     try:
         records = attempts.load(run_dir)
         entries = [dict(e) for e in (records[-1].group_restarts or ())] if records else []
@@ -607,6 +618,8 @@ def record_rejoin(
                 if isinstance(failed_at, int):
                     entry["steps_missed"] = max(step - failed_at, 0)
                 entry.update(rejoined_step=step, healed=healed, rejoin_s=round(after, 3))
+                if source is not None:
+                    entry["healed_from"] = source
                 break
         attempts.update_open(run_dir, group_restarts=entries)
     except Exception as exc:
