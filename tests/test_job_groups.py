@@ -5,6 +5,7 @@ on the dev cluster: tests/test_replica_groups_slurm.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Pa
         tmp_path,
         {"group": 1, "restart": 0, "cause": "node node2 died", "failed_at_step": 60},
     )
-    groups.record_rejoin(tmp_path, 1, 0, 63, True, 4.25)
+    groups.record_rejoin(tmp_path, 1, 0, 63, True, 4.25, source=0)
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
     assert dict(entry) == {
         "group": 1,
@@ -81,7 +82,41 @@ def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Pa
         "healed": True,
         "rejoin_s": 4.25,
         "steps_missed": 3,
+        "healed_from": 0,
     }
+
+
+def test_the_group_restart_line_names_the_group_it_healed_from() -> None:
+    from ddlaunch.cli.status import group_restart_line
+
+    entry = {
+        "group": 1, "restart": 0, "up_s": 61.2, "cause": "hang",
+        "culprit": "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped",
+        "nodes": ["node2"], "decision": "restart", "new_nodes": ["node2"],
+        "failed_at_step": 60, "rejoined_step": 63, "healed": True, "rejoin_s": 4.25,
+        "steps_missed": 3, "healed_from": 0,
+    }  # fmt: skip
+    assert group_restart_line(entry) == (
+        "group 1 failed after 61s: hang (no step finished for 40 s (hang_timeout 30 s); "
+        "rank(s) 3 heartbeat stopped); restarted on node2; rejoined at step 63 in 4.2s, "
+        "healed from group 0, 3 steps missed"
+    )
+
+
+def test_a_heal_record_names_its_source_and_an_older_one_reads_without(tmp_path: Path) -> None:
+    from ddlaunch import fsutil
+    from ddlaunch.store import groups as records
+
+    heal = records.HealRecord(
+        group=1, restart=1, healed_from_step=63, step_before=0, healed_at=5.0,
+        seconds_from_start=4.1, healed_from_group=0,
+    )  # fmt: skip
+    records.write_heal(tmp_path, heal)
+    assert records.read_heal(tmp_path, 1, 1) == heal
+    older = {k: v for k, v in dataclasses.asdict(heal).items() if k != "healed_from_group"}
+    fsutil.atomic_write_json(records.heal_path(tmp_path, 1, 2), older)
+    read = records.read_heal(tmp_path, 1, 2)
+    assert read is not None and read.healed_from_group is None
 
 
 def test_the_groups_state_round_trips(tmp_path: Path) -> None:
