@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 
 pytest.importorskip("torchft")
-import torch  # noqa: E402
+import torch
 
-from ddlaunch.worker import heal_source  # noqa: E402
+from ddlaunch.worker import heal_source
 
 TIMEOUT = timedelta(seconds=10)
 

@@ -20,6 +20,7 @@ from ddlaunch.policy.groups import GroupState
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, group_state
+from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
 
 
@@ -320,6 +321,9 @@ def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path
         "(process frozen)"
     )
     assert entry["new_nodes"] == ["node2"]
+    # The same read of the heartbeats gave status and report the step history.
+    (sample,) = watchdog_records.read_samples(tmp_path)
+    assert (sample["time"], sample["step"], sample["job_id"]) == (1042.0, 40, "77")
     sup.end_all("the test is over")
     assert survivor.poll() is not None
 

@@ -153,6 +153,7 @@ class Supervisor:
     stopping: bool = False
     last_hang_check: float = float("-inf")
     changed: float = 0.0  # when a group was last started or ended (hung_groups' ``changed``)
+    last_sample: int | None = None  # the step of the last step-history sample
 
     # ------------------------------------------------------------------ start
 
@@ -385,16 +386,40 @@ class Supervisor:
 
     # ------------------------------------------------------------------ hangs
 
+    def record_beats(self, now: float) -> list[analysis.Beat]:
+        """This attempt's heartbeats (one read for every group), summarised into
+        ``health/watchdog.json`` and, when the step advanced, the step history
+        (``health/steps.jsonl``): the watchdog's records, which ``status`` and ``report``
+        read. Best effort: a failed write never stops the groups."""
+        a = self.attempt
+        records = heartbeats.read_heartbeats(self.run_dir)
+        beats = analysis.current_beats(records, a.job_id, a.restart, 0.0, a.relaunch)
+        if not beats:
+            return beats
+        summary = analysis.summary(beats, now)
+        summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
+        try:
+            watchdog_records.write_summary(self.run_dir, summary)
+            if summary["step"] is not None and summary["step"] != self.last_sample:
+                self.last_sample = summary["step"]
+                watchdog_records.append_sample(self.run_dir, summary)
+        except OSError as exc:
+            say(f"warning: the step history was not written: {exc}")
+        return beats
+
     def watch_hangs(self, now: float) -> int | None:
         """The hang verdict per group, once a watchdog poll period (``health.hang_timeout``
         and the watchdog's rule on each watched group's ranks; ``policy.groups.hung_groups``
         picks the hung ones): end each hung group's step (it restarts like a crash, cause
-        ``hang``); every group hung: the whole job's failure (the exit code)."""
+        ``hang``); every group hung: the whole job's failure (the exit code). The same read
+        of the heartbeats gives ``status`` and ``report`` the step history, as the watchdog
+        does in ``mode: job``."""
         s = self.settings
         t = s.thresholds
         if s.hang_timeout <= 0 or now - self.last_hang_check < poll_period(t):
             return None
         self.last_hang_check = now
+        beats = self.record_beats(now)
         # A restarted group that has not rejoined answers to heal_timeout instead.
         watched = [
             g
@@ -404,8 +429,6 @@ class Supervisor:
         if not watched:
             return None
         a = self.attempt
-        records = heartbeats.read_heartbeats(self.run_dir)  # one read for every group
-        beats = analysis.current_beats(records, a.job_id, a.restart, 0.0, a.relaunch)
         views: list[policy.GroupBeats] = []
         by_group: dict[int, Group] = {}
         for g in watched:
@@ -538,6 +561,22 @@ class Supervisor:
                 with contextlib.suppress(Exception):
                     g.proc.wait(timeout=30)
 
+    def poll_group(self, g: Group, now: float, found: list[Failure]) -> int | None:
+        """One look at a running group: watch it, note it finished, or handle its failure
+        (the exit code when that fails the job)."""
+        if g.proc is None or not g.state.running:
+            return None
+        code = g.proc.poll()
+        if code is None:
+            self.watch_running(g, now, found)
+            return None
+        if code == 0 and not g.ended_why:
+            g.state = replace(g.state, running=False, done=True)
+            say(f"group {g.state.group}: every rank finished")
+            self.publish()
+            return None
+        return self.on_failure(g, code)
+
     def run(self, lighthouse: subprocess.Popen[bytes] | None) -> int:
         for g in self.groups:
             self.start_group(g)
@@ -551,24 +590,15 @@ class Supervisor:
             now = self.clock()
             found = read_failures(self.run_dir)
             for g in self.groups:
-                if g.proc is None or not g.state.running:
-                    continue
-                code = g.proc.poll()
-                if code is None:
-                    self.watch_running(g, now, found)
-                    continue
-                if code == 0 and not g.ended_why:
-                    g.state = replace(g.state, running=False, done=True)
-                    say(f"group {g.state.group}: every rank finished")
-                    self.publish()
-                    continue
-                failed = self.on_failure(g, code)
+                failed = self.poll_group(g, now, found)
                 if failed is not None:
                     return failed
             failed = self.watch_hangs(now)
             if failed is not None:
                 return failed
             if all(not g.state.running for g in self.groups):
+                if self.settings.hang_timeout > 0:
+                    self.record_beats(self.clock())  # the final step, into the history
                 done = [g for g in self.groups if g.state.done]
                 return 0 if done else WHOLE_JOB_FAILED
             time.sleep(POLL_S)
