@@ -9,6 +9,7 @@ import dataclasses
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -358,3 +359,43 @@ def test_each_group_step_is_named_for_its_group_and_restart(tmp_path: Path) -> N
         "--job-name=ddlaunch-group-0-2", "--overlap", "--nodes=1", "--ntasks=1",
         "--nodelist=n1", "w",
     ]  # fmt: skip
+
+
+def test_a_dead_nodes_group_step_is_cancelled_aside_and_srun_killed(tmp_path: Path) -> None:
+    """scancel waits for a dead node's slurmd (MessageTimeout): the supervisor gives it
+    CANCEL_WAIT_S, kills srun (which would wait for that node until Slurm declares it
+    down) and does not wait for the step to leave the queue (it stays until then)."""
+    open_attempt(tmp_path)
+    seen: list[tuple[str, bool]] = []
+    srun: list[subprocess.Popen[bytes]] = []
+
+    def answer(argv: list[str]) -> CommandResult | None:
+        if argv[:3] == ["squeue", "-h", "-s"]:
+            seen.append(("squeue", srun[0].poll() is None))
+            return CommandResult(tuple(argv), 0, "77.4|ddlaunch-group-0-0\n", "")
+        if argv[0] == "scancel":
+            seen.append(("scancel " + " ".join(argv[1:]), srun[0].poll() is None))
+            time.sleep(4)  # the dead node's MessageTimeout
+            return CommandResult(tuple(argv), 0, "", "")
+        return None
+
+    settings = groups.Settings(
+        groups=1, ranks_per_node=1, min_groups=1, max_restarts=1, heal_timeout=60,
+        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
+    )  # fmt: skip
+    sup = groups.Supervisor(
+        settings, tmp_path, AttemptId("77", 0), ["node1", "node2"],
+        SlurmClient(FakeRunner(on_run=answer)), {},
+        [groups.Group(GroupState(0, ("node1", "node2")), 0)], "http://batch:1",
+    )  # fmt: skip
+    (g,) = sup.groups
+    sup.start_group(g)
+    assert g.proc is not None
+    srun.append(g.proc)
+    g.dead, g.ended_why = ("node2",), "node node2 died"
+    began = time.monotonic()
+    sup.end_step(g)
+    took = time.monotonic() - began
+    assert g.proc.returncode == -signal.SIGKILL
+    assert seen == [("squeue", True), ("scancel --signal=KILL 77.4", True)]
+    assert groups.CANCEL_WAIT_S <= took < groups.CANCEL_WAIT_S + 2.0, took
