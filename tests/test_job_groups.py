@@ -399,3 +399,32 @@ def test_a_dead_nodes_group_step_is_cancelled_aside_and_srun_killed(tmp_path: Pa
     assert g.proc.returncode == -signal.SIGKILL
     assert seen == [("squeue", True), ("scancel --signal=KILL 77.4", True)]
     assert groups.CANCEL_WAIT_S <= took < groups.CANCEL_WAIT_S + 2.0, took
+
+
+def test_groups_failing_in_the_same_poll_fail_the_job_not_restart_from_nothing(
+    tmp_path: Path,
+) -> None:
+    open_attempt(tmp_path)
+    settings = groups.Settings(
+        groups=2, ranks_per_node=1, min_groups=1, max_restarts=3, heal_timeout=60,
+        stale_after=8, bad_node_ttl_hours=0,
+        srun=(sys.executable, "-c", "raise SystemExit(1)"), worker=(),
+    )  # fmt: skip
+    sup = groups.Supervisor(
+        settings, tmp_path, AttemptId("77", 0), ["node1", "node2"],
+        SlurmClient(FakeRunner()), {},
+        [groups.Group(GroupState(0, ("node1",)), 0), groups.Group(GroupState(1, ("node2",)), 1)],
+        "http://batch:1",
+    )  # fmt: skip
+    original = sup.start_group
+
+    def start_and_end(g: groups.Group) -> None:
+        original(g)
+        assert g.proc is not None
+        g.proc.wait(timeout=30)  # both steps have ended by the supervisor's first poll
+
+    sup.start_group = start_and_end  # type: ignore[method-assign]
+    assert sup.run(None) == groups.WHOLE_JOB_FAILED
+    (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
+    assert (entry["group"], entry["decision"]) == (0, "fail_job")
+    assert entry["cause"] == "its step exited with code 1"

@@ -191,3 +191,26 @@ def test_groups_that_step_are_not_hung() -> None:
     fine = [beat(0, "node1", 990.0, 999.5), beat(1, "node1", 990.0, 999.5)]
     assert policy.hung_groups([view(0, fine, NOW)], NOW, T) == policy.HangVerdict()
     assert policy.hung_groups([], NOW, T) == policy.HangVerdict()
+
+
+def test_a_group_with_no_group_left_to_heal_from_fails_the_job() -> None:
+    # Both failed together (the other's step ended too), or the other is restarting itself:
+    # a restart would heal from nothing and train on from step 0.
+    for other in (
+        GroupState(0, ("node1",), running=False),
+        GroupState(0, ("node1",), restarts=1, rejoined=False),
+    ):
+        d = decide([other, GroupState(1, ("node2",))])
+        assert d.action == policy.FAIL_JOB
+        assert d.reason == (
+            "group 1 cannot restart: no other group trains to heal it from (the job restarts "
+            "from its latest checkpoint)"
+        )
+
+
+def test_a_group_failing_after_the_others_finished_is_given_up() -> None:
+    d = decide([GroupState(0, ("node1",), running=False, done=True), GroupState(1, ("node2",))])
+    assert (d.action, d.reason) == (
+        policy.GIVE_UP,
+        "group 1 is given up: the other groups finished training",
+    )

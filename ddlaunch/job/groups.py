@@ -500,7 +500,7 @@ class Supervisor:
             culprit = g.detail
         cause = g.cause or g.ended_why or (culprit or f"its step exited with code {code}")
         unusable = set(g.dead) | set(exclusions.excluded(self.run_dir))
-        states = [x.state for x in self.groups]
+        states = [x.state if x is g else self.seen(x) for x in self.groups]
         spares = policy.free_nodes(self.allocation, states, unusable)
         decision = policy.decide(
             g.state,
@@ -549,6 +549,15 @@ class Supervisor:
             self.end_all(f"the job cannot go on: {decision.reason}")
             return WHOLE_JOB_FAILED
         return None
+
+    def seen(self, g: Group) -> GroupState:
+        """The group as a decision must see it now: a step that ended in this poll but is
+        not handled yet (two groups failing together) no longer runs, and a failed one holds
+        no state to heal another group from."""
+        code = g.proc.poll() if g.proc is not None and g.state.running else None
+        if code is None:
+            return g.state
+        return replace(g.state, running=False, done=code == 0 and not g.ended_why)
 
     def end_all(self, why: str) -> None:
         say(f"ending every group: {why}")

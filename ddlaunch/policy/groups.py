@@ -10,6 +10,10 @@ The rules, in order:
 * the progress guard, per group: a group restarted before whose last start never rejoined
   the others (it never healed, or never committed a step) is given up rather than started
   again in a loop;
+* a restarted group reads nothing from disk and heals from a group that trains: with none
+  left (the others failed with it, or are restarting themselves) it cannot restart, and the
+  job restarts from its latest checkpoint instead (below), rather than every group training
+  on from step 0;
 * giving a group up leaves fewer live groups: below ``min_replica_groups`` (or none at all)
   is a failure of the whole job, which the end hook concludes as today (restart in the
   allocation or requeue from the latest complete checkpoint).
@@ -87,6 +91,10 @@ def decide(
 ) -> GroupDecision:
     """What to do with ``failed`` (one of ``groups``, whose step just ended in failure)."""
     others_live = sum(1 for g in groups if g.group != failed.group and g.live)
+    # The groups a restarted one can heal from: training, and in the quorum since their start.
+    sources = sum(
+        1 for g in groups if g.group != failed.group and g.live and g.running and g.rejoined
+    )
     placed = restart_nodes(failed, unusable, spares)
     if placed is None:
         lost = ", ".join(sorted(n for n in failed.nodes if n in unusable))
@@ -95,6 +103,16 @@ def decide(
         why = f"it used its fault_tolerance.max_restarts ({max_restarts})"
     elif failed.restarts > 0 and not failed.rejoined:
         why = "its last restart never rejoined the other groups"
+    elif sources == 0 and any(g.done for g in groups if g.group != failed.group):
+        return GroupDecision(
+            GIVE_UP, f"group {failed.group} is given up: the other groups finished training"
+        )
+    elif sources == 0:
+        return GroupDecision(
+            FAIL_JOB,
+            f"group {failed.group} cannot restart: no other group trains to heal it from "
+            "(the job restarts from its latest checkpoint)",
+        )
     else:
         nodes, replaced = placed
         moved = "; ".join(f"{a} -> {b}" for a, b in replaced)
