@@ -386,17 +386,28 @@ class Supervisor:
 
     # ------------------------------------------------------------------ hangs
 
-    def record_beats(self, now: float) -> list[analysis.Beat]:
-        """This attempt's heartbeats (one read for every group), summarised into
-        ``health/watchdog.json`` and, when the step advanced, the step history
-        (``health/steps.jsonl``): the watchdog's records, which ``status`` and ``report``
-        read. Best effort: a failed write never stops the groups."""
+    def group_beats(self, g: Group, beats: list[analysis.Beat]) -> list[analysis.Beat]:
+        """The group's ranks' beats since its current start (a restarted group's old ranks
+        may have left their records behind, on a node it left for a spare)."""
+        size = len(g.state.nodes) * self.settings.ranks_per_node
+        first = g.rank_offset
+        return [b for b in beats if first <= b.rank < first + size and b.started >= g.started - 1.0]
+
+    def record_beats(self, now: float) -> dict[int, list[analysis.Beat]]:
+        """The heartbeats of each group that is not given up, from its current start (one
+        read for every group), summarised into ``health/watchdog.json`` and, when the step
+        advanced, the step history (``health/steps.jsonl``): the watchdog's records, which
+        ``status`` and ``report`` read. Best effort: a failed write never stops the groups."""
         a = self.attempt
         records = heartbeats.read_heartbeats(self.run_dir)
         beats = analysis.current_beats(records, a.job_id, a.restart, 0.0, a.relaunch)
-        if not beats:
-            return beats
-        summary = analysis.summary(beats, now)
+        per_group = {
+            g.state.group: self.group_beats(g, beats) for g in self.groups if not g.state.given_up
+        }
+        current = sorted((b for mine in per_group.values() for b in mine), key=lambda b: b.rank)
+        if not current:
+            return per_group
+        summary = analysis.summary(current, now)
         summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
         try:
             watchdog_records.write_summary(self.run_dir, summary)
@@ -405,7 +416,7 @@ class Supervisor:
                 watchdog_records.append_sample(self.run_dir, summary)
         except OSError as exc:
             say(f"warning: the step history was not written: {exc}")
-        return beats
+        return per_group
 
     def watch_hangs(self, now: float) -> int | None:
         """The hang verdict per group, once a watchdog poll period (``health.hang_timeout``
@@ -419,7 +430,7 @@ class Supervisor:
         if s.hang_timeout <= 0 or now - self.last_hang_check < poll_period(t):
             return None
         self.last_hang_check = now
-        beats = self.record_beats(now)
+        per_group = self.record_beats(now)
         # A restarted group that has not rejoined answers to heal_timeout instead.
         watched = [
             g
@@ -432,12 +443,7 @@ class Supervisor:
         views: list[policy.GroupBeats] = []
         by_group: dict[int, Group] = {}
         for g in watched:
-            size = len(g.state.nodes) * s.ranks_per_node
-            mine = [
-                b
-                for b in beats
-                if g.rank_offset <= b.rank < g.rank_offset + size and b.started >= g.started - 1.0
-            ]
+            mine = per_group.get(g.state.group, [])
             last = analysis.last_progress(mine)
             if last is None:  # no heartbeat from this start yet: nothing to judge
                 continue
@@ -445,7 +451,7 @@ class Supervisor:
             views.append(
                 policy.GroupBeats(
                     g.state.group,
-                    analysis.detect_hang(mine, now, t, size),
+                    analysis.detect_hang(mine, now, t, len(g.state.nodes) * s.ranks_per_node),
                     last,
                     len(analysis.frozen(running, now, t)) == len(running),
                 )
