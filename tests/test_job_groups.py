@@ -428,3 +428,84 @@ def test_groups_failing_in_the_same_poll_fail_the_job_not_restart_from_nothing(
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
     assert (entry["group"], entry["decision"]) == (0, "fail_job")
     assert entry["cause"] == "its step exited with code 1"
+
+
+def straggler_supervisor(tmp_path: Path, slurm: Slurm, allocation: list[str]) -> Recording:
+    settings = groups.Settings(
+        groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
+        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
+        hang_timeout=600, heartbeat_interval=1, straggler_factor=2.0, straggler_patience=10,
+    )  # fmt: skip
+    sup = Recording(
+        settings, tmp_path, AttemptId("77", 0), allocation,
+        SlurmClient(FakeRunner(on_run=slurm.answer)), {},
+        [groups.Group(GroupState(0, ("node1",)), 0), groups.Group(GroupState(1, ("node2",)), 2)],
+        "http://batch:1", clock=time.time,
+    )  # fmt: skip
+    sup.slurm = slurm
+    for g in sup.groups:
+        sup.start_group(g)
+    return sup
+
+
+def busy_beats(run_dir: Path, host: str, ranks: tuple[int, int], busy: float) -> None:
+    now = time.time()
+    records = [
+        {**rank_beat(r, host, now, now - 0.5, now), "busy_time": busy, "step_time": 0.6}
+        for r in ranks
+    ]
+    node_beats(run_dir, host, records, now)
+
+
+def test_a_straggling_node_moves_its_group_to_the_spare(tmp_path: Path) -> None:
+    open_attempt(tmp_path)
+    slurm = Slurm()
+    sup = straggler_supervisor(tmp_path, slurm, ["node1", "node2", "node3"])
+    # node2 is busy 5x as long a step as node1 (the others wait for it at the boundary).
+    busy_beats(tmp_path, "node1", (0, 1), 0.1)
+    busy_beats(tmp_path, "node2", (2, 3), 0.5)
+    now = time.time()
+    assert sup.watch_hangs(now) is None  # slow since now: patience 10 s
+    assert all(g.ended_why == "" for g in sup.groups)
+    sup.last_hang_check = float("-inf")
+    assert sup.watch_hangs(now + 11) is None
+    (g0, g1) = sup.groups
+    assert g1.ended_why.startswith("straggler: node2 busy 0.500 s/step = 5.0x")
+    assert g0.ended_why == "" and g0.proc is not None and g0.proc.poll() is None
+    assert sup.on_failure(g1, g1.proc.poll() if g1.proc else None) is None
+    (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
+    assert {k: entry[k] for k in ("group", "cause", "blamed", "nodes", "new_nodes")} == {
+        "group": 1,
+        "cause": "straggler",
+        "blamed": ["node2"],
+        "nodes": ["node2"],
+        "new_nodes": ["node3"],
+    }
+    assert entry["why"] == "restart group 1 on node3 (node2 -> node3)"
+    assert ("scancel", "77.1", True) in slurm.events
+    from ddlaunch.store import exclusions
+
+    assert exclusions.excluded(tmp_path) == ["node2"]
+    sup.end_all("the test is over")
+
+
+def test_a_straggler_without_a_spare_is_said_once_and_trains_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    open_attempt(tmp_path)
+    slurm = Slurm()
+    sup = straggler_supervisor(tmp_path, slurm, ["node1", "node2"])
+    busy_beats(tmp_path, "node1", (0, 1), 0.1)
+    busy_beats(tmp_path, "node2", (2, 3), 0.5)
+    now = time.time()
+    for later in (0, 11, 12):
+        sup.last_hang_check = float("-inf")
+        assert sup.watch_hangs(now + later) is None
+    assert all(g.ended_why == "" and g.proc and g.proc.poll() is None for g in sup.groups)
+    said = [line for line in capsys.readouterr().out.splitlines() if "trains on" in line]
+    assert said == [
+        "[ddlaunch groups] group 1: node2 busy 0.500 s/step = 5.0x the other nodes' median for "
+        "11 s (straggler_factor 2.0); it trains on (no hot spare can take the place of node2)"
+    ]
+    assert not any(e[0] == "scancel" for e in slurm.events)
+    sup.end_all("the test is over")

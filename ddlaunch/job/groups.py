@@ -14,6 +14,9 @@ per step through the lighthouse and torchft's Manager), and watches them:
   the watchdog's rule, ``policy.heartbeats.detect_hang``, on the group's own ranks) is ended
   and restarted alone like a crash, cause ``hang``; ``policy.groups.hung_groups`` tells the
   hung group from the others, which a hung group stalls too;
+* a node that straggles (the watchdog's straggler rule over every watched group's nodes) has
+  its group restarted with a hot spare in its place, cause ``straggler``; without a spare (or
+  a restart the rules would refuse) it is said once and the group trains on;
 * a restarted group that has not rejoined within ``fault_tolerance.heal_timeout`` is ended
   and counts as failed again (the progress guard then gives it up);
 * ending a group's step cancels the step itself (``scancel --signal=KILL JOB.STEP``, the step
@@ -116,6 +119,7 @@ class Group:
     cause: str = ""  # the recorded cause where it is a verdict's (``hang``)
     detail: str = ""  # the verdict's detail: the culprit of the record
     blamed: tuple[str, ...] = ()  # the nodes the verdict names
+    avoid: tuple[str, ...] = ()  # nodes the restart must leave out (a straggler)
 
 
 @dataclass
@@ -130,13 +134,17 @@ class Settings:
     srun: tuple[str, ...]
     worker: tuple[str, ...]
     lighthouse: str = "torchft_lighthouse"
-    hang_timeout: float = 0.0  # health.hang_timeout; 0: no hang verdict (health.watchdog off)
+    hang_timeout: float = 0.0  # health.hang_timeout; 0: no verdicts (health.watchdog off)
     heartbeat_interval: float = 10.0
+    straggler_factor: float = math.inf  # health.straggler_factor; inf: no straggler verdict
+    straggler_patience: float = 300.0
 
     @property
     def thresholds(self) -> analysis.Thresholds:
-        # The straggler rule is not run per group (docs/how-to/replica-groups.md says why).
-        return analysis.Thresholds(self.hang_timeout, self.heartbeat_interval, math.inf, math.inf)
+        return analysis.Thresholds(
+            self.hang_timeout, self.heartbeat_interval, self.straggler_factor,
+            self.straggler_patience,
+        )  # fmt: skip
 
 
 @dataclass
@@ -154,6 +162,8 @@ class Supervisor:
     last_hang_check: float = float("-inf")
     changed: float = 0.0  # when a group was last started or ended (hung_groups' ``changed``)
     last_sample: int | None = None  # the step of the last step-history sample
+    stragglers: analysis.StragglerState = field(default_factory=analysis.StragglerState)
+    said_slow: set[str] = field(default_factory=set)  # stragglers said, left training
 
     # ------------------------------------------------------------------ start
 
@@ -189,7 +199,7 @@ class Supervisor:
         with open(g.srun_log, "ab") as err:  # srun keeps its own copy of the descriptor
             g.proc = subprocess.Popen(argv, env=env, stderr=err, start_new_session=False)
         g.started = self.changed = self.clock()
-        g.dead, g.ended_why, g.cause, g.detail, g.blamed = (), "", "", "", ()
+        g.dead, g.ended_why, g.cause, g.detail, g.blamed, g.avoid = (), "", "", "", (), ()
         g.state = replace(g.state, running=True, rejoined=restart == 0)
         self.publish()
         say(
@@ -481,7 +491,51 @@ class Supervisor:
             g.cause, g.detail, g.blamed = finding.cause, finding.detail, finding.nodes
             g.ended_why = f"hang: {finding.detail}"
             self.end_step(g)
+        if not verdict.hung:
+            self.watch_stragglers(now, [g for g in watched if g.state.group in by_group], per_group)
         return None
+
+    def watch_stragglers(
+        self, now: float, watched: list[Group], per_group: dict[int, list[analysis.Beat]]
+    ) -> None:
+        """The watchdog's straggler rule over the watched groups' nodes (each node's busy
+        time per step against the other nodes' median, for ``straggler_patience``; the same
+        rule and the same limits as in ``mode: job``): the slow node's group restarts with a
+        hot spare in its place (``policy.decide`` must agree); otherwise it is said once and
+        the group trains on, since giving a slow group up, or ending every group, costs more
+        than its slowness."""
+        beats = [b for g in watched for b in per_group.get(g.state.group, [])]
+        finding = analysis.detect_straggler(beats, now, self.settings.thresholds, self.stragglers)
+        if finding is None:
+            return
+        for g in watched:
+            slow = tuple(n for n in finding.nodes if n in g.state.nodes)
+            if not slow:
+                continue
+            unusable = set(slow) | set(exclusions.excluded(self.run_dir))
+            states = [x.state for x in self.groups]
+            spares = policy.free_nodes(self.allocation, states, unusable)
+            decision = policy.decide(
+                g.state,
+                states,
+                unusable=unusable,
+                spares=spares,
+                max_restarts=self.settings.max_restarts,
+                min_groups=self.settings.min_groups,
+            )
+            if decision.action != policy.RESTART:
+                if not set(slow) <= self.said_slow:
+                    self.said_slow |= set(slow)
+                    why = (
+                        f"no hot spare can take the place of {', '.join(slow)}"
+                        if policy.restart_nodes(g.state, unusable, spares) is None
+                        else f"its restart would not run: {decision.reason}"
+                    )
+                    say(f"group {g.state.group}: {finding.detail}; it trains on ({why})")
+                continue
+            g.cause, g.detail, g.blamed, g.avoid = finding.cause, finding.detail, slow, slow
+            g.ended_why = f"straggler: {finding.detail}"
+            self.end_step(g)
 
     # ------------------------------------------------------------------ failure
 
@@ -505,7 +559,14 @@ class Supervisor:
         if g.detail:  # a verdict's: the srun log shows only the supervisor's own kill
             culprit = g.detail
         cause = g.cause or g.ended_why or (culprit or f"its step exited with code {code}")
-        unusable = set(g.dead) | set(exclusions.excluded(self.run_dir))
+        if g.avoid:  # a straggler: out of this run, and on the bad-node list (evidence)
+            why = f"straggler under replica group {g.state.group}: {g.detail}"
+            exclusions.add_excluded(self.run_dir, g.avoid, why)
+            with contextlib.suppress(Exception):
+                badnodes.record(
+                    list(g.avoid), why, self.settings.bad_node_ttl_hours, f"run {self.run_dir.name}"
+                )
+        unusable = set(g.dead) | set(g.avoid) | set(exclusions.excluded(self.run_dir))
         states = [x.state if x is g else self.seen(x) for x in self.groups]
         spares = policy.free_nodes(self.allocation, states, unusable)
         decision = policy.decide(
@@ -726,6 +787,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
     parser.add_argument("--lighthouse", default="torchft_lighthouse")
     parser.add_argument("--hang-timeout", type=float, default=0.0)
     parser.add_argument("--heartbeat-interval", type=float, default=10.0)
+    parser.add_argument("--straggler-factor", type=float, default=math.inf)
+    parser.add_argument("--straggler-patience", type=float, default=300.0)
     parser.add_argument("srun", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rest = list(args.srun)
@@ -747,6 +810,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
         lighthouse=args.lighthouse,
         hang_timeout=args.hang_timeout,
         heartbeat_interval=args.heartbeat_interval,
+        straggler_factor=args.straggler_factor,
+        straggler_patience=args.straggler_patience,
     )
 
 
