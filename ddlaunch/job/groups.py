@@ -38,6 +38,7 @@ cannot tell which step ended without racing.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import math
 import os
@@ -396,12 +397,22 @@ class Supervisor:
 
     # ------------------------------------------------------------------ hangs
 
-    def group_beats(self, g: Group, beats: list[analysis.Beat]) -> list[analysis.Beat]:
-        """The group's ranks' beats since its current start (a restarted group's old ranks
-        may have left their records behind, on a node it left for a spare)."""
-        size = len(g.state.nodes) * self.settings.ranks_per_node
-        first = g.rank_offset
-        return [b for b in beats if first <= b.rank < first + size and b.started >= g.started - 1.0]
+    def group_beats(self, beats: list[analysis.Beat]) -> dict[int, list[analysis.Beat]]:
+        """Group -> its ranks' beats since its current start (a restarted group's old ranks
+        may have left their records behind, on a node it left for a spare), for the groups
+        not given up. One pass over the beats, each placed by its rank (O(n log groups))."""
+        live = sorted((g for g in self.groups if not g.state.given_up), key=lambda g: g.rank_offset)
+        offsets = [g.rank_offset for g in live]
+        out: dict[int, list[analysis.Beat]] = {g.state.group: [] for g in live}
+        for b in beats:
+            i = bisect.bisect_right(offsets, b.rank) - 1
+            if i < 0:
+                continue
+            g = live[i]
+            size = len(g.state.nodes) * self.settings.ranks_per_node
+            if b.rank < g.rank_offset + size and b.started >= g.started - 1.0:
+                out[g.state.group].append(b)
+        return out
 
     def record_beats(self, now: float) -> dict[int, list[analysis.Beat]]:
         """The heartbeats of each group that is not given up, from its current start (one
@@ -411,9 +422,7 @@ class Supervisor:
         a = self.attempt
         records = heartbeats.read_heartbeats(self.run_dir)
         beats = analysis.current_beats(records, a.job_id, a.restart, 0.0, a.relaunch)
-        per_group = {
-            g.state.group: self.group_beats(g, beats) for g in self.groups if not g.state.given_up
-        }
+        per_group = self.group_beats(beats)
         current = sorted((b for mine in per_group.values() for b in mine), key=lambda b: b.rank)
         if not current:
             return per_group
