@@ -1,16 +1,28 @@
 """The replica groups' supervisor's pieces that need no cluster: its command line, the rank
-logs per group, job-wide rank names, and its records in a run directory (the supervisor
-itself runs on the dev cluster: tests/test_replica_groups_slurm.py)."""
+logs per group, job-wide rank names, its records in a run directory, and its hang verdict and
+step cancel with real processes standing in for each group's srun (the supervisor itself runs
+on the dev cluster: tests/test_replica_groups_slurm.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from support.fakes import FakeRunner
 
 from ddlaunch.job import groups
 from ddlaunch.planning.group_env import GroupIdentity, job_rank
+from ddlaunch.policy.groups import GroupState
+from ddlaunch.runner import CommandResult
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, group_state
+from ddlaunch.store import watchdog as watchdog_records
+from ddlaunch.store.attempts import AttemptId
 
 
 def test_the_command_line_splits_srun_from_the_worker() -> None:
@@ -61,7 +73,7 @@ def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Pa
         tmp_path,
         {"group": 1, "restart": 0, "cause": "node node2 died", "failed_at_step": 60},
     )
-    groups.record_rejoin(tmp_path, 1, 0, 63, True, 4.25)
+    groups.record_rejoin(tmp_path, 1, 0, 63, True, 4.25, source=0)
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
     assert dict(entry) == {
         "group": 1,
@@ -72,7 +84,41 @@ def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Pa
         "healed": True,
         "rejoin_s": 4.25,
         "steps_missed": 3,
+        "healed_from": 0,
     }
+
+
+def test_the_group_restart_line_names_the_group_it_healed_from() -> None:
+    from ddlaunch.cli.status import group_restart_line
+
+    entry = {
+        "group": 1, "restart": 0, "up_s": 61.2, "cause": "hang",
+        "culprit": "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped",
+        "nodes": ["node2"], "decision": "restart", "new_nodes": ["node2"],
+        "failed_at_step": 60, "rejoined_step": 63, "healed": True, "rejoin_s": 4.25,
+        "steps_missed": 3, "healed_from": 0,
+    }  # fmt: skip
+    assert group_restart_line(entry) == (
+        "group 1 failed after 61s: hang (no step finished for 40 s (hang_timeout 30 s); "
+        "rank(s) 3 heartbeat stopped); restarted on node2; rejoined at step 63 in 4.2s, "
+        "healed from group 0, 3 steps missed"
+    )
+
+
+def test_a_heal_record_names_its_source_and_an_older_one_reads_without(tmp_path: Path) -> None:
+    from ddlaunch import fsutil
+    from ddlaunch.store import groups as records
+
+    heal = records.HealRecord(
+        group=1, restart=1, healed_from_step=63, step_before=0, healed_at=5.0,
+        seconds_from_start=4.1, healed_from_group=0,
+    )  # fmt: skip
+    records.write_heal(tmp_path, heal)
+    assert records.read_heal(tmp_path, 1, 1) == heal
+    older = {k: v for k, v in dataclasses.asdict(heal).items() if k != "healed_from_group"}
+    fsutil.atomic_write_json(records.heal_path(tmp_path, 1, 2), older)
+    read = records.read_heal(tmp_path, 1, 2)
+    assert read is not None and read.healed_from_group is None
 
 
 def test_the_groups_state_round_trips(tmp_path: Path) -> None:
@@ -140,3 +186,326 @@ def test_status_says_which_groups_train() -> None:
     )
     every = group_state.GroupsState("7", 0, 0, 1.0, views[:1])
     assert groups_summary(every) == "replica groups: 1 of 1 training"
+
+
+# ------------------------------------------------ the supervisor with stand-ins for srun
+
+# What each group's "srun" runs here: a process that lives until it is killed (srun's
+# options, which start_group appends, are its ignored arguments).
+SRUN = (sys.executable, "-c", "import time; time.sleep(300)")
+
+
+class Slurm:
+    """The controller's side, for the fake runner: the job's steps by name; cancelling one
+    ends its srun (as Slurm's killing of the step's tasks makes srun return)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, str] = {}  # step id -> name
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}  # step id -> its "srun"
+        self.names: dict[str, str] = {}  # every step started, ended ones too
+        # (what, step, whether a step of its group runs: the cancelled one / an old one)
+        self.events: list[tuple[str, str, bool]] = []
+
+    def answer(self, argv: list[str]) -> CommandResult | None:
+        if argv[:3] == ["squeue", "-h", "-s"]:
+            lines = "".join(f"{i}|{n}\n" for i, n in self.steps.items())
+            return CommandResult(tuple(argv), 0, f"77.batch|batch\n{lines}", "")
+        if argv[0] == "scancel":
+            for step in argv[2:]:
+                proc = self.procs[step]
+                self.events.append(("scancel", step, proc.poll() is None))
+                proc.send_signal(signal.SIGTERM)
+                proc.wait()
+                self.steps.pop(step, None)
+            return CommandResult(tuple(argv), 0, "", "")
+        return None
+
+
+class Recording(groups.Supervisor):
+    """The supervisor, telling ``Slurm`` about each step it starts."""
+
+    slurm: Slurm
+
+    def start_group(self, g: groups.Group) -> None:
+        super().start_group(g)
+        assert g.proc is not None
+        step = f"77.{len(self.slurm.procs)}"
+        self.slurm.steps[step] = groups.step_name(g.state.group, g.state.restarts)
+        self.slurm.procs[step] = g.proc
+        mine = f"ddlaunch-group-{g.state.group}-"
+        old = [
+            s
+            for s, p in self.slurm.procs.items()
+            if p is not g.proc and p.poll() is None and self.slurm.names[s].startswith(mine)
+        ]
+        self.slurm.names[step] = self.slurm.steps[step]
+        self.slurm.events.append(("start", step, bool(old)))
+
+
+def node_beats(run_dir: Path, host: str, ranks: list[dict[str, object]], at: float) -> None:
+    from ddlaunch.store.heartbeats import node_heartbeat_path, node_record, write_heartbeat
+
+    path = node_heartbeat_path(run_dir, host)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_heartbeat(path, node_record(host, "77", 0, 0, at, ranks))
+
+
+def rank_beat(rank: int, host: str, started: float, step_wall: float, at: float) -> dict:
+    return {
+        "rank": rank, "host": host, "job_id": "77", "restart": 0, "relaunch": 0,
+        "started": started, "state": "running", "step": 40, "step_wall": step_wall,
+        "beat": at, "waiting": True,
+    }  # fmt: skip
+
+
+def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path) -> None:
+    open_attempt(tmp_path)
+    slurm = Slurm()
+    settings = groups.Settings(
+        groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
+        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
+        hang_timeout=30, heartbeat_interval=1,
+    )  # fmt: skip
+    now = [1000.0]
+    sup = Recording(
+        settings,
+        tmp_path,
+        AttemptId("77", 0),
+        ["node1", "node2"],
+        SlurmClient(FakeRunner(on_run=slurm.answer)),
+        {},
+        [
+            groups.Group(GroupState(0, ("node1",)), 0),
+            groups.Group(GroupState(1, ("node2",)), 2),
+        ],
+        "http://batch:1",
+        clock=lambda: now[0],
+    )
+    sup.slurm = slurm
+    for g in sup.groups:
+        sup.start_group(g)
+    survivor = sup.groups[0].proc
+    assert survivor is not None
+    # 40 s later: group 0 waits for group 1 (its ranks beat, its step stopped with group
+    # 1's); group 1's rank 3 froze (SIGSTOP) 39 s ago.
+    now[0] = 1042.0
+    waiting = [rank_beat(r, "node1", 1001, 1002, 1041.5) for r in (0, 1)]
+    node_beats(tmp_path, "node1", waiting, 1041.5)
+    frozen = rank_beat(3, "node2", 1001, 1002, 1003)
+    node_beats(tmp_path, "node2", [rank_beat(2, "node2", 1001, 1002, 1041.5), frozen], 1041.5)
+    sup.changed = 1001.0
+    assert sup.watch_hangs(now[0]) is None
+    (g0, g1) = sup.groups
+    assert g1.ended_why.startswith("hang: ") and g0.ended_why == ""
+    assert sup.on_failure(g1, g1.proc.poll() if g1.proc else None) is None
+
+    # Cancel (while its srun still ran), the step gone, then the restart: in that order.
+    assert slurm.events == [
+        ("start", "77.0", False),
+        ("start", "77.1", False),
+        ("scancel", "77.1", True),
+        ("start", "77.2", False),  # no step of group 1 left running
+    ]
+    assert ["scancel", "--signal=KILL", "77.1"] in sup.client.runner.calls  # type: ignore[attr-defined]
+    assert survivor.poll() is None and g0.proc is survivor  # group 0 untouched
+    assert g1.state.restarts == 1 and g1.proc is not None and g1.proc.poll() is None
+    (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
+    assert {k: entry[k] for k in ("group", "cause", "nodes", "blamed", "decision")} == {
+        "group": 1,
+        "cause": "hang",
+        "nodes": ["node2"],
+        "blamed": ["node2"],
+        "decision": "restart",
+    }
+    assert entry["culprit"] == (
+        "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped "
+        "(process frozen)"
+    )
+    assert entry["new_nodes"] == ["node2"]
+    # The same read of the heartbeats gave status and report the step history.
+    (sample,) = watchdog_records.read_samples(tmp_path)
+    assert (sample["time"], sample["step"], sample["job_id"]) == (1042.0, 40, "77")
+    sup.end_all("the test is over")
+    assert survivor.poll() is not None
+
+
+def test_the_steps_are_found_by_name() -> None:
+    from ddlaunch.slurm.queue import parse_step_names
+
+    # squeue -h -s -j 77 -o '%i|%j' (the shape recorded in fixtures/slurm-22.05, with names)
+    listed = "77.batch|batch\n77.extern|extern\n77.0|ddlaunch-group-0-0\n77.3|ddlaunch-group-1-1\n"
+    assert parse_step_names(listed) == {
+        "ddlaunch-group-0-0": ["77.0"],
+        "ddlaunch-group-1-1": ["77.3"],
+    }
+    assert groups.step_name(1, 1) == "ddlaunch-group-1-1"
+
+
+def test_each_group_step_is_named_for_its_group_and_restart(tmp_path: Path) -> None:
+    settings = groups.Settings(
+        groups=1, ranks_per_node=1, min_groups=1, max_restarts=0, heal_timeout=60,
+        stale_after=8, bad_node_ttl_hours=0,
+        srun=(sys.executable, "-c", "import sys; print(sys.argv[1:])"), worker=("w",),
+    )  # fmt: skip
+    sup = groups.Supervisor(
+        settings, tmp_path, AttemptId("77", 0), ["n1"], SlurmClient(FakeRunner()), {},
+        [groups.Group(GroupState(0, ("n1",), restarts=2), 0)], "http://batch:1",
+    )  # fmt: skip
+    (g,) = sup.groups
+    sup.start_group(g)
+    assert g.proc is not None and g.proc.wait(timeout=30) == 0
+    # What srun is given after its own argv.
+    assert g.proc.args[3:] == [
+        "--job-name=ddlaunch-group-0-2", "--overlap", "--nodes=1", "--ntasks=1",
+        "--nodelist=n1", "w",
+    ]  # fmt: skip
+
+
+def test_a_dead_nodes_group_step_is_cancelled_aside_and_srun_killed(tmp_path: Path) -> None:
+    """scancel waits for a dead node's slurmd (MessageTimeout): the supervisor gives it
+    CANCEL_WAIT_S, kills srun (which would wait for that node until Slurm declares it
+    down) and does not wait for the step to leave the queue (it stays until then)."""
+    open_attempt(tmp_path)
+    seen: list[tuple[str, bool]] = []
+    srun: list[subprocess.Popen[bytes]] = []
+
+    def answer(argv: list[str]) -> CommandResult | None:
+        if argv[:3] == ["squeue", "-h", "-s"]:
+            seen.append(("squeue", srun[0].poll() is None))
+            return CommandResult(tuple(argv), 0, "77.4|ddlaunch-group-0-0\n", "")
+        if argv[0] == "scancel":
+            seen.append(("scancel " + " ".join(argv[1:]), srun[0].poll() is None))
+            time.sleep(4)  # the dead node's MessageTimeout
+            return CommandResult(tuple(argv), 0, "", "")
+        return None
+
+    settings = groups.Settings(
+        groups=1, ranks_per_node=1, min_groups=1, max_restarts=1, heal_timeout=60,
+        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
+    )  # fmt: skip
+    sup = groups.Supervisor(
+        settings, tmp_path, AttemptId("77", 0), ["node1", "node2"],
+        SlurmClient(FakeRunner(on_run=answer)), {},
+        [groups.Group(GroupState(0, ("node1", "node2")), 0)], "http://batch:1",
+    )  # fmt: skip
+    (g,) = sup.groups
+    sup.start_group(g)
+    assert g.proc is not None
+    srun.append(g.proc)
+    g.dead, g.ended_why = ("node2",), "node node2 died"
+    began = time.monotonic()
+    sup.end_step(g)
+    took = time.monotonic() - began
+    assert g.proc.returncode == -signal.SIGKILL
+    assert seen == [("squeue", True), ("scancel --signal=KILL 77.4", True)]
+    assert groups.CANCEL_WAIT_S <= took < groups.CANCEL_WAIT_S + 2.0, took
+
+
+def test_groups_failing_in_the_same_poll_fail_the_job_not_restart_from_nothing(
+    tmp_path: Path,
+) -> None:
+    open_attempt(tmp_path)
+    settings = groups.Settings(
+        groups=2, ranks_per_node=1, min_groups=1, max_restarts=3, heal_timeout=60,
+        stale_after=8, bad_node_ttl_hours=0,
+        srun=(sys.executable, "-c", "raise SystemExit(1)"), worker=(),
+    )  # fmt: skip
+    sup = groups.Supervisor(
+        settings, tmp_path, AttemptId("77", 0), ["node1", "node2"],
+        SlurmClient(FakeRunner()), {},
+        [groups.Group(GroupState(0, ("node1",)), 0), groups.Group(GroupState(1, ("node2",)), 1)],
+        "http://batch:1",
+    )  # fmt: skip
+    original = sup.start_group
+
+    def start_and_end(g: groups.Group) -> None:
+        original(g)
+        assert g.proc is not None
+        g.proc.wait(timeout=30)  # both steps have ended by the supervisor's first poll
+
+    sup.start_group = start_and_end  # type: ignore[method-assign]
+    assert sup.run(None) == groups.WHOLE_JOB_FAILED
+    (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
+    assert (entry["group"], entry["decision"]) == (0, "fail_job")
+    assert entry["cause"] == "its step exited with code 1"
+
+
+def straggler_supervisor(tmp_path: Path, slurm: Slurm, allocation: list[str]) -> Recording:
+    settings = groups.Settings(
+        groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
+        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
+        hang_timeout=600, heartbeat_interval=1, straggler_factor=2.0, straggler_patience=10,
+    )  # fmt: skip
+    sup = Recording(
+        settings, tmp_path, AttemptId("77", 0), allocation,
+        SlurmClient(FakeRunner(on_run=slurm.answer)), {},
+        [groups.Group(GroupState(0, ("node1",)), 0), groups.Group(GroupState(1, ("node2",)), 2)],
+        "http://batch:1", clock=time.time,
+    )  # fmt: skip
+    sup.slurm = slurm
+    for g in sup.groups:
+        sup.start_group(g)
+    return sup
+
+
+def busy_beats(run_dir: Path, host: str, ranks: tuple[int, int], busy: float) -> None:
+    now = time.time()
+    records = [
+        {**rank_beat(r, host, now, now - 0.5, now), "busy_time": busy, "step_time": 0.6}
+        for r in ranks
+    ]
+    node_beats(run_dir, host, records, now)
+
+
+def test_a_straggling_node_moves_its_group_to_the_spare(tmp_path: Path) -> None:
+    open_attempt(tmp_path)
+    slurm = Slurm()
+    sup = straggler_supervisor(tmp_path, slurm, ["node1", "node2", "node3"])
+    # node2 is busy 5x as long a step as node1 (the others wait for it at the boundary).
+    busy_beats(tmp_path, "node1", (0, 1), 0.1)
+    busy_beats(tmp_path, "node2", (2, 3), 0.5)
+    now = time.time()
+    assert sup.watch_hangs(now) is None  # slow since now: patience 10 s
+    assert all(g.ended_why == "" for g in sup.groups)
+    sup.last_hang_check = float("-inf")
+    assert sup.watch_hangs(now + 11) is None
+    (g0, g1) = sup.groups
+    assert g1.ended_why.startswith("straggler: node2 busy 0.500 s/step = 5.0x")
+    assert g0.ended_why == "" and g0.proc is not None and g0.proc.poll() is None
+    assert sup.on_failure(g1, g1.proc.poll() if g1.proc else None) is None
+    (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
+    assert {k: entry[k] for k in ("group", "cause", "blamed", "nodes", "new_nodes")} == {
+        "group": 1,
+        "cause": "straggler",
+        "blamed": ["node2"],
+        "nodes": ["node2"],
+        "new_nodes": ["node3"],
+    }
+    assert entry["why"] == "restart group 1 on node3 (node2 -> node3)"
+    assert ("scancel", "77.1", True) in slurm.events
+    from ddlaunch.store import exclusions
+
+    assert exclusions.excluded(tmp_path) == ["node2"]
+    sup.end_all("the test is over")
+
+
+def test_a_straggler_without_a_spare_is_said_once_and_trains_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    open_attempt(tmp_path)
+    slurm = Slurm()
+    sup = straggler_supervisor(tmp_path, slurm, ["node1", "node2"])
+    busy_beats(tmp_path, "node1", (0, 1), 0.1)
+    busy_beats(tmp_path, "node2", (2, 3), 0.5)
+    now = time.time()
+    for later in (0, 11, 12):
+        sup.last_hang_check = float("-inf")
+        assert sup.watch_hangs(now + later) is None
+    assert all(g.ended_why == "" and g.proc and g.proc.poll() is None for g in sup.groups)
+    said = [line for line in capsys.readouterr().out.splitlines() if "trains on" in line]
+    assert said == [
+        "[ddlaunch groups] group 1: node2 busy 0.500 s/step = 5.0x the other nodes' median for "
+        "11 s (straggler_factor 2.0); it trains on (no hot spare can take the place of node2)"
+    ]
+    assert not any(e[0] == "scancel" for e in slurm.events)
+    sup.end_all("the test is over")

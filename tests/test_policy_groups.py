@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ddlaunch.policy import groups as policy
+from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.groups import GroupState
 
 
@@ -94,3 +97,120 @@ def test_group_nodes_cuts_consecutive_equal_runs() -> None:
     assert policy.group_nodes(["a", "b", "c", "d"], 2) == [("a", "b"), ("c", "d")]
     with pytest.raises(ValueError, match="3 nodes do not split into 2 equal groups"):
         policy.group_nodes(["a", "b", "c"], 2)
+
+
+# ---------------------------------------------------------------- the hang verdict per group
+
+T = analysis.Thresholds(
+    hang_timeout=30, heartbeat_interval=1, straggler_factor=2.0, straggler_patience=30
+)  # stale_after: 8 s
+
+
+def beat(rank: int, host: str, step_wall: float, at: float, **kw: object) -> analysis.Beat:
+    return analysis.Beat(
+        rank=rank, host=host, step=40, step_wall=step_wall, beat=at, started=0.0, **kw
+    )  # type: ignore[arg-type]
+
+
+def view(group: int, beats: list[analysis.Beat], now: float) -> policy.GroupBeats:
+    """A group's heartbeats as the supervisor turns them into the rule's input."""
+    last = analysis.last_progress(beats)
+    assert last is not None
+    frozen = len(analysis.frozen(beats, now, T)) == len(beats)
+    return policy.GroupBeats(group, analysis.detect_hang(beats, now, T, len(beats)), last, frozen)
+
+
+NOW = 1000.0
+# Group 0 waits inside torchft for group 1 (its ranks beat, their step stopped with group 1's).
+WAITING = [beat(0, "node1", 960.0, 999.5, waiting=True), beat(1, "node1", 960.0, 999.5)]
+
+
+def test_the_group_with_a_frozen_rank_is_hung_not_the_group_that_waits_for_it() -> None:
+    group1 = [
+        beat(2, "node2", 960.0, 999.5, waiting=True),
+        beat(3, "node2", 960.0, 961.0),  # SIGSTOP: its heartbeat stopped with it
+    ]
+    verdict = policy.hung_groups([view(0, WAITING, NOW), view(1, group1, NOW)], NOW, T)
+    assert verdict.whole_job is None
+    ((group, finding),) = verdict.hung
+    assert group == 1 and finding.cause == "hang" and finding.nodes == ("node2",)
+    assert finding.detail == (
+        "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped "
+        "(process frozen)"
+    )
+
+
+def test_a_group_whose_every_rank_froze_is_hung_while_the_others_beat() -> None:
+    # A one-node group whose node leader froze: no rank of it differs from another.
+    group1 = [beat(2, "node2", 960.0, 961.0), beat(3, "node2", 960.0, 961.0)]
+    verdict = policy.hung_groups([view(0, WAITING, NOW), view(1, group1, NOW)], NOW, T)
+    ((group, finding),) = verdict.hung
+    assert group == 1 and finding.nodes == ()
+    assert finding.detail.endswith(
+        "no single node to blame; every rank of group 1 stopped beating while the other "
+        "groups' ranks beat (its processes are frozen)"
+    )
+
+
+def test_a_stalled_group_is_hung_when_the_others_train_on_without_it() -> None:
+    stuck = [beat(2, "node2", 960.0, 999.5, waiting=True), beat(3, "node2", 960.0, 999.5)]
+    training = [beat(0, "node1", 998.0, 999.5), beat(1, "node1", 998.0, 999.5)]
+    verdict = policy.hung_groups([view(0, training, NOW), view(1, stuck, NOW)], NOW, T)
+    assert [g for g, _ in verdict.hung] == [1]
+
+
+def test_groups_that_stopped_together_without_evidence_wait_then_hang_as_a_job() -> None:
+    group0 = [beat(0, "node1", 965.0, 999.5), beat(1, "node1", 965.0, 999.5)]
+    group1 = [beat(2, "node2", 965.0, 999.5), beat(3, "node2", 965.0, 999.5)]
+    both = [view(0, group0, NOW), view(1, group1, NOW)]
+    assert policy.hung_groups(both, NOW, T) == policy.HangVerdict()  # 35 s < 30 + 8
+    later = 1000.0 + 15  # 50 s since the last step: a frozen rank would show by now
+    group0 = [replace(b, beat=later - 0.5) for b in group0]
+    group1 = [replace(b, beat=later - 0.5) for b in group1]
+    both = [view(0, group0, later), view(1, group1, later)]
+    verdict = policy.hung_groups(both, later, T)
+    assert verdict.hung == () and verdict.whole_job is not None
+    assert verdict.whole_job.detail == (
+        "every replica group (0, 1) stopped: no step finished for 50 s (hang_timeout 30 s); "
+        "no single group to blame"
+    )
+    # A group ended or started 5 s ago: the others may have waited for it; not yet.
+    assert policy.hung_groups(both, later, T, changed=later - 5) == policy.HangVerdict()
+
+
+def test_the_only_group_with_state_is_never_restarted_alone() -> None:
+    # Group 1 is healing (not watched): restarting group 0 would leave no group to heal from.
+    group0 = [beat(0, "node1", 960.0, 999.5, waiting=True), beat(1, "node1", 960.0, 961.0)]
+    verdict = policy.hung_groups([view(0, group0, NOW)], NOW, T)
+    assert verdict.hung == () and verdict.whole_job is not None
+    assert verdict.whole_job.nodes == ("node1",)
+    assert verdict.whole_job.detail.endswith("all of them hang")
+
+
+def test_groups_that_step_are_not_hung() -> None:
+    fine = [beat(0, "node1", 990.0, 999.5), beat(1, "node1", 990.0, 999.5)]
+    assert policy.hung_groups([view(0, fine, NOW)], NOW, T) == policy.HangVerdict()
+    assert policy.hung_groups([], NOW, T) == policy.HangVerdict()
+
+
+def test_a_group_with_no_group_left_to_heal_from_fails_the_job() -> None:
+    # Both failed together (the other's step ended too), or the other is restarting itself:
+    # a restart would heal from nothing and train on from step 0.
+    for other in (
+        GroupState(0, ("node1",), running=False),
+        GroupState(0, ("node1",), restarts=1, rejoined=False),
+    ):
+        d = decide([other, GroupState(1, ("node2",))])
+        assert d.action == policy.FAIL_JOB
+        assert d.reason == (
+            "group 1 cannot restart: no other group trains to heal it from (the job restarts "
+            "from its latest checkpoint)"
+        )
+
+
+def test_a_group_failing_after_the_others_finished_is_given_up() -> None:
+    d = decide([GroupState(0, ("node1",), running=False, done=True), GroupState(1, ("node2",))])
+    assert (d.action, d.reason) == (
+        policy.GIVE_UP,
+        "group 1 is given up: the other groups finished training",
+    )

@@ -162,6 +162,65 @@ def test_a_dead_node_moves_its_group_to_the_spare(
     assert result(run_dir)["steps"] == 300
 
 
+# The smallest health.hang_timeout the config allows; with 1 s heartbeats a frozen rank's
+# beat is stale after 8 s, long before it.
+HANG_TIMEOUT = 30
+
+
+@pytest.mark.alone
+def test_a_frozen_rank_restarts_its_group_for_a_hang_and_only_that_group(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    config = mlp_config(
+        tmp_path,
+        "rg-hang",
+        entrypoint="launch_entrypoints:mlp_step_times",
+        params={"steps": 600, "step_sleep": STEP_SLEEP},
+        parallel={"dp_replicate": 2},
+        fault_tolerance={"mode": "replica_groups"},
+        health={"preflight": False, "heartbeat_interval": 1.0, "hang_timeout": HANG_TIMEOUT},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: last_step(run_dir, 2) >= 60, 240, "group 1 at step 60")
+    survivors = group_pids(run_dir, 0)
+    victims = group_pids(run_dir, 2)
+    assert len(survivors) == 2 and len(victims) == 2, (survivors, victims)
+    # Frozen, not dead: its sockets stay open, so nothing fails; only its heartbeat stops.
+    frozen_at, step_at_stop = time.time(), last_step(run_dir, 0)
+    os.kill(max(victims), signal.SIGSTOP)
+    rejoined = wait_for(
+        lambda: [g for g in group_restarts(run_dir) if g.get("rejoined_step") is not None],
+        HANG_TIMEOUT + 150,
+        "group 1 restarted for the hang and rejoined",
+    )
+    assert group_pids(run_dir, 0) == survivors  # group 0 was never ended
+    assert last_step(run_dir, 0) > step_at_stop  # and trained on
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+
+    (entry,) = rejoined
+    assert entry["group"] == 1 and entry["cause"] == "hang", entry
+    assert f"(hang_timeout {HANG_TIMEOUT} s)" in entry["culprit"], entry
+    assert "heartbeat stopped" in entry["culprit"] or "stopped beating" in entry["culprit"]
+    assert entry["decision"] == "restart" and entry["new_nodes"] == entry["nodes"], entry
+    # Found once the group's steps had stopped for hang_timeout, not much later (the verdict
+    # runs every watchdog poll period, ~1 s here; ending the step takes seconds more).
+    assert entry["time"] - frozen_at < HANG_TIMEOUT + 25, entry
+    # The group's step was cancelled through Slurm, by its name, before the restart.
+    batch = next((run_dir / "logs").glob("batch-*.out")).read_text()
+    assert f"group 1: scancel --signal=KILL {job_id}." in batch, batch
+    assert batch.index("group 1: scancel") < batch.index(
+        "group 1: started on", batch.index("group 1: ending its step: hang")
+    )
+    assert not group_pids(run_dir, 2) & victims  # the frozen rank and its peer are gone
+    res = result(run_dir)
+    assert res["steps"] == 600
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path).stdout
+    assert "  group 1 failed after " in status and ": hang (" in status, status
+    # Healed from the one live group, and said so.
+    assert entry.get("healed_from") == 0, entry
+    assert "healed from group 0" in status, status
+
+
 def test_both_groups_killed_restart_the_job_from_the_checkpoint(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:

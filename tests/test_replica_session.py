@@ -219,9 +219,10 @@ def test_a_killed_group_heals_from_its_peer_while_the_other_keeps_training(
     assert stall < 3.0 and down_steps >= 10, (stall, down_steps)
     heal = groups.read_heal(run, 1, 1)
     assert heal is not None and heal.step_before == 0 and heal.healed_from_step > KILL_AT
+    assert heal.healed_from_group == 0  # the only live group, named by its transport
     # Counted from the restarted processes' start: within the restart -> heal time seen here.
     assert 0 < heal.seconds_from_start < rejoined_at - restarted_at + 1.0
-    assert "healed from a live peer" in (run / LOGS_DIR / "rank-2.out").read_text()
+    assert "healed from a live peer (group 0)" in (run / LOGS_DIR / "rank-2.out").read_text()
     assert (
         "starting from step"
         not in (run / LOGS_DIR / "rank-2.out")

@@ -232,3 +232,84 @@ def test_a_run_restarting_in_its_allocation_is_titled_as_status_says(tmp_path: P
     assert t.state == "RUNNING"
     assert "<h1>Run r: RUNNING</h1>" in report.html_page(t, "")
     assert [c[0] for c in runner.calls] == ["squeue"]  # one queue query, as status makes
+
+
+# ------------------------------------------------------------ replica groups (issue #27)
+
+GROUP_RUN = {
+    "attempt": 0,
+    "job_id": "7",
+    "nodes": "node[1-3]",
+    "start": 0.0,
+    "end": 600.0,
+    "cause": "completed",
+    "group_restarts": [
+        {
+            "group": 1, "restart": 0, "time": 60.0, "up_s": 58.0, "cause": "hang",
+            "culprit": "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat "
+            "stopped (process frozen)",
+            "nodes": ["node2"], "decision": "restart", "new_nodes": ["node2"],
+            "failed_at_step": 310, "rejoined_step": 318, "healed": True, "rejoin_s": 4.5,
+            "steps_missed": 8, "healed_from": 0,
+        },
+        {
+            "group": 0, "restart": 0, "time": 300.0, "cause": "node node1 died",
+            "culprit": "", "nodes": ["node1"], "decision": "give_up",
+            "why": "group 0 is given up (no spare node left for node1); 1 group(s) go on",
+            "failed_at_step": 1500,
+        },
+    ],
+}  # fmt: skip
+
+
+def group_timeline() -> report.Timeline:
+    return report.build("rg", "COMPLETED", _attempts(GROUP_RUN), [], [], [], groups=2)
+
+
+def test_the_groups_restarts_are_a_table_of_their_own() -> None:
+    t = group_timeline()
+    assert report.group_restarts_html(t) == (
+        "\n<h2>Replica group restarts</h2><table><tr><th>attempt</th><th>group</th>"
+        "<th>time</th><th>cause</th><th>culprit</th><th>nodes</th><th>then</th>"
+        "<th>rejoined after</th><th>failed at step</th><th>rejoined at step</th>"
+        "<th>steps missed</th><th>healed from group</th></tr>"
+        "<tr><td>0</td><td>1</td><td>+1.0 min</td>"
+        "<td style='color:#c62828'><b>hang</b></td>"
+        "<td>no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped "
+        "(process frozen)</td><td>node2</td><td>restarted on node2</td><td>4.5 s</td>"
+        "<td>310</td><td>318</td><td>8</td><td>0</td></tr>"
+        "<tr><td>0</td><td>0</td><td>+5.0 min</td>"
+        "<td style='color:#757575'><b>node node1 died</b></td><td></td><td>node1</td>"
+        "<td>group 0 is given up (no spare node left for node1); 1 group(s) go on</td>"
+        "<td></td><td>1500</td><td></td><td></td><td></td></tr></table>"
+    )
+    page = report.html_page(t, "AAAA")
+    assert "<p>Excluded nodes: none</p>\n<h2>Replica group restarts</h2>" in page
+    # A job-mode run's page has no such section.
+    plain = report.build(
+        "r", "COMPLETED", _attempts({**GROUP_RUN, "group_restarts": None}), [], [], []
+    )
+    assert report.group_restarts_html(plain) == ""
+    assert "<p>Excluded nodes: none</p>\n<h2>Checkpoints and failures</h2>" in report.html_page(
+        plain, "AAAA"
+    )
+
+
+def test_each_group_has_a_lane_with_its_restarts() -> None:
+    from ddlaunch.app.report_groups import GroupBar, bars, lanes
+
+    t = group_timeline()
+    assert lanes(t.group_restarts, t.groups) == [0, 1]
+    assert lanes(t.group_restarts) == [0, 1]  # the groups' count unknown: the restarted ones
+    assert bars(t.group_restarts, {0: 600.0}) == [
+        GroupBar(1, 60.0, 64.5, "hang", "hang, back in 4.5 s from group 0", False),
+        GroupBar(0, 300.0, 600.0, "node node1 died", "node node1 died, given up", True),
+    ]
+
+
+def test_report_draws_the_groups_lanes(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from ddlaunch.app.report_figure import draw
+
+    draw(group_timeline(), tmp_path / "rg.png")
+    assert (tmp_path / "rg.png").read_bytes()[:4] == b"\x89PNG"

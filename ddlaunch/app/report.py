@@ -1,8 +1,9 @@
 """A run's history as plain data for ``ddlaunch report``.
 
-Attempts (start, end, nodes, cause, blamed nodes), checkpoint commits, rank failures and
-the step history (``health/steps.jsonl``, one sample per watchdog poll in which the step
-advanced) become one ``Timeline`` (``build`` is pure; ``load_timeline`` reads the run
+Attempts (start, end, nodes, cause, blamed nodes), checkpoint commits, rank failures, the
+replica groups' restarts (``app.report_groups``) and the step history
+(``health/steps.jsonl``, one sample per watchdog poll in which the step advanced) become one
+``Timeline`` (``build`` is pure; ``load_timeline`` reads the run
 directory); ``throughput`` turns the samples into steps per second; ``html_page`` lays it
 out around the picture (drawn by ``app.report_figure``).
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.app.report_groups import GroupRestart, from_attempts
 from ddlaunch.app.runs import read_run
 from ddlaunch.app.status import run_status
 from ddlaunch.app.status_poll import Target, poll
@@ -96,11 +98,13 @@ class Timeline:
     preflight: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""  # why there is nothing to draw (a submission that failed, ...)
     problems: list[str] = field(default_factory=list)  # records that could not be read
+    group_restarts: list[GroupRestart] = field(default_factory=list)  # replica groups
+    groups: int = 0  # replica groups: how many the job has (0: not in that mode, or unknown)
 
     @property
     def origin(self) -> float:
         times = [a.start for a in self.attempts] + [e.time for e in self.events]
-        times += [t for t, _ in self.samples]
+        times += [t for t, _ in self.samples] + [g.time for g in self.group_restarts]
         return min(times) if times else 0.0
 
 
@@ -116,10 +120,14 @@ def build(
     now: float | None = None,
     staging: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
     note: str = "",
+    groups: int = 0,
 ) -> Timeline:
-    """``staging``: attempt key (``<job>-<restart>``) -> host -> staging record."""
+    """``staging``: attempt key (``<job>-<restart>``) -> host -> staging record;
+    ``groups``: the replica groups' count, where known."""
     t = Timeline(run_id, state, excluded=list(excluded), preflight=[dict(p) for p in preflight])
     t.note = note
+    t.group_restarts = from_attempts(attempts)
+    t.groups = groups
     for rec in attempts:
         if rec.start is None:
             continue
@@ -267,6 +275,7 @@ def html_page(t: Timeline, png_b64: str) -> str:
     )
     excluded = e(", ".join(t.excluded)) or "none"
     problems = "".join(f"<p><b>{e(p)}</b></p>" for p in t.problems)
+    group_table = group_restarts_html(t)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>ddlaunch report {e(t.run_id)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}
@@ -278,12 +287,48 @@ font-size:13px;text-align:left}}th{{background:#eee}}img{{max-width:100%}}</styl
 <h2>Attempts</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>start</th>
 <th>duration</th><th>cause</th><th>resumed from</th><th>committed</th><th>blamed</th>
 <th>data staging</th><th>detail</th></tr>{rows}</table>
-<p>Excluded nodes: {excluded}</p>
+<p>Excluded nodes: {excluded}</p>{group_table}
 <h2>Checkpoints and failures</h2><table><tr><th>time</th><th>what</th><th>detail</th></tr>
 {events}</table>
 {problems}<h2>Latest preflight</h2><table><tr><th>node</th><th>verdict</th><th>checks</th></tr>
 {preflight}</table></body></html>
 """
+
+
+def group_restarts_html(t: Timeline) -> str:
+    """The replica groups' restarts as a table (empty outside that mode): when, why, who,
+    where to, when it was back and how far behind it fell."""
+    if not t.group_restarts:
+        return ""
+    e = html.escape
+    o = t.origin
+
+    def cell(value: object) -> str:
+        return "" if value is None else e(str(value))
+
+    rows = "".join(
+        f"<tr><td>{g.attempt}</td><td>{g.group}</td><td>{_fmt_time(g.time, o)}</td>"
+        f"<td style='color:{color(g.cause)}'><b>{e(g.cause)}</b></td><td>{e(g.culprit)}</td>"
+        f"<td>{e(','.join(g.nodes))}</td>"
+        f"<td>{e(_restart_outcome(g))}</td>"
+        f"<td>{'' if g.rejoin_s is None else f'{g.rejoin_s:.1f} s'}</td>"
+        f"<td>{cell(g.failed_at_step)}</td><td>{cell(g.rejoined_step)}</td>"
+        f"<td>{cell(g.steps_missed)}</td><td>{cell(g.healed_from)}</td></tr>"
+        for g in t.group_restarts
+    )
+    return (
+        "\n<h2>Replica group restarts</h2><table><tr><th>attempt</th><th>group</th>"
+        "<th>time</th><th>cause</th><th>culprit</th><th>nodes</th><th>then</th>"
+        "<th>rejoined after</th><th>failed at step</th><th>rejoined at step</th>"
+        f"<th>steps missed</th><th>healed from group</th></tr>{rows}</table>"
+    )
+
+
+def _restart_outcome(g: GroupRestart) -> str:
+    if g.decision == "restart":
+        where = f"restarted on {','.join(g.new_nodes)}" if g.new_nodes else "restarted"
+        return where if g.rejoin_s is not None else f"{where}; not back"
+    return g.why or g.decision
 
 
 def checkpoint_times(run_dir: Path) -> list[tuple[int, float]]:
@@ -356,6 +401,7 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         now=time.time(),
         staging=staging_records.read_all(run_dir),  # unusable ones: in info.problems
         note="" if info.attempts else f"no attempt: {row.failure or row.detail or state}",
+        groups=len(info.groups.groups) if info.groups is not None else 0,
     )
     timeline.problems = list(info.problems)
     return timeline

@@ -1,7 +1,8 @@
 """The picture of ``ddlaunch report`` (matplotlib, imported only here): two panels over one
 time axis (minutes since the first attempt). Above: attempts as bars (colour = how they
-ended, label = nodes and blame) with checkpoint and failure marks; below, steps per second
-and the step reached."""
+ended, label = nodes and blame), with replica groups a lane per group whose bars are its
+restarts (from its failure to its return to the quorum; colour = cause), and checkpoint and
+failure marks; below, steps per second and the step reached."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.app.report import Event, Timeline, color, split_series, throughput
+from ddlaunch.app.report_groups import bars, lanes
 from ddlaunch.errors import UserError
 
 
@@ -22,7 +24,7 @@ def draw(t: Timeline, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = max(len(t.attempts), 1)
+    rows = max(len(t.attempts) + len(lanes(t.group_restarts, t.groups)), 1)
     fig, (ax, bx) = plt.subplots(
         2,
         1,
@@ -33,6 +35,8 @@ def draw(t: Timeline, path: Path) -> None:
     fig.suptitle(f"{t.run_id}: {t.state}", fontsize=13, fontweight="bold", y=0.995)
     minutes = _Minutes(t.origin)
     _attempt_bars(ax, t, minutes)
+    _group_lanes(ax, t, minutes)
+    _rows(ax, t)
     _marks(ax, t, minutes)
     _legend(ax, t)
     _throughput(bx, t, minutes)
@@ -49,6 +53,7 @@ def x_limits(t: Timeline) -> tuple[float, float]:
     labels are drawn inside it, above the bars."""
     m = _Minutes(t.origin)
     ends = [m(a.end or a.start) for a in t.attempts] + [m(e.time) for e in t.events]
+    ends += [m(g.back or g.time) for g in t.group_restarts]
     xmax = max([*ends, *(m(x) for x, _ in t.samples), 0.1])
     return -0.02 * xmax, 1.03 * xmax
 
@@ -94,16 +99,45 @@ def _attempt_bars(ax: Any, t: Timeline, m: _Minutes) -> None:
         right = m(a.start) > 0.55 * x_limits(t)[1]
         x, ha = (m(end), "right") if right else (m(a.start), "left")
         ax.text(x, i - 0.34, label, va="bottom", ha=ha, fontsize=8)
-    ckpt_row = len(t.attempts)
-    ax.set_yticks([*range(len(t.attempts)), ckpt_row])
-    ax.set_yticklabels([*(f"attempt {a.attempt}" for a in t.attempts), "checkpoints / failures"])
+
+
+def _group_lanes(ax: Any, t: Timeline, m: _Minutes) -> None:
+    """A lane per replica group under the attempts: each restart a bar from the failure to
+    the group's return (hatched where it never came back), labelled with its cause."""
+    drawn = lanes(t.group_restarts, t.groups)
+    row = {g: len(t.attempts) + i for i, g in enumerate(drawn)}
+    ends = {a.attempt: a.end for a in t.attempts}
+    high = x_limits(t)[1]
+    for bar in bars(t.group_restarts, ends):
+        y = row[bar.lane]
+        ax.barh(
+            y,
+            max(m(bar.end) - m(bar.start), 0.02),
+            left=m(bar.start),
+            height=0.45,
+            color=color(bar.cause),
+            hatch="xx" if bar.open else None,
+        )
+        right = m(bar.start) > 0.55 * high
+        x, ha = (m(bar.end), "right") if right else (m(bar.start), "left")
+        ax.text(x, y - 0.26, bar.label, va="bottom", ha=ha, fontsize=7)
+
+
+def _rows(ax: Any, t: Timeline) -> None:
+    """The row labels: attempts, the groups' lanes, then the marks' row."""
+    drawn = lanes(t.group_restarts, t.groups)
+    ckpt_row = len(t.attempts) + len(drawn)
+    labels = [f"attempt {a.attempt}" for a in t.attempts] + [f"group {g}" for g in drawn]
+    ax.set_yticks([*range(ckpt_row), ckpt_row])
+    ax.set_yticklabels([*labels, "checkpoints / failures"])
     ax.set_ylim(ckpt_row + 0.6, -0.9)  # inverted: attempt 0 on top, room for its label
     ax.grid(axis="x", alpha=0.3)
 
 
 def _marks(ax: Any, t: Timeline, m: _Minutes) -> None:
-    """Checkpoints (labelled with their step) and failures on the row below the attempts."""
-    row = len(t.attempts)
+    """Checkpoints (labelled with their step) and failures on the row below the attempts
+    (and the groups' lanes)."""
+    row = len(t.attempts) + len(lanes(t.group_restarts, t.groups))
     cks = [e for e in t.events if e.kind == "checkpoint"]
     fails = [e for e in t.events if e.kind == "failure"]
     if cks:

@@ -10,8 +10,19 @@ per step through the lighthouse and torchft's Manager), and watches them:
   at once) is restarted **alone**, on its own nodes or with a hot spare in place of a dead
   one (``policy.groups`` decides), while the other groups' steps keep running; the restarted
   group heals from a live group (torchft's checkpoint transport) and rejoins;
+* a group that hangs (its ranks' heartbeats show no finished step for ``health.hang_timeout``:
+  the watchdog's rule, ``policy.heartbeats.detect_hang``, on the group's own ranks) is ended
+  and restarted alone like a crash, cause ``hang``; ``policy.groups.hung_groups`` tells the
+  hung group from the others, which a hung group stalls too;
+* a node that straggles (the watchdog's straggler rule over every watched group's nodes) has
+  its group restarted with a hot spare in its place, cause ``straggler``; without a spare (or
+  a restart the rules would refuse) it is said once and the group trains on;
 * a restarted group that has not rejoined within ``fault_tolerance.heal_timeout`` is ended
   and counts as failed again (the progress guard then gives it up);
+* ending a group's step cancels the step itself (``scancel --signal=KILL JOB.STEP``, the step
+  found by its name, ``ddlaunch-group-<g>-<restart>``): killing srun alone would leave the
+  step's tasks running on the group's other nodes; then srun is waited for, and the step's
+  leaving the queue, before the group restarts;
 * each group restart goes into the attempt's record (``group_restarts``: group, cause,
   culprit as attribution finds it, old and new nodes, when);
 * fewer live groups than ``min_replica_groups``, or the lighthouse gone, is a failure of the
@@ -27,12 +38,16 @@ cannot tell which step ended without racing.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,13 +56,16 @@ from typing import Any
 
 from ddlaunch.job.blame import bad_nodes, expand, probe_all
 from ddlaunch.job.placement import step_nodelist
+from ddlaunch.job.watchdog import poll_period
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.planning.ports import master_port_for
 from ddlaunch.policy import attribution as attrib
 from ddlaunch.policy import groups as policy
+from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.groups import GroupState
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.client import SlurmClient, scancel_argv
 from ddlaunch.store import attempts, badnodes, exclusions, group_state, groups, heartbeats
+from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import Failure, read_failures
 from ddlaunch.store.rundir import LOGS_DIR
@@ -68,6 +86,22 @@ QUORUM_TICK_MS = 100
 # How long the lighthouse waits, at the first quorum, for groups still starting.
 JOIN_TIMEOUT_MS = 10000
 WHOLE_JOB_FAILED = 1
+# Ending a group's step: how long scancel may take before srun is killed anyway (it waits
+# MessageTimeout for a dead node's slurmd, while the live nodes have the signal at once),
+# how long srun may take to return after it, and how long the step may take to leave the
+# queue (its tasks killed on every node) before the group restarts regardless.
+CANCEL_WAIT_S = 2.0
+SRUN_WAIT_S = 5.0
+STEP_GONE_S = 10.0
+STEP_GONE_POLL_S = 0.5
+STEP_NAME = "ddlaunch-group-{group}-{restart}"
+CANCEL_SIGNAL = "KILL"
+
+
+def step_name(group: int, restart: int) -> str:
+    """The name of a group's srun step (``--job-name`` of a step): how the supervisor finds
+    the step's id in ``squeue -s`` to cancel it."""
+    return STEP_NAME.format(group=group, restart=restart)
 
 
 @dataclass
@@ -82,7 +116,11 @@ class Group:
     log_offset: int = 0
     last_probe: float = float("-inf")
     dead: tuple[str, ...] = ()
-    ended_why: str = ""  # why the supervisor ended the step itself (dead node, no heal)
+    ended_why: str = ""  # why the supervisor ended the step itself (dead node, no heal, hang)
+    cause: str = ""  # the recorded cause where it is a verdict's (``hang``)
+    detail: str = ""  # the verdict's detail: the culprit of the record
+    blamed: tuple[str, ...] = ()  # the nodes the verdict names
+    avoid: tuple[str, ...] = ()  # nodes the restart must leave out (a straggler)
 
 
 @dataclass
@@ -97,6 +135,17 @@ class Settings:
     srun: tuple[str, ...]
     worker: tuple[str, ...]
     lighthouse: str = "torchft_lighthouse"
+    hang_timeout: float = 0.0  # health.hang_timeout; 0: no verdicts (health.watchdog off)
+    heartbeat_interval: float = 10.0
+    straggler_factor: float = math.inf  # health.straggler_factor; inf: no straggler verdict
+    straggler_patience: float = 300.0
+
+    @property
+    def thresholds(self) -> analysis.Thresholds:
+        return analysis.Thresholds(
+            self.hang_timeout, self.heartbeat_interval, self.straggler_factor,
+            self.straggler_patience,
+        )  # fmt: skip
 
 
 @dataclass
@@ -111,6 +160,11 @@ class Supervisor:
     lighthouse_addr: str = ""
     clock: Callable[[], float] = time.time
     stopping: bool = False
+    last_hang_check: float = float("-inf")
+    changed: float = 0.0  # when a group was last started or ended (hung_groups' ``changed``)
+    last_sample: int | None = None  # the step of the last step-history sample
+    stragglers: analysis.StragglerState = field(default_factory=analysis.StragglerState)
+    said_slow: set[str] = field(default_factory=set)  # stragglers said, left training
 
     # ------------------------------------------------------------------ start
 
@@ -136,6 +190,7 @@ class Supervisor:
             g.log_offset = g.srun_log.stat().st_size
         argv = [
             *group_logs(s.srun, logs, g.state.group),
+            f"--job-name={step_name(g.state.group, restart)}",
             "--overlap",
             f"--nodes={k}",
             f"--ntasks={k * s.ranks_per_node}",
@@ -144,8 +199,8 @@ class Supervisor:
         ]
         with open(g.srun_log, "ab") as err:  # srun keeps its own copy of the descriptor
             g.proc = subprocess.Popen(argv, env=env, stderr=err, start_new_session=False)
-        g.started = self.clock()
-        g.dead, g.ended_why = (), ""
+        g.started = self.changed = self.clock()
+        g.dead, g.ended_why, g.cause, g.detail, g.blamed, g.avoid = (), "", "", "", (), ()
         g.state = replace(g.state, running=True, rejoined=restart == 0)
         self.publish()
         say(
@@ -216,14 +271,17 @@ class Supervisor:
             back = self.rejoin(g)
             if back is not None:
                 g.state = replace(g.state, rejoined=True)
-                step, heal = back
+                step, heal, source = back
                 after = now - g.started
-                how = f"healed from a live group at step {step}" if heal else f"at step {step}"
+                peer = "a live group" if source is None else f"group {source}"
+                how = f"healed from {peer} at step {step}" if heal else f"at step {step}"
                 say(
                     f"group {g.state.group}: rejoined the others ({how}) "
                     f"{after:.1f} s after its restart"
                 )
-                record_rejoin(self.run_dir, g.state.group, g.state.restarts - 1, step, heal, after)
+                record_rejoin(
+                    self.run_dir, g.state.group, g.state.restarts - 1, step, heal, after, source
+                )
                 self.publish()
             elif now - g.started > self.settings.heal_timeout:
                 g.ended_why = (
@@ -246,16 +304,17 @@ class Supervisor:
                 g.ended_why = f"node {', '.join(dead)} died"
                 self.end_step(g)
 
-    def rejoin(self, g: Group) -> tuple[int, bool] | None:
-        """(step, healed) once the restarted group is back in the quorum: its heal record,
-        or (a group that needed no heal) a committed step, written since this start."""
+    def rejoin(self, g: Group) -> tuple[int, bool, int | None] | None:
+        """(step, healed, the group it healed from) once the restarted group is back in the
+        quorum: its heal record, or (a group that needed no heal) a committed step, written
+        since this start."""
         st = g.state
         heal = groups.read_heal(self.run_dir, st.group, st.restarts)
         if heal is not None and heal.healed_at >= g.started - 1.0:
-            return heal.healed_from_step, True
+            return heal.healed_from_step, True, heal.healed_from_group
         step = groups.read_step(self.run_dir, st.group)
         if step is not None and step.restart == st.restarts and step.time >= g.started - 1.0:
-            return step.step, False
+            return step.step, False, None
         return None
 
     def silent(self, g: Group, now: float) -> bool:
@@ -278,10 +337,214 @@ class Supervisor:
         return max(steps) if steps else None
 
     def end_step(self, g: Group) -> None:
+        """End the group's step: cancel it through Slurm (every node's tasks; killing srun
+        alone leaves them running on the nodes still up), then wait for srun (killed if it
+        does not return) and for the step to leave the queue; the caller's next poll sees
+        srun's exit and restarts the group (``on_failure``)."""
         say(f"group {g.state.group}: ending its step: {g.ended_why}")
-        if g.proc is not None and g.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                g.proc.send_signal(signal.SIGKILL)
+        self.changed = self.clock()
+        ids: list[str] = []
+        # Aside: scancel waits for a dead node's slurmd (MessageTimeout) while the live nodes
+        # have the signal at once; srun must not wait that long.
+        cancel = threading.Thread(target=self.cancel_step, args=(g, ids), daemon=True)
+        cancel.start()
+        cancel.join(CANCEL_WAIT_S)
+        if g.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                g.proc.wait(timeout=SRUN_WAIT_S if not g.dead else 0.1)
+            if g.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    g.proc.send_signal(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    g.proc.wait(timeout=SRUN_WAIT_S)
+        if ids and not g.dead:  # a dead node's step stays in the queue until Slurm says so
+            self.wait_step_gone(ids)
+
+    def cancel_step(self, g: Group, found: list[str]) -> None:
+        """``scancel --signal=KILL JOB.STEP`` of the group's current step (found by its name
+        in one ``squeue -s``); ``found`` gets the step ids. Best effort: srun is killed
+        whatever Slurm answers."""
+        job = self.attempt.job_id
+        if not job:
+            return
+        name = step_name(g.state.group, g.state.restarts)
+        try:
+            ids = self.client.steps_by_name(job).get(name, [])
+            if not ids:
+                say(f"group {g.state.group}: step {name} is not in the queue (ended already)")
+                return
+            found.extend(ids)
+            say(f"group {g.state.group}: {shlex.join(scancel_argv(ids, CANCEL_SIGNAL))}")
+            self.client.cancel(ids, signal=CANCEL_SIGNAL)
+        except Exception as exc:
+            say(f"warning: group {g.state.group}: its step was not cancelled: {exc}")
+
+    def wait_step_gone(self, ids: list[str]) -> None:
+        """Until none of ``ids`` is in the queue (its tasks ended on every node), at most
+        ``STEP_GONE_S``: a restart on the same nodes must not meet the old step's ranks."""
+        job = self.attempt.job_id
+        deadline = time.monotonic() + STEP_GONE_S
+        while time.monotonic() < deadline:
+            try:
+                listed = {i for found in self.client.steps_by_name(job).values() for i in found}
+            except Exception:
+                return
+            if not listed & set(ids):
+                return
+            time.sleep(STEP_GONE_POLL_S)
+        left = ", ".join(ids)
+        say(f"warning: step(s) {left} still in the queue {STEP_GONE_S:.0f} s after scancel")
+
+    # ------------------------------------------------------------------ hangs
+
+    def group_beats(self, beats: list[analysis.Beat]) -> dict[int, list[analysis.Beat]]:
+        """Group -> its ranks' beats since its current start (a restarted group's old ranks
+        may have left their records behind, on a node it left for a spare), for the groups
+        not given up. One pass over the beats, each placed by its rank (O(n log groups))."""
+        live = sorted((g for g in self.groups if not g.state.given_up), key=lambda g: g.rank_offset)
+        offsets = [g.rank_offset for g in live]
+        out: dict[int, list[analysis.Beat]] = {g.state.group: [] for g in live}
+        for b in beats:
+            i = bisect.bisect_right(offsets, b.rank) - 1
+            if i < 0:
+                continue
+            g = live[i]
+            size = len(g.state.nodes) * self.settings.ranks_per_node
+            if b.rank < g.rank_offset + size and b.started >= g.started - 1.0:
+                out[g.state.group].append(b)
+        return out
+
+    def record_beats(self, now: float) -> dict[int, list[analysis.Beat]]:
+        """The heartbeats of each group that is not given up, from its current start (one
+        read for every group), summarised into ``health/watchdog.json`` and, when the step
+        advanced, the step history (``health/steps.jsonl``): the watchdog's records, which
+        ``status`` and ``report`` read. Best effort: a failed write never stops the groups."""
+        a = self.attempt
+        records = heartbeats.read_heartbeats(self.run_dir)
+        beats = analysis.current_beats(records, a.job_id, a.restart, 0.0, a.relaunch)
+        per_group = self.group_beats(beats)
+        current = sorted((b for mine in per_group.values() for b in mine), key=lambda b: b.rank)
+        if not current:
+            return per_group
+        summary = analysis.summary(current, now)
+        summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
+        try:
+            watchdog_records.write_summary(self.run_dir, summary)
+            if summary["step"] is not None and summary["step"] != self.last_sample:
+                self.last_sample = summary["step"]
+                watchdog_records.append_sample(self.run_dir, summary)
+        except OSError as exc:
+            say(f"warning: the step history was not written: {exc}")
+        return per_group
+
+    def watch_hangs(self, now: float) -> int | None:
+        """The hang verdict per group, once a watchdog poll period (``health.hang_timeout``
+        and the watchdog's rule on each watched group's ranks; ``policy.groups.hung_groups``
+        picks the hung ones): end each hung group's step (it restarts like a crash, cause
+        ``hang``); every group hung: the whole job's failure (the exit code). The same read
+        of the heartbeats gives ``status`` and ``report`` the step history, as the watchdog
+        does in ``mode: job``."""
+        s = self.settings
+        t = s.thresholds
+        if s.hang_timeout <= 0 or now - self.last_hang_check < poll_period(t):
+            return None
+        self.last_hang_check = now
+        per_group = self.record_beats(now)
+        # A restarted group that has not rejoined answers to heal_timeout instead.
+        watched = [
+            g
+            for g in self.groups
+            if g.proc is not None and g.state.running and g.state.rejoined and not g.ended_why
+        ]
+        if not watched:
+            return None
+        a = self.attempt
+        views: list[policy.GroupBeats] = []
+        by_group: dict[int, Group] = {}
+        for g in watched:
+            mine = per_group.get(g.state.group, [])
+            last = analysis.last_progress(mine)
+            if last is None:  # no heartbeat from this start yet: nothing to judge
+                continue
+            running = [b for b in mine if b.state == "running"]
+            views.append(
+                policy.GroupBeats(
+                    g.state.group,
+                    analysis.detect_hang(mine, now, t, len(g.state.nodes) * s.ranks_per_node),
+                    last,
+                    len(analysis.frozen(running, now, t)) == len(running),
+                )
+            )
+            by_group[g.state.group] = g
+        verdict = policy.hung_groups(views, now, t, self.changed)
+        if verdict.whole_job is not None:
+            finding = verdict.whole_job
+            # The watchdog's verdict record: the end hook concludes the attempt as a hang.
+            watchdog_records.write_verdict(
+                self.run_dir,
+                a,
+                {
+                    "cause": finding.cause,
+                    "nodes": list(finding.nodes),
+                    "ranks": list(finding.ranks),
+                    "detail": finding.detail,
+                    "time": now,
+                    "job_id": a.job_id,
+                    "restart": a.restart,
+                },
+            )
+            self.end_all(f"hang: {finding.detail}")
+            return WHOLE_JOB_FAILED
+        for group, finding in verdict.hung:
+            g = by_group[group]
+            g.cause, g.detail, g.blamed = finding.cause, finding.detail, finding.nodes
+            g.ended_why = f"hang: {finding.detail}"
+            self.end_step(g)
+        if not verdict.hung:
+            self.watch_stragglers(now, [g for g in watched if g.state.group in by_group], per_group)
+        return None
+
+    def watch_stragglers(
+        self, now: float, watched: list[Group], per_group: dict[int, list[analysis.Beat]]
+    ) -> None:
+        """The watchdog's straggler rule over the watched groups' nodes (each node's busy
+        time per step against the other nodes' median, for ``straggler_patience``; the same
+        rule and the same limits as in ``mode: job``): the slow node's group restarts with a
+        hot spare in its place (``policy.decide`` must agree); otherwise it is said once and
+        the group trains on, since giving a slow group up, or ending every group, costs more
+        than its slowness."""
+        beats = [b for g in watched for b in per_group.get(g.state.group, [])]
+        finding = analysis.detect_straggler(beats, now, self.settings.thresholds, self.stragglers)
+        if finding is None:
+            return
+        for g in watched:
+            slow = tuple(n for n in finding.nodes if n in g.state.nodes)
+            if not slow:
+                continue
+            unusable = set(slow) | set(exclusions.excluded(self.run_dir))
+            states = [x.state for x in self.groups]
+            spares = policy.free_nodes(self.allocation, states, unusable)
+            decision = policy.decide(
+                g.state,
+                states,
+                unusable=unusable,
+                spares=spares,
+                max_restarts=self.settings.max_restarts,
+                min_groups=self.settings.min_groups,
+            )
+            if decision.action != policy.RESTART:
+                if not set(slow) <= self.said_slow:
+                    self.said_slow |= set(slow)
+                    why = (
+                        f"no hot spare can take the place of {', '.join(slow)}"
+                        if policy.restart_nodes(g.state, unusable, spares) is None
+                        else f"its restart would not run: {decision.reason}"
+                    )
+                    say(f"group {g.state.group}: {finding.detail}; it trains on ({why})")
+                continue
+            g.cause, g.detail, g.blamed, g.avoid = finding.cause, finding.detail, slow, slow
+            g.ended_why = f"straggler: {finding.detail}"
+            self.end_step(g)
 
     # ------------------------------------------------------------------ failure
 
@@ -302,9 +565,18 @@ class Supervisor:
         """Restart, give up or fail the job; the exit code when the job fails."""
         now = self.clock()
         culprit, causes = self.attribution(g)
-        cause = g.ended_why or (culprit or f"its step exited with code {code}")
-        unusable = set(g.dead) | set(exclusions.excluded(self.run_dir))
-        states = [x.state for x in self.groups]
+        if g.detail:  # a verdict's: the srun log shows only the supervisor's own kill
+            culprit = g.detail
+        cause = g.cause or g.ended_why or (culprit or f"its step exited with code {code}")
+        if g.avoid:  # a straggler: out of this run, and on the bad-node list (evidence)
+            why = f"straggler under replica group {g.state.group}: {g.detail}"
+            exclusions.add_excluded(self.run_dir, g.avoid, why)
+            with contextlib.suppress(Exception):
+                badnodes.record(
+                    list(g.avoid), why, self.settings.bad_node_ttl_hours, f"run {self.run_dir.name}"
+                )
+        unusable = set(g.dead) | set(g.avoid) | set(exclusions.excluded(self.run_dir))
+        states = [x.state if x is g else self.seen(x) for x in self.groups]
         spares = policy.free_nodes(self.allocation, states, unusable)
         decision = policy.decide(
             g.state,
@@ -329,6 +601,8 @@ class Supervisor:
         }
         if decision.nodes:
             entry["new_nodes"] = list(decision.nodes)
+        if g.blamed:
+            entry["blamed"] = list(g.blamed)
         step = self.last_step(g)
         if step is not None:
             entry["failed_at_step"] = step
@@ -352,6 +626,15 @@ class Supervisor:
             return WHOLE_JOB_FAILED
         return None
 
+    def seen(self, g: Group) -> GroupState:
+        """The group as a decision must see it now: a step that ended in this poll but is
+        not handled yet (two groups failing together) no longer runs, and a failed one holds
+        no state to heal another group from."""
+        code = g.proc.poll() if g.proc is not None and g.state.running else None
+        if code is None:
+            return g.state
+        return replace(g.state, running=False, done=code == 0 and not g.ended_why)
+
     def end_all(self, why: str) -> None:
         say(f"ending every group: {why}")
         for g in self.groups:
@@ -362,6 +645,22 @@ class Supervisor:
             if g.proc is not None:
                 with contextlib.suppress(Exception):
                     g.proc.wait(timeout=30)
+
+    def poll_group(self, g: Group, now: float, found: list[Failure]) -> int | None:
+        """One look at a running group: watch it, note it finished, or handle its failure
+        (the exit code when that fails the job)."""
+        if g.proc is None or not g.state.running:
+            return None
+        code = g.proc.poll()
+        if code is None:
+            self.watch_running(g, now, found)
+            return None
+        if code == 0 and not g.ended_why:
+            g.state = replace(g.state, running=False, done=True)
+            say(f"group {g.state.group}: every rank finished")
+            self.publish()
+            return None
+        return self.on_failure(g, code)
 
     def run(self, lighthouse: subprocess.Popen[bytes] | None) -> int:
         for g in self.groups:
@@ -376,21 +675,15 @@ class Supervisor:
             now = self.clock()
             found = read_failures(self.run_dir)
             for g in self.groups:
-                if g.proc is None or not g.state.running:
-                    continue
-                code = g.proc.poll()
-                if code is None:
-                    self.watch_running(g, now, found)
-                    continue
-                if code == 0 and not g.ended_why:
-                    g.state = replace(g.state, running=False, done=True)
-                    say(f"group {g.state.group}: every rank finished")
-                    self.publish()
-                    continue
-                failed = self.on_failure(g, code)
+                failed = self.poll_group(g, now, found)
                 if failed is not None:
                     return failed
+            failed = self.watch_hangs(now)
+            if failed is not None:
+                return failed
             if all(not g.state.running for g in self.groups):
+                if self.settings.hang_timeout > 0:
+                    self.record_beats(self.clock())  # the final step, into the history
                 done = [g for g in self.groups if g.state.done]
                 return 0 if done else WHOLE_JOB_FAILED
             time.sleep(POLL_S)
@@ -421,9 +714,16 @@ def record_restart(run_dir: Path, entry: dict[str, object]) -> None:
 
 
 def record_rejoin(
-    run_dir: Path, group: int, restart: int, step: int, healed: bool, after: float
+    run_dir: Path,
+    group: int,
+    restart: int,
+    step: int,
+    healed: bool,
+    after: float,
+    source: int | None = None,
 ) -> None:
-    """Add the heal to the group's restart entry (``restart``: the entry's count)."""
+    """Add the heal to the group's restart entry (``restart``: the entry's count;
+    ``source``: the group it healed from, where known)."""
     try:
         records = attempts.load(run_dir)
         entries = [dict(e) for e in (records[-1].group_restarts or ())] if records else []
@@ -433,6 +733,8 @@ def record_rejoin(
                 if isinstance(failed_at, int):
                     entry["steps_missed"] = max(step - failed_at, 0)
                 entry.update(rejoined_step=step, healed=healed, rejoin_s=round(after, 3))
+                if source is not None:
+                    entry["healed_from"] = source
                 break
         attempts.update_open(run_dir, group_restarts=entries)
     except Exception as exc:
@@ -492,6 +794,10 @@ def parse_args(argv: Sequence[str]) -> Settings:
     parser.add_argument("--stale-after", type=float, default=35.0)
     parser.add_argument("--bad-node-ttl-hours", type=float, default=24.0)
     parser.add_argument("--lighthouse", default="torchft_lighthouse")
+    parser.add_argument("--hang-timeout", type=float, default=0.0)
+    parser.add_argument("--heartbeat-interval", type=float, default=10.0)
+    parser.add_argument("--straggler-factor", type=float, default=math.inf)
+    parser.add_argument("--straggler-patience", type=float, default=300.0)
     parser.add_argument("srun", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rest = list(args.srun)
@@ -511,6 +817,10 @@ def parse_args(argv: Sequence[str]) -> Settings:
         srun=tuple(rest[:cut]),
         worker=tuple(rest[cut + 1 :]),
         lighthouse=args.lighthouse,
+        hang_timeout=args.hang_timeout,
+        heartbeat_interval=args.heartbeat_interval,
+        straggler_factor=args.straggler_factor,
+        straggler_patience=args.straggler_patience,
     )
 
 

@@ -105,6 +105,10 @@ class ReplicaSupervision:
     heal_timeout: int
     stale_after: float  # the heartbeats' staleness (policy.heartbeats.Thresholds.stale_after)
     bad_node_ttl_hours: float
+    hang_timeout: int = 0  # health.hang_timeout for the per-group hang verdict; 0: off
+    heartbeat_interval: float = 10.0
+    straggler_factor: float = 2.0
+    straggler_patience: int = 300
 
 
 @dataclass(frozen=True)
@@ -434,4 +438,9 @@ def replica_groups(cfg: Config) -> ReplicaSupervision | None:
         heal_timeout=ft.heal_timeout,
         stale_after=3 * cfg.health.heartbeat_interval + 5,
         bad_node_ttl_hours=cfg.health.bad_node_ttl_hours,
+        # health.watchdog off: no hang verdict, as in mode: job.
+        hang_timeout=cfg.health.hang_timeout if cfg.health.watchdog else 0,
+        heartbeat_interval=cfg.health.heartbeat_interval,
+        straggler_factor=cfg.health.straggler_factor,
+        straggler_patience=cfg.health.straggler_patience,
     )

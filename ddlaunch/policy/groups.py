@@ -10,15 +10,25 @@ The rules, in order:
 * the progress guard, per group: a group restarted before whose last start never rejoined
   the others (it never healed, or never committed a step) is given up rather than started
   again in a loop;
+* a restarted group reads nothing from disk and heals from a group that trains: with none
+  left (the others failed with it, or are restarting themselves) it cannot restart, and the
+  job restarts from its latest checkpoint instead (below), rather than every group training
+  on from step 0;
 * giving a group up leaves fewer live groups: below ``min_replica_groups`` (or none at all)
   is a failure of the whole job, which the end hook concludes as today (restart in the
   allocation or requeue from the latest complete checkpoint).
+
+``hung_groups`` is the hang verdict per group: the watchdog's rule
+(``policy.heartbeats.detect_hang``) on each group's own heartbeats, and which of the stalled
+groups hang themselves rather than wait for a hung peer (its docstring).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from ddlaunch.policy.heartbeats import CAUSE_HANG, Finding, Thresholds
 
 RESTART = "restart"
 GIVE_UP = "give_up"
@@ -81,6 +91,10 @@ def decide(
 ) -> GroupDecision:
     """What to do with ``failed`` (one of ``groups``, whose step just ended in failure)."""
     others_live = sum(1 for g in groups if g.group != failed.group and g.live)
+    # The groups a restarted one can heal from: training, and in the quorum since their start.
+    sources = sum(
+        1 for g in groups if g.group != failed.group and g.live and g.running and g.rejoined
+    )
     placed = restart_nodes(failed, unusable, spares)
     if placed is None:
         lost = ", ".join(sorted(n for n in failed.nodes if n in unusable))
@@ -89,6 +103,16 @@ def decide(
         why = f"it used its fault_tolerance.max_restarts ({max_restarts})"
     elif failed.restarts > 0 and not failed.rejoined:
         why = "its last restart never rejoined the other groups"
+    elif sources == 0 and any(g.done for g in groups if g.group != failed.group):
+        return GroupDecision(
+            GIVE_UP, f"group {failed.group} is given up: the other groups finished training"
+        )
+    elif sources == 0:
+        return GroupDecision(
+            FAIL_JOB,
+            f"group {failed.group} cannot restart: no other group trains to heal it from "
+            "(the job restarts from its latest checkpoint)",
+        )
     else:
         nodes, replaced = placed
         moved = "; ".join(f"{a} -> {b}" for a, b in replaced)
@@ -112,3 +136,83 @@ def group_nodes(nodes: Sequence[str], groups: int) -> list[tuple[str, ...]]:
         raise ValueError(f"{len(nodes)} nodes do not split into {groups} equal groups")
     k = len(nodes) // groups
     return [tuple(nodes[g * k : (g + 1) * k]) for g in range(groups)]
+
+
+@dataclass(frozen=True)
+class GroupBeats:
+    """What one watched group's heartbeats say (a group that has rejoined the others since
+    its last start; a healing one answers to ``heal_timeout`` instead)."""
+
+    group: int
+    finding: Finding | None  # policy.heartbeats.detect_hang on the group's own beats
+    last_step: float  # policy.heartbeats.last_progress of them
+    frozen: bool  # every running rank's heartbeat went stale (policy.heartbeats.frozen)
+
+
+@dataclass(frozen=True)
+class HangVerdict:
+    """``hung``: the groups to end and restart, each with its finding; ``whole_job``: every
+    watched group is stalled and none can be singled out: a hang of the job."""
+
+    hung: tuple[tuple[int, Finding], ...] = ()
+    whole_job: Finding | None = None
+
+
+def hung_groups(
+    watched: Sequence[GroupBeats], now: float, t: Thresholds, changed: float = 0.0
+) -> HangVerdict:
+    """Which stalled groups hang. A group that hangs stalls the others too (torchft waits for
+    it in the quorum and the cross-group all-reduce), so a stalled group is hung only on
+    evidence that it, not a peer, stopped:
+
+    1. its own verdict blames a node (a frozen, lagging or stuck rank among its live ones);
+    2. every rank of it froze while some watched group's did not (a one-node group whose
+       node leader stopped: the group's own rule sees no difference between its ranks);
+    3. without either anywhere: the other groups finished steps at least half a
+       ``hang_timeout`` after its last one (they are not waiting for it, nor it for them).
+
+    Stalled groups without evidence wait: they are the victims of a hung peer and train again
+    once it is ended. Every watched group stalled with no evidence for ``stale_after`` past
+    the timeout (time enough for a frozen rank's heartbeat to go stale), counted from the
+    latest step or from ``changed`` (when a group was last ended or started: the others may
+    have waited for it), is a hang of the whole job; so is every watched group hung at once:
+    restarting them all would leave no group to heal from, and the job restarts from its
+    latest checkpoint instead.
+    """
+    stalled = [w for w in watched if w.finding is not None]
+    if not stalled:
+        return HangVerdict()
+    all_frozen = all(w.frozen for w in watched)
+    hung = [w for w in stalled if (w.finding and w.finding.nodes) or (w.frozen and not all_frozen)]
+    if not hung:
+        newest = max(w.last_step for w in watched)
+        hung = [w for w in stalled if newest - w.last_step >= t.hang_timeout / 2]
+    if hung and len(hung) < len(watched):
+        return HangVerdict(tuple((w.group, _group_finding(w)) for w in hung))
+    idle = now - max(w.last_step for w in watched)
+    quiet = min(idle, now - changed)
+    if len(stalled) == len(watched) and (hung or quiet >= t.hang_timeout + t.stale_after):
+        names = ", ".join(str(w.group) for w in watched)
+        return HangVerdict(
+            whole_job=Finding(
+                CAUSE_HANG,
+                tuple(sorted({n for w in hung for n in _group_finding(w).nodes})),
+                f"every replica group ({names}) stopped: no step finished for {idle:.0f} s "
+                f"(hang_timeout {t.hang_timeout:.0f} s); "
+                + ("all of them hang" if hung else "no single group to blame"),
+            )
+        )
+    return HangVerdict()
+
+
+def _group_finding(w: GroupBeats) -> Finding:
+    assert w.finding is not None
+    if w.finding.nodes or not w.frozen:
+        return w.finding
+    return Finding(
+        CAUSE_HANG,
+        w.finding.nodes,
+        f"{w.finding.detail}; every rank of group {w.group} stopped beating while the other "
+        "groups' ranks beat (its processes are frozen)",
+        w.finding.ranks,
+    )

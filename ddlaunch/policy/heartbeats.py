@@ -118,17 +118,31 @@ def _blame(suspects: Sequence[Beat], running: Sequence[Beat]) -> tuple[str, ...]
     return tuple(sorted({b.host for b in suspects}))
 
 
-def detect_hang(
-    beats: list[Beat], now: float, t: Thresholds, expected_ranks: int | None = None
-) -> Finding | None:
+def last_progress(beats: Sequence[Beat]) -> float | None:
+    """When the running ranks last showed progress (their newest finished step, else their
+    start): the time the hang rule counts from; None without a running rank."""
     running = [b for b in beats if b.state == "running"]
     if not running:
         return None
-    last_step = max((b.step_wall or b.started or b.beat) for b in running)
+    return max((b.step_wall or b.started or b.beat) for b in running)
+
+
+def frozen(beats: Sequence[Beat], now: float, t: Thresholds) -> list[Beat]:
+    """The running ranks whose heartbeat went stale: their writer thread stopped."""
+    return [b for b in beats if b.state == "running" and now - b.beat > t.stale_after]
+
+
+def detect_hang(
+    beats: list[Beat], now: float, t: Thresholds, expected_ranks: int | None = None
+) -> Finding | None:
+    last_step = last_progress(beats)
+    if last_step is None:
+        return None
+    running = [b for b in beats if b.state == "running"]
     idle = now - last_step
     if idle < t.hang_timeout:
         return None
-    stale = [b for b in running if now - b.beat > t.stale_after]
+    stale = frozen(running, now, t)
     steps = [b.step for b in running if b.step is not None]
     top = max(steps) if steps else None
     behind = [b for b in running if top is not None and (b.step is None or b.step < top)]

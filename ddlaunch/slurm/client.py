@@ -98,6 +98,11 @@ def default_timeout() -> float:
     return value if value > 0 else DEFAULT_TIMEOUT_S
 
 
+def scancel_argv(job_ids: Sequence[str], signal: str | None = None) -> list[str]:
+    """``scancel [--signal=SIG] ID...`` (jobs or steps, ``JOB.STEP``), as ``cancel`` runs it."""
+    return ["scancel", *([f"--signal={signal}"] if signal else []), *job_ids]
+
+
 class SlurmClient:
     def __init__(self, runner: Runner | None = None, timeout: float | None = None):
         self.runner = runner or SubprocessRunner()
@@ -120,8 +125,7 @@ class SlurmClient:
         ids = list(job_ids)
         if not ids:
             return
-        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *ids]
-        result = self._run(argv, new_session=True)
+        result = self._run(scancel_argv(ids, signal), new_session=True)
         if not result.ok:
             raise failure("scancel", result)
 
@@ -167,6 +171,12 @@ class SlurmClient:
         argv = ["sacct", "-P", "-n", "-j", job_id, "-o", "JobID,State,ExitCode,NodeList"]
         result = self.runner.run(argv, timeout=min(self.timeout, 10.0))
         return result.stdout if result.ok else ""
+
+    def steps_by_name(self, job_id: str) -> dict[str, list[str]]:
+        """The job's running numeric steps by their names (``--job-name`` of srun), in ONE
+        squeue call; {} when squeue fails."""
+        result = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"])
+        return queue.parse_step_names(result.stdout) if result.ok else {}
 
     def job_steps(self, job_id: str) -> list[str]:
         """The job's running numeric steps (``123.0``), without batch, extern and the guard."""

@@ -147,6 +147,17 @@ def parse_sacct(stdout: str) -> dict[str, QueueRow]:
 GUARD_STEP_NAME = "ddlaunch-guard"
 
 
+def parse_step_names(stdout: str) -> dict[str, list[str]]:
+    """``squeue -h -s -j JOB -o %i|%j`` -> step name -> its numeric step ids (``95.3``), in
+    the order listed; batch, extern and the like (no number after the dot) left out."""
+    named: dict[str, list[str]] = {}
+    for line in stdout.split("\n"):
+        step_id, sep, name = line.strip().partition("|")
+        if sep and step_id.partition(".")[2].isdigit():
+            named.setdefault(name, []).append(step_id)
+    return named
+
+
 def parse_steps(stdout: str) -> list[str]:
     """``squeue -h -s -j JOB -o %i|%j`` (or ``-o %i``) -> the numeric steps (``95.0``), not
     batch/extern, nor the guard step."""

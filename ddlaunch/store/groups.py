@@ -6,8 +6,8 @@ themselves, for the batch host's group supervisor.
   does not move past its restart time has not healed (yet); one whose step advances is
   training.
 * ``groups/heal-<g>-<restart>.json`` (``HealRecord``): group ``g``, started for the
-  ``restart``-th time, took a live peer's state at step ``healed_from_step``: written once,
-  by the group's rank 0, right after the heal.
+  ``restart``-th time, took a live peer's state (group ``healed_from_group``) at step
+  ``healed_from_step``: written once, by the group's rank 0, right after the heal.
 
 Torch-free; one small file per group, so the records of a 1,000-group job are 1,000 files
 rewritten a few times a minute, never one per rank.
@@ -43,7 +43,9 @@ class HealRecord:
     """``healed_from_step``: the step of the peer's state the group took (its new step);
     ``step_before``: the group's own step before (0 for a group that restarted from
     nothing); ``healed_at``: epoch seconds; ``seconds_from_start``: from the start of the
-    group's rank 0 process (torch's import included) to the healed state."""
+    group's rank 0 process (torch's import included) to the healed state;
+    ``healed_from_group``: the group whose state it took (None: not known, a record of an
+    earlier version or a peer that did not say)."""
 
     group: int
     restart: int
@@ -51,6 +53,7 @@ class HealRecord:
     step_before: int
     healed_at: float
     seconds_from_start: float
+    healed_from_group: int | None = None
 
 
 def step_path(run_dir: Path, group: int) -> Path:

@@ -61,6 +61,9 @@ WAIT_MARKERS = (
     "torch/_tensor.py",
     "torch/cuda/",
     "ddlaunch/worker/signals.py",
+    # torchft's quorum, cross-group all-reduce and commit vote (replica groups) wait for the
+    # other groups.
+    "torchft/",
 )
 
 

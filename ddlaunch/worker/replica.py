@@ -185,8 +185,14 @@ class Replica:
         self._device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
         pg_class = tf.process_group.ProcessGroupNCCL if cuda else tf.process_group.ProcessGroupGloo
         ft = config.fault_tolerance
+        from ddlaunch.worker.heal_source import http_transport  # imports torchft
+
+        # torchft's own transport, its metadata tagged with the group: the healing side
+        # learns which group it healed from (``worker.heal_source`` says why this way).
+        self.transport = http_transport(identity.group, STEP_TIMEOUT)
         self.manager: Manager = tf.manager.Manager(
             pg=pg_class(timeout=STEP_TIMEOUT),
+            checkpoint_transport=self.transport,
             load_state_dict=load_state_dict,
             state_dict=state_dict,
             min_replica_size=ft.min_replica_groups,
@@ -307,10 +313,13 @@ class Replica:
             step_before=before,
             healed_at=now,
             seconds_from_start=round(now - self._started, 3),
+            healed_from_group=self.transport.source_group,
         )
         if self.group_rank == 0:
+            source = self.transport.source_group
+            peer = "a live peer" if source is None else f"a live peer (group {source})"
             print(
-                f"[ddlaunch] group {self.identity.group} healed from a live peer at step {step}",
+                f"[ddlaunch] group {self.identity.group} healed from {peer} at step {step}",
                 flush=True,
             )
             groups.write_heal(self.run_dir, self.healed)
