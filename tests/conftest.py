@@ -20,12 +20,15 @@ from support.devcluster import SLURM_CONF, DevCluster, DevClusterError, bring_up
 
 # Inherited from the caller's shell, these would change what the code under test does: a
 # pytest started inside an salloc has SLURM_JOB_ID (every rank function would think it runs
-# as a Slurm task), a user's DDLAUNCH_RUN_ROOT or DDLAUNCH_BAD_NODES would be written to,
-# COLUMNS/LINES would change every table. Kept: SLURM_CONF (the dev cluster's) and the one
-# variable that steers the tests rather than the code (regenerating the golden renders).
+# as a Slurm task), a user's SBATCH_PARTITION would send the tests' jobs elsewhere, a user's
+# DDLAUNCH_RUN_ROOT or DDLAUNCH_BAD_NODES would be written to, COLUMNS/LINES would change every
+# table. Kept: SLURM_CONF (the dev cluster's) and the one variable that steers the tests rather
+# than the code (regenerating the golden renders).
 _KEPT = ("SLURM_CONF", "DDLAUNCH_UPDATE_GOLDEN")
 for _name in list(os.environ):
-    if (_name.startswith(("SLURM_", "DDLAUNCH_")) and _name not in _KEPT) or _name in (
+    if (
+        _name.startswith(("SLURM_", "SBATCH_", "SRUN_", "DDLAUNCH_")) and _name not in _KEPT
+    ) or _name in (
         "COLUMNS",
         "LINES",
     ):
@@ -122,15 +125,20 @@ def slurm_cluster() -> Iterator[DevCluster]:
         cluster = bring_up()
     except DevClusterError as exc:
         unavailable(str(exc))
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = SLURM_CONF
+    # SLURM_CONF, and in a cluster with lanes this process's partition (support.devcluster).
+    pinned = {"SLURM_CONF": SLURM_CONF}
+    if cluster.partition is not None:
+        pinned["SBATCH_PARTITION"] = cluster.partition
+    previous = {key: os.environ.get(key) for key in pinned}
+    os.environ.update(pinned)
     try:
         yield cluster
     finally:
-        if previous is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = previous
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture

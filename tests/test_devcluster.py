@@ -53,7 +53,7 @@ srun bash -c 'echo "TASK rank=$SLURM_PROCID host=$(hostname)"'
     assert {host for _, host in tasks} == set(nodes)
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_gpus_per_node_sets_cuda_visible_devices(
     slurm_cluster: DevCluster, slurm_job_cleanup: list[str], tmp_path: Path
 ) -> None:
@@ -92,7 +92,7 @@ def test_scontrol_requeue_restarts_job_with_restart_count(
     assert slurm_cluster.job_field(job, "Restarts") == "1"
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_killed_node_goes_down_and_requeue_job_resumes_elsewhere(
     slurm_cluster: DevCluster, slurm_job_cleanup: list[str], tmp_path: Path
 ) -> None:

@@ -83,7 +83,7 @@ def result(run_dir: Path) -> dict:
     return json.loads((run_dir / "result.json").read_text())
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_node_kill_requeues_and_ends_bit_identical(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
@@ -250,7 +250,7 @@ def test_time_limit_signal_saves_on_every_rank_and_resumes(
     assert res["param_sha256"] == reference_sha
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_same_failure_every_attempt_stops_without_progress(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
@@ -275,8 +275,9 @@ def test_same_failure_every_attempt_stops_without_progress(
         "stopped: no progress in the last attempt (the committed step stayed at 40)"
     )
     assert row["attempts"] == 2
+    first = slurm_cluster.hostnames(runs[0]["nodes"])[0]
     assert row["failure"].startswith(
-        "rank 1 on node1: RuntimeError: deterministic failure at step 50"
+        f"rank 1 on {first}: RuntimeError: deterministic failure at step 50"
     )
 
 
@@ -318,7 +319,7 @@ def verdict_time(run_dir: Path, record: dict) -> float:
     return float(json.loads((run_dir / "health" / f"verdict-{key}.json").read_text())["time"])
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_node_death_continues_on_the_spare_bit_identical(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
@@ -365,7 +366,7 @@ def test_node_death_continues_on_the_spare_bit_identical(
     assert f"[ddlaunch] preflight: every spare passed ({spare})" in log
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_node_death_without_a_spare_shrinks_to_nodes_min(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
@@ -398,7 +399,7 @@ def test_node_death_without_a_spare_shrinks_to_nodes_min(
     ), status.stdout
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_a_node_stopped_shorter_than_the_detection_window_is_not_blamed(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
@@ -429,35 +430,36 @@ def test_a_node_stopped_shorter_than_the_detection_window_is_not_blamed(
     assert result(run_dir)["param_sha256"] == reference_sha
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_a_node_failing_preflight_is_replaced_by_the_spare_without_a_requeue(
     slurm_cluster, slurm_job_cleanup, tmp_path, monkeypatch
 ) -> None:
     """The second node's preflight fails (no free space, injected): the ranks restart at once
     on the first node and the spare; the job never goes back to the queue."""
-    monkeypatch.setenv("DDLAUNCH_HEALTH_INJECT", json.dumps([{"node": "node2", "free_gb": 0}]))
+    first_node, victim, third_node = slurm_cluster.nodes[:3]
+    monkeypatch.setenv("DDLAUNCH_HEALTH_INJECT", json.dumps([{"node": victim, "free_gb": 0}]))
     config = mlp_config(
         tmp_path,
         "ft-spare-pf",
         params={"steps": 60},
         fault_tolerance={"spare_nodes": 1},
-        nodes={"nodelist": ["node1", "node2", "node3"]},
+        nodes={"nodelist": [first_node, victim, third_node]},
     )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     seen = job_states_until_done(slurm_cluster, job_id, 300)
     assert "PENDING" not in seen[1:] and seen[-1] == "COMPLETED", seen
     assert slurm_cluster.job_field(job_id, "Restarts") == "0"
     first, second = attempts(run_dir)
-    assert (first["cause"], first["blamed"]) == ("preflight", ["node2"]), first
+    assert (first["cause"], first["blamed"]) == ("preflight", [victim]), first
     assert first["decision"] == (
-        "restart in the allocation after preflight, without node2 (restart 1 of 3)"
+        f"restart in the allocation after preflight, without {victim} (restart 1 of 3)"
     )
     assert first["committed_step"] is None  # no training step ran
-    assert second["nodes"] == "node1,node3" and second["in_allocation"] is True
+    assert second["nodes"] == f"{first_node},{third_node}" and second["in_allocation"] is True
     assert second["resumed_from"] is None and result(run_dir)["start_step"] == 0
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_losing_the_batch_host_of_a_job_with_spares_falls_back_to_a_requeue(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:

@@ -107,6 +107,22 @@ def test_jobs_that_can_never_start(overrides: list[str], expected: list[str]) ->
     assert problems(config(*overrides), LIMITS, {}) == expected
 
 
+def test_an_unset_partition_is_checked_against_sbatch_partition_from_the_shell() -> None:
+    """sbatch takes $SBATCH_PARTITION when the script names none: the check does too."""
+    small = config("job.partition=null", "nodes.count=2", "job.time=01:00:00")
+    assert problems(small, LIMITS, {}, "ddltest") == [
+        "nodes.count: 2 nodes is more than partition ddltest's MaxNodes=1",
+        "job.time: 01:00:00 is longer than partition ddltest's MaxTime=00:30:00",
+    ]
+    assert problems(small, LIMITS, {}, "gpu") == [
+        "SBATCH_PARTITION (job.partition unset): no partition 'gpu' (the cluster has "
+        "ddltest, debug)"
+    ]
+    assert problems(small, LIMITS, {}, None) == []  # the default partition, debug
+    named = config("job.partition=debug", "nodes.count=2", "job.time=01:00:00")
+    assert problems(named, LIMITS, {}, "ddltest") == []  # the config's own partition wins
+
+
 def test_excluded_nodes_that_leave_too_few_are_named_with_their_reason() -> None:
     cfg = config("nodes.count=2", "nodes.exclude=[node3]")
     why = {"node1": "on your bad-node list (hang)", "node3": "nodes.exclude in the config"}

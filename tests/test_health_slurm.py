@@ -24,7 +24,7 @@ from support.devcluster import run_ddlaunch as _ddlaunch
 
 TESTS = Path(__file__).resolve().parent
 # The three tests share the module's two runs, one of which walks all three nodes.
-pytestmark = [pytest.mark.slurm, pytest.mark.alone]
+pytestmark = [pytest.mark.slurm, pytest.mark.lane, pytest.mark.xdist_group("health_runs")]
 HANG_TIMEOUT = 30
 
 

@@ -46,7 +46,7 @@ def rank_records(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "out").glob("rank-*.json"))]
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_two_nodes_two_ranks_agree(slurm_cluster, slurm_job_cleanup, tmp_path: Path) -> None:
     config = write_config(tmp_path, "t-world", {"entrypoint": "launch_entrypoints:world_info"})
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
@@ -84,7 +84,7 @@ def test_unmodified_torchrun_script(slurm_cluster, slurm_job_cleanup, tmp_path: 
     assert {r["value_sum"] for r in recs} == {2.5 * (1 + 2 + 3 + 4)}
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_failing_rank_is_named_by_status_and_logs(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:
@@ -96,22 +96,23 @@ def test_failing_rank_is_named_by_status_and_logs(
     )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     assert slurm_cluster.wait_job_state(job_id, "FAILED", timeout=120) == "FAILED"
+    first = slurm_cluster.hostnames(slurm_cluster.job_field(job_id, "NodeList"))[0]
     status = ddlaunch("status", run_dir.name, "--json", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     row = json.loads(status.stdout)[0]
     assert row["state"] == "FAILED"
-    assert row["failure"].startswith("rank 1 on node1: ValueError: boom on rank 1 at ")
+    assert row["failure"].startswith(f"rank 1 on {first}: ValueError: boom on rank 1 at ")
     assert "launch_entrypoints.py:" in row["failure"]
     logs = ddlaunch("logs", run_dir.name, cwd=tmp_path)
-    assert logs.stdout.splitlines()[0].startswith("FAILED rank 1 on node1: ValueError: boom")
+    assert logs.stdout.splitlines()[0].startswith(f"FAILED rank 1 on {first}: ValueError: boom")
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_two_jobs_on_the_same_nodes_do_not_collide(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path, "t-port", {"entrypoint": "launch_entrypoints:world_info"})
-    pinned = ["nodes.nodelist=[node1,node2]", "params.hold_s=4"]
+    pinned = [f"nodes.nodelist=[{','.join(slurm_cluster.nodes[:2])}]", "params.hold_s=4"]
     runs = [submit(config, tmp_path, slurm_job_cleanup, *pinned) for _ in range(2)]
     for job_id, _ in runs:
         assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=150) == "COMPLETED"

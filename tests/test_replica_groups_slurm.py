@@ -87,7 +87,7 @@ def group_restarts(run_dir: Path) -> list[dict]:
     return [g for a in attempts(run_dir) for g in a.get("group_restarts") or ()]
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_a_killed_rank_restarts_its_group_only(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:
@@ -131,7 +131,7 @@ def test_a_killed_rank_restarts_its_group_only(
     assert "  group 1 failed after " in status and "restarted on node" in status, status
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_a_dead_node_moves_its_group_to_the_spare(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:
@@ -167,7 +167,7 @@ def test_a_dead_node_moves_its_group_to_the_spare(
 HANG_TIMEOUT = 30
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_a_frozen_rank_restarts_its_group_for_a_hang_and_only_that_group(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:

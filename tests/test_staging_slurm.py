@@ -63,7 +63,7 @@ def data_seen(run_dir: Path, job: str, restart: int) -> list[dict]:
     ]
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_staging_survives_a_kill_a_requeue_and_a_node_failure(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:

@@ -182,7 +182,7 @@ def test_hf_rank_killed_while_writing_a_checkpoint_resumes_from_the_complete_one
     assert result["weights_sha256"] == hf_reference["weights_sha256"]
 
 
-@pytest.mark.alone
+@pytest.mark.lane
 def test_lightning_usr1_saves_hpc_checkpoint_and_requeues_exactly_once(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:

@@ -190,7 +190,8 @@ def check_configs(
     for cfg in configs:
         reasons = excluded_reasons(cfg, listed, now, run_excluded)
         launch = check_launch(cfg, workdir)
-        found = [*problems(cfg, facts.partitions, reasons), *launch.errors]
+        where = os.environ.get("SBATCH_PARTITION")  # sbatch's default when job.partition is unset
+        found = [*problems(cfg, facts.partitions, reasons, where), *launch.errors]
         refusals += [r for r in found if r not in refusals]
         warnings += [w for w in launch.warnings if w not in warnings]
     if refusals and not force:

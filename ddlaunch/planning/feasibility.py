@@ -105,18 +105,26 @@ def _enough_nodes(cfg: Config, part: PartitionFacts, excluded: Mapping[str, str]
 
 
 def problems(
-    cfg: Config, partitions: Sequence[PartitionFacts], excluded: Mapping[str, str]
+    cfg: Config,
+    partitions: Sequence[PartitionFacts],
+    excluded: Mapping[str, str],
+    env_partition: str | None = None,
 ) -> list[str]:
     """Why the job can never start (empty: it can, as far as the facts tell). ``excluded``:
-    node -> why it is kept out (the config's ``nodes.exclude``, the bad-node list)."""
+    node -> why it is kept out (the config's ``nodes.exclude``, the bad-node list).
+    ``env_partition``: the submitting shell's ``SBATCH_PARTITION``, which sbatch uses when
+    ``job.partition`` is unset, so the job is checked against the partition it will run in."""
     if not partitions:
         return []  # not probed: nothing to say
-    part = find_partition(partitions, cfg.job.partition)
+    wanted, key = cfg.job.partition, "job.partition"
+    if wanted is None and env_partition:
+        wanted, key = env_partition, "SBATCH_PARTITION (job.partition unset)"
+    part = find_partition(partitions, wanted)
     if part is None:
-        if cfg.job.partition is None:
+        if wanted is None:
             return []  # no default partition: sbatch will say what it wants
         names = ", ".join(p.name for p in partitions)
-        return [f"job.partition: no partition {cfg.job.partition!r} (the cluster has {names})"]
+        return [f"{key}: no partition {wanted!r} (the cluster has {names})"]
     out = _limits(cfg, part)
     strangers = [n for n in cfg.nodes.nodelist if n not in part.nodes]
     if strangers:

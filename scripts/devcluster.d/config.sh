@@ -2,7 +2,7 @@
 # Renders the dev cluster's config files. Sourced by scripts/devcluster; every function is pure:
 # it reads the settings variables below and prints a file on stdout, nothing else.
 #
-# Inputs (set by scripts/devcluster): NODES GPUS CORES MEM_MB MAX_ARRAY, and the path constants
+# Inputs (set by scripts/devcluster): NODES GPUS CORES MEM_MB MAX_ARRAY LANES, and the path constants
 # CONF_DIR STATE_DIR LOG_DIR RUN_DIR MUNGE_SOCKET CTL_IP CTL_HOST CTLD_PORT DBD_PORT DB_NAME MARKER.
 
 # node_ip I: address of nodeI. 10.77.0.(10+I) gives the recipe's 10.77.0.11-19 for I<10 and
@@ -78,6 +78,13 @@ NodeName=DEFAULT Sockets=1 CoresPerSocket=$CORES ThreadsPerCore=1 RealMemory=$ME
 EOF
   for ((i = 1; i <= NODES; i++)); do echo "NodeName=node$i NodeAddr=$(node_ip "$i")"; done
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+  # Lanes: disjoint partitions beside debug, one per fault-injection test that may run at once.
+  local lane size=$((NODES / LANES))
+  if [ "$LANES" -gt 1 ]; then
+    for ((lane = 0; lane < LANES; lane++)); do
+      echo "PartitionName=lane$lane Nodes=node[$((lane * size + 1))-$(((lane + 1) * size))] MaxTime=INFINITE State=UP"
+    done
+  fi
 }
 
 render_gres_conf() {

@@ -4,6 +4,12 @@
 up) and returns a :class:`DevCluster`: the environment to give Slurm clients, the node names, and
 helpers to submit/wait/cancel jobs and to inject faults (kill a node, change node states, signal
 jobs, stop processes).
+
+Lanes: a cluster brought up with ``DDL_DEVCLUSTER_LANES=L`` has partitions ``lane0..lane(L-1)``
+of disjoint nodes beside ``debug``. A test process then works in one lane (pytest-xdist worker
+``gwK`` in lane K, a process without xdist in lane 0): its ``DevCluster.nodes`` are the lane's,
+and ``SBATCH_PARTITION`` in its environment sends every job it submits there, so tests marked
+``lane`` (they kill nodes or need every node) can run side by side, one per lane.
 """
 
 from __future__ import annotations
@@ -57,7 +63,11 @@ def bring_up(timeout: float = 300.0) -> DevCluster:
             f"scripts/devcluster up failed (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}"
         )
     env = {**os.environ, "SLURM_CONF": SLURM_CONF}
-    out = _run(["sinfo", "-h", "-N", "-o", "%N %G"], env).stdout
+    partition = lane_partition(env)
+    if partition is not None:
+        env["SBATCH_PARTITION"] = partition
+    where = ["-p", partition] if partition is not None else []
+    out = _run(["sinfo", "-h", "-N", *where, "-o", "%N %G"], env).stdout
     nodes: list[str] = []
     gpus = 0
     for line in out.splitlines():
@@ -67,7 +77,24 @@ def bring_up(timeout: float = 300.0) -> DevCluster:
         match = re.search(r"gpu:(?:[^:,()]+:)?(\d+)", gres)
         gpus = int(match.group(1)) if match else 0
     nodes.sort(key=lambda n: (len(n), n))
-    return DevCluster(env=env, nodes=nodes, gpus_per_node=gpus)
+    return DevCluster(env=env, nodes=nodes, gpus_per_node=gpus, partition=partition)
+
+
+def lane_partition(env: dict[str, str]) -> str | None:
+    """This test process's lane (``laneK``), or None on a cluster without lanes."""
+    out = _run(["sinfo", "-h", "-o", "%R"], env).stdout.split()
+    lanes = sorted((p for p in out if re.fullmatch(r"lane\d+", p)), key=lambda p: int(p[4:]))
+    if not lanes:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if re.fullmatch(r"gw\d+", worker) else 0
+    if index >= len(lanes):
+        raise DevClusterError(
+            f"pytest-xdist worker {worker} has no lane: the dev cluster has {len(lanes)} "
+            f"({', '.join(lanes)}); run at most {len(lanes)} workers (-n {len(lanes)}) or bring "
+            "the cluster up with more DDL_DEVCLUSTER_LANES"
+        )
+    return lanes[index]
 
 
 def _run(
@@ -90,6 +117,7 @@ class DevCluster:
     env: dict[str, str]
     nodes: list[str]
     gpus_per_node: int
+    partition: str | None = None  # this process's lane, where the cluster has lanes
 
     def slurm(
         self, *cmd: str, timeout: float = 30.0, check: bool = True
@@ -234,12 +262,24 @@ class DevCluster:
         return sent
 
     def revive_node(self, name: str, timeout: float = 120.0) -> None:
-        """Restart the node's slurmd and wait until it responds again.
-
-        ``scripts/devcluster up`` does exactly that: it restarts only dead daemons and returns
-        once every node is registered and usable (it also resumes nodes left DOWN/DRAIN).
-        """
-        bring_up(timeout=timeout)
+        """Restart the node's slurmd and wait until it responds again (resumed if it was left
+        DOWN/DRAIN): ``scripts/devcluster revive NODE``, which touches no other node, unlike
+        ``up``, which would also revive a node that a test in another lane has just killed."""
+        try:
+            proc = subprocess.run(
+                [str(SCRIPT), "revive", name],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DevClusterError(f"scripts/devcluster revive {name} did not finish") from exc
+        if proc.returncode != 0:
+            raise DevClusterError(
+                f"scripts/devcluster revive {name} failed (rc {proc.returncode}):\n"
+                f"{proc.stdout}{proc.stderr}"
+            )
         self.wait_node_state(name, {"idle", "mixed", "allocated", "completing"}, timeout=30)
 
     def set_node_state(self, name: str, state: str, reason: str = "ddlaunch test") -> None:
