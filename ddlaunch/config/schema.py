@@ -207,6 +207,13 @@ class StorageSpec:
     stage: tuple[StageSpec, ...] = opt(
         [], "Data copied to node-local storage, what changed, once per node before the first step."
     )
+    ranks_listed: int = opt(
+        100,
+        "Ranks named in each crashed attempt's record in attempts.json (the ranks that "
+        "ended and the causes, culprit first); the rest are counted. 100: every rank of a "
+        "job below 100 ranks is named; at 16,000 ranks a record stays ~30 KB, not 5 MB.",
+        range=(1, 10**6),
+    )
 
 
 def degree(doc: str) -> Any:

@@ -10,8 +10,9 @@ What the end hook adds to a crashed attempt's record (``attempts.json``):
 * ``culprit``: the first cause in words (``rank 1 on node1 killed by SIGKILL``), which
   ``status`` and ``logs`` show;
 * ``ranks_ended_more`` / ``causes_more``: how many entries were left out of each list
-  beyond its first ``KEEP_RANKS`` (only then present): at 16,000 ranks the record stays a
-  few KiB instead of megabytes rewritten at every later update of ``attempts.json``;
+  beyond its first ``storage.ranks_listed`` (only then present): at 16,000 ranks the record
+  stays tens of KiB instead of megabytes rewritten at every later update of
+  ``attempts.json``;
 * ``step_accounting``: the steps' exit as sacct kept them, when accounting has them
   (corroboration, and the signal when the log named no rank).
 
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.config.schema import StorageSpec
 from ddlaunch.policy import attribution as policy
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, heartbeats
@@ -44,8 +46,8 @@ from ddlaunch.store.rundir import batch_logs, rank_log
 LOG_TAIL_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
 # Entries of ``ranks_ended`` and ``causes`` kept in the record (the first, the culprit among
-# them); the rest are counted. Above any job below 100 ranks: those keep every entry.
-KEEP_RANKS = 100
+# them) unless the config says otherwise (``storage.ranks_listed``); the rest are counted.
+KEEP_RANKS = StorageSpec().ranks_listed
 REQUEUE_NOTE = "DUE TO JOB REQUEUE ***"
 
 
@@ -206,9 +208,11 @@ def attribute(
     log: Path | None = None,
     kernel_log: Callable[[], str] = read_kernel_log,
     step: policy.StepLog | None = None,
+    keep: int = KEEP_RANKS,
 ) -> dict[str, Any]:
     """The fields this module adds to the attempt's record (see the module's doc).
-    ``step``: the batch log's part already read (``read_step``), else it is read here."""
+    ``step``: the batch log's part already read (``read_step``), else it is read here;
+    ``keep``: the entries of each list kept (``storage.ranks_listed``)."""
     if step is None:
         step = read_step(run_dir, attempt, index, log)
     step = policy.mark_oom(step, oom_ranks(run_dir, step, this_host(), kernel_log))
@@ -222,13 +226,13 @@ def attribute(
     steps = accounting(client, attempt)
     causes = policy.rank_causes(step, raised, tails, steps)
     out: dict[str, Any] = {
-        "ranks_ended": [e.as_dict() for e in step.ends[:KEEP_RANKS]],
-        "causes": [c.as_dict() for c in causes[:KEEP_RANKS]],
+        "ranks_ended": [e.as_dict() for e in step.ends[:keep]],
+        "causes": [c.as_dict() for c in causes[:keep]],
     }
-    if len(step.ends) > KEEP_RANKS:
-        out["ranks_ended_more"] = len(step.ends) - KEEP_RANKS
-    if len(causes) > KEEP_RANKS:
-        out["causes_more"] = len(causes) - KEEP_RANKS
+    if len(step.ends) > keep:
+        out["ranks_ended_more"] = len(step.ends) - keep
+    if len(causes) > keep:
+        out["causes_more"] = len(causes) - keep
     if causes:
         out["culprit"] = causes[0].text
     if steps:
@@ -247,10 +251,11 @@ def attribute_safely(
     index: int,
     client: SlurmClient,
     step: policy.StepLog | None = None,
+    keep: int = KEEP_RANKS,
 ) -> dict[str, Any]:
     """``attribute``, but a failure to attribute never costs the attempt its conclusion."""
     try:
-        return attribute(run_dir, attempt, index, client, step=step)
+        return attribute(run_dir, attempt, index, client, step=step, keep=keep)
     except Exception as exc:
         print(f"[ddlaunch] warning: could not attribute the failure: {exc!r}", flush=True)
         return {}
