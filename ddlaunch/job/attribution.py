@@ -21,7 +21,8 @@ part of it: a requeued job appends to the same file; read line by line from the 
 start hook recorded, ``log_offset``, so that 16,000 per-task lines are all read, the
 culprit's first; a record without it, from an older ddlaunch, gets the last
 ``LOG_TAIL_BYTES``), the ranks' failure records of this
-attempt, the end of a silent rank's stderr, the kernel's OOM note for a rank SIGKILLed on
+attempt, the end of a silent rank's stderr (its own file, or its labelled lines in its
+node's, ``storage.rank_logs``), the kernel's OOM note for a rank SIGKILLed on
 this host (its pid, from its heartbeat, in ``/dev/kmsg`` where that is readable), and
 ``sacct -j JOB``.
 """
@@ -36,28 +37,47 @@ from typing import Any
 from ddlaunch.config.schema import StorageSpec
 from ddlaunch.policy import attribution as policy
 from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.labels import rank_lines
 from ddlaunch.store import attempts, heartbeats
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import read_failures
-from ddlaunch.store.rundir import batch_logs, rank_log
+from ddlaunch.store.rundir import batch_logs, node_log, rank_log
 
 # How much of a log is read without a recorded offset (older runs): srun's reports come
 # last, a rank's last words are at its end.
 LOG_TAIL_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
+# Of a per-node stderr: the node's ranks share it, so more is read to find one rank's end.
+NODE_TAIL_BYTES = 256 * 1024
 # Entries of ``ranks_ended`` and ``causes`` kept in the record (the first, the culprit among
 # them) unless the config says otherwise (``storage.ranks_listed``); the rest are counted.
 KEEP_RANKS = StorageSpec().ranks_listed
 REQUEUE_NOTE = "DUE TO JOB REQUEUE ***"
 
 
-def _tail(path: Path, size: int) -> str:
+def _tail(path: Path, size: int, whole_lines: bool = False) -> str:
+    """The last ``size`` bytes of ``path``; ``whole_lines``: from the first line that starts
+    in them (a cut line's end could read as another line)."""
     try:
         with open(path, "rb") as handle:
-            handle.seek(max(os.fstat(handle.fileno()).st_size - size, 0))
-            return handle.read().decode(errors="replace")
+            start = max(os.fstat(handle.fileno()).st_size - size, 0)
+            handle.seek(start)
+            data = handle.read()
     except OSError:
         return ""
+    if whole_lines and start > 0:
+        data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+    return data.decode(errors="replace")
+
+
+def rank_err_tail(run_dir: Path, rank: int, host: str) -> str:
+    """The end of ``rank``'s stderr: its own file, else its lines in its node's file."""
+    own = rank_log(run_dir, rank, "err")
+    if own.exists():
+        return _tail(own, STDERR_TAIL_BYTES)
+    text = _tail(node_log(run_dir, host, "err"), NODE_TAIL_BYTES, whole_lines=True)
+    mine = rank_lines(text.splitlines(), rank)
+    return "\n".join(mine)[-STDERR_TAIL_BYTES:] + ("\n" if mine else "")
 
 
 def batch_log(run_dir: Path, attempt: AttemptId) -> Path | None:
@@ -219,7 +239,7 @@ def attribute(
     raised = this_attempts_failures(run_dir, attempt)
     recorded = {r.rank for r in raised}
     tails = {
-        e.rank: _tail(rank_log(run_dir, e.rank, "err"), STDERR_TAIL_BYTES)
+        e.rank: rank_err_tail(run_dir, e.rank, e.host)
         for e in step.ends
         if e.rank not in recorded and not e.teardown
     }
