@@ -16,7 +16,9 @@ analyse; best of ``--repeat``) and its CPU time (the same cycle's process time: 
 cycle costs without the waits of a loaded machine), and the wall time with
 ``--open-latency-ms`` added per open: a model of Lustre or GPFS, where opening a small file
 costs ~1 ms at the metadata server (added arithmetically, not slept). Also the straggler
-rule at the largest size, beside the quadratic rule it replaced. Runs without the dev cluster.
+rule at the largest size, beside the quadratic rule it replaced, and each layout's growth
+exponents (the log-log slope over the sizes: 1 = linear in ranks). Runs without the dev
+cluster.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from bench_control_plane import slope  # the benchmarks' own directory is on the path
 from support import beats as synth
 from support.fakes import FakeRunner
 
@@ -139,6 +142,7 @@ def main() -> int:
         f"{'ranks':>6} {'layout':>13} {'shared writes/interval':>22} {'opens/cycle':>11} "
         f"{'cycle local':>11} {'cpu':>7} {'+' + str(args.open_latency_ms) + ' ms/open':>14}"
     )
+    grown: dict[str, list[tuple[float, float, float]]] = {}
     try:
         for nodes in sizes:
             now = time.time()
@@ -161,6 +165,7 @@ def main() -> int:
                 ("node summary", node_run, node_writes),
             ):
                 seconds, cpu, opens = cycle(run, now, args.repeat)
+                grown.setdefault(layout, []).append((seconds, cpu, opens))
                 print(
                     f"{nodes * PER_NODE:>6} {layout:>13} {writes:>22} {opens:>11} "
                     f"{seconds:>10.3f}s {cpu:>6.3f}s {seconds + opens * latency:>13.3f}s",
@@ -168,6 +173,12 @@ def main() -> int:
                 )
             for run in (node_run, rank_run, previous_run):
                 shutil.rmtree(run, ignore_errors=True)
+        ranks = [nodes * PER_NODE for nodes in sizes]
+        if len(sizes) > 1:
+            print("growth exponent (cycle local, cpu, opens):")
+            for layout, rows in grown.items():
+                wall, cpu, opens = (slope(ranks, [r[i] for r in rows]) for i in range(3))
+                print(f"  {layout:>13}: {wall:5.2f} {cpu:5.2f} {opens:5.2f}")
         n = max(sizes)
         busy = analysis.node_busy_times([analysis.Beat.from_record(r) for r in recs])
         for name, rule in (("quadratic", quadratic_slow_nodes), ("sorted", analysis.slow_nodes)):
