@@ -186,3 +186,18 @@ def test_read_attempt_summarises_a_head_without_a_summary_and_the_rank_layout(
     (directory / "rank-1.json").write_text(json.dumps(rank(1, "h2", step=6)))
     view = store.read_attempt(tmp_path, "9", 0)
     assert [(n.host, n.top) for n in view.nodes] == [("h1", 7), ("h2", 6)]
+
+
+def test_a_summary_the_analysis_could_not_use_is_rebuilt_from_the_ranks(tmp_path: Path) -> None:
+    good = summarise("h", [Beat(0, "h", 5, 99.0, 99.5)]).to_json()
+    assert NodeSummary.from_json(good) is not None
+    assert NodeSummary.from_json({**good, "running": "1"}) is None
+    assert NodeSummary.from_json({**good, "oldest_beat": "soon"}) is None
+    assert NodeSummary.from_json({**good, "new_field": 1}) is None  # another version's
+    head = {"host": "h", "job_id": "9", "restart": 0, "relaunch": 0, "beat": 1.0}
+    head["summary"] = {**good, "running": "1"}
+    path = store.node_heartbeat_path(tmp_path, "h")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(head) + "\n" + json.dumps(rank(0, "h", step=7)) + "\n")
+    (node,) = store.read_attempt(tmp_path, "9", 0).nodes
+    assert (node.running, node.top) == (1, 7)

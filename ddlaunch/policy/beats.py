@@ -121,8 +121,16 @@ class NodeSummary:
             summary = cls(**data)
         except TypeError:  # a field missing, or one this version does not know
             return None
-        if not isinstance(summary.host, str) or not isinstance(summary.ranks, int):
-            return None
+        counts = (summary.ranks, summary.running, summary.unstepped, summary.waiting)
+        times = (summary.progress, summary.oldest_beat, summary.newest_beat, summary.busy)
+        steps = (summary.step, summary.top, summary.low)
+        if not (
+            isinstance(summary.host, str)
+            and all(type(c) is int for c in (*counts, summary.stuck))
+            and all(t is None or isinstance(t, int | float) for t in (*times, *steps))
+            and isinstance(summary.first_started, int | float)
+        ):
+            return None  # the analysis would fail on it: summarised from the ranks instead
         return summary
 
 
