@@ -317,8 +317,8 @@ def make_plan(
         "srun",
         # One file per node: srun --label prefixes each line with its rank, and slurmstepd
         # reads the ranks' output from pipes, line by line (--unbuffered would give them a
-        # pty and label every fragment a read returns). One file per rank: the ranks write
-        # their files themselves, and --unbuffered changes nothing there.
+        # pty and label every fragment a read returns). One file per rank: slurmstepd makes
+        # the file itself each task's stdout, and --unbuffered changes nothing there.
         *(("--label",) if layout == NODE_LOGS else ("--unbuffered",)),
         "--kill-on-bad-exit=1",
         f"--ntasks-per-node={cfg.ranks_per_node}",
