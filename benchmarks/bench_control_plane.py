@@ -1,13 +1,21 @@
-"""The end hook's books of a crashed attempt as the job grows: 16, 160, 1,600 and 16,000 ranks
-(8 per node), timed in-process, with the Slurm commands it ran and the files it created, and
-each measure's growth exponent (the log-log slope over the sizes) beside a floor measured in
-the same run: listing the run directory once (``os.walk``), which any per-rank work costs at
-least.
+"""The control plane's books of a crashed attempt as the job grows: 16, 160, 1,600 and 16,000
+ranks (8 per node). The end hook, timed in-process, with the Slurm commands it ran and the
+files it created; then ``ddlaunch status RUN`` and ``ddlaunch report RUN`` on the run
+directory the end hook left, each timed as the command a user runs (a fresh process, median
+of ``-n``) and traced with ``strace -f`` for the files it opens, creates and renames in the
+run directory and the fsyncs it makes; each measure's growth exponent (the log-log slope over
+the sizes) beside floors measured in the same run: listing the run directory once
+(``os.walk``), which any per-rank work costs at least, reading the batch log, and
+``ddlaunch --help`` (the interpreter and the CLI, which every command pays). Without strace
+on the PATH the counts are left out. Slurm is never reached: the commands run with a PATH
+whose ``squeue``, ``sacct``, ``scontrol`` and ``sinfo`` answer nothing, and SLURM_CONF names
+no file.
 
     python benchmarks/bench_control_plane.py [-n 3] [--ranks 16,160,1600,16000]
 
 Each run directory is built with the project's own writers: the resolved config of
-examples/mlp, a committed step 20, one heartbeat per rank (``store.heartbeats``), a
+examples/mlp, a committed step 20, one heartbeat record per node (``store.heartbeats``) and
+the watchdog's summary and step sample of them (``job.watchdog``), a
 failure record for each of the culprit's node peers (``store.failures``; they raised a
 peer's collateral error), the start hook's attempt (``job.hooks.start``, which records the
 batch log's offset) in a batch log that already holds an earlier attempt's reports, then the
@@ -23,9 +31,11 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +51,8 @@ from support.fakes import FakeRunner  # noqa: E402
 
 from ddlaunch.config.validate import load_config, to_plain  # noqa: E402
 from ddlaunch.job import hooks  # noqa: E402
+from ddlaunch.job.watchdog import _Watch  # noqa: E402
+from ddlaunch.policy.heartbeats import Thresholds  # noqa: E402
 from ddlaunch.runner import CommandResult  # noqa: E402
 from ddlaunch.slurm.client import SlurmClient  # noqa: E402
 from ddlaunch.store import failures, heartbeats  # noqa: E402
@@ -99,9 +111,12 @@ def build(where: Path, ranks: int, config: str, port: int) -> Path:
     marker = '{"format": 1, "step": 20, "time": 1.0, "world_size": 1, "num_shard_files": 1}'
     (step / ".ddlaunch-commit.json").write_text(marker)
     now = time.time()
-    for rank in range(ranks):
-        record = {"rank": rank, "pid": 1000 + rank, "step": 41, "time": now, "host": node_of(rank)}
-        heartbeats.write_heartbeat(heartbeats.heartbeat_path(run, rank), record)
+    heartbeats.heartbeat_dir(run).mkdir(parents=True)
+    for node in range(max(ranks // PER_NODE, 1)):
+        host = node_of(node * PER_NODE)
+        records = [beat(rank, host, now) for rank in range(node * PER_NODE, (node + 1) * PER_NODE)]
+        path = heartbeats.node_heartbeat_path(run, host)
+        heartbeats.write_node_record(path, host, (JOB.job_id, 0, 0), now, records)
     for rank in range(PER_NODE):
         if rank != CULPRIT:
             failures.write_failure(
@@ -129,7 +144,30 @@ def build(where: Path, ranks: int, config: str, port: int) -> Path:
     with open(log, "a") as handle:
         handle.write(f"[ddlaunch] attempt 0 on {nodelist}, resuming from step 20\n")
         handle.write(srun_step(ranks, CULPRIT))
+    # The watchdog's summary for status and its step sample for report, of those beats.
+    watch = _Watch(run, JOB, Thresholds(600, 10, 2.0, 300), ranks, SlurmClient(FakeRunner()), now)
+    watch.record(now, watch.beats())
     return run
+
+
+def beat(rank: int, host: str, now: float) -> dict[str, object]:
+    """A rank's heartbeat as its writer leaves it (``worker.heartbeat``), at step 41."""
+    return {
+        "rank": rank,
+        "leader": rank % PER_NODE == 0,
+        "host": host,
+        "pid": 1000 + rank,
+        "job_id": JOB.job_id,
+        "restart": 0,
+        "relaunch": 0,
+        "started": now - 600,
+        "state": "running",
+        "step": 41,
+        "step_wall": now - 2,
+        "step_time": 0.5,
+        "busy_time": 0.4,
+        "beat": now - 1,
+    }
 
 
 def files_under(run: Path) -> set[str]:
@@ -137,6 +175,8 @@ def files_under(run: Path) -> set[str]:
 
 
 def end_once(template: Path, scratch: Path, ranks: int, port: int) -> tuple[float, int, int, str]:
+    """(seconds, Slurm commands, files created, culprit); the ended run is left in
+    ``scratch/run``."""
     run = scratch / "run"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(template, run)
@@ -149,7 +189,7 @@ def end_once(template: Path, scratch: Path, ranks: int, port: int) -> tuple[floa
         hooks.end(run, 137, SlurmClient(runner), JOB, settings)
         took = time.perf_counter() - began
     created = len(files_under(run) - before)
-    culprit = str(hooks.attempts.load(run)[-1].get("culprit"))
+    culprit = str(hooks.attempts.load(run)[-1].culprit)
     return took, len(runner.calls), created, culprit
 
 
@@ -165,6 +205,67 @@ def read_once(template: Path) -> float:
     with open(template / "logs" / f"batch-{JOB.job_id}.out", "rb") as handle:
         sum(1 for _ in handle)
     return time.perf_counter() - began
+
+
+def no_slurm(where: Path) -> dict[str, str]:
+    """The environment of the commands: Slurm's commands answer nothing, none is reached."""
+    bin_dir = where / "no-slurm-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("squeue", "sacct", "scontrol", "sinfo", "sbatch", "srun", "scancel"):
+        script = bin_dir / name
+        script.write_text("#!/bin/sh\nexit 0\n")
+        script.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    env.update(SLURM_CONF=str(where / "no-slurm.conf"), NO_COLOR="1", COLUMNS="120")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def command(run: Path, verb: str) -> list[str]:
+    """``ddlaunch VERB RUN`` (``report`` writes into the run directory, its default)."""
+    return [sys.executable, "-m", "ddlaunch", verb, str(run)]
+
+
+def time_command(argv: list[str], env: dict[str, str], n: int) -> float:
+    """The median wall time of ``n`` runs of the command, each a fresh process, after one
+    untimed run (the bytecode and page caches warm, as for a user's second command)."""
+    times = []
+    for i in range(n + 1):
+        began = time.perf_counter()
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if i:
+            times.append(time.perf_counter() - began)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{argv[3:]} failed: {proc.stderr[-2000:]}")
+    return statistics.median(times)
+
+
+TRACED = "openat,open,creat,rename,renameat,renameat2,fsync,fdatasync"
+
+
+def count_calls(argv: list[str], env: dict[str, str], run: Path, where: Path) -> dict[str, int]:
+    """Files of the run directory the command opens, creates (opens with O_CREAT) and renames
+    into, and every fsync/fdatasync it makes, from ``strace -f``; {} without strace."""
+    if shutil.which("strace") is None:
+        return {}
+    trace = where / "strace.txt"
+    subprocess.run(
+        ["strace", "-f", "-qq", "-e", f"trace={TRACED}", "-o", str(trace), *argv],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    counts = {"opens": 0, "creates": 0, "renames": 0, "fsyncs": 0}
+    inside = f'"{run}/'
+    for line in trace.read_text(errors="replace").splitlines():
+        if re.search(r"\b(f|fdata)sync\(", line):
+            counts["fsyncs"] += 1
+        elif re.search(r"\brename(at2?)?\(", line):
+            counts["renames"] += inside in line
+        elif inside in line and re.search(r"\b(open|openat|creat)\(", line):
+            counts["opens"] += 1
+            counts["creates"] += "O_CREAT" in line or "creat(" in line
+    return counts
 
 
 def slope(xs: list[int], ys: list[float]) -> float:
@@ -196,6 +297,10 @@ def main() -> int:
     measures: dict[str, list[float]] = {"end": [], "list": [], "read": []}
     commands: list[float] = []
     created: list[float] = []
+    verbs = ("status", "report")
+    cli: dict[str, list[float]] = {v: [] for v in verbs}
+    calls: dict[str, list[dict[str, int]]] = {v: [] for v in verbs}
+    help_s = 0.0
     with (
         tempfile.TemporaryDirectory(prefix="bench-control-plane-") as tmp,
         socket.socket() as slurmd,
@@ -221,15 +326,57 @@ def main() -> int:
             created.append(ends[-1][2])
             print(
                 f"{ranks:>6} {took * 1000:>8.1f}ms {listed * 1000:>8.1f}ms {read * 1000:>8.1f}ms "
-                f"{ends[-1][1]:>10} {ends[-1][2]:>6}  {ends[-1][3]}"
+                f"{ends[-1][1]:>10} {ends[-1][2]:>6}  {ends[-1][3]}",
+                flush=True,
             )
+            ended, env = base / "run", no_slurm(base)
+            for verb in verbs:
+                argv = command(ended, verb)
+                cli[verb].append(time_command(argv, env, args.n))
+                calls[verb].append(count_calls(argv, env, ended, base))
+            help_s = time_command([sys.executable, "-m", "ddlaunch", "--help"], env, args.n)
             shutil.rmtree(template)
+    print(
+        f"\nddlaunch status RUN / report RUN on the ended run (median of {args.n}; floor: "
+        f"ddlaunch --help {help_s * 1000:.0f} ms, the last size):"
+    )
+    print(
+        "{:>6} {:>8} {:>6} {:>7} {:>7} {:>6} {:>8} {:>6} {:>7} {:>7} {:>6}".format(
+            "ranks",
+            "status",
+            "opens",
+            "creates",
+            "renames",
+            "fsyncs",
+            "report",
+            "opens",
+            "creates",
+            "renames",
+            "fsyncs",
+        )
+    )
+    for i, ranks in enumerate(sizes):
+        row = [f"{ranks:>6}"]
+        for verb in verbs:
+            c = calls[verb][i]
+            row.append(f"{cli[verb][i] * 1000:>6.0f}ms")
+            row += [
+                f"{c.get(k, '-'):>{w}}"
+                for k, w in (("opens", 6), ("creates", 7), ("renames", 7), ("fsyncs", 6))
+            ]
+        print(" ".join(row))
     print("growth exponent (log-log slope over the sizes; 1 = linear in ranks, 0 = constant):")
     print(f"  end hook time      {slope(sizes, measures['end']):5.2f}")
     print(f"  floor: list dir    {slope(sizes, measures['list']):5.2f}")
     print(f"  floor: read log    {slope(sizes, measures['read']):5.2f}")
     print(f"  Slurm commands     {slope(sizes, commands):5.2f}")
     print(f"  files created      {slope(sizes, created):5.2f}")
+    for verb in verbs:
+        print(f"  {verb + ' time':<18} {slope(sizes, cli[verb]):5.2f}")
+        if calls[verb][0]:
+            for key in ("opens", "creates", "fsyncs"):
+                values = [float(max(c[key], 1)) for c in calls[verb]]
+                print(f"  {verb + ' ' + key:<18} {slope(sizes, values):5.2f}")
     return 0
 
 

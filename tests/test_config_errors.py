@@ -70,6 +70,12 @@ CASES = [
         "  storage.checkpoint_dir: must be an absolute path, got 'ckpts/run1' (bad.yaml:2)",
     ),
     (
+        "ranks_listed_zero",
+        "storage:\n  ranks_listed: 0\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  storage.ranks_listed: must be 1..1000000, got 0 (bad.yaml:2)",
+    ),
+    (
         "no_launch",
         "job:\n  name: x\n",
         [],

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from support.fakes import FakeRunner
 from support.rundirs import attempt_json, committed_run, write_attempts
 
+from ddlaunch.config.validate import load_config
 from ddlaunch.job import attribution as collect
 from ddlaunch.job import hooks
 from ddlaunch.job.blame import blame_nodes, probe_all
@@ -94,6 +96,30 @@ def test_16000_per_task_reports_name_the_rank_that_was_killed_first(tmp_path) ->
     old = collect.attribute(run, JOB, 0, client, log=log, kernel_log=lambda: "")
     assert old["culprit"] != got["culprit"]
     assert old["culprit"].endswith("killed by SIGTERM")
+
+
+def test_storage_ranks_listed_bounds_the_crashed_attempts_record(tmp_path, monkeypatch) -> None:
+    """A 64-rank crash through the end hook with ``storage.ranks_listed: 8``: attempts.json
+    names the first 8 ranks ended and causes (the culprit first) and counts the rest."""
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
+    run = committed_run(tmp_path, [20])
+    (run / "logs").mkdir()
+    log = run / "logs" / "batch-77.out"
+    env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-8]"}
+    cfg = load_config("examples/mlp", overrides=["storage.ranks_listed=8", "nodes.count=8"])
+    settings = hooks.HookSettings.from_config(cfg)
+    assert settings.ranks_listed == 8
+    runner = FakeRunner({"sinfo": "".join(f"node{n}|allocated\n" for n in range(1, 9))})
+    hooks.start(run, SlurmClient(runner), JOB, env, settings)
+    log.write_text(kill_on_bad_exit_step("77", 64, CULPRIT))
+    hooks.end(run, 137, SlurmClient(runner), JOB, replace(settings, ranks_per_node=PER_NODE))
+    (record,) = attempt_json(run)
+    assert record["culprit"] == "rank 5 on node1 killed by SIGKILL"
+    assert [c["rank"] for c in record["causes"]][:1] == [CULPRIT]
+    assert len(record["causes"]) == len(record["ranks_ended"]) == 8
+    assert record["causes_more"] == record["ranks_ended_more"] == 64 - 8
+    # The default names every rank of a job below 100 ranks.
+    assert hooks.HookSettings().ranks_listed == collect.KEEP_RANKS == 100
 
 
 def test_an_offset_beyond_the_log_falls_back_to_its_tail(tmp_path) -> None:

@@ -73,7 +73,7 @@ def test_a_node_writes_one_record_with_each_ranks_fields(tmp_path: Path) -> None
     )
     leader.write()  # merges its node's records
     shared = list((tmp_path / "run" / "health" / "heartbeat").iterdir())
-    assert [p.name for p in shared] == ["node-n1.json"]
+    assert [p.name for p in shared] == ["node-n1.jsonl"]
     recs = sorted(read_heartbeats(tmp_path / "run"), key=lambda r: r["rank"])
     assert [(r["rank"], r["host"], r["step"], r["state"]) for r in recs] == [
         (4, "n1", 7, "running"),

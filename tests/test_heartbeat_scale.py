@@ -88,6 +88,10 @@ def test_a_healthy_attempt_at_scale_is_one_file_per_node_and_a_short_cycle(
     assert written == NODES  # <= 2,004: one record per node per interval
     names = os.listdir(store.heartbeat_dir(node_run))
     assert len(names) == NODES and all(n.startswith("node-") for n in names)
+    # The healthy cycle decided from the nodes' summaries: no node's ranks were decoded.
+    w = _Watch(node_run, ATTEMPT, T, NODES * PER_NODE, SlurmClient(FakeRunner()), now - 10)
+    beats = w.beats()
+    assert w.analyse(now, beats) is None and beats.decoded == 0
     node_cycle, rank_cycle = cycle_seconds(node_run, now), cycle_seconds(rank_run, now)
     print(
         f"\nwatchdog cycle, {NODES} nodes x {PER_NODE} ranks: node layout "
@@ -111,6 +115,10 @@ def test_the_node_layout_gives_the_per_rank_layouts_verdicts_at_scale(
         assert finding is not None and finding.cause == "hang"
         assert finding.nodes == (synth.host(synth.HANG_RANK // PER_NODE),)
         assert finding.ranks == (synth.HANG_RANK,)
+        # Explained from the culprit's node's ranks alone.
+        w = _Watch(node_run, ATTEMPT, T, NODES * PER_NODE, SlurmClient(FakeRunner()), now - 10)
+        beats = w.beats()
+        assert w.analyse(now, beats) == finding and beats.decoded == 1
     else:
         assert got[0] is None
         finding = got[1]

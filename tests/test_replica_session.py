@@ -6,7 +6,6 @@ master port, the variables of ``planning.group_env``, through the rank function.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import pickle
@@ -30,6 +29,7 @@ from ddlaunch.launch.slurm import rank_call
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.store import groups
 from ddlaunch.store.failures import read_failure_record
+from ddlaunch.store.heartbeats import read_heartbeats
 from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR
 from ddlaunch.worker import replica
 from ddlaunch.worker.distenv import PORT_OVERRIDE_VAR
@@ -246,8 +246,8 @@ def test_a_killed_group_heals_from_its_peer_while_the_other_keeps_training(
     metadata = dcp.FileSystemReader(str(run / "checkpoints" / "step-400")).read_metadata()
     assert {"torchft.step", "torchft.batches_committed"} <= set(metadata.state_dict_metadata)
     # Job-wide ranks in the records: no two groups share a heartbeat or failure name.
-    beats = json.loads(next((run / "health" / "heartbeat").glob("node-*.json")).read_text())
-    assert {b["rank"] for b in beats["ranks"]} >= {0, 1, 2, 3}
+    beats = read_heartbeats(run)
+    assert {b["rank"] for b in beats} >= {0, 1, 2, 3}
 
 
 @pytest.mark.timeout(120)

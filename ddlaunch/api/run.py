@@ -126,11 +126,12 @@ class Run:
 
         found = find_logs(str(self._dir), rank=rank)
         if not follow:
-            return _lines_of(found.paths)
+            return _lines_of(found.paths, found.rank)
         from ddlaunch.app.follow import LogStream, RunWatch
         from ddlaunch.slurm.client import SlurmClient
 
-        stream = LogStream(self._dir, paths=found.paths, headers=False)
+        shown = (found.rank,) if found.rank is not None else None
+        stream = LogStream(self._dir, ranks=shown, paths=found.paths, headers=False)
         return _followed(stream, RunWatch(self._dir, SlurmClient()))
 
     def cancel(self, wait: float = 120.0) -> RunStatus:
@@ -202,12 +203,11 @@ def _run_here(run_dir: Path, prepared: Prepared) -> None:
     run_locally(run_dir, prepared.config)
 
 
-def _lines_of(paths: Sequence[Path]) -> Iterator[str]:
+def _lines_of(paths: Sequence[Path], rank: int | None) -> Iterator[str]:
+    from ddlaunch.app.logs import tail
+
     for path in paths:
-        try:
-            text = path.read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            continue
+        text = tail(path, 0, rank=rank)
         yield from text.splitlines()
 
 

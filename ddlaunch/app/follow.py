@@ -7,7 +7,10 @@ Two parts, both driven by ``follow``:
   appears when a resumed run gets a new job id) and the chosen ranks' ``.out`` / ``.err`` (the
   same files across requeues: sbatch appends). Like ``tail -f`` it prints a ``==> file <==``
   header whenever the file it prints from changes; with ``prefix`` every line carries its
-  source instead (``[batch]``, ``[rank 1]``). Only whole lines are printed. The preflight's
+  source instead (``[batch]``, ``[rank 1]``). Only whole lines are printed. A per-node log
+  (``logs/node-<host>.out|.err``, ``storage.rank_logs``) holds every rank of its node, each
+  line labelled by srun: the chosen ranks' lines are printed without their label (all of
+  them, labelled as written, when every rank is followed without ``prefix``). The preflight's
   lines are written twice, into rank 0's log by the gate and into the batch log by the batch
   host (each log must be whole by itself): the stream prints each occurrence once.
 * ``RunWatch`` tells when the run has reached its final state. The run directory says so first
@@ -31,8 +34,9 @@ from ddlaunch import fsutil
 from ddlaunch.app.status import ACTIVE_STATES, min_poll_interval
 from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.labels import split_label
 from ddlaunch.store import outcome, submission
-from ddlaunch.store.rundir import LOGS_DIR
+from ddlaunch.store.rundir import LOGS_DIR, is_node_log
 
 # The preflight's report lines (``policy.preflight.node_report_line``, the gate's verdict).
 PREFLIGHT_PREFIXES = ("[ddlaunch preflight ", "[ddlaunch] preflight: ")
@@ -41,10 +45,13 @@ QUIET_S = 1.0  # after the end: stop once the logs have been quiet this long ...
 DRAIN_MAX_S = 5.0  # ... or after this long at most
 
 
+NODE = "node"  # the label of a per-node log's source: each line names its rank
+
+
 @dataclass
 class _Source:
     path: Path
-    label: str  # "batch" or the rank number
+    label: str  # "batch", the rank number, or NODE
     offset: int = 0
     partial: bytes = b""
 
@@ -87,6 +94,8 @@ class LogStream:
         name = path.name
         if name.startswith("batch-"):
             return "batch"
+        if is_node_log(path):
+            return NODE
         return name.removeprefix("rank-").split(".")[0]
 
     def _candidates(self) -> list[Path]:
@@ -106,6 +115,24 @@ class LogStream:
                 rank = name.removeprefix("rank-").split(".")[0]
                 if rank.isdigit() and (self.ranks is None or int(rank) in self.ranks):
                     out.append(logs / name)
+            elif is_node_log(Path(name)) and (self.ranks is None or self.ranks):
+                out.append(logs / name)  # any rank may be on any node: filtered by line
+        return out
+
+    def _lines(self, source: _Source, lines: list[str]) -> list[tuple[str, str]]:
+        """(label, line) of the lines to print: a per-node log's chosen ranks only."""
+        if source.label != NODE:
+            return [(source.label, line) for line in lines]
+        out = []
+        for line in lines:
+            split = split_label(line)
+            if split is None:
+                continue  # not a rank's line (none is written unlabelled)
+            rank, text = split
+            if self.ranks is None:
+                out.append((str(rank), text if self.prefix else line))
+            elif rank in self.ranks:
+                out.append((str(rank), text))
         return out
 
     def pump(self, write: Callable[[str], None]) -> bool:
@@ -113,32 +140,34 @@ class LogStream:
         wrote = False
         for path in self._candidates():
             source = self._sources.setdefault(path, _Source(path, self._label(path)))
-            lines = self._once(source.label, self._read(source))
-            if not lines:
-                continue
-            wrote = True
-            if self.prefix:
-                tag = "[batch]" if source.label == "batch" else f"[rank {source.label}]"
-                write("".join(f"{tag} {line}\n" for line in lines))
-                continue
-            if self._last != path and self.headers:
-                write(f"==> {path} <==\n")
-                self._last = path
-            write("".join(f"{line}\n" for line in lines))
+            wrote = self._write(source, self._read(source), write) or wrote
         return wrote
 
-    def _once(self, label: str, lines: list[str]) -> list[str]:
+    def _write(self, source: _Source, read: list[str], write: Callable[[str], None]) -> bool:
+        lines = self._once(self._lines(source, read))
+        if not lines:
+            return False
+        if self.prefix:
+            write("".join(f"{_tag(label)} {line}\n" for label, line in lines))
+            return True
+        if self._last != source.path and self.headers:
+            write(f"==> {source.path} <==\n")
+            self._last = source.path
+        write("".join(f"{line}\n" for _, line in lines))
+        return True
+
+    def _once(self, lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """``lines`` without the preflight lines another log has shown already."""
-        seen = self._preflight.setdefault(label, {})
         out = []
-        for line in lines:
+        for label, line in lines:
+            seen = self._preflight.setdefault(label, {})
             if line.startswith(PREFLIGHT_PREFIXES):
                 count = seen.get(line, 0)
                 seen[line] = count + 1
                 others = (n.get(line, 0) for key, n in self._preflight.items() if key != label)
                 if any(n > count for n in others):
                     continue
-            out.append(line)
+            out.append((label, line))
         return out
 
     @staticmethod
@@ -164,16 +193,11 @@ class LogStream:
         for source in self._sources.values():
             if source.partial:
                 rest, source.partial = source.partial.decode(errors="replace"), b""
-                if not self._once(source.label, [rest]):
-                    continue
-                if self.prefix:
-                    tag = "[batch]" if source.label == "batch" else f"[rank {source.label}]"
-                    write(f"{tag} {rest}\n")
-                else:
-                    if self._last != source.path and self.headers:
-                        write(f"==> {source.path} <==\n")
-                        self._last = source.path
-                    write(f"{rest}\n")
+                self._write(source, [rest], write)
+
+
+def _tag(label: str) -> str:
+    return "[batch]" if label == "batch" else f"[rank {label}]"
 
 
 def _after_last_line(path: Path) -> int | None:

@@ -1,4 +1,12 @@
-"""Which log files ``ddlaunch logs`` shows, and, when there are none, why (torch-free)."""
+"""Which log files ``ddlaunch logs`` shows, and, when there are none, why (torch-free).
+
+A rank's logs are its own files (``logs/rank-<R>.out|.err``) or, in the per-node layout
+(``storage.rank_logs``), the files of the nodes it ran on (``logs/node-<host>.out|.err``),
+of which only its labelled lines are shown (``slurm.labels``). Its node in each attempt is
+the one at ``rank // ranks_per_node`` in the attempt's node list (srun's block placement);
+an attempt without one makes every node's file a candidate, filtered the same way. A rank
+that ran on several nodes over its attempts shows each node's lines in turn, the nodes in the
+order of the attempts, not interleaved by time (no line carries one)."""
 
 from __future__ import annotations
 
@@ -7,11 +15,22 @@ from pathlib import Path
 
 from ddlaunch.app.runs import RunInfo, find_member, find_run, read_run
 from ddlaunch.app.status import QUIET_FAILURES, attempt_failure, failures_of, run_failure
+from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import load_config
 from ddlaunch.errors import UserError
+from ddlaunch.slurm.hostlist import expand_hostlist
+from ddlaunch.slurm.labels import rank_lines
 from ddlaunch.store.failures import Failure
 from ddlaunch.store.members import member_of
-from ddlaunch.store.rundir import LOGS_DIR, batch_logs, config_path, rank_log
+from ddlaunch.store.rundir import (
+    LOGS_DIR,
+    batch_logs,
+    config_path,
+    is_node_log,
+    node_log,
+    node_logs,
+    rank_log,
+)
 from ddlaunch.store.sweeps import member_jobs
 
 
@@ -24,6 +43,7 @@ class Logs:
     headline: str | None = None  # how the latest attempt failed, shown first
     history: list[str] = field(default_factory=list)  # how each earlier attempt failed
     problems: list[str] = field(default_factory=list)  # the run's records that are unusable
+    rank: int | None = None  # the rank shown: its lines only, of a per-node log among paths
 
 
 def requeued(info: RunInfo) -> bool:
@@ -63,12 +83,63 @@ def failing_rank(info: RunInfo) -> tuple[str, int, Failure | None] | None:
     return headline, rank, record
 
 
+def run_config(run_dir: Path) -> Config | None:
+    """The run's resolved config; None when it cannot be read."""
+    try:
+        return load_config(config_path(run_dir))
+    except (OSError, UserError):
+        return None
+
+
 def world_size(run_dir: Path) -> int | None:
     """Ranks of the run, from its resolved config (``Config.world_size``)."""
+    cfg = run_config(run_dir)
+    return cfg.world_size if cfg is not None else None  # unknown: any rank may be asked
+
+
+def rank_hosts(info: RunInfo, rank: int, ranks_per_node: int) -> list[str]:
+    """The node ``rank`` ran on in each attempt that recorded its nodes, first use first."""
+    hosts: list[str] = []
+    for rec in info.attempts:
+        try:
+            nodes = expand_hostlist(rec.nodes) if rec.nodes else []
+        except ValueError:
+            continue
+        index = rank // max(ranks_per_node, 1)
+        if index < len(nodes) and nodes[index] not in hosts:
+            hosts.append(nodes[index])
+    return hosts
+
+
+def rank_paths(
+    run_dir: Path, info: RunInfo, rank: int, streams: tuple[str, ...] = ("out", "err")
+) -> list[Path]:
+    """The files holding ``rank``'s ``streams``: its own, and the per-node logs of the nodes
+    it ran on (every node's, where no attempt says which)."""
+    own = [rank_log(run_dir, rank, s) for s in streams]
+    nodes = [p for p in node_logs(run_dir) if p.suffix.lstrip(".") in streams]
+    if not nodes:
+        return own
+    cfg = run_config(run_dir)
+    hosts = rank_hosts(info, rank, cfg.ranks_per_node if cfg is not None else 1)
+    present = set(nodes)
+    picked = [node_log(run_dir, h, s) for h in hosts for s in streams]
+    picked = [p for p in picked if p in present] or nodes
+    return [p for p in own if p.exists()] + picked
+
+
+def tail(path: Path, lines: int, upto: int | None = None, rank: int | None = None) -> str:
+    """The last ``lines`` lines of ``path`` (0: all), of its first ``upto`` bytes if given;
+    of a per-node log, ``rank``'s lines only, without their labels."""
     try:
-        return load_config(config_path(run_dir)).world_size
-    except (OSError, UserError):  # unknown: any rank may be asked
-        return None
+        with open(path, "rb") as handle:
+            data = handle.read() if upto is None else handle.read(upto)
+    except FileNotFoundError:
+        return ""
+    text = data.decode(errors="replace").splitlines()
+    if rank is not None and is_node_log(path):
+        text = rank_lines(text, rank)
+    return "\n".join(text[-lines:] if lines else text)
 
 
 def not_started(info: RunInfo) -> str:
@@ -108,7 +179,7 @@ def find_logs(ref: str, *, rank: int | None = None, batch: bool = False) -> Logs
         if rank < 0 or (size is not None and rank >= size):
             ranks = f"ranks 0-{size - 1}" if size and size > 1 else "rank 0"
             raise UserError(f"run {info.run_id} has no rank {rank}: world size {size} ({ranks})")
-        logs.paths = [rank_log(run_dir, rank, "out"), rank_log(run_dir, rank, "err")]
+        logs.paths, logs.rank = rank_paths(run_dir, info, rank), rank
     elif batch:
         logs.paths = batch_logs(run_dir)[-1:]
     else:
@@ -116,9 +187,9 @@ def find_logs(ref: str, *, rank: int | None = None, batch: bool = False) -> Logs
         failed = failing_rank(info)
         if failed is not None:
             logs.headline, shown, logs.failure = failed
-            logs.paths = [rank_log(run_dir, shown, "err")]
+            logs.paths, logs.rank = rank_paths(run_dir, info, shown, ("err",)), shown
         else:
-            logs.paths = [rank_log(run_dir, 0, "out"), rank_log(run_dir, 0, "err")]
+            logs.paths, logs.rank = rank_paths(run_dir, info, 0), 0
     if not any(p.exists() for p in logs.paths):
         if not info.attempts:
             logs.missing = not_started(info)

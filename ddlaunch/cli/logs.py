@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from ddlaunch.cli.completion import complete_runs
-
-
-def tail(path: Path, lines: int, upto: int | None = None) -> str:
-    """The last ``lines`` lines of ``path`` (0: all), of its first ``upto`` bytes if given."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read() if upto is None else handle.read(upto)
-    except FileNotFoundError:
-        return ""
-    text = data.decode(errors="replace").splitlines()
-    return "\n".join(text[-lines:] if lines else text)
 
 
 @click.command("logs")
@@ -45,7 +32,7 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
 
     RUN is a run id, an id prefix, SWEEP/<i> (a sweep's member) or a run directory.
     """
-    from ddlaunch.app.logs import find_logs
+    from ddlaunch.app.logs import find_logs, tail
 
     found = find_logs(run, rank=rank, batch=batch)
     run_dir, paths = found.run_dir, found.paths
@@ -56,6 +43,7 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
     for line in found.history:
         click.echo(f"earlier: {line}")
     stream = None
+    shown = (found.rank,) if found.rank is not None else None
     if follow_:
         from ddlaunch.app.follow import LogStream
 
@@ -64,12 +52,12 @@ def command(run: str, rank: int | None, batch: bool, lines: int, follow_: bool) 
         stream = (
             LogStream(run_dir, ranks=(), from_start=False)
             if batch
-            else LogStream(run_dir, paths=paths, from_start=False)
+            else LogStream(run_dir, ranks=shown, paths=paths, from_start=False)
         )
     for path in paths:
         if path.exists():
             click.echo(f"==> {path} <==")
-            text = tail(path, lines, stream.offset(path) if stream else None)
+            text = tail(path, lines, stream.offset(path) if stream else None, found.rank)
             if text:
                 click.echo(text)
     if found.missing and not follow_:

@@ -207,6 +207,21 @@ class StorageSpec:
     stage: tuple[StageSpec, ...] = opt(
         [], "Data copied to node-local storage, what changed, once per node before the first step."
     )
+    rank_logs: str = opt(
+        "auto",
+        "The ranks' stdout/stderr files: rank (logs/rank-<R>.out|.err), node (one "
+        "logs/node-<host>.out|.err per node, each line labelled with its rank by srun "
+        "--label; `logs --rank N` shows rank N's lines) or auto: node above 128 ranks. "
+        "Replica groups always write one file per rank.",
+        choices=("auto", "rank", "node"),
+    )
+    ranks_listed: int = opt(
+        100,
+        "Ranks named in each crashed attempt's record in attempts.json (the ranks that "
+        "ended and the causes, culprit first); the rest are counted. 100: every rank of a "
+        "job below 100 ranks is named; at 16,000 ranks a record stays ~30 KB, not 5 MB.",
+        range=(1, 10**6),
+    )
 
 
 def degree(doc: str) -> Any:

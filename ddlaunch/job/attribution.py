@@ -10,8 +10,9 @@ What the end hook adds to a crashed attempt's record (``attempts.json``):
 * ``culprit``: the first cause in words (``rank 1 on node1 killed by SIGKILL``), which
   ``status`` and ``logs`` show;
 * ``ranks_ended_more`` / ``causes_more``: how many entries were left out of each list
-  beyond its first ``KEEP_RANKS`` (only then present): at 16,000 ranks the record stays a
-  few KiB instead of megabytes rewritten at every later update of ``attempts.json``;
+  beyond its first ``storage.ranks_listed`` (only then present): at 16,000 ranks the record
+  stays tens of KiB instead of megabytes rewritten at every later update of
+  ``attempts.json``;
 * ``step_accounting``: the steps' exit as sacct kept them, when accounting has them
   (corroboration, and the signal when the log named no rank).
 
@@ -20,7 +21,8 @@ part of it: a requeued job appends to the same file; read line by line from the 
 start hook recorded, ``log_offset``, so that 16,000 per-task lines are all read, the
 culprit's first; a record without it, from an older ddlaunch, gets the last
 ``LOG_TAIL_BYTES``), the ranks' failure records of this
-attempt, the end of a silent rank's stderr, the kernel's OOM note for a rank SIGKILLed on
+attempt, the end of a silent rank's stderr (its own file, or its labelled lines in its
+node's, ``storage.rank_logs``), the kernel's OOM note for a rank SIGKILLed on
 this host (its pid, from its heartbeat, in ``/dev/kmsg`` where that is readable), and
 ``sacct -j JOB``.
 """
@@ -32,30 +34,50 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.config.schema import StorageSpec
 from ddlaunch.policy import attribution as policy
 from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.labels import rank_lines
 from ddlaunch.store import attempts, heartbeats
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import read_failures
-from ddlaunch.store.rundir import batch_logs, rank_log
+from ddlaunch.store.rundir import batch_logs, node_log, rank_log
 
 # How much of a log is read without a recorded offset (older runs): srun's reports come
 # last, a rank's last words are at its end.
 LOG_TAIL_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
+# Of a per-node stderr: the node's ranks share it, so more is read to find one rank's end.
+NODE_TAIL_BYTES = 256 * 1024
 # Entries of ``ranks_ended`` and ``causes`` kept in the record (the first, the culprit among
-# them); the rest are counted. Above any job below 100 ranks: those keep every entry.
-KEEP_RANKS = 100
+# them) unless the config says otherwise (``storage.ranks_listed``); the rest are counted.
+KEEP_RANKS = StorageSpec().ranks_listed
 REQUEUE_NOTE = "DUE TO JOB REQUEUE ***"
 
 
-def _tail(path: Path, size: int) -> str:
+def _tail(path: Path, size: int, whole_lines: bool = False) -> str:
+    """The last ``size`` bytes of ``path``; ``whole_lines``: from the first line that starts
+    in them (a cut line's end could read as another line)."""
     try:
         with open(path, "rb") as handle:
-            handle.seek(max(os.fstat(handle.fileno()).st_size - size, 0))
-            return handle.read().decode(errors="replace")
+            start = max(os.fstat(handle.fileno()).st_size - size, 0)
+            handle.seek(start)
+            data = handle.read()
     except OSError:
         return ""
+    if whole_lines and start > 0:
+        data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+    return data.decode(errors="replace")
+
+
+def rank_err_tail(run_dir: Path, rank: int, host: str) -> str:
+    """The end of ``rank``'s stderr: its own file, else its lines in its node's file."""
+    own = rank_log(run_dir, rank, "err")
+    if own.exists():
+        return _tail(own, STDERR_TAIL_BYTES)
+    text = _tail(node_log(run_dir, host, "err"), NODE_TAIL_BYTES, whole_lines=True)
+    mine = rank_lines(text.splitlines(), rank)
+    return "\n".join(mine)[-STDERR_TAIL_BYTES:] + ("\n" if mine else "")
 
 
 def batch_log(run_dir: Path, attempt: AttemptId) -> Path | None:
@@ -206,29 +228,31 @@ def attribute(
     log: Path | None = None,
     kernel_log: Callable[[], str] = read_kernel_log,
     step: policy.StepLog | None = None,
+    keep: int = KEEP_RANKS,
 ) -> dict[str, Any]:
     """The fields this module adds to the attempt's record (see the module's doc).
-    ``step``: the batch log's part already read (``read_step``), else it is read here."""
+    ``step``: the batch log's part already read (``read_step``), else it is read here;
+    ``keep``: the entries of each list kept (``storage.ranks_listed``)."""
     if step is None:
         step = read_step(run_dir, attempt, index, log)
     step = policy.mark_oom(step, oom_ranks(run_dir, step, this_host(), kernel_log))
     raised = this_attempts_failures(run_dir, attempt)
     recorded = {r.rank for r in raised}
     tails = {
-        e.rank: _tail(rank_log(run_dir, e.rank, "err"), STDERR_TAIL_BYTES)
+        e.rank: rank_err_tail(run_dir, e.rank, e.host)
         for e in step.ends
         if e.rank not in recorded and not e.teardown
     }
     steps = accounting(client, attempt)
     causes = policy.rank_causes(step, raised, tails, steps)
     out: dict[str, Any] = {
-        "ranks_ended": [e.as_dict() for e in step.ends[:KEEP_RANKS]],
-        "causes": [c.as_dict() for c in causes[:KEEP_RANKS]],
+        "ranks_ended": [e.as_dict() for e in step.ends[:keep]],
+        "causes": [c.as_dict() for c in causes[:keep]],
     }
-    if len(step.ends) > KEEP_RANKS:
-        out["ranks_ended_more"] = len(step.ends) - KEEP_RANKS
-    if len(causes) > KEEP_RANKS:
-        out["causes_more"] = len(causes) - KEEP_RANKS
+    if len(step.ends) > keep:
+        out["ranks_ended_more"] = len(step.ends) - keep
+    if len(causes) > keep:
+        out["causes_more"] = len(causes) - keep
     if causes:
         out["culprit"] = causes[0].text
     if steps:
@@ -247,10 +271,11 @@ def attribute_safely(
     index: int,
     client: SlurmClient,
     step: policy.StepLog | None = None,
+    keep: int = KEEP_RANKS,
 ) -> dict[str, Any]:
     """``attribute``, but a failure to attribute never costs the attempt its conclusion."""
     try:
-        return attribute(run_dir, attempt, index, client, step=step)
+        return attribute(run_dir, attempt, index, client, step=step, keep=keep)
     except Exception as exc:
         print(f"[ddlaunch] warning: could not attribute the failure: {exc!r}", flush=True)
         return {}

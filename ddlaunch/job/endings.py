@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ddlaunch.job.attribution import attribute_safely, read_step_safely
+from ddlaunch.job.attribution import KEEP_RANKS, attribute_safely, read_step_safely
 from ddlaunch.job.blame import blame_nodes
 from ddlaunch.policy import requeue as policy
 from ddlaunch.policy.attribution import StepLog
@@ -26,6 +26,7 @@ class Blame:
 
     ranks_per_node: int
     bad_node_ttl_hours: float
+    ranks_listed: int = KEEP_RANKS  # storage.ranks_listed
 
 
 def crash_or_node_failure(
@@ -87,7 +88,8 @@ def failed_ending(
     )
     record = dict(ending.record)
     if ending.cause in (policy.CAUSE_CRASH, policy.CAUSE_NODE_FAILURE):
-        record.update(attribute_safely(run_dir, attempt, index, client, step))
+        keep = settings.ranks_listed
+        record.update(attribute_safely(run_dir, attempt, index, client, step, keep))
     if ending.cause == policy.CAUSE_NODE_FAILURE:
         # The ranks left alive failed because a peer vanished: the node is the cause.
         record["culprit"] = f"node failure of {','.join(ending.blamed)}"

@@ -27,7 +27,7 @@ from typing import Any
 from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import Conclusion, cancel_reason, conclude
 from ddlaunch.config.recovery_schema import FaultToleranceSpec, HealthSpec, can_leave_out
-from ddlaunch.config.schema import Config
+from ddlaunch.config.schema import Config, StorageSpec
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.config.validate import load_config
 from ddlaunch.job import stop as stopping
@@ -62,7 +62,7 @@ from ddlaunch.store.rundir import (
 )
 
 # The schema's own defaults, for a run whose config cannot be read.
-_FT, _HEALTH = FaultToleranceSpec(), HealthSpec()
+_FT, _HEALTH, _STORAGE = FaultToleranceSpec(), HealthSpec(), StorageSpec()
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ class HookSettings:
     nodes: int = 1  # nodes.count: the ranks' nodes
     min_nodes: int | None = None  # nodes.min
     spare_nodes: int = _FT.spare_nodes
+    ranks_listed: int = _STORAGE.ranks_listed
 
     @property
     def elastic(self) -> bool:
@@ -102,6 +103,7 @@ class HookSettings:
             nodes=cfg.nodes.count,
             min_nodes=cfg.nodes.min,
             spare_nodes=ft.spare_nodes,
+            ranks_listed=cfg.storage.ranks_listed,
         )
 
     @classmethod
@@ -328,7 +330,9 @@ def end(
             ending = Ending(policy.CAUSE_COMPLETED)
         else:
             index = current.attempt if current.attempt is not None else len(records) - 1
-            blame = Blame(settings.ranks_per_node, settings.bad_node_ttl_hours)
+            blame = Blame(
+                settings.ranks_per_node, settings.bad_node_ttl_hours, settings.ranks_listed
+            )
             ending = failed_ending(run_dir, nodes, attempt, index, client, blame)
     found = latest_checkpoint(run_dir, source)
     ending = replace(

@@ -1,7 +1,8 @@
 """The watchdog: ``python -m ddlaunch.job.watchdog --srun-pid PID`` (batch host, torch-free).
 
 Runs in the background beside the training step on the batch host. Every few seconds it reads
-the heartbeat records of this attempt (one file per node; each record kind once a cycle),
+the heartbeat records of this attempt (one file per node; each record kind once a cycle; a
+node's summary decides a healthy node, its ranks are decoded only when it is a suspect),
 writes ``health/watchdog.json`` (a summary for ``status``) and asks
 ``policy.heartbeats.analyse`` whether the attempt is hung or a node straggles. On a finding
 it writes ``health/verdict-<job>-<restart>.json`` (cause, blamed nodes, detail) and ends
@@ -40,7 +41,7 @@ from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts
 from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.store.heartbeats import read_heartbeats
+from ddlaunch.store.heartbeats import AttemptBeats, read_attempt
 from ddlaunch.store.rundir import checkpoint_source, config_path
 
 
@@ -93,24 +94,19 @@ class _Watch:
     state: analysis.StragglerState = field(default_factory=analysis.StragglerState)
     last_step: int | None = None
 
-    def beats(self) -> list[analysis.Beat]:
-        records_ = read_heartbeats(self.run_dir)
-        return analysis.current_beats(
-            records_,
-            self.attempt.job_id,
-            self.attempt.restart,
-            self.started - 60,
-            self.attempt.relaunch,
-        )
+    def beats(self) -> AttemptBeats:
+        """This attempt's beats: a summary per node (its ranks decoded only on demand)."""
+        a = self.attempt
+        return read_attempt(self.run_dir, a.job_id, a.restart, self.started - 60, a.relaunch)
 
     def on_dead_nodes(
-        self, nodes: NodeFailureWatch | None, now: float, beats: list[analysis.Beat]
+        self, nodes: NodeFailureWatch | None, now: float, beats: AttemptBeats
     ) -> analysis.Finding | None:
         """Say a node that died under the attempt; where the job can continue without it
         (hot spares, nodes.min: ``nodes.act``), also end the step at once (the finding)."""
         if nodes is None or nodes.found:
             return None
-        dead, why = nodes.poll(now, beats, self.thresholds.stale_after, self.client)
+        dead, why = nodes.poll(now, beats.nodes, self.thresholds.stale_after, self.client)
         if not dead:
             return None
         into = f"({now - self.started:.0f} s into the attempt)"
@@ -126,17 +122,16 @@ class _Watch:
             return None
         return analysis.Finding(CAUSE_NODE_FAILURE, tuple(dead), f"{why} {into}")
 
-    def analyse(self, now: float, beats: list[analysis.Beat]) -> analysis.Finding | None:
+    def analyse(self, now: float, beats: AttemptBeats) -> analysis.Finding | None:
         """Summarise the beats for ``status`` and ``report``; the finding, if any."""
-        busy = analysis.node_busy_times(beats)
-        self.record(now, beats, busy)
-        return analysis.analyse(beats, now, self.thresholds, self.state, self.expected_ranks, busy)
+        self.record(now, beats)
+        return analysis.analyse_nodes(
+            beats.nodes, beats.ranks_of, now, self.thresholds, self.state, self.expected_ranks
+        )
 
-    def record(
-        self, now: float, beats: list[analysis.Beat], busy: dict[str, float] | None = None
-    ) -> None:
+    def record(self, now: float, beats: AttemptBeats) -> None:
         """The summary ``status`` shows, and a step-history sample when the step advanced."""
-        summary = analysis.summary(beats, now, busy)
+        summary = analysis.summary_of(beats.nodes, now)
         a = self.attempt
         summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
         records.write_summary(self.run_dir, summary)
@@ -197,7 +192,7 @@ def watch(
             return None
         if limit is not None and limit.poll(now):
             return None  # stopped before the time limit (trainer.stop_before_limit)
-        beats = w.beats() if heartbeats else []
+        beats = w.beats() if heartbeats else AttemptBeats(("", 0, 0), 0.0)
         dead = w.on_dead_nodes(nodes, now, beats)
         if dead is not None:
             w.act(dead, now, srun_pid)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ddlaunch import fsutil
 from ddlaunch.job.blame import blame_nodes, expand
-from ddlaunch.policy.heartbeats import Beat
+from ddlaunch.policy.heartbeats import NodeSummary, partly_stale
 from ddlaunch.policy.preflight import node_report_line
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import preflight as records
@@ -182,13 +182,15 @@ class NodeFailureWatch:
         self._failures: list[float] = []  # this cycle's failure record times
 
     def triggered(
-        self, now: float, beats: Sequence[Beat], stale_after: float, failures: Sequence[float]
+        self,
+        now: float,
+        nodes: Sequence[NodeSummary],
+        stale_after: float,
+        failures: Sequence[float],
     ) -> bool:
         if failures and now - min(failures) >= self.grace:
             return True
-        running = [b for b in beats if b.state == "running"]
-        stale = [b for b in running if now - b.beat > stale_after]
-        return bool(stale) and len(stale) < len(running)
+        return partly_stale(nodes, now, stale_after)
 
     def pending(self) -> bool:
         """Ranks failed but srun is still running: poll again soon. From the failure records
@@ -200,9 +202,14 @@ class NodeFailureWatch:
         return failed_ranks(self.run_dir, a.restart, self.not_before, a.relaunch)
 
     def poll(
-        self, now: float, beats: Sequence[Beat], stale_after: float, client: SlurmClient
+        self,
+        now: float,
+        beats: Sequence[NodeSummary],
+        stale_after: float,
+        client: SlurmClient,
     ) -> tuple[list[str], str]:
-        """(dead nodes, why); empty when nothing is found (or it is not time to probe)."""
+        """(dead nodes, why); empty when nothing is found (or it is not time to probe).
+        ``beats``: the attempt's heartbeats, a summary per node."""
         self._failures = self.failures()
         if not self.nodes or not self.triggered(now, beats, stale_after, self._failures):
             return [], ""

@@ -19,6 +19,7 @@ from ddlaunch.config.trainers import NO_SIGNAL, is_byo, placeholders, substitute
 from ddlaunch.config.validate import parse_duration
 from ddlaunch.planning import fabric, topology
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR, Mount, container_launch
+from ddlaunch.planning.rank_logs import NODE_LOGS, rank_log_layout
 from ddlaunch.planning.tracking import tracking_env
 from ddlaunch.slurm.partitions import PartitionFacts
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
@@ -147,6 +148,7 @@ class LaunchPlan:
 
     # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
     env_from_submit: tuple[str, ...] = ()
+    rank_logs: str = "rank"  # planning.rank_logs: one log file per rank, or per node
 
     @property
     def script_path(self) -> str:
@@ -285,10 +287,12 @@ def make_plan(
     logs = run / LOGS_DIR
     submission: tuple[str, ...]
     rank_logs: tuple[str, ...]
+    layout = rank_log_layout(cfg)
     if array is None:
         submission = (f"--output={logs / 'batch-%j.out'}",)
         # One run: rank logs go straight to its run directory.
-        rank_logs = (f"--output={logs / 'rank-%t.out'}", f"--error={logs / 'rank-%t.err'}")
+        name = "node-%N" if layout == NODE_LOGS else "rank-%t"
+        rank_logs = (f"--output={logs / (name + '.out')}", f"--error={logs / (name + '.err')}")
     else:
         if facts.max_array_size is not None and len(array.members) > facts.max_array_size:
             raise ValueError(
@@ -315,7 +319,11 @@ def make_plan(
     )
     srun_argv = (
         "srun",
-        "--unbuffered",
+        # One file per node: srun --label prefixes each line with its rank, and slurmstepd
+        # reads the ranks' output from pipes, line by line (--unbuffered would give them a
+        # pty and label every fragment a read returns). One file per rank: slurmstepd makes
+        # the file itself each task's stdout, and --unbuffered changes nothing there.
+        *(("--label",) if layout == NODE_LOGS else ("--unbuffered",)),
         "--kill-on-bad-exit=1",
         f"--ntasks-per-node={cfg.ranks_per_node}",
         *rank_logs,
@@ -374,6 +382,7 @@ def make_plan(
         trainer_stop=trainer_stop(cfg),
         **_notes(cfg),
         env_from_submit=tuple(passed),
+        rank_logs=layout,
     )
 
 

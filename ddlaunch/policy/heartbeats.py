@@ -1,8 +1,11 @@
 """Heartbeat analysis (pure): is the attempt hung, is a node a straggler, and whom to blame.
 
-Input: the ranks' heartbeat records (``ddlaunch.worker.heartbeat``), the clock, thresholds.
-Output: a ``Finding`` or None. The watchdog adapter reads the files, keeps the little state
-the straggler rule needs between polls (``slow_since``) and acts on the finding.
+Input: a summary per node (``policy.beats.NodeSummary``) and, for the nodes those make
+suspects of a hang, their ranks' beats; the clock, thresholds. Output: a ``Finding`` or None.
+The watchdog adapter reads the files, keeps the little state the straggler rule needs between
+polls (``slow_since``) and acts on the finding. A healthy cycle at 2,000 nodes decides from
+the 2,000 summaries alone; the functions over a list of beats (``detect_hang``, ``analyse``,
+``summary``) summarise the beats first and give the same verdicts.
 
 Hang: no rank finished a step for ``hang_timeout`` seconds. Blame, in order of evidence:
   1. ranks whose heartbeat file went stale (the writer thread stopped: the process is frozen);
@@ -24,13 +27,18 @@ one place), so a poll costs O(n log n) in the nodes, not O(n^2).
 from __future__ import annotations
 
 import bisect
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddlaunch.policy.beats import Beat, NodeSummary, by_node
+from ddlaunch.policy.beats import current_beats as current_beats  # the callers' old name
+
 CAUSE_HANG = "hang"
 CAUSE_STRAGGLER = "straggler"
+
+# The beats of these nodes' ranks, in rank order (the adapter decodes them on demand).
+RanksOf = Callable[[Sequence[str]], list[Beat]]
 
 
 @dataclass(frozen=True)
@@ -55,65 +63,18 @@ class Finding:
     ranks: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class Beat:
-    """The fields of one heartbeat record that the analysis reads."""
+def _ranks_among(beats: Sequence[Beat]) -> RanksOf:
+    def ranks_of(hosts: Sequence[str]) -> list[Beat]:
+        wanted = set(hosts)
+        return [b for b in beats if b.host in wanted]
 
-    rank: int
-    host: str
-    step: int | None
-    step_wall: float | None
-    beat: float
-    state: str = "running"
-    busy_time: float | None = None
-    step_time: float | None = None
-    where: str | None = None
-    waiting: bool | None = None
-    started: float = 0.0
-
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> Beat:
-        return cls(
-            rank=int(rec.get("rank", -1)),
-            host=str(rec.get("host", "?")),
-            step=rec.get("step"),
-            step_wall=rec.get("step_wall"),
-            beat=float(rec.get("beat", 0.0) or 0.0),
-            state=str(rec.get("state", "running")),
-            busy_time=rec.get("busy_time"),
-            step_time=rec.get("step_time"),
-            where=rec.get("where"),
-            waiting=rec.get("waiting"),
-            started=float(rec.get("started", 0.0) or 0.0),
-        )
+    return ranks_of
 
 
-def current_beats(
-    records: Iterable[Mapping[str, Any]],
-    job_id: str,
-    restart: int,
-    not_before: float = 0.0,
-    relaunch: int = 0,
-) -> list[Beat]:
-    """The records of this attempt only (files of earlier attempts stay on disk until the
-    rank of the new attempt overwrites them). ``relaunch``: the restart inside the
-    allocation (Slurm's restart count stays the same for those)."""
-    out = []
-    for rec in records:
-        if str(rec.get("job_id", "")) != str(job_id) or int(rec.get("restart", 0) or 0) != restart:
-            continue
-        if int(rec.get("relaunch", 0) or 0) != relaunch:
-            continue
-        beat = Beat.from_record(rec)
-        if beat.started >= not_before:
-            out.append(beat)
-    return sorted(out, key=lambda b: b.rank)
-
-
-def _blame(suspects: Sequence[Beat], running: Sequence[Beat]) -> tuple[str, ...]:
+def _blame(suspects: Sequence[Beat], running: int) -> tuple[str, ...]:
     # Evidence is relative: some ranks look stuck while their peers look fine. When every
-    # rank looks the same, nothing singles out a node.
-    if not suspects or {b.rank for b in suspects} >= {b.rank for b in running}:
+    # running rank looks the same, nothing singles out a node.
+    if not suspects or len({b.rank for b in suspects}) >= running:
         return ()
     return tuple(sorted({b.host for b in suspects}))
 
@@ -121,36 +82,75 @@ def _blame(suspects: Sequence[Beat], running: Sequence[Beat]) -> tuple[str, ...]
 def last_progress(beats: Sequence[Beat]) -> float | None:
     """When the running ranks last showed progress (their newest finished step, else their
     start): the time the hang rule counts from; None without a running rank."""
-    running = [b for b in beats if b.state == "running"]
-    if not running:
-        return None
-    return max((b.step_wall or b.started or b.beat) for b in running)
+    return max((b.progress for b in beats if b.running), default=None)
 
 
 def frozen(beats: Sequence[Beat], now: float, t: Thresholds) -> list[Beat]:
     """The running ranks whose heartbeat went stale: their writer thread stopped."""
-    return [b for b in beats if b.state == "running" and now - b.beat > t.stale_after]
+    return [b for b in beats if b.running and now - b.beat > t.stale_after]
+
+
+def hang_idle(nodes: Iterable[NodeSummary], now: float, t: Thresholds) -> float | None:
+    """Seconds since any running rank last finished a step, when that is ``hang_timeout``
+    or more (the attempt is hung); None otherwise or without a running rank."""
+    progress = [n.progress for n in nodes if n.running and n.progress is not None]
+    if not progress:
+        return None
+    idle = now - max(progress)
+    return idle if idle >= t.hang_timeout else None
+
+
+def _top(nodes: Iterable[NodeSummary]) -> int | None:
+    return max((n.top for n in nodes if n.top is not None), default=None)
+
+
+def suspect_hosts(nodes: Sequence[NodeSummary], now: float, t: Thresholds) -> list[str]:
+    """The nodes holding a rank that one of the hang's rules could blame: a stale beat, a
+    step behind the newest (or none yet), or a rank outside any collective while others
+    wait in one. Only these nodes' ranks are read to explain a hang."""
+    top = _top(nodes)
+    waiting = any(n.waiting for n in nodes)
+    out = []
+    for n in nodes:
+        if not n.running:
+            continue
+        stale = n.oldest_beat is not None and now - n.oldest_beat > t.stale_after
+        behind = top is not None and (n.unstepped > 0 or (n.low is not None and n.low < top))
+        if stale or behind or (waiting and n.stuck > 0):
+            out.append(n.host)
+    return out
 
 
 def detect_hang(
     beats: list[Beat], now: float, t: Thresholds, expected_ranks: int | None = None
 ) -> Finding | None:
-    last_step = last_progress(beats)
-    if last_step is None:
+    return hang_in(by_node(beats), _ranks_among(beats), now, t, expected_ranks)
+
+
+def hang_in(
+    nodes: Sequence[NodeSummary],
+    ranks_of: RanksOf,
+    now: float,
+    t: Thresholds,
+    expected_ranks: int | None = None,
+) -> Finding | None:
+    """The hang rule over node summaries; ``ranks_of`` is asked for the suspects' ranks only
+    when the attempt is hung."""
+    idle = hang_idle(nodes, now, t)
+    if idle is None:
         return None
-    running = [b for b in beats if b.state == "running"]
-    idle = now - last_step
-    if idle < t.hang_timeout:
-        return None
-    stale = frozen(running, now, t)
-    steps = [b.step for b in running if b.step is not None]
-    top = max(steps) if steps else None
-    behind = [b for b in running if top is not None and (b.step is None or b.step < top)]
-    stuck = [b for b in running if b.waiting is False]
-    waiting = [b for b in running if b.waiting]
+    hosts = suspect_hosts(nodes, now, t)
+    beats = sorted((b for b in ranks_of(hosts) if b.running), key=lambda b: b.rank) if hosts else []
+    running = sum(n.running for n in nodes)
+    stale = [b for b in beats if now - b.beat > t.stale_after]
+    top = _top(nodes)
+    behind = [b for b in beats if top is not None and (b.step is None or b.step < top)]
+    stuck = [b for b in beats if b.waiting is False]
+    waiting = any(n.waiting for n in nodes)
+    heard = sum(n.ranks for n in nodes)
     missing = ""
-    if expected_ranks is not None and len(beats) < expected_ranks:
-        missing = f"; {expected_ranks - len(beats)} rank(s) never sent a heartbeat"
+    if expected_ranks is not None and heard < expected_ranks:
+        missing = f"; {expected_ranks - heard} rank(s) never sent a heartbeat"
     head = f"no step finished for {idle:.0f} s (hang_timeout {t.hang_timeout:.0f} s)"
     for suspects, why in (
         (stale, "heartbeat stopped (process frozen)"),
@@ -161,13 +161,22 @@ def detect_hang(
         ),
         (stuck if waiting else [], "stuck outside any collective while peers wait"),
     ):
-        nodes = _blame(suspects, running)
-        if nodes:
+        blamed = _blame(suspects, running)
+        if blamed:
             where = next((b.where for b in suspects if b.where), None)
             detail = f"{head}; rank(s) {','.join(str(b.rank) for b in suspects)} {why}"
             detail += f" at {where}" if where else ""
-            return Finding(CAUSE_HANG, nodes, detail + missing, tuple(b.rank for b in suspects))
+            return Finding(CAUSE_HANG, blamed, detail + missing, tuple(b.rank for b in suspects))
     return Finding(CAUSE_HANG, (), f"{head}; no single node to blame{missing}")
+
+
+def partly_stale(nodes: Iterable[NodeSummary], now: float, stale_after: float) -> bool:
+    """Some running ranks' beats went stale while others' did not (a node that vanished
+    without closing its connections)."""
+    running = [n for n in nodes if n.running and n.oldest_beat is not None]
+    some = any(now - (n.oldest_beat or 0.0) > stale_after for n in running)
+    every = all(now - (n.newest_beat or 0.0) > stale_after for n in running)
+    return some and not every
 
 
 @dataclass
@@ -178,11 +187,12 @@ class StragglerState:
 
 
 def node_busy_times(beats: list[Beat]) -> dict[str, float]:
-    per_node: dict[str, list[float]] = {}
-    for b in beats:
-        if b.state == "running" and b.busy_time is not None and b.busy_time >= 0:
-            per_node.setdefault(b.host, []).append(float(b.busy_time))
-    return {host: statistics.median(times) for host, times in per_node.items()}
+    return node_busy(by_node(beats))
+
+
+def node_busy(nodes: Iterable[NodeSummary]) -> dict[str, float]:
+    """Node -> the median busy time of its running ranks (nodes without one left out)."""
+    return {n.host: n.busy for n in nodes if n.busy is not None}
 
 
 def slow_nodes(busy: Mapping[str, float], factor: float) -> dict[str, float]:
@@ -218,11 +228,14 @@ def detect_straggler(
     now: float,
     t: Thresholds,
     state: StragglerState,
-    busy: Mapping[str, float] | None = None,
 ) -> Finding | None:
-    """``busy``: ``node_busy_times(beats)`` where the caller has it already (one pass over
-    16,000 beats a poll, not two)."""
-    busy = node_busy_times(beats) if busy is None else busy
+    return straggler_in(node_busy_times(beats), now, t, state)
+
+
+def straggler_in(
+    busy: Mapping[str, float], now: float, t: Thresholds, state: StragglerState
+) -> Finding | None:
+    """The straggler rule over each node's median busy time (``node_busy``)."""
     slow = slow_nodes(busy, t.straggler_factor)
     for host in list(state.slow_since):
         if host not in slow:
@@ -250,25 +263,36 @@ def analyse(
     t: Thresholds,
     state: StragglerState,
     expected_ranks: int | None = None,
-    busy: Mapping[str, float] | None = None,
 ) -> Finding | None:
-    return detect_hang(beats, now, t, expected_ranks) or detect_straggler(
-        beats, now, t, state, busy
+    return analyse_nodes(by_node(beats), _ranks_among(beats), now, t, state, expected_ranks)
+
+
+def analyse_nodes(
+    nodes: Sequence[NodeSummary],
+    ranks_of: RanksOf,
+    now: float,
+    t: Thresholds,
+    state: StragglerState,
+    expected_ranks: int | None = None,
+) -> Finding | None:
+    return hang_in(nodes, ranks_of, now, t, expected_ranks) or straggler_in(
+        node_busy(nodes), now, t, state
     )
 
 
-def summary(
-    beats: list[Beat], now: float, busy: Mapping[str, float] | None = None
-) -> dict[str, Any]:
+def summary(beats: list[Beat], now: float) -> dict[str, Any]:
+    return summary_of(by_node(beats), now)
+
+
+def summary_of(nodes: Sequence[NodeSummary], now: float) -> dict[str, Any]:
     """A few numbers for ``status``: latest step, oldest heartbeat, busy time per node."""
-    busy = node_busy_times(beats) if busy is None else busy
-    running = [b for b in beats if b.state == "running"]
-    steps = [b.step for b in beats if b.step is not None]
+    steps = [n.step for n in nodes if n.step is not None]
+    oldest = [n.oldest_beat for n in nodes if n.running and n.oldest_beat is not None]
     return {
-        "ranks": len(beats),
-        "running": len(running),
+        "ranks": sum(n.ranks for n in nodes),
+        "running": sum(n.running for n in nodes),
         "step": max(steps) if steps else None,
-        "oldest_beat_age": round(max((now - b.beat for b in running), default=0.0), 1),
-        "busy_per_node": {h: round(v, 4) for h, v in sorted(busy.items())},
+        "oldest_beat_age": round(now - min(oldest), 1) if oldest else 0.0,
+        "busy_per_node": {h: round(v, 4) for h, v in sorted(node_busy(nodes).items())},
         "time": now,
     }

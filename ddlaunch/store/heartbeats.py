@@ -1,13 +1,19 @@
 """Heartbeat records: one file per node on the shared filesystem, one per rank on the node.
 
-* ``health/heartbeat/node-<host>.json`` (shared, in the run directory): the node's latest
-  heartbeats, ``{"host", "job_id", "restart", "relaunch", "beat", "ranks": [<rank record>,
-  ...]}``, written by the node's leader rank (local rank 0) every ``health.heartbeat_interval``.
-  Each rank record is exactly what that rank wrote (step, time, step and busy time, where it
-  is stuck, whether it waits in a collective), so the watchdog sees each rank as before.
+* ``health/heartbeat/node-<host>.jsonl`` (shared, in the run directory): the node's latest
+  heartbeats, written by the node's leader rank (local rank 0) every
+  ``health.heartbeat_interval``. Line 1 is the head, ``{"host", "job_id", "restart",
+  "relaunch", "beat", "summary"}``: the attempt, when the ranks were merged, and the node's
+  ``policy.beats.NodeSummary`` (what the watchdog decides a healthy node from); each further
+  line is one rank's record exactly as that rank wrote it (step, time, step and busy time,
+  where it is stuck, whether it waits in a collective), so blame and the hang analysis see
+  each rank as before. The watchdog decodes the head of every node a cycle and a node's
+  rank lines only when its summary makes it a suspect: at 2,000 nodes x 8 ranks a cycle
+  decodes 2,000 small heads instead of 16,000 rank records.
 * ``<node tmp>/ddlaunch-beats-<key>-<attempt>/rank-<R>.json`` (node-local: /dev/shm or $TMPDIR, one
   directory per run, host and attempt): each rank's own latest record, which its leader merges.
-* ``health/heartbeat/rank-<R>.json``: the per-rank layout of earlier versions, still read.
+* ``health/heartbeat/node-<host>.json`` (one JSON object with a ``ranks`` list) and
+  ``health/heartbeat/rank-<R>.json``: the layouts of earlier versions, still read.
 
 Why a file per node rather than a network transport (the ranks sending beats to the batch
 host over TCP): the run directory is already the one place every process of the job can
@@ -29,12 +35,22 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.policy.beats import (
+    Beat,
+    NodeSummary,
+    current_beats,
+    same_attempt,
+    summarise,
+)
+
 HEARTBEAT_DIR = ("health", "heartbeat")
 NODE_PREFIX = "node-"
+NODE_SUFFIX = ".jsonl"
 RANK_PREFIX = "rank-"
 LOCAL_PREFIX = "ddlaunch-beats-"
 MERGE_LOCK = ".merge.lock"
@@ -50,9 +66,9 @@ def heartbeat_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
 
 
 def node_heartbeat_path(run_dir: str | os.PathLike[str], host: str) -> Path:
-    """The node's record in the run directory (``node-<host>.json``)."""
+    """The node's record in the run directory (``node-<host>.jsonl``)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host) or "_"
-    return heartbeat_dir(run_dir) / f"{NODE_PREFIX}{safe}.json"
+    return heartbeat_dir(run_dir) / f"{NODE_PREFIX}{safe}{NODE_SUFFIX}"
 
 
 def local_beats_dir(
@@ -96,11 +112,15 @@ def local_rank_path(local_dir: Path, rank: int) -> Path:
 
 
 def write_heartbeat(path: Path, record: dict[str, Any]) -> None:
-    """Write one record by rename. The directory must exist (the writer makes it once, not on
-    every beat: a ``mkdir`` that fails with EEXIST is a metadata call like any other); if it
-    was removed under a live writer, it is made again."""
+    """Write one rank's record by rename."""
+    _write(path, json.dumps(record))
+
+
+def _write(path: Path, data: str) -> None:
+    """By rename. The directory must exist (the writer makes it once, not on every beat: a
+    ``mkdir`` that fails with EEXIST is a metadata call like any other); if it was removed
+    under a live writer, it is made again."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = json.dumps(record)
     try:
         tmp.write_text(data)
     except FileNotFoundError:
@@ -111,43 +131,200 @@ def write_heartbeat(path: Path, record: dict[str, Any]) -> None:
 
 def read_local_beats(local_dir: Path) -> list[dict[str, Any]]:
     """The node's ranks' own records (unreadable or half-written files are skipped)."""
-    return _read_records(local_dir, RANK_PREFIX)
+    return _read_records(local_dir, _names(local_dir), RANK_PREFIX)
 
 
-def node_record(
-    host: str, job_id: str, restart: int, relaunch: int, beat: float, ranks: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """One node's record: its ranks' records, in rank order, and when they were merged."""
-    return {
+def write_node_record(
+    path: Path,
+    host: str,
+    attempt: tuple[str, int, int],
+    beat: float,
+    ranks: Iterable[dict[str, Any]],
+) -> None:
+    """One node's record: the head with the node's summary, then its ranks' records in rank
+    order, one a line. ``attempt``: (job id, restart, relaunch)."""
+    job_id, restart, relaunch = attempt
+    ordered = sorted(ranks, key=lambda r: int(r.get("rank", -1)))
+    summary = summarise(host, [Beat.from_record(r) for r in ordered])
+    head = {
         "host": host,
         "job_id": job_id,
         "restart": restart,
         "relaunch": relaunch,
         "beat": beat,
-        "ranks": sorted(ranks, key=lambda r: int(r.get("rank", -1))),
+        "summary": summary.to_json(),
     }
+    lines = [json.dumps(head, separators=(",", ":"))]
+    lines += [json.dumps(r, separators=(",", ":")) for r in ordered]
+    _write(path, "\n".join(lines) + "\n")
+
+
+@dataclass
+class NodeFile:
+    """One node record as read: its head decoded, its rank lines decoded only when asked."""
+
+    head: dict[str, Any]
+    rest: bytes
+
+    @classmethod
+    def parse(cls, data: bytes) -> NodeFile | None:
+        first, _, rest = data.partition(b"\n")
+        try:
+            head = json.loads(first.decode())  # str: json.loads of bytes guesses the encoding
+        except ValueError:
+            return None
+        return cls(head, rest) if isinstance(head, dict) else None
+
+    @property
+    def host(self) -> str:
+        return str(self.head.get("host", "?"))
+
+    def summary(self) -> NodeSummary | None:
+        data = self.head.get("summary")
+        return NodeSummary.from_json(data) if isinstance(data, dict) else None
+
+    def ranks(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.rest.splitlines():
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+
+def _names(directory: Path) -> list[str]:
+    """The directory's entries, listed once per read (a directory of 2,000 nodes' records
+    is one lock on a metadata server)."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def read_node_files(directory: Path, names: Iterable[str]) -> list[NodeFile]:
+    """The node records among ``names`` (heads decoded; unreadable files skipped)."""
+    out = []
+    base = os.fspath(directory)  # joined as strings: 2,000 Path objects a cycle cost more
+    for name in names:
+        if not (name.startswith(NODE_PREFIX) and name.endswith(NODE_SUFFIX)):
+            continue
+        try:
+            with open(os.path.join(base, name), "rb") as handle:
+                node = NodeFile.parse(handle.read())
+        except OSError:
+            continue
+        if node is not None:
+            out.append(node)
+    return out
 
 
 def read_heartbeats(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every rank's latest heartbeat record: the ranks of each node's record, and the files of
-    the per-rank layout (a run started by an earlier version). Unreadable or half-written
-    files are skipped."""
+    """Every rank's latest heartbeat record: the ranks of each node's record, and those of
+    the layouts of earlier versions. Unreadable or half-written files are skipped."""
     directory = heartbeat_dir(run_dir)
+    names = _names(directory)
+    records = [r for node in read_node_files(directory, names) for r in node.ranks()]
+    return records + _earlier_layouts(directory, names)
+
+
+def _earlier_layouts(directory: Path, names: list[str]) -> list[dict[str, Any]]:
+    """The rank records of ``node-<host>.json`` (one JSON object, its ranks in a list) and
+    of ``rank-<R>.json`` files."""
     records: list[dict[str, Any]] = []
-    for rec in _read_records(directory, NODE_PREFIX):
+    for rec in _read_records(directory, names, NODE_PREFIX):
         ranks = rec.get("ranks")
         if isinstance(ranks, list):
             records.extend(r for r in ranks if isinstance(r, dict))
-    records.extend(_read_records(directory, RANK_PREFIX))
+    records.extend(_read_records(directory, names, RANK_PREFIX))
     return records
 
 
-def _read_records(directory: Path, prefix: str) -> list[dict[str, Any]]:
+@dataclass
+class AttemptBeats:
+    """One attempt's heartbeats as the watchdog reads them: a summary per node, and each
+    node's rank records on demand (decoded for a suspect node only; ``decoded`` counts the
+    nodes that were)."""
+
+    attempt: tuple[str, int, int]  # job id, restart, relaunch
+    not_before: float
+    nodes: list[NodeSummary] = field(default_factory=list)
+    files: dict[str, NodeFile] = field(default_factory=dict)  # host -> not decoded yet
+    beats: dict[str, list[Beat]] = field(default_factory=dict)  # host -> decoded
+    decoded: int = 0
+
+    def __len__(self) -> int:
+        """The ranks heard from (every state)."""
+        return sum(n.ranks for n in self.nodes)
+
+    def ranks_of(self, hosts: Iterable[str]) -> list[Beat]:
+        """The beats of these nodes' ranks, in rank order."""
+        out: list[Beat] = []
+        for host in set(hosts):
+            if host in self.files:
+                self.beats[host] = self.decode(self.files.pop(host))
+                self.decoded += 1
+            out.extend(self.beats.get(host, ()))
+        return sorted(out, key=lambda b: b.rank)
+
+    def all(self) -> list[Beat]:
+        return self.ranks_of([n.host for n in self.nodes])
+
+    def decode(self, node: NodeFile) -> list[Beat]:
+        job_id, restart, relaunch = self.attempt
+        return current_beats(node.ranks(), job_id, restart, self.not_before, relaunch)
+
+
+def read_attempt(
+    run_dir: str | os.PathLike[str],
+    job_id: str,
+    restart: int,
+    not_before: float = 0.0,
+    relaunch: int = 0,
+) -> AttemptBeats:
+    """This attempt's beats: the node records whose head names the attempt, and the rank
+    records of earlier layouts (``policy.beats.current_beats`` filters both the same way).
+    A node whose summary is missing (another version), or whose ranks may not all pass the
+    filter (one started before ``not_before``), or that is heard from twice, is summarised
+    from its ranks here."""
+    view = AttemptBeats((job_id, restart, relaunch), not_before)
+    directory = heartbeat_dir(run_dir)
+    names = _names(directory)
+    older: dict[str, list[Beat]] = {}
+    for b in current_beats(
+        _earlier_layouts(directory, names), job_id, restart, not_before, relaunch
+    ):
+        older.setdefault(b.host, []).append(b)
+    for node in read_node_files(directory, names):
+        if not same_attempt(node.head, job_id, restart, relaunch):
+            continue
+        host = node.host
+        summary = node.summary()
+        fresh = host not in older and host not in view.files
+        if fresh and summary is not None and summary.first_started >= not_before:
+            view.nodes.append(summary)
+            view.files[host] = node
+            continue
+        beats = older.setdefault(host, [])
+        if host in view.files:  # heard from twice: summarised from both records' ranks
+            beats.extend(view.decode(view.files.pop(host)))
+        beats.extend(view.decode(node))
+    if older:
+        view.nodes = [n for n in view.nodes if n.host in view.files]
+        for host, beats in older.items():
+            if beats:
+                view.nodes.append(summarise(host, beats))
+                view.beats[host] = beats
+    view.nodes.sort(key=lambda n: n.host)
+    return view
+
+
+def _read_records(directory: Path, names: Iterable[str], prefix: str) -> list[dict[str, Any]]:
     records = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
     for name in names:
         if not (name.startswith(prefix) and name.endswith(".json")):
             continue
@@ -166,10 +343,10 @@ def last_node_beat(run_dir: str | os.PathLike[str], hosts: Sequence[str]) -> flo
     beats = []
     for host in hosts:
         try:
-            with open(node_heartbeat_path(run_dir, host), encoding="utf-8") as handle:
-                rec = json.load(handle)
-        except (OSError, ValueError):
+            with open(node_heartbeat_path(run_dir, host), "rb") as handle:
+                node = NodeFile.parse(handle.readline())
+        except OSError:
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("beat"), (int, float)):
-            beats.append(float(rec["beat"]))
+        if node is not None and isinstance(node.head.get("beat"), (int, float)):
+            beats.append(float(node.head["beat"]))
     return max(beats) if beats else None

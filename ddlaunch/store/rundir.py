@@ -200,6 +200,28 @@ def rank_log(run_dir: Path, rank: int, stream: str = "out") -> Path:
     return run_dir / LOGS_DIR / f"rank-{rank}.{stream}"
 
 
+# One log per node (``storage.rank_logs: node``): ``node-<host>.out|.err``, written by the
+# node's slurmstepd, each line labelled with its rank (``slurm.labels``).
+NODE_LOG_PREFIX = "node-"
+
+
+def node_log(run_dir: Path, host: str, stream: str = "out") -> Path:
+    return run_dir / LOGS_DIR / f"{NODE_LOG_PREFIX}{host}.{stream}"
+
+
+def is_node_log(path: Path) -> bool:
+    return path.name.startswith(NODE_LOG_PREFIX) and path.suffix in (".out", ".err")
+
+
+def node_logs(run_dir: Path) -> list[Path]:
+    """The run's per-node logs, by name."""
+    try:
+        names = sorted(os.listdir(run_dir / LOGS_DIR))
+    except OSError:
+        return []
+    return [run_dir / LOGS_DIR / n for n in names if is_node_log(Path(n))]
+
+
 def batch_logs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / LOGS_DIR).glob("batch-*.out"), key=os.path.getmtime)
 

@@ -5,9 +5,10 @@ The training loop calls ``Heartbeat.step(n, wait_s)`` at each step boundary: a l
 additions in memory, no I/O. A daemon thread in each rank writes the rank's record every
 ``interval`` seconds into a node-local directory (``/dev/shm``, else ``$TMPDIR``; overridden
 by ``$DDLAUNCH_NODE_TMP``); the thread of the node's leader (local rank 0) then merges its
-node's records into ``<run_dir>/health/heartbeat/node-<host>.json``, so the shared filesystem
-sees one write per node per interval, not one per rank (``ddlaunch.store.heartbeats`` says
-why a file per node). The watchdog reads these files (see ``ddlaunch.policy.heartbeats``).
+node's records, with the node's summary, into ``<run_dir>/health/heartbeat/node-<host>.jsonl``,
+so the shared filesystem sees one write per node per interval, not one per rank
+(``ddlaunch.store.heartbeats`` says why a file per node). The watchdog reads these files
+(see ``ddlaunch.policy.heartbeats``).
 
 A rank whose process froze stops rewriting its node-local record, so its beat in the node's
 record goes stale as its own file did before; a leader that died stops the node's record, and
@@ -45,9 +46,9 @@ from ddlaunch.store.heartbeats import (
     local_beats_dir,
     local_rank_path,
     node_heartbeat_path,
-    node_record,
     read_local_beats,
     write_heartbeat,
+    write_node_record,
 )
 
 RUNNING = "running"
@@ -201,10 +202,8 @@ class Heartbeat:
                 self._merge(read_local_beats(self.local_dir))
 
     def _merge(self, ranks: list[dict[str, Any]]) -> None:
-        record = node_record(
-            self.host, self.job_id, self.restart, self.relaunch, time.time(), ranks
-        )
-        write_heartbeat(self.path, record)
+        attempt = (self.job_id, self.restart, self.relaunch)
+        write_node_record(self.path, self.host, attempt, time.time(), ranks)
 
     @contextlib.contextmanager
     def _merge_lock(self) -> Iterator[None]:
