@@ -243,11 +243,11 @@ class Recording(groups.Supervisor):
 
 
 def node_beats(run_dir: Path, host: str, ranks: list[dict[str, object]], at: float) -> None:
-    from ddlaunch.store.heartbeats import node_heartbeat_path, node_record, write_heartbeat
+    from ddlaunch.store.heartbeats import node_heartbeat_path, write_node_record
 
     path = node_heartbeat_path(run_dir, host)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_heartbeat(path, node_record(host, "77", 0, 0, at, ranks))
+    write_node_record(path, host, ("77", 0, 0), at, ranks)
 
 
 def rank_beat(rank: int, host: str, started: float, step_wall: float, at: float) -> dict:
