@@ -273,10 +273,10 @@ def test_a_crash_between_sbatch_and_its_record_leaves_the_intent(tmp_path: Path)
     for name in ("1", "2"):  # as if the crash came after their sbatch, before the records
         (prepared.sweep_dir / "arrays" / f"{name}.json").unlink()
     records = array_records(prepared.sweep_dir)
-    assert [(r["name"], r["state"], r["members"]) for r in records] == [
-        ("0", "submitted", [0, 1, 2]),
-        ("1", "submitting", [3, 4, 5]),
-        ("2", "submitting", [6]),
+    assert [(r.name, r.state, r.members) for r in records] == [
+        ("0", "submitted", (0, 1, 2)),
+        ("1", "submitting", (3, 4, 5)),
+        ("2", "submitting", (6,)),
     ]
     queued = "".join(f"500_{t}|PENDING|None|\n" for t in range(3))
     runner.answers = {("squeue",): ok(queued)}

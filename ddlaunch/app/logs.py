@@ -73,8 +73,8 @@ def world_size(run_dir: Path) -> int | None:
 
 def not_started(info: RunInfo) -> str:
     """Why a run without an attempt has no logs."""
-    if info.intent.get("state") == "failed":
-        return f"no logs: the submission failed: {info.intent.get('error', '')}"
+    if info.intent is not None and info.intent.failed:
+        return f"no logs: the submission failed: {info.intent.error or ''}"
     if info.cancel_requested or (info.outcome is not None and info.outcome.state == "CANCELLED"):
         return "no logs: the run was cancelled before it started"
     if info.job_id:

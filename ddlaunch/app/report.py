@@ -25,7 +25,7 @@ from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.checkpoint import adapters
 from ddlaunch.checkpoint.layout import list_checkpoints
 from ddlaunch.config.trainers import KIND_DDLAUNCH
-from ddlaunch.policy.staging import node_line
+from ddlaunch.policy.staging import NodeStaging, node_line
 from ddlaunch.slurm.client import JobRows, SlurmError
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
@@ -65,13 +65,13 @@ class AttemptSpan:
 
 
 def staging_phase(
-    records: Mapping[str, Mapping[str, Any]], now: float | None
+    records: Mapping[str, NodeStaging], now: float | None
 ) -> tuple[tuple[float, float] | None, str]:
     """One attempt's staging records (host -> record) as (start, end) and a summary."""
-    starts = [float(r["start"]) for r in records.values() if r.get("start") is not None]
+    starts = [float(r.start) for r in records.values() if r.start is not None]
     if not starts:
         return None, ""
-    ends = [float(r.get("end") or now or r["start"]) for r in records.values() if r.get("start")]
+    ends = [float(r.end or now or r.start) for r in records.values() if r.start]
     detail = ", ".join(node_line(h, r) for h, r in sorted(records.items()))
     return (min(starts), max(ends)), detail
 
@@ -114,7 +114,7 @@ def build(
     excluded: Sequence[str] = (),
     preflight: Sequence[Mapping[str, Any]] = (),
     now: float | None = None,
-    staging: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    staging: Mapping[str, Mapping[str, NodeStaging]] | None = None,
     note: str = "",
 ) -> Timeline:
     """``staging``: attempt key (``<job>-<restart>``) -> host -> staging record."""
@@ -343,7 +343,7 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
         for when, step in sorted(set(points))
     ]
-    latest = info.preflight or {}  # read and checked by read_run
+    latest = info.preflight  # read and checked by read_run
     timeline = build(
         info.run_id,
         state,
@@ -352,7 +352,7 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         failures,
         samples,
         info.excluded,
-        latest.get("verdicts", []),
+        (latest.verdicts or ()) if latest is not None else (),
         now=time.time(),
         staging=staging_records.read_all(run_dir),  # unusable ones: in info.problems
         note="" if info.attempts else f"no attempt: {row.failure or row.detail or state}",

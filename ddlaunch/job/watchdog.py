@@ -136,30 +136,27 @@ class _Watch:
         self, now: float, beats: list[analysis.Beat], busy: dict[str, float] | None = None
     ) -> None:
         """The summary ``status`` shows, and a step-history sample when the step advanced."""
-        summary = analysis.summary(beats, now, busy)
         a = self.attempt
-        summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
+        ids = {"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch}
+        summary = records.Summary.from_json({**analysis.summary(beats, now, busy), **ids})
         records.write_summary(self.run_dir, summary)
-        if summary["step"] is not None and summary["step"] != self.last_step:
-            self.last_step = summary["step"]
+        if summary.step is not None and summary.step != self.last_step:
+            self.last_step = summary.step
             records.append_sample(self.run_dir, summary)
 
     def act(self, finding: analysis.Finding, now: float, srun_pid: int | None = None) -> None:
         """Record the verdict for the end hook, then end the training step (for a dead node:
         ``end_step_without``, which returns srun to the batch script at once)."""
-        records.write_verdict(
-            self.run_dir,
-            self.attempt,
-            {
-                "cause": finding.cause,
-                "nodes": list(finding.nodes),
-                "ranks": list(finding.ranks),
-                "detail": finding.detail,
-                "time": now,
-                "job_id": self.attempt.job_id,
-                "restart": self.attempt.restart,
-            },
+        verdict = records.Verdict(
+            cause=finding.cause,
+            nodes=tuple(finding.nodes),
+            ranks=tuple(finding.ranks),
+            detail=finding.detail,
+            time=now,
+            job_id=self.attempt.job_id,
+            restart=self.attempt.restart,
         )
+        records.write_verdict(self.run_dir, self.attempt, verdict)
         print(f"[ddlaunch watchdog] {finding.cause}: {finding.detail}", flush=True)
         if finding.cause == CAUSE_NODE_FAILURE and srun_pid is not None:
             end_step_without(self.attempt.job_id, self.client, srun_pid)

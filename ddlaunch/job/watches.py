@@ -75,8 +75,8 @@ class PreflightWatch:
         gate = records.read_gate(self.run_dir, self.attempt)
         if gate is not None:
             self.done = True
-            if gate.get("passed") and not gate.get("printed"):
-                self._print_passed(str(gate.get("reason", "")))
+            if gate.passed and not gate.printed:
+                self._print_passed(gate.reason or "")
                 records.mark_printed(self.run_dir, self.attempt, gate)
             return False
         assert self.timeout is not None
@@ -98,17 +98,17 @@ class PreflightWatch:
         and no longer counts."""
         longest = 0.0
         for rec in staging_records.read_attempt(self.run_dir, self.attempt).values():
-            start = rec.get("start")
+            start = rec.start
             if start is None:
                 continue
-            if rec.get("state") == staging_records.RUNNING:
+            if rec.state == staging_records.RUNNING:
                 assert self.timeout is not None
-                if now - float(rec.get("time") or start) > self.timeout:
+                if now - (rec.time or start) > self.timeout:
                     continue
                 end = now
             else:
-                end = float(rec.get("end") or now)
-            longest = max(longest, end - float(start))
+                end = rec.end or now
+            longest = max(longest, end - start)
         return longest
 
     def _print_passed(self, reason: str) -> None:

@@ -16,6 +16,7 @@ from ddlaunch.slurm.arrays import queue_tasks, show_array_tasks
 from ddlaunch.slurm.client import SlurmClient, SlurmUnreachable
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store.rundir import default_run_root
+from ddlaunch.store.submission import Intent
 from ddlaunch.store.sweep_cancels import cancelled_members
 from ddlaunch.store.sweeps import (
     MEMBERS_DIR,
@@ -101,7 +102,7 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
         info.job_ids = list(jobs.job_ids)
         info.cancel_requested = index in cancelled and cancelled[index] == info.job_id
         if jobs.state == "failed":
-            info.intent = {"state": "failed", "error": jobs.error}
+            info.intent = Intent(state="failed", error=jobs.error)
     client = client or SlurmClient()
     arrays = {i.job_id.split("_")[0] for i in infos if i.job_id}
     try:
