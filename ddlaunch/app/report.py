@@ -334,9 +334,9 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
     # commit times are both (time, step) points; together they give each attempt its curve.
     # Each point belongs to the attempt running at its time: a line never bridges a requeue.
     points = [
-        (float(s["time"]), int(s["step"]))
+        (float(s.time), s.step)
         for s in watchdog_records.read_samples(run_dir)
-        if isinstance(s.get("time"), int | float) and isinstance(s.get("step"), int)
+        if s.time is not None and s.step is not None
     ]
     points += [(float(when), int(step)) for step, when in checkpoints]
     samples = [

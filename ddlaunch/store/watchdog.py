@@ -37,6 +37,14 @@ SUMMARY_FIELDS = {
     "restart": INT,
     "relaunch": INT,
 }
+SAMPLE_FIELDS = {
+    "time": NUMBER,
+    "step": INT,
+    "job_id": TEXT,
+    "restart": INT,
+    "relaunch": INT,
+    "busy": OBJECT,  # the slowest nodes by name, the median and count of all (sample_busy)
+}
 VERDICT_FIELDS = {
     "cause": TEXT,
     "nodes": STRINGS,
@@ -64,6 +72,21 @@ class Summary(records.Record):
     job_id: str | None = None
     restart: int | None = None
     relaunch: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample(records.Record):
+    """One line of ``health/steps.jsonl``: the step at ``time`` in one attempt."""
+
+    FIELDS: ClassVar[records.Fields] = SAMPLE_FIELDS
+    NAME: ClassVar[str] = f"{HEALTH_DIR}/{STEPS_FILE}"
+
+    time: float | None = None
+    step: int | None = None
+    job_id: str | None = None
+    restart: int | None = None
+    relaunch: int | None = None
+    busy: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +145,7 @@ def steps_path(run_dir: Path) -> Path:
 SLOWEST_KEPT = 8
 
 
-def sample_busy(busy: dict[str, float]) -> dict[str, Any]:
+def sample_busy(busy: Mapping[str, float]) -> dict[str, object]:
     """The nodes' busy times as a sample keeps them: the ``SLOWEST_KEPT`` slowest by name,
     the median and the count of all."""
     if not busy:
@@ -138,22 +161,27 @@ def append_sample(run_dir: Path, summary: Summary) -> None:
     """One line per poll in which the step advanced (time, step, attempt, the slowest nodes'
     busy time and the median). At most one line per poll period (a few seconds), appended
     without fsync; its size does not grow with the nodes."""
-    line = {
-        "time": round(summary.time or 0.0, 2),
-        "step": summary.step,
-        "job_id": summary.job_id,
-        "restart": summary.restart,
-        "relaunch": summary.relaunch or 0,
-        "busy": sample_busy(dict(summary.busy_per_node or {})),
-    }
+    # from_json: a job id or restart not known is recorded as null
+    line = Sample.from_json(
+        {
+            "time": round(summary.time or 0.0, 2),
+            "step": summary.step,
+            "job_id": summary.job_id,
+            "restart": summary.restart,
+            "relaunch": summary.relaunch or 0,
+            "busy": sample_busy(summary.busy_per_node or {}),
+        }
+    )
     try:
         with open(steps_path(run_dir), "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
+            handle.write(json.dumps(line.to_json()) + "\n")
     except OSError:
         pass
 
 
-def read_samples(run_dir: Path) -> list[dict[str, Any]]:
+def read_samples(run_dir: Path) -> list[Sample]:
+    """Every sample that can be read (a line cut short by a crash is skipped); a field of
+    the wrong kind is dropped."""
     samples = []
     try:
         lines = steps_path(run_dir).read_text(encoding="utf-8", errors="replace").splitlines()
@@ -165,5 +193,5 @@ def read_samples(run_dir: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(sample, dict):
-            samples.append(sample)
+            samples.append(Sample.from_json(sample))
     return samples
