@@ -26,7 +26,8 @@ from typing import Any
 
 from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import Conclusion, cancel_reason, conclude
-from ddlaunch.config.recovery_schema import FaultToleranceSpec, HealthSpec, can_leave_out
+from ddlaunch.config.fault_tolerance import FaultToleranceSpec, can_leave_out
+from ddlaunch.config.health import HealthSpec
 from ddlaunch.config.schema import Config
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.config.validate import load_config
