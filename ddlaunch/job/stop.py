@@ -23,7 +23,6 @@ interval is left before the time limit.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config.trainers import NO_SIGNAL
-from ddlaunch.job.watches import end_step
+from ddlaunch.job.watches import alive, end_step
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import stops
 from ddlaunch.store.attempts import AttemptId
@@ -41,18 +40,6 @@ MARGIN_S = 15.0  # kept free before the time limit for the end hook and the requ
 GRACE_S = 20.0  # a trainer still running this long after its save is stopped
 POLL_S = 0.25  # a look at the checkpoint directory: one listing and a few stats
 KILL_AFTER_S = 10.0  # a step still alive this long after its TERM is killed (a hung save)
-
-
-def alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass

@@ -33,7 +33,13 @@ from typing import Any
 from ddlaunch.config import load_config
 from ddlaunch.job.placement import step_nodelist
 from ddlaunch.job.stop import LimitWatch, StopRequest
-from ddlaunch.job.watches import NodeFailureWatch, PreflightWatch, end_step, end_step_without
+from ddlaunch.job.watches import (
+    NodeFailureWatch,
+    PreflightWatch,
+    alive,
+    end_step,
+    end_step_without,
+)
 from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.requeue import CAUSE_NODE_FAILURE
 from ddlaunch.slurm.client import SlurmClient
@@ -42,16 +48,6 @@ from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.heartbeats import read_heartbeats
 from ddlaunch.store.rundir import checkpoint_source, config_path
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StopSignal:

@@ -45,6 +45,20 @@ def end_step_without(job_id: str | None, client: SlurmClient, srun_pid: int) -> 
         os.kill(srun_pid, signal.SIGKILL)
 
 
+def alive(pid: int | None) -> bool:
+    """Whether process ``pid`` (srun, on this host) still exists; one of another user's
+    counts (EPERM: it exists). None: no process to watch."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _cancel_quietly(job_id: str, client: SlurmClient) -> None:
     with contextlib.suppress(Exception):  # srun is killed whatever scancel says
         end_step(job_id, client)
