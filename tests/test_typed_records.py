@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 
 from ddlaunch import fsutil
-from ddlaunch.store import attempts, preflight, progress, records, staging, submission, watchdog
+from ddlaunch.store import (
+    attempts,
+    preflight,
+    progress,
+    records,
+    signal_save,
+    staging,
+    submission,
+    timings,
+    watchdog,
+)
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.sweeps import ArrayRecord
 
@@ -29,6 +39,8 @@ RECORDS: list[type[records.Record]] = [
     staging.NodeStaging,
     staging.Sent,
     ArrayRecord,
+    signal_save.SignalSave,
+    timings.Timing,
 ]
 # A value of each kind (the sweep's member list is a kind of its own).
 VALUES: dict[str, object] = {

@@ -264,7 +264,7 @@ def same_start(client: SlurmClient, attempt: AttemptId) -> bool:
 
 def conclude_signal_save(
     run_dir: Path,
-    saved: Mapping[str, Any],
+    saved: signal_save.SignalSave,
     attempt: AttemptId,
     settings: HookSettings,
     client: Requeuer,
@@ -272,8 +272,9 @@ def conclude_signal_save(
 ) -> Conclusion:
     """The ranks (in a container) saved on the signal and left the conclusion to the host
     (the end hook here, the leader pod on Kubernetes): conclude as rank 0 would have."""
-    step = int(saved["step"])
-    record = {"signal": saved.get("reason"), "exit_code": exit_code}
+    step = saved.step
+    assert step is not None  # signal_save.read gives none without it
+    record = {"signal": saved.reason, "exit_code": exit_code}
     ending = Ending(policy.CAUSE_SIGNAL, step, record=record, saved_step=step)
     return conclude(run_dir, ending, settings.requeues_only, client, job=attempt.task)
 
