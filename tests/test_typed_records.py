@@ -14,11 +14,13 @@ import pytest
 from ddlaunch import fsutil
 from ddlaunch.store import (
     attempts,
+    pods,
     preflight,
     progress,
     records,
     signal_save,
     staging,
+    stops,
     submission,
     timings,
     watchdog,
@@ -41,6 +43,8 @@ RECORDS: list[type[records.Record]] = [
     ArrayRecord,
     signal_save.SignalSave,
     timings.Timing,
+    stops.Stop,
+    pods.PodDecision,
 ]
 # A value of each kind (the sweep's member list is a kind of its own).
 VALUES: dict[str, object] = {

@@ -22,7 +22,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import Conclusion, cancel_reason, conclude
@@ -142,7 +141,7 @@ def _close_cut_off(
     cause = policy.CAUSE_TRAINER_STOP if asked and not blamed else policy.CAUSE_REQUEUED_BY_SLURM
     extra: dict[str, object] = {"node_states": states}
     if asked:
-        extra.update(signal=asked.get("signal"), stop=asked.get("why"))
+        extra.update(signal=asked.signal, stop=asked.why)
         extra["decision"] = "requeued by Slurm (the trainer's own scontrol requeue)"
     elif record.guard:
         extra["decision"] = record.guard  # the batch host died (job.guard)
@@ -312,7 +311,7 @@ def end(
         ending = Ending(policy.CAUSE_CANCELLED)
     elif asked is not None:
         # ddlaunch asked the trainer to stop: requeue whatever its exit code, if it advanced.
-        stop_record = {"signal": asked.get("signal"), "stop": asked.get("why")}
+        stop_record = {"signal": asked.signal, "stop": asked.why}
         ending = Ending(policy.CAUSE_TRAINER_STOP, record=stop_record)
     else:
         # A node failed the preflight inside the ranks (or the ranks ended before its
@@ -360,13 +359,13 @@ def conclude_saved(
     client: SlurmClient,
     attempt: AttemptId,
     settings: HookSettings,
-    stop: Mapping[str, Any],
+    stop: stops.Stop,
 ) -> None:
     """The trainer completed its save on ddlaunch's signal: conclude the attempt now (requeue,
     or record why not), without waiting for the trainer to exit; the end hook then finds it
     closed."""
-    step = stop.get("saved_step")
-    record = {"signal": stop.get("signal"), "stop": stop.get("why")}
+    step = stop.saved_step
+    record = {"signal": stop.signal, "stop": stop.why}
     ending = Ending(policy.CAUSE_TRAINER_STOP, step, record=record, saved_step=step)
     budget = settings.requeues_only
     conclude(run_dir, ending, budget, client, job=attempt.task, restart=attempt.restart)

@@ -51,7 +51,7 @@ class StopRequest:
     srun_pid: int | None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Any] = time.sleep
-    on_saved: Callable[[dict[str, Any]], Any] | None = None  # concludes the attempt
+    on_saved: Callable[[stops.Stop], object] | None = None  # concludes the attempt
 
     def committed(self) -> int | None:
         found = latest_checkpoint(self.run_dir, self.source)
@@ -69,7 +69,7 @@ class StopRequest:
         print(f"[ddlaunch] stopping the training step ({why})", flush=True)
         self.client.cancel([self.attempt.task], signal="TERM")
 
-    def run(self, why: str, budget_s: float, *, ask: bool = True) -> dict[str, Any]:
+    def run(self, why: str, budget_s: float, *, ask: bool = True) -> stops.Stop:
         """Ask (``ask``: with the trainer's signal, else TERM at once), wait (at most
         ``budget_s``) for the save, stop; returns the stop record."""
         before = self.committed()
@@ -108,11 +108,9 @@ class StopRequest:
             self.sleep(POLL_S)
         return self._record(record, saved, start)
 
-    def _record(self, record: dict[str, Any], saved: int | None, start: float) -> dict[str, Any]:
+    def _record(self, record: stops.Stop, saved: int | None, start: float) -> stops.Stop:
         waited = round(self.clock() - start, 1)
-        return stops.write_stop(
-            self.run_dir, self.attempt, **{**record, "saved_step": saved, "waited_s": waited}
-        )
+        return stops.save_stop(self.run_dir, record.updated(saved_step=saved, waited_s=waited))
 
 
 def budget(lead: int) -> float:
