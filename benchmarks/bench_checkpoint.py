@@ -118,7 +118,7 @@ class _StepWork:
 
 def _time_background_copies(durations: list[float]) -> None:
     """Record how long each background staging copy takes (instrumentation only)."""
-    from ddlaunch.checkpoint import staging
+    from ddlaunch.saving import staging
 
     original = staging.copy_pairs
 
@@ -139,7 +139,7 @@ def _rank_main(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
-    from ddlaunch.checkpoint import CheckpointManager, TrainState
+    from ddlaunch.saving import CheckpointManager, TrainState
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -243,7 +243,7 @@ def run_ranks(world: int, bench_dir: Path, shard_bytes: int, matmuls: int) -> di
     import torch.multiprocessing as mp
 
     # Fork ranks from a server that imported torch once (see tests/ckpt_dist.py).
-    mp.set_forkserver_preload(["torch", "torch._dynamo", "ddlaunch.checkpoint.manager"])
+    mp.set_forkserver_preload(["torch", "torch._dynamo", "ddlaunch.saving.manager"])
     mp.start_processes(
         _rank_main,
         args=(world, free_port(), str(bench_dir), shard_bytes, matmuls),

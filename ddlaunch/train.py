@@ -48,12 +48,12 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import DeviceMesh
 
 from ddlaunch.checkpoint.layout import CheckpointInfo
-from ddlaunch.checkpoint.manager import CheckpointManager, CheckpointSaveError, TrainState
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL, Ending, RetryBudget
+from ddlaunch.saving.manager import CheckpointManager, CheckpointSaveError, TrainState
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, signal_save, timings
 from ddlaunch.store.attempts import AttemptId

@@ -19,15 +19,8 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from ddlaunch.checkpoint import (
-    COMMIT_MARKER,
-    CheckpointManager,
-    CheckpointSaveError,
-    TrainState,
-    latest_complete,
-    list_checkpoints,
-    staging,
-)
+from ddlaunch.checkpoint import COMMIT_MARKER, latest_complete, list_checkpoints
+from ddlaunch.saving import CheckpointManager, CheckpointSaveError, TrainState, staging
 
 RESHARD_STEP = 7
 RESHARD_ROWS = 10  # not a multiple of 4: DTensor shards of 3, 3, 3, 1 rows

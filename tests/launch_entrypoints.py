@@ -61,8 +61,8 @@ def mlp_stall_commit(config: Any) -> dict[str, Any]:
     """The example, but in the first attempt the save of ``params.stall_step`` stalls after
     every rank wrote its shard and before the commit marker, so a test can kill -9 every
     rank while that checkpoint is being written."""
-    from ddlaunch.checkpoint import manager
     from ddlaunch.examples import mlp
+    from ddlaunch.saving import manager
 
     stall_step = int(config.params["stall_step"])
     first_attempt = all(

@@ -31,7 +31,7 @@ def make_run(root: Path, name: str, job_id: str, **records: object) -> Path:
     """A run directory as submit and the job's hooks leave it, written by the store."""
     run = RunDir.create(root, name)
     run.write_text("config.yaml", CONFIG)
-    submission.write_submission(run.path, {"job_ids": [job_id], "submitted": T0})
+    submission.write_submission(run.path, submission.Submission(job_ids=(job_id,), submitted=T0))
     if "attempts" in records:
         write_attempts(run.path, records["attempts"])  # type: ignore[arg-type]
     if "outcome" in records:

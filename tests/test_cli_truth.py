@@ -55,7 +55,7 @@ def test_logs_says_why_there_is_no_log(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     refused = make_run(root, "refused", None, T0)
     error = "sbatch failed (exit 1): Requested node configuration is not available"
-    submission.write_intent(refused, {"state": "failed", "error": error})
+    submission.write_intent(refused, submission.Intent(state="failed", error=error))
     make_run(root, "gone", "12", T0, outcome=("CANCELLED", "cancelled before it started"))
     make_run(root, "queued", "13", T0)
     for run, expected in [

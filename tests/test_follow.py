@@ -12,7 +12,7 @@ from support.rundirs import example_run_dir
 from ddlaunch.app.follow import LogStream, RunWatch, follow
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store.outcome import write_outcome
-from ddlaunch.store.submission import write_submission
+from ddlaunch.store.submission import Submission, write_submission
 
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "80"}
 
@@ -26,7 +26,7 @@ def test_follow_goes_on_across_a_requeue_and_asks_slurm_once_per_interval(tmp_pa
     # Recorded forms of squeue's status line (tests/fixtures/slurm-22.05): the job runs, is
     # requeued (pending again), runs its second attempt; then the end hook writes the outcome.
     run = example_run_dir(tmp_path)
-    write_submission(run, {"job_ids": ["41"]})
+    write_submission(run, Submission(job_ids=("41",)))
     states = iter(
         [
             "41|RUNNING|None|node[1-2]",
@@ -70,7 +70,7 @@ def test_follow_goes_on_across_a_requeue_and_asks_slurm_once_per_interval(tmp_pa
 
 def test_follow_ends_when_slurm_says_the_job_ended_without_an_outcome(tmp_path: Path) -> None:
     run = example_run_dir(tmp_path)
-    write_submission(run, {"job_ids": ["52"]})
+    write_submission(run, Submission(job_ids=("52",)))
     runner = FakeRunner({"squeue": "52|TIMEOUT|TimeLimit|node1\n"})
     end = follow(
         LogStream(run), RunWatch(run, SlurmClient(runner)), [].append, sleep=lambda s: None

@@ -59,7 +59,7 @@ def test_gate_fails_every_rank_before_training_and_records_why(
             dist.destroy_process_group()
     assert failed.value.code == gate.GATE_EXIT and "disk:checkpoints" in failed.value.reason
     record = records.read_gate(run_dir, AttemptId("41", 0))
-    assert record is not None and record["passed"] is False
+    assert record is not None and record.passed is False
     (rec,) = attempt_json(run_dir)
     assert rec["preflight"] == [
         {"node": "node1", "ok": False, "reason": rec["preflight"][0]["reason"]}

@@ -140,9 +140,9 @@ def test_sigterm_before_a_resumed_runs_sbatch_records_it_as_not_submitted(
     done = app_submit.submit_to_slurm(pre, workdir=str(tmp_path), runner=first)
     write_intent = submission.write_intent
 
-    def then_sigterm(path: Path, record: dict[str, object]) -> None:
+    def then_sigterm(path: Path, record: submission.Intent) -> None:
         write_intent(path, record)
-        if record["state"] == "submitting":
+        if record.state == "submitting":
             os.kill(os.getpid(), signal.SIGTERM)  # the "submitting" intent is durable
 
     monkeypatch.setattr(submission, "write_intent", then_sigterm)

@@ -140,7 +140,8 @@ def _verdict(run, cause: str) -> None:  # type: ignore[no-untyped-def]
         if cause == "hang"
         else "node2 busy 3.1x the median for 300 s"
     )
-    watchdog.write_verdict(run, JOB_9, {"cause": cause, "nodes": ["node2"], "detail": detail})
+    verdict = watchdog.Verdict(cause=cause, nodes=("node2",), detail=detail)
+    watchdog.write_verdict(run, JOB_9, verdict)
 
 
 def test_a_hang_excludes_the_node_from_the_run_but_only_suspects_it(tmp_path, bad_list) -> None:  # type: ignore[no-untyped-def]

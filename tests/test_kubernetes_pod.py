@@ -62,7 +62,8 @@ def test_a_crash_after_progress_restarts_the_gang(tmp_path: Path) -> None:
         "crash",
         "requeue after crash: committed step none -> 50",
     )
-    assert pods.read_decision(run, ATTEMPT)["exit_code"] == RETRY_EXIT
+    decided = pods.read_decision(run, ATTEMPT)
+    assert decided is not None and decided.exit_code == RETRY_EXIT
     assert outcome.read_outcome(run) is None
 
 
@@ -180,7 +181,8 @@ def test_two_pods_run_one_job_and_node_0_concludes(tmp_path: Path) -> None:
         "pod-0",
     )
     assert outcome.read_outcome(run_dir).state == "COMPLETED"
-    assert pods.read_decision(run_dir, AttemptId("podrun", 0, "podrun"))["exit_code"] == 0
+    decided = pods.read_decision(run_dir, AttemptId("podrun", 0, "podrun"))
+    assert decided is not None and decided.exit_code == 0
     assert "node 0 concluded: completed" in results[1][1]
     assert (run_dir / "logs" / "rank-3.out").is_file()
 

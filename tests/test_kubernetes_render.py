@@ -350,7 +350,7 @@ def test_the_manifest_is_yaml_of_plain_scalars() -> None:
 
 
 def test_kubernetes_guide_states_the_exit_codes_and_defaults_the_code_uses() -> None:
-    from ddlaunch.config.kubernetes_schema import KubernetesSpec
+    from ddlaunch.config.kubernetes import KubernetesSpec
 
     section = (REPO / "docs" / "how-to" / "kubernetes.md").read_text()
     spec = KubernetesSpec()

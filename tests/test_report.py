@@ -96,7 +96,8 @@ def test_report_of_a_local_run_and_of_a_failed_submission(tmp_path: Path) -> Non
 
     local = make_run(tmp_path / "runs", "local", None, T0, outcome=("COMPLETED",), ckpt=[20])
     failed = make_run(tmp_path / "runs", "refused", None, T0)
-    submission.write_intent(failed, {"state": "failed", "error": "sbatch failed (exit 1): no"})
+    intent = submission.Intent(state="failed", error="sbatch failed (exit 1): no")
+    submission.write_intent(failed, intent)
     for run in (local, failed):
         proc = _cli(tmp_path, "report", run.name)
         assert proc.returncode == 0, proc.stderr

@@ -29,7 +29,7 @@ from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import exclusions
 from ddlaunch.store.attempts import AttemptId, AttemptRecord
-from ddlaunch.store.watchdog import write_verdict
+from ddlaunch.store.watchdog import Verdict, write_verdict
 
 ALLOC = ["node1", "node2", "node3"]
 
@@ -134,7 +134,7 @@ def _dead_node_run(tmp_path: Path) -> Path:
     run = committed_run(tmp_path, [20, 40, 60])
     record = {"attempt": 0, "job_id": "9", "restart_count": 0, "nodes": "node1,node2"}
     write_attempts(run, [{**record, "resumed_from": 40, "start": 1.0}])
-    verdict = {"cause": "node failure", "nodes": ["node2"], "detail": "node2 slurmd unreachable"}
+    verdict = Verdict(cause="node failure", nodes=("node2",), detail="node2 slurmd unreachable")
     write_verdict(run, AttemptId("9", 0, "9"), verdict)
     return run
 

@@ -209,8 +209,8 @@ def test_the_leader_stages_and_the_other_ranks_wait_for_it(tmp_path: Path) -> No
     expected = str(Path(default_dst(str(tmp_path / "scratch" / "nodeA"), "train", str(src))))
     assert mine == got == {"DDLAUNCH_DATA_TRAIN": expected}
     record = staging.read_node(run_dir, AttemptId("7", 0), "nodeA")
-    assert record is not None and record["state"] == "done"
-    assert [i["state"] for i in record["items"]] == ["copied"]
+    assert record is not None and record.state == "done"
+    assert [i["state"] for i in record.items or ()] == ["copied"]
 
 
 def test_without_the_preflight_a_failed_staging_raises_on_every_rank(tmp_path: Path) -> None:
@@ -249,12 +249,12 @@ def test_status_and_watchdog_read_the_records(tmp_path: Path) -> None:
             "total_bytes": 2_100_000_000, "seconds": 3.2}  # fmt: skip
     staging.write_node(
         tmp_path, attempt, "node1",
-        {"state": "done", "start": now - 10, "end": now - 6.8, "items": [item]},
+        staging.NodeStaging(state="done", start=now - 10, end=now - 6.8, items=(item,)),
     )  # fmt: skip
     staging.write_node(
         tmp_path, attempt, "node2",
-        {"state": "running", "start": now - 10, "time": now - 1,
-         "progress": {"bytes": 500_000_000, "of": 2_000_000_000}},
+        staging.NodeStaging(state="running", start=now - 10, time=now - 1,
+                            progress={"bytes": 500_000_000, "of": 2_000_000_000}),
     )  # fmt: skip
     assert policy.summary(staging.read_attempt(tmp_path, attempt)) == (
         "staging: node1 staged 2.1 GB in 3.2 s, node2 staging 25% of 2 GB"
@@ -275,8 +275,8 @@ def test_status_line_and_report_phase_of_a_run(tmp_path: Path) -> None:
     )  # fmt: skip
     staging.write_node(
         run, AttemptId("9", 0), "node1",
-        {"state": "done", "start": 101.0, "end": 104.5,
-         "items": [{"name": "train", "state": "up to date", "bytes": 0}]},
+        staging.NodeStaging(state="done", start=101.0, end=104.5,
+                            items=({"name": "train", "state": "up to date", "bytes": 0},)),
     )  # fmt: skip
     info = read_run(run)
     assert health_line(info, 300.0) == "staging: node1 data up to date"
@@ -377,7 +377,8 @@ def test_in_a_job_of_several_nodes_every_rank_waits_for_every_node(tmp_path: Pat
         t.start()
     time.sleep(1.0)
     assert returned == {}  # nodeA is done, nodeB has not started
-    assert staging.read_node(run_dir, attempt, "nodeA")["state"] == "done"
+    node_a = staging.read_node(run_dir, attempt, "nodeA")
+    assert node_a is not None and node_a.state == "done"
     late = time.time()
     run("n1-leader", rank(1, 0), "nodeB")
     for t in first:

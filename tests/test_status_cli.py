@@ -32,9 +32,11 @@ def make_run(root: Path, name: str, job_id: str | None, submitted: float, **reco
     run = RunDir.create(root, name)
     run.write_text("config.yaml", CONFIG)
     if job_id:
-        submission.write_submission(run.path, {"job_ids": [job_id], "submitted": submitted})
+        submission.write_submission(
+            run.path, submission.Submission(job_ids=(job_id,), submitted=submitted)
+        )
     else:
-        submission.write_intent(run.path, {"created": submitted, "state": "submitted"})
+        submission.write_intent(run.path, submission.Intent(created=submitted, state="submitted"))
     if "attempts" in records:
         write_attempts(run.path, records["attempts"])
     if "outcome" in records:

@@ -30,7 +30,7 @@ from ddlaunch.app.runs import complete_member_info
 from ddlaunch.config.validate import to_plain
 from ddlaunch.planning.plan import ClusterFacts
 from ddlaunch.runner import CommandResult
-from ddlaunch.slurm.arrays import parse_array_show_job, parse_max_array_size, queue_tasks
+from ddlaunch.slurm.arrays import parse_array_show_job, parse_max_array_size
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store.members import ensure_member_dir, is_materialized
 from ddlaunch.store.sweeps import (
@@ -68,7 +68,7 @@ def test_parsers_on_recorded_output() -> None:
     assert sorted(tasks) == ["374_0", "374_1", "374_4"]
     assert {f["JobState"] for f in tasks.values()} == {"CANCELLED"}
     runner = FakeRunner({("squeue",): ok(SQUEUE_R_374)})
-    rows = queue_tasks(SlurmClient(runner), ["374"])
+    rows = SlurmClient(runner).array_tasks(["374"])
     assert runner.calls == [["squeue", "-h", "-r", "-j", "374", "-o", "%i|%T|%r|%N"]]
     assert {k: r.state for k, r in rows.items()} == {
         "374_0": "RUNNING",
@@ -273,10 +273,10 @@ def test_a_crash_between_sbatch_and_its_record_leaves_the_intent(tmp_path: Path)
     for name in ("1", "2"):  # as if the crash came after their sbatch, before the records
         (prepared.sweep_dir / "arrays" / f"{name}.json").unlink()
     records = array_records(prepared.sweep_dir)
-    assert [(r["name"], r["state"], r["members"]) for r in records] == [
-        ("0", "submitted", [0, 1, 2]),
-        ("1", "submitting", [3, 4, 5]),
-        ("2", "submitting", [6]),
+    assert [(r.name, r.state, r.members) for r in records] == [
+        ("0", "submitted", (0, 1, 2)),
+        ("1", "submitting", (3, 4, 5)),
+        ("2", "submitting", (6,)),
     ]
     queued = "".join(f"500_{t}|PENDING|None|\n" for t in range(3))
     runner.answers = {("squeue",): ok(queued)}

@@ -277,7 +277,7 @@ def test_stop_hook_forwards_the_signal_and_waits_for_the_save(
     )
     record = request.run("time limit in 120 s", stopping.budget(120))
     assert runner.calls == [["scancel", "--signal=TERM", "9"]]  # once: it exited by itself
-    assert record["saved_step"] == 47 and record["committed_before"] == 40
+    assert record.saved_step == 47 and record.committed_before == 40
     assert stops.read_stop(run, JOB) == record
 
 
@@ -300,7 +300,7 @@ def test_the_save_on_the_signal_is_concluded_at_once(
     )
     monkeypatch.setattr(request, "sleep", lambda s: (clock.sleep(s), hf_checkpoint(run, 44)))
     record = request.run("time limit in 120 s", 105)
-    assert record["saved_step"] == 44
+    assert record.saved_step == 44
     closed = attempt_json(run)[-1]
     assert (closed["cause"], closed["decision"]) == (
         "trainer stop",
@@ -351,7 +351,7 @@ def test_stop_hook_stops_a_trainer_that_keeps_running_or_never_saves(
         ["scancel", "--signal=KILL", "9.1"],
     ]
     assert 55 < killed_at[0] - start < 56.5
-    assert record["saved_step"] is None
+    assert record.saved_step is None
 
 
 def test_trainer_without_a_save_on_signal_is_stopped_at_once(
@@ -388,7 +388,8 @@ def test_stop_before_limit_after_a_checkpoint_when_the_next_would_not_fit(
     hf_checkpoint(run, 300)
     assert watch.poll(clock.now)  # 200 s left < 400 s: stop now rather than lose 200 s
     assert runner.calls == [["scancel", "--signal=TERM", "9"]]
-    assert stops.read_stop(run, JOB)["why"].startswith(  # type: ignore[index]
+    stop = stops.read_stop(run, JOB)
+    assert stop is not None and (stop.why or "").startswith(
         "trainer.stop_before_limit: 200 s left, checkpoints every 400 s"
     )
 

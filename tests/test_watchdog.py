@@ -321,7 +321,7 @@ def test_a_step_sample_stays_small_at_2000_nodes(tmp_path: Path) -> None:
     (tmp_path / "health").mkdir()
     busy = {f"node{i:04d}": 1.0 + (i % 7) / 100 for i in range(2000)}
     busy["node1234"] = 9.5  # the straggler
-    summary = {"time": 100.0, "step": 40, "job_id": "7", "restart": 0, "busy_per_node": busy}
+    summary = records.Summary(time=100.0, step=40, job_id="7", restart=0, busy_per_node=busy)
     records.append_sample(tmp_path, summary)
     (line,) = (tmp_path / "health" / "steps.jsonl").read_text().splitlines()
     assert len(line) < 600

@@ -29,6 +29,7 @@ from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store import timings
 from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.rundir import checkpoint_source, read_config_tree
+from ddlaunch.store.timings import Timing
 
 # Endings that are failures (the MTTF counts them; a restart cost follows them). A signal is
 # the planned stop at the time limit, a preflight failure comes before any training.
@@ -73,44 +74,63 @@ class Advice:
         return interval.expected_ettr(every_s, self.save.value, self.restart.value, self.mttf.value)
 
 
-def _saves(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return sorted((r for r in records if r.get("kind") == timings.SAVE), key=lambda r: r["time"])
+@dataclass(frozen=True)
+class Save:
+    """A measured checkpoint save (a ``timings.SAVE`` line with every field it needs)."""
+
+    step: int
+    time: float
+    blocking_s: float
+    stall_s: float
+    async_save: bool
+    attempt: str | None
 
 
-def save_cost(records: Sequence[Mapping[str, Any]]) -> Measured | None:
+def _saves(records: Sequence[Timing]) -> list[Save]:
+    saves = [
+        Save(r.step, r.time, r.blocking_s, r.stall_s, bool(r.async_save), r.attempt)
+        for r in records
+        if r.kind == timings.SAVE
+        and r.step is not None
+        and r.time is not None
+        and r.blocking_s is not None
+        and r.stall_s is not None
+    ]
+    return sorted(saves, key=lambda r: r.time)
+
+
+def save_cost(records: Sequence[Timing]) -> Measured | None:
     saves = _saves(records)
     if not saves:
         return None
-    stall = statistics.fmean(float(r["stall_s"]) for r in saves)
-    blocking = statistics.fmean(float(r["blocking_s"]) for r in saves)
-    how = "async" if all(r.get("async_save") for r in saves) else "sync"
+    stall = statistics.fmean(r.stall_s for r in saves)
+    blocking = statistics.fmean(r.blocking_s for r in saves)
+    how = "async" if all(r.async_save for r in saves) else "sync"
     detail = f"{how}: blocking {blocking:.3f} s + waiting for the copy {stall - blocking:.3f} s"
     return Measured(stall, f"stall per save, mean of {len(saves)} saves ({detail})")
 
 
-def spacing(records: Sequence[Mapping[str, Any]]) -> tuple[float, float, int] | None:
+def spacing(records: Sequence[Timing]) -> tuple[float, float, int] | None:
     """(seconds of training per step, steps between saves, pairs): from consecutive saves
     of one attempt, the wall time between them less the first one's stall."""
     saves = _saves(records)
     per_step, steps = [], []
     for a, b in itertools.pairwise(saves):
-        gap = int(b["step"]) - int(a["step"])
-        if a.get("attempt") != b.get("attempt") or gap <= 0:
+        gap = b.step - a.step
+        if a.attempt != b.attempt or gap <= 0:
             continue
-        per_step.append((float(b["time"]) - float(a["time"]) - float(a["stall_s"])) / gap)
+        per_step.append((b.time - a.time - a.stall_s) / gap)
         steps.append(gap)
     if not per_step:
         return None
     return statistics.median(per_step), statistics.median(steps), len(per_step)
 
 
-def restart_cost(
-    attempts: Sequence[AttemptRecord], records: Sequence[Mapping[str, Any]]
-) -> Measured:
+def restart_cost(attempts: Sequence[AttemptRecord], records: Sequence[Timing]) -> Measured:
     first = {
-        str(r.get("attempt")): float(r["time"])
+        str(r.attempt): r.time
         for r in records
-        if r.get("kind") == timings.FIRST_STEP
+        if r.kind == timings.FIRST_STEP and r.time is not None
     }
     costs = []
     for before, after in itertools.pairwise(attempts):

@@ -208,7 +208,8 @@ def run_doctor(
     ]
     with interrupts.deferred():
         job_id = client.sbatch(argv)
-        submission.write_submission(run.path, {"job_ids": [job_id], "submitted": time.time()})
+        record = submission.Submission(job_ids=(job_id,), submitted=time.time())
+        submission.write_submission(run.path, record)
     started(job_id, run.path)
     try:
         nodes_seen = wait_for_job(client, job_id, timeout, sleep, tell)

@@ -28,9 +28,7 @@ def probe(max_array_size: bool = False) -> tuple[ClusterFacts, list[str]]:
         ]
     size = None
     if max_array_size:
-        from ddlaunch.slurm.arrays import probe_max_array_size
-
-        size = probe_max_array_size(client)
+        size = client.max_array_size()
     return ClusterFacts(max_array_size=size, partitions=partitions), []
 
 
@@ -44,9 +42,7 @@ def sweep_facts(
 
     warnings: list[str] = []
     if offline:
-        from ddlaunch.slurm.arrays import probe_max_array_size
-
-        probed = probe_max_array_size(SlurmClient()) if shutil.which("scontrol") else None
+        probed = SlurmClient().max_array_size() if shutil.which("scontrol") else None
         facts = ClusterFacts(max_array_size=probed)
     else:
         facts, warnings = probe(max_array_size=True)

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlaunch import fsutil
 from ddlaunch.app.status import ACTIVE_STATES, min_poll_interval
 from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.slurm.client import SlurmClient
@@ -244,9 +243,9 @@ class RunWatch:
         record = outcome.read_outcome(self.run_dir)
         if record is not None:
             return RunEnd(record.state or "UNKNOWN", record.reason)
-        intent = _read_intent(self.run_dir)
-        if intent.get("state") == "failed":
-            return RunEnd("SUBMIT_FAILED", str(intent.get("error", "")))
+        intent = submission.read_intent(self.run_dir)
+        if intent is not None and intent.failed:
+            return RunEnd("SUBMIT_FAILED", intent.error or "")
         if self.client is None or not submission.job_ids(self.run_dir):
             return None
         now = self.clock()
@@ -258,13 +257,6 @@ class RunWatch:
         if row.state in ACTIVE_STATES:
             return None
         return RunEnd(row.state, row.detail or row.reason or "")
-
-
-def _read_intent(run_dir: Path) -> dict[str, Any]:
-    try:
-        return fsutil.read_json(run_dir / submission.INTENT_FILE, {}) or {}
-    except ValueError:
-        return {}
 
 
 def follow(

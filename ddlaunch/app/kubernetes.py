@@ -135,32 +135,33 @@ def submit_objects(
     plan = prepared.plan
     run_dir = create_run_dir(prepared, runner, workdir)
     apply_argv = ["kubectl", "apply", "-f", plan.manifest_path]
-    intent = {
-        "run_id": plan.run_id,
-        "created": time.time(),
-        "submit_host": socket.gethostname(),
-        "target": TARGET,
-        "kubernetes": {"kind": plan.kind, "name": plan.name, "namespace": plan.namespace},
-        "apply_argv": apply_argv,
-        "sources": list(prepared.sources),
-        "state": "submitting",
-    }
+    objects = {"kind": plan.kind, "name": plan.name, "namespace": plan.namespace}
+    intent = submission.Intent(
+        run_id=plan.run_id,
+        created=time.time(),
+        submit_host=socket.gethostname(),
+        target=TARGET,
+        kubernetes=objects,
+        apply_argv=tuple(apply_argv),
+        sources=tuple(prepared.sources),
+        state="submitting",
+    )
     submission.write_intent(run_dir.path, intent)
     why_not = kubectl_available(env)
     if why_not is not None:
-        submission.write_intent(run_dir.path, {**intent, "state": "written", "why": why_not})
+        submission.write_intent(run_dir.path, intent.updated(state="written", why=why_not))
         return SubmittedObjects(plan.run_id, run_dir.path, plan.name, False, why_not)
     try:
         result = runner.run(apply_argv, timeout=120)
         if not result.ok:
             raise CommandError(result)
     except (CommandError, OSError) as exc:
-        submission.write_intent(run_dir.path, {**intent, "state": "failed", "error": str(exc)})
+        submission.write_intent(run_dir.path, intent.updated(state="failed", error=str(exc)))
         raise UserError(
             f"{exc}; nothing runs yet, the run directory keeps the manifest: {plan.manifest_path}"
         ) from None
-    submission.write_intent(run_dir.path, {**intent, "state": "submitted"})
+    submission.write_intent(run_dir.path, intent.updated(state="submitted"))
     submission.write_submission(
-        run_dir.path, {"kubernetes": intent["kubernetes"], "submitted": time.time()}
+        run_dir.path, submission.Submission(kubernetes=objects, submitted=time.time())
     )
     return SubmittedObjects(plan.run_id, run_dir.path, plan.name, True, None)

@@ -144,8 +144,8 @@ def tail(path: Path, lines: int, upto: int | None = None, rank: int | None = Non
 
 def not_started(info: RunInfo) -> str:
     """Why a run without an attempt has no logs."""
-    if info.intent.get("state") == "failed":
-        return f"no logs: the submission failed: {info.intent.get('error', '')}"
+    if info.intent is not None and info.intent.failed:
+        return f"no logs: the submission failed: {info.intent.error or ''}"
     if info.cancel_requested or (info.outcome is not None and info.outcome.state == "CANCELLED"):
         return "no logs: the run was cancelled before it started"
     if info.job_id:

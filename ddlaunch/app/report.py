@@ -27,7 +27,7 @@ from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.checkpoint import adapters
 from ddlaunch.checkpoint.layout import list_checkpoints
 from ddlaunch.config.trainers import KIND_DDLAUNCH
-from ddlaunch.policy.staging import node_line
+from ddlaunch.policy.staging import NodeStaging, node_line
 from ddlaunch.slurm.client import JobRows, SlurmError
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store import watchdog as watchdog_records
@@ -67,13 +67,13 @@ class AttemptSpan:
 
 
 def staging_phase(
-    records: Mapping[str, Mapping[str, Any]], now: float | None
+    records: Mapping[str, NodeStaging], now: float | None
 ) -> tuple[tuple[float, float] | None, str]:
     """One attempt's staging records (host -> record) as (start, end) and a summary."""
-    starts = [float(r["start"]) for r in records.values() if r.get("start") is not None]
+    starts = [float(r.start) for r in records.values() if r.start is not None]
     if not starts:
         return None, ""
-    ends = [float(r.get("end") or now or r["start"]) for r in records.values() if r.get("start")]
+    ends = [float(r.end or now or r.start) for r in records.values() if r.start]
     detail = ", ".join(node_line(h, r) for h, r in sorted(records.items()))
     return (min(starts), max(ends)), detail
 
@@ -118,7 +118,7 @@ def build(
     excluded: Sequence[str] = (),
     preflight: Sequence[Mapping[str, Any]] = (),
     now: float | None = None,
-    staging: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    staging: Mapping[str, Mapping[str, NodeStaging]] | None = None,
     note: str = "",
     groups: int = 0,
 ) -> Timeline:
@@ -379,16 +379,16 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
     # commit times are both (time, step) points; together they give each attempt its curve.
     # Each point belongs to the attempt running at its time: a line never bridges a requeue.
     points = [
-        (float(s["time"]), int(s["step"]))
+        (float(s.time), s.step)
         for s in watchdog_records.read_samples(run_dir)
-        if isinstance(s.get("time"), int | float) and isinstance(s.get("step"), int)
+        if s.time is not None and s.step is not None
     ]
     points += [(float(when), int(step)) for step, when in checkpoints]
     samples = [
         {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
         for when, step in sorted(set(points))
     ]
-    latest = info.preflight or {}  # read and checked by read_run
+    latest = info.preflight  # read and checked by read_run
     timeline = build(
         info.run_id,
         state,
@@ -397,7 +397,7 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         failures,
         samples,
         info.excluded,
-        latest.get("verdicts", []),
+        (latest.verdicts or ()) if latest is not None else (),
         now=time.time(),
         staging=staging_records.read_all(run_dir),  # unusable ones: in info.problems
         note="" if info.attempts else f"no attempt: {row.failure or row.detail or state}",

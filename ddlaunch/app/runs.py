@@ -34,6 +34,8 @@ from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusab
 from ddlaunch.store.layout import ARRAYS_DIR
 from ddlaunch.store.members import ensure_member_dir, member_of
 from ddlaunch.store.outcome import Outcome
+from ddlaunch.store.preflight import LatestVerdicts
+from ddlaunch.store.progress import Progress
 from ddlaunch.store.rundir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -44,7 +46,9 @@ from ddlaunch.store.rundir import (
     latest_checkpoint,
 )
 from ddlaunch.store.snapshots import SNAPSHOT_FILE
+from ddlaunch.store.staging import NodeStaging
 from ddlaunch.store.status_cache import Final, Queued, StatusCache
+from ddlaunch.store.submission import Intent, Submission
 from ddlaunch.store.sweep_cancels import is_cancelled
 from ddlaunch.store.sweeps import (
     MEMBERS_DIR,
@@ -54,6 +58,7 @@ from ddlaunch.store.sweeps import (
     member_overrides,
     read_members,
 )
+from ddlaunch.store.watchdog import Summary
 
 
 def member_path(ref: str, root: Path) -> Path | None:
@@ -180,7 +185,7 @@ class RunInfo:
     path: Path
     run_id: str
     job_ids: list[str] = field(default_factory=list)
-    intent: dict[str, Any] = field(default_factory=dict)
+    intent: Intent | None = None  # intent.json
     failures: list[Failure] = field(default_factory=list)
     result: dict[str, Any] | None = None
     attempts: list[AttemptRecord] = field(default_factory=list)
@@ -189,11 +194,11 @@ class RunInfo:
     latest_step: int | None = None
     latest_checkpoint: Path | None = None  # the entry the latest step is in
     trainer: str | None = None  # trainer.kind
-    progress: dict[str, Any] | None = None
+    progress: Progress | None = None
     excluded: list[str] = field(default_factory=list)
-    preflight: dict[str, Any] | None = None  # health/preflight.json: the latest verdicts
-    watchdog: dict[str, Any] | None = None  # health/watchdog.json: heartbeat summary
-    staging: dict[str, dict[str, Any]] | None = None  # the last attempt's, host -> record
+    preflight: LatestVerdicts | None = None  # health/preflight.json: the latest verdicts
+    watchdog: Summary | None = None  # health/watchdog.json: heartbeat summary
+    staging: dict[str, NodeStaging] | None = None  # the last attempt's, host -> record
     label: str | None = None  # a sweep member's overrides
     snapshot: str | None = None  # the code snapshot's id (snapshot.json)
     submitted: float | None = None  # when it was last submitted (or started, if local)
@@ -205,6 +210,11 @@ class RunInfo:
     @property
     def job_id(self) -> str | None:
         return self.job_ids[-1] if self.job_ids else None
+
+    @property
+    def submit_failed(self) -> bool:
+        """Its (last) submission failed: the intent says so."""
+        return self.intent is not None and self.intent.failed
 
 
 def read_run(
@@ -223,9 +233,12 @@ def read_run(
         except OSError:
             present = set()
     rec = records.Reader(run_dir, present)
-    record = rec.json(submission.SUBMISSION_FILE, dict, {}, submission.SUBMISSION_FIELDS)
-    info = RunInfo(path=run_dir, run_id=run_id(run_dir), job_ids=list(record.get("job_ids", [])))
-    info.intent = rec.json(submission.INTENT_FILE, dict, {}, submission.INTENT_FIELDS)
+    record = Submission.from_json(
+        rec.json(submission.SUBMISSION_FILE, dict, {}, submission.SUBMISSION_FIELDS)
+    )
+    info = RunInfo(path=run_dir, run_id=run_id(run_dir), job_ids=list(record.job_ids or ()))
+    found_intent = rec.json(submission.INTENT_FILE, dict, {}, submission.INTENT_FIELDS)
+    info.intent = Intent.from_json(found_intent) if found_intent else None
     if FAILURES_DIR in present:
         rec.problems += unusable_failures(run_dir)
         info.failures = read_failures(run_dir)
@@ -235,7 +248,8 @@ def read_run(
     ]
     found = rec.json(outcome.OUTCOME_FILE, dict, None, outcome.FIELDS)
     info.outcome = None if found is None else Outcome.from_json(found)
-    info.progress = rec.json(progress.PROGRESS_FILE, dict, None, progress.FIELDS)
+    found = rec.json(progress.PROGRESS_FILE, dict, None, progress.FIELDS)
+    info.progress = None if found is None else Progress.from_json(found)
     info.excluded = rec.strings(exclusions.EXCLUDED_FILE)
     snapshot = rec.json(SNAPSHOT_FILE, dict, {}, snapshots.FIELDS)
     info.snapshot = str(snapshot["id"]) if snapshot.get("id") is not None else None
@@ -243,9 +257,11 @@ def read_run(
     info.submitted = submitted_time(run_dir, record, info.intent, info.attempts)
     if preflight.HEALTH_DIR in present:
         latest = f"{preflight.HEALTH_DIR}/{preflight.LATEST_FILE}"
-        info.preflight = rec.json(latest, dict, None, preflight.LATEST_FIELDS)
+        found = rec.json(latest, dict, None, preflight.LATEST_FIELDS)
+        info.preflight = None if not found else LatestVerdicts.from_json(found)
         summary = f"{watchdog.HEALTH_DIR}/{watchdog.SUMMARY_FILE}"
-        info.watchdog = rec.json(summary, dict, None, watchdog.SUMMARY_FIELDS)
+        found = rec.json(summary, dict, None, watchdog.SUMMARY_FIELDS)
+        info.watchdog = None if not found else Summary.from_json(found)
     if staging.STAGING_DIR in present:
         info.staging = latest_staging(run_dir, info.attempts, rec.problems)
     if group_state.GROUPS_DIR in present:
@@ -289,7 +305,7 @@ def latest_staging(
     run_dir: Path,
     attempts: Sequence[AttemptRecord],
     problems: list[records.Problem] | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, NodeStaging]:
     """The staging records of the newest attempt that staged (host -> record)."""
     every = staging.read_all(run_dir, problems)
     for rec in reversed(attempts):
@@ -309,12 +325,15 @@ def run_id(run_dir: Path) -> str:
 
 
 def submitted_time(
-    run_dir: Path, record: dict[str, Any], intent: dict[str, Any], attempts: Sequence[AttemptRecord]
+    run_dir: Path,
+    record: Submission,
+    intent: Intent | None,
+    attempts: Sequence[AttemptRecord],
 ) -> float | None:
     """When the run was last submitted (a local run: when it started): the order
     ``status`` lists runs in."""
-    for value in (record.get("submitted"), intent.get("created")):
-        if isinstance(value, int | float):
+    for value in (record.submitted, intent.created if intent is not None else None):
+        if value is not None:
             return float(value)
     if attempts and attempts[0].start:
         return float(attempts[0].start)
@@ -381,7 +400,7 @@ class RunReader:
         if info.problems:  # its damaged records are read again, and said, every poll
             cache.forget(run_dir.name)
             return info
-        if info.intent.get("target") == "kubernetes":
+        if info.intent is not None and info.intent.target == "kubernetes":
             # Its state comes from the intent's target and manifest, which a queued entry
             # does not keep; and reading it asks no scheduler, so there is nothing to save.
             return info
@@ -476,5 +495,5 @@ def complete_member_info(info: RunInfo) -> RunInfo:
     info.submitted = jobs.time
     info.cancel_requested = is_cancelled(found[0], found[1], info.job_id)
     if jobs.state == "failed":
-        info.intent = {"state": "failed", "error": jobs.error}
+        info.intent = Intent(state="failed", error=jobs.error)
     return info

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlaunch.app.runs import (
     RunInfo,
@@ -27,6 +27,9 @@ from ddlaunch.store import group_state
 from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.failures import Failure, is_collateral
 from ddlaunch.store.group_state import GroupsState
+
+if TYPE_CHECKING:  # the module itself is imported lazily (most polls show no staging)
+    from ddlaunch.policy.staging import NodeStaging
 
 # Slurm's many job states folded into the few a user acts on.
 STATE_MAP = {
@@ -190,7 +193,7 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
         # Lazy: the verdicts module (statistics, enum) costs more than the rest of a poll.
         from ddlaunch.policy.preflight import summary_line
 
-        parts.append("preflight " + summary_line(info.preflight.get("verdicts", [])))
+        parts.append("preflight " + summary_line(info.preflight.verdicts or ()))
     blamed = [
         f"{a.cause} on {','.join(a.blamed)}"
         for a in info.attempts
@@ -211,12 +214,13 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
     hb = info.watchdog
     if hb and latest is not None and latest.is_open and state == "RUNNING":
         began = latest.start
-        if began is not None and float(hb.get("time", now)) < began:
+        beat_time = hb.time if hb.time is not None else now
+        if began is not None and beat_time < began:
             # The summary is the previous attempt's (the new one's watchdog has not polled
             # yet): its beats are the dead ranks', and the step it gave is behind us now.
             parts.append(starting(latest))
         else:
-            age = now - float(hb.get("time", now)) + float(hb.get("oldest_beat_age", 0.0))
+            age = now - beat_time + (hb.oldest_beat_age or 0.0)
             parts.append(f"heartbeat {age:.0f} s ago")
     return "; ".join(parts)
 
@@ -251,13 +255,13 @@ def current_step(info: RunInfo) -> int | None:
     latest = info.attempts[-1] if info.attempts else None
     began = latest.start if latest is not None and latest.is_open else None
     for record in (info.progress, info.watchdog):
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        if record is None or record.step is None:
             continue
-        when = float(record.get("time") or 0.0)
+        when = float(record.time or 0.0)
         if began is not None and when < began:
             continue  # the previous attempt's: the running one resumed behind it
         if best is None or when >= best[0]:
-            best = (when, int(record["step"]))
+            best = (when, record.step)
     steps = [s for s in (best[1] if best else None, info.latest_step) if s is not None]
     return max(steps) if steps else None
 
@@ -272,7 +276,7 @@ def _state_from_run_dir(info: RunInfo) -> str:
         return "COMPLETED"
     if info.failures:
         return "FAILED"
-    if info.intent.get("state") == "failed":
+    if info.submit_failed:
         return "SUBMIT_FAILED"
     return "UNKNOWN"
 
@@ -296,7 +300,7 @@ def run_status(
     elif shown is not None:
         state = fold_state(shown.get("JobState", ""))
         nodes, reason = shown.get("NodeList", ""), shown.get("Reason", "")
-    elif info.intent.get("target") == "kubernetes":
+    elif info.intent is not None and info.intent.target == "kubernetes":
         state = pod_state(info)
     else:
         state = _state_from_run_dir(info)
@@ -309,7 +313,7 @@ def run_status(
     if state in QUIET_FAILURES:
         failure = None
     if state == "SUBMIT_FAILED":
-        failure = str(info.intent.get("error", ""))
+        failure = (info.intent.error if info.intent is not None else None) or ""
     detail = info.outcome.reason if info.outcome is not None and info.outcome.reason else None
     if detail is not None and detail.lower() == state.lower():
         detail = None  # "COMPLETED: completed" says nothing more
@@ -319,7 +323,7 @@ def run_status(
         run_id=info.run_id,
         path=str(info.path),
         # A run on Kubernetes is known by its JobSet's or PyTorchJob's name.
-        job_id=info.job_id or (info.intent.get("kubernetes") or {}).get("name"),
+        job_id=info.job_id or (info.intent.object_name if info.intent is not None else None),
         state=state,
         nodes=nodes if nodes not in ("(null)", "None") else "",
         # Why a job waits; the reason Slurm keeps for a job that ended is stale.
@@ -333,7 +337,7 @@ def run_status(
         history=attempt_history(info, state),
         excluded=list(info.excluded),
         health=health_line(info, now, state),
-        heartbeat=info.watchdog if state == "RUNNING" else None,
+        heartbeat=info.watchdog.to_json() if info.watchdog and state == "RUNNING" else None,
         submitted=info.submitted,
         snapshot=info.snapshot,
         staging=staging_nodes(info.staging),
@@ -348,7 +352,7 @@ def pod_state(info: RunInfo) -> str:
         return info.outcome.state or "UNKNOWN"
     if info.attempts:  # a pod started (applied here, or by hand from elsewhere)
         return "RUNNING" if info.attempts[-1].is_open else "RESTARTING"
-    intent_state = info.intent.get("state")
+    intent_state = info.intent.state if info.intent is not None else None
     if intent_state == "failed":
         return "SUBMIT_FAILED"
     if intent_state == "written":
@@ -380,20 +384,20 @@ def run_failure(info: RunInfo) -> str | None:
     return attempt_failure(latest, info.failures)
 
 
-def staging_nodes(records: dict[str, dict[str, Any]] | None) -> dict[str, Any] | None:
+def staging_nodes(records: Mapping[str, NodeStaging] | None) -> dict[str, Any] | None:
     """Per node: state, bytes copied of the data's size, seconds (``status --json``)."""
     if not records:
         return None
     out: dict[str, Any] = {}
     for host, rec in sorted(records.items()):
-        items = rec.get("items", [])
-        start, end = rec.get("start"), rec.get("end")
+        items = rec.items or ()
+        start, end = rec.start, rec.end
         out[host] = {
-            "state": rec.get("state"),
+            "state": rec.state,
             "copied_bytes": sum(int(i.get("bytes", 0)) for i in items),
             "total_bytes": sum(int(i.get("total_bytes", 0)) for i in items),
             "seconds": round(end - start, 3) if start and end else None,
-            **({"progress": rec["progress"]} if "progress" in rec else {}),
+            **({"progress": dict(rec.progress)} if rec.progress is not None else {}),
         }
     return out
 

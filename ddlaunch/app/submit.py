@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ddlaunch.app import interrupts
 from ddlaunch.app.gitinfo import git_state
@@ -45,7 +44,7 @@ class Submitted:
 
 
 def create_run_dir(
-    prepared: Prepared, runner: Runner, workdir: str, intent: dict[str, Any] | None = None
+    prepared: Prepared, runner: Runner, workdir: str, intent: submission.Intent | None = None
 ) -> RunDir:
     """The run directory with its config, script, git state (and ``intent``), complete or
     absent."""
@@ -97,17 +96,17 @@ def stop_window_warnings(prepared: Prepared, runner: Runner | None = None) -> li
     return stop_window.warnings(cfg.fault_tolerance.signal_lead, cfg.trainer.save_seconds, window)
 
 
-def intent_record(prepared: Prepared, previous_job_ids: list[str]) -> dict[str, Any]:
+def intent_record(prepared: Prepared, previous_job_ids: list[str]) -> submission.Intent:
     plan = prepared.plan
-    return {
-        "run_id": plan.run_id,
-        "created": time.time(),
-        "submit_host": socket.gethostname(),
-        "sbatch_argv": list(plan.sbatch_argv),
-        "sources": list(prepared.sources),
-        "state": "submitting",
-        "previous_job_ids": previous_job_ids,
-    }
+    return submission.Intent(
+        run_id=plan.run_id,
+        created=time.time(),
+        submit_host=socket.gethostname(),
+        sbatch_argv=tuple(plan.sbatch_argv),
+        sources=tuple(prepared.sources),
+        state="submitting",
+        previous_job_ids=tuple(previous_job_ids),
+    )
 
 
 def new_run(
@@ -115,7 +114,7 @@ def new_run(
     runner: Runner,
     workdir: str,
     reprepare: Callable[[], Prepared] | None = None,
-) -> tuple[Prepared, RunDir, dict[str, Any]]:
+) -> tuple[Prepared, RunDir, submission.Intent]:
     """A new run directory holding the intent; with ``reprepare`` (the run id was made up,
     not given), a fresh id when the one chosen was taken meanwhile."""
     for _ in range(ID_TRIES if reprepare else 1):
@@ -168,22 +167,23 @@ def _sbatch_and_record(
     client: SlurmClient,
     run_dir: Path,
     prepared: Prepared,
-    intent: dict[str, Any],
+    intent: submission.Intent,
     previous: list[str],
 ) -> str:
     try:
         job_id = client.sbatch(prepared.plan.sbatch_argv)
     except BaseException as exc:
-        submission.write_intent(run_dir, {**intent, "state": "failed", "error": str(exc)})
+        submission.write_intent(run_dir, intent.updated(state="failed", error=str(exc)))
         raise
     # The job id first: from here on `cancel` and `status` find the job.
-    submission.write_submission(run_dir, {"job_ids": [*previous, job_id], "submitted": time.time()})
-    submission.write_intent(run_dir, {**intent, "state": "submitted", "job_id": job_id})
+    ids = (*previous, job_id)
+    submission.write_submission(run_dir, submission.Submission(job_ids=ids, submitted=time.time()))
+    submission.write_intent(run_dir, intent.updated(state="submitted", job_id=job_id))
     return job_id
 
 
 def _pickle_or_withdraw(
-    client: SlurmClient, run_dir: Path, job_id: str, intent: dict[str, Any]
+    client: SlurmClient, run_dir: Path, job_id: str, intent: submission.Intent
 ) -> None:
     try:
         write_rank_pickle(run_dir, job_id)
@@ -193,7 +193,7 @@ def _pickle_or_withdraw(
         # Without its pickle the job cannot run: take it back rather than let it fail later.
         with contextlib.suppress(Exception):
             client.cancel([job_id])
-        failed = {**intent, "state": "failed", "job_id": job_id, "error": str(exc)}
+        failed = intent.updated(state="failed", job_id=job_id, error=str(exc))
         submission.write_intent(run_dir, failed)
         raise
 
@@ -202,7 +202,7 @@ def _interrupted(
     client: SlurmClient,
     run_dir: RunDir,
     job_id: str | None,
-    intent: dict[str, Any],
+    intent: submission.Intent,
     exc: KeyboardInterrupt,
     fresh: bool,
 ) -> None:
@@ -215,7 +215,7 @@ def _interrupted(
             shutil.rmtree(path, ignore_errors=True)
             exc.add_note("nothing was submitted; no run directory was left")
         else:
-            record = {**intent, "state": "failed", "error": f"{why} before sbatch ran"}
+            record = intent.updated(state="failed", error=f"{why} before sbatch ran")
             submission.write_intent(path, record)
             exc.add_note(f"nothing was submitted; {path.name} is recorded as not submitted")
         return
@@ -234,7 +234,5 @@ def _interrupted(
         return
     reason = f"{why} right after sbatch; job {job_id} cancelled"
     outcome.write_outcome(path, "CANCELLED", reason)
-    submission.write_intent(
-        path, {**intent, "state": "submitted", "job_id": job_id, "note": reason}
-    )
+    submission.write_intent(path, intent.updated(state="submitted", job_id=job_id, note=reason))
     exc.add_note(f"job {job_id} was cancelled; {path.name} records it")

@@ -1,12 +1,10 @@
-"""Sharded checkpoints: torch-free discovery and policy, and a DCP manager loaded lazily.
-
-``from ddlaunch.checkpoint import latest_complete`` works on a login node without torch;
-``CheckpointManager`` (and the other names of ``manager.py``) import torch on first use.
+"""Checkpoints on disk, torch-free: the layout of a checkpoint root and discovery of the latest
+*complete* checkpoint (``layout``), any trainer's checkpoints (``adapters``), when to save
+and what to delete (``policy``). Used on every side: ``status``, ``resume``, ``report``, the
+batch-host hooks and the ranks. Saving them, in the ranks, is ``ddlaunch.saving``.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from ddlaunch.checkpoint.layout import (
     COMMIT_MARKER,
@@ -25,26 +23,12 @@ from ddlaunch.checkpoint.layout import (
 )
 from ddlaunch.checkpoint.policy import should_checkpoint, to_delete
 
-if TYPE_CHECKING:
-    from ddlaunch.checkpoint.manager import (
-        CheckpointError,
-        CheckpointManager,
-        CheckpointSaveError,
-        TrainState,
-    )
-
-_LAZY = {"CheckpointError", "CheckpointManager", "CheckpointSaveError", "TrainState"}
-
 __all__ = [
     "COMMIT_MARKER",
     "DCP_METADATA",
-    "CheckpointError",
     "CheckpointInfo",
-    "CheckpointManager",
-    "CheckpointSaveError",
     "CheckpointState",
     "CommitMarker",
-    "TrainState",
     "delete_checkpoint",
     "latest_complete",
     "list_checkpoints",
@@ -56,12 +40,3 @@ __all__ = [
     "step_dir_name",
     "to_delete",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # PEP 562: the torch-backed names are resolved on first access only.
-    if name in _LAZY:
-        from ddlaunch.checkpoint import manager
-
-        return getattr(manager, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

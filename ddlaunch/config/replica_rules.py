@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
+from ddlaunch.config.fault_tolerance import FaultToleranceSpec
 from ddlaunch.config.parallel import (
     AUTO,
     Degrees,
@@ -39,7 +40,6 @@ from ddlaunch.config.parallel import (
     replica_mode,
     resolve,
 )
-from ddlaunch.config.recovery_schema import FaultToleranceSpec
 from ddlaunch.config.schema import Config
 
 KeyPath = tuple[str, ...]

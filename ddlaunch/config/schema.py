@@ -3,7 +3,9 @@
 Each field's ``metadata`` carries its one-line ``doc`` (used by ``ddlaunch config-reference``
 and the README) and the checks applied by ``ddlaunch.config.validate``: ``choices``,
 ``range`` (inclusive), ``pattern`` (a name from ``PATTERNS``) and ``parse`` (a parser name).
-Cross-field rules (contradictions) live in ``validate.check_contradictions``.
+Cross-field rules (contradictions) live in ``validate.check_contradictions``. The larger
+sections have a module each, named after the section (``fault_tolerance``, ``health``,
+``kubernetes``, ``trainer``).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddlaunch.config.fault_tolerance import FaultToleranceSpec, can_leave_out
 from ddlaunch.config.fields import PATTERNS, opt
-from ddlaunch.config.kubernetes_schema import KubernetesSpec
-from ddlaunch.config.recovery_schema import FaultToleranceSpec, HealthSpec, can_leave_out
-from ddlaunch.config.trainer_spec import TrainerSpec
+from ddlaunch.config.health import HealthSpec
+from ddlaunch.config.kubernetes import KubernetesSpec
+from ddlaunch.config.trainer import TrainerSpec
 from ddlaunch.config.trainers import LAYOUT_KEYS, Layout, default_kind, resolve
 
 __all__ = ["PATTERNS", "Config", "FaultToleranceSpec", "HealthSpec", "KubernetesSpec", "opt"]

@@ -19,9 +19,9 @@ from typing import Any
 from ddlaunch.config import trainer_rules
 from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.fault_tolerance import FaultToleranceSpec
 from ddlaunch.config.kubernetes_rules import check_kubernetes
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
-from ddlaunch.config.recovery_schema import FaultToleranceSpec
 from ddlaunch.config.schema import PATTERNS, Config
 
 _MAIL_TYPES = {

@@ -58,9 +58,9 @@ def watchdog_ending(run_dir: Path, attempt: AttemptId, settings: Blame) -> Endin
     verdict = watchdog_records.read_verdict(run_dir, attempt)
     if not verdict:
         return None
-    blamed = sorted(str(n) for n in verdict.get("nodes", []))
-    detail = str(verdict.get("detail", ""))
-    cause = str(verdict.get("cause", policy.CAUSE_HANG))
+    blamed = sorted(verdict.nodes or ())
+    detail = verdict.detail or ""
+    cause = verdict.cause or policy.CAUSE_HANG
     if blamed:
         exclusions.add_excluded(run_dir, blamed, f"{cause}: {detail}")
         source = f"run {run_dir.name}"

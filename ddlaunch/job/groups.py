@@ -426,12 +426,12 @@ class Supervisor:
         current = sorted((b for mine in per_group.values() for b in mine), key=lambda b: b.rank)
         if not current:
             return per_group
-        summary = analysis.summary(current, now)
-        summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
+        ids = {"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch}
+        summary = watchdog_records.Summary.from_json({**analysis.summary(current, now), **ids})
         try:
             watchdog_records.write_summary(self.run_dir, summary)
-            if summary["step"] is not None and summary["step"] != self.last_sample:
-                self.last_sample = summary["step"]
+            if summary.step is not None and summary.step != self.last_sample:
+                self.last_sample = summary.step
                 watchdog_records.append_sample(self.run_dir, summary)
         except OSError as exc:
             say(f"warning: the step history was not written: {exc}")
@@ -483,15 +483,15 @@ class Supervisor:
             watchdog_records.write_verdict(
                 self.run_dir,
                 a,
-                {
-                    "cause": finding.cause,
-                    "nodes": list(finding.nodes),
-                    "ranks": list(finding.ranks),
-                    "detail": finding.detail,
-                    "time": now,
-                    "job_id": a.job_id,
-                    "restart": a.restart,
-                },
+                watchdog_records.Verdict(
+                    cause=finding.cause,
+                    nodes=tuple(finding.nodes),
+                    ranks=tuple(finding.ranks),
+                    detail=finding.detail,
+                    time=now,
+                    job_id=a.job_id,
+                    restart=a.restart,
+                ),
             )
             self.end_all(f"hang: {finding.detail}")
             return WHOLE_JOB_FAILED

@@ -22,11 +22,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ddlaunch.checkpoint import adapters
 from ddlaunch.conclude import Conclusion, cancel_reason, conclude
-from ddlaunch.config.recovery_schema import FaultToleranceSpec, HealthSpec, can_leave_out
+from ddlaunch.config.fault_tolerance import FaultToleranceSpec, can_leave_out
+from ddlaunch.config.health import HealthSpec
 from ddlaunch.config.schema import Config, StorageSpec
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.config.validate import load_config
@@ -143,7 +143,7 @@ def _close_cut_off(
     cause = policy.CAUSE_TRAINER_STOP if asked and not blamed else policy.CAUSE_REQUEUED_BY_SLURM
     extra: dict[str, object] = {"node_states": states}
     if asked:
-        extra.update(signal=asked.get("signal"), stop=asked.get("why"))
+        extra.update(signal=asked.signal, stop=asked.why)
         extra["decision"] = "requeued by Slurm (the trainer's own scontrol requeue)"
     elif record.guard:
         extra["decision"] = record.guard  # the batch host died (job.guard)
@@ -265,7 +265,7 @@ def same_start(client: SlurmClient, attempt: AttemptId) -> bool:
 
 def conclude_signal_save(
     run_dir: Path,
-    saved: Mapping[str, Any],
+    saved: signal_save.SignalSave,
     attempt: AttemptId,
     settings: HookSettings,
     client: Requeuer,
@@ -273,8 +273,9 @@ def conclude_signal_save(
 ) -> Conclusion:
     """The ranks (in a container) saved on the signal and left the conclusion to the host
     (the end hook here, the leader pod on Kubernetes): conclude as rank 0 would have."""
-    step = int(saved["step"])
-    record = {"signal": saved.get("reason"), "exit_code": exit_code}
+    step = saved.step
+    assert step is not None  # signal_save.read gives none without it
+    record = {"signal": saved.reason, "exit_code": exit_code}
     ending = Ending(policy.CAUSE_SIGNAL, step, record=record, saved_step=step)
     return conclude(run_dir, ending, settings.requeues_only, client, job=attempt.task)
 
@@ -312,7 +313,7 @@ def end(
         ending = Ending(policy.CAUSE_CANCELLED)
     elif asked is not None:
         # ddlaunch asked the trainer to stop: requeue whatever its exit code, if it advanced.
-        stop_record = {"signal": asked.get("signal"), "stop": asked.get("why")}
+        stop_record = {"signal": asked.signal, "stop": asked.why}
         ending = Ending(policy.CAUSE_TRAINER_STOP, record=stop_record)
     else:
         # A node failed the preflight inside the ranks (or the ranks ended before its
@@ -362,13 +363,13 @@ def conclude_saved(
     client: SlurmClient,
     attempt: AttemptId,
     settings: HookSettings,
-    stop: Mapping[str, Any],
+    stop: stops.Stop,
 ) -> None:
     """The trainer completed its save on ddlaunch's signal: conclude the attempt now (requeue,
     or record why not), without waiting for the trainer to exit; the end hook then finds it
     closed."""
-    step = stop.get("saved_step")
-    record = {"signal": stop.get("signal"), "stop": stop.get("why")}
+    step = stop.saved_step
+    record = {"signal": stop.signal, "stop": stop.why}
     ending = Ending(policy.CAUSE_TRAINER_STOP, step, record=record, saved_step=step)
     budget = settings.requeues_only
     conclude(run_dir, ending, budget, client, job=attempt.task, restart=attempt.restart)

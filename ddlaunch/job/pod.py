@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ddlaunch.conclude import Conclusion, conclude
 from ddlaunch.job.hooks import HookSettings, conclude_signal_save
@@ -196,11 +195,11 @@ def follow_leader(
 ) -> int:
     """A non-leader pod: run until the leader's decision, then leave with its code."""
 
-    def decision() -> dict[str, Any] | None:
+    def decision() -> pods.PodDecision | None:
         found = pods.read_decision(run_dir, attempt)
         # A decision older than this pod belongs to an earlier start with the same number
         # (a suspended and resumed JobSet keeps its restart attempt).
-        return found if found is not None and float(found.get("time", 0)) >= since else None
+        return found if found is not None and (found.time or 0) >= since else None
 
     ranks_exit = wait_ranks(procs, lambda: decision() is not None)
     deadline = None if ranks_exit in (None, 0) else time.monotonic() + DECISION_WAIT_S
@@ -214,8 +213,9 @@ def follow_leader(
             return pod_exit.RETRY_EXIT
         _reap_orphans()
         time.sleep(POLL_S)
-    print(f"[ddlaunch] node 0 concluded: {found.get('reason')}", flush=True)
-    return int(found["exit_code"])
+    print(f"[ddlaunch] node 0 concluded: {found.reason}", flush=True)
+    assert found.exit_code is not None  # read_decision gives none without it
+    return found.exit_code
 
 
 def run_pod(env: Mapping[str, str]) -> int:

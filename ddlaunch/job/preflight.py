@@ -130,7 +130,7 @@ def preflight_outcome(
         return None
     gate = records.read_gate(run_dir, attempt)
     reports = records.read_reports(run_dir, attempt)
-    if gate is not None and gate.get("passed"):
+    if gate is not None and gate.passed:
         print_verdicts(run_dir, attempt, nodes, reports, gate)
         return None
     # No reports: preflight is off, or the ranks never got as far (srun itself failed).
@@ -146,7 +146,7 @@ def preflight_outcome(
         records.record_verdicts(
             run_dir, attempt, list(nodes), *verdicts.as_records(results), decision.reason
         )
-    print_verdicts(run_dir, attempt, nodes, reports, gate or {"reason": decision.reason})
+    print_verdicts(run_dir, attempt, nodes, reports, gate or records.Gate(reason=decision.reason))
     code = apply_decision(cfg, run_dir, client, attempt, decision, in_allocation)
     return {REQUEUED: 0, RESTARTED: RESTART_EXIT}.get(code, 1)
 
@@ -156,17 +156,17 @@ def print_verdicts(
     attempt: AttemptId,
     nodes: Sequence[str],
     reports: Mapping[str, Mapping[str, Any]],
-    gate: dict[str, Any],
+    gate: records.Gate,
 ) -> None:
     """Into the batch log, once per attempt (the watchdog does it as soon as the gate opens;
     this covers an attempt that ended first)."""
-    if gate.get("printed"):
+    if gate.printed:
         return
     for node in nodes:
         if node in reports:
             print(verdicts.node_report_line(reports[node]), flush=True)
-    print(f"[ddlaunch] preflight: {gate.get('reason', '')}", flush=True)
-    if "job_id" in gate:
+    print(f"[ddlaunch] preflight: {gate.reason or ''}", flush=True)
+    if gate.job_id is not None:  # a gate on disk (not the end hook's own verdict)
         records.mark_printed(run_dir, attempt, gate)
 
 

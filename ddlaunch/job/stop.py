@@ -23,7 +23,6 @@ interval is left before the time limit.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.config.trainers import NO_SIGNAL
-from ddlaunch.job.watches import end_step
+from ddlaunch.job.watches import alive, end_step
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import stops
 from ddlaunch.store.attempts import AttemptId
@@ -43,18 +42,6 @@ POLL_S = 0.25  # a look at the checkpoint directory: one listing and a few stats
 KILL_AFTER_S = 10.0  # a step still alive this long after its TERM is killed (a hung save)
 
 
-def alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclass
 class StopRequest:
     run_dir: Path
@@ -64,7 +51,7 @@ class StopRequest:
     srun_pid: int | None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Any] = time.sleep
-    on_saved: Callable[[dict[str, Any]], Any] | None = None  # concludes the attempt
+    on_saved: Callable[[stops.Stop], object] | None = None  # concludes the attempt
 
     def committed(self) -> int | None:
         found = latest_checkpoint(self.run_dir, self.source)
@@ -82,7 +69,7 @@ class StopRequest:
         print(f"[ddlaunch] stopping the training step ({why})", flush=True)
         self.client.cancel([self.attempt.task], signal="TERM")
 
-    def run(self, why: str, budget_s: float, *, ask: bool = True) -> dict[str, Any]:
+    def run(self, why: str, budget_s: float, *, ask: bool = True) -> stops.Stop:
         """Ask (``ask``: with the trainer's signal, else TERM at once), wait (at most
         ``budget_s``) for the save, stop; returns the stop record."""
         before = self.committed()
@@ -121,11 +108,9 @@ class StopRequest:
             self.sleep(POLL_S)
         return self._record(record, saved, start)
 
-    def _record(self, record: dict[str, Any], saved: int | None, start: float) -> dict[str, Any]:
+    def _record(self, record: stops.Stop, saved: int | None, start: float) -> stops.Stop:
         waited = round(self.clock() - start, 1)
-        return stops.write_stop(
-            self.run_dir, self.attempt, **{**record, "saved_step": saved, "waited_s": waited}
-        )
+        return stops.save_stop(self.run_dir, record.updated(saved_step=saved, waited_s=waited))
 
 
 def budget(lead: int) -> float:

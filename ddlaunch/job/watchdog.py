@@ -34,7 +34,13 @@ from typing import Any
 from ddlaunch.config import load_config
 from ddlaunch.job.placement import step_nodelist
 from ddlaunch.job.stop import LimitWatch, StopRequest
-from ddlaunch.job.watches import NodeFailureWatch, PreflightWatch, end_step, end_step_without
+from ddlaunch.job.watches import (
+    NodeFailureWatch,
+    PreflightWatch,
+    alive,
+    end_step,
+    end_step_without,
+)
 from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.requeue import CAUSE_NODE_FAILURE
 from ddlaunch.slurm.client import SlurmClient
@@ -43,16 +49,6 @@ from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.heartbeats import AttemptBeats, read_attempt
 from ddlaunch.store.rundir import checkpoint_source, config_path
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StopSignal:
@@ -131,30 +127,27 @@ class _Watch:
 
     def record(self, now: float, beats: AttemptBeats) -> None:
         """The summary ``status`` shows, and a step-history sample when the step advanced."""
-        summary = analysis.summary_of(beats.nodes, now)
         a = self.attempt
-        summary.update({"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch})
+        ids = {"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch}
+        summary = records.Summary.from_json({**analysis.summary_of(beats.nodes, now), **ids})
         records.write_summary(self.run_dir, summary)
-        if summary["step"] is not None and summary["step"] != self.last_step:
-            self.last_step = summary["step"]
+        if summary.step is not None and summary.step != self.last_step:
+            self.last_step = summary.step
             records.append_sample(self.run_dir, summary)
 
     def act(self, finding: analysis.Finding, now: float, srun_pid: int | None = None) -> None:
         """Record the verdict for the end hook, then end the training step (for a dead node:
         ``end_step_without``, which returns srun to the batch script at once)."""
-        records.write_verdict(
-            self.run_dir,
-            self.attempt,
-            {
-                "cause": finding.cause,
-                "nodes": list(finding.nodes),
-                "ranks": list(finding.ranks),
-                "detail": finding.detail,
-                "time": now,
-                "job_id": self.attempt.job_id,
-                "restart": self.attempt.restart,
-            },
+        verdict = records.Verdict(
+            cause=finding.cause,
+            nodes=tuple(finding.nodes),
+            ranks=tuple(finding.ranks),
+            detail=finding.detail,
+            time=now,
+            job_id=self.attempt.job_id,
+            restart=self.attempt.restart,
         )
+        records.write_verdict(self.run_dir, self.attempt, verdict)
         print(f"[ddlaunch watchdog] {finding.cause}: {finding.detail}", flush=True)
         if finding.cause == CAUSE_NODE_FAILURE and srun_pid is not None:
             end_step_without(self.attempt.job_id, self.client, srun_pid)

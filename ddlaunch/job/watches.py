@@ -45,6 +45,20 @@ def end_step_without(job_id: str | None, client: SlurmClient, srun_pid: int) -> 
         os.kill(srun_pid, signal.SIGKILL)
 
 
+def alive(pid: int | None) -> bool:
+    """Whether process ``pid`` (srun, on this host) still exists; one of another user's
+    counts (EPERM: it exists). None: no process to watch."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _cancel_quietly(job_id: str, client: SlurmClient) -> None:
     with contextlib.suppress(Exception):  # srun is killed whatever scancel says
         end_step(job_id, client)
@@ -75,8 +89,8 @@ class PreflightWatch:
         gate = records.read_gate(self.run_dir, self.attempt)
         if gate is not None:
             self.done = True
-            if gate.get("passed") and not gate.get("printed"):
-                self._print_passed(str(gate.get("reason", "")))
+            if gate.passed and not gate.printed:
+                self._print_passed(gate.reason or "")
                 records.mark_printed(self.run_dir, self.attempt, gate)
             return False
         assert self.timeout is not None
@@ -98,17 +112,17 @@ class PreflightWatch:
         and no longer counts."""
         longest = 0.0
         for rec in staging_records.read_attempt(self.run_dir, self.attempt).values():
-            start = rec.get("start")
+            start = rec.start
             if start is None:
                 continue
-            if rec.get("state") == staging_records.RUNNING:
+            if rec.state == staging_records.RUNNING:
                 assert self.timeout is not None
-                if now - float(rec.get("time") or start) > self.timeout:
+                if now - (rec.time or start) > self.timeout:
                     continue
                 end = now
             else:
-                end = float(rec.get("end") or now)
-            longest = max(longest, end - float(start))
+                end = rec.end or now
+            longest = max(longest, end - start)
         return longest
 
     def _print_passed(self, reason: str) -> None:

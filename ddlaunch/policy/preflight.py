@@ -302,7 +302,7 @@ def verdicts_as_dict(verdicts: Sequence[NodeVerdict]) -> list[dict[str, Any]]:
     return [v.as_dict() for v in verdicts]
 
 
-def summary_line(verdicts: Sequence[dict[str, Any]]) -> str:
+def summary_line(verdicts: Sequence[Mapping[str, Any]]) -> str:
     """``2 ok, 1 failed (node2: disk:checkpoints ...)`` from stored verdicts (for status)."""
     bad = [v for v in verdicts if not v.get("ok", True)]
     text = f"{len(verdicts) - len(bad)} ok"

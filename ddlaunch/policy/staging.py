@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ddlaunch.policy.preflight import Check, CheckStatus
 
@@ -74,26 +74,42 @@ def check(items: Sequence[Mapping[str, Any]]) -> Check:
     return Check("staging", CheckStatus.FAIL if failed else CheckStatus.OK, text, cause)
 
 
-def node_line(host: str, record: Mapping[str, Any]) -> str:
+class NodeStaging(Protocol):
+    """What the words below read of one node's staging record (``store.staging``'s, which
+    this pure layer does not import)."""
+
+    @property
+    def state(self) -> str | None: ...
+    @property
+    def start(self) -> float | None: ...
+    @property
+    def end(self) -> float | None: ...
+    @property
+    def items(self) -> Sequence[Mapping[str, Any]] | None: ...  # one per data set
+    @property
+    def progress(self) -> Mapping[str, Any] | None: ...  # bytes done "of" bytes to copy
+
+
+def node_line(host: str, record: NodeStaging) -> str:
     """One node's staging for ``status``: ``node1 staging 40% of 2.1 GB`` while it runs."""
-    state = record.get("state")
+    state = record.state
     if state == "running":
-        progress = record.get("progress") or {}
+        progress = record.progress or {}
         done, total = progress.get("bytes", 0), progress.get("of", 0)
         share = f" {100 * done / total:.0f}% of {size_text(total)}" if total else ""
         return f"{host} staging{share}"
-    items = record.get("items", [])
+    items = record.items or ()
     if state == "failed":
         failed = [i for i in items if i.get("state") == "failed"]
         return f"{host} staging failed ({item_text(failed[0]) if failed else '?'})"
     copied = sum(int(i.get("bytes", 0)) for i in items)
-    seconds = (record.get("end") or 0) - (record.get("start") or 0)
+    seconds = (record.end or 0) - (record.start or 0)
     if not copied:
         return f"{host} data up to date"
     return f"{host} staged {size_text(copied)} in {seconds:.1f} s"
 
 
-def summary(records: Mapping[str, Mapping[str, Any]]) -> str:
+def summary(records: Mapping[str, NodeStaging]) -> str:
     """Every node of an attempt, one clause each: ``staging: node1 staged 2.1 GB in 3.2 s,
     node2 data up to date``."""
     if not records:

@@ -18,6 +18,7 @@ from typing import Protocol
 from ddlaunch.errors import UserError
 from ddlaunch.runner import CommandResult, Runner, SubprocessRunner
 from ddlaunch.slurm import queue
+from ddlaunch.slurm.arrays import parse_array_show_job, parse_max_array_size
 from ddlaunch.slurm.parse import (
     SQUEUE_FORMAT,
     QueueRow,
@@ -191,6 +192,33 @@ class SlurmClient:
         """Broadcast one file to the same path on every node of the job this runs in
         (``sbcast --force --preserve``: overwrite, keep times and mode)."""
         return self.runner.run(["sbcast", "--force", "--preserve", src, dst], timeout=timeout)
+
+    def max_array_size(self) -> int | None:
+        """The cluster's MaxArraySize, or None when it cannot be asked (no Slurm here).
+        Bounded: scontrol retries for a minute when its config file is missing."""
+        result = self.runner.run(["scontrol", "show", "config"], timeout=15)
+        return parse_max_array_size(result.stdout) if result.ok else None
+
+    def array_tasks(self, array_ids: Iterable[str]) -> dict[str, QueueRow]:
+        """One squeue call for all tasks of the given arrays, keyed ``ARRAY_TASK``.
+
+        ``-r`` lists pending tasks one per line (without it, the pending part of an array is
+        one row such as ``12_[4-99%8]``).
+        """
+        ids = sorted(set(array_ids))
+        if not ids:
+            return {}
+        result = self._run(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", SQUEUE_FORMAT])
+        # squeue exits 1 with "Invalid job id" when none of the ids is known any more.
+        if not result.ok and "Invalid job id" not in result.stderr:
+            raise failure("squeue", result)
+        return parse_squeue(result.stdout)
+
+    def show_array(self, array_id: str) -> dict[str, dict[str, str]]:
+        """``scontrol show job`` of an array: its tasks still known, ``ARRAY_TASK`` ->
+        fields (``arrays.parse_array_show_job``); {} when it fails."""
+        result = self._run(["scontrol", "show", "job", "-o", array_id])
+        return parse_array_show_job(result.stdout) if result.ok else {}
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
         """``scontrol show job`` for a job that left the queue (kept for MinJobAge)."""

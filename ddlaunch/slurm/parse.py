@@ -30,6 +30,19 @@ class QueueRow:
 SQUEUE_FORMAT = "%i|%T|%r|%N"
 
 
+def parse_task_list(spec: str) -> list[int]:
+    """Slurm's task list of an array's pending part (``ArrayTaskId`` of ``scontrol show
+    job``, ``array_task_string`` of ``squeue --json``): ``0-3,7,9-11%2`` -> [0, 1, 2, 3, 7,
+    9, 10, 11]; [] if malformed."""
+    out: list[int] = []
+    for part in spec.split("%")[0].split(","):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            return []
+        out += range(int(first), int(last or first) + 1)
+    return out
+
+
 def parse_squeue(stdout: str) -> dict[str, QueueRow]:
     rows: dict[str, QueueRow] = {}
     for line in stdout.splitlines():

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ddlaunch.slurm.parse import SQUEUE_FORMAT, QueueRow, parse_squeue
+from ddlaunch.slurm.parse import SQUEUE_FORMAT, QueueRow, parse_squeue, parse_task_list
 from ddlaunch.slurm.version import version_tuple
 
 TEXT = "text"
@@ -99,7 +99,7 @@ def parse_json(stdout: str, wanted: Iterable[str] | None = None) -> dict[str, Qu
             keys = [f"{array_id}_{task}"]
         elif array_id and job.get("array_task_string"):
             # The pending remainder of an array is one record: "0-3", "4-99%8", "1,5".
-            keys = [f"{array_id}_{t}" for t in _task_ids(str(job["array_task_string"]))]
+            keys = [f"{array_id}_{t}" for t in parse_task_list(str(job["array_task_string"]))]
         else:
             keys = [str(job_id)]
         for key in keys:
@@ -113,15 +113,6 @@ def parse_json(stdout: str, wanted: Iterable[str] | None = None) -> dict[str, Qu
                 restarts=_number(job.get("restart_cnt")),
             )
     return rows
-
-
-def _task_ids(spec: str) -> list[int]:
-    out: list[int] = []
-    for part in spec.split("%")[0].split(","):
-        low, _, high = part.partition("-")
-        if low.isdigit():
-            out += range(int(low), int(high if high.isdigit() else low) + 1)
-    return out
 
 
 def sacct_argv(job_ids: Iterable[str]) -> list[str]:

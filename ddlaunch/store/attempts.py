@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ddlaunch import fsutil
 from ddlaunch.store import records
@@ -64,13 +64,14 @@ FIELDS = {
 }
 
 
-@dataclass(frozen=True)
-class AttemptRecord:
-    """One attempt (see the module's doc): an attribute per ``FIELDS`` entry, None where the
-    record has none (lists: None where absent, a tuple otherwise). ``extra``: the record's
-    other keys, kept as found so that a rewrite loses nothing another version wrote;
-    ``nulls``: the fields recorded as null ("not known"), which a rewrite keeps apart from
-    absent ones (``end`` absent: the attempt is open)."""
+@dataclass(frozen=True, kw_only=True)
+class AttemptRecord(records.Record):
+    """One attempt (see the module's doc): an attribute per ``FIELDS`` entry
+    (``records.Record``: None where the record has none, ``extra`` and ``nulls``; ``end``
+    absent: the attempt is open, null: it ended at a time not known)."""
+
+    FIELDS: ClassVar[records.Fields] = FIELDS
+    NAME: ClassVar[str] = ATTEMPTS_FILE
 
     attempt: int | None = None
     job_id: str | None = None
@@ -101,44 +102,6 @@ class AttemptRecord:
     preflight: tuple[Mapping[str, Any], ...] | None = None
     checkpoint_errors: tuple[Mapping[str, Any], ...] | None = None
     group_restarts: tuple[Mapping[str, Any], ...] | None = None
-    extra: Mapping[str, object] = field(default_factory=dict)
-    nulls: frozenset[str] = frozenset()
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> AttemptRecord:
-        """The record of one JSON object; a field of the wrong kind is dropped (``clean``
-        it first to report which)."""
-        found = dict(data)
-        records.clean(found, FIELDS, ATTEMPTS_FILE)
-        known: dict[str, Any] = {}
-        extra: dict[str, object] = {}
-        nulls = set()
-        for key, value in found.items():
-            if key not in FIELDS:
-                extra[key] = value
-            elif value is None:
-                nulls.add(key)
-            elif FIELDS[key].container:
-                known[key] = tuple(value) if isinstance(value, list) else value
-            else:
-                known[key] = value  # a whole number stays one: rewritten as it was
-        return cls(**known, extra=extra, nulls=frozenset(nulls))
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {}
-        for key in FIELDS:
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = list(value) if isinstance(value, tuple) else value
-            elif key in self.nulls:
-                out[key] = None
-        out.update((k, v) for k, v in self.extra.items() if k not in FIELDS)
-        return out
-
-    def updated(self, **changes: object) -> AttemptRecord:
-        """This record with ``changes`` (JSON values, by key: a field or an extra key; None
-        records "not known")."""
-        return AttemptRecord.from_json({**self.to_json(), **changes})
 
     @property
     def is_open(self) -> bool:

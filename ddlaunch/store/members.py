@@ -12,12 +12,18 @@ import errno
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from ddlaunch import fsutil
 from ddlaunch.store.outcome import CANCEL_FILE
 from ddlaunch.store.rundir import CONFIG_FILE, LOGS_DIR
-from ddlaunch.store.submission import INTENT_FILE, SUBMISSION_FILE
+from ddlaunch.store.submission import (
+    INTENT_FILE,
+    SUBMISSION_FILE,
+    Intent,
+    Submission,
+    read_submission,
+    write_submission,
+)
 from ddlaunch.store.sweep_cancels import is_cancelled
 from ddlaunch.store.sweeps import (
     ARRAYS_DIR,
@@ -50,7 +56,7 @@ def member_config_text(sweep_dir: Path, index: int) -> tuple[str, str]:
 
 def _member_files(
     sweep_dir: Path, index: int, job_id: str | None, array: str | None
-) -> dict[str, Any]:
+) -> dict[str, dict[str, object]]:
     """The records a member directory starts with, derived from the sweep's records plus
     the starting task's own id (its array's record may not have it yet: the task can start
     before the submitter wrote the id down)."""
@@ -59,29 +65,34 @@ def _member_files(
     if job_id and job_id not in ids:
         ids.append(job_id)
     array = array or jobs.array
-    files: dict[str, Any] = {}
+    files: dict[str, dict[str, object]] = {}
     about = {"sweep_id": sweep_dir.name}
     if array is not None:
         about |= {"array": array, "script": str(sweep_dir / ARRAYS_DIR / f"{array}.sbatch")}
     if ids:
-        files[SUBMISSION_FILE] = {"job_ids": ids, "submitted": jobs.time, **about}
+        record = Submission.from_json({"job_ids": ids, "submitted": jobs.time, **about})
+        files[SUBMISSION_FILE] = record.to_json()
     if is_cancelled(sweep_dir, index, ids[-1] if ids else None):
         # Cancelled while it waited (`ddlaunch cancel`): this start must not train or
         # requeue.
         files[CANCEL_FILE] = {"time": time.time(), "job_ids": ids[-1:]}
     if jobs.state == "failed" and not job_id:
         # Its latest array's sbatch failed: status shows SUBMIT_FAILED, as for a run.
-        files[INTENT_FILE] = {
-            "run_id": str(index),
-            **about,
-            "state": "failed",
-            "error": jobs.error,
-            "previous_job_ids": ids,
-        }
+        # from_json: an error not known is recorded as null
+        intent = Intent.from_json(
+            {
+                "run_id": str(index),
+                **about,
+                "state": "failed",
+                "error": jobs.error,
+                "previous_job_ids": ids,
+            }
+        )
+        files[INTENT_FILE] = intent.to_json()
     return files
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def _write_json(path: Path, obj: dict[str, object]) -> None:
     fsutil.atomic_write_json(path, obj, 0o600)
 
 
@@ -136,15 +147,11 @@ def materialize(
 
 
 def _add_job_id(run: Path, job_id: str) -> None:
-    path = run / SUBMISSION_FILE
-    try:
-        submission = fsutil.read_json(path, {}) or {}
-    except ValueError:
-        submission = {}
-    ids = list(submission.get("job_ids", []))
+    record = read_submission(run)  # torn by a crash: empty, the arrays' records have the ids
+    ids = record.job_ids or ()
     if job_id not in ids:
-        submitted = submission.get("submitted") or time.time()
-        _write_json(path, {**submission, "job_ids": [*ids, job_id], "submitted": submitted})
+        submitted = record.submitted or time.time()
+        write_submission(run, record.updated(job_ids=[*ids, job_id], submitted=submitted))
 
 
 def member_of(run_dir: Path) -> tuple[Path, int] | None:

@@ -11,12 +11,36 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.layout import KUBERNETES_DIR
+
+# What readers of a decision rely on; ``Decision`` has an attribute for each.
+DECISION_FIELDS = {
+    "exit_code": records.INT,
+    "state": records.TEXT,
+    "reason": records.TEXT,
+    "time": records.NUMBER,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodDecision(records.Record):
+    """The leader pod's conclusion of an attempt: the exit code every pod leaves with, the
+    run's final state (None: it goes on), why, and when."""
+
+    FIELDS: ClassVar[records.Fields] = DECISION_FIELDS
+    NAME: ClassVar[str] = "pod decision"
+
+    exit_code: int | None = None
+    state: str | None = None
+    reason: str | None = None
+    time: float | None = None
 
 
 def decision_path(run_dir: Path, attempt: AttemptId) -> Path:
@@ -26,16 +50,18 @@ def decision_path(run_dir: Path, attempt: AttemptId) -> Path:
 def write_decision(
     run_dir: Path, attempt: AttemptId, exit_code: int, state: str | None, reason: str
 ) -> None:
-    record = {"exit_code": exit_code, "state": state, "reason": reason, "time": time.time()}
-    fsutil.atomic_write_json(decision_path(run_dir, attempt), record, 0o600)
+    # from_json: a state None (the run goes on) is recorded as null
+    found = {"exit_code": exit_code, "state": state, "reason": reason, "time": time.time()}
+    record = PodDecision.from_json(found)
+    fsutil.atomic_write_json(decision_path(run_dir, attempt), record.to_json(), 0o600)
 
 
-def read_decision(run_dir: Path, attempt: AttemptId) -> dict[str, Any] | None:
-    try:
-        record = fsutil.read_json(decision_path(run_dir, attempt))
-    except ValueError:  # a torn write cannot happen; a foreign file can
-        return None
-    return record if isinstance(record, dict) and "exit_code" in record else None
+def read_decision(run_dir: Path, attempt: AttemptId) -> PodDecision | None:
+    """The leader's decision; None until there is one with an exit code (a foreign or
+    damaged file is none)."""
+    found, _ = records.load_json(decision_path(run_dir, attempt), dict)
+    record = None if found is None else PodDecision.from_json(found)
+    return record if record is not None and record.exit_code is not None else None
 
 
 def next_incarnation(run_dir: Path, index: int) -> int:

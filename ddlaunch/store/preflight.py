@@ -10,18 +10,62 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ddlaunch import fsutil
 from ddlaunch.store import records
 from ddlaunch.store.attempts import AttemptId, update_open
+from ddlaunch.store.records import BOOL, INT, NUMBER, OBJECTS, STRINGS, TEXT
 
 HEALTH_DIR = "health"
 REPORTS_DIR = "preflight"
 SPARES_DIR = "spares"
 LATEST_FILE = "preflight.json"
-LATEST_FIELDS = {"verdicts": records.OBJECTS}  # what readers of the latest verdicts rely on
+# What readers of the latest verdicts and of a gate record rely on; ``LatestVerdicts`` and
+# ``Gate`` have an attribute for each.
+LATEST_FIELDS = {"job_id": TEXT, "nodes": STRINGS, "verdicts": OBJECTS, "decision": TEXT}
+GATE_FIELDS = {
+    "job_id": TEXT,
+    "restart": INT,
+    "passed": BOOL,
+    "reason": TEXT,
+    "time": NUMBER,
+    "pid": INT,
+    "printed": BOOL,  # the verdicts are in the batch log
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatestVerdicts(records.Record):
+    """``health/preflight.json``: the latest attempt's verdicts, one per node (``policy.
+    preflight``'s records), and the decision made of them."""
+
+    FIELDS: ClassVar[records.Fields] = LATEST_FIELDS
+    NAME: ClassVar[str] = f"{HEALTH_DIR}/{LATEST_FILE}"
+
+    job_id: str | None = None
+    nodes: tuple[str, ...] | None = None
+    verdicts: tuple[Mapping[str, Any], ...] | None = None
+    decision: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gate(records.Record):
+    """``health/gate-<attempt>.json``: the in-rank gate's decision for one attempt."""
+
+    FIELDS: ClassVar[records.Fields] = GATE_FIELDS
+    NAME: ClassVar[str] = "gate"
+
+    job_id: str | None = None
+    restart: int | None = None
+    passed: bool | None = None
+    reason: str | None = None
+    time: float | None = None
+    pid: int | None = None
+    printed: bool | None = None
 
 
 def reports_dir(run_dir: Path, attempt: AttemptId, spare: bool = False) -> Path:
@@ -51,8 +95,8 @@ def latest_path(run_dir: Path) -> Path:
     return run_dir / HEALTH_DIR / LATEST_FILE
 
 
-def write_latest(run_dir: Path, record: dict[str, Any]) -> None:
-    fsutil.atomic_write_json(latest_path(run_dir), record, 0o600)
+def write_latest(run_dir: Path, record: LatestVerdicts) -> None:
+    fsutil.atomic_write_json(latest_path(run_dir), record.to_json(), 0o600)
 
 
 def record_verdicts(
@@ -65,10 +109,10 @@ def record_verdicts(
 ) -> None:
     """The latest verdicts (``verdicts``, for ``status`` and ``report``) and the open
     attempt's own short form of them (``per_node``: node, ok, reason)."""
-    write_latest(
-        run_dir,
-        {"job_id": attempt.job_id, "nodes": nodes, "verdicts": verdicts, "decision": decision},
+    latest = LatestVerdicts(
+        job_id=attempt.job_id, nodes=tuple(nodes), verdicts=tuple(verdicts), decision=decision
     )
+    write_latest(run_dir, latest)
     update_open(run_dir, preflight=per_node)
 
 
@@ -76,17 +120,17 @@ def gate_path(run_dir: Path, attempt: AttemptId) -> Path:
     return run_dir / HEALTH_DIR / f"gate-{attempt.key}.json"
 
 
-def read_gate(run_dir: Path, attempt: AttemptId) -> dict[str, Any] | None:
-    try:
-        return fsutil.read_json(gate_path(run_dir, attempt))
-    except (OSError, ValueError):
-        return None
+def read_gate(run_dir: Path, attempt: AttemptId) -> Gate | None:
+    """The attempt's gate record; None when there is none or it cannot be used (a gate
+    still being written)."""
+    found, _ = records.load_json(gate_path(run_dir, attempt), dict)
+    return None if found is None else Gate.from_json(found)
 
 
-def write_gate(run_dir: Path, attempt: AttemptId, record: dict[str, Any]) -> None:
-    fsutil.atomic_write_json(gate_path(run_dir, attempt), record, 0o600)
+def write_gate(run_dir: Path, attempt: AttemptId, record: Gate) -> None:
+    fsutil.atomic_write_json(gate_path(run_dir, attempt), record.to_json(), 0o600)
 
 
-def mark_printed(run_dir: Path, attempt: AttemptId, record: dict[str, Any]) -> None:
+def mark_printed(run_dir: Path, attempt: AttemptId, record: Gate) -> None:
     """The verdicts are in the batch log now (by the watchdog or the end hook): once only."""
-    write_gate(run_dir, attempt, {**record, "printed": True})
+    write_gate(run_dir, attempt, record.updated(printed=True))

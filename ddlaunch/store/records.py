@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from ddlaunch.errors import UserError
 
@@ -70,6 +70,11 @@ BOOL = Kind("true/false", lambda v: isinstance(v, bool))
 OBJECT = Kind("an object", lambda v: isinstance(v, dict), container=True)
 OBJECTS = Kind("a list of objects", _objects, container=True)
 STRINGS = Kind("a list of strings", _strings, container=True)
+INTS = Kind(
+    "a list of whole numbers",
+    lambda v: isinstance(v, list) and all(INT.check(i) for i in v),
+    container=True,
+)
 
 _KIND_NAMES: dict[type, str] = {
     dict: "an object",
@@ -221,6 +226,61 @@ def clean_items(
         problems += clean(item, fields, name, f"{what} {i}'s ")
         out.append(item)
     return out, problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """The base of a typed record: a subclass declares ``FIELDS`` (what readers rely on, with
+    their kinds) and ``NAME`` (the file, in problems), and one attribute per field, None
+    where the record has none (lists: a tuple). ``extra``: the record's other keys, kept as
+    found so that a rewrite loses nothing another version wrote; ``nulls``: the fields
+    recorded as null ("not known"), which a rewrite keeps apart from absent ones.
+
+    ``from_json`` then ``to_json`` gives back what was read, in the order of ``FIELDS``
+    then the other keys: a record read and saved unchanged is written byte for byte as
+    ddlaunch wrote it."""
+
+    FIELDS: ClassVar[Fields]
+    NAME: ClassVar[str]
+
+    extra: Mapping[str, object] = field(default_factory=dict)
+    nulls: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Self:
+        """The record of one JSON object; a field of the wrong kind is dropped (``clean``
+        it first to report which)."""
+        found = dict(data)
+        clean(found, cls.FIELDS, cls.NAME)
+        known: dict[str, object] = {}
+        extra: dict[str, object] = {}
+        nulls = set()
+        for key, value in found.items():
+            if key not in cls.FIELDS:
+                extra[key] = value
+            elif value is None:
+                nulls.add(key)
+            elif isinstance(value, list):
+                known[key] = tuple(value)
+            else:
+                known[key] = value  # a whole number stays one: rewritten as it was
+        return cls(**known, extra=extra, nulls=frozenset(nulls))
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key in self.FIELDS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if isinstance(value, tuple) else value
+            elif key in self.nulls:
+                out[key] = None
+        out.update((k, v) for k, v in self.extra.items() if k not in self.FIELDS)
+        return out
+
+    def updated(self, **changes: object) -> Self:
+        """This record with ``changes`` (JSON values, by key: a field or an extra key; None
+        records "not known")."""
+        return self.from_json({**self.to_json(), **changes})
 
 
 class Reader:

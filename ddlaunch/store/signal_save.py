@@ -10,12 +10,36 @@ batch shell may never reach the end hook.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.preflight import HEALTH_DIR
+
+# What readers rely on; ``SignalSave`` has an attribute for each.
+FIELDS = {
+    "step": records.INT,
+    "reason": records.TEXT,  # the signal
+    "time": records.NUMBER,
+    "job_id": records.TEXT,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SignalSave(records.Record):
+    """Rank 0 saved ``step`` on ``reason`` (the signal) and left the conclusion to the host;
+    ``read`` gives one only with its step."""
+
+    FIELDS: ClassVar[records.Fields] = FIELDS
+    NAME: ClassVar[str] = "signal-save"
+
+    step: int | None = None
+    reason: str | None = None
+    time: float | None = None
+    job_id: str | None = None
 
 
 def path(run_dir: Path, attempt: AttemptId) -> Path:
@@ -24,13 +48,13 @@ def path(run_dir: Path, attempt: AttemptId) -> Path:
 
 def write(run_dir: Path, attempt: AttemptId, step: int, reason: str) -> None:
     (run_dir / HEALTH_DIR).mkdir(exist_ok=True)
-    record = {"step": step, "reason": reason, "time": time.time(), "job_id": attempt.job_id}
-    fsutil.atomic_write_json(path(run_dir, attempt), record, 0o600)
+    record = SignalSave(step=step, reason=reason, time=time.time(), job_id=attempt.job_id)
+    fsutil.atomic_write_json(path(run_dir, attempt), record.to_json(), 0o600)
 
 
-def read(run_dir: Path, attempt: AttemptId) -> dict[str, Any] | None:
-    try:
-        record = fsutil.read_json(path(run_dir, attempt))
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+def read(run_dir: Path, attempt: AttemptId) -> SignalSave | None:
+    """The attempt's signal save; None when there is none or it cannot be used (no step
+    to conclude on)."""
+    found, _ = records.load_json(path(run_dir, attempt), dict)
+    record = None if found is None else SignalSave.from_json(found)
+    return record if record is not None and record.step is not None else None

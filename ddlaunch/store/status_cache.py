@@ -19,6 +19,7 @@ from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE
 from ddlaunch.store.preflight import HEALTH_DIR
 from ddlaunch.store.progress import PROGRESS_FILE, RESULT_FILE
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
+from ddlaunch.store.submission import Intent
 
 STATUS_CACHE = ".ddlaunch-status-cache.json"
 VERSION = 2
@@ -68,8 +69,10 @@ def _table(table: Any, shape: tuple[Any, ...]) -> bool:
 
 @dataclass(frozen=True)
 class Queued:
+    """``intent``: its state and error only (what ``status`` shows of a queued run)."""
+
     job_ids: list[str]
-    intent: dict[str, Any]
+    intent: Intent | None
     submitted: float | None
 
 
@@ -118,7 +121,8 @@ class StatusCache:
         entry = self.runs.get(name)
         if not entry or entry[0] != mtime_ns:
             return None
-        intent = {k: v for k, v in (("state", entry[2]), ("error", entry[3])) if v is not None}
+        state, error = entry[2], entry[3]
+        intent = None if state is None and error is None else Intent(state=state, error=error)
         return Queued(list(entry[1]), intent, entry[4])
 
     def get_final(self, name: str, mtime_ns: int) -> Final | None:
@@ -143,8 +147,8 @@ class StatusCache:
             if self.runs.pop(name, None) is not None:
                 self.changed = True
             return
-        entry = [mtime_ns, queued.job_ids, queued.intent.get("state")]
-        entry += [queued.intent.get("error"), queued.submitted]
+        intent = queued.intent or Intent()
+        entry = [mtime_ns, queued.job_ids, intent.state, intent.error, queued.submitted]
         if self.runs.get(name) != entry:
             self.runs[name] = entry
             self.changed = True

@@ -7,34 +7,69 @@ batch shell never reached the end hook (a trainer that ran ``scontrol requeue`` 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 from ddlaunch.store.attempts import AttemptId, AttemptRecord
 
 STOP_FILE = "stop.json"
+# What readers rely on; ``Stop`` has an attribute for each.
+FIELDS = {
+    "job_id": records.TEXT,
+    "restart_count": records.INT,
+    "relaunch": records.INT,
+    "time": records.NUMBER,
+    "why": records.TEXT,  # what the stop is for (the time limit, stop_before_limit)
+    "signal": records.TEXT,  # the trainer's save signal, NONE: TERM at once
+    "committed_before": records.INT,
+    "saved_step": records.INT,  # the step the trainer saved after the signal, once seen
+    "waited_s": records.NUMBER,
+}
 
 
-def write_stop(run_dir: Path, attempt: AttemptId, **fields: Any) -> dict[str, Any]:
-    record = {"job_id": attempt.job_id, "restart_count": attempt.restart, "time": time.time()}
-    record.update(fields)
-    fsutil.atomic_write_json(run_dir / STOP_FILE, record, 0o600)
+@dataclass(frozen=True, kw_only=True)
+class Stop(records.Record):
+    """``stop.json`` (see the module's doc)."""
+
+    FIELDS: ClassVar[records.Fields] = FIELDS
+    NAME: ClassVar[str] = STOP_FILE
+
+    job_id: str | None = None
+    restart_count: int | None = None
+    relaunch: int | None = None
+    time: float | None = None
+    why: str | None = None
+    signal: str | None = None
+    committed_before: int | None = None
+    saved_step: int | None = None
+    waited_s: float | None = None
+
+
+def write_stop(run_dir: Path, attempt: AttemptId, **fields: object) -> Stop:
+    """A new stop request of ``attempt`` (``fields``: JSON values by key)."""
+    ids = {"job_id": attempt.job_id, "restart_count": attempt.restart, "time": time.time()}
+    return save_stop(run_dir, Stop.from_json({**ids, **fields}))
+
+
+def save_stop(run_dir: Path, record: Stop) -> Stop:
+    fsutil.atomic_write_json(run_dir / STOP_FILE, record.to_json(), 0o600)
     return record
 
 
-def read_stop(run_dir: Path, attempt: AttemptId) -> dict[str, Any] | None:
+def read_stop(run_dir: Path, attempt: AttemptId) -> Stop | None:
     """This attempt's stop request, or None (an older attempt's does not count)."""
-    try:
-        record = fsutil.read_json(run_dir / STOP_FILE)
-    except ValueError:
+    found, _ = records.load_json(run_dir / STOP_FILE, dict)
+    if found is None:
         return None
-    if not isinstance(record, dict) or not attempt.matches(record):
-        return None
-    return record
+    record = Stop.from_json(found)
+    mine = (record.job_id, record.restart_count or 0, record.relaunch or 0)
+    return record if mine == (attempt.job_id, attempt.restart, attempt.relaunch) else None
 
 
-def read_stop_of(run_dir: Path, record: AttemptRecord) -> dict[str, Any] | None:
+def read_stop_of(run_dir: Path, record: AttemptRecord) -> Stop | None:
     """The stop request of the attempt ``record`` (an attempts.json entry), or None."""
     job = record.job_id or ""
     return read_stop(run_dir, AttemptId(job, record.restart_count or 0, job))

@@ -28,10 +28,10 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, ClassVar, NotRequired, TypedDict, cast
 
 from ddlaunch.errors import UserError
 from ddlaunch.store import records
@@ -39,7 +39,8 @@ from ddlaunch.store.layout import ARRAYS_DIR, MEMBERS_DIR
 
 SWEEP_FILE = "sweep.yaml"  # the sweep file as given
 MEMBERS_FILE = "members.json"
-# What readers of an array's record (``arrays/<n>.json``) rely on (``store.records.clean``).
+# What readers of an array's record (``arrays/<n>.json``, or its intent in ``members.json``)
+# rely on (``store.records.clean``); ``ArrayRecord`` has an attribute for each.
 ARRAY_FIELDS = {
     "name": records.TEXT,
     "job_id": records.TEXT,
@@ -52,6 +53,66 @@ ARRAY_FIELDS = {
     "error": records.TEXT,
     "time": records.NUMBER,
 }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArrayRecord(records.Record):
+    """One array submitted for the sweep: its name (a number, ``arrays/<name>.json``), the
+    members its tasks hold (task i: ``members[i]``), its job id once sbatch returned and its
+    ``state``: submitting, submitted, failed (``error``: why) or cancelled. Its other keys
+    (``extra``): the sbatch argv, the script, the submitting host."""
+
+    FIELDS: ClassVar[records.Fields] = ARRAY_FIELDS
+    NAME: ClassVar[str] = "array"
+
+    name: str | None = None
+    job_id: str | None = None
+    members: tuple[int, ...] | None = None
+    state: str | None = None
+    error: str | None = None
+    time: float | None = None
+
+
+class MembersTable(TypedDict):
+    """``members.json``'s ``members``: the axes' points (each a list of ``--set`` texts),
+    whose product are the members, and each member's layout number."""
+
+    axes: list[list[list[str]]]
+    layout: list[int]
+
+
+class Layout(TypedDict):
+    """A group of members validated together: its config sections by name (numbers into
+    ``sections``) and its checkpoint root (None: the members keep their own)."""
+
+    sections: dict[str, int]
+    checkpoint_root: str | None
+
+
+class Section(TypedDict, total=False):
+    """A config section stored once: its plain ``value`` or, where JSON cannot hold it, its
+    ``yaml``."""
+
+    value: Any
+    yaml: str
+
+
+class Packed(TypedDict):
+    """``members.json`` (``sweeps.packing`` writes it; a TypedDict, not a dataclass: the
+    file is parsed once per version and shared by every member's reader)."""
+
+    sweep_id: str
+    name: NotRequired[str]  # the arrays' Slurm job name (a sweep written before: absent)
+    source: NotRequired[str]
+    base: NotRequired[str]
+    set: NotRequired[list[str]]
+    metric: NotRequired[str | None]
+    throttle: NotRequired[int | None]
+    created: NotRequired[float]
+    sections: list[Section]
+    layouts: list[Layout]
+    members: MembersTable
+    arrays: list[dict[str, object]]  # every array's intent (``ArrayRecord``'s fields)
 
 
 @dataclass
@@ -92,11 +153,11 @@ def _valid(cached: _Stamp, current: _Stamp | None) -> bool:
     return cached[2] == 0.0 or time.time() - cached[2] < _FRESH_S
 
 
-_packed_cache: dict[Path, tuple[_Stamp, dict[str, Any]]] = {}
+_packed_cache: dict[Path, tuple[_Stamp, Packed]] = {}
 _jobs_cache: dict[Path, tuple[_Stamp, dict[int, MemberJobs]]] = {}
 
 
-def read_packed(sweep_dir: Path) -> dict[str, Any]:
+def read_packed(sweep_dir: Path) -> Packed:
     """``members.json``, parsed once per version of the file (status reads it per member)."""
     path = sweep_dir / MEMBERS_FILE
     stamp = _stamp(path)
@@ -109,12 +170,13 @@ def read_packed(sweep_dir: Path) -> dict[str, Any]:
     problem = problem or _packed_problem(data)
     if problem is not None:
         raise ValueError(problem.reason)
+    packed = cast(Packed, data)  # its shape checked by _packed_problem
     if stamp is not None:
-        _packed_cache[path] = (stamp, data)
-    return data
+        _packed_cache[path] = (stamp, packed)
+    return packed
 
 
-def _packed_problem(data: dict[str, Any]) -> records.Problem | None:
+def _packed_problem(data: Mapping[str, Any]) -> records.Problem | None:
     """What makes ``members.json`` unusable: its members table and layouts have a fixed
     shape (``sweeps.packing`` writes them); anything else is damage."""
     members = data.get("members")
@@ -145,7 +207,7 @@ def is_sweep_dir(path: Path) -> bool:
     return (path / MEMBERS_FILE).is_file()
 
 
-def read_members(path: Path) -> dict[str, Any]:
+def read_members(path: Path) -> Packed:
     """The sweep's ``members.json``: sweep id, metric, every member's record and config."""
     try:
         return read_packed(path)
@@ -165,12 +227,12 @@ def member_run_dirs(path: Path) -> list[tuple[str, Path]]:
     ]
 
 
-def array_records(sweep_dir: Path) -> list[dict[str, Any]]:
+def array_records(sweep_dir: Path) -> list[ArrayRecord]:
     """Every array submitted for the sweep, in submission order: its record
     (``arrays/<n>.json``, written after its sbatch; before it, too, for a resubmission), else
     its intent in ``members.json`` (state ``submitting``: its sbatch has not returned, or
     the submitter died before it wrote the record)."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, ArrayRecord] = {}
     try:
         names = os.listdir(sweep_dir / ARRAYS_DIR)
     except OSError:
@@ -181,19 +243,21 @@ def array_records(sweep_dir: Path) -> list[dict[str, Any]]:
         record, _ = records.load_json(sweep_dir / ARRAYS_DIR / name, dict)
         if record is None or records.clean(record, ARRAY_FIELDS, name):
             continue  # damaged: its intent in members.json stands for it
-        found[str(record.get("name"))] = record
+        array = ArrayRecord.from_json(record)
+        found[str(array.name)] = array
     try:
         intents = read_packed(sweep_dir).get("arrays", [])
     except (OSError, ValueError):
         intents = []
     for intent in intents:
-        records.clean(intent, ARRAY_FIELDS, MEMBERS_FILE)
-        found.setdefault(str(intent.get("name")), intent)
-    return sorted(found.values(), key=lambda r: _array_number(r.get("name")))
+        # A copy: the packed file is cached, its intents shared by every reader.
+        array = ArrayRecord.from_json(intent)
+        found.setdefault(str(array.name), array)
+    return sorted(found.values(), key=lambda r: _array_number(r.name))
 
 
-def _array_number(name: Any) -> int:
-    return int(name) if isinstance(name, str) and name.isdigit() else 0
+def _array_number(name: str | None) -> int:
+    return int(name) if name is not None and name.isdigit() else 0
 
 
 def member_jobs(sweep_dir: Path) -> dict[int, MemberJobs]:
@@ -208,21 +272,21 @@ def member_jobs(sweep_dir: Path) -> dict[int, MemberJobs]:
         return hit[1]
     out: dict[int, MemberJobs] = {}
     for record in array_records(sweep_dir):
-        job_id = record.get("job_id")
-        for task, member in enumerate(record.get("members", [])):
-            jobs = out.setdefault(int(member), MemberJobs())
+        job_id = record.job_id
+        for task, member in enumerate(record.members or ()):
+            jobs = out.setdefault(member, MemberJobs())
             if job_id:
                 jobs.job_ids.append(f"{job_id}_{task}")
-            jobs.array = str(record.get("name"))
-            jobs.state = record.get("state")
-            jobs.error = record.get("error")
-            jobs.time = record.get("time")
+            jobs.array = str(record.name)
+            jobs.state = record.state
+            jobs.error = record.error
+            jobs.time = record.time
     if stamp is not None:
         _jobs_cache[arrays] = (stamp, out)
     return out
 
 
-def _member_table(packed: dict[str, Any], index: int) -> tuple[list[str], dict[str, Any]]:
+def _member_table(packed: Packed, index: int) -> tuple[list[str], Layout]:
     """Member ``index``'s overrides and its layout (KeyError: no such member)."""
     table = packed["members"]
     layouts = table["layout"]
@@ -236,7 +300,7 @@ def _member_table(packed: dict[str, Any], index: int) -> tuple[list[str], dict[s
     return [t for point in reversed(points) for t in point], packed["layouts"][layouts[index]]
 
 
-def member_overrides(packed: dict[str, Any]) -> list[list[str]]:
+def member_overrides(packed: Packed) -> list[list[str]]:
     """Every member's overrides (``--set`` texts), in member order: the product of the
     sweep's axes (``members.json`` stores each axis's points, not each member's)."""
     axes = packed["members"]["axes"]
@@ -299,7 +363,7 @@ def _load_section(name: str, text: str) -> Any:
     return yaml.load(text, Loader=loader)[name]
 
 
-def packed_config_text(packed: dict[str, Any], index: int) -> str:
+def packed_config_text(packed: Packed, index: int) -> str:
     """Member ``index``'s resolved config as ``members.json`` holds it: its group's layout
     (the config's top-level sections, each stored once for the whole sweep, as its plain
     value or its YAML) with the member's own ``params.*`` overrides set and, where the
@@ -307,6 +371,7 @@ def packed_config_text(packed: dict[str, Any], index: int) -> str:
     ``yaml.safe_dump`` of the config writes."""
     overrides, layout = _member_table(packed, index)
     sections = packed["sections"]
+    checkpoint_root = layout.get("checkpoint_root")
     parts = []
     for name, number in layout["sections"].items():
         entry = sections[number]
@@ -318,9 +383,9 @@ def packed_config_text(packed: dict[str, Any], index: int) -> str:
             if own:
                 params = dict(entry["value"]) if text is None else _load_section(name, text)
                 text = dump_section(name, _with_params(params, own))
-        elif name == "storage" and layout.get("checkpoint_root"):
+        elif name == "storage" and checkpoint_root:
             storage = dict(entry["value"]) if text is None else _load_section(name, text)
-            storage["checkpoint_dir"] = str(PurePosixPath(layout["checkpoint_root"]) / str(index))
+            storage["checkpoint_dir"] = str(PurePosixPath(checkpoint_root) / str(index))
             text = dump_section(name, storage)
         parts.append(dump_section(name, entry["value"]) if text is None else text)
     return "".join(parts)

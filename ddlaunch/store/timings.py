@@ -17,11 +17,40 @@ line is skipped by the reader.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from ddlaunch.store import records
 
 TIMINGS_FILE = "timings.jsonl"
 SAVE, FIRST_STEP = "save", "first_step"
+# What readers of a line rely on; ``Timing`` has an attribute for each.
+FIELDS = {
+    "kind": records.TEXT,
+    "step": records.INT,
+    "time": records.NUMBER,
+    "blocking_s": records.NUMBER,
+    "stall_s": records.NUMBER,
+    "async_save": records.BOOL,
+    "attempt": records.TEXT,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing(records.Record):
+    """One line of ``timings.jsonl`` (see the module's doc for each kind's fields)."""
+
+    FIELDS: ClassVar[records.Fields] = FIELDS
+    NAME: ClassVar[str] = TIMINGS_FILE
+
+    kind: str | None = None
+    step: int | None = None
+    time: float | None = None
+    blocking_s: float | None = None
+    stall_s: float | None = None
+    async_save: bool | None = None
+    attempt: str | None = None
 
 
 def append(run_dir: Path, kind: str, **fields: Any) -> None:
@@ -32,7 +61,9 @@ def append(run_dir: Path, kind: str, **fields: Any) -> None:
         pass
 
 
-def read(run_dir: Path) -> list[dict[str, Any]]:
+def read(run_dir: Path) -> list[Timing]:
+    """Every line that can be read (a torn last line is skipped); a field of the wrong kind
+    is dropped."""
     try:
         text = (run_dir / TIMINGS_FILE).read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -44,5 +75,5 @@ def read(run_dir: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(record, dict):
-            out.append(record)
+            out.append(Timing.from_json(record))
     return out

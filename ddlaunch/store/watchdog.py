@@ -11,45 +11,125 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ddlaunch import fsutil
+from ddlaunch.store import records
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.store.records import INT, NUMBER
+from ddlaunch.store.records import INT, INTS, NUMBER, OBJECT, STRINGS, TEXT
 
 HEALTH_DIR = "health"
 SUMMARY_FILE = "watchdog.json"
 STEPS_FILE = "steps.jsonl"
-# What readers of the summary rely on (``store.records.clean``).
-SUMMARY_FIELDS = {"time": NUMBER, "oldest_beat_age": NUMBER, "step": INT}
+# What readers of the summary and of a verdict rely on (``store.records.clean``); ``Summary``
+# and ``Verdict`` have an attribute for each.
+SUMMARY_FIELDS = {
+    "time": NUMBER,
+    "oldest_beat_age": NUMBER,  # of the running ranks' beats, when the summary was made
+    "step": INT,
+    "ranks": INT,
+    "running": INT,
+    "busy_per_node": OBJECT,  # host -> seconds each step spent outside the collectives
+    "job_id": TEXT,
+    "restart": INT,
+    "relaunch": INT,
+}
+SAMPLE_FIELDS = {
+    "time": NUMBER,
+    "step": INT,
+    "job_id": TEXT,
+    "restart": INT,
+    "relaunch": INT,
+    "busy": OBJECT,  # the slowest nodes by name, the median and count of all (sample_busy)
+}
+VERDICT_FIELDS = {
+    "cause": TEXT,
+    "nodes": STRINGS,
+    "ranks": INTS,
+    "detail": TEXT,
+    "time": NUMBER,
+    "job_id": TEXT,
+    "restart": INT,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary(records.Record):
+    """``health/watchdog.json``: the heartbeats as the watchdog saw them at ``time``."""
+
+    FIELDS: ClassVar[records.Fields] = SUMMARY_FIELDS
+    NAME: ClassVar[str] = f"{HEALTH_DIR}/{SUMMARY_FILE}"
+
+    time: float | None = None
+    oldest_beat_age: float | None = None
+    step: int | None = None
+    ranks: int | None = None
+    running: int | None = None
+    busy_per_node: Mapping[str, Any] | None = None
+    job_id: str | None = None
+    restart: int | None = None
+    relaunch: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample(records.Record):
+    """One line of ``health/steps.jsonl``: the step at ``time`` in one attempt."""
+
+    FIELDS: ClassVar[records.Fields] = SAMPLE_FIELDS
+    NAME: ClassVar[str] = f"{HEALTH_DIR}/{STEPS_FILE}"
+
+    time: float | None = None
+    step: int | None = None
+    job_id: str | None = None
+    restart: int | None = None
+    relaunch: int | None = None
+    busy: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict(records.Record):
+    """``health/verdict-<attempt>.json``: why the watchdog ended an attempt (``cause``:
+    hang, straggler, node failure) and whom it blames."""
+
+    FIELDS: ClassVar[records.Fields] = VERDICT_FIELDS
+    NAME: ClassVar[str] = "verdict"
+
+    cause: str | None = None
+    nodes: tuple[str, ...] | None = None
+    ranks: tuple[int, ...] | None = None
+    detail: str | None = None
+    time: float | None = None
+    job_id: str | None = None
+    restart: int | None = None
 
 
 def verdict_path(run_dir: Path, attempt: AttemptId) -> Path:
     return run_dir / HEALTH_DIR / f"verdict-{attempt.key}.json"
 
 
-def read_verdict(run_dir: Path, attempt: AttemptId) -> dict[str, Any] | None:
-    try:
-        return fsutil.read_json(verdict_path(run_dir, attempt))
-    except (OSError, ValueError):
-        return None
+def read_verdict(run_dir: Path, attempt: AttemptId) -> Verdict | None:
+    """The attempt's verdict; None when there is none or it cannot be used."""
+    found, _ = records.load_json(verdict_path(run_dir, attempt), dict)
+    return Verdict.from_json(found) if found else None
 
 
-def write_verdict(run_dir: Path, attempt: AttemptId, record: dict[str, Any]) -> None:
-    fsutil.atomic_write_json(verdict_path(run_dir, attempt), record, 0o600)
+def write_verdict(run_dir: Path, attempt: AttemptId, record: Verdict) -> None:
+    fsutil.atomic_write_json(verdict_path(run_dir, attempt), record.to_json(), 0o600)
 
 
 def summary_path(run_dir: Path) -> Path:
     return run_dir / HEALTH_DIR / SUMMARY_FILE
 
 
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+def write_summary(run_dir: Path, summary: Summary) -> None:
     """No fsync: a summary for ``status``, rewritten every poll."""
     path = summary_path(run_dir)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(json.dumps(summary))
+        tmp.write_text(json.dumps(summary.to_json()))
         os.replace(tmp, path)
     except OSError:
         pass
@@ -65,7 +145,7 @@ def steps_path(run_dir: Path) -> Path:
 SLOWEST_KEPT = 8
 
 
-def sample_busy(busy: dict[str, float]) -> dict[str, Any]:
+def sample_busy(busy: Mapping[str, float]) -> dict[str, object]:
     """The nodes' busy times as a sample keeps them: the ``SLOWEST_KEPT`` slowest by name,
     the median and the count of all."""
     if not busy:
@@ -77,26 +157,31 @@ def sample_busy(busy: dict[str, float]) -> dict[str, Any]:
     return {"slowest": dict(slowest), "median": round(median, 4), "nodes": len(busy)}
 
 
-def append_sample(run_dir: Path, summary: dict[str, Any]) -> None:
+def append_sample(run_dir: Path, summary: Summary) -> None:
     """One line per poll in which the step advanced (time, step, attempt, the slowest nodes'
     busy time and the median). At most one line per poll period (a few seconds), appended
     without fsync; its size does not grow with the nodes."""
-    line = {
-        "time": round(summary["time"], 2),
-        "step": summary["step"],
-        "job_id": summary.get("job_id"),
-        "restart": summary.get("restart"),
-        "relaunch": summary.get("relaunch", 0),
-        "busy": sample_busy(summary.get("busy_per_node") or {}),
-    }
+    # from_json: a job id or restart not known is recorded as null
+    line = Sample.from_json(
+        {
+            "time": round(summary.time or 0.0, 2),
+            "step": summary.step,
+            "job_id": summary.job_id,
+            "restart": summary.restart,
+            "relaunch": summary.relaunch or 0,
+            "busy": sample_busy(summary.busy_per_node or {}),
+        }
+    )
     try:
         with open(steps_path(run_dir), "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
+            handle.write(json.dumps(line.to_json()) + "\n")
     except OSError:
         pass
 
 
-def read_samples(run_dir: Path) -> list[dict[str, Any]]:
+def read_samples(run_dir: Path) -> list[Sample]:
+    """Every sample that can be read (a line cut short by a crash is skipped); a field of
+    the wrong kind is dropped."""
     samples = []
     try:
         lines = steps_path(run_dir).read_text(encoding="utf-8", errors="replace").splitlines()
@@ -108,5 +193,5 @@ def read_samples(run_dir: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(sample, dict):
-            samples.append(sample)
+            samples.append(Sample.from_json(sample))
     return samples

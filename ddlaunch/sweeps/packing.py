@@ -13,7 +13,7 @@ from typing import Any
 
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import to_plain
-from ddlaunch.store.sweeps import dump_section
+from ddlaunch.store.sweeps import ArrayRecord, dump_section
 from ddlaunch.sweeps.prepare import ArrayJob, PreparedSweep
 
 SectionCache = dict[tuple[str, int], tuple[Any, str]]
@@ -85,7 +85,8 @@ def packed_members(prepared: PreparedSweep) -> str:
     members = {"layout": list(prepared.groups), "axes": axes}
     # The arrays about to be submitted: a crash before an array's own record is written
     # (after its sbatch) leaves the members it may hold here (state "submitting").
-    arrays = [array_intent(array, float(str(head["created"]))) for array in prepared.arrays]
+    created = float(str(head["created"]))
+    arrays = [array_intent(array, created).to_json() for array in prepared.arrays]
     body = json.dumps({"layouts": layouts, "members": members, "arrays": arrays})
     # json's C encoder throughout (an indent would force the pure-Python one); the sections
     # are JSON texts already.
@@ -107,14 +108,17 @@ def packed_section(name: str, value: Any) -> str:
     return json.dumps({"yaml": dump_section(name, plain)})
 
 
-def array_intent(array: ArrayJob, when: float) -> dict[str, Any]:
+def array_intent(array: ArrayJob, when: float) -> ArrayRecord:
     """What an array's record says before its sbatch runs."""
-    return {
-        "name": array.spec.name,
-        "members": list(array.spec.members),
+    about = {
         "sbatch_argv": list(array.plan.sbatch_argv),
         "script": array.script_path,
         "submit_host": socket.gethostname(),
-        "time": when,
-        "state": "submitting",
     }
+    return ArrayRecord(
+        name=array.spec.name,
+        members=tuple(array.spec.members),
+        time=when,
+        state="submitting",
+        extra=about,
+    )

@@ -12,10 +12,10 @@ from typing import Any
 
 from ddlaunch.app.runs import RunInfo, read_run
 from ddlaunch.app.status import run_status
-from ddlaunch.slurm.arrays import queue_tasks, show_array_tasks
 from ddlaunch.slurm.client import SlurmClient, SlurmUnreachable
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store.rundir import default_run_root
+from ddlaunch.store.submission import Intent
 from ddlaunch.store.sweep_cancels import cancelled_members
 from ddlaunch.store.sweeps import (
     MEMBERS_DIR,
@@ -101,11 +101,11 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
         info.job_ids = list(jobs.job_ids)
         info.cancel_requested = index in cancelled and cancelled[index] == info.job_id
         if jobs.state == "failed":
-            info.intent = {"state": "failed", "error": jobs.error}
+            info.intent = Intent(state="failed", error=jobs.error)
     client = client or SlurmClient()
     arrays = {i.job_id.split("_")[0] for i in infos if i.job_id}
     try:
-        queue = queue_tasks(client, arrays)  # the one squeue call
+        queue = client.array_tasks(arrays)  # the one squeue call
     except SlurmUnreachable as exc:  # the members' directories still say what they know
         queue, unreachable = {}, f"Slurm unreachable ({exc.detail})"
     else:
@@ -119,7 +119,7 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
     }
     shown: dict[str, dict[str, str]] = {}
     for array in sorted(unsettled) if not unreachable else ():
-        shown.update(show_array_tasks(client, array))
+        shown.update(client.show_array(array))
     # Tasks the controller forgot (MinJobAge): one batched sacct, as `ddlaunch status`.
     forgotten = [
         i.job_id

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import yaml
 
-from ddlaunch import fsutil
 from ddlaunch.app import interrupts
 from ddlaunch.config.errors import ConfigError
 from ddlaunch.config.load import LoadedTree, apply_overrides
@@ -44,7 +43,7 @@ from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import ClusterFacts, CodePaths
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import submission
+from ddlaunch.store import records, submission
 from ddlaunch.store.failures import FAILURES_DIR
 from ddlaunch.store.members import materialize, member_config_text
 from ddlaunch.store.outcome import CANCEL_FILE, OUTCOME_FILE, write_cancel
@@ -52,6 +51,7 @@ from ddlaunch.store.rundir import CONFIG_FILE, archive
 from ddlaunch.store.snapshots import read_snapshot
 from ddlaunch.store.sweeps import (
     ARRAYS_DIR,
+    ArrayRecord,
     array_records,
     member_overrides,
     read_members,
@@ -102,16 +102,16 @@ def _submit_one(
     record = array_intent(array, time.time())
     if existing:  # a crash after sbatch leaves the members the array may hold
         put_informational(Path(array.script_path), array.script, 0o700)
-        put_json(record_path, record)
+        put_json(record_path, record.to_json())
     try:
         job_id = client.sbatch(plan.sbatch_argv)
     except Exception as exc:  # recorded for every member; the other arrays still go
-        put_json(record_path, {**record, "state": "failed", "error": str(exc)})
+        put_json(record_path, record.updated(state="failed", error=str(exc)).to_json())
         if existing:
             for member in spec.members:
                 _record_member(sweep_dir, member, array, sources, None, str(exc))
         return ArrayOutcome(spec.name, spec.members, None, str(exc))
-    put_json(record_path, {**record, "state": "submitted", "job_id": job_id})
+    put_json(record_path, record.updated(state="submitted", job_id=job_id).to_json())
     if existing:
         for task, member in enumerate(spec.members):
             _record_member(sweep_dir, member, array, sources, f"{job_id}_{task}", None)
@@ -129,29 +129,30 @@ def _record_member(
     """An existing member directory's job id (status, logs, cancel and resume see a run),
     or why it has none. The task adds its id itself when it starts first."""
     run = member_dir(sweep_dir, index)
-    try:
-        previous = submission.read_submission(run)
-    except ValueError:  # torn by a crash: the arrays' records still have the ids
-        previous = {}
-    job_ids = list(previous.get("job_ids", []))
+    # Torn by a crash, it reads as empty: the arrays' records still have the ids.
+    job_ids = list(submission.read_submission(run).job_ids or ())
     # A member's script is its array's: one file for hundreds of members.
     about = {"sweep_id": array.spec.sweep_id, "array": array.spec.name, "script": array.script_path}
     if job_id is None:
-        intent = {
-            "run_id": str(index),
-            **about,
-            "created": time.time(),
-            "submit_host": socket.gethostname(),
-            "sbatch_argv": list(array.plan.sbatch_argv),
-            "sources": list(sources),
-            "previous_job_ids": job_ids,
-            "state": "failed",
-            "error": error,
-        }
-        put_json(run / submission.INTENT_FILE, intent)
+        # from_json: an error not known is recorded as null
+        intent = submission.Intent.from_json(
+            {
+                "run_id": str(index),
+                **about,
+                "created": time.time(),
+                "submit_host": socket.gethostname(),
+                "sbatch_argv": list(array.plan.sbatch_argv),
+                "sources": list(sources),
+                "previous_job_ids": job_ids,
+                "state": "failed",
+                "error": error,
+            }
+        )
+        put_json(run / submission.INTENT_FILE, intent.to_json())
         return
     ids = job_ids if job_id in job_ids else [*job_ids, job_id]
-    put_json(run / submission.SUBMISSION_FILE, {"job_ids": ids, "submitted": time.time(), **about})
+    record = submission.Submission(job_ids=tuple(ids), submitted=time.time(), extra=about)
+    put_json(run / submission.SUBMISSION_FILE, record.to_json())
 
 
 def submit_arrays(
@@ -242,8 +243,8 @@ def _withdraw(
     why = f"interrupted by {interrupts.signal_name(exc)} during the submission; cancelled"
     for o in submitted:
         path = sweep_dir / ARRAYS_DIR / f"{o.name}.json"
-        record = fsutil.read_json(path, {}) or {}
-        put_json(path, {**record, "state": "cancelled", "error": why})
+        found, _ = records.load_json(path, dict, {})
+        put_json(path, ArrayRecord.from_json(found).updated(state="cancelled", error=why).to_json())
         for task, member in enumerate(o.members if existing else ()):
             write_cancel(member_dir(sweep_dir, member), [f"{o.job_id}_{task}"])
     exc.add_note(f"arrays {', '.join(ids)} were cancelled; {sweep_dir.name} records it")
@@ -281,7 +282,7 @@ def load_member_configs(
 def next_array_name(sweep_dir: Path) -> int:
     """A name no array of the sweep has: not among the records, nor the intents of arrays
     whose record a crash may have left unwritten."""
-    names = [str(r.get("name")) for r in array_records(sweep_dir)]
+    names = [str(r.name) for r in array_records(sweep_dir)]
     return max((int(n) for n in names if n.isdigit()), default=-1) + 1
 
 

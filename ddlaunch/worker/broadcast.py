@@ -56,13 +56,12 @@ class Broadcast:
         while len(votes) < self.d.num_nodes and time.monotonic() < deadline:
             time.sleep(0.2)
             votes = records.read_votes(self.run_dir, self.attempt, name)
-        record: dict[str, object] = {"sent": False, "votes": votes}
+        record = records.Sent(sent=False, votes=votes)
         if any(votes.values()):
             src = Path(self.target.src)
             result = self.client.sbcast(str(src), str(self.received), timeout=SENT_TIMEOUT_S)
-            record["sent"] = result.ok
-            if not result.ok:
-                record["error"] = (result.stderr or result.stdout).strip()[-300:]
+            error = None if result.ok else (result.stderr or result.stdout).strip()[-300:]
+            record = records.Sent(sent=result.ok, votes=votes, error=error)
         records.write_sent(self.run_dir, self.attempt, name, record)
         if not stale:
             self.received.unlink(missing_ok=True)  # this node needed no copy
@@ -75,7 +74,7 @@ class Broadcast:
         while sent is None and time.monotonic() < deadline:
             time.sleep(0.2)
             sent = records.read_sent(self.run_dir, self.attempt, self.target.name)
-        if not sent or not sent.get("sent"):
+        if sent is None or not sent.sent:
             return False
         try:
             if self.received.stat().st_size != meta[0]:

@@ -274,15 +274,12 @@ def record(
         if node in reports:
             print(verdicts.node_report_line(reports[node]), flush=True)
     print(f"[ddlaunch] preflight: {reason}", flush=True)
-    records.write_gate(
-        run_dir,
-        attempt,
-        {
-            "job_id": attempt.job_id,
-            "restart": attempt.restart,
-            "passed": passed,
-            "reason": reason,
-            "time": time.time(),
-            "pid": os.getpid(),
-        },
+    gate = records.Gate(
+        job_id=attempt.job_id,
+        restart=attempt.restart,
+        passed=passed,
+        reason=reason,
+        time=time.time(),
+        pid=os.getpid(),
     )
+    records.write_gate(run_dir, attempt, gate)

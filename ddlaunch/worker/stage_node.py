@@ -75,7 +75,7 @@ def leader(cfg: Any, run_dir: Path, d: DistEnv, env: Mapping[str, str], host: st
     def write() -> None:
         with lock:
             record["time"] = time.time()
-            records.write_node(run_dir, attempt, host, record)
+            records.write_node(run_dir, attempt, host, records.NodeStaging.from_json(record))
 
     def progress(done: int, total: int) -> None:
         with lock:
@@ -117,15 +117,16 @@ def _poll(until: Callable[[], Any]) -> Any:
         pause = min(pause * 1.5, POLL_MAX_S)
 
 
-def wait_for_leader(run_dir: Path, attempt: AttemptId, host: str) -> dict[str, Any]:
+def wait_for_leader(run_dir: Path, attempt: AttemptId, host: str) -> records.NodeStaging:
     """The other ranks of the node: wait until its leader finished staging. A leader that
     dies ends the step (srun --kill-on-bad-exit); one that hangs, the watchdog."""
 
-    def finished() -> dict[str, Any] | None:
+    def finished() -> records.NodeStaging | None:
         record = records.read_node(run_dir, attempt, host)
-        return record if record and record.get("state") in records.FINAL else None
+        return record if record is not None and record.final else None
 
-    return dict(_poll(finished))
+    found: records.NodeStaging = _poll(finished)
+    return found
 
 
 def wait_for_every_node(run_dir: Path, attempt: AttemptId, d: DistEnv) -> None:
@@ -136,7 +137,7 @@ def wait_for_every_node(run_dir: Path, attempt: AttemptId, d: DistEnv) -> None:
 
         def counted() -> bool:
             staged = records.read_attempt(run_dir, attempt).values()
-            return sum(r.get("state") in records.FINAL for r in staged) >= d.num_nodes
+            return sum(r.final for r in staged) >= d.num_nodes
 
         _poll(counted)
         records.write_all_done(run_dir, attempt, {"nodes": d.num_nodes, "time": time.time()})
@@ -172,7 +173,7 @@ def run(
             written = {k: v for k, v in report.items() if k != "inject"}  # gate-internal
             preflight_records.write_report(run_dir, attempt, host, written)
     else:
-        items = wait_for_leader(run_dir, attempt, host).get("items", [])
+        items = [dict(i) for i in wait_for_leader(run_dir, attempt, host).items or ()]
     failed = [i for i in items if i.get("state") == "failed"]
     if failed and not gated:
         raise StagingFailed("; ".join(policy.item_text(i) for i in failed))

@@ -80,8 +80,8 @@ def _local_run(work: Path) -> Path:
 
 def _complete(run: Path, root: Path) -> None:
     """The records a local run does not write, as Slurm attempts leave them."""
-    submission.write_intent(run, {"created": 1.0, "state": "submitted"})
-    submission.write_submission(run, {"job_ids": [JOB], "submitted": 2.0})
+    submission.write_intent(run, submission.Intent(created=1.0, state="submitted"))
+    submission.write_submission(run, submission.Submission(job_ids=(JOB,), submitted=2.0))
     (run / submission.GIT_FILE).write_text(json.dumps({"commit": "0" * 40, "dirty": True}))
     (run / submission.GIT_DIFF_FILE).write_text("diff --git a/x b/x\n")
     snap = root / SNAPSHOTS_DIR / "abc123"
@@ -95,12 +95,14 @@ def _complete(run: Path, root: Path) -> None:
         run, ATTEMPT, "node3", {"checks": [{"name": "gpu", "ok": True}]}, spare=True
     )
     verdicts = [{"node": "node1", "ok": True, "checks": []}]
-    preflight.write_latest(run, {"verdicts": verdicts, "time": 3.0})
-    watchdog.write_summary(run, {"time": 4.0, "step": 3, "oldest_beat_age": 1.0})
-    watchdog.append_sample(run, {"time": 4.0, "step": 3, "job_id": JOB, "restart": 0})
-    watchdog.write_verdict(run, ATTEMPT, {"cause": "hang", "nodes": ["node3"]})
+    preflight.write_latest(
+        run, preflight.LatestVerdicts.from_json({"verdicts": verdicts, "time": 3.0})
+    )
+    watchdog.write_summary(run, watchdog.Summary(time=4.0, step=3, oldest_beat_age=1.0))
+    watchdog.append_sample(run, watchdog.Summary(time=4.0, step=3, job_id=JOB, restart=0))
+    watchdog.write_verdict(run, ATTEMPT, watchdog.Verdict(cause="hang", nodes=("node3",)))
     node = {"state": "done", "start": 1.0, "end": 2.0, "items": [{"bytes": 10}]}
-    staging.write_node(run, ATTEMPT, "node1", node)
+    staging.write_node(run, ATTEMPT, "node1", staging.NodeStaging.from_json(node))
     staging.write_all_done(run, ATTEMPT, {"hosts": ["node1"]})
     stops.write_stop(run, ATTEMPT, reason="time limit")
     signal_save.write(run, ATTEMPT, 3, "signal")

@@ -63,16 +63,16 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ddlaunch.checkpoint import layout
-from ddlaunch.checkpoint.agreement import (
+from ddlaunch.checkpoint.layout import CheckpointInfo, CheckpointState, CommitMarker
+from ddlaunch.checkpoint.policy import should_checkpoint
+from ddlaunch.saving.agreement import (
     Agreement,
     CheckpointError,
     CheckpointSaveError,
     marker_failed,
 )
-from ddlaunch.checkpoint.layout import CheckpointInfo, CheckpointState, CommitMarker
-from ddlaunch.checkpoint.policy import should_checkpoint
-from ddlaunch.checkpoint.staging import HandOff, ReusableCpuStager, StagedState, storage_key
-from ddlaunch.checkpoint.state import TrainState
+from ddlaunch.saving.staging import HandOff, ReusableCpuStager, StagedState, storage_key
+from ddlaunch.saving.state import TrainState
 
 __all__ = ["CheckpointError", "CheckpointManager", "CheckpointSaveError", "TrainState"]
 
