@@ -324,7 +324,7 @@ def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path
     assert entry["new_nodes"] == ["node2"]
     # The same read of the heartbeats gave status and report the step history.
     (sample,) = watchdog_records.read_samples(tmp_path)
-    assert (sample["time"], sample["step"], sample["job_id"]) == (1042.0, 40, "77")
+    assert (sample.time, sample.step, sample.job_id) == (1042.0, 40, "77")
     sup.end_all("the test is over")
     assert survivor.poll() is not None
 
