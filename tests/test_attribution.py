@@ -477,3 +477,22 @@ def test_the_kernel_log_is_read_only_for_a_sigkill_on_this_host(tmp_path, monkey
     client = SlurmClient(FakeRunner({"sacct": ""}))
     got = collect.attribute(run, AttemptId("9", 0, "9"), 0, client, kernel_log=unread)
     assert got["culprit"] == "rank 1 on node1 killed by SIGSEGV"
+
+
+def test_ends_are_counted_by_kind_and_by_node_outside_the_teardown() -> None:
+    ends = [
+        TaskEnd(5, "node1", signal="SIGKILL"),
+        TaskEnd(6, "node1", exit_code=1),
+        TaskEnd(7, "node2", oom=True, signal="SIGKILL"),
+        TaskEnd(8, "node3", exit_code=2, not_started="execve(): apptainer: No such file"),
+        TaskEnd(9, "node3", signal="SIGTERM", teardown=True),
+        TaskEnd(10, "node4", signal="SIGTERM", teardown=True),
+        TaskEnd(11, "node4"),
+    ]
+    assert policy.count_ends(ends) == {
+        "kind": {
+            "SIGKILL": 1, "exit 1": 1, "not started": 1, "oom": 1, "teardown": 2, "unknown": 1,
+        },
+        "node": {"node1": 2, "node2": 1, "node3": 1, "node4": 1},
+    }  # fmt: skip
+    assert policy.count_ends([]) == {"kind": {}, "node": {}}

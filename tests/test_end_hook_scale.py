@@ -85,6 +85,10 @@ def test_16000_per_task_reports_name_the_rank_that_was_killed_first(tmp_path) ->
     # The record keeps the first 100 of each list and counts the rest.
     assert len(got["ranks_ended"]) == len(got["causes"]) == collect.KEEP_RANKS == 100
     assert got["ranks_ended_more"] == got["causes_more"] == RANKS - 100
+    # ... and counts every end by kind and by node.
+    by = got["ranks_ended_by"]
+    assert by["kind"] == {"SIGKILL": 1, "teardown": RANKS - 1}
+    assert by["node"] == {"node1": 1}  # where something other than the teardown happened
     assert got["causes"][0]["kind"] == "killed"
     assert {c["kind"] for c in got["causes"][1:]} == {"teardown"}
     assert len(json.dumps(got)) < 32 * 1024
@@ -118,6 +122,7 @@ def test_storage_ranks_listed_bounds_the_crashed_attempts_record(tmp_path, monke
     assert [c["rank"] for c in record["causes"]][:1] == [CULPRIT]
     assert len(record["causes"]) == len(record["ranks_ended"]) == 8
     assert record["causes_more"] == record["ranks_ended_more"] == 64 - 8
+    assert sum(record["ranks_ended_by"]["kind"].values()) == 64
     # The default names every rank of a job below 100 ranks.
     assert hooks.HookSettings().ranks_listed == collect.KEEP_RANKS == 100
 

@@ -9,6 +9,9 @@ What the end hook adds to a crashed attempt's record (``attempts.json``):
   errors, then the teardown; each ``{rank, host, kind, text, source}``;
 * ``culprit``: the first cause in words (``rank 1 on node1 killed by SIGKILL``), which
   ``status`` and ``logs`` show;
+* ``ranks_ended_by``: when the list was cut, every end counted by kind (``SIGKILL``,
+  ``exit 1``, ``teardown``...), and by node those that were not the teardown, so the record
+  still says how all of them ended and where;
 * ``ranks_ended_more`` / ``causes_more``: how many entries were left out of each list
   beyond its first ``storage.ranks_listed`` (only then present): at 16,000 ranks the record
   stays tens of KiB instead of megabytes rewritten at every later update of
@@ -251,6 +254,7 @@ def attribute(
     }
     if len(step.ends) > keep:
         out["ranks_ended_more"] = len(step.ends) - keep
+        out["ranks_ended_by"] = policy.count_ends(step.ends)
     if len(causes) > keep:
         out["causes_more"] = len(causes) - keep
     if causes:

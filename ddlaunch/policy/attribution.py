@@ -411,3 +411,33 @@ def from_accounting(steps: Sequence[StepExit]) -> Cause | None:
             text = f"{where} exited with exit code {step.exit_code} (sacct)"
             return Cause(None, step.nodes, CRASHED, text, "accounting")
     return None
+
+
+def end_kind(end: TaskEnd) -> str:
+    """A task's end in one word or two, for counting: ``SIGKILL``, ``exit 1``, ``oom``,
+    ``teardown`` (ended by Slurm tearing the step down), ``not started``."""
+    if end.teardown:
+        return "teardown"
+    if end.not_started:
+        return "not started"
+    if end.oom:
+        return "oom"
+    if end.signal:
+        return end.signal
+    return f"exit {end.exit_code}" if end.exit_code is not None else "unknown"
+
+
+def count_ends(ends: Sequence[TaskEnd]) -> dict[str, dict[str, int]]:
+    """How the tasks ended, counted by kind, and by node for the ends that were not the
+    step's teardown (both sorted by name): what a record that lists only the first K ends
+    still says about all of them. The node counts name where something happened; a node
+    whose tasks Slurm only tore down is not listed, so the size follows the failures, not
+    the job (one entry at 16,000 ranks with one rank killed)."""
+    kinds: dict[str, int] = {}
+    nodes: dict[str, int] = {}
+    for end in ends:
+        kind = end_kind(end)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if kind != "teardown":
+            nodes[end.host] = nodes.get(end.host, 0) + 1
+    return {"kind": dict(sorted(kinds.items())), "node": dict(sorted(nodes.items()))}
