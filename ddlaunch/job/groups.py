@@ -522,16 +522,7 @@ class Supervisor:
             if not slow:
                 continue
             unusable = set(slow) | set(exclusions.excluded(self.run_dir))
-            states = [x.state for x in self.groups]
-            spares = policy.free_nodes(self.allocation, states, unusable)
-            decision = policy.decide(
-                g.state,
-                states,
-                unusable=unusable,
-                spares=spares,
-                max_restarts=self.settings.max_restarts,
-                min_groups=self.settings.min_groups,
-            )
+            spares, decision = self.restart_of(g, [x.state for x in self.groups], unusable)
             if decision.action != policy.RESTART:
                 if not set(slow) <= self.said_slow:
                     self.said_slow |= set(slow)
@@ -561,6 +552,21 @@ class Supervisor:
         culprit = causes[0].text if causes else (g.ended_why or "")
         return culprit, [c.as_dict() for c in causes[:10]]
 
+    def restart_of(
+        self, g: Group, states: list[GroupState], unusable: set[str]
+    ) -> tuple[list[str], policy.GroupDecision]:
+        """The hot spares free now and what the rules decide for ``g`` without ``unusable``."""
+        spares = policy.free_nodes(self.allocation, states, unusable)
+        decision = policy.decide(
+            g.state,
+            states,
+            unusable=unusable,
+            spares=spares,
+            max_restarts=self.settings.max_restarts,
+            min_groups=self.settings.min_groups,
+        )
+        return spares, decision
+
     def on_failure(self, g: Group, code: int | None) -> int | None:
         """Restart, give up or fail the job; the exit code when the job fails."""
         now = self.clock()
@@ -577,15 +583,7 @@ class Supervisor:
                 )
         unusable = set(g.dead) | set(g.avoid) | set(exclusions.excluded(self.run_dir))
         states = [x.state if x is g else self.seen(x) for x in self.groups]
-        spares = policy.free_nodes(self.allocation, states, unusable)
-        decision = policy.decide(
-            g.state,
-            states,
-            unusable=unusable,
-            spares=spares,
-            max_restarts=self.settings.max_restarts,
-            min_groups=self.settings.min_groups,
-        )
+        _, decision = self.restart_of(g, states, unusable)
         entry: dict[str, object] = {
             "group": g.state.group,
             "restart": g.state.restarts,
