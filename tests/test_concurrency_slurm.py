@@ -93,9 +93,11 @@ def test_50_concurrent_submits_get_50_complete_run_dirs(
     outs = [p.communicate(timeout=300) for p in procs]
     # Cancelled after the test whatever it finds: held jobs would stay queued for good.
     slurm_job_cleanup.extend(
-        job_of(out)[1] for p, (out, _) in zip(procs, outs) if p.returncode == 0
+        job_of(out)[1] for p, (out, _) in zip(procs, outs, strict=True) if p.returncode == 0
     )
-    failed = [(p.returncode, err) for p, (_, err) in zip(procs, outs) if p.returncode != 0]
+    failed = [
+        (p.returncode, err) for p, (_, err) in zip(procs, outs, strict=True) if p.returncode != 0
+    ]
     assert not failed, failed[:3]
     runs = [job_of(out) for out, _ in outs]
     assert len({run for run, _ in runs}) == 50 and len({job for _, job in runs}) == 50
