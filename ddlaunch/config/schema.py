@@ -29,7 +29,10 @@ class JobSpec:
         "ddlaunch", "Slurm job name (--job-name); the run id starts with it.", pattern="name"
     )
     partition: str | None = opt(
-        None, "Partition to submit to; cluster default when unset.", pattern="slurm_token"
+        None,
+        "Partition to submit to; when unset, sbatch's own default: $SBATCH_PARTITION from your "
+        "shell, else the cluster's default partition (submit checks the job against that one).",
+        pattern="slurm_token",
     )
     account: str | None = opt(None, "Account to charge (--account).", pattern="slurm_token")
     qos: str | None = opt(None, "Quality of service (--qos).", pattern="slurm_token")
