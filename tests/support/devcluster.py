@@ -14,6 +14,7 @@ and ``SBATCH_PARTITION`` in its environment sends every job it submits there, so
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal as _signal
@@ -51,7 +52,33 @@ class DevClusterError(RuntimeError):
 
 
 def bring_up(timeout: float = 300.0) -> DevCluster:
-    """Run ``scripts/devcluster up`` (installs, starts or repairs) and describe the cluster."""
+    """Run ``scripts/devcluster up`` (installs, starts or repairs) once per test run, and
+    describe the cluster.
+
+    Once per run, not once per pytest-xdist worker: ``up`` restarts every dead slurmd and
+    resumes every DOWN node, so a worker whose first Slurm test starts late would revive a
+    node that a test in another lane has just killed (that test then waits for a DOWN that
+    never comes). The first worker runs it under a lock; the others find it done."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        _run_up(timeout)
+    else:
+        _run_up_once(run_id, timeout)
+    return describe()
+
+
+def _run_up_once(run_id: str, timeout: float) -> None:
+    marker_dir = Path(tempfile.gettempdir()) / "ddlaunch-devcluster-up"
+    marker_dir.mkdir(exist_ok=True)
+    with open(marker_dir / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = marker_dir / f"{run_id}.done"
+        if not done.exists():
+            _run_up(timeout)
+            done.touch()
+
+
+def _run_up(timeout: float) -> None:
     try:
         proc = subprocess.run(
             [str(SCRIPT), "up"], capture_output=True, text=True, timeout=timeout, check=False
@@ -62,6 +89,10 @@ def bring_up(timeout: float = 300.0) -> DevCluster:
         raise DevClusterError(
             f"scripts/devcluster up failed (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}"
         )
+
+
+def describe() -> DevCluster:
+    """The running cluster as this test process sees it: its lane's nodes, if it has lanes."""
     env = {**os.environ, "SLURM_CONF": SLURM_CONF}
     partition = lane_partition(env)
     if partition is not None:
@@ -310,8 +341,8 @@ class DevCluster:
 
     def restart_controller(self) -> None:
         """``scripts/devcluster up``: starts the dead slurmctld with the cluster's settings
-        and waits until every node answers."""
-        bring_up()
+        and waits until every node answers (whatever another worker already ran)."""
+        _run_up(300.0)
 
     # ------------------------------------------------------------------ processes
     @staticmethod
