@@ -288,9 +288,18 @@ def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) 
 def test_the_signal_is_saved_by_one_group_and_every_group_resumes_from_it(
     tmp_path: Path,
 ) -> None:
-    run = make_run(tmp_path, "signal", f"params.step_sleep={STEP_SLEEP}")
+    # The precondition: both groups in the quorum when the signal comes. With quorums of one
+    # allowed, group 0 would train alone while group 1 still imports torch, and a signal then
+    # finds group 1 outside the quorum (it saves on its own after group 0 has left). With
+    # quorums of both, step 20 on group 0 is step 20 on both.
+    run = make_run(
+        tmp_path,
+        "signal",
+        f"params.step_sleep={STEP_SLEEP}",
+        "fault_tolerance.min_replica_groups=2",
+    )
     log0 = run / LOGS_DIR / "rank-0.out"
-    server = lighthouse()
+    server = lighthouse(min_replicas=2)
     try:
         first = [start_group(run, server.address(), g, 0, 2, size=1) for g in (0, 1)]
         deadline = time.monotonic() + 60
