@@ -172,3 +172,66 @@ def test_a_unique_prefix_of_a_sweep_id_cancels_the_whole_sweep(root: Path) -> No
     )
     assert [c for c in slurm_calls(bin_dir) if c.startswith("scancel")] == ["scancel 387"]
     assert not (root / "mlp-run" / "cancel.json").exists()
+
+
+def test_a_prefix_of_a_sweep_and_a_run_is_refused_and_cancels_nothing(root: Path) -> None:
+    """``cancel s`` where ``s`` begins both the sweep ``sw`` and the run ``sx-run``: the
+    prefix is unique among neither, so it names neither; cancelling the whole sweep (or the
+    run) on a guess would stop jobs the user did not mean. The whole CLI output, recorded
+    squeue output through the stand-in Slurm commands."""
+    import os
+    import subprocess
+    import sys
+
+    from support.fakes import fake_slurm_bin, slurm_calls
+
+    runner = FakeRunner({("sbatch",): sbatch_ids("387"), ("git",): ok()})
+    prepared, _ = submitted_sweep(root.parent, runner, members=2, max_size=4)
+    run = make_run(root, "sx-run", "390", T0)
+    queue = "387_0|PENDING|Priority|\n387_1|PENDING|Priority|\n390|RUNNING|None|node2\n"
+    bin_dir = fake_slurm_bin(root.parent / "bin", after_scancel={"squeue": ""}, squeue=queue)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NO_COLOR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "cancel", "s"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root.parent,
+        check=False,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2,
+        "",
+        "error: 's' matches 1 sweep and 1 run (sw, sx-run); give more of the id\n",
+    )
+    assert slurm_calls(bin_dir) == []
+    assert not (run / "cancel.json").exists()
+    assert not (prepared.sweep_dir / "cancelled.json").exists()
+
+
+def test_a_prefix_of_two_sweeps_never_falls_back_to_the_one_run_it_also_begins(
+    root: Path,
+) -> None:
+    """Two sweeps and a run under one prefix: ``status`` and ``cancel`` resolve it alike
+    (``status_poll.resolve``), and the run, the only one of its kind, is not taken for it."""
+    import shutil
+
+    from ddlaunch.app.status_poll import resolve
+
+    runner = FakeRunner({("sbatch",): sbatch_ids("387"), ("git",): ok()})
+    prepared, _ = submitted_sweep(root.parent, runner, members=2, max_size=4)
+    shutil.copytree(prepared.sweep_dir, root / "sv")
+    make_run(root, "sx-run", "390", T0)
+    with pytest.raises(UserError) as refused:
+        resolve(["s"], root)
+    assert str(refused.value) == (
+        "'s' matches 2 sweeps and 1 run (sv, sw, sx-run); give more of the id"
+    )
+    slurm = Cluster("387_0|PENDING|Priority|\n387_1|PENDING|Priority|\n390|RUNNING|None|n2\n")
+    with pytest.raises(UserError, match="matches 2 sweeps and 1 run"):
+        cancel(["s"], SlurmClient(slurm))
+    assert slurm.scancels() == []
+    # Given more of the id, each names its own again.
+    assert [t.path.name for t in resolve(["sw"], root)[0]] == ["0", "1"]
+    assert [t.path.name for t in resolve(["sx"], root)[0]] == ["sx-run"]

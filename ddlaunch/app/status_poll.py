@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.app.runs import (
+    MATCHES_SHOWN,
     RunReader,
     complete_member_info,
     find_run,
@@ -33,6 +34,7 @@ from ddlaunch.app.status import (
     run_status,
     settled,
 )
+from ddlaunch.errors import UserError
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import JobRows, SlurmClient, SlurmUnreachable
 from ddlaunch.store import sweeps
@@ -151,13 +153,36 @@ def _as_target(path: Path) -> Target:
 
 
 def _find_sweep(ref: str, root: Path) -> Path | None:
+    """The sweep ``ref`` names: its directory, its id, or a prefix that begins no other id
+    under the root, a run's included (``UserError`` when a sweep's prefix begins others too:
+    guessing would cancel what the user did not mean). None: not a sweep (a prefix of runs
+    only is ``find_run``'s)."""
     for candidate in (Path(ref).expanduser(), root / ref):
         if candidate.is_dir() and sweeps.is_sweep_dir(candidate):
             return candidate.absolute()
     if is_run_dir(Path(ref).expanduser()) or is_run_dir(root / ref) or "/" in ref:
         return None
-    matches = sorted(p for p in root.glob(f"{ref}*") if p.is_dir() and sweeps.is_sweep_dir(p))
-    return matches[0] if len(matches) == 1 else None
+    begun = sorted(p for p in root.glob(f"{ref}*") if p.is_dir())
+    found = [p for p in begun if sweeps.is_sweep_dir(p)]
+    runs = [p for p in begun if is_run_dir(p) and p not in found]
+    if not found:
+        return None
+    if len(found) == 1 and not runs:
+        return found[0]
+    raise UserError(ambiguous_prefix(ref, [p.name for p in found], [p.name for p in runs]))
+
+
+def ambiguous_prefix(ref: str, sweep_ids: Sequence[str], run_ids: Sequence[str]) -> str:
+    """``'s' matches 1 sweep and 2 runs (sw, sx, sy); give more of the id``."""
+
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+    kinds = [count(len(ids), what) for ids, what in ((sweep_ids, "sweep"), (run_ids, "run")) if ids]
+    names = sorted([*sweep_ids, *run_ids])
+    shown = ", ".join(names[:MATCHES_SHOWN])
+    more = f", and {len(names) - MATCHES_SHOWN} more" if len(names) > MATCHES_SHOWN else ""
+    return f"{ref!r} matches {' and '.join(kinds)} ({shown}{more}); give more of the id"
 
 
 def _member_dirs(path: Path) -> list[tuple[str, Path]]:
