@@ -30,7 +30,7 @@ def world_info(config: Any) -> dict[str, Any]:
     start = time.time()
     total = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(total)
-    time.sleep(float(config.params.get("hold_s", 0)))  # lets concurrent jobs overlap
+    _hold(config.params)  # lets concurrent jobs overlap
     dist.barrier()
     record = {
         "rank": dist.get_rank(),
@@ -46,6 +46,24 @@ def world_info(config: Any) -> dict[str, Any]:
     dist.destroy_process_group()
     _out(f"rank-{record['rank']}.json", record)
     return record
+
+
+def _hold(params: Any) -> None:
+    """Hold ``params.hold_s`` seconds, or with ``params.hold_dir``, until ``params.hold_ranks``
+    ranks (of every job sharing the directory) have arrived there, at most ``hold_s``: jobs
+    that run side by side then overlap however long their ranks take to start, and jobs run
+    one after the other still do not."""
+    hold_s = float(params.get("hold_s", 0))
+    hold_dir = params.get("hold_dir")
+    if not hold_dir:
+        time.sleep(hold_s)
+        return
+    here = Path(hold_dir)
+    here.mkdir(parents=True, exist_ok=True)
+    (here / f"{socket.gethostname()}-{os.getpid()}").touch()
+    deadline = time.monotonic() + hold_s
+    while len(list(here.iterdir())) < int(params["hold_ranks"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def fail_on_rank_1(config: Any) -> None:

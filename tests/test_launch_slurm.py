@@ -112,7 +112,15 @@ def test_two_jobs_on_the_same_nodes_do_not_collide(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path, "t-port", {"entrypoint": "launch_entrypoints:world_info"})
-    pinned = [f"nodes.nodelist=[{','.join(slurm_cluster.nodes[:2])}]", "params.hold_s=4"]
+    # Each rank holds the nodes until all 8 ranks of both jobs have started (at most 60 s),
+    # so the overlap does not depend on how fast the second job's ranks start on a loaded
+    # machine; jobs that Slurm ran one after the other still do not overlap.
+    pinned = [
+        f"nodes.nodelist=[{','.join(slurm_cluster.nodes[:2])}]",
+        "params.hold_s=60",
+        f"params.hold_dir={tmp_path / 'held'}",
+        "params.hold_ranks=8",
+    ]
     runs = [submit(config, tmp_path, slurm_job_cleanup, *pinned) for _ in range(2)]
     for job_id, _ in runs:
         assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=150) == "COMPLETED"
