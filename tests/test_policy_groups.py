@@ -187,6 +187,22 @@ def test_the_only_group_with_state_is_never_restarted_alone() -> None:
     assert verdict.whole_job.detail.endswith("all of them hang")
 
 
+def test_a_group_is_not_judged_until_the_timeout_has_passed_since_a_peer_was_ended() -> None:
+    # Group 1 was ended for a hang 1.5 s ago and is starting again (not watched). Group 0
+    # waited for it inside torchft since step 62; its ranks leave the cross-group collective
+    # one by one, so for a moment one looks stuck: evidence that blames node1 wrongly, and
+    # with the only group that holds the state "hung", the whole job would be requeued.
+    group0 = [beat(0, "node1", 960.0, 999.5, waiting=True), beat(1, "node1", 960.0, 961.0)]
+    assert policy.hung_groups([view(0, group0, NOW)], NOW, T, changed=NOW - 1.5) == (
+        policy.HangVerdict()
+    )
+    # Still stalled a whole timeout after the change: it is its own hang.
+    later = NOW - 1.5 + T.hang_timeout
+    group0 = [replace(b, beat=later - 0.5) if b.rank == 0 else b for b in group0]
+    verdict = policy.hung_groups([view(0, group0, later)], later, T, changed=NOW - 1.5)
+    assert verdict.whole_job is not None and verdict.whole_job.nodes == ("node1",)
+
+
 def test_groups_that_step_are_not_hung() -> None:
     fine = [beat(0, "node1", 990.0, 999.5), beat(1, "node1", 990.0, 999.5)]
     assert policy.hung_groups([view(0, fine, NOW)], NOW, T) == policy.HangVerdict()

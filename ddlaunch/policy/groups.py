@@ -179,7 +179,16 @@ def hung_groups(
     restarting them all would leave no group to heal from, and the job restarts from its
     latest checkpoint instead.
     """
-    stalled = [w for w in watched if w.finding is not None]
+    # A group is judged only on a stall that outlasts ``changed`` by the timeout: until a
+    # peer was ended, the group may have been waiting for it inside torchft, and its ranks
+    # then look stuck or lagging to its own rule for a moment after the peer's end (they
+    # leave the cross-group collective one by one), evidence that blames the group's nodes
+    # wrongly.
+    stalled = [
+        w
+        for w in watched
+        if w.finding is not None and now - max(w.last_step, changed) >= t.hang_timeout
+    ]
     if not stalled:
         return HangVerdict()
     all_frozen = all(w.frozen for w in watched)
