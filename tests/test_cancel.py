@@ -7,6 +7,9 @@ gets no run directory. Recorded Slurm output through the one fake runner; the re
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,20 @@ from ddlaunch.app.status_poll import collect
 from ddlaunch.errors import UserError
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store.members import materialize
+
+
+def cancel_cli(ref: str, bin_dir: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``ddlaunch cancel REF`` as a user runs it, with the stand-in Slurm commands first on
+    the PATH."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "cancel", ref],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NO_COLOR": "1"},
+        cwd=cwd,
+        check=False,
+        timeout=60,
+    )
 
 
 class Cluster(FakeRunner):
@@ -140,9 +157,6 @@ def test_a_unique_prefix_of_a_sweep_id_cancels_the_whole_sweep(root: Path) -> No
     """#31: ``cancel PREFIX`` of a sweep's id cancelled member 0 only and left the others
     queued. A prefix names the sweep, as ``status`` takes it: the whole CLI output, recorded
     squeue output through the stand-in Slurm commands."""
-    import os
-    import subprocess
-    import sys
 
     from support.fakes import fake_slurm_bin, slurm_calls
 
@@ -156,15 +170,7 @@ def test_a_unique_prefix_of_a_sweep_id_cancels_the_whole_sweep(root: Path) -> No
         "390|RUNNING|None|node2\n"
     )
     bin_dir = fake_slurm_bin(root.parent / "bin", after_scancel={"squeue": ""}, squeue=queue)
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddlaunch", "cancel", "s"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NO_COLOR": "1"},
-        cwd=root.parent,
-        check=False,
-        timeout=60,
-    )
+    proc = cancel_cli("s", bin_dir, root.parent)
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         0,
         "sw: cancelled 4 member(s) (3 pending, 1 running; array 387)\n",
@@ -179,9 +185,6 @@ def test_a_prefix_of_a_sweep_and_a_run_is_refused_and_cancels_nothing(root: Path
     prefix is unique among neither, so it names neither; cancelling the whole sweep (or the
     run) on a guess would stop jobs the user did not mean. The whole CLI output, recorded
     squeue output through the stand-in Slurm commands."""
-    import os
-    import subprocess
-    import sys
 
     from support.fakes import fake_slurm_bin, slurm_calls
 
@@ -190,16 +193,7 @@ def test_a_prefix_of_a_sweep_and_a_run_is_refused_and_cancels_nothing(root: Path
     run = make_run(root, "sx-run", "390", T0)
     queue = "387_0|PENDING|Priority|\n387_1|PENDING|Priority|\n390|RUNNING|None|node2\n"
     bin_dir = fake_slurm_bin(root.parent / "bin", after_scancel={"squeue": ""}, squeue=queue)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NO_COLOR": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddlaunch", "cancel", "s"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root.parent,
-        check=False,
-        timeout=60,
-    )
+    proc = cancel_cli("s", bin_dir, root.parent)
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         2,
         "",

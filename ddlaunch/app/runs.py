@@ -114,10 +114,20 @@ def find_run(ref: str, root: Path | None = None) -> Path:
             f"no run {ref!r} (looked for a run directory at that path and under "
             f"{root}; set DDLAUNCH_RUN_ROOT or pass the run directory)"
         )
-    shown = MATCHES_SHOWN
-    names = ", ".join(p.name for p in matches[:shown])
-    more = f", and {len(matches) - shown} more" if len(matches) > shown else ""
-    raise UserError(f"{ref!r} matches {len(matches)} runs ({names}{more}); give more of the id")
+    raise UserError(ambiguous_prefix(ref, [], [p.name for p in matches]))
+
+
+def ambiguous_prefix(ref: str, sweep_ids: Sequence[str], run_ids: Sequence[str]) -> str:
+    """``'s' matches 1 sweep and 2 runs (sw, sx, sy); give more of the id``."""
+
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+    kinds = [count(len(ids), what) for ids, what in ((sweep_ids, "sweep"), (run_ids, "run")) if ids]
+    names = sorted([*sweep_ids, *run_ids])
+    shown = ", ".join(names[:MATCHES_SHOWN])
+    more = f", and {len(names) - MATCHES_SHOWN} more" if len(names) > MATCHES_SHOWN else ""
+    return f"{ref!r} matches {' and '.join(kinds)} ({shown}{more}); give more of the id"
 
 
 def _not_a_run(ref: str, root: Path) -> None:

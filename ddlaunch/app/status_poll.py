@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.app.runs import (
-    MATCHES_SHOWN,
     RunReader,
+    ambiguous_prefix,
     complete_member_info,
     find_run,
     list_targets,
@@ -170,19 +170,6 @@ def _find_sweep(ref: str, root: Path) -> Path | None:
     if len(found) == 1 and not runs:
         return found[0]
     raise UserError(ambiguous_prefix(ref, [p.name for p in found], [p.name for p in runs]))
-
-
-def ambiguous_prefix(ref: str, sweep_ids: Sequence[str], run_ids: Sequence[str]) -> str:
-    """``'s' matches 1 sweep and 2 runs (sw, sx, sy); give more of the id``."""
-
-    def count(n: int, what: str) -> str:
-        return f"{n} {what}" if n == 1 else f"{n} {what}s"
-
-    kinds = [count(len(ids), what) for ids, what in ((sweep_ids, "sweep"), (run_ids, "run")) if ids]
-    names = sorted([*sweep_ids, *run_ids])
-    shown = ", ".join(names[:MATCHES_SHOWN])
-    more = f", and {len(names) - MATCHES_SHOWN} more" if len(names) > MATCHES_SHOWN else ""
-    return f"{ref!r} matches {' and '.join(kinds)} ({shown}{more}); give more of the id"
 
 
 def _member_dirs(path: Path) -> list[tuple[str, Path]]:
