@@ -238,7 +238,11 @@ def fail_on_rank_0(config: Any) -> None:
 def mlp_step_times(config: Any) -> dict[str, Any]:
     """The example MLP, each rank appending ``<time> <step>`` before every step to
     ``out/steps-<job-wide rank>.txt`` (and its pid once, ``out/pid-<rank>.txt``): what a
-    replica-groups test needs to see that a group kept training while another was down."""
+    replica-groups test needs to see that a group kept training while another was down.
+
+    While the file ``out/pace`` exists every step takes ``params.pace_s`` longer: a test
+    slows the groups that train on while another restarts, so they cannot finish training
+    before it is back however slowly a loaded machine starts its processes."""
     from ddlaunch.examples import mlp
     from ddlaunch.planning.group_env import job_rank
 
@@ -248,8 +252,11 @@ def mlp_step_times(config: Any) -> dict[str, Any]:
     out.mkdir(exist_ok=True)
     (out / f"pid-{rank}.txt").open("a").write(f"{os.getpid()}\n")
     steps = (out / f"steps-{rank}.txt").open("a", buffering=1)
+    pace_s = float(config.params.get("pace_s", 0))
 
     def on_step(step: int) -> None:
         steps.write(f"{time.time():.3f} {step}\n")
+        if pace_s and (out / "pace").exists():
+            time.sleep(pace_s)
 
     return mlp.main(config, on_step=on_step)

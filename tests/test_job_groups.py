@@ -509,3 +509,53 @@ def test_a_straggler_without_a_spare_is_said_once_and_trains_on(
     ]
     assert not any(e[0] == "scancel" for e in slurm.events)
     sup.end_all("the test is over")
+
+
+def test_a_group_still_healing_when_another_finishes_is_ended_and_given_up(
+    tmp_path: Path,
+) -> None:
+    from ddlaunch.cli.status import group_restart_line
+
+    open_attempt(tmp_path)
+    slurm = Slurm()
+    settings = groups.Settings(
+        groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
+        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
+    )  # fmt: skip
+    g0 = groups.Group(GroupState(0, ("node1",)), 0)
+    g1 = groups.Group(GroupState(1, ("node3",), restarts=1), 2)  # its restart, on the spare
+    sup = Recording(
+        settings, tmp_path, AttemptId("77", 0), ["node1", "node2", "node3"],
+        SlurmClient(FakeRunner(on_run=slurm.answer)), {}, [g0, g1], "http://batch:1",
+    )  # fmt: skip
+    sup.slurm = slurm
+    groups.record_restart(
+        tmp_path, {"group": 1, "restart": 0, "cause": "node node2 died", "decision": "restart",
+                   "nodes": ["node2"], "new_nodes": ["node3"]},
+    )  # fmt: skip
+    for g in sup.groups:
+        sup.start_group(g)
+    assert not g1.state.rejoined
+    # Group 0's ranks all finish (its srun exits 0) before group 1 has healed.
+    assert g0.proc is not None
+    g0.proc.kill()
+    g0.proc.wait()
+    g0.proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    g0.proc.wait()
+    assert sup.poll_group(g0, time.time(), []) is None
+
+    assert g0.state.done
+    assert g1.state.given_up and not g1.state.running
+    assert ("scancel", "77.1", True) in slurm.events  # its step cancelled while it ran
+    assert g1.proc is not None and g1.proc.poll() is not None
+    assert sup.poll_group(g1, time.time(), []) is None  # no failure, no restart
+    assert g1.state.restarts == 1
+    (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
+    assert entry["ended"] == "group 0 finished training before it rejoined"
+    assert group_restart_line(dict(entry)) == (
+        "group 1 failed: node node2 died; restarted on node3; ended: group 0 finished "
+        "training before it rejoined"
+    )
+    state = group_state.read_state(tmp_path)
+    assert state is not None
+    assert [v.state for v in state.groups] == [group_state.FINISHED, group_state.GIVEN_UP]

@@ -230,3 +230,14 @@ def test_a_group_failing_after_the_others_finished_is_given_up() -> None:
         policy.GIVE_UP,
         "group 1 is given up: the other groups finished training",
     )
+
+
+def test_a_finished_group_makes_the_groups_still_healing_too_late() -> None:
+    healing = GroupState(1, ("node3",), restarts=1, rejoined=False)
+    training = GroupState(2, ("node4",))
+    done = GroupState(0, ("node1",), running=False, done=True)
+    assert policy.too_late([done, healing, training]) == [1]
+    # Nothing finished yet: the healing group may still rejoin.
+    assert policy.too_late([GroupState(0, ("node1",)), healing]) == []
+    # A group given up already is not ended twice.
+    assert policy.too_late([done, replace(healing, given_up=True)]) == []

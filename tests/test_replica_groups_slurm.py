@@ -26,6 +26,10 @@ from ddlaunch.checkpoint.layout import read_commit_marker
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 STEP_SLEEP = 0.1
+# While a group is away the others' steps take this much longer (``mlp_step_times``'s pace
+# file): 240 steps left at step 60 then last over 100 s, whatever a loaded machine makes of
+# the restart (37 s seen under three lanes' load), so the groups never finish first.
+PACE_S = 0.35
 # The final loss of the uninterrupted job-mode run (4 ranks, 300 steps) is ~0.015 (the
 # example's noise floor is 0.01). A group that trained alone for a while saw half the data
 # of those steps: the loss must still reach the same neighbourhood.
@@ -38,7 +42,7 @@ def groups_config(tmp_path: Path, name: str, steps: int = 300, **ft: object) -> 
         tmp_path,
         name,
         entrypoint="launch_entrypoints:mlp_step_times",
-        params={"steps": steps, "step_sleep": STEP_SLEEP},
+        params={"steps": steps, "step_sleep": STEP_SLEEP, "pace_s": PACE_S},
         parallel={"dp_replicate": 2},
         fault_tolerance={"mode": "replica_groups", **ft},
         health={"preflight": False, "heartbeat_interval": 1.0},
@@ -87,6 +91,15 @@ def group_restarts(run_dir: Path) -> list[dict]:
     return [g for a in attempts(run_dir) for g in a.get("group_restarts") or ()]
 
 
+def pace(run_dir: Path, on: bool) -> None:
+    """Slow every group's steps (``on``), or no longer."""
+    flag = run_dir / "out" / "pace"
+    if on:
+        flag.touch()
+    else:
+        flag.unlink(missing_ok=True)
+
+
 @pytest.mark.lane
 def test_a_killed_rank_restarts_its_group_only(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
@@ -97,6 +110,7 @@ def test_a_killed_rank_restarts_its_group_only(
     survivors = group_pids(run_dir, 0)
     victims = group_pids(run_dir, 2)
     assert len(survivors) == 2 and len(victims) == 2, (survivors, victims)
+    pace(run_dir, True)
     killed_at = time.time()
     os.kill(max(victims), signal.SIGKILL)
     rejoined = wait_for(
@@ -104,6 +118,7 @@ def test_a_killed_rank_restarts_its_group_only(
         180,
         "group 1 rejoined",
     )
+    pace(run_dir, False)
     assert group_pids(run_dir, 0) == survivors  # group 0 never restarted
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
 
@@ -113,11 +128,12 @@ def test_a_killed_rank_restarts_its_group_only(
     assert "killed by SIGKILL" in entry["culprit"], entry
     # Group 0 kept committing steps while group 1 was down: its longest pause between two
     # steps is the survivors' stall (torchft drops a group after its manager's heartbeat
-    # stops for HEARTBEAT_TIMEOUT_MS = 1 s), far below group 1's time away.
+    # stops for HEARTBEAT_TIMEOUT_MS = 1 s), far below group 1's time away. Each gap holds
+    # one paced step at most (the pace is the test's, not a stall).
     times = step_times(run_dir, 0)
     during = [t for t, _ in times if killed_at <= t <= killed_at + entry["rejoin_s"]]
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(times) if b[0] >= killed_at]
-    stall = max(gaps)
+    stall = max(gaps) - PACE_S
     print(
         f"group 1 back in {entry['rejoin_s']:.1f} s; group 0 took {len(during)} steps meanwhile; "
         f"its longest pause {stall:.2f} s"
@@ -143,12 +159,14 @@ def test_a_dead_node_moves_its_group_to_the_spare(
     victim = slurm_cluster.hostnames(first["nodes"])[1]
     survivors = group_pids(run_dir, 0)
     try:
+        pace(run_dir, True)
         assert slurm_cluster.kill_node(victim) > 0
         wait_for(
             lambda: [g for g in group_restarts(run_dir) if g.get("rejoined_step") is not None],
             180,
             "group 1 rejoined on the spare",
         )
+        pace(run_dir, False)
         assert group_pids(run_dir, 0) == survivors
         assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
     finally:
@@ -175,7 +193,7 @@ def test_a_frozen_rank_restarts_its_group_for_a_hang_and_only_that_group(
         tmp_path,
         "rg-hang",
         entrypoint="launch_entrypoints:mlp_step_times",
-        params={"steps": 600, "step_sleep": STEP_SLEEP},
+        params={"steps": 600, "step_sleep": STEP_SLEEP, "pace_s": PACE_S},
         parallel={"dp_replicate": 2},
         fault_tolerance={"mode": "replica_groups"},
         health={"preflight": False, "heartbeat_interval": 1.0, "hang_timeout": HANG_TIMEOUT},
@@ -186,6 +204,7 @@ def test_a_frozen_rank_restarts_its_group_for_a_hang_and_only_that_group(
     victims = group_pids(run_dir, 2)
     assert len(survivors) == 2 and len(victims) == 2, (survivors, victims)
     # Frozen, not dead: its sockets stay open, so nothing fails; only its heartbeat stops.
+    pace(run_dir, True)
     frozen_at, step_at_stop = time.time(), last_step(run_dir, 0)
     os.kill(max(victims), signal.SIGSTOP)
     rejoined = wait_for(
@@ -193,6 +212,7 @@ def test_a_frozen_rank_restarts_its_group_for_a_hang_and_only_that_group(
         HANG_TIMEOUT + 150,
         "group 1 restarted for the hang and rejoined",
     )
+    pace(run_dir, False)
     assert group_pids(run_dir, 0) == survivors  # group 0 was never ended
     assert last_step(run_dir, 0) > step_at_stop  # and trained on
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"

@@ -284,6 +284,32 @@ def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) 
         ), record["message"]
 
 
+@pytest.mark.timeout(120)
+def test_a_restarted_group_with_no_group_to_heal_from_does_not_start_over(
+    tmp_path: Path,
+) -> None:
+    """Group 1's restart, with group 0 gone meanwhile (finished or failed): its first quorum
+    holds itself only, so training on would begin at step 0. It stops instead, naming why,
+    before a step (and so before a checkpoint of that model) is taken."""
+    run = make_run(tmp_path, "alone")
+    server = lighthouse()
+    try:
+        group = start_group(run, server.address(), 1, restart=1, groups_n=2)
+        codes = wait_all(group.procs, 90)
+    finally:
+        server.shutdown()
+    assert all(code != 0 for code in codes), codes
+    for rank in (2, 3):
+        record = read_failure_record(run, rank)
+        assert record is not None and record["exception"] == "NoGroupToHealFrom", record
+        assert record["message"] == (
+            "replica group 1 restarted, but no other group trains to heal it from (they "
+            "finished or failed meanwhile); it does not start over from step 0"
+        )
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+    assert groups.read_step(run, 1) is None  # no step committed
+
+
 @pytest.mark.timeout(150)
 def test_the_signal_is_saved_by_one_group_and_every_group_resumes_from_it(
     tmp_path: Path,

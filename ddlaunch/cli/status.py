@@ -152,6 +152,8 @@ def group_restart_line(g: dict[str, Any]) -> str:
             )
             if g.get("steps_missed") is not None:
                 text += f", {g['steps_missed']} steps missed"
+        elif g.get("ended"):
+            text += f"; ended: {g['ended']}"
     elif g.get("why"):
         text += f"; {g['why']}"
     return text

@@ -19,6 +19,8 @@ per step through the lighthouse and torchft's Manager), and watches them:
   a restart the rules would refuse) it is said once and the group trains on;
 * a restarted group that has not rejoined within ``fault_tolerance.heal_timeout`` is ended
   and counts as failed again (the progress guard then gives it up);
+* a group that finishes training ends the restarted groups not yet rejoined, given up and
+  not failed (``policy.groups.too_late``): nothing is left to heal them from;
 * ending a group's step cancels the step itself (``scancel --signal=KILL JOB.STEP``, the step
   found by its name, ``ddlaunch-group-<g>-<restart>``): killing srun alone would leave the
   step's tasks running on the group's other nodes; then srun is waited for, and the step's
@@ -657,8 +659,24 @@ class Supervisor:
             g.state = replace(g.state, running=False, done=True)
             say(f"group {g.state.group}: every rank finished")
             self.publish()
+            self.end_too_late(g)
             return None
         return self.on_failure(g, code)
+
+    def end_too_late(self, finished: Group) -> None:
+        """End the restarted groups still healing when ``finished`` finished training: none
+        is left to heal them from (``policy.too_late``). Given up, not failed: the training
+        is done."""
+        late = set(policy.too_late([self.seen(x) for x in self.groups]))
+        for g in self.groups:
+            if g.state.group not in late:
+                continue
+            why = f"group {finished.state.group} finished training before it rejoined"
+            g.ended_why = why
+            self.end_step(g)
+            g.state = replace(g.state, running=False, given_up=True)
+            record_too_late(self.run_dir, g.state.group, g.state.restarts - 1, why)
+            self.publish()
 
     def run(self, lighthouse: subprocess.Popen[bytes] | None) -> int:
         for g in self.groups:
@@ -722,21 +740,42 @@ def record_rejoin(
 ) -> None:
     """Add the heal to the group's restart entry (``restart``: the entry's count;
     ``source``: the group it healed from, where known)."""
+
+    def add(entry: dict[str, object]) -> None:
+        failed_at = entry.get("failed_at_step")
+        if isinstance(failed_at, int):
+            entry["steps_missed"] = max(step - failed_at, 0)
+        entry.update(rejoined_step=step, healed=healed, rejoin_s=round(after, 3))
+        if source is not None:
+            entry["healed_from"] = source
+
+    update_restart(run_dir, group, restart, add, "the rejoin")
+
+
+def record_too_late(run_dir: Path, group: int, restart: int, why: str) -> None:
+    """Say on the group's restart entry that it was ended before it rejoined, and why."""
+    update_restart(run_dir, group, restart, lambda e: e.update(ended=why), "the group's end")
+
+
+def update_restart(
+    run_dir: Path,
+    group: int,
+    restart: int,
+    change: Callable[[dict[str, object]], None],
+    what: str,
+) -> None:
+    """Apply ``change`` to the open attempt's restart entry of ``group`` number ``restart``
+    (best effort, as ``record_restart``)."""
     try:
         records = attempts.load(run_dir)
         entries = [dict(e) for e in (records[-1].group_restarts or ())] if records else []
         for entry in reversed(entries):
             if entry.get("group") == group and entry.get("restart") == restart:
-                failed_at = entry.get("failed_at_step")
-                if isinstance(failed_at, int):
-                    entry["steps_missed"] = max(step - failed_at, 0)
-                entry.update(rejoined_step=step, healed=healed, rejoin_s=round(after, 3))
-                if source is not None:
-                    entry["healed_from"] = source
+                change(entry)
                 break
         attempts.update_open(run_dir, group_restarts=entries)
     except Exception as exc:
-        say(f"warning: the rejoin was not recorded: {exc!r}")
+        say(f"warning: {what} was not recorded: {exc!r}")
 
 
 def say(line: str) -> None:

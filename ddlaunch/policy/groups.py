@@ -16,7 +16,10 @@ The rules, in order:
   on from step 0;
 * giving a group up leaves fewer live groups: below ``min_replica_groups`` (or none at all)
   is a failure of the whole job, which the end hook concludes as today (restart in the
-  allocation or requeue from the latest complete checkpoint).
+  allocation or requeue from the latest complete checkpoint);
+* a group that finishes training ends the restarted groups that have not rejoined yet
+  (``too_late``): the groups train in lockstep, so the training is done, and a group coming
+  back now would find no one to heal from and start over from step 0.
 
 ``hung_groups`` is the hang verdict per group: the watchdog's rule
 (``policy.heartbeats.detect_hang``) on each group's own heartbeats, and which of the stalled
@@ -127,6 +130,14 @@ def decide(
     return GroupDecision(
         GIVE_UP, f"group {failed.group} is given up ({why}); {others_live} group(s) go on"
     )
+
+
+def too_late(groups: Sequence[GroupState]) -> list[int]:
+    """The restarted groups still healing once some group finished training: they can no
+    longer rejoin (the module's last rule), so they are ended and given up, not failed."""
+    if not any(g.done for g in groups):
+        return []
+    return [g.group for g in groups if g.running and not g.rejoined and not g.given_up]
 
 
 def group_nodes(nodes: Sequence[str], groups: int) -> list[tuple[str, ...]]:

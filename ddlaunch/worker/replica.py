@@ -97,6 +97,10 @@ class ReplicaGroupsDiverged(RuntimeError):
     """The groups' parameters differ: the loop does not average across groups."""
 
 
+class NoGroupToHealFrom(RuntimeError):
+    """A restarted group met no other group at its first quorum."""
+
+
 def group_identity(config: Config, environ: Mapping[str, str]) -> GroupIdentity | None:
     """This rank's group when the config asks for replica groups and the supervisor started
     it as one; None (job mode) otherwise, with one line when the config asked for groups."""
@@ -214,6 +218,7 @@ class Replica:
         self._started = process_started(default=time.time())
         self._last_step_write = 0.0
         self.healed: groups.HealRecord | None = None
+        self._first_quorum = True
 
     @property
     def job_rank(self) -> int:
@@ -233,7 +238,22 @@ class Replica:
         step = self.step
         if step != before:
             self._record_heal(before, step)
+        elif self._first_quorum and self.identity.restart > 0 and step == 0:
+            self._refuse_to_start_over()
+        self._first_quorum = False
         return step
+
+    def _refuse_to_start_over(self) -> None:
+        """A restarted group whose first quorum holds no other group has no state to heal
+        from (the others finished or failed while it came back): training on would start
+        over from step 0 and write checkpoints of a model the job left long ago."""
+        if self.manager.num_participants() > 1:
+            return  # the others are at step 0 too: nothing to heal
+        raise NoGroupToHealFrom(
+            f"replica group {self.identity.group} restarted, but no other group trains to "
+            "heal it from (they finished or failed meanwhile); it does not start over from "
+            "step 0"
+        )
 
     def commit(self) -> bool:
         """Whether this step commits (the vote runs once per step, on every rank of the
