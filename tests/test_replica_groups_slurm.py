@@ -128,7 +128,7 @@ def test_a_killed_rank_restarts_its_group_only(
     assert "killed by SIGKILL" in entry["culprit"], entry
     # Group 0 kept committing steps while group 1 was down: its longest pause between two
     # steps is the survivors' stall (torchft drops a group after its manager's heartbeat
-    # stops for HEARTBEAT_TIMEOUT_MS = 1 s), far below group 1's time away. Each gap holds
+    # stops for HEARTBEAT_TIMEOUT_MS = 0.5 s), far below group 1's time away. Each gap holds
     # one paced step at most (the pace is the test's, not a stall).
     times = step_times(run_dir, 0)
     during = [t for t, _ in times if killed_at <= t <= killed_at + entry["rejoin_s"]]

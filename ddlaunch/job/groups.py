@@ -82,8 +82,11 @@ PROBE_EVERY_S = 1.0
 PROBE_ALWAYS_NODES = 64
 LIGHTHOUSE_UP_S = 15.0
 # Survivors drop a dead group from the quorum after this long without its manager's
-# heartbeat (torchft's default is 5000 ms; the managers beat every 100 ms).
-HEARTBEAT_TIMEOUT_MS = 1000
+# heartbeat (torchft's default is 5000 ms): the survivors' stall per failure is about this
+# plus a step. The managers beat every 100 ms from torchft's native server threads, which
+# hold no GIL, so five missed beats in a row mean a dead group, not a busy one; a live group
+# dropped all the same only misses a step (it joins the next quorum).
+HEARTBEAT_TIMEOUT_MS = 500
 QUORUM_TICK_MS = 100
 # How long the lighthouse waits, at the first quorum, for groups still starting.
 JOIN_TIMEOUT_MS = 10000
