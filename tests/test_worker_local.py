@@ -267,6 +267,31 @@ def test_task_runner_runs_a_submitit_pickle_without_importing_submitit(tmp_path:
     assert pickle_load(paths.result_pickle) == ("success", "[1, 2]")
 
 
+def test_above_128_tasks_only_task_0_writes_its_result(tmp_path: Path) -> None:
+    """submitit's result file per task up to 128 tasks; above, task 0's only (one create at
+    the job's end, not one per rank), a success or an error alike."""
+    from ddlaunch.launch.slurm import write_pickle
+    from ddlaunch.worker import task
+
+    write_pickle(tmp_path, "555", json.dumps, [3])
+    slurm = {"SLURM_JOB_ID": "555", "SLURM_NTASKS": "16000"}
+    for rank in (0, 1, 15999):
+        assert task.run(tmp_path, {**slurm, "SLURM_PROCID": str(rank)}) == "[3]"
+    assert sorted(p.name for p in tmp_path.glob("*_result.pkl")) == ["555_0_result.pkl"]
+    small = {"SLURM_JOB_ID": "556", "SLURM_STEP_NUM_TASKS": "128", "SLURM_NTASKS": "16000"}
+    write_pickle(tmp_path, "556", json.dumps, [4])
+    task.run(tmp_path, {**small, "SLURM_PROCID": "127"})  # the step's count decides
+    assert (tmp_path / "556_127_result.pkl").exists()
+    # A replica group's rank counts the job's tasks: 2 groups of 100 are 200.
+    grouped = {
+        "SLURM_JOB_ID": "557", "SLURM_NTASKS": "100", "SLURM_PROCID": "3",
+        "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "2", "DDLAUNCH_GROUP_RANK_OFFSET": "100",
+    }  # fmt: skip
+    assert task.task_of(grouped) == (103, 200)
+    assert not task.writes_result(103, 200) and task.writes_result(0, 200)
+    assert task.writes_result(5, 0)  # a count not known: written, as submitit expects
+
+
 def test_the_rank_pickle_names_the_rank_function_without_importing_it(tmp_path: Path) -> None:
     """Writing a job's pickle (``submit``, a sweep task's start on the batch host) imports none
     of the ranks' code; loading it (in the rank) gives ``run_rank`` on the run directory."""

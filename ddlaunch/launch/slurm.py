@@ -5,7 +5,8 @@ The seam: a job's call (the rank function on its run directory) is pickled with 
 ``<sweep>/submitit``) under submitit's name for it, ``<job id>_submitted.pkl``; every srun
 task runs it with ``ddlaunch.worker.task``, which follows submitit's task protocol (the
 equivalent of ``submitit.core._submit``: load the pickle, call it, write
-``<job id>_<task>_result.pkl``, readable by submitit's own loader) without importing
+``<job id>_<task>_result.pkl``, readable by submitit's own loader; task 0's only above 128
+tasks) without importing
 submitit, whose import cost every rank paid before its first step. ddlaunch keeps the batch
 script (our Jinja2 render, which site templates govern) and the sbatch call (ddlaunch's
 Slurm client).

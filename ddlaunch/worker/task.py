@@ -4,6 +4,7 @@ The same protocol as submitit's own task runner (``submitit.core._submit``): loa
 ``<job>_submitted.pkl`` from the job folder, call the pickled function, write
 ``("success", result)`` or ``("error", traceback)`` to ``<job>_<task>_result.pkl`` (renamed
 into place), where ``<job>`` is ``ARRAY_TASK`` for an array task. The pickles are submitit's.
+Above 128 tasks only task 0 writes its result (``writes_result``).
 
 Why not submitit's runner: it imports all of submitit (~0.15 s of CPU per rank, on a node
 whose ranks all start at once and are busy importing torch) and polls for the pickle once a
@@ -24,13 +25,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddlaunch.planning.group_env import job_rank
+from ddlaunch.planning.group_env import GroupIdentity, job_rank
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import LOGS_DIR
 from ddlaunch.worker import leave, signals
 from ddlaunch.worker.distenv import from_environ
 
 WAIT_FOR_PICKLE_S = 60.0  # submitit's runner waits as long
+RESULTS_EVERY_TASK_UP_TO = 128  # above, only task 0 writes a result file (writes_result)
 
 
 class Delayed:
@@ -87,25 +89,44 @@ def write_result(path: Path, outcome: tuple[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run(folder: Path, env: Mapping[str, str] = os.environ) -> Any:
-    # The global rank names the result file: srun's task id (job-wide in a replica group),
-    # or a pod's rank.
+def writes_result(task: int, tasks: int) -> bool:
+    """Whether this task writes its result file. Every task of a job of up to
+    ``RESULTS_EVERY_TASK_UP_TO`` tasks, as submitit's loader expects; above, task 0 only:
+    16,000 result files would be 16,000 creates and renames in one directory within a second
+    of the job's end, from 2,000 nodes, on a parallel filesystem's one metadata server.
+    ddlaunch's own books (``result.json``, the failure records) do not read them."""
+    return task == 0 or tasks <= RESULTS_EVERY_TASK_UP_TO  # 0 tasks: not known, so written
+
+
+def task_of(env: Mapping[str, str]) -> tuple[int, int]:
+    """(this task's job-wide rank, the job's task count; 0 where the environment does not
+    say): srun's task id (job-wide in a replica group), or a pod's or local rank."""
+    if "SLURM_PROCID" not in env:
+        dist = from_environ(env)
+        return dist.rank, dist.world_size
+    step_tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 0)
     grouped = job_rank(env)
-    task = (
-        str(grouped)
-        if grouped is not None
-        else env.get("SLURM_PROCID") or str(from_environ(env).rank)
-    )
+    if grouped is None:
+        return int(env["SLURM_PROCID"]), step_tasks
+    identity = GroupIdentity.from_env(env)
+    return grouped, step_tasks * (identity.groups if identity is not None else 1)
+
+
+def run(folder: Path, env: Mapping[str, str] = os.environ) -> Any:
+    task, tasks = task_of(env)
     job = job_id(env)
     delayed = load(folder / f"{job}_submitted.pkl")
-    result_path = folder / f"{job}_{task}_result.pkl"
+    result_path = folder / f"{job}_{task}_result.pkl" if writes_result(task, tasks) else None
     try:
         result = delayed.call()
     except Exception:
         # As submitit records it; the exception still ends the task with a nonzero status.
-        with contextlib.suppress(OSError):
-            write_result(result_path, ("error", traceback.format_exc()))
+        if result_path is not None:
+            with contextlib.suppress(OSError):
+                write_result(result_path, ("error", traceback.format_exc()))
         raise
+    if result_path is None:
+        return result
     try:
         write_result(result_path, ("success", result))
     except (OSError, pickle.PicklingError) as exc:
