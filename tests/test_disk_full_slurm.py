@@ -17,6 +17,7 @@ from test_fault_tolerance import attempts, mlp_config
 from test_launch_slurm import ddlaunch, submit
 
 from ddlaunch.checkpoint.layout import latest_complete, list_checkpoints
+from ddlaunch.store.failures import rank_records
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -73,7 +74,7 @@ def test_full_checkpoint_disk_stops_the_run_with_the_reason(
     assert latest_complete(small_disk) == kept
     assert [i.step for i in infos if i.complete][-1] == kept.step
     assert all(not i.complete for i in infos if i.step > kept.step)
-    records = [json.loads(p.read_text()) for p in sorted((run_dir / "failures").glob("*.json"))]
+    records = [r for _, r in rank_records(run_dir).values()]
     assert sorted(r["rank"] for r in records) == [0, 1, 2, 3]
     assert {r["exception"] for r in records} == {"CheckpointSaveError"}
     assert all(r["message"].startswith(reason) for r in records), records

@@ -62,11 +62,52 @@ def test_a_failure_record_costs_no_fsync_and_other_records_two(
     synced: list[int] = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
-    failures.write_failure(tmp_path, 3, {"rank": 3, "exception": "RuntimeError"})
+    failures.write_failure(tmp_path, 3, {"rank": 3, "host": "node7", "exception": "RuntimeError"})
     assert synced == [] and failures.read_failure_record(tmp_path, 3) == {
         "rank": 3,
+        "host": "node7",
         "exception": "RuntimeError",
     }
-    assert [p.name for p in (tmp_path / "failures").iterdir()] == ["rank-3.json"]  # no temp
+    assert [p.name for p in (tmp_path / "failures").iterdir()] == ["node-node7.jsonl"]
     outcome.write_outcome(tmp_path, "FAILED", "crash")
     assert len(synced) == 2
+
+
+def test_a_nodes_ranks_share_one_file_and_each_ranks_newest_record_counts(
+    tmp_path: Path,
+) -> None:
+    """One file per node (2,000 creates when every rank of 2,000 nodes x 8 fails, not 16,000);
+    a rank that failed again (a later attempt) is read as its newest record, as when each
+    rank overwrote its own file; earlier versions' rank files are read beside them."""
+    from ddlaunch.store import failures
+
+    def record(rank: int, attempt: int, t: float, msg: str, host: str = "node1") -> dict:
+        return {"rank": rank, "host": host, "job_id": "5", "attempt": attempt, "time": t,
+                "exception": "RuntimeError", "message": msg}  # fmt: skip
+
+    for rank in range(8):
+        failures.write_failure(tmp_path, rank, record(rank, 0, 10.0 + rank, f"first {rank}"))
+    failures.write_failure(tmp_path, 3, record(3, 1, 50.0, "again"))
+    failures.write_failure(tmp_path, 8, record(8, 1, 51.0, "other node", host="node2"))
+    write(tmp_path, 9, 1, 52.0, "ValueError", "an earlier version's file")
+    names = sorted(p.name for p in (tmp_path / "failures").iterdir())
+    assert names == ["node-node1.jsonl", "node-node2.jsonl", "rank-9.json"]
+    assert failures.read_failure_record(tmp_path, 3)["message"] == "again"  # type: ignore[index]
+    found = read_failures(tmp_path)
+    assert [(f.rank, f.attempt) for f in found][:3] == [(3, 1), (8, 1), (9, 1)]
+    assert sorted(f.rank for f in found) == list(range(10))
+
+
+def test_a_torn_or_damaged_line_is_named_and_the_others_still_read(tmp_path: Path) -> None:
+    from ddlaunch.store import failures
+
+    failures.write_failure(tmp_path, 0, {"host": "node1", "exception": "E", "message": "ok"})
+    with open(tmp_path / "failures" / "node-node1.jsonl", "a") as handle:
+        handle.write('[1, 2]\n{"rank": 1, "host": "node1", "exc')  # a rank killed mid-write
+    assert [f.rank for f in read_failures(tmp_path)] == [0]
+    problems = [str(p) for p in failures.unusable_failures(tmp_path)]
+    assert problems[0] == (
+        "unreadable failures/node-node1.jsonl line 2: a list where an object is expected"
+    )
+    assert problems[1].startswith("unreadable failures/node-node1.jsonl line 3: not JSON")
+    assert len(problems) == 2

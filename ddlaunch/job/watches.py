@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddlaunch import fsutil
 from ddlaunch.job.blame import blame_nodes, expand
 from ddlaunch.policy.heartbeats import NodeSummary, partly_stale
 from ddlaunch.policy.preflight import node_report_line
@@ -28,7 +27,7 @@ from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import preflight as records
 from ddlaunch.store import staging as staging_records
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.store.failures import FAILURES_DIR
+from ddlaunch.store.failures import rank_records
 
 
 def end_step_without(job_id: str | None, client: SlurmClient, srun_pid: int) -> None:
@@ -133,21 +132,15 @@ class PreflightWatch:
 
 
 def failed_ranks(run_dir: Path, restart: int, not_before: float, relaunch: int = 0) -> list[float]:
-    """Times of this attempt's rank failure records (``failures/rank-<R>.json``)."""
+    """Times of this attempt's rank failure records (``store.failures``)."""
     times = []
-    try:
-        paths = list((run_dir / FAILURES_DIR).glob("rank-*.json"))
-    except OSError:
-        return []
-    for path in paths:
-        try:
-            rec = fsutil.read_json(path) or {}
-        except (OSError, ValueError):
+    for _, rec in rank_records(run_dir).values():
+        when = rec.get("time")
+        if not isinstance(when, (int, float)):
             continue
-        when = float(rec.get("time") or 0.0)
-        same = int(rec.get("attempt") or 0) == restart and int(rec.get("relaunch") or 0) == relaunch
+        same = (rec.get("attempt") or 0) == restart and (rec.get("relaunch") or 0) == relaunch
         if same and when >= not_before:
-            times.append(when)
+            times.append(float(when))
     return times
 
 

@@ -1,15 +1,25 @@
-"""``failures/rank-<R>.json``: a rank's exception (type, message, where, traceback), written by
-the rank before the exception ends it; read by ``status``, ``logs``, the end hook (ranks
-without a record died silently: their node is a suspect) and the local launcher."""
+"""A rank's exception (type, message, where, traceback), written by the rank before the
+exception ends it; read by ``status``, ``logs``, the end hook (ranks without a record died
+silently: their node is a suspect) and the local launcher.
+
+One file per node, ``failures/node-<host>.jsonl``: each failing rank appends its record as one
+line (a single ``O_APPEND`` write, so the ranks of a node never interleave). When a collective
+fails every rank fails at once: at 2,000 nodes x 8 that is 2,000 creates in the directory, not
+16,000, on a parallel filesystem's one metadata server. A rank's newest record (attempt,
+restart inside it, time) is its record, as when each rank had its own file; run directories
+of earlier versions hold ``failures/rank-<R>.json``, still read.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddlaunch import fsutil
 from ddlaunch.policy import attribution
 from ddlaunch.store import records
 
@@ -28,25 +38,91 @@ FIELDS = {
 # Our own control flow (``worker.stops.StopRank``), never a failure; earlier versions wrote
 # records for them, which readers skip.
 NOT_FAILURES = frozenset({"Preempted", "PreflightFailed"})
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-def failure_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / FAILURES_DIR / f"rank-{rank}.json"
+def node_failures_path(run_dir: str | Path, host: str) -> Path:
+    return Path(run_dir) / FAILURES_DIR / f"node-{_UNSAFE.sub('_', host) or 'unknown'}.jsonl"
 
 
 def write_failure(run_dir: str | Path, rank: int, record: dict[str, Any]) -> None:
-    # Not durable (no fsync): when a collective fails, every rank writes one at once (16,000
-    # at 2,000 nodes x 8, twice the fsyncs on one directory); a record lost to a power cut
-    # costs only detail, srun's reports still name the rank.
-    fsutil.atomic_write_json(failure_path(run_dir, rank), record, durable=False)
+    """Append ``record`` to its node's file. Not durable (no fsync): a record lost to a power
+    cut costs only detail, srun's reports still name the rank."""
+    line = (json.dumps({**record, "rank": rank}, default=str) + "\n").encode()
+    path = node_failures_path(run_dir, str(record.get("host") or os.uname().nodename))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _raw_records(run_dir: Path) -> Iterator[tuple[str, Any, records.Problem | None]]:
+    """(where, the decoded record, why it could not be read) of every record in the run:
+    each line of the node files, then each earlier-version rank file."""
+    directory = run_dir / FAILURES_DIR
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return
+    for name in names:
+        where = f"{FAILURES_DIR}/{name}"
+        node_file = name.startswith("node-") and name.endswith(".jsonl")
+        if not node_file and not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        text = records.read_text(directory / name, where)
+        if text is None:
+            continue
+        if isinstance(text, records.Problem):
+            yield where, None, text
+            continue
+        if not node_file:
+            yield _decoded(where, text)
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():  # a torn last line (a rank killed mid-write) is a problem too
+                yield _decoded(f"{where} line {number}", line)
+
+
+def _decoded(where: str, text: str) -> tuple[str, Any, records.Problem | None]:
+    value = records.parse_json(text, where)
+    if isinstance(value, records.Problem):
+        return where, None, value
+    return where, value, None
+
+
+def _newest(record: dict[str, Any]) -> tuple[float, float, float]:
+    return (
+        _number(record.get("attempt")),
+        _number(record.get("relaunch")),
+        _number(record.get("time")),
+    )
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def rank_records(run_dir: str | Path) -> dict[int, tuple[str, dict[str, Any]]]:
+    """Each rank's newest record as written (where it is, the record), by rank; records that
+    are not objects with an integer rank are left out (``unusable_failures`` names them)."""
+    newest: dict[int, tuple[str, dict[str, Any]]] = {}
+    for where, rec, _ in _raw_records(Path(run_dir)):
+        if not isinstance(rec, dict):
+            continue
+        rank = rec.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            continue
+        kept = newest.get(rank)
+        if kept is None or _newest(rec) >= _newest(kept[1]):
+            newest[rank] = (where, rec)
+    return newest
 
 
 def read_failure_record(run_dir: str | Path, rank: int) -> dict[str, Any] | None:
-    try:
-        record = fsutil.read_json(failure_path(run_dir, rank))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    found = rank_records(run_dir).get(rank)
+    return None if found is None else found[1]
 
 
 @dataclass
@@ -72,14 +148,11 @@ def read_failures(run_dir: Path) -> list[Failure]:
     before collateral ones (a peer's "connection closed" / timeout in a collective), then
     the earliest."""
     failures = []
-    for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
+    for where, rec in rank_records(run_dir).values():
+        if rec.get("exception") in NOT_FAILURES:
             continue
-        if not isinstance(rec, dict) or rec.get("exception") in NOT_FAILURES:
-            continue
-        if records.clean(rec, FIELDS, f"{FAILURES_DIR}/{path.name}"):
+        rec = dict(rec)
+        if records.clean(rec, FIELDS, where):
             continue  # wrongly typed: not evidence (``app.runs`` says so in the run's row)
         failures.append(
             Failure(
@@ -106,10 +179,14 @@ def is_collateral(failure: Failure) -> bool:
 
 
 def unusable_failures(run_dir: Path) -> list[records.Problem]:
-    """The rank records ``read_failures`` skips because they cannot be used, and why."""
+    """The records ``read_failures`` skips because they cannot be used, and why."""
     problems = []
-    for path in sorted((run_dir / FAILURES_DIR).glob("rank-*.json")):
-        name = f"{FAILURES_DIR}/{path.name}"
-        found, problem = records.load_json(path, dict, name=name)
-        problems += [problem] if problem else records.clean(found or {}, FIELDS, name)
+    for where, rec, problem in _raw_records(run_dir):
+        if problem is not None:
+            problems.append(problem)
+        elif not isinstance(rec, dict):
+            found = records.kind_name(rec)
+            problems.append(records.Problem(where, f"{found} where an object is expected"))
+        else:
+            problems += records.clean(dict(rec), FIELDS, where)
     return problems

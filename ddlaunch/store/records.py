@@ -22,7 +22,8 @@ from ddlaunch.errors import UserError
 
 @dataclass(frozen=True)
 class Problem:
-    """``name``: the record's path inside the run directory (``failures/rank-1.json``)."""
+    """``name``: where the record is in the run directory (``attempts.json``,
+    ``failures/node-node1.jsonl line 2``)."""
 
     name: str
     reason: str

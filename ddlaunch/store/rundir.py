@@ -10,7 +10,7 @@ Layout (every file written atomically; the records' own modules name their files
         outcome.json, cancel.json   (store.outcome)
         excluded_nodes.json, blame.json                       (store.exclusions)
         progress.json, result.json  (store.progress)
-        failures/rank-<R>.json      (store.failures)
+        failures/node-<host>.jsonl  (store.failures)
         health/                     (store.preflight, store.watchdog, store.heartbeats)
         history/                    earlier configs and scripts (``archive``)
         logs/                       batch and per-rank logs

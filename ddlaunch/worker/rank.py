@@ -4,9 +4,9 @@ Each task (an srun task on Slurm, a process of the local runner) runs
 ``python -m ddlaunch.worker.task <run_dir>/submitit``, which unpickles ``run_rank`` (by
 reference, so it must stay a top-level function) and calls it. ``run_rank`` turns the job's
 environment into the torchrun contract, pins the device, installs the stop-flag handler and
-runs the configured entry point or script. A failure leaves ``failures/rank-<R>.json``
-behind for ``run_local`` / ``status`` before the exception propagates (the task exits
-nonzero and ``srun --kill-on-bad-exit`` ends its peers).
+runs the configured entry point or script. A failure leaves a line in
+``failures/node-<host>.jsonl`` behind for ``run_local`` / ``status`` before the exception
+propagates (the task exits nonzero and ``srun --kill-on-bad-exit`` ends its peers).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def job_rank(d: DistEnv, group: GroupIdentity | None) -> int:
 def failure_record(
     exc: BaseException, d: DistEnv, host: str, group: GroupIdentity | None = None
 ) -> dict[str, Any]:
-    """What ``failures/rank-<R>.json`` holds: enough to name the culprit in one line."""
+    """What a rank's failure record holds: enough to name the culprit in one line."""
     frames = traceback.extract_tb(exc.__traceback__)
     last = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
     extra: dict[str, Any] = {}

@@ -4,7 +4,7 @@
 node failed preflight, no step runs) end the rank function with an exception, because that is
 how a training loop is left from inside. They derive from ``StopRank`` so that the rank
 function tells them apart from an error of the training code: a failure record
-(``failures/rank-R.json``) names a culprit, and these have none.
+(``store.failures``) names a culprit, and these have none.
 """
 
 from __future__ import annotations
