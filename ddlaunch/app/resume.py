@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.app import interrupts
+from ddlaunch.app.chain import kept_env
 from ddlaunch.app.prepare import Prepared, check_submission, prepare_config
 from ddlaunch.app.runs import RunInfo, find_run_materialized, read_run
 from ddlaunch.app.status import ACTIVE_STATES, fold_state
@@ -155,6 +156,7 @@ def prepare_resume(
         workdir=os.getcwd(),
         exclude=sorted({*blamed, *listed}),
         code=code,
+        after=kept_env(run_dir.path),
     )
     resumption = Resumption(run_dir, info, prepared, tuple(blamed), tuple(listed))
     if facts is None:
