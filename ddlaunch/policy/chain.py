@@ -166,8 +166,10 @@ def check_configured(configured: str | None) -> None:
 
 def dependency(edges: Iterable[Edge], configured: str | None = None) -> str | None:
     """The ``--dependency`` value: ``job.dependency`` first, then the edges, ``,``-joined."""
-    check_configured(configured)
-    parts = [*([configured] if configured else []), *(e.text for e in edges)]
+    texts = [e.text for e in edges]
+    if texts:
+        check_configured(configured)
+    parts = [*([configured] if configured else []), *texts]
     return ",".join(parts) or None
 
 
