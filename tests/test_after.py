@@ -109,6 +109,19 @@ def test_the_dependency_joins_the_configured_one_first() -> None:
     assert chain.dependency([], "afterany:7?afterok:8") == "afterany:7?afterok:8"
 
 
+@pytest.mark.parametrize("configured", ["afterok:7,", "afterok", "afterok:x", "later:7", ","])
+def test_a_configured_dependency_that_is_no_list_of_edges_cannot_take_after(
+    configured: str,
+) -> None:
+    with pytest.raises(UserError, match=r"cannot be joined with --after: .* is not a dependency"):
+        chain.dependency([Edge("afterok", "41")], configured)
+
+
+def test_a_configured_list_of_edges_takes_after() -> None:
+    configured = "singleton,afterok:7:8_2,after:9+5"
+    assert chain.dependency([Edge("afterok", "41")], configured) == f"{configured},afterok:41"
+
+
 def test_a_configured_or_dependency_cannot_take_after() -> None:
     with pytest.raises(UserError) as err:
         chain.dependency([Edge("afterok", "41")], "afterany:7?afterok:8")

@@ -42,6 +42,9 @@ NEVER_SATISFIED_REASON = "DependencyNeverSatisfied"
 # One edge of a dependency string: type, ':'-joined job ids (each maybe "+minutes"), and the
 # state suffix scontrol adds.
 _EDGE = re.compile(r"^(?P<kind>[a-z]+):(?P<ids>[^()]+)(?P<state>\([a-z]+\))?$")
+_KINDS = frozenset(
+    {"after", "afterany", "afterok", "afternotok", "aftercorr", "afterburstbuffer", "expand"}
+)
 _JOB_ID = re.compile(r"^(?P<id>[0-9]+(?:_[0-9*]+)?)(?P<delay>\+[0-9]+)?$")
 
 
@@ -155,13 +158,25 @@ def decide(pred: Predecessor) -> Decision:
 
 def check_configured(configured: str | None) -> None:
     """``job.dependency`` beside ``--after``: the edges are joined with ``,`` (all must
-    hold), which a string of ``?`` (one of them) cannot take."""
-    if configured and "?" in configured:
+    hold), which a string of ``?`` (one of them) cannot take, nor one that is no list of
+    edges (``afterok:12,``: sbatch would refuse the joined string)."""
+    if not configured:
+        return
+    if "?" in configured:
         raise UserError(
             f"job.dependency {configured!r} joins its edges with '?' (any one of them), "
             "which cannot be combined with --after (all of them: Slurm does not mix ',' "
             "and '?'); drop one of the two"
         )
+    for part in configured.split(","):
+        match = _EDGE.match(part)
+        ids = match["ids"].split(":") if match and match["kind"] in _KINDS else []
+        if part != "singleton" and not (ids and all(_JOB_ID.match(i) for i in ids)):
+            raise UserError(
+                f"job.dependency {configured!r} cannot be joined with --after: {part!r} is "
+                "not a dependency (expected TYPE:JOBID[:JOBID...] or singleton, joined "
+                "by ',')"
+            )
 
 
 def dependency(edges: Iterable[Edge], configured: str | None = None) -> str | None:
