@@ -260,3 +260,19 @@ def mlp_step_times(config: Any) -> dict[str, Any]:
             time.sleep(pace_s)
 
     return mlp.main(config, on_step=on_step)
+
+
+def after_dirs(config: Any) -> dict[str, Any]:
+    """A run submitted ``--after`` others: record the predecessors' run directories it was
+    given (``DDLAUNCH_AFTER_<NAME>_DIR``), whether each holds the predecessor's result, and
+    when this rank started."""
+    start = time.time()
+    given = {k: v for k, v in os.environ.items() if k.startswith("DDLAUNCH_AFTER_")}
+    record = {
+        "rank": int(os.environ.get("RANK", "0")),
+        "start": start,
+        "after": given,
+        "results": {k: (Path(v) / "result.json").is_file() for k, v in given.items()},
+    }
+    _out(f"after-{record['rank']}.json", record)
+    return record

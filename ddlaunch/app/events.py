@@ -19,6 +19,14 @@ class Warned:
 
 
 @dataclass(frozen=True)
+class Noted:
+    """A line about what the submission does, not a warning (``submit --after`` leaving out
+    an edge onto a run that has ended)."""
+
+    line: str
+
+
+@dataclass(frozen=True)
 class Excluding:
     """The nodes the job keeps out, as one line."""
 

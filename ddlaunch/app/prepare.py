@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddlaunch import resources
 from ddlaunch.app.snapshot import Snapshot, take
@@ -16,11 +17,22 @@ from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
 from ddlaunch.planning.feasibility import unknown_nodes
-from ddlaunch.planning.plan import ClusterFacts, CodePaths, LaunchPlan, format_argv, make_plan
+from ddlaunch.planning.plan import (
+    After,
+    ClusterFacts,
+    CodePaths,
+    LaunchPlan,
+    format_argv,
+    make_plan,
+)
 from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
+from ddlaunch.store.chain import PredecessorRecord
 from ddlaunch.store.rundir import check_safe_name, new_run_id, resolve_run_root
+
+if TYPE_CHECKING:
+    from ddlaunch.app.chain import Chained
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,8 @@ class Prepared:
     plan: LaunchPlan
     script: str
     snapshot: Snapshot | None = None  # the code the ranks run from (launch.snapshot)
+    # submit --after: the predecessors, recorded in the new run directory (after.json)
+    after: tuple[PredecessorRecord, ...] = ()
 
     @property
     def sbatch_line(self) -> str:
@@ -85,6 +99,7 @@ def prepare_config(
     facts: ClusterFacts | None = None,
     exclude: Sequence[str] = (),
     code: CodePaths | None = None,
+    after: After | None = None,
 ) -> Prepared:
     cfg = absolute_trainer_dir(cfg)
     run_id = check_safe_name(run_id, "--run-id") if run_id else new_run_id(cfg.job.name)
@@ -102,6 +117,7 @@ def prepare_config(
         facts=facts,
         exclude=exclude,
         code=code,
+        after=after,
     )
     script = render_script(
         plan,
@@ -217,13 +233,15 @@ def prepare_submission(
     facts: ClusterFacts | None = None,
     force: bool = False,
     check: bool = True,
+    after: Chained | None = None,
 ) -> Submission:
     """``prepare`` for ``submit`` (and ``render``, which shows what submit submits): my
     bad-node list is excluded, except nodes the config asks for by name (excluding them
     would make the job unschedulable) and nodes the cluster does not have (sbatch refuses an
     unknown name: dropped, with a warning); the job is checked against the probed ``facts``
     (``check_configs``; a refusal stores nothing), then the code snapshot is taken
-    (``snapshot``, see ``prepare``)."""
+    (``snapshot``, see ``prepare``). ``after``: the runs it is submitted after
+    (``app.chain.resolve``)."""
     facts = facts or ClusterFacts()
     now = time.time()
     listed = badnodes.submittable_entries(now=now)
@@ -251,8 +269,11 @@ def prepare_submission(
         facts=facts,
         exclude=exclude,
         code=_code_of(snap),
+        after=after.plan if after is not None else None,
     )
-    return Submission(dataclasses.replace(prepared, snapshot=snap), exclude, warnings)
+    records = after.records if after is not None else ()
+    prepared = dataclasses.replace(prepared, snapshot=snap, after=records)
+    return Submission(prepared, exclude, warnings)
 
 
 def _snapshot(

@@ -20,7 +20,7 @@ from ddlaunch.config.load import LoadedTree, apply_overrides, read_yaml_file
 from ddlaunch.config.validate import to_plain, validate_tree
 from ddlaunch.errors import UserError
 from ddlaunch.planning.feasibility import unknown_nodes
-from ddlaunch.planning.plan import ClusterFacts, CodePaths
+from ddlaunch.planning.plan import After, ClusterFacts, CodePaths
 from ddlaunch.store import badnodes, lock, records
 from ddlaunch.store.exclusions import excluded
 from ddlaunch.store.failures import FAILURES_DIR
@@ -155,6 +155,7 @@ def prepare_resume(
         workdir=os.getcwd(),
         exclude=sorted({*blamed, *listed}),
         code=code,
+        after=_kept_env(run_dir.path),
     )
     resumption = Resumption(run_dir, info, prepared, tuple(blamed), tuple(listed))
     if facts is None:
@@ -171,6 +172,13 @@ def prepare_resume(
     if unknown:
         warnings.insert(0, f"not excluding {', '.join(unknown)}: no such node in this cluster")
     return dataclasses.replace(resumption, warnings=warnings)
+
+
+def _kept_env(run_path: Path) -> After | None:
+    """A dependent (``submit --after``) keeps its predecessors' directories, not its edges."""
+    from ddlaunch.app.chain import kept_env  # lazy: most runs are no dependents
+
+    return kept_env(run_path)
 
 
 def refuse_unreadable_config(info: RunInfo) -> None:

@@ -12,8 +12,17 @@ from __future__ import annotations
 import os
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from ddlaunch.app.events import Accepted, DryRun, Excluding, LocalRun, RunsLocally, Warned
+from ddlaunch.app.events import (
+    Accepted,
+    DryRun,
+    Excluding,
+    LocalRun,
+    Noted,
+    RunsLocally,
+    Warned,
+)
 from ddlaunch.app.resume import Resumption, prepare_resume, refuse_if_active, resuming, rewrite
 from ddlaunch.app.submit_run import sbatch_missing
 
@@ -33,7 +42,9 @@ class Resuming:
     origin: str
 
 
-ResumeEvent = Warned | Excluding | ResumeDryRun | Resuming | RunsLocally | LocalRun | Accepted
+ResumeEvent = (
+    Warned | Noted | Excluding | ResumeDryRun | Resuming | RunsLocally | LocalRun | Accepted
+)
 
 
 def _excluding(resumption: Resumption) -> Iterator[Excluding]:
@@ -87,3 +98,20 @@ def resume_run(
 
         submitted = submit_to_slurm(prepared, workdir=os.getcwd(), run_dir=resumption.run_dir)
         yield Accepted(info.run_id, submitted.run_dir, submitted.job_id)
+        if submitted.job_id:
+            yield from _move_dependents(submitted.run_dir, submitted.job_id)
+
+
+def _move_dependents(run_dir: Path, job_id: str) -> Iterator[Noted | Warned]:
+    """The runs submitted ``--after`` this one that still wait for one of its earlier
+    jobs wait for ``job_id`` now; each move said, each failure a warning."""
+    from ddlaunch.app.chain import Moved, move_dependents
+    from ddlaunch.slurm.client import SlurmClient
+
+    try:
+        results = move_dependents(run_dir, job_id, SlurmClient())
+    except OSError as exc:  # the resume itself happened: this is no failure of it
+        yield Warned(f"could not read the dependents of {run_dir.name}: {exc}")
+        return
+    for result in results:
+        yield Noted(result.line) if isinstance(result, Moved) else Warned(result.line)

@@ -30,6 +30,7 @@ from ddlaunch.store import (
     watchdog,
 )
 from ddlaunch.store.attempts import ATTEMPTS_FILE, AttemptRecord
+from ddlaunch.store.chain import AFTER_FILE, PredecessorRecord, read_after
 from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusable_failures
 from ddlaunch.store.layout import ARRAYS_DIR
 from ddlaunch.store.members import ensure_member_dir, member_of
@@ -216,6 +217,7 @@ class RunInfo:
     mtime_ns: int | None = None  # the directory's, when read through RunReader
     problems: list[str] = field(default_factory=list)  # "unreadable <record>: <reason>"
     groups: group_state.GroupsState | None = None  # replica groups: the supervisor's view
+    after: list[PredecessorRecord] = field(default_factory=list)  # submit --after (after.json)
 
     @property
     def job_id(self) -> str | None:
@@ -276,6 +278,8 @@ def read_run(
         info.staging = latest_staging(run_dir, info.attempts, rec.problems)
     if group_state.GROUPS_DIR in present:
         info.groups = group_state.read_state(run_dir)
+    if AFTER_FILE in present:
+        info.after = read_after(run_dir)
     if CONFIG_FILE not in present and (present or run_dir.is_dir()):
         # A directory that does not exist is no damage: a sweep member that has not started
         # has none yet (its job ids come from the sweep's array records).

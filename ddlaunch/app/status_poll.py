@@ -80,6 +80,11 @@ def poll(
         infos.append(info)
     live = [i for i, t in zip(infos, targets, strict=True) if t.final is None]
     job_ids = [i.job_id for i in live if i.job_id]
+    chained = [i for i in live if i.after]
+    if chained:  # the predecessors' jobs, in the same one call (status of a dependent)
+        from ddlaunch.app.chain import waiting_jobs
+
+        job_ids = sorted({*job_ids, *waiting_jobs(chained)})
     unreachable = ""
     try:
         queue = client.status_rows(job_ids, form) if job_ids else {}
@@ -97,6 +102,10 @@ def poll(
             continue
         job = info.job_id or ""
         row = run_status(info, queue.get(job) or accounted.get(job), None, now)
+        if info.after and row.state == "PENDING" and row.reason:
+            from ddlaunch.app.chain import waiting_note
+
+            row.reason = waiting_note(info, row.reason, queue, reader) or row.reason
         if unreachable and job:
             row.reason = unreachable  # not a final state: nothing to cache
         elif read is None and settled(info, row):

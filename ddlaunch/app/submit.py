@@ -29,6 +29,7 @@ from ddlaunch.policy import stop_window
 from ddlaunch.runner import Runner, SubprocessRunner
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import outcome, submission
+from ddlaunch.store.chain import write_after
 from ddlaunch.store.rundir import SUBMITIT_DIR, RunDir, RunIdTaken
 from ddlaunch.store.snapshots import write_snapshot
 
@@ -61,6 +62,8 @@ def create_run_dir(
             run_dir.write_json(submission.GIT_FILE, {**state, "workdir": workdir})
             if git.diff:
                 run_dir.write_text(submission.GIT_DIFF_FILE, git.diff)
+        if prepared.after:  # what it waits for, before sbatch names the jobs
+            write_after(run_dir.path, prepared.after)
         if intent is not None:
             submission.write_intent(run_dir.path, intent)
 

@@ -7,8 +7,10 @@ each one and, for a ``LocalRun``, starts the local run itself (it streams rank 0
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Generator, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddlaunch.app.events import (
@@ -17,17 +19,29 @@ from ddlaunch.app.events import (
     DryRun,
     Excluding,
     LocalRun,
+    Noted,
     RunsLocally,
     Submitting,
     Warned,
 )
 from ddlaunch.app.prepare import Prepared, Submission, prepare_submission
+from ddlaunch.errors import UserError
+from ddlaunch.policy import chain
 
 if TYPE_CHECKING:
+    from ddlaunch.app.chain import Chained
     from ddlaunch.planning.plan import ClusterFacts
 
 SubmitEvent = (
-    Warned | Excluding | CodeSnapshot | DryRun | RunsLocally | LocalRun | Submitting | Accepted
+    Warned
+    | Noted
+    | Excluding
+    | CodeSnapshot
+    | DryRun
+    | RunsLocally
+    | LocalRun
+    | Submitting
+    | Accepted
 )
 
 
@@ -45,48 +59,92 @@ def submit_run(
     run_root: str | None,
     force: bool,
     workdir: str,
+    after: Sequence[str] = (),
 ) -> Generator[SubmitEvent, None, None]:
     """Submit ``config`` (with ``overrides``) to Slurm, or print it (``dry_run``), or run it
     here (``local``, or no sbatch on PATH). A dry run asks nothing of Slurm (it works
-    offline, like render)."""
+    offline, like render), except, with ``after``, the one squeue call that says where
+    the predecessors are. ``after``: ``RUN[:ok|:any|:started]`` each (``policy.chain``)."""
     here = local or sbatch_missing()
+    refs = _after_refs(after, here, local)
     facts, warnings = (None, []) if here or dry_run else _probe()
     for line in warnings:
         yield Warned(line)
+    with contextlib.ExitStack() as held:
+        chained = _chained(refs, held, lock=not dry_run)
+        for line in chained.notes if chained is not None else ():
+            yield Noted(line)
 
-    def prepare() -> Submission:
-        return prepare_submission(
-            config,
-            overrides,
-            run_root=run_root,
-            workdir=workdir,
-            facts=facts,
-            force=force,
-            snapshot="path" if dry_run else "store",
-        )
+        def prepare() -> Submission:
+            return prepare_submission(
+                config,
+                overrides,
+                run_root=run_root,
+                workdir=workdir,
+                facts=facts,
+                force=force,
+                snapshot="path" if dry_run else "store",
+                after=chained,
+            )
 
-    submission = prepare()
-    for line in submission.warnings:
-        yield Warned(line)
-    prepared, exclude = submission.prepared, submission.excluded
-    if exclude:
-        yield Excluding(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)")
-    yield CodeSnapshot(prepared.config, prepared.snapshot, stored=not dry_run)
-    for warning in prepared.plan.warnings:
-        yield Warned(warning)
-    if dry_run:
-        yield DryRun(prepared.script, prepared.sbatch_line)
-        return
-    if here:
-        yield from _run_here(prepared, local, workdir)
-        return
-    from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm
+        submission = prepare()
+        for line in submission.warnings:
+            yield Warned(line)
+        prepared, exclude = submission.prepared, submission.excluded
+        if exclude:
+            yield Excluding(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)")
+        yield CodeSnapshot(prepared.config, prepared.snapshot, stored=not dry_run)
+        for warning in prepared.plan.warnings:
+            yield Warned(warning)
+        if dry_run:
+            yield DryRun(prepared.script, prepared.sbatch_line)
+            return
+        if here:
+            yield from _run_here(prepared, local, workdir)
+            return
+        from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm
 
-    for warning in stop_window_warnings(prepared):
-        yield Warned(warning)
-    yield Submitting()
-    done = submit_to_slurm(prepared, workdir=workdir, reprepare=lambda: prepare().prepared)
+        for warning in stop_window_warnings(prepared):
+            yield Warned(warning)
+        yield Submitting()
+        done = submit_to_slurm(prepared, workdir=workdir, reprepare=lambda: prepare().prepared)
+        for line in _record(chained, done.run_id, done.run_dir):
+            yield Warned(line)
+    # The predecessors' locks are let go before the caller follows the run (--follow).
     yield Accepted(done.run_id, done.run_dir, done.job_id)
+
+
+def _after_refs(after: Sequence[str], here: bool, local: bool) -> list[chain.AfterRef]:
+    """``--after`` parsed; refused where no Slurm job is submitted."""
+    refs = chain.parse_all(after)
+    if refs and here:
+        why = "--local" if local else "no sbatch on PATH"
+        raise UserError(f"--after chains Slurm jobs; it cannot be used here ({why})")
+    return refs
+
+
+def _record(chained: Chained | None, run_id: str, run_dir: Path) -> list[str]:
+    if chained is None:
+        return []
+    from ddlaunch.app.chain import record_dependents
+
+    return record_dependents(chained, run_id, run_dir)
+
+
+def _chained(
+    refs: Sequence[chain.AfterRef], held: contextlib.ExitStack, *, lock: bool
+) -> Chained | None:
+    """The predecessors, each one's dependents lock held in ``held`` (``lock``: not for a
+    dry run, which writes nothing) until the new run is recorded as its dependent."""
+    if not refs:
+        return None
+    from ddlaunch.app.chain import holding, locate, resolve
+    from ddlaunch.slurm.client import SlurmClient
+
+    paths = [locate(ref) for ref in refs]
+    if lock:
+        held.enter_context(holding(paths))
+    return resolve(refs, paths, SlurmClient())
 
 
 def _run_here(prepared: Prepared, asked: bool, workdir: str) -> Iterator[SubmitEvent]:

@@ -36,7 +36,8 @@ def command(
     present), so `--nodes` may differ from the original node count. `--set` changes any
     key, e.g. `--set params.steps=600` to train further (a run at its last step is refused
     without it). Discovery needs no torch. One resume of a run at a time: a second one
-    fails with "already being resumed".
+    fails with "already being resumed". Runs submitted `--after RUN` that still wait for
+    it are moved onto its new job (one line each).
     """
     from ddlaunch.app import events
     from ddlaunch.app.resume_run import ResumeDryRun, Resuming, resume_run
@@ -68,3 +69,5 @@ def command(
                 case events.Accepted(run_id=run_id, run_dir=run_dir, job_id=job_id):
                     click.echo(f"run {run_id}  job {job_id}")
                     click.echo(f"run dir: {run_dir}")
+                case events.Noted(line=line):
+                    click.echo(line)

@@ -42,6 +42,16 @@ from ddlaunch.cli.snapshot import report_snapshot
     metavar="all|N,M",
     help="With --follow: whose logs to stream (all: every rank, lines prefixed by rank).",
 )
+@click.option(
+    "--after",
+    "after",
+    multiple=True,
+    metavar="RUN[:ok|:any|:started]",
+    help="Start only after RUN (an id, a unique id prefix or a run directory): :ok (the "
+    "default) once it completed, :any once it ended, :started once it started. Repeatable. "
+    "`ddlaunch resume RUN` moves this run onto RUN's new job; the ranks find RUN's run "
+    "directory in $DDLAUNCH_AFTER_<NAME>_DIR (NAME: RUN's job.name, upper-cased).",
+)
 @force_option
 def command(
     config: str,
@@ -52,6 +62,7 @@ def command(
     run_root: str | None,
     follow_: bool,
     ranks: str,
+    after: tuple[str, ...],
     force: bool,
 ) -> None:
     """Submit CONFIG to Slurm and print the run id and job id (--target kubernetes: write
@@ -62,14 +73,24 @@ def command(
     Before sbatch, the job is checked against its partition (one sinfo call) and what it
     runs (script, entry point, interpreter): one that could never run is refused, with
     the numbers. `submit` returns as soon as sbatch has accepted the job.
+
+    Chain an evaluation after a training run (it starts once the training completed, and
+    follows it across `ddlaunch resume`):
+
+    \b
+        ddlaunch submit configs/eval.yaml --after mlp-20250101-120000-ab12cd34
     """
     workdir = os.getcwd()
     if target == "kubernetes":
-        if local or follow_:
-            raise click.UsageError("--local and --follow are for Slurm runs (--target slurm)")
+        if local or follow_ or after:
+            raise click.UsageError(
+                "--local, --follow and --after are for Slurm runs (--target slurm)"
+            )
         _submit_objects(config, overrides, dry_run, run_root, workdir)
         return
-    _submit_slurm(config, overrides, dry_run, local, run_root, follow_, ranks, force, workdir)
+    _submit_slurm(
+        config, overrides, dry_run, local, run_root, follow_, ranks, force, workdir, after
+    )
 
 
 def _submit_slurm(
@@ -82,6 +103,7 @@ def _submit_slurm(
     ranks: str,
     force: bool,
     workdir: str,
+    after: tuple[str, ...] = (),
 ) -> None:
     from ddlaunch.app import events
     from ddlaunch.app.submit_run import submit_run
@@ -96,6 +118,7 @@ def _submit_slurm(
         run_root=run_root,
         force=force,
         workdir=workdir,
+        after=after,
     )
     # Closed at once when a step here raises or exits (a local run's Ctrl-C, --follow's
     # end): whatever the use case holds is let go then, not when the traceback is freed.
@@ -104,7 +127,7 @@ def _submit_slurm(
             match event:
                 case events.Warned(text=text):
                     click.echo(f"warning: {text}", err=True)
-                case events.Excluding(line=line):
+                case events.Excluding(line=line) | events.Noted(line=line):
                     click.echo(line, err=True)
                 case events.CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
                     report_snapshot(cfg, snap, stored=stored)

@@ -21,6 +21,7 @@ from ddlaunch.planning import fabric, topology
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR, Mount, container_launch
 from ddlaunch.planning.rank_logs import NODE_LOGS, rank_log_layout
 from ddlaunch.planning.tracking import tracking_env
+from ddlaunch.policy.chain import Edge, dependency
 from ddlaunch.slurm.partitions import PartitionFacts
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
 
@@ -78,6 +79,17 @@ class CodePaths:
     workdir: str | None = None
     ddlaunch_root: str | None = None
     home: str | None = None
+
+
+@dataclass(frozen=True)
+class After:
+    """``submit --after``'s part of a plan, decided at the edge (``app.chain``): the edges
+    onto the predecessors' jobs (joined after ``job.dependency``), and each predecessor's
+    run directory for the ranks (``DDLAUNCH_AFTER_<NAME>_DIR``). A resumed dependent keeps
+    the directories, not the edges: it waited once already."""
+
+    edges: tuple[Edge, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,8 +173,11 @@ def script_path(run_dir: str, array: ArraySpec | None = None) -> str:
     return str(PurePosixPath(run_dir) / ARRAYS_DIR / f"{array.name}.sbatch")
 
 
-def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[str, str | None]]:
-    """``#SBATCH`` options in a stable order; every value was validated as a Slurm token."""
+def sbatch_directives(
+    cfg: Config, exclude: Sequence[str] = (), edges: Sequence[Edge] = ()
+) -> list[tuple[str, str | None]]:
+    """``#SBATCH`` options in a stable order; every value was validated as a Slurm token
+    (``edges``: ``--after``'s, made of a Slurm type and a job id sbatch printed)."""
     job, nodes, ft = cfg.job, cfg.nodes, cfg.fault_tolerance
     out: list[tuple[str, str | None]] = [("--job-name", job.name)]
     for flag, value in (
@@ -187,7 +202,7 @@ def sbatch_directives(cfg: Config, exclude: Sequence[str] = ()) -> list[tuple[st
         ("--mem-per-cpu", nodes.mem_per_cpu),
         ("--mem-per-gpu", nodes.mem_per_gpu),
         ("--constraint", job.constraint),
-        ("--dependency", job.dependency),
+        ("--dependency", dependency(edges, job.dependency)),
         ("--mail-user", job.mail_user),
         ("--mail-type", job.mail_type),
     ):
@@ -272,11 +287,14 @@ def make_plan(
     exclude: Sequence[str] = (),
     array: ArraySpec | None = None,
     code: CodePaths | None = None,
+    after: After | None = None,
 ) -> LaunchPlan:
     """The plan of one run, or (``array``) of a job array whose tasks are sweep members;
     then ``run_dir`` is the sweep directory and each task picks its member at run time.
-    ``code``: the ranks' code snapshot (default: the live ``launch.workdir`` or ``workdir``)."""
+    ``code``: the ranks' code snapshot (default: the live ``launch.workdir`` or ``workdir``);
+    ``after``: the runs it is submitted after (``submit --after``)."""
     facts = facts or ClusterFacts()
+    after = after or After()
     code = code or CodePaths()
     if cfg.container.image and cfg.container.runtime == "none":
         # Valid for the kubernetes target (the image alone); on Slurm the image needs a runtime.
@@ -339,6 +357,7 @@ def make_plan(
         ours["DDLAUNCH_CHECKPOINT_DIR"] = cfg.storage.checkpoint_dir or str(run / CHECKPOINTS_DIR)
     if cfg.storage.scratch:
         ours["DDLAUNCH_SCRATCH"] = cfg.storage.scratch
+    ours.update(after.env)
     in_container = cfg.container.runtime != "none"
     if in_container:
         ours[CONCLUDE_ON_HOST_VAR] = "1"
@@ -356,7 +375,7 @@ def make_plan(
     return LaunchPlan(
         run_id=run_id,
         run_dir=str(run),
-        directives=tuple(sbatch_directives(cfg, exclude)),
+        directives=tuple(sbatch_directives(cfg, exclude, after.edges)),
         sbatch_argv=sbatch_argv,
         ddlaunch_env=tuple(ours.items()),
         fabric_env=fabric_env,

@@ -238,6 +238,14 @@ class SlurmClient:
         if not result.ok:
             raise failure(f"scontrol requeue {job_id}", result)
 
+    def update_dependency(self, job_id: str, dependency: str) -> None:
+        """Set a pending job's dependency (``scontrol update JobId=N Dependency=...``);
+        SlurmError when Slurm refuses (the job is no longer pending, a bad dependency)."""
+        argv = ["scontrol", "update", f"JobId={job_id}", f"Dependency={dependency}"]
+        result = self._run(argv)
+        if not result.ok:
+            raise failure(f"scontrol update JobId={job_id}", result)
+
     def exclude_nodes(self, job_id: str, nodes: Iterable[str]) -> bool:
         """Set the job's excluded nodes (applies to its next start after a requeue). False
         when Slurm refuses (a running job); SlurmUnreachable when it does not answer."""

@@ -5,6 +5,9 @@ An exclusive ``flock`` taken without waiting: a second command learns at once th
 is busy, and who holds it (pid, host and verb are written into the file). The kernel drops
 the lock when its holder exits, however it exits, so a crash never leaves a run locked (on
 NFS, Linux maps flock to the server's byte-range locks).
+
+``waiting``: a lock of its own file that a command waits for, around a short update of a
+record that several commands may change at once (``store.chain``).
 """
 
 from __future__ import annotations
@@ -71,6 +74,19 @@ def exclusive(directory: Path, verb: str, subject: str) -> Iterator[None]:
         old = os.fstat(fd).st_size
         os.pwrite(fd, data.ljust(old), 0)
         os.ftruncate(fd, len(data))
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def waiting(path: Path) -> Iterator[None]:
+    """Hold the ``flock`` on ``path`` (created if need be) for the block, waiting for it:
+    for a read-modify-write of one small record by commands that may run at once (two
+    ``submit --after`` of the same run), which must each get their turn, not fail."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # dropped by the kernel when the holder dies, too
         yield
     finally:
         os.close(fd)
