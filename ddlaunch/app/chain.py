@@ -11,18 +11,16 @@ a job that will never run again.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ddlaunch.app.runs import RunInfo, find_run, read_run
+from ddlaunch.app.runs import find_run
 from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import After
 from ddlaunch.policy import chain
 from ddlaunch.slurm.client import SlurmClient, SlurmError
-from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import records, submission
 from ddlaunch.store.chain import (
     DependentRecord,
@@ -250,31 +248,3 @@ def _moved_in_record(dependent: Path, predecessor: Path, new_job_id: str) -> Non
 
     with contextlib.suppress(OSError):  # Slurm holds the truth; status names the old job
         update_after(dependent, change)
-
-
-def waiting_jobs(infos: Sequence[RunInfo]) -> list[str]:
-    """The predecessors' current jobs of the given runs, for status's one squeue call."""
-    out = []
-    for info in infos:
-        for rec in info.after:
-            if rec.run_dir:
-                out += submission.job_ids(Path(rec.run_dir))[-1:]
-    return out
-
-
-def waiting_note(
-    info: RunInfo, reason: str, queue: Mapping[str, QueueRow], reader: Any
-) -> str | None:
-    """What a pending dependent waits for (``policy.chain.waiting``), each predecessor's
-    state joined from its run directory and the poll's queue rows."""
-    from ddlaunch.app.status import run_status
-
-    items = []
-    for rec in info.after:
-        if not rec.run_dir or not rec.condition:
-            continue
-        path = Path(rec.run_dir)
-        pred = reader.read(path) if reader is not None else read_run(path)
-        state = run_status(pred, queue.get(pred.job_id or "")).state
-        items.append(chain.Waited(rec.run_id or path.name, rec.job_id, rec.condition, state))
-    return chain.waiting(reason, items)

@@ -82,7 +82,7 @@ def poll(
     job_ids = [i.job_id for i in live if i.job_id]
     chained = [i for i in live if i.after]
     if chained:  # the predecessors' jobs, in the same one call (status of a dependent)
-        from ddlaunch.app.chain import waiting_jobs
+        from ddlaunch.app.chain_status import waiting_jobs
 
         job_ids = sorted({*job_ids, *waiting_jobs(chained)})
     unreachable = ""
@@ -103,7 +103,7 @@ def poll(
         job = info.job_id or ""
         row = run_status(info, queue.get(job) or accounted.get(job), None, now)
         if info.after and row.state == "PENDING" and row.reason:
-            from ddlaunch.app.chain import waiting_note
+            from ddlaunch.app.chain_status import waiting_note
 
             row.reason = waiting_note(info, row.reason, queue, reader) or row.reason
         if unreachable and job:
