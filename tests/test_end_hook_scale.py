@@ -4,15 +4,14 @@ linear time, and node blame in a fixed number of Slurm calls whatever the node c
 
 from __future__ import annotations
 
-import gc
 import json
 import socket
-import time
 from dataclasses import replace
 from pathlib import Path
 
 from support.fakes import FakeRunner
 from support.rundirs import attempt_json, committed_run, write_attempts
+from support.timing import cpu_seconds
 
 from ddlaunch.config.validate import load_config
 from ddlaunch.job import attribution as collect
@@ -138,28 +137,13 @@ def test_an_offset_beyond_the_log_falls_back_to_its_tail(tmp_path) -> None:
     assert [(e.rank, e.signal) for e in step.ends] == [(1, "SIGSEGV")]
 
 
-def _parse_seconds(lines: list[str]) -> float:
-    """The parse's CPU time, best of 5, with the collector off: wall time would count the
-    moments the shared pass's other workers held the cores (a ratio of 35x was seen), and a
-    collection landing in one run would be charged to the parse."""
-    best = float("inf")
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(5):
-            began = time.process_time()
-            policy.parse_step_lines(lines)
-            best = min(best, time.process_time() - began)
-    finally:
-        gc.enable()
-    return best
-
-
 def test_parsing_grows_linearly_with_the_reports() -> None:
     small = kill_on_bad_exit_step("77", 1600, CULPRIT).splitlines()
     large = kill_on_bad_exit_step("77", 16000, CULPRIT).splitlines()
     assert len(policy.parse_step_lines(large).ends) == 16000
-    ratio = _parse_seconds(large) / _parse_seconds(small)
+    ratio = cpu_seconds(lambda: policy.parse_step_lines(large)) / cpu_seconds(
+        lambda: policy.parse_step_lines(small)
+    )
     # 10x the lines: ~10x the time when linear, ~100x when quadratic (0.58 s at 16k before).
     assert ratio < 30, f"16k lines took {ratio:.1f}x the time of 1.6k"
 

@@ -120,19 +120,15 @@ def test_slow_nodes_gives_the_verdicts_of_the_quadratic_rule_on_random_inputs() 
 
 def test_slow_nodes_grows_no_faster_than_n_log_n() -> None:
     """200 -> 2,000 nodes: O(n log n) takes ~11x as long, O(n^2) 100x (0.29 s at 2,000
-    nodes before). Best of 3 for each size, against the machine's noise."""
+    nodes before). CPU time, best of 5 for each size (``support.timing``)."""
     import random
-    import time
+
+    from support.timing import cpu_seconds
 
     def best(n: int) -> float:
         rng = random.Random(n)
         busy = {f"n{i}": rng.uniform(0.09, 0.11) for i in range(n)}
-        times = []
-        for _ in range(3):
-            started = time.perf_counter()
-            analysis.slow_nodes(busy, 2.0)
-            times.append(time.perf_counter() - started)
-        return min(times)
+        return cpu_seconds(lambda: analysis.slow_nodes(busy, 2.0))
 
     small, large = best(200), best(2000)
     print(f"slow_nodes: 200 nodes {small * 1e3:.2f} ms, 2000 nodes {large * 1e3:.2f} ms")
