@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ddlaunch.app import interrupts
 from ddlaunch.app.prepare import Prepared, check_submission, prepare_config
@@ -37,6 +37,9 @@ from ddlaunch.store.rundir import (
     latest_commit,
 )
 from ddlaunch.store.snapshots import read_snapshot
+
+if TYPE_CHECKING:
+    from ddlaunch.config.schema import Config
 
 
 @contextmanager
@@ -87,7 +90,7 @@ def exclusions_for(run_path: Path, nodelist: Sequence[str]) -> tuple[list[str], 
 def refuse_if_done(
     info: RunInfo,
     run_path: Path,
-    cfg: Any,
+    cfg: Config,
     overrides: Sequence[str],
     again: str | None = None,
 ) -> None:

@@ -17,13 +17,16 @@ import shutil
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlaunch.planning.staging import node_path
 from ddlaunch.policy import fabric as fabric_check
 from ddlaunch.policy import preflight as v
 from ddlaunch.runner import Runner
 from ddlaunch.store.layout import CHECKPOINTS_DIR
+
+if TYPE_CHECKING:
+    from ddlaunch.config.schema import Config
 
 INJECT_VAR = "DDLAUNCH_HEALTH_INJECT"
 
@@ -88,7 +91,7 @@ def free_gb(path: str) -> tuple[float | None, str]:
     return st.f_bavail * st.f_frsize / 1e9, ""
 
 
-def checked_paths(cfg: Any, run_dir: Path, env: Mapping[str, str]) -> list[tuple[str, str]]:
+def checked_paths(cfg: Config, run_dir: Path, env: Mapping[str, str]) -> list[tuple[str, str]]:
     ckpt = env.get("DDLAUNCH_CHECKPOINT_DIR") or cfg.storage.checkpoint_dir
     paths = [("checkpoints", ckpt or str(run_dir / CHECKPOINTS_DIR))]
     scratch = env.get("DDLAUNCH_SCRATCH") or cfg.storage.scratch
@@ -99,7 +102,7 @@ def checked_paths(cfg: Any, run_dir: Path, env: Mapping[str, str]) -> list[tuple
 
 
 def node_checks(
-    cfg: Any, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
+    cfg: Config, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
 ) -> tuple[list[v.Check], dict[str, Any]]:
     """The torch-free part of phase 1 (GPUs, free space); returns the checks and the facts
     behind them. The in-rank preflight (``ddlaunch.worker.gate``) runs it before torch."""
@@ -120,7 +123,7 @@ def node_checks(
     return checks, facts
 
 
-def doctor_findings(cfg: Any, runner: Runner) -> list[dict[str, str]]:
+def doctor_findings(cfg: Config, runner: Runner) -> list[dict[str, str]]:
     """``ddlaunch doctor``: compare the node with its fabric profile where the tools exist."""
     outputs: dict[str, str | None] = {}
     for key, argv in fabric_check.COMMANDS.items():

@@ -20,7 +20,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddlaunch.config.schema import Config
 
 
 class CheckStatus(StrEnum):
@@ -316,7 +319,7 @@ def summary_line(verdicts: Sequence[Mapping[str, Any]]) -> str:
 
 
 def evaluate(
-    cfg: Any, nodes: Sequence[str], reports: Mapping[str, Mapping[str, Any]]
+    cfg: Config, nodes: Sequence[str], reports: Mapping[str, Mapping[str, Any]]
 ) -> list[NodeVerdict]:
     """Every node's verdict from the reports, with the bandwidth floor of the backend the
     reports measured (``health.min_bandwidth_gbps``, else the fabric's default)."""

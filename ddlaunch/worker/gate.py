@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlaunch.health import checks
 from ddlaunch.planning.group_env import GroupIdentity
@@ -44,6 +44,9 @@ from ddlaunch.store.attempts import AttemptId
 from ddlaunch.worker.distenv import DistEnv, master_port_for
 from ddlaunch.worker.distributed import init_distributed
 from ddlaunch.worker.stops import StopRank
+
+if TYPE_CHECKING:
+    from ddlaunch.config.schema import Config
 
 GATE_EXIT = 75
 # Transfer sizes: enough to measure bandwidth rather than latency on the fabric each backend
@@ -62,7 +65,7 @@ class PreflightFailed(StopRank):
         super().__init__(GATE_EXIT, reason)
 
 
-def enabled(cfg: Any, env: Mapping[str, str]) -> bool:
+def enabled(cfg: Config, env: Mapping[str, str]) -> bool:
     """Preflight runs in Slurm jobs only, as before (a local run has no nodes to exclude),
     and not in replica groups: its verdicts, its gate record and the end hook's judgement are
     one per attempt, while groups start and fail apart (``render`` warns)."""
@@ -72,7 +75,7 @@ def enabled(cfg: Any, env: Mapping[str, str]) -> bool:
 
 
 def node_phase(
-    cfg: Any, run_dir: Path, d: DistEnv, env: Mapping[str, str], host: str
+    cfg: Config, run_dir: Path, d: DistEnv, env: Mapping[str, str], host: str
 ) -> dict[str, Any] | None:
     """Step 1 on local rank 0 (None elsewhere): GPUs and free space, no torch."""
     if d.local_rank != 0:
@@ -194,7 +197,7 @@ def _join(backend: str, d: DistEnv, keep_group: bool, run_dir: Path) -> None:
 
 
 def check(
-    cfg: Any,
+    cfg: Config,
     run_dir: Path,
     d: DistEnv,
     env: Mapping[str, str],

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlaunch.config import load_config
 from ddlaunch.health.checks import INJECT_VAR, doctor_findings, injection, node_checks
@@ -40,9 +40,12 @@ from ddlaunch.store.rundir import config_path
 from ddlaunch.worker.distenv import choose_backend, master_port_for
 from ddlaunch.worker.signals import signal_number
 
+if TYPE_CHECKING:
+    from ddlaunch.config.schema import Config
+
 
 def local_checks(
-    cfg: Any, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
+    cfg: Config, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
 ) -> tuple[list[v.Check], dict[str, Any]]:
     """Phase 1 of the node task; returns the checks and the facts behind them."""
     checks, facts = node_checks(cfg, run_dir, env, runner, inject)
@@ -76,7 +79,7 @@ def wait_for_reports(directory: Path, count: int, deadline: float) -> dict[str, 
 
 
 def bandwidth_phase(
-    cfg: Any,
+    cfg: Config,
     host: str,
     nodes: list[str],
     reports: Mapping[str, Mapping[str, Any]],

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlaunch.health import checks
 from ddlaunch.planning.staging import env_name, targets
@@ -36,6 +36,9 @@ from ddlaunch.store.attempts import AttemptId
 from ddlaunch.worker import gate
 from ddlaunch.worker.distenv import DistEnv
 from ddlaunch.worker.stage import Context, Staged, stage_one
+
+if TYPE_CHECKING:
+    from ddlaunch.config.schema import Config
 
 PROGRESS_EVERY_S = 3.0
 POLL_FIRST_S, POLL_MAX_S = 0.1, 2.0  # waiting ranks back off: thousands poll the run dir
@@ -66,7 +69,9 @@ class _Ticker:
         self.thread.join()
 
 
-def leader(cfg: Any, run_dir: Path, d: DistEnv, env: Mapping[str, str], host: str) -> list[Staged]:
+def leader(
+    cfg: Config, run_dir: Path, d: DistEnv, env: Mapping[str, str], host: str
+) -> list[Staged]:
     """Local rank 0: stage every data set, recording the node's staging as it goes."""
     attempt = AttemptId.from_env(env)
     record: dict[str, Any] = {"host": host, "state": records.RUNNING, "start": time.time()}
@@ -151,7 +156,7 @@ def data_env(items: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 
 def run(
-    cfg: Any,
+    cfg: Config,
     run_dir: Path,
     d: DistEnv,
     env: Mapping[str, str],
