@@ -119,8 +119,9 @@ def render_commands() -> Iterator[tuple[str, str]]:
         for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.S | re.M):
             for line in block.splitlines():
                 command = line.split(" #", 1)[0].strip()
+                # --after is submit's only: the edge names a predecessor's job in Slurm.
                 if command.startswith("ddlaunch submit ") and not re.search(
-                    r"--(local|follow|target)", command
+                    r"--(local|follow|target|after)", command
                 ):
                     command = command.replace("ddlaunch submit", "ddlaunch render", 1)
                     command = command.replace(" --dry-run", "")

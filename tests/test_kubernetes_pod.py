@@ -30,7 +30,7 @@ from ddlaunch.policy.pod_exit import RETRY_EXIT, STOP_EXIT
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import attempts, outcome, pods, signal_save
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.store.failures import read_failure_record
+from ddlaunch.store.failures import read_failure
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -199,9 +199,9 @@ def test_a_failed_rank_on_node_0_stops_every_pod_with_the_stop_code(tmp_path: Pa
         record.reason
         == "stopped: no progress in the last attempt (no checkpoint was ever committed)"
     )
-    failure = read_failure_record(run_dir, 0)
+    failure = read_failure(run_dir, 0)
     assert failure is not None
-    assert (failure["exception"], failure["message"]) == ("ValueError", "boom on rank 0")
+    assert (failure.exception, failure.message) == ("ValueError", "boom on rank 0")
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from ddlaunch.launch.local import _base_env, _free_port, run_local
 from ddlaunch.launch.slurm import rank_call
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.store import groups
-from ddlaunch.store.failures import read_failure_record
+from ddlaunch.store.failures import read_failure
 from ddlaunch.store.heartbeats import read_heartbeats
 from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR
 from ddlaunch.worker import replica
@@ -269,9 +269,9 @@ def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) 
         server.shutdown()
     assert all(code != 0 for code in codes), codes
     for rank in range(2 * GROUP_SIZE):
-        record = read_failure_record(run, rank)
-        assert record is not None and record["rank"] == rank
-        assert record["exception"] == "ReplicaGroupsDiverged"
+        record = read_failure(run, rank)
+        assert record is not None and record.rank == rank
+        assert record.exception == "ReplicaGroupsDiverged"
         # The groups meet at the first check after both are in the quorum (a group that
         # starts later heals from the first at its first step, then drifts off).
         assert re.fullmatch(
@@ -280,8 +280,8 @@ def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) 
             r"its group only\); average them with session.average_gradients\(model\) \(or "
             r"session.wrap_ddp\(model\)\) and step session.optimizer instead of the plain "
             r"optimizer",
-            record["message"],
-        ), record["message"]
+            record.message,
+        ), record.message
 
 
 @pytest.mark.timeout(120)
@@ -300,9 +300,9 @@ def test_a_restarted_group_with_no_group_to_heal_from_does_not_start_over(
         server.shutdown()
     assert all(code != 0 for code in codes), codes
     for rank in (2, 3):
-        record = read_failure_record(run, rank)
-        assert record is not None and record["exception"] == "NoGroupToHealFrom", record
-        assert record["message"] == (
+        record = read_failure(run, rank)
+        assert record is not None and record.exception == "NoGroupToHealFrom", record
+        assert record.message == (
             "replica group 1 restarted, but no other group trains to heal it from (they "
             "finished or failed meanwhile); it does not start over from step 0"
         )

@@ -16,7 +16,7 @@ import yaml
 import ddlaunch.examples
 from ddlaunch.config import Config, load_config, to_plain
 from ddlaunch.launch.local import LocalRunError, run_local
-from ddlaunch.store.failures import read_failure_record
+from ddlaunch.store.failures import read_failure
 from ddlaunch.worker import signals
 
 TORCHRUN_SCRIPT = Path(ddlaunch.examples.__file__).parent / "torchrun_script.py"
@@ -203,19 +203,20 @@ def test_failing_rank_is_named_and_its_peers_are_stopped(tmp_path: Path) -> None
     assert info.value.rank == 1
     assert "rank 1 failed: ValueError: boom on rank one" in message
     assert "failing_entry.py:" in message  # the failing line
-    record = read_failure_record(run, 1)
+    record = read_failure(run, 1)
     assert record is not None
-    assert (record["rank"], record["exception"], record["message"]) == (
+    assert (record.rank, record.exception, record.message) == (
         1,
         "ValueError",
         "boom on rank one",
     )
-    assert record["where"].endswith(f"failing_entry.py:{record['where'].rsplit(':', 1)[1]}")
-    assert "raise ValueError" in record["traceback"] and record["attempt"] == 0
+    assert record.where is not None
+    assert record.where.endswith(f"failing_entry.py:{record.where.rsplit(':', 1)[1]}")
+    assert "raise ValueError" in record.traceback and record.attempt == 0
     # Rank 0 was blocked in the rendezvous; the runner ended it (kill-on-bad-exit), long
     # before the timeout, and it left no failure of its own.
     assert elapsed < 90
-    assert read_failure_record(run, 0) is None
+    assert read_failure(run, 0) is None
     # The pre-timeout signal and SIGTERM only set the flag on rank 0.
     assert (run / "rank0-survived-signals").read_text() == "SIGUSR2"
 

@@ -37,7 +37,7 @@ from ddlaunch import fsutil
 from ddlaunch.config import Config, load_config
 from ddlaunch.errors import UserError
 from ddlaunch.launch.slurm import rank_call
-from ddlaunch.store.failures import read_failure_record
+from ddlaunch.store.failures import Failure, read_failure
 from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR, config_path
 from ddlaunch.store.snapshots import read_snapshot
 from ddlaunch.worker.distenv import PORT_OVERRIDE_VAR
@@ -130,11 +130,11 @@ def _last_line(path: Path) -> str:
 
 def _describe_failure(run_dir: Path, job_id: str, rank: int, code: int | None) -> str:
     """One line naming the rank and its exception, from the failure record when there is one."""
-    record = read_failure_record(run_dir, rank)
+    record = _failure_in(run_dir, job_id, rank)
     err_log = run_dir / LOGS_DIR / f"rank-{rank}.err"
-    if record and record.get("job_id") == job_id:
-        where = f" at {record['where']}" if record.get("where") else ""
-        what = f"{record['exception']}: {record['message']}{where}"
+    if record is not None:
+        where = f" at {record.where}" if record.where else ""
+        what = f"{record.exception}: {record.message}{where}"
     else:
         # Died before or outside the entry point (import error, segfault, OOM kill...).
         status = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit {code}"
@@ -147,10 +147,16 @@ def _first_failure(run_dir: Path, job_id: str, ranks: list[int]) -> int:
     fails right after it (its collective loses a connection), so the earliest record wins."""
 
     def when(rank: int) -> float:
-        record = read_failure_record(run_dir, rank) or {}
-        return float(record.get("time", math.inf)) if record.get("job_id") == job_id else math.inf
+        record = _failure_in(run_dir, job_id, rank)
+        return math.inf if record is None else record.time
 
     return min(ranks, key=lambda r: (when(r), r))
+
+
+def _failure_in(run_dir: Path, job_id: str, rank: int) -> Failure | None:
+    """The rank's failure record when it is of this local run (``job_id``)."""
+    record = read_failure(run_dir, rank)
+    return record if record is not None and record.job_id == job_id else None
 
 
 def _read_result(folder: Path, job_id: str, rank: int) -> Any:
@@ -245,7 +251,7 @@ def run_local(
         others = [
             r
             for r in range(world_size)
-            if r != failed and (read_failure_record(run_dir, r) or {}).get("job_id") == job_id
+            if r != failed and _failure_in(run_dir, job_id, r) is not None
         ]
         if others:
             message += f"; ranks {others} failed too"

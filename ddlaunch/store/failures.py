@@ -120,9 +120,10 @@ def rank_records(run_dir: str | Path) -> dict[int, tuple[str, dict[str, Any]]]:
     return newest
 
 
-def read_failure_record(run_dir: str | Path, rank: int) -> dict[str, Any] | None:
+def read_failure(run_dir: str | Path, rank: int) -> Failure | None:
+    """The rank's newest failure record; None without one (or with an unusable one)."""
     found = rank_records(run_dir).get(rank)
-    return None if found is None else found[1]
+    return None if found is None else _failure(*found)
 
 
 @dataclass
@@ -147,29 +148,30 @@ def read_failures(run_dir: Path) -> list[Failure]:
     """Every rank's failure record, the cause first: the newest attempt, then real errors
     before collateral ones (a peer's "connection closed" / timeout in a collective), then
     the earliest."""
-    failures = []
-    for where, rec in rank_records(run_dir).values():
-        if rec.get("exception") in NOT_FAILURES:
-            continue
-        rec = dict(rec)
-        if records.clean(rec, FIELDS, where):
-            continue  # wrongly typed: not evidence (``app.runs`` says so in the run's row)
-        failures.append(
-            Failure(
-                rank=int(rec.get("rank", -1)),
-                host=str(rec.get("host", "?")),
-                exception=str(rec.get("exception", "?")),
-                message=str(rec.get("message", "")),
-                where=rec.get("where"),
-                job_id=rec.get("job_id"),
-                attempt=rec.get("attempt"),
-                traceback=str(rec.get("traceback", "")),
-                time=float(rec.get("time") or 0.0),
-                relaunch=int(rec.get("relaunch") or 0),
-            )
-        )
+    found = (_failure(where, rec) for where, rec in rank_records(run_dir).values())
+    failures = [f for f in found if f is not None and f.exception not in NOT_FAILURES]
     failures.sort(key=lambda f: (-(f.attempt or 0), -f.relaunch, is_collateral(f), f.time, f.rank))
     return failures
+
+
+def _failure(where: str, rec: dict[str, Any]) -> Failure | None:
+    """The record as a ``Failure``; None when a field has the wrong kind (not evidence:
+    ``app.runs`` says so in the run's row)."""
+    rec = dict(rec)
+    if records.clean(rec, FIELDS, where):
+        return None
+    return Failure(
+        rank=int(rec.get("rank", -1)),
+        host=str(rec.get("host", "?")),
+        exception=str(rec.get("exception", "?")),
+        message=str(rec.get("message", "")),
+        where=rec.get("where"),
+        job_id=rec.get("job_id"),
+        attempt=rec.get("attempt"),
+        traceback=str(rec.get("traceback", "")),
+        time=float(rec.get("time") or 0.0),
+        relaunch=int(rec.get("relaunch") or 0),
+    )
 
 
 def is_collateral(failure: Failure) -> bool:

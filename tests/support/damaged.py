@@ -24,6 +24,7 @@ from typing import Any
 
 import ddlaunch.store
 from ddlaunch.store import (
+    chain,
     exclusions,
     failures,
     group_state,
@@ -119,6 +120,13 @@ def _complete(run: Path, root: Path) -> None:
         group=1, restart=1, healed_from_step=3, step_before=0, healed_at=4.0, seconds_from_start=2.0
     )
     groups.write_heal(run, heal)
+    # what a run submitted --after another adds, and what its predecessor keeps of it
+    pre = chain.PredecessorRecord(
+        run_id="pre", run_dir=str(root / "pre"), name="pre", env="DDLAUNCH_AFTER_PRE_DIR",
+        condition="ok", job_id="4241",
+    )  # fmt: skip
+    chain.write_after(run, [pre])
+    chain.add_dependent(run, chain.DependentRecord(run_id="dep", run_dir=str(root / "dep")))
     view = group_state.GroupView(1, ("node2",), group_state.HEALING, 1)
     group_state.write_state(run, group_state.GroupsState(JOB, 0, 0, 4.0, (view,)))
     (run / HISTORY_DIR).mkdir(exist_ok=True)
