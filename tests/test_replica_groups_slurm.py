@@ -203,12 +203,19 @@ def test_a_frozen_rank_restarts_its_group_for_a_hang_and_only_that_group(
     survivors = group_pids(run_dir, 0)
     victims = group_pids(run_dir, 2)
     assert len(survivors) == 2 and len(victims) == 2, (survivors, victims)
+    # The precondition: both groups in their first start (a restart before the freeze
+    # would be some other failure, and its rejoin no answer to this one).
+    assert not group_restarts(run_dir), group_restarts(run_dir)
     # Frozen, not dead: its sockets stay open, so nothing fails; only its heartbeat stops.
     pace(run_dir, True)
     frozen_at, step_at_stop = time.time(), last_step(run_dir, 0)
     os.kill(max(victims), signal.SIGSTOP)
     rejoined = wait_for(
-        lambda: [g for g in group_restarts(run_dir) if g.get("rejoined_step") is not None],
+        lambda: [
+            g
+            for g in group_restarts(run_dir)
+            if g.get("group") == 1 and g.get("rejoined_step") is not None
+        ],
         HANG_TIMEOUT + 150,
         "group 1 restarted for the hang and rejoined",
     )

@@ -184,7 +184,12 @@ class Supervisor:
             f"{job}.group{g.state.group}.{restart}", self.attempt.restart, self.attempt.relaunch
         )
         env = dict(self.env)
-        env.update(ident.env(manager_port=port + 1 if port + 1 < 60000 else port - 1))
+        # The manager's port is the OS's choice (0): the group's other ranks read its
+        # address from the group's store and the lighthouse from its registration, so no
+        # one needs it beforehand. A port derived from the job, as the master port must be,
+        # can be taken on a busy node (it lies in the ephemeral range): a group that could
+        # not bind it failed at its start with "Address already in use".
+        env.update(ident.env(manager_port=0))
         env["DDLAUNCH_MASTER_PORT"] = str(port)
         env["DDLAUNCH_STEP_NODELIST"] = ",".join(nodes)
         env["DDLAUNCH_WORLD_SIZE"] = str(k * s.ranks_per_node)

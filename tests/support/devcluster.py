@@ -257,6 +257,30 @@ class DevCluster:
                 raise TimeoutError(f"{name} is {state}, not in {sorted(wanted)} after {timeout} s")
             time.sleep(0.25)
 
+    def controller_node_state(self, name: str) -> frozenset[str]:
+        """The controller's own state of the node, as ``scontrol show node`` gives it:
+        the base state and its flags (``{"DOWN", "NOT_RESPONDING"}``). sinfo's state is
+        derived from it for display (a node with CPUs still held by a job that cannot
+        complete shows as ``mixed*``)."""
+        out = self.slurm("scontrol", "show", "node", "-o", name).stdout
+        field = next((w for w in out.split() if w.startswith("State=")), "State=")
+        return frozenset(field.removeprefix("State=").replace("*", "").split("+")) - {""}
+
+    def wait_node_down(self, name: str, timeout: float) -> frozenset[str]:
+        """Until the controller has set the node DOWN."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.controller_node_state(name)
+            if "DOWN" in state:
+                return state
+            if time.monotonic() > deadline:
+                shown = "+".join(sorted(state))
+                raise TimeoutError(
+                    f"{name} is {shown} (sinfo: {self.node_state(name)}), not DOWN after "
+                    f"{timeout} s"
+                )
+            time.sleep(0.25)
+
     def kill_node(self, name: str) -> int:
         """SIGKILL every process in the node's network namespace (slurmd, slurmstepd, tasks):
         a hard node failure. Returns how many processes were killed."""
