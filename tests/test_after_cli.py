@@ -6,14 +6,12 @@ stand-in received is asserted whole."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from support.fakes import FakeRunner, failed, fake_slurm_bin, ok, slurm_calls
+from support.fakes import FakeRunner, failed, ok
+from support.standin_cli import Cli
 
 from ddlaunch.app.chain import Moved, NotMoved, move_dependents
 from ddlaunch.slurm.client import SlurmClient
@@ -31,52 +29,6 @@ from ddlaunch.store.rundir import RunDir
 
 HEADER = "run                            job  state    nodes  step  ckpt  attempts  note\n"
 SQUEUE = "squeue -h -r -t all -j {ids} -o %i|%T|%r|%N"
-
-
-class Cli:
-    """The stand-in cluster and ``ddlaunch`` run against it, as a user runs it."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.bin = fake_slurm_bin(tmp / "bin")
-        self.root = tmp / "runs"
-
-    def answer(self, **outputs: str) -> None:
-        for name, text in outputs.items():
-            (self.bin / f"{name}.out").write_text(text)
-
-    def calls(self, *commands: str) -> list[str]:
-        return [c for c in slurm_calls(self.bin) if c.split()[0] in commands]
-
-    def forget_calls(self) -> None:
-        (self.bin / "calls.log").unlink(missing_ok=True)
-
-    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "PATH": f"{self.bin}:{os.environ['PATH']}",
-            "DDLAUNCH_RUN_ROOT": str(self.root),
-            "DDLAUNCH_BAD_NODES": str(self.tmp / "bad.json"),
-            "NO_COLOR": "1",
-            "COLUMNS": "80",
-        }
-        return subprocess.run(
-            [sys.executable, "-m", "ddlaunch", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=self.tmp,
-            check=False,
-            timeout=300,
-        )
-
-    def submit(self, name: str, job_id: str, *after: str) -> Path:
-        self.answer(sbatch=f"{job_id}\n")
-        flags = [f"--after={a}" for a in after]
-        proc = self("submit", "examples/mlp", "--set", f"job.name={name}", *flags)
-        assert proc.returncode == 0, proc.stderr
-        (run_dir,) = [p for p in self.root.glob(f"{name}-*") if p.is_dir()]
-        return run_dir
 
 
 @pytest.fixture

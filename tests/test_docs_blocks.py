@@ -16,6 +16,8 @@ non-blank line before the fence (invisible on the site):
 - An unmarked ```yaml block is a fragment: it is loaded merged onto `examples/mlp` (the block
   is written after `defaults: [examples/mlp]`, or that preset is put first in the block's own
   `defaults:`), with `load_config`, so its keys are checked against the schema and the rules.
+  One marked `pipeline` is a pipeline file: parsed, and each stage's config loaded with its
+  `set:`.
 - An unmarked ```python block is compiled and run as a script in a subprocess, from the
   repository root, with DDLAUNCH_RUN_ROOT and DDLAUNCH_BAD_NODES in a temp folder and
   SLURM_CONF naming a file that does not exist (so nothing can reach a cluster by mistake).
@@ -49,6 +51,8 @@ from _pytest.mark.structures import ParameterSet
 from ddlaunch.cli import COMMANDS as VERBS
 from ddlaunch.config.errors import ConfigError
 from ddlaunch.config.validate import load_config
+from ddlaunch.pipelines.spec import parse_pipeline_file
+from ddlaunch.pipelines.submit import check_stages
 from ddlaunch.sweeps.prepare import prepare_sweep
 from ddlaunch.sweeps.spec import parse_sweep_file
 
@@ -58,7 +62,7 @@ SHELL = ("", "bash", "console", "sh", "shell")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<marker>.*?)\s*-->\s*$")
 MARKERS = re.compile(
-    r"config|fragment [\w/.-]+|sweep|compile-only: .+|run-lines \d+-\d+: .+|skip: .+"
+    r"config|fragment [\w/.-]+|sweep|pipeline|compile-only: .+|run-lines \d+-\d+: .+|skip: .+"
 )
 DEFAULT_BASE = "examples/mlp"
 
@@ -144,6 +148,15 @@ def test_yaml_block_loads(block: Block, tmp_path: Path) -> None:
         spec = parse_sweep_file(path)
         prepared = prepare_sweep(spec, workdir=str(REPO), run_root=str(tmp_path / "runs"))
         assert len(prepared.members) == spec.size >= 1, block.where
+        return
+    if marker == "pipeline":
+        # Stages name shipped presets (examples/mlp): parsed, and every stage's config
+        # loaded with its set:, as `ddlaunch pipeline FILE` does before any sbatch.
+        path = tmp_path / "pipeline.yaml"
+        path.write_text(block.text)
+        spec = parse_pipeline_file(path)
+        check_stages(spec)
+        assert spec.stages, block.where
         return
     path = tmp_path / "block.yaml"
     if marker == "config":

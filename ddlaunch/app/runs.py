@@ -35,6 +35,7 @@ from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusab
 from ddlaunch.store.layout import ARRAYS_DIR
 from ddlaunch.store.members import ensure_member_dir, member_of
 from ddlaunch.store.outcome import Outcome
+from ddlaunch.store.pipelines import PIPELINE_FILE
 from ddlaunch.store.preflight import LatestVerdicts
 from ddlaunch.store.progress import Progress
 from ddlaunch.store.rundir import (
@@ -435,6 +436,7 @@ class RootListing:
 
     entries: list[tuple[str, Path, int]] = field(default_factory=list)  # (kind, path, mtime)
     finals: dict[str, tuple[int, Final]] = field(default_factory=dict)
+    pipelines: list[Path] = field(default_factory=list)  # directories of pipeline.json
 
 
 def scan_root(root: Path, cache: StatusCache) -> RootListing:
@@ -473,6 +475,8 @@ def scan_root(root: Path, cache: StatusCache) -> RootListing:
             kind = "run" if run else "sweep" if sweep else ""
             if kind:
                 entries.append((mtime_ns, name, kind))
+            elif PIPELINE_FILE in listing:  # its stages are runs of their own, listed too
+                found.pipelines.append(root / name)
     entries.sort()
     found.entries = [(kind, root / name, mtime_ns) for mtime_ns, name, kind in entries]
     cache.keep_only({*found.finals, *(name for _, name, _ in entries)})

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.app.pipeline_status import find_pipeline, group_pipelines, stage_targets
 from ddlaunch.app.runs import (
     RunReader,
     ambiguous_prefix,
@@ -136,6 +137,10 @@ def resolve(
         if is_run_dir(Path(ref).expanduser()) or is_run_dir(root / ref):
             targets.append(_as_target(find_run(ref, root)))
             continue
+        pipeline = find_pipeline(ref, root, prefix=False)
+        if pipeline is not None:
+            targets += [_as_target(p) for p in stage_targets(pipeline)]
+            continue
         sweep = _find_sweep(ref, root)
         if sweep is not None:
             sweeps.append(sweep.name)
@@ -146,7 +151,14 @@ def resolve(
             member = Path(ref).expanduser().absolute()  # a member's directory, not yet made
         target = _as_target(member) if member is not None else None
         if target is None or target.label is None:  # not a member: find_run says why
-            target = _as_target(find_run(ref, root))
+            try:
+                target = _as_target(find_run(ref, root))
+            except UserError:
+                pipeline = find_pipeline(ref, root, prefix=True)  # a pipeline's id prefix
+                if pipeline is None:
+                    raise
+                targets += [_as_target(p) for p in stage_targets(pipeline)]
+                continue
         targets.append(target)
     return targets, sweeps
 
@@ -289,7 +301,11 @@ def view(
     )
     out = [rows[t] for t in shown] + broken
     names = sorted({*(t.sweep or t.path.name for t in targets), *finals})
-    return StatusView(group_sweeps(out) if grouped else by_order(out, refs), root, hidden, names)
+    if not grouped:
+        return StatusView(by_order(out, refs), root, hidden, names)
+    pipelines = listing.pipelines if not refs else []
+    names = sorted({*names, *(p.name for p in pipelines)})
+    return StatusView(group_pipelines(group_sweeps(out), pipelines), root, hidden, names)
 
 
 def by_order(rows: list[RunStatus], refs: tuple[str, ...]) -> list[RunStatus]:

@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("ddlaunch.cli.logs", "Show a run's logs, the failing rank first."),
     "cancel": ("ddlaunch.cli.cancel", "Cancel a run's job; keep its run directory."),
     "sweep": ("ddlaunch.cli.sweep", "Submit a sweep file as job arrays; sweep status/resubmit."),
+    "pipeline": (
+        "ddlaunch.cli.pipeline",
+        "Submit a pipeline file's stages, each after the runs it waits for.",
+    ),
     "nodes": ("ddlaunch.cli.nodes", "Show or edit my bad-node list (excluded from submits)."),
     "doctor": ("ddlaunch.cli.doctor", "Run the node preflight checks as a job; verdict per node."),
     "report": ("ddlaunch.cli.report", "Draw a run's attempts, nodes, checkpoints and throughput."),

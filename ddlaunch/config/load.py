@@ -81,7 +81,7 @@ def _shipped_configs() -> Path:
     return resources.configs_dir().resolve()  # realpath: a syscall per path component
 
 
-def _display(path: Path) -> str:
+def display_path(path: Path) -> str:
     """A short, stable name for messages: ``preset:NAME`` for shipped configs, else the
     path relative to the working directory when below it."""
     resolved = path.resolve()
@@ -160,7 +160,7 @@ def _yaml_error(exc: yaml.YAMLError, where: str) -> ConfigError:
 
 def read_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, str]]:
     """Parse one YAML file into (tree, locations); raise ConfigError on any problem."""
-    where = _display(path)
+    where = display_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -233,13 +233,13 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
     """Merge ``path``'s presets (depth first, in order) and then ``path`` itself."""
     resolved = path.resolve()
     if resolved in chain:
-        cycle = " -> ".join(_display(p) for p in [*chain, resolved])
+        cycle = " -> ".join(display_path(p) for p in [*chain, resolved])
         raise ConfigError(
-            [ConfigIssue("defaults", f"presets include each other: {cycle}", _display(path))]
+            [ConfigIssue("defaults", f"presets include each other: {cycle}", display_path(path))]
         )
     tree, locations = read_yaml_file(path)
     defaults = tree.pop("defaults", [])
-    where = locations.get(("defaults",), _display(path))
+    where = locations.get(("defaults",), display_path(path))
     if isinstance(defaults, str):
         defaults = [defaults]
     if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
@@ -270,7 +270,7 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
     for key_path, line in locations.items():
         if key_path[0] != "defaults":
             loaded.locations[key_path] = line
-    loaded.sources.append(_display(path))
+    loaded.sources.append(display_path(path))
 
 
 def list_presets(sweeps: bool = False) -> list[str]:

@@ -1,0 +1,212 @@
+"""``ddlaunch pipeline FILE``: every stage submitted as its own run, each after its
+predecessors' runs (``submit --after``), the pipeline's record written before the first
+sbatch and after each one.
+
+Every stage's config is loaded and checked before anything is submitted, so a typo in the
+last stage submits nothing. A stage that is refused at its submission (its partition
+check, sbatch) stops the pipeline there: the stages already submitted stay queued, and the
+error names them, the ones left out and how to cancel them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import shutil
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlaunch.app import events
+from ddlaunch.app.submit_run import sbatch_missing, submit_run
+from ddlaunch.config.errors import ConfigError
+from ddlaunch.config.load import apply_overrides, load_tree
+from ddlaunch.config.validate import validate_tree
+from ddlaunch.errors import UserError
+from ddlaunch.pipelines.spec import PipelineSpec, Stage, parse_pipeline_file
+from ddlaunch.slurm.client import SlurmError
+from ddlaunch.store.pipelines import (
+    PIPELINE_COPY,
+    StageRecord,
+    new_pipeline_dir,
+    write_pipeline,
+)
+from ddlaunch.store.rundir import default_run_root, is_run_dir
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A dry run: the file and every stage's config are sound."""
+
+    name: str
+    stages: int
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A dry run: one stage as it would be submitted."""
+
+    stage: Stage
+
+
+@dataclass(frozen=True)
+class Started:
+    """The pipeline's directory and record exist; its stages are submitted next."""
+
+    pipeline_id: str
+    path: Path
+    stages: int
+
+
+@dataclass(frozen=True)
+class StageSubmitted:
+    stage: Stage
+    run_id: str
+    run_dir: Path
+    job_id: str | None
+
+
+PipelineEvent = (
+    Checked
+    | Planned
+    | Started
+    | StageSubmitted
+    | events.Warned
+    | events.Noted
+    | events.Excluding
+    | events.CodeSnapshot
+)
+
+
+def check_stages(spec: PipelineSpec) -> None:
+    """Load and check every stage's config with its ``set:``: all problems at once."""
+    lines = []
+    for stage in spec.stages:
+        try:
+            loaded = load_tree(stage.config_path)
+            apply_overrides(loaded, stage.overrides, dict(stage.origins))
+            validate_tree(loaded)
+        except ConfigError as exc:
+            lines.append(f"stage {stage.name} ({stage.where}), config {stage.config}:")
+            lines += [f"  {issue}" for issue in exc.issues]
+    if lines:
+        raise UserError("\n".join(["invalid pipeline: a stage's config does not load", *lines]))
+
+
+def submit_pipeline(
+    file: str | Path,
+    *,
+    dry_run: bool,
+    run_root: str | None,
+    force: bool,
+    workdir: str,
+) -> Generator[PipelineEvent, None, None]:
+    spec = parse_pipeline_file(file)
+    check_stages(spec)
+    if dry_run:
+        yield Checked(spec.name, len(spec.stages))
+        for stage in spec.stages:
+            yield Planned(stage)
+        return
+    if sbatch_missing():
+        raise UserError(
+            "a pipeline's stages are Slurm jobs that wait for each other, and there is no "
+            "sbatch on PATH here; run it from a login node of the cluster"
+        )
+    root = Path(run_root).expanduser() if run_root else default_run_root()
+    path = new_pipeline_dir(root, spec.name)
+    shutil.copyfile(spec.path, path / PIPELINE_COPY)
+    created = time.time()
+    stages = [
+        StageRecord(
+            name=s.name,
+            config=str(s.config_path),
+            overrides=s.overrides,
+            after=tuple(e.text for e in s.after),
+        )
+        for s in spec.stages
+    ]
+
+    def record() -> None:
+        write_pipeline(path, spec.name, str(spec.path.absolute()), created, stages)
+
+    record()
+    yield Started(path.name, path, len(stages))
+    for i, stage in enumerate(spec.stages):
+        after = [f"{stages_dir(stages, e.stage)}:{e.condition}" for e in stage.after]
+        before = _runs_named(root, stage)
+        try:
+            accepted = yield from _submit_stage(stage, after, run_root, force, workdir)
+        except (UserError, SlurmError) as exc:
+            # A refused sbatch leaves its run directory (SUBMIT_FAILED, with the error):
+            # it is the stage's, so that status shows the pipeline with it.
+            left = sorted(_runs_named(root, stage) - before)
+            if len(left) == 1:
+                stages[i] = stages[i].updated(run_id=left[0].name, run_dir=str(left[0]))
+                record()
+            raise UserError(_stopped(path.name, stage, exc, stages, spec.stages[i + 1 :])) from None
+        stages[i] = stages[i].updated(
+            run_id=accepted.run_id, run_dir=str(accepted.run_dir), job_id=accepted.job_id
+        )
+        record()
+        yield StageSubmitted(stage, accepted.run_id, accepted.run_dir, accepted.job_id)
+
+
+def _runs_named(root: Path, stage: Stage) -> set[Path]:
+    """The run directories under ``root`` that a run of ``stage`` may have created."""
+    name = next(o for o in stage.overrides if o.startswith("job.name=")).partition("=")[2]
+    return {p for p in root.glob(f"{glob.escape(name)}-*") if is_run_dir(p)}
+
+
+def stages_dir(stages: Sequence[StageRecord], name: str) -> str:
+    """The run directory of the submitted stage ``name`` (its predecessors come first)."""
+    found = next(s for s in stages if s.name == name)
+    assert found.run_dir is not None, f"stage {name} is submitted before its dependents"
+    return found.run_dir
+
+
+def _submit_stage(
+    stage: Stage, after: Sequence[str], run_root: str | None, force: bool, workdir: str
+) -> Generator[PipelineEvent, None, events.Accepted]:
+    steps = submit_run(
+        str(stage.config_path),
+        stage.overrides,
+        dry_run=False,
+        local=False,
+        run_root=run_root,
+        force=force,
+        workdir=workdir,
+        after=after,
+    )
+    with contextlib.closing(steps):
+        for event in steps:
+            match event:
+                case events.Accepted():
+                    return event
+                case events.Warned() | events.Noted() | events.Excluding():
+                    yield event
+                case events.CodeSnapshot():
+                    yield event
+                case _:
+                    pass  # Submitting: nothing to say before each sbatch
+    raise UserError(f"stage {stage.name}: the submission ended without a job")
+
+
+def _stopped(
+    pipeline_id: str,
+    stage: Stage,
+    exc: Exception,
+    stages: Sequence[StageRecord],
+    left: Sequence[Stage],
+) -> str:
+    submitted = [s for s in stages if s.job_id]
+    lines = [f"stage {stage.name} was not submitted: {exc}"]
+    if submitted:
+        shown = ", ".join(f"{s.name} (run {s.run_id}, job {s.job_id})" for s in submitted)
+        lines.append(f"submitted before it, and still queued: {shown}")
+    names = [stage.name, *(s.name for s in left)]
+    lines.append(f"not submitted: {', '.join(names)}")
+    if submitted:
+        lines.append(f"cancel what was submitted with: ddlaunch cancel {pipeline_id}")
+    return "\n".join(lines)

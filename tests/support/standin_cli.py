@@ -1,0 +1,81 @@
+"""The real ``ddlaunch`` CLI run as a user runs it (a subprocess, ``NO_COLOR=1``,
+``COLUMNS=80``, piped) against the stand-in Slurm commands of ``support.fakes``, with a
+run root and a bad-node list of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from support.fakes import fake_slurm_bin, slurm_calls
+
+
+class Cli:
+    """The stand-in cluster and ``ddlaunch`` run against it, as a user runs it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.bin = fake_slurm_bin(tmp / "bin")
+        self.root = tmp / "runs"
+
+    def answer(self, **outputs: str) -> None:
+        for name, text in outputs.items():
+            (self.bin / f"{name}.out").write_text(text)
+
+    def calls(self, *commands: str) -> list[str]:
+        return [c for c in slurm_calls(self.bin) if c.split()[0] in commands]
+
+    def forget_calls(self) -> None:
+        (self.bin / "calls.log").unlink(missing_ok=True)
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "DDLAUNCH_RUN_ROOT": str(self.root),
+            "DDLAUNCH_BAD_NODES": str(self.tmp / "bad.json"),
+            "NO_COLOR": "1",
+            "COLUMNS": "80",
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "ddlaunch", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=self.tmp,
+            check=False,
+            timeout=300,
+        )
+
+    def submit(self, name: str, job_id: str, *after: str) -> Path:
+        self.answer(sbatch=f"{job_id}\n")
+        flags = [f"--after={a}" for a in after]
+        proc = self("submit", "examples/mlp", "--set", f"job.name={name}", *flags)
+        assert proc.returncode == 0, proc.stderr
+        (run_dir,) = [p for p in self.root.glob(f"{name}-*") if p.is_dir()]
+        return run_dir
+
+    def number_jobs(self, first: int, refuse: int | None = None) -> None:
+        """sbatch answers ``first``, ``first + 1``, ... (a job id per call, as a real one
+        does); the call that would get ``refuse`` fails as sbatch fails on a bad request."""
+        counter = self.bin / "next_job"
+        counter.write_text(f"{first}\n")
+        refused = (
+            f'if [ "$n" = "{refuse}" ]; then echo "sbatch: error: Batch job submission '
+            'failed: Invalid account or account/partition combination specified" >&2; '
+            "exit 1; fi\n"
+            if refuse is not None
+            else ""
+        )
+        script = self.bin / "sbatch"
+        script.write_text(
+            "#!/bin/sh\n"
+            f'echo "sbatch $*" >> "{self.bin}/calls.log"\n'
+            f'n=$(cat "{counter}")\n'
+            f"{refused}"
+            f'echo $((n + 1)) > "{counter}"\n'
+            'echo "$n"\n'
+        )
+        script.chmod(0o755)
