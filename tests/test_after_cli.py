@@ -6,6 +6,7 @@ stand-in received is asserted whole."""
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -209,16 +210,20 @@ def test_status_of_a_pending_dependent_says_what_it_waits_for(cli: Cli) -> None:
     cli.answer(squeue="500|RUNNING|None|node1\n")
     evals = cli.submit("eval", "501", f"{train.name}:any")
     cli.answer(squeue="500|RUNNING|None|node1\n501|PENDING|Dependency|\n")
-    cli.forget_calls()
-    proc = cli("status", evals.name)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (
-        0,
-        f"{HEADER}{evals.name}  501  PENDING  -         -     -         0  waiting for "
-        f"{train.name} (job 500) to end\n",
-        "",
-    )
-    # Still one squeue call, for the dependent's job and its predecessor's together.
-    assert cli.calls("squeue", "sacct", "scontrol") == [SQUEUE.format(ids="500,501")]
+    # Waiting for long: its directory unchanged since (the status cache keeps queued runs
+    # whose directory has settled), and asked twice (the second poll reads the cache).
+    os.utime(evals, (1_700_000_000, 1_700_000_000))
+    for _ in range(2):
+        cli.forget_calls()
+        proc = cli("status", evals.name)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (
+            0,
+            f"{HEADER}{evals.name}  501  PENDING  -         -     -         0  waiting for "
+            f"{train.name} (job 500) to end\n",
+            "",
+        )
+        # One squeue call, for the dependent's job and its predecessor's together.
+        assert cli.calls("squeue", "sacct", "scontrol") == [SQUEUE.format(ids="500,501")]
 
 
 def _run(root: Path, name: str, job_ids: tuple[str, ...]) -> Path:

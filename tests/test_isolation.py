@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import damaged
-from support.damaged import BAD, GOOD, SWEEP, WRONG_VALUES, Damage, damage, run_verb
+from support.damaged import BAD, GOOD, PIPELINE, SWEEP, WRONG_VALUES, Damage, damage, run_verb
 from support.fakes import fake_slurm_bin
 
 # Record names the fixture cannot hold, and why (everything else must be in it).
@@ -45,7 +45,13 @@ def test_the_fixture_holds_every_record_the_store_declares(template: Path) -> No
 
 # Every reader of a run directory, as a user calls it (resume past its "nothing to train"
 # refusal, so that it reads everything a real resume reads).
-STATUS = (("status",), ("status", "--json"), ("status", BAD), ("status", f"{SWEEP}/0"))
+STATUS = (
+    ("status",),
+    ("status", "--json"),
+    ("status", BAD),
+    ("status", f"{SWEEP}/0"),
+    ("status", PIPELINE),
+)
 VERBS = (
     *STATUS,
     ("logs", BAD),

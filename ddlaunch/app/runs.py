@@ -419,6 +419,10 @@ class RunReader:
             # Its state comes from the intent's target and manifest, which a queued entry
             # does not keep; and reading it asks no scheduler, so there is nothing to save.
             return info
+        if AFTER_FILE in listing:
+            # A dependent (submit --after): what it waits for is said from its after.json
+            # on every poll, which a queued entry does not keep. Dependents are few.
+            return info
         queued = Queued(info.job_ids, info.intent, info.submitted)
         cache.put(run_dir.name, mtime_ns, listing, self.now, queued)
         return info

@@ -30,6 +30,7 @@ from ddlaunch.store import (
     group_state,
     groups,
     outcome,
+    pipelines,
     pods,
     preflight,
     signal_save,
@@ -47,6 +48,7 @@ from support.fakes import FakeRunner, fake_slurm_bin, ok
 from support.sweeps import sbatch_ids, start, submitted_sweep
 
 GOOD, BAD, SWEEP = "good-run", "bad-run", "sw"
+PIPELINE = "pl-20250101-000000-00000000"  # its one submitted stage is the bad run
 JOB = "4242"
 ATTEMPT = AttemptId(JOB, 0, JOB)
 
@@ -148,6 +150,7 @@ def build_template(work: Path) -> Path:
     for name in (GOOD, BAD):
         shutil.copytree(made, root / name, symlinks=True)
     _complete(root / BAD, root)
+    _pipeline(root)
     bin_dir = fake_slurm_bin(work / "bin")
     settle(root)
     with environment(root, bin_dir):
@@ -156,6 +159,20 @@ def build_template(work: Path) -> Path:
 
 
 SETTLED = 1_700_000_000  # "long ago": a directory's mtime the status cache trusts
+
+
+def _pipeline(root: Path) -> None:
+    """A pipeline of two stages: the bad run, and one never submitted."""
+    path = root / PIPELINE
+    path.mkdir()
+    (path / pipelines.PIPELINE_COPY).write_text("stages: {}\n")
+    stages = [
+        pipelines.StageRecord(
+            name="train", config="c.yaml", run_id=BAD, run_dir=str(root / BAD), job_id=JOB
+        ),
+        pipelines.StageRecord(name="eval", config="c.yaml", after=("train:ok",)),
+    ]
+    pipelines.write_pipeline(path, "pl", "pl.yaml", 1.0, stages)
 
 
 def settle(root: Path) -> None:
@@ -170,6 +187,7 @@ def targets(root: Path) -> list[str]:
     to the root, in a fixed order: what a case damages."""
     out = [str(p.relative_to(root)) for p in sorted((root / BAD).rglob("*"))]
     out += [str(p.relative_to(root)) for p in sorted((root / SWEEP).rglob("*"))]
+    out += [str(p.relative_to(root)) for p in sorted((root / PIPELINE).rglob("*"))]
     out += sorted(p.name for p in root.iterdir() if p.is_file())
     return out
 
