@@ -27,7 +27,7 @@ from ddlaunch.config.validate import to_plain
 from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import ClusterFacts, LaunchPlan
 from ddlaunch.planning.render import directive_lines, render_template, template_search_path
-from ddlaunch.policy.preflight import evaluate
+from ddlaunch.policy.preflight import NodeReport, NodeVerdict, evaluate
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.store import outcome, submission
@@ -93,7 +93,7 @@ class Row:
     unchecked: list[str]
 
 
-def verdict_rows(verdicts: Sequence[Any], reports: Mapping[str, Mapping[str, Any]]) -> list[Row]:
+def verdict_rows(verdicts: Sequence[NodeVerdict], reports: Mapping[str, NodeReport]) -> list[Row]:
     rows = []
     for v in verdicts:
         # The detail alone when the check passed; the status first otherwise.
@@ -101,16 +101,17 @@ def verdict_rows(verdicts: Sequence[Any], reports: Mapping[str, Mapping[str, Any
             c.name: c.detail if str(c.status) == "ok" else f"{str(c.status).upper()}: {c.detail}"
             for c in v.checks
         }
-        report = reports.get(v.node) or {}
+        report = reports.get(v.node)
+        findings = (report.get("fabric") if report is not None else None) or []
         fabric = []
         unchecked = [f"{c.name}: {c.detail}" for c in v.checks if str(c.status) == "unchecked"]
-        for f in report.get("fabric", []):
+        for f in findings:
             line = f"{f.get('check')}: {f.get('status')} ({f.get('detail')})"
             if f.get("status") == "unchecked":
                 unchecked.append(f"{f.get('check')}: {f.get('detail')}")
             else:
                 fabric.append(line)
-        statuses = {f.get("status") for f in report.get("fabric", [])}
+        statuses = {f.get("status") for f in findings}
         verdict = "FAIL" if not v.ok else "ok"
         if v.ok and statuses & {"mismatch", "warning"}:
             verdict = "MISMATCH" if "mismatch" in statuses else "WARNING"

@@ -29,7 +29,7 @@ from ddlaunch.store.rundir import committed_step, latest_commit
 class LocalRun:
     results: list[dict[str, Any]]  # per rank, by rank
     seconds: float
-    summary: dict[str, Any] | None  # result.json, when the training code wrote one
+    summary: dict[str, object] | None  # result.json, when the training code wrote one
 
     def summary_line(self) -> str | None:
         if not self.summary:

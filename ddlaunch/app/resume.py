@@ -139,10 +139,10 @@ def prepare_resume(
         apply_overrides(loaded, [f"nodes.count={nodes}"], f"--nodes {nodes}")
     cfg = validate_tree(loaded)
     # The code the run was submitted with: its checkpoints were written by that code.
-    snap = read_snapshot(run_dir.path) or {}
+    snap = read_snapshot(run_dir.path)
     code = None
-    if snap.get("path") and Path(snap["path"]).is_dir():
-        code = CodePaths(snapshot=snap["path"], workdir=snap.get("workdir") or snap["path"])
+    if snap is not None and snap.path and Path(snap.path).is_dir():
+        code = CodePaths(snapshot=snap.path, workdir=snap.workdir or snap.path)
     refuse_if_done(info, run_dir.path, cfg, overrides)
     blamed, listed = exclusions_for(run_dir.path, cfg.nodes.nodelist)
     unknown = (

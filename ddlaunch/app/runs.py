@@ -199,7 +199,7 @@ class RunInfo:
     job_ids: list[str] = field(default_factory=list)
     intent: Intent | None = None  # intent.json
     failures: list[Failure] = field(default_factory=list)
-    result: dict[str, Any] | None = None
+    result: dict[str, object] | None = None  # result.json: the training code's own values
     attempts: list[AttemptRecord] = field(default_factory=list)
     outcome: Outcome | None = None
     checkpoint_root: Path | None = None

@@ -35,7 +35,7 @@ from typing import Any
 from ddlaunch.config.schema import Config
 from ddlaunch.errors import UserError
 from ddlaunch.runner import Runner
-from ddlaunch.store.snapshots import SNAPSHOTS_DIR
+from ddlaunch.store.snapshots import SNAPSHOTS_DIR, SnapshotRecord
 
 
 @dataclass(frozen=True)
@@ -50,17 +50,19 @@ class Snapshot:
     seconds: float = 0.0
     untracked: tuple[str, ...] = ()  # git: files not in the snapshot (not ignored, not added)
 
-    def record(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "id": self.id,
-            "path": str(self.path),
-            "source": str(self.source),
-            "workdir": str(self.workdir),
-            "created": self.created,
-            "files": self.files,
-            "seconds": round(self.seconds, 3),
-        }
+    def record(self) -> SnapshotRecord:
+        return SnapshotRecord.from_json(  # from_json: files None is recorded as null
+            {
+                "kind": self.kind,
+                "id": self.id,
+                "path": str(self.path),
+                "source": str(self.source),
+                "workdir": str(self.workdir),
+                "created": self.created,
+                "files": self.files,
+                "seconds": round(self.seconds, 3),
+            }
+        )
 
 
 def _git(runner: Runner, cwd: Path, *args: str) -> str | None:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from ddlaunch.app.runs import (
     RunInfo,
@@ -72,6 +72,27 @@ def fold_state(slurm_state: str) -> str:
     return STATE_MAP.get(head, head or "UNKNOWN")
 
 
+class AttemptSummary(TypedDict):
+    """One attempt as ``status`` shows it (``attempt_history``; ``status --json`` writes it
+    as it is): where it ran, how it ended and why."""
+
+    attempt: int | None
+    job_id: str | None
+    nodes: str
+    start: float | None
+    end: float | None
+    cause: str
+    resumed_from: int | None
+    committed_step: int | None
+    blamed: list[str]
+    detail: NotRequired[str]  # the failed node checks, or the signal
+    preflight: NotRequired[list[dict[str, object]]]  # the verdicts per node
+    in_allocation: NotRequired[bool]  # a new srun step of the same job start
+    shrunk: NotRequired[str]  # fewer nodes than nodes.count (nodes.min)
+    culprit: NotRequired[str]  # the rank that ended it, in words
+    group_restarts: NotRequired[list[dict[str, object]]]  # replica groups restarted alone
+
+
 @dataclass
 class RunStatus:
     run_id: str
@@ -86,17 +107,17 @@ class RunStatus:
     failure: str | None
     detail: str | None
     label: str | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[AttemptSummary] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
     health: str = ""
-    heartbeat: dict[str, Any] | None = None
+    heartbeat: dict[str, object] | None = None  # health/watchdog.json, while it runs
     snapshot: str | None = None  # the code snapshot the run's ranks use
-    staging: dict[str, Any] | None = None  # the last attempt's staging, per node
+    staging: dict[str, dict[str, object]] | None = None  # the last attempt's, per node
     submitted: float | None = None
     members: dict[str, int] | None = None  # a sweep's row: members per state
     problems: list[str] = field(default_factory=list)  # records that could not be read
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         # Shallow on purpose: the fields are plain data already, and dataclasses.asdict's deep
         # copy costs more than the rest of `status --json` for a 1000-member sweep.
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -145,7 +166,7 @@ def attempt_failure(record: AttemptRecord, failures: Sequence[Failure]) -> str |
     return mine[0].one_line()
 
 
-def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any]]:
+def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[AttemptSummary]:
     """Each attempt in a compact, stable form: where it ran, how it ended and why. An
     attempt nobody closed (the job was killed before its end hook) of a run that is over
     ends as the run did."""
@@ -156,7 +177,7 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[dict[str, Any
             cause = (
                 "?" if not rec.is_open else "running" if state in ACTIVE_STATES else state.lower()
             )
-        item: dict[str, object] = {
+        item: AttemptSummary = {
             "attempt": rec.attempt,
             "job_id": rec.job_id,
             "nodes": rec.nodes or "",
@@ -384,11 +405,13 @@ def run_failure(info: RunInfo) -> str | None:
     return attempt_failure(latest, info.failures)
 
 
-def staging_nodes(records: Mapping[str, NodeStaging] | None) -> dict[str, Any] | None:
+def staging_nodes(
+    records: Mapping[str, NodeStaging] | None,
+) -> dict[str, dict[str, object]] | None:
     """Per node: state, bytes copied of the data's size, seconds (``status --json``)."""
     if not records:
         return None
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, object]] = {}
     for host, rec in sorted(records.items()):
         items = rec.items or ()
         start, end = rec.start, rec.end

@@ -69,7 +69,7 @@ class CommitMarker:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     """Caller's JSON metadata, e.g. the data loader position or the RNG seed."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "format": MARKER_FORMAT,
             "step": self.step,

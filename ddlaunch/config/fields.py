@@ -4,8 +4,9 @@ fields name in their checks. Shared by ``schema`` and the section modules beside
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import field
-from typing import Any
+from typing import Any, TypedDict
 
 # Strings that end up in ``#SBATCH`` lines are restricted to a conservative character set:
 # sbatch parses those lines itself, so shell quoting cannot make arbitrary text safe there.
@@ -70,6 +71,17 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
         "a name of letters, digits and _ starting with a letter (it becomes DDLAUNCH_DATA_<NAME>)",
     ),
 }
+
+
+class FieldMeta(TypedDict, total=False):
+    """A schema field's metadata (``opt``): its doc and the checks ``config.validate`` makes."""
+
+    doc: str
+    choices: Sequence[str]
+    range: tuple[float, float]  # inclusive bounds
+    pattern: str  # a key of ``PATTERNS``
+    parse: str  # duration, mail_type, degree, version
+    type_label: str  # the type as ``config-reference`` shows it
 
 
 def opt(default: Any = None, doc: str = "", **checks: Any) -> Any:

@@ -66,7 +66,7 @@ if hasattr(yaml, "CSafeLoader"):
 class LoadedTree:
     """A merged config tree and where each key path was last set."""
 
-    tree: dict[str, Any] = field(default_factory=dict)
+    tree: dict[str, object] = field(default_factory=dict)  # as YAML typed it
     locations: dict[KeyPath, str] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
 
@@ -107,7 +107,7 @@ def _node_to_tree(
 ) -> Any:
     """Turn a composed YAML node into plain data, recording each key's line."""
     if isinstance(node, yaml.MappingNode):
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for key_node, value_node in node.value:
             line = f"{where}:{key_node.start_mark.line + 1}"
             key = loader.construct_object(key_node, deep=True)
@@ -158,7 +158,7 @@ def _yaml_error(exc: yaml.YAMLError, where: str) -> ConfigError:
     return ConfigError([ConfigIssue("", f"invalid YAML: {exc}", where)])
 
 
-def read_yaml_file(path: Path) -> tuple[dict[str, Any], dict[KeyPath, str]]:
+def read_yaml_file(path: Path) -> tuple[dict[str, object], dict[KeyPath, str]]:
     """Parse one YAML file into (tree, locations); raise ConfigError on any problem."""
     where = display_path(path)
     try:
@@ -212,16 +212,17 @@ def resolve_config_name(name: str, base_dir: Path | None = None) -> Path | None:
 
 
 def deep_merge(
-    base: dict[str, Any],
-    top: dict[str, Any],
+    base: Mapping[str, object],
+    top: Mapping[str, object],
     prefix: KeyPath = (),
     touched: list[KeyPath] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Merge ``top`` over ``base``: mappings merge key by key, everything else replaces."""
     out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value, (*prefix, key), touched)
+        below = out.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            out[key] = deep_merge(below, value, (*prefix, key), touched)
         else:
             out[key] = value
             if touched is not None:
@@ -325,18 +326,21 @@ def apply_overrides(
         node = loaded.tree
         for i, part in enumerate(path[:-1]):
             child = node.get(part)
-            if not isinstance(child, dict):
-                if child is not None:
-                    issues.append(
-                        ConfigIssue(
-                            ".".join(path[: i + 1]),
-                            "is not a mapping, so it has no sub-keys",
-                            where,
-                        )
+            if child is None:
+                fresh: dict[str, object] = {}
+                node[part] = fresh
+                node = fresh
+            elif isinstance(child, dict):
+                node = child
+            else:
+                issues.append(
+                    ConfigIssue(
+                        ".".join(path[: i + 1]),
+                        "is not a mapping, so it has no sub-keys",
+                        where,
                     )
-                    break
-                child = node[part] = {}
-            node = child
+                )
+                break
         else:
             node[path[-1]] = value
             # The override owns this key and everything below it.

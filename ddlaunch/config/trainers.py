@@ -13,8 +13,9 @@ Pure data, no I/O: config validation resolves a config's trainer section into a 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, cast
 
 KIND_DDLAUNCH = "ddlaunch"  # ddlaunch.train.Session: the default for launch.entrypoint
 KIND_NONE = "none"  # nothing known about the checkpoints: the default for scripts and modules
@@ -118,14 +119,18 @@ def default_kind(entrypoint: str | None) -> str:
     return KIND_DDLAUNCH if entrypoint else KIND_NONE
 
 
-def resolve(kind: str, overrides: dict[str, Any]) -> Layout:
+def resolve(kind: str, overrides: Mapping[str, object]) -> Layout:
     """The built-in layout of ``kind`` with the config's own values (unset ones: ``None``)."""
     base = BUILTIN[kind]
     given = {k: v for k, v in overrides.items() if k in LAYOUT_KEYS and v is not None}
     for key in ("requires", "forbids", "resume_args"):
         if key in given:
-            given[key] = tuple(given[key])
-    return replace(base, **given)
+            value = given[key]
+            if not isinstance(value, Iterable):
+                raise TypeError(f"trainer.{key}: not a list")
+            given[key] = tuple(value)
+    # The kinds are the config's: checked by ``config.validate``, or as YAML read them back.
+    return replace(base, **cast(Mapping[str, Any], given))
 
 
 def is_byo(kind: str) -> bool:
@@ -144,15 +149,23 @@ def substitute(text: str, values: dict[str, str]) -> str:
     return PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), text)
 
 
-def layout_from_tree(tree: dict[str, Any]) -> tuple[str, Layout]:
+def section_of(tree: Mapping[str, object], key: str) -> Mapping[str, object]:
+    """A section of a config read as plain YAML: absent or null is empty; ``TypeError`` when
+    it is not a mapping (a config edited or damaged since ddlaunch wrote it)."""
+    value = tree.get(key) or {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{key}: {type(value).__name__} where a mapping is expected")
+    return value
+
+
+def layout_from_tree(tree: Mapping[str, object]) -> tuple[str, Layout]:
     """(kind, layout) from a resolved config read as plain YAML (the hooks, ``status``),
     without validating the whole config."""
     if "trainer" not in tree:
         # Written before the section existed: ddlaunch's own layout, as it was read then.
         return KIND_DDLAUNCH, BUILTIN[KIND_DDLAUNCH]
-    section = tree.get("trainer") or {}
-    launch = tree.get("launch") or {}
-    kind = section.get("kind") or default_kind(launch.get("entrypoint"))
-    if kind not in BUILTIN:
-        kind = KIND_NONE
+    section = section_of(tree, "trainer")
+    entrypoint = section_of(tree, "launch").get("entrypoint")
+    found = section.get("kind") or default_kind(str(entrypoint) if entrypoint else None)
+    kind = found if isinstance(found, str) and found in BUILTIN else KIND_NONE
     return kind, resolve(kind, section)

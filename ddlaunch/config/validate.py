@@ -14,12 +14,13 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ddlaunch.config import trainer_rules
 from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.fault_tolerance import FaultToleranceSpec
+from ddlaunch.config.fields import FieldMeta
 from ddlaunch.config.kubernetes_rules import check_kubernetes
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
 from ddlaunch.config.schema import PATTERNS, Config
@@ -72,7 +73,7 @@ _RESERVED_SBATCH = {
 }
 
 
-def _close_matches(word: str, candidates: list[str], n: int, cutoff: float) -> list[str]:
+def _close_matches(word: str, candidates: Sequence[str], n: int, cutoff: float) -> list[str]:
     # difflib is imported only for a "did you mean": a valid config never needs it.
     import difflib
 
@@ -109,7 +110,7 @@ def _describe(value: Any) -> str:
 
 
 @functools.cache
-def _type_hints(cls: type) -> dict[str, Any]:
+def _type_hints(cls: type) -> dict[str, object]:  # field name -> its type
     # Resolving the string annotations is most of a validation's cost; a sweep validates
     # the same classes for every member.
     return typing.get_type_hints(cls)
@@ -181,16 +182,17 @@ class _Builder:
                     else f"; known keys: {', '.join(fields)}"
                 )
                 self.fail((*path, str(key)), f"unknown key{hint}", unknown=True)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, object] = {}
         for name, spec in fields.items():
             if name not in data:
                 continue
-            value = self.convert(hints[name], data[name], (*path, name), dict(spec.metadata))
+            meta = cast(FieldMeta, dict(spec.metadata))  # opt's
+            value = self.convert(hints[name], data[name], (*path, name), meta)
             if value is not _INVALID:
                 kwargs[name] = value
         return cls(**kwargs)
 
-    def convert(self, tp: Any, value: Any, path: KeyPath, meta: dict[str, Any]) -> Any:
+    def convert(self, tp: Any, value: Any, path: KeyPath, meta: FieldMeta) -> Any:
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             return self.build(tp, value, path)
         args = typing.get_args(tp)
@@ -219,7 +221,7 @@ class _Builder:
             return _INVALID if _INVALID in out.values() else out
         return self.scalar(tp, value, path, meta)
 
-    def scalar(self, tp: type, value: Any, path: KeyPath, meta: dict[str, Any]) -> Any:
+    def scalar(self, tp: type, value: Any, path: KeyPath, meta: FieldMeta) -> Any:
         if tp is bool:
             if not isinstance(value, bool):
                 self.fail(path, f"expected true or false, got {_describe(value)}")
@@ -244,7 +246,7 @@ class _Builder:
                 return _INVALID
         return self.check(value, path, meta)
 
-    def check(self, value: Any, path: KeyPath, meta: dict[str, Any]) -> Any:
+    def check(self, value: Any, path: KeyPath, meta: FieldMeta) -> Any:
         if "choices" in meta and value not in meta["choices"]:
             close = _close_matches(str(value), meta["choices"], n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -17,7 +17,7 @@ import shutil
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ddlaunch.planning.staging import node_path
 from ddlaunch.policy import fabric as fabric_check
@@ -31,15 +31,16 @@ if TYPE_CHECKING:
 INJECT_VAR = "DDLAUNCH_HEALTH_INJECT"
 
 
-def injection(spec: str | None, host: str, index: int, restart: int) -> dict[str, Any]:
-    """The overrides of ``$DDLAUNCH_HEALTH_INJECT`` that apply to this node and attempt."""
+def injection(spec: str | None, host: str, index: int, restart: int) -> dict[str, object]:
+    """The overrides of ``$DDLAUNCH_HEALTH_INJECT`` that apply to this node and attempt (a
+    JSON object or list of them, from the tests: each override is read by its user)."""
     if not spec:
         return {}
     try:
         items = json.loads(spec)
     except ValueError:
         return {}
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     for item in items if isinstance(items, list) else [items]:
         if not isinstance(item, dict):
             continue
@@ -102,25 +103,32 @@ def checked_paths(cfg: Config, run_dir: Path, env: Mapping[str, str]) -> list[tu
 
 
 def node_checks(
-    cfg: Config, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
-) -> tuple[list[v.Check], dict[str, Any]]:
+    cfg: Config, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, object]
+) -> tuple[list[v.Check], dict[str, object]]:
     """The torch-free part of phase 1 (GPUs, free space); returns the checks and the facts
     behind them. The in-rank preflight (``ddlaunch.worker.gate``) runs it before torch."""
-    facts: dict[str, Any] = {}
+    facts: dict[str, object] = {}
     assigned = assigned_gpus(env)
     smi_count, smi_error = nvidia_smi(runner)
     if "gpus" in inject:
-        assigned = int(inject["gpus"])
+        assigned = int(_number(inject["gpus"]))
         smi_count = min(smi_count, assigned) if smi_count is not None else None
     facts["gpus"] = {"assigned": assigned, "nvidia_smi": smi_count, "error": smi_error}
     checks = [v.gpu_check(cfg.nodes.gpus_per_node, assigned, smi_count, smi_error)]
     for label, path in checked_paths(cfg, run_dir, env):
         free, error = free_gb(path)
         if "free_gb" in inject:
-            free, error = float(inject["free_gb"]), ""
+            free, error = _number(inject["free_gb"]), ""
         facts[f"free_gb:{label}"] = free
         checks.append(v.disk_check(label, path, free, cfg.health.min_free_gb, error))
     return checks, facts
+
+
+def _number(value: object) -> float:
+    """An injected number (``gpus``, ``free_gb``)."""
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise ValueError(f"{INJECT_VAR}: {value!r} is not a number")
 
 
 def doctor_findings(cfg: Config, runner: Runner) -> list[dict[str, str]]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from ddlaunch.config.schema import StorageSpec
 from ddlaunch.policy import attribution as policy
@@ -232,7 +231,7 @@ def attribute(
     kernel_log: Callable[[], str] = read_kernel_log,
     step: policy.StepLog | None = None,
     keep: int = KEEP_RANKS,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The fields this module adds to the attempt's record (see the module's doc).
     ``step``: the batch log's part already read (``read_step``), else it is read here;
     ``keep``: the entries of each list kept (``storage.ranks_listed``)."""
@@ -248,7 +247,7 @@ def attribute(
     }
     steps = accounting(client, attempt)
     causes = policy.rank_causes(step, raised, tails, steps)
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "ranks_ended": [e.as_dict() for e in step.ends[:keep]],
         "causes": [c.as_dict() for c in causes[:keep]],
     }
@@ -276,7 +275,7 @@ def attribute_safely(
     client: SlurmClient,
     step: policy.StepLog | None = None,
     keep: int = KEEP_RANKS,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """``attribute``, but a failure to attribute never costs the attempt its conclusion."""
     try:
         return attribute(run_dir, attempt, index, client, step=step, keep=keep)

@@ -338,9 +338,9 @@ class Supervisor:
         """The newest step the group's ranks reported in their heartbeats."""
         last = g.rank_offset + len(g.state.nodes) * self.settings.ranks_per_node
         steps = [
-            int(r["step"])
+            step
             for r in heartbeats.read_heartbeats(self.run_dir)
-            if isinstance(r.get("step"), int)
+            if isinstance(step := r.get("step"), int)
             and g.rank_offset <= int(r.get("rank", -1)) < last
             and r.get("job_id") == self.attempt.job_id
         ]

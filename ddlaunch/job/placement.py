@@ -9,7 +9,6 @@ import contextlib
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ddlaunch.job.blame import bad_nodes, expand
 from ddlaunch.policy.placement import Placement, describe_shortage, place
@@ -64,14 +63,14 @@ def placement_fields(
     wanted: int,
     minimum: int | None,
     ranks_per_node: int,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """What an attempt of a job with spares or nodes.min records of its placement: the
     allocation, its spares (usable nodes the step leaves out), its world size and, on fewer
     nodes than nodes.count, the shrink (``status`` shows it: the global batch changed)."""
     used = expand(nodes)
     left_out = set(used) | set(exclusions.excluded(run_dir))
     world = len(used) * ranks_per_node
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "allocation": env.get("SLURM_JOB_NODELIST", ""),
         "spares": [n for n in expand(env.get("SLURM_JOB_NODELIST", "")) if n not in left_out],
         "world_size": world,

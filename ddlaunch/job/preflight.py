@@ -13,7 +13,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ddlaunch.conclude import conclude
 from ddlaunch.config import Config, load_config
@@ -155,7 +154,7 @@ def print_verdicts(
     run_dir: Path,
     attempt: AttemptId,
     nodes: Sequence[str],
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, verdicts.NodeReport],
     gate: records.Gate,
 ) -> None:
     """Into the batch log, once per attempt (the watchdog does it as soon as the gate opens;

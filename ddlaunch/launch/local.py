@@ -75,8 +75,8 @@ def _base_env(cfg: Config, run_dir: Path, job_id: str, world_size: int) -> dict[
     # The ranks must import this very ddlaunch (a checkout need not be installed), and the
     # code snapshot first, as on Slurm.
     package_root = str(Path(ddlaunch.__file__).resolve().parent.parent)
-    snapshot = read_snapshot(run_dir) or {}
-    paths = (snapshot.get("path"), package_root, env.get("PYTHONPATH"))
+    snapshot = read_snapshot(run_dir)
+    paths = (snapshot.path if snapshot else None, package_root, env.get("PYTHONPATH"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     # N ranks on one machine: one intra-op thread each, as torchrun does.
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -97,7 +97,8 @@ def _base_env(cfg: Config, run_dir: Path, job_id: str, world_size: int) -> dict[
 
 def _ranks_dir(run_dir: Path, cfg: Config) -> str:
     """The code snapshot's working directory when the run has one, else the live one."""
-    workdir = (read_snapshot(run_dir) or {}).get("workdir")
+    snapshot = read_snapshot(run_dir)
+    workdir = snapshot.workdir if snapshot else None
     if workdir and Path(workdir).is_dir():
         return str(workdir)
     return cfg.launch.workdir or os.getcwd()

@@ -35,6 +35,7 @@ from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.schema import Config
 from ddlaunch.planning import fabric, kubernetes_pod, pod_env
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
+from ddlaunch.planning.kubernetes_pod import JSONObject
 from ddlaunch.planning.plan import CodePaths
 from ddlaunch.planning.tracking import tracking_env
 from ddlaunch.policy.pod_exit import STOP_EXIT
@@ -65,7 +66,7 @@ class KubernetesPlan:
     name: str  # the JobSet's or PyTorchJob's name: the attempts' job id
     kind: str
     namespace: str | None
-    documents: tuple[dict[str, Any], ...]
+    documents: tuple[JSONObject, ...]
 
     @property
     def manifest_path(self) -> str:
@@ -145,17 +146,17 @@ def _check_storage(cfg: Config, run_dir: str, checkpoints: str) -> list[ConfigIs
     return issues
 
 
-def _env(name: str, value: str) -> dict[str, Any]:
+def _env(name: str, value: str) -> JSONObject:
     return {"name": name, "value": value}
 
 
-def _field(name: str, path: str) -> dict[str, Any]:
+def _field(name: str, path: str) -> JSONObject:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
 def pod_env_list(
     cfg: Config, *, kind: str, name: str, run_id: str, run_dir: str, pythonpath: str | None
-) -> list[dict[str, Any]]:
+) -> list[JSONObject]:
     """The container's environment: ddlaunch's, the pod's place, fabric, launch.env, tracking."""
     run = PurePosixPath(run_dir)
     out = [
@@ -218,8 +219,8 @@ def _labels(cfg: Config, name: str) -> dict[str, str]:
     return {PODGROUP_LABEL: name} if cfg.kubernetes.gang == "coscheduling" else {}
 
 
-def _metadata(cfg: Config, name: str, run_id: str) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name}
+def _metadata(cfg: Config, name: str, run_id: str) -> JSONObject:
+    meta: JSONObject = {"name": name}
     if cfg.kubernetes.namespace:
         meta["namespace"] = cfg.kubernetes.namespace
     labels = {"app.kubernetes.io/managed-by": "ddlaunch"}
@@ -233,11 +234,11 @@ def _metadata(cfg: Config, name: str, run_id: str) -> dict[str, Any]:
 def _template(
     cfg: Config,
     kind: str,
-    main: dict[str, Any],
-    volumes: list[dict[str, Any]],
+    main: JSONObject,
+    volumes: list[JSONObject],
     name: str,
     run_as: tuple[int, int] | None,
-) -> dict[str, Any]:
+) -> JSONObject:
     same_job = (
         {"jobset.sigs.k8s.io/jobset-name": name}
         if kind == "jobset"
@@ -251,16 +252,16 @@ def _template(
         restart_policy="Never" if kind == "jobset" else None,
         run_as=run_as,
     )
-    template: dict[str, Any] = {"spec": spec}
+    template: JSONObject = {"spec": spec}
     labels = _labels(cfg, name)
     if labels:
         template = {"metadata": {"labels": labels}, **template}
     return template
 
 
-def _jobset(cfg: Config, meta: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+def _jobset(cfg: Config, meta: JSONObject, template: JSONObject) -> JSONObject:
     n, name = cfg.nodes.count, meta["name"]
-    job_spec = {
+    job_spec: JSONObject = {
         "parallelism": n,
         "completions": n,
         "completionMode": "Indexed",
@@ -280,7 +281,7 @@ def _jobset(cfg: Config, meta: dict[str, Any], template: dict[str, Any]) -> dict
         },
         "template": template,
     }
-    spec = {
+    spec: JSONObject = {
         # Pod hostnames resolve behind the headless service before the pods are ready.
         "network": {
             "enableDNSHostnames": True,
@@ -303,24 +304,26 @@ def _jobset(cfg: Config, meta: dict[str, Any], template: dict[str, Any]) -> dict
 
 
 def _pytorchjob(
-    cfg: Config, meta: dict[str, Any], master: dict[str, Any], worker: dict[str, Any]
-) -> dict[str, Any]:
+    cfg: Config, meta: JSONObject, master: JSONObject, worker: JSONObject
+) -> JSONObject:
     n = cfg.nodes.count
-    replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": master}}
+    replicas: JSONObject = {
+        "Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": master}
+    }
     if n > 1:
         replicas["Worker"] = {"replicas": n - 1, "restartPolicy": "ExitCode", "template": worker}
-    spec = {
+    spec: JSONObject = {
         "pytorchReplicaSpecs": replicas,
         "runPolicy": {"backoffLimit": cfg.fault_tolerance.max_requeues, "cleanPodPolicy": "All"},
     }
     return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob", "metadata": meta, "spec": spec}
 
 
-def _podgroup(cfg: Config, name: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {"minMember": cfg.nodes.count}
+def _podgroup(cfg: Config, name: str) -> JSONObject:
+    spec: JSONObject = {"minMember": cfg.nodes.count}
     if cfg.kubernetes.gang_timeout:
         spec["scheduleTimeoutSeconds"] = cfg.kubernetes.gang_timeout
-    meta: dict[str, Any] = {"name": name}
+    meta: JSONObject = {"name": name}
     if cfg.kubernetes.namespace:
         meta["namespace"] = cfg.kubernetes.namespace
     return {"apiVersion": PODGROUP_API, "kind": "PodGroup", "metadata": meta, "spec": spec}
@@ -374,7 +377,7 @@ def make_kubernetes_plan(
         cfg, kind=kind, name=name, run_id=run_id, run_dir=run_dir, pythonpath=pythonpath
     )
 
-    def main(extra: list[dict[str, Any]]) -> dict[str, Any]:
+    def main(extra: list[JSONObject]) -> JSONObject:
         return kubernetes_pod.container(
             cfg,
             name=CONTAINER[kind],
@@ -387,7 +390,7 @@ def make_kubernetes_plan(
         )
 
     meta = _metadata(cfg, name, run_id)
-    docs: list[dict[str, Any]] = []
+    docs: list[JSONObject] = []
     if cfg.kubernetes.gang == "coscheduling":
         docs.append(_podgroup(cfg, name))
     if kind == "jobset":

@@ -27,11 +27,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypeAlias
 
 from ddlaunch.config.kubernetes_rules import parse_toleration, parse_volume
 from ddlaunch.config.schema import Config
 from ddlaunch.planning import topology
+
+# A JSON document as the manifests are built: any value ``json.dumps`` (and YAML) writes.
+# Read-only containers inside (a ``dict[str, str]`` of labels is a JSON object too); the
+# objects built here are mutable ``JSONObject``s.
+JSONValue: TypeAlias = (
+    "str | int | float | bool | Sequence[JSONValue] | Mapping[str, JSONValue] | None"
+)
+JSONObject: TypeAlias = dict[str, JSONValue]
 
 SHM_PER_RANK_GI = 4
 _SLURM_UNITS = {"K": "Ki", "M": "Mi", "G": "Gi", "T": "Ti"}
@@ -75,15 +83,15 @@ def resources(cfg: Config) -> dict[str, dict[str, str]]:
     return {"requests": wanted, "limits": limits} if limits else {"requests": wanted}
 
 
-def tolerations(cfg: Config) -> list[dict[str, Any]]:
+def tolerations(cfg: Config) -> list[JSONObject]:
     k = cfg.kubernetes
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
     for text in k.tolerations:
         parsed = parse_toleration(text)
         if isinstance(parsed, str):  # validated already; kept for a config built by hand
             raise ValueError(parsed)
         key, value, effect = parsed
-        item: dict[str, Any] = {"key": key, "operator": "Exists" if value is None else "Equal"}
+        item: JSONObject = {"key": key, "operator": "Exists" if value is None else "Equal"}
         if value is not None:
             item["value"] = value
         item["effect"] = effect
@@ -97,31 +105,31 @@ def tolerations(cfg: Config) -> list[dict[str, Any]]:
     return out
 
 
-def _volume_source(source: str) -> dict[str, Any]:
+def _volume_source(source: str) -> JSONObject:
     parsed = parse_volume(source)
     if isinstance(parsed, str):
         raise ValueError(parsed)
     kind, args, read_only = parsed
-    ro = {"readOnly": True} if read_only else {}
+    ro: JSONObject = {"readOnly": True} if read_only else {}
     if kind == "pvc":
-        return {"persistentVolumeClaim": {"claimName": args[0], **ro}}
+        claim: JSONObject = {"claimName": args[0], **ro}
+        return {"persistentVolumeClaim": claim}
     if kind == "nfs":
-        return {"nfs": {"server": args[0], "path": args[1], **ro}}
+        nfs: JSONObject = {"server": args[0], "path": args[1], **ro}
+        return {"nfs": nfs}
     return {"hostPath": {"path": args[0], "type": "Directory"}}
 
 
-def volumes(cfg: Config, scratch: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def volumes(cfg: Config, scratch: str | None) -> tuple[list[JSONObject], list[JSONObject]]:
     """(pod volumes, container mounts): /dev/shm, kubernetes.volumes, a scratch emptyDir."""
     k = cfg.kubernetes
     shm = k.shm_size or f"{SHM_PER_RANK_GI * cfg.ranks_per_node}Gi"
-    vols: list[dict[str, Any]] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}
-    ]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    vols: list[JSONObject] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
+    mounts: list[JSONObject] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     for i, (path, source) in enumerate(sorted(k.volumes.items())):
         name = f"volume-{i}"
         vols.append({"name": name, **_volume_source(source)})
-        mount: dict[str, Any] = {"name": name, "mountPath": path}
+        mount: JSONObject = {"name": name, "mountPath": path}
         if source.endswith(":ro"):
             mount["readOnly"] = True
         mounts.append(mount)
@@ -137,12 +145,12 @@ def container(
     name: str,
     image: str,
     command: Sequence[str],
-    env: Sequence[dict[str, Any]],
-    mounts: Sequence[dict[str, Any]],
+    env: Sequence[JSONObject],
+    mounts: Sequence[JSONObject],
     workdir: str | None,
     port_name: str,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "image": image, "command": list(command)}
+) -> JSONObject:
+    out: JSONObject = {"name": name, "image": image, "command": list(command)}
     if workdir:
         out["workingDir"] = workdir
     out["env"] = list(env)
@@ -157,17 +165,17 @@ def container(
 def pod_spec(
     cfg: Config,
     *,
-    main: dict[str, Any],
-    volumes_: Sequence[dict[str, Any]],
+    main: JSONObject,
+    volumes_: Sequence[JSONObject],
     same_job: Mapping[str, str],
     restart_policy: str | None,
     run_as: tuple[int, int] | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """The pod spec around ``main``; ``same_job``: the labels every pod of this job has
     (for the one-pod-per-node anti-affinity); ``run_as``: (uid, gid) of the user whose run
     directory (mode 0700, on the shared volume) the pods write."""
     k = cfg.kubernetes
-    spec: dict[str, Any] = {}
+    spec: JSONObject = {}
     if restart_policy:
         spec["restartPolicy"] = restart_policy
     if run_as is not None:

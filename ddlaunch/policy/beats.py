@@ -15,7 +15,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -35,19 +34,21 @@ class Beat:
     started: float = 0.0
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> Beat:
+    def from_record(cls, rec: Mapping[str, object]) -> Beat:
+        """The beat of one rank's record as read (``store.heartbeats.RankBeat``); a field of
+        the wrong kind reads as absent."""
         return cls(
-            rank=int(rec.get("rank", -1)),
+            rank=_count(rec.get("rank"), -1),
             host=str(rec.get("host", "?")),
-            step=rec.get("step"),
-            step_wall=rec.get("step_wall"),
-            beat=float(rec.get("beat", 0.0) or 0.0),
+            step=_whole(rec.get("step")),
+            step_wall=_time(rec.get("step_wall")),
+            beat=_float(rec.get("beat")),
             state=str(rec.get("state", "running")),
-            busy_time=rec.get("busy_time"),
-            step_time=rec.get("step_time"),
-            where=rec.get("where"),
-            waiting=rec.get("waiting"),
-            started=float(rec.get("started", 0.0) or 0.0),
+            busy_time=_time(rec.get("busy_time")),
+            step_time=_time(rec.get("step_time")),
+            where=_text(rec.get("where")),
+            waiting=_flag(rec.get("waiting")),
+            started=_float(rec.get("started")),
         )
 
     @property
@@ -60,18 +61,57 @@ class Beat:
         return self.step_wall or self.started or self.beat
 
 
-def same_attempt(rec: Mapping[str, Any], job_id: str, restart: int, relaunch: int) -> bool:
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _time(value: object) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _flag(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _count(value: object, default: int = 0) -> int:
+    """A whole number of a record (a rank, a restart count): absent or null is ``default``,
+    one that is not a number -1 (no rank, no attempt)."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, int | float | str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    return -1
+
+
+def _float(value: object) -> float:
+    """A time of a record: absent, null or not a number is 0."""
+    if value and isinstance(value, int | float | str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return 0.0
+
+
+def same_attempt(rec: Mapping[str, object], job_id: str, restart: int, relaunch: int) -> bool:
     """Whether a record (a rank's, or a node record's head) belongs to this attempt.
     ``relaunch``: the restart inside the allocation (Slurm's restart count stays the same)."""
     return (
         str(rec.get("job_id", "")) == str(job_id)
-        and int(rec.get("restart", 0) or 0) == restart
-        and int(rec.get("relaunch", 0) or 0) == relaunch
+        and _count(rec.get("restart")) == restart
+        and _count(rec.get("relaunch")) == relaunch
     )
 
 
 def current_beats(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[Mapping[str, object]],
     job_id: str,
     restart: int,
     not_before: float = 0.0,
@@ -110,15 +150,15 @@ class NodeSummary:
     stuck: int = 0  # running ranks known to be outside any collective
     busy: float | None = None  # the median busy time of its running ranks, s/step
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> NodeSummary | None:
+    def from_json(cls, data: Mapping[str, object]) -> NodeSummary | None:
         """None unless every field is there with a plausible type (a record of another
         version: the reader then summarises the ranks themselves)."""
         try:
-            summary = cls(**data)
+            summary = cls(**data)  # type: ignore[arg-type]  # the kinds are checked below
         except TypeError:  # a field missing, or one this version does not know
             return None
         counts = (summary.ranks, summary.running, summary.unstepped, summary.waiting)

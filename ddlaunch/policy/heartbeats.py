@@ -29,7 +29,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ddlaunch.policy.beats import Beat, NodeSummary, by_node
 from ddlaunch.policy.beats import current_beats as current_beats  # the callers' old name
@@ -280,11 +279,11 @@ def analyse_nodes(
     )
 
 
-def summary(beats: list[Beat], now: float) -> dict[str, Any]:
+def summary(beats: list[Beat], now: float) -> dict[str, object]:
     return summary_of(by_node(beats), now)
 
 
-def summary_of(nodes: Sequence[NodeSummary], now: float) -> dict[str, Any]:
+def summary_of(nodes: Sequence[NodeSummary], now: float) -> dict[str, object]:
     """A few numbers for ``status``: latest step, oldest heartbeat, busy time per node."""
     steps = [n.step for n in nodes if n.step is not None]
     oldest = [n.oldest_beat for n in nodes if n.running and n.oldest_beat is not None]

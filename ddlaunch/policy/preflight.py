@@ -20,10 +20,67 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 if TYPE_CHECKING:
     from ddlaunch.config.schema import Config
+
+
+class CheckRecord(TypedDict):
+    """A check as a node report and ``health/preflight.json`` keep it (``Check.as_dict``)."""
+
+    name: str
+    status: str  # a ``CheckStatus``
+    detail: str
+    cause: NotRequired[str]
+
+
+class NetReport(TypedDict, total=False):
+    """A node report's bandwidth test: what was measured, or why it was not."""
+
+    backend: str
+    world: int
+    bytes: int
+    allreduce_gbps: float
+    ring_gbps: float
+    join_s: float  # the rendezvous (training's own)
+    test_s: float  # the test proper
+    skipped: str
+    error: str
+
+
+class NodeReport(TypedDict):
+    """One node's preflight report, as the node writes it (``store.preflight``) and its
+    readers take it as found. ``facts``: what the checks were made from (``gpus``,
+    ``free_gb:<path label>``, ``torch``), as shown; ``inject``: the in-rank gate's own (the
+    fault injections for this node), never written."""
+
+    host: str
+    index: int
+    time: float
+    facts: dict[str, object]
+    checks: list[CheckRecord]
+    net: NotRequired[NetReport]
+    elapsed_s: NotRequired[float]
+    fabric: NotRequired[list[dict[str, str]]]  # ``ddlaunch doctor``'s fabric findings
+    signal: NotRequired[str]  # the pre-timeout signal received while checking
+    inject: NotRequired[dict[str, object]]
+
+
+class VerdictRecord(TypedDict):
+    """A node's verdict as ``health/preflight.json`` keeps it (``NodeVerdict.as_dict``)."""
+
+    node: str
+    ok: bool
+    checks: list[CheckRecord]
+
+
+class AttemptVerdict(TypedDict):
+    """A node's verdict as the attempt record keeps it (``attempt_verdicts``)."""
+
+    node: str
+    ok: bool
+    reason: NotRequired[str]
 
 
 class CheckStatus(StrEnum):
@@ -42,15 +99,17 @@ class Check:
     # numbers (free GB, seconds), so that the same cause reads the same on every node.
     cause: str = ""
 
-    def as_dict(self) -> dict[str, str]:
-        out = {"name": self.name, "status": str(self.status), "detail": self.detail}
-        return {**out, "cause": self.cause} if self.cause else out
+    def as_dict(self) -> CheckRecord:
+        out: CheckRecord = {"name": self.name, "status": str(self.status), "detail": self.detail}
+        if self.cause:
+            out["cause"] = self.cause
+        return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Check:
+    def from_dict(cls, d: Mapping[str, object]) -> Check:
         return cls(
             str(d.get("name", "?")),
-            CheckStatus(d.get("status", "unchecked")),
+            CheckStatus(str(d.get("status", "unchecked"))),
             str(d.get("detail", "")),
             str(d.get("cause", "")),
         )
@@ -206,13 +265,13 @@ class NodeVerdict:
     def reason(self) -> str:
         return "; ".join(f"{c.name}: {c.detail}" for c in self.failed)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> VerdictRecord:
         return {"node": self.node, "ok": self.ok, "checks": [c.as_dict() for c in self.checks]}
 
 
 def join_reports(
     nodes: Sequence[str],
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, NodeReport],
     floor: float,
 ) -> list[NodeVerdict]:
     """Every node of the allocation, in order: its local checks, plus bandwidth; a node with
@@ -221,12 +280,13 @@ def join_reports(
     allreduce: list[float] = []
     skipped = ""
     for n in nodes:
-        net = (reports.get(n) or {}).get("net") or {}
+        report = reports.get(n)
+        net: NetReport = (report.get("net") if report is not None else None) or {}
         ring[n] = net.get("ring_gbps")
-        if net.get("allreduce_gbps") is not None:
-            allreduce.append(float(net["allreduce_gbps"]))
+        if (gbps := net.get("allreduce_gbps")) is not None:
+            allreduce.append(float(gbps))
         if net.get("skipped") and not skipped and len(nodes) == 1:
-            skipped = str(net["skipped"])
+            skipped = str(net.get("skipped"))
     if len(nodes) == 1:
         skipped = skipped or "single node: no inter-node test"
     bw = bandwidth_checks(
@@ -301,7 +361,7 @@ def decide(verdicts: Sequence[NodeVerdict]) -> PreflightDecision:
     return PreflightDecision(tuple(v.node for v in failed), False, f"preflight failed: {why}")
 
 
-def verdicts_as_dict(verdicts: Sequence[NodeVerdict]) -> list[dict[str, Any]]:
+def verdicts_as_dict(verdicts: Sequence[NodeVerdict]) -> list[VerdictRecord]:
     return [v.as_dict() for v in verdicts]
 
 
@@ -319,7 +379,7 @@ def summary_line(verdicts: Sequence[Mapping[str, Any]]) -> str:
 
 
 def evaluate(
-    cfg: Config, nodes: Sequence[str], reports: Mapping[str, Mapping[str, Any]]
+    cfg: Config, nodes: Sequence[str], reports: Mapping[str, NodeReport]
 ) -> list[NodeVerdict]:
     """Every node's verdict from the reports, with the bandwidth floor of the backend the
     reports measured (``health.min_bandwidth_gbps``, else the fabric's default)."""
@@ -334,25 +394,28 @@ def evaluate(
     return join_reports(nodes, reports, floor)
 
 
-def attempt_verdicts(results: Sequence[NodeVerdict]) -> list[dict[str, Any]]:
+def attempt_verdicts(results: Sequence[NodeVerdict]) -> list[AttemptVerdict]:
     """The per-node verdicts as the attempt record keeps them."""
-    return [
-        {"node": v.node, "ok": v.ok, **({"reason": v.reason()} if not v.ok else {})}
-        for v in results
-    ]
+    out = []
+    for v in results:
+        verdict: AttemptVerdict = {"node": v.node, "ok": v.ok}
+        if not v.ok:
+            verdict["reason"] = v.reason()
+        out.append(verdict)
+    return out
 
 
 def as_records(
     results: Sequence[NodeVerdict],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[VerdictRecord], list[AttemptVerdict]]:
     """The verdicts as ``health/preflight.json`` keeps them, and as the attempt record does."""
     return verdicts_as_dict(results), attempt_verdicts(results)
 
 
-def node_report_line(report: Mapping[str, Any]) -> str:
+def node_report_line(report: NodeReport) -> str:
     """One node's report in one line of the batch log."""
     failed = [c for c in report["checks"] if c["status"] == "fail"]
-    net = report.get("net", {})
+    net: NetReport = report.get("net", {})
     bw = (
         f"{net['ring_gbps']} Gbit/s ring"
         if "ring_gbps" in net

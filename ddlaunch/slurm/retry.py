@@ -28,7 +28,7 @@ class Retries:
     elapsed_s: float = 0.0
     errors: list[str] = field(default_factory=list)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, object]:
         # The last few errors say enough; a long outage would otherwise bloat the record.
         return {
             "tries": self.tries,

@@ -49,7 +49,7 @@ class BadNode:
             f"{expiry(self.expires, now)}"
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

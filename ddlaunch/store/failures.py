@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ddlaunch.policy import attribution
 from ddlaunch.store import records
@@ -45,9 +44,10 @@ def node_failures_path(run_dir: str | Path, host: str) -> Path:
     return Path(run_dir) / FAILURES_DIR / f"node-{_UNSAFE.sub('_', host) or 'unknown'}.jsonl"
 
 
-def write_failure(run_dir: str | Path, rank: int, record: dict[str, Any]) -> None:
-    """Append ``record`` to its node's file. Not durable (no fsync): a record lost to a power
-    cut costs only detail, srun's reports still name the rank."""
+def write_failure(run_dir: str | Path, rank: int, record: Mapping[str, object]) -> None:
+    """Append ``record`` (``FIELDS``, and ``traceback``, ``relaunch``, a replica group's
+    ``group``, ``group_rank``, ``group_restart``) to its node's file. Not durable (no fsync):
+    a record lost to a power cut costs only detail, srun's reports still name the rank."""
     line = (json.dumps({**record, "rank": rank}, default=str) + "\n").encode()
     path = node_failures_path(run_dir, str(record.get("host") or os.uname().nodename))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ def write_failure(run_dir: str | Path, rank: int, record: dict[str, Any]) -> Non
         os.close(fd)
 
 
-def _raw_records(run_dir: Path) -> Iterator[tuple[str, Any, records.Problem | None]]:
+def _raw_records(run_dir: Path) -> Iterator[tuple[str, object, records.Problem | None]]:
     """(where, the decoded record, why it could not be read) of every record in the run:
     each line of the node files, then each earlier-version rank file."""
     directory = run_dir / FAILURES_DIR
@@ -85,14 +85,14 @@ def _raw_records(run_dir: Path) -> Iterator[tuple[str, Any, records.Problem | No
                 yield _decoded(f"{where} line {number}", line)
 
 
-def _decoded(where: str, text: str) -> tuple[str, Any, records.Problem | None]:
+def _decoded(where: str, text: str) -> tuple[str, object, records.Problem | None]:
     value = records.parse_json(text, where)
     if isinstance(value, records.Problem):
         return where, None, value
     return where, value, None
 
 
-def _newest(record: dict[str, Any]) -> tuple[float, float, float]:
+def _newest(record: Mapping[str, object]) -> tuple[float, float, float]:
     return (
         _number(record.get("attempt")),
         _number(record.get("relaunch")),
@@ -100,14 +100,14 @@ def _newest(record: dict[str, Any]) -> tuple[float, float, float]:
     )
 
 
-def _number(value: Any) -> float:
+def _number(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def rank_records(run_dir: str | Path) -> dict[int, tuple[str, dict[str, Any]]]:
+def rank_records(run_dir: str | Path) -> dict[int, tuple[str, dict[str, object]]]:
     """Each rank's newest record as written (where it is, the record), by rank; records that
     are not objects with an integer rank are left out (``unusable_failures`` names them)."""
-    newest: dict[int, tuple[str, dict[str, Any]]] = {}
+    newest: dict[int, tuple[str, dict[str, object]]] = {}
     for where, rec, _ in _raw_records(Path(run_dir)):
         if not isinstance(rec, dict):
             continue
@@ -154,23 +154,25 @@ def read_failures(run_dir: Path) -> list[Failure]:
     return failures
 
 
-def _failure(where: str, rec: dict[str, Any]) -> Failure | None:
+def _failure(where: str, rec: Mapping[str, object]) -> Failure | None:
     """The record as a ``Failure``; None when a field has the wrong kind (not evidence:
     ``app.runs`` says so in the run's row)."""
-    rec = dict(rec)
-    if records.clean(rec, FIELDS, where):
+    found = dict(rec)
+    if records.clean(found, FIELDS, where):
         return None
+    rec = found
+    rank = records.whole(rec.get("rank"))
     return Failure(
-        rank=int(rec.get("rank", -1)),
+        rank=-1 if rank is None else rank,
         host=str(rec.get("host", "?")),
         exception=str(rec.get("exception", "?")),
         message=str(rec.get("message", "")),
-        where=rec.get("where"),
-        job_id=rec.get("job_id"),
-        attempt=rec.get("attempt"),
+        where=records.text(rec.get("where")),
+        job_id=records.text(rec.get("job_id")),
+        attempt=records.whole(rec.get("attempt")),
         traceback=str(rec.get("traceback", "")),
-        time=float(rec.get("time") or 0.0),
-        relaunch=int(rec.get("relaunch") or 0),
+        time=records.number(rec.get("time")) or 0.0,
+        relaunch=int(_number(rec.get("relaunch"))),
     )
 
 

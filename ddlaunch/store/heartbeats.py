@@ -38,7 +38,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from ddlaunch.policy.beats import (
     Beat,
@@ -54,6 +54,41 @@ NODE_SUFFIX = ".jsonl"
 RANK_PREFIX = "rank-"
 LOCAL_PREFIX = "ddlaunch-beats-"
 MERGE_LOCK = ".merge.lock"
+
+
+class RankBeat(TypedDict):
+    """One rank's heartbeat record, as the rank writes it (``worker.heartbeat``) and as its
+    node record keeps it, line for line. Read back as found: only its being an object is
+    checked (``policy.beats.Beat.from_record`` reads the fields the analysis needs, one of
+    the wrong kind as absent)."""
+
+    rank: int
+    leader: bool
+    host: str
+    pid: int
+    job_id: str
+    restart: int
+    relaunch: int
+    started: float
+    state: str  # running, closed
+    step: int | None
+    step_wall: float | None  # when the step finished
+    step_time: float | None  # seconds a step, over the last window
+    busy_time: float | None  # of it, the time not spent waiting for peers
+    beat: float
+    where: NotRequired[str]  # where the main thread is, when it has not stepped for a while
+    waiting: NotRequired[bool]  # whether that is inside a collective
+
+
+class NodeHead(TypedDict):
+    """Line 1 of a node record (see the module's doc)."""
+
+    host: str
+    job_id: str
+    restart: int
+    relaunch: int
+    beat: float  # when the leader merged the ranks' records
+    summary: dict[str, object]  # ``policy.beats.NodeSummary.to_json``
 
 
 def heartbeat_dir(run_dir: str | os.PathLike[str]) -> Path:
@@ -111,7 +146,7 @@ def local_rank_path(local_dir: Path, rank: int) -> Path:
     return local_dir / f"{RANK_PREFIX}{rank}.json"
 
 
-def write_heartbeat(path: Path, record: dict[str, Any]) -> None:
+def write_heartbeat(path: Path, record: RankBeat) -> None:
     """Write one rank's record by rename."""
     _write(path, json.dumps(record))
 
@@ -129,9 +164,9 @@ def _write(path: Path, data: str) -> None:
     os.replace(tmp, path)
 
 
-def read_local_beats(local_dir: Path) -> list[dict[str, Any]]:
+def read_local_beats(local_dir: Path) -> list[RankBeat]:
     """The node's ranks' own records (unreadable or half-written files are skipped)."""
-    return _read_records(local_dir, _names(local_dir), RANK_PREFIX)
+    return [cast(RankBeat, r) for r in _read_records(local_dir, _names(local_dir), RANK_PREFIX)]
 
 
 def write_node_record(
@@ -139,14 +174,14 @@ def write_node_record(
     host: str,
     attempt: tuple[str, int, int],
     beat: float,
-    ranks: Iterable[dict[str, Any]],
+    ranks: Iterable[RankBeat],
 ) -> None:
     """One node's record: the head with the node's summary, then its ranks' records in rank
     order, one a line. ``attempt``: (job id, restart, relaunch)."""
     job_id, restart, relaunch = attempt
     ordered = sorted(ranks, key=lambda r: int(r.get("rank", -1)))
     summary = summarise(host, [Beat.from_record(r) for r in ordered])
-    head = {
+    head: NodeHead = {
         "host": host,
         "job_id": job_id,
         "restart": restart,
@@ -163,7 +198,7 @@ def write_node_record(
 class NodeFile:
     """One node record as read: its head decoded, its rank lines decoded only when asked."""
 
-    head: dict[str, Any]
+    head: dict[str, object]  # as found (a ``NodeHead`` from this version)
     rest: bytes
 
     @classmethod
@@ -183,8 +218,8 @@ class NodeFile:
         data = self.head.get("summary")
         return NodeSummary.from_json(data) if isinstance(data, dict) else None
 
-    def ranks(self) -> list[dict[str, Any]]:
-        out = []
+    def ranks(self) -> list[RankBeat]:
+        out: list[RankBeat] = []
         for line in self.rest.splitlines():
             if not line:
                 continue
@@ -193,7 +228,7 @@ class NodeFile:
             except ValueError:
                 continue
             if isinstance(rec, dict):
-                out.append(rec)
+                out.append(cast(RankBeat, rec))
         return out
 
 
@@ -223,7 +258,7 @@ def read_node_files(directory: Path, names: Iterable[str]) -> list[NodeFile]:
     return out
 
 
-def read_heartbeats(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_heartbeats(run_dir: str | os.PathLike[str]) -> list[RankBeat]:
     """Every rank's latest heartbeat record: the ranks of each node's record, and those of
     the layouts of earlier versions. Unreadable or half-written files are skipped."""
     directory = heartbeat_dir(run_dir)
@@ -232,15 +267,15 @@ def read_heartbeats(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records + _earlier_layouts(directory, names)
 
 
-def _earlier_layouts(directory: Path, names: list[str]) -> list[dict[str, Any]]:
+def _earlier_layouts(directory: Path, names: list[str]) -> list[RankBeat]:
     """The rank records of ``node-<host>.json`` (one JSON object, its ranks in a list) and
     of ``rank-<R>.json`` files."""
-    records: list[dict[str, Any]] = []
+    records: list[RankBeat] = []
     for rec in _read_records(directory, names, NODE_PREFIX):
         ranks = rec.get("ranks")
         if isinstance(ranks, list):
-            records.extend(r for r in ranks if isinstance(r, dict))
-    records.extend(_read_records(directory, names, RANK_PREFIX))
+            records.extend(cast(RankBeat, r) for r in ranks if isinstance(r, dict))
+    records.extend(cast(RankBeat, r) for r in _read_records(directory, names, RANK_PREFIX))
     return records
 
 
@@ -323,8 +358,8 @@ def read_attempt(
     return view
 
 
-def _read_records(directory: Path, names: Iterable[str], prefix: str) -> list[dict[str, Any]]:
-    records = []
+def _read_records(directory: Path, names: Iterable[str], prefix: str) -> list[dict[str, object]]:
+    records: list[dict[str, object]] = []
     for name in names:
         if not (name.startswith(prefix) and name.endswith(".json")):
             continue
@@ -347,6 +382,7 @@ def last_node_beat(run_dir: str | os.PathLike[str], hosts: Sequence[str]) -> flo
                 node = NodeFile.parse(handle.readline())
         except OSError:
             continue
-        if node is not None and isinstance(node.head.get("beat"), (int, float)):
-            beats.append(float(node.head["beat"]))
+        beat = None if node is None else node.head.get("beat")
+        if isinstance(beat, (int, float)):
+            beats.append(float(beat))
     return max(beats) if beats else None

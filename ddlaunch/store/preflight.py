@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from ddlaunch import fsutil
+from ddlaunch.policy.preflight import AttemptVerdict, NodeReport, VerdictRecord
 from ddlaunch.store import records
 from ddlaunch.store.attempts import AttemptId, update_open
 from ddlaunch.store.records import BOOL, INT, NUMBER, OBJECTS, STRINGS, TEXT
@@ -73,19 +74,18 @@ def reports_dir(run_dir: Path, attempt: AttemptId, spare: bool = False) -> Path:
 
 
 def write_report(
-    run_dir: Path, attempt: AttemptId, host: str, report: dict[str, Any], spare: bool = False
+    run_dir: Path, attempt: AttemptId, host: str, report: NodeReport, spare: bool = False
 ) -> None:
     fsutil.atomic_write_json(reports_dir(run_dir, attempt, spare) / f"{host}.json", report)
 
 
-def read_reports(
-    run_dir: Path, attempt: AttemptId, spare: bool = False
-) -> dict[str, dict[str, Any]]:
-    """Host -> report (``spare``: the hot spares'); unreadable (half-written) ones skipped."""
-    reports: dict[str, dict[str, Any]] = {}
+def read_reports(run_dir: Path, attempt: AttemptId, spare: bool = False) -> dict[str, NodeReport]:
+    """Host -> report (``spare``: the hot spares'), as the node wrote it; unreadable
+    (half-written) ones skipped."""
+    reports: dict[str, NodeReport] = {}
     for path in sorted(reports_dir(run_dir, attempt, spare).glob("*.json")):
         try:
-            reports[path.stem] = fsutil.read_json(path) or {}
+            reports[path.stem] = cast(NodeReport, fsutil.read_json(path) or {})
         except (OSError, ValueError):
             continue
     return reports
@@ -103,8 +103,8 @@ def record_verdicts(
     run_dir: Path,
     attempt: AttemptId,
     nodes: list[str],
-    verdicts: list[dict[str, Any]],
-    per_node: list[dict[str, Any]],
+    verdicts: list[VerdictRecord],
+    per_node: list[AttemptVerdict],
     decision: str,
 ) -> None:
     """The latest verdicts (``verdicts``, for ``status`` and ``report``) and the open

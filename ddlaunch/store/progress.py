@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ddlaunch import fsutil
 from ddlaunch.store import records
@@ -39,12 +40,12 @@ def write_progress(run_dir: Path, step: int, job_id: str | None) -> None:
     fsutil.atomic_write_json(run_dir / PROGRESS_FILE, Progress.from_json(found).to_json())
 
 
-def write_result(run_dir: Path, result: dict[str, Any]) -> None:
+def write_result(run_dir: Path, result: Mapping[str, object]) -> None:
     """``result``: the training code's own values (any JSON object)."""
     fsutil.atomic_write_json(run_dir / RESULT_FILE, result)
 
 
-def read_result(run_dir: Path) -> dict[str, Any] | None:
+def read_result(run_dir: Path) -> dict[str, object] | None:
     """The training code's values; None while there are none (``read_run`` too takes only
     an object for a result)."""
     found = fsutil.read_json(run_dir / RESULT_FILE)

@@ -161,7 +161,9 @@ def load_json(
     return value, None
 
 
-def load_yaml_mapping(path: Path, name: str | None = None) -> tuple[dict[str, Any], Problem | None]:
+def load_yaml_mapping(
+    path: Path, name: str | None = None
+) -> tuple[dict[str, object], Problem | None]:
     """A YAML mapping (the run's config): ({}, None) when absent, ({}, problem) otherwise."""
     import yaml  # lazy: most polls read no config at all
 
@@ -195,7 +197,7 @@ def _yaml_reason(exc: Exception) -> str:
 Fields = Mapping[str, Kind]
 
 
-def clean(record: dict[str, Any], fields: Fields, name: str, what: str = "") -> list[Problem]:
+def clean(record: dict[str, object], fields: Fields, name: str, what: str = "") -> list[Problem]:
     """Drop the fields of ``record`` whose value is not of their kind, so that readers may
     trust what is left; one problem each. A null scalar stays ("not known"); a null list
     or object is dropped without a word (readers take an absent one for empty)."""
@@ -215,10 +217,11 @@ def clean(record: dict[str, Any], fields: Fields, name: str, what: str = "") -> 
 
 def clean_items(
     items: list[Any], fields: Fields, name: str, what: str = "item"
-) -> tuple[list[dict[str, Any]], list[Problem]]:
+) -> tuple[list[dict[str, object]], list[Problem]]:
     """The objects of a list record, each ``clean``ed; items that are not objects are
     dropped (one problem each)."""
-    out, problems = [], []
+    out: list[dict[str, object]] = []
+    problems: list[Problem] = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             found = f"{what} {i} is {kind_name(item)}"
@@ -284,6 +287,21 @@ class Record:
         return self.from_json({**self.to_json(), **changes})
 
 
+def text(value: object) -> str | None:
+    """A field of a ``clean``ed record (``TEXT``): its value, None when absent or null."""
+    return value if isinstance(value, str) else None
+
+
+def whole(value: object) -> int | None:
+    """A field of a ``clean``ed record (``INT``): its value, None when absent or null."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def number(value: object) -> float | None:
+    """A field of a ``clean``ed record (``NUMBER``): its value, None when absent or null."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 class Reader:
     """One run directory's records, read through ``load_json`` and ``clean``; every problem
     met is kept in ``problems`` (in reading order) for the run's output. ``present``: the
@@ -309,7 +327,7 @@ class Reader:
             self.problems += clean(value, fields, name)
         return value
 
-    def items(self, name: str, fields: Fields, what: str) -> list[dict[str, Any]]:
+    def items(self, name: str, fields: Fields, what: str) -> list[dict[str, object]]:
         """A list record of objects (``attempts.json``)."""
         value = self.json(name, list, [])
         out, problems = clean_items(value, fields, name, what)

@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,8 +99,9 @@ def config_path(run_dir: Path) -> Path:
     return run_dir / CONFIG_FILE
 
 
-def read_config_tree(run_dir: Path) -> dict[str, Any]:
-    """The resolved config as plain YAML data (no validation: a hook needs a key or two).
+def read_config_tree(run_dir: Path) -> dict[str, object]:
+    """The resolved config as plain YAML data (no validation: a hook needs a key or two,
+    read through ``config.trainers.section_of``).
     ``records.Unreadable`` (a ``UserError`` naming the file and why) when it is missing,
     not UTF-8, not YAML or not a mapping."""
     if not config_path(run_dir).exists():
@@ -137,7 +138,7 @@ def trainer_dir(template: str, run_dir: Path) -> Path:
     return Path(os.path.expandvars(text)).expanduser()
 
 
-def checkpoint_source(run_dir: Path, tree: dict[str, Any] | None = None) -> CheckpointSource:
+def checkpoint_source(run_dir: Path, tree: Mapping[str, object] | None = None) -> CheckpointSource:
     """The run's trainer layout and checkpoint directory (``trainer:`` of its config). A
     Session run with the default directories is recognised from the text without a parse
     (``status`` reads this for every run it shows)."""
@@ -151,8 +152,8 @@ def checkpoint_source(run_dir: Path, tree: dict[str, Any] | None = None) -> Chec
         tree = read_config_tree(run_dir)
     try:
         kind, layout = trainers.layout_from_tree(tree)
-        section = tree.get("trainer") or {}
-        configured = section.get("checkpoint_dir")
+        section = trainers.section_of(tree, "trainer")
+        configured = _path_text(section.get("checkpoint_dir"), "trainer")
         root = trainer_dir(configured, run_dir) if configured else _storage_root(tree, run_dir)
         return CheckpointSource(kind, layout, root, bool(section.get("stop_before_limit")))
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
@@ -161,9 +162,19 @@ def checkpoint_source(run_dir: Path, tree: dict[str, Any] | None = None) -> Chec
         raise records.Unreadable(problem) from None
 
 
-def _storage_root(tree: dict[str, Any], run_dir: Path) -> Path:
-    configured = (tree.get("storage") or {}).get("checkpoint_dir")
+def _storage_root(tree: Mapping[str, object], run_dir: Path) -> Path:
+    configured = _path_text(trainers.section_of(tree, "storage").get("checkpoint_dir"), "storage")
     return Path(configured) if configured else run_dir / CHECKPOINTS_DIR
+
+
+def _path_text(value: object, section: str) -> str | None:
+    if not value:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{section}.checkpoint_dir: {type(value).__name__} where a path is expected"
+        )
+    return value
 
 
 def latest_checkpoint(
@@ -301,7 +312,7 @@ class RunDir:
     def read_json(self, name: str, default: Any = None) -> Any:
         return fsutil.read_json(self.path / name, default)
 
-    def write_config(self, plain: dict[str, Any]) -> Path:
+    def write_config(self, plain: Mapping[str, object]) -> Path:
         import yaml  # lazy: status and logs import this module but never write configs
 
         return self.write_text(CONFIG_FILE, yaml.safe_dump(plain, sort_keys=False))
@@ -309,5 +320,5 @@ class RunDir:
     def write_script(self, text: str) -> Path:
         return self.write_text(SCRIPT_FILE, text, 0o700)
 
-    def read_config_tree(self) -> dict[str, Any]:
+    def read_config_tree(self) -> dict[str, object]:
         return read_config_tree(self.path)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from ddlaunch import fsutil
 
@@ -35,27 +35,38 @@ def digest(files: Files) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def read(copy: Path) -> dict[str, Any] | None:
+class Manifest(TypedDict):
+    """What a complete copy holds, as ``write`` records it."""
+
+    src: str
+    is_file: bool
+    files: int
+    bytes: int
+    digest: str  # of every file's relative path, size and mtime
+    dirs: dict[str, int]  # relative path ("" for the copy itself) -> mtime_ns
+
+
+def read(copy: Path) -> Manifest | None:
+    """The copy's manifest as written (its readers compare its fields: a changed or damaged
+    one just does not match); None without one."""
     try:
         record = fsutil.read_json(path(copy))
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) else None
+    return cast(Manifest, record) if isinstance(record, dict) else None
 
 
 def write(copy: Path, src: str, files: Files, is_file: bool, dirs: dict[str, int]) -> None:
     """``dirs``: relative path ("" for the copy itself) -> mtime_ns of each directory."""
-    fsutil.atomic_write_json(
-        path(copy),
-        {
-            "src": src,
-            "is_file": is_file,
-            "files": len(files),
-            "bytes": sum(size for size, _ in files.values()),
-            "digest": digest(files),
-            "dirs": dirs,
-        },
-    )
+    record: Manifest = {
+        "src": src,
+        "is_file": is_file,
+        "files": len(files),
+        "bytes": sum(size for size, _ in files.values()),
+        "digest": digest(files),
+        "dirs": dirs,
+    }
+    fsutil.atomic_write_json(path(copy), record)
 
 
 def remove(copy: Path) -> None:

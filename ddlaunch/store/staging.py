@@ -92,10 +92,10 @@ def _read_objects(
     fields: records.Fields,
     problems: list[records.Problem] | None = None,
     prefix: str = "",
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, dict[str, object]]:
     """Host -> JSON object of each record in ``directory``; unreadable records are skipped
     (and, with ``problems``, said there, named ``<prefix><host>.json``)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     try:
         paths = sorted(directory.glob("*.json"))
     except OSError:

@@ -325,7 +325,7 @@ def own_params_positions(keys: Sequence[str]) -> list[int]:
     return [i for i, key in enumerate(keys) if key.startswith("params.")]
 
 
-def set_param(params: dict[str, Any], key: str, value: Any) -> int | None:
+def set_param(params: dict[str, object], key: str, value: object) -> int | None:
     """Set ``params.a.b`` (``key``) in ``params`` as ``--set`` would: missing mappings are
     created, mappings on the way are copied, never changed in place (they may be shared
     with other members). Returns None, or how many parts of the path below ``params``
@@ -334,13 +334,11 @@ def set_param(params: dict[str, Any], key: str, value: Any) -> int | None:
     node = params
     for depth, part in enumerate(path[:-1], start=1):
         child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        elif not isinstance(child, dict):
+        if child is not None and not isinstance(child, dict):
             return depth
-        else:
-            child = node[part] = dict(child)
-        node = child
+        copied: dict[str, object] = {} if child is None else dict(child)
+        node[part] = copied
+        node = copied
     node[path[-1]] = value
     return None
 
@@ -391,7 +389,7 @@ def packed_config_text(packed: Packed, index: int) -> str:
     return "".join(parts)
 
 
-def _with_params(params: dict[str, Any], texts: list[str]) -> dict[str, Any]:
+def _with_params(params: dict[str, object], texts: list[str]) -> dict[str, object]:
     from ddlaunch.config.load import parse_yaml_value  # the parser --set texts are made for
 
     for text in texts:

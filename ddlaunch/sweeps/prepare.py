@@ -103,7 +103,7 @@ def _copy(loaded: LoadedTree) -> LoadedTree:
 
 
 def _set_param(
-    params: dict[str, Any], override: Override, origins: dict[str, str]
+    params: dict[str, object], override: Override, origins: dict[str, str]
 ) -> ConfigIssue | None:
     """Set ``params.a.b`` as ``--set params.a.b=v`` would; a non-mapping on the way is an
     error, worded as ``apply_overrides`` words it. The value is the one the override's text

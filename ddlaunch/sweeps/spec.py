@@ -46,7 +46,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,13 +214,13 @@ class _Parser:
     def fail(self, message: str, *path: str) -> None:
         self.issues.append(ConfigIssue(".".join(path), message, self.where(*path)))
 
-    def key(self, key: Any, *path: str) -> str | None:
+    def key(self, key: object, *path: str) -> str | None:
         if not isinstance(key, str) or not _KEY.match(key):
             self.fail(f"{key!r} is not a config key path such as params.lr", *path)
             return None
         return key
 
-    def values(self, values: Any, *path: str) -> list[Any] | None:
+    def values(self, values: object, *path: str) -> list[Any] | None:
         if not isinstance(values, list) or not values:
             self.fail("expected a non-empty list of values, e.g. [0.01, 0.1]", *path)
             return None
@@ -234,7 +234,7 @@ class _Parser:
             )
         self.owners.setdefault(key, axis)
 
-    def overrides(self, raw: Any, *path: str) -> list[Override] | None:
+    def overrides(self, raw: object, *path: str) -> list[Override] | None:
         """A mapping ``{key: value}``, a list of ``key=value`` strings, or one such string."""
         if isinstance(raw, dict):
             return [
@@ -262,7 +262,7 @@ class _Parser:
 
     # ------------------------------------------------------------------ the file's keys
 
-    def unknown_keys(self, tree: dict[str, Any]) -> None:
+    def unknown_keys(self, tree: Mapping[str, object]) -> None:
         import difflib  # only for a mistake
 
         for key in tree:
@@ -274,29 +274,30 @@ class _Parser:
                     hint = "; config keys belong in the base config (or in set:)"
                 self.fail(f"unknown sweep key{hint}", str(key))
 
-    def base(self, tree: dict[str, Any]) -> Path | None:
-        if not isinstance(tree.get("base"), str):
+    def base(self, tree: Mapping[str, object]) -> Path | None:
+        given = tree.get("base")
+        if not isinstance(given, str):
             self.fail(
                 "required: the base config, a path or a preset name (base: examples/mlp)", "base"
             )
             return None
-        base = resolve_config_name(tree["base"], base_dir=self.path.parent)
+        base = resolve_config_name(given, base_dir=self.path.parent)
         if base is None:
             self.fail(
-                f"config {tree['base']!r} not found next to the sweep file, nor as a "
-                f"preset{did_you_mean(tree['base'])}",
+                f"config {given!r} not found next to the sweep file, nor as a "
+                f"preset{did_you_mean(given)}",
                 "base",
             )
             return None
         return base.absolute()
 
-    def name(self, tree: dict[str, Any]) -> str | None:
+    def name(self, tree: Mapping[str, object]) -> str | None:
         name = tree.get("name")
         if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
             self.fail("must be letters, digits, '.', '_' or '-' (at most 64)", "name")
-        return name
+        return name if isinstance(name, str) else None  # one that is not fails the file
 
-    def grid_axes(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
+    def grid_axes(self, tree: Mapping[str, object]) -> list[tuple[Point, ...]]:
         grid = tree.get("grid", {})
         if not isinstance(grid, dict):
             self.fail("expected a mapping of key: [values]", "grid")
@@ -308,7 +309,7 @@ class _Parser:
                 axes.append(tuple((self.made(Override(key, v), "grid", key),) for v in vals))
         return axes
 
-    def zip_axes(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
+    def zip_axes(self, tree: Mapping[str, object]) -> list[tuple[Point, ...]]:
         zips = tree.get("zip", [])
         zips = [zips] if isinstance(zips, dict) else zips
         if not isinstance(zips, list):
@@ -321,7 +322,7 @@ class _Parser:
                 axes.append(axis)
         return axes
 
-    def zip_axis(self, group: Any, label: str) -> tuple[Point, ...] | None:
+    def zip_axis(self, group: object, label: str) -> tuple[Point, ...] | None:
         if not isinstance(group, dict) or not group:
             self.fail("expected a mapping of key: [values]", label)
             return None
@@ -336,7 +337,7 @@ class _Parser:
             return None
         return tuple(zip(*columns, strict=True)) if columns else None
 
-    def list_axis(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
+    def list_axis(self, tree: Mapping[str, object]) -> list[tuple[Point, ...]]:
         entries = tree.get("list", [])
         if not isinstance(entries, list):
             self.fail("expected a list of members, each {key: value} or [key=value, ...]", "list")
@@ -350,10 +351,8 @@ class _Parser:
                 points.append(tuple(overrides))
         return [tuple(points)] if points else []
 
-    def seed_axis(self, tree: dict[str, Any]) -> list[tuple[Point, ...]]:
-        seed_key = tree.get("seed_key", DEFAULT_SEED_KEY)
-        if self.key(seed_key, "seed_key") is None:
-            seed_key = DEFAULT_SEED_KEY
+    def seed_axis(self, tree: Mapping[str, object]) -> list[tuple[Point, ...]]:
+        seed_key = self.key(tree.get("seed_key", DEFAULT_SEED_KEY), "seed_key") or DEFAULT_SEED_KEY
         seeds = tree.get("seeds")
         if seeds is None:
             return []
@@ -368,16 +367,16 @@ class _Parser:
         self.claim(seed_key, "seeds")
         return [tuple((self.made(Override(seed_key, s), "seeds"),) for s in seeds)]
 
-    def throttle(self, tree: dict[str, Any]) -> int | None:
+    def throttle(self, tree: Mapping[str, object]) -> int | None:
         throttle = tree.get("throttle")
-        if throttle is not None and (
-            not isinstance(throttle, int) or isinstance(throttle, bool) or throttle < 1
-        ):
+        if throttle is None:
+            return None
+        if not isinstance(throttle, int) or isinstance(throttle, bool) or throttle < 1:
             self.fail(f"must be a positive integer, got {throttle!r}", "throttle")
             return None
         return throttle
 
-    def metric(self, tree: dict[str, Any]) -> str:
+    def metric(self, tree: Mapping[str, object]) -> str:
         metric = tree.get("metric", DEFAULT_METRIC)
         if not isinstance(metric, str) or not metric:
             self.fail("must be the name of a key of result.json, e.g. final_loss", "metric")

@@ -49,7 +49,7 @@ class MemberStatus:
     metric: Any
     note: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -182,7 +182,7 @@ class SweepReport:
         # Read only for the table: the JSON form never needed members.json's metric.
         return str(read_members(self.path).get("metric") or DEFAULT_METRIC)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "sweep": str(self.path),
             "summary": summary(self.rows),

@@ -309,10 +309,10 @@ def plan_resubmission(
     sources: tuple[str, ...] = (f"resubmission in sweep {meta['sweep_id']}",)
     if overrides:
         sources += (f"--set ({len(overrides)})",)
-    snap = read_snapshot(sweep_dir) or {}
+    snap = read_snapshot(sweep_dir)
     code = None
-    if snap.get("path") and Path(snap["path"]).is_dir():  # the sweep's code, as resume keeps
-        code = CodePaths(snapshot=snap["path"], workdir=snap.get("workdir") or snap["path"])
+    if snap is not None and snap.path and Path(snap.path).is_dir():  # the sweep's, as resume keeps
+        code = CodePaths(snapshot=snap.path, workdir=snap.workdir or snap.path)
     arrays = plan_arrays(
         list(zip(indices, configs, strict=True)),
         sweep_id=meta["sweep_id"],

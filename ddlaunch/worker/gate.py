@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ddlaunch.health import checks
 from ddlaunch.planning.group_env import GroupIdentity
@@ -76,14 +76,14 @@ def enabled(cfg: Config, env: Mapping[str, str]) -> bool:
 
 def node_phase(
     cfg: Config, run_dir: Path, d: DistEnv, env: Mapping[str, str], host: str
-) -> dict[str, Any] | None:
+) -> verdicts.NodeReport | None:
     """Step 1 on local rank 0 (None elsewhere): GPUs and free space, no torch."""
     if d.local_rank != 0:
         return None
     attempt = AttemptId.from_env(env)
     inject = checks.injection(env.get(checks.INJECT_VAR), host, d.node_rank, attempt.restart)
     found, facts = checks.node_checks(cfg, run_dir, env, SubprocessRunner(), inject)
-    report: dict[str, Any] = {
+    report: verdicts.NodeReport = {
         "host": host,
         "index": d.node_rank,
         "time": time.time(),
@@ -96,16 +96,17 @@ def node_phase(
     return report
 
 
-def _write(run_dir: Path, env: Mapping[str, str], report: dict[str, Any]) -> None:
+def _write(run_dir: Path, env: Mapping[str, str], report: verdicts.NodeReport) -> None:
     records.write_report(run_dir, AttemptId.from_env(env), report["host"], report)
 
 
-def import_torch(run_dir: Path, env: Mapping[str, str], report: dict[str, Any] | None) -> None:
+def import_torch(run_dir: Path, env: Mapping[str, str], report: verdicts.NodeReport | None) -> None:
     """Step 2: import torch, timed; the node report (local rank 0) records the outcome and is
     written before a failure propagates, so the end hook can blame this node."""
     inject = report.pop("inject", {}) if report is not None else {}
     started = time.monotonic()
-    version, error = None, inject.get("torch_error")
+    injected = inject.get("torch_error")
+    version, error = None, str(injected) if injected else None
     failure: BaseException | None = None
     if not error:
         try:
@@ -123,12 +124,20 @@ def import_torch(run_dir: Path, env: Mapping[str, str], report: dict[str, Any] |
         raise PreflightFailed(f"import torch failed: {error}") from failure
 
 
-def _leaders(gathered: list[dict[str, Any]]) -> list[int]:
+class _Member(TypedDict):
+    """What each rank tells the others before the test."""
+
+    rank: int
+    node: int
+    leader: bool
+
+
+def _leaders(gathered: list[_Member]) -> list[int]:
     """Global ranks of the node leaders (local rank 0), in node order."""
     return [g["rank"] for g in sorted(gathered, key=lambda g: g["node"]) if g["leader"]]
 
 
-def measure(backend: str, rank: int, world: int, leaders: list[int]) -> dict[str, Any]:
+def measure(backend: str, rank: int, world: int, leaders: list[int]) -> verdicts.NetReport:
     """All-reduce bus bandwidth over every rank (nccl-tests' convention) and, on a node leader,
     the rate of an exchange with its ring neighbours (per-node attribution: see
     ``verdicts.bandwidth_checks``). Collective: every rank calls it."""
@@ -154,7 +163,7 @@ def measure(backend: str, rank: int, world: int, leaders: list[int]) -> dict[str
         return time.perf_counter() - t0
 
     per = min(timed_allreduce() for _ in range(RUNS))
-    net: dict[str, Any] = {
+    net: verdicts.NetReport = {
         "backend": backend,
         "world": world,
         "bytes": nbytes,
@@ -201,7 +210,7 @@ def check(
     run_dir: Path,
     d: DistEnv,
     env: Mapping[str, str],
-    report: dict[str, Any] | None,
+    report: verdicts.NodeReport | None,
     backend: str,
     keep_group: bool,
 ) -> None:
@@ -213,10 +222,11 @@ def check(
     _join(backend, d, keep_group, run_dir)
     joined = time.monotonic()
     try:
-        mine = {"rank": d.rank, "node": d.node_rank, "leader": report is not None}
-        gathered: list[Any] = [None] * d.world_size
+        mine: _Member = {"rank": d.rank, "node": d.node_rank, "leader": report is not None}
+        gathered: list[_Member | None] = [None] * d.world_size
         dist.all_gather_object(gathered, mine)
-        net = measure(backend, d.rank, d.world_size, _leaders(gathered))
+        members = [g for g in gathered if g is not None]  # every one, after the gather
+        net = measure(backend, d.rank, d.world_size, _leaders(members))
         if report is not None:
             # The rendezvous is training's own; the test proper is the rest.
             net["join_s"] = round(joined - started, 2)
@@ -224,7 +234,7 @@ def check(
             report["net"] = net
             report["elapsed_s"] = round(time.monotonic() - started, 2)
             _write(run_dir, env, report)
-        reports: list[Any] = [None] * d.world_size
+        reports: list[verdicts.NodeReport | None] = [None] * d.world_size
         dist.all_gather_object(reports, report)
         by_host = {r["host"]: r for r in reports if r is not None}
         # The step's nodes: with hot spares the step runs on part of the allocation.
@@ -264,10 +274,10 @@ def record(
     run_dir: Path,
     env: Mapping[str, str],
     nodes: list[str],
-    results: list[Any],
+    results: list[verdicts.NodeVerdict],
     reason: str,
     passed: bool,
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, verdicts.NodeReport],
 ) -> None:
     """Rank 0: the verdicts for ``status`` and ``report``, the attempt, the gate record."""
     attempt = AttemptId.from_env(env)

@@ -41,6 +41,7 @@ from typing import Any
 
 from ddlaunch.store.heartbeats import (
     MERGE_LOCK,
+    RankBeat,
     earlier_local_dirs,
     heartbeat_path,
     local_beats_dir,
@@ -161,7 +162,7 @@ class Heartbeat:
 
     # ------------------------------------------------------------ writer thread
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> RankBeat:
         with self._lock:
             if self._n:
                 self._last_window = (
@@ -171,7 +172,7 @@ class Heartbeat:
                 self._n, self._sum_dt, self._sum_wait = 0, 0.0, 0.0
             step_time, busy_time = self._last_window
             step, step_wall, last_mono = self._step, self._step_wall, self._last_mono
-        record: dict[str, Any] = {
+        record: RankBeat = {
             "rank": self.rank,
             "leader": self.leader,
             "host": self.host,
@@ -201,7 +202,7 @@ class Heartbeat:
             with self._merge_lock():
                 self._merge(read_local_beats(self.local_dir))
 
-    def _merge(self, ranks: list[dict[str, Any]]) -> None:
+    def _merge(self, ranks: list[RankBeat]) -> None:
         attempt = (self.job_id, self.restart, self.relaunch)
         write_node_record(self.path, self.host, attempt, time.time(), ranks)
 

@@ -26,12 +26,12 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from ddlaunch.config import load_config
 from ddlaunch.health.checks import INJECT_VAR, doctor_findings, injection, node_checks
 from ddlaunch.policy import preflight as v
-from ddlaunch.policy.preflight import node_report_line
+from ddlaunch.policy.preflight import NetReport, NodeReport, node_report_line
 from ddlaunch.runner import Runner, SubprocessRunner
 from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.store import preflight as records
@@ -45,12 +45,12 @@ if TYPE_CHECKING:
 
 
 def local_checks(
-    cfg: Config, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, Any]
-) -> tuple[list[v.Check], dict[str, Any]]:
+    cfg: Config, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, object]
+) -> tuple[list[v.Check], dict[str, object]]:
     """Phase 1 of the node task; returns the checks and the facts behind them."""
     checks, facts = node_checks(cfg, run_dir, env, runner, inject)
     started = time.monotonic()
-    version, error = None, inject.get("torch_error")
+    version, error = None, _text(inject.get("torch_error"))
     if not error:
         try:
             import torch
@@ -64,13 +64,25 @@ def local_checks(
     return checks, facts
 
 
-def wait_for_reports(directory: Path, count: int, deadline: float) -> dict[str, dict[str, Any]]:
-    reports: dict[str, dict[str, Any]] = {}
+def _text(value: object) -> str | None:
+    """An injected error (``torch_error``): its text, None for none."""
+    return str(value) if value else None
+
+
+def torch_failed(report: NodeReport) -> bool:
+    """Whether the node's torch did not import (a report without the torch facts: not
+    known to import)."""
+    torch = report["facts"].get("torch")
+    return not isinstance(torch, dict) or bool(torch.get("error"))
+
+
+def wait_for_reports(directory: Path, count: int, deadline: float) -> dict[str, NodeReport]:
+    reports: dict[str, NodeReport] = {}
     while True:
         for path in directory.glob("*.json"):
             if path.stem not in reports:
                 try:
-                    reports[path.stem] = json.loads(path.read_text())
+                    reports[path.stem] = cast(NodeReport, json.loads(path.read_text()))
                 except (OSError, ValueError):
                     continue
         if len(reports) >= count or time.monotonic() > deadline:
@@ -82,12 +94,12 @@ def bandwidth_phase(
     cfg: Config,
     host: str,
     nodes: list[str],
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, NodeReport],
     port: int,
     deadline: float,
-) -> dict[str, Any]:
+) -> NetReport:
     """Time an all-reduce and a ring exchange among the nodes whose torch imported."""
-    able = [n for n in nodes if n in reports and not reports[n]["facts"]["torch"]["error"]]
+    able = [n for n in nodes if n in reports and not torch_failed(reports[n])]
     if host not in able:
         return {"skipped": "not part of the test"}
     if len(able) < 2:
@@ -154,7 +166,7 @@ def bandwidth_phase(
 
 def run(
     env: Mapping[str, str], runner: Runner | None = None, doctor: bool = False, spare: bool = False
-) -> dict[str, Any]:
+) -> NodeReport:
     """This node's preflight report (written as soon as known). ``spare``: a hot spare,
     checked beside the training step: local checks only, into the spares' reports."""
     runner = runner or SubprocessRunner()
@@ -169,7 +181,7 @@ def run(
     index = nodes.index(host) if host in nodes else int(env.get("SLURM_NODEID", "0") or 0)
     inject = injection(env.get(INJECT_VAR), host, index, attempt.restart)
     checks, facts = local_checks(cfg, run_dir, env, runner, inject)
-    report: dict[str, Any] = {
+    report: NodeReport = {
         "host": host,
         "index": index,
         "time": time.time(),
@@ -184,7 +196,7 @@ def run(
         records.write_report(run_dir, attempt, host, report, spare=True)
         return report
     records.write_report(run_dir, attempt, host, report)
-    if facts["torch"]["error"]:
+    if torch_failed(report):
         report["net"] = {"skipped": "torch does not import"}
     elif len(nodes) < 2:
         report["net"] = {"skipped": "single node: no inter-node test"}

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ddlaunch.health import checks
 from ddlaunch.planning.staging import env_name, targets
 from ddlaunch.policy import staging as policy
+from ddlaunch.policy.preflight import NodeReport
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import preflight as preflight_records
 from ddlaunch.store import staging as records
@@ -74,7 +75,7 @@ def leader(
 ) -> list[Staged]:
     """Local rank 0: stage every data set, recording the node's staging as it goes."""
     attempt = AttemptId.from_env(env)
-    record: dict[str, Any] = {"host": host, "state": records.RUNNING, "start": time.time()}
+    record: dict[str, object] = {"host": host, "state": records.RUNNING, "start": time.time()}
     lock = threading.Lock()
 
     def write() -> None:
@@ -161,7 +162,7 @@ def run(
     d: DistEnv,
     env: Mapping[str, str],
     host: str,
-    report: dict[str, Any] | None,
+    report: NodeReport | None,
 ) -> dict[str, str]:
     """Every rank, before the first step: the node's staging (the leader does it, the others
     wait), then the other nodes'; returns the variables to export, one
@@ -175,7 +176,8 @@ def run(
         items = [asdict(r) for r in leader(cfg, run_dir, d, env, host)]
         if report is not None:
             report["checks"].append(policy.check(items).as_dict())
-            written = {k: v for k, v in report.items() if k != "inject"}  # gate-internal
+            written = report.copy()
+            written.pop("inject", None)  # gate-internal
             preflight_records.write_report(run_dir, attempt, host, written)
     else:
         items = [dict(i) for i in wait_for_leader(run_dir, attempt, host).items or ()]

@@ -40,9 +40,9 @@ class Delayed:
 
     function: Any
     args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    kwargs: dict[str, object]
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
 
     def call(self) -> Any:

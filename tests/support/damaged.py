@@ -41,7 +41,7 @@ from ddlaunch.store import (
 )
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.layout import HISTORY_DIR, LOCK_FILE, MANIFEST_FILE
-from ddlaunch.store.snapshots import SNAPSHOTS_DIR, write_snapshot
+from ddlaunch.store.snapshots import SNAPSHOTS_DIR, SnapshotRecord, write_snapshot
 from ddlaunch.store.status_cache import STATUS_CACHE
 from ddlaunch.store.sweep_cancels import record_cancelled
 from support.fakes import FakeRunner, fake_slurm_bin, ok
@@ -89,7 +89,7 @@ def _complete(run: Path, root: Path) -> None:
     (run / submission.GIT_DIFF_FILE).write_text("diff --git a/x b/x\n")
     snap = root / SNAPSHOTS_DIR / "abc123"
     snap.mkdir(parents=True, exist_ok=True)
-    write_snapshot(run, {"kind": "copy", "id": "abc123", "path": str(snap), "workdir": str(snap)})
+    write_snapshot(run, SnapshotRecord(kind="copy", id="abc123", path=str(snap), workdir=str(snap)))
     exclusions.add_excluded(run, ["node3"], "hang")
     record = {"rank": 0, "host": "node1", "exception": "RuntimeError", "message": "boom"}
     failures.write_failure(run, 0, {**record, "job_id": JOB, "attempt": 0, "time": 3.0})
