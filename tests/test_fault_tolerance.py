@@ -349,7 +349,11 @@ def test_node_death_continues_on_the_spare_bit_identical(
     assert first["decision"].startswith("restart in the allocation after node failure"), first
     detected = verdict_time(run_dir, first) - killed_at
     print(f"dead node found {detected:.1f} s after the kill")
-    assert detected <= 5.0
+    # The watchdog's own budget: the ranks' failure records, then its grace (2 s), the next
+    # poll (1 s apart here), one Slurm call and a slurmd connect bounded by its timeout (3 s):
+    # about 3 s when the dead node refuses the connect at once, 6 s at worst; Slurm's own
+    # SlurmdTimeout would take minutes.
+    assert detected <= 2.0 + 1.0 + 3.0 + 0.5
     assert second["in_allocation"] is True and second["restart_cause"] == "node failure"
     assert slurm_cluster.hostnames(second["nodes"]) == [used[0], spare]
     resumed = second["resumed_from"]
