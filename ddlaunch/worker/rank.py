@@ -238,6 +238,10 @@ def _train(cfg: Config, run_dir: Path, d: DistEnv) -> Any:
     args = trainer_args(cfg, run_dir, os.environ)
     if d.rank == 0:
         print(f"[ddlaunch] rank runs: {describe(cfg, args)}", flush=True)
+    if cfg.trainer_kind == "hf":
+        from ddlaunch.worker.hf_stop import agree_on_the_stop_step
+
+        agree_on_the_stop_step()  # every rank saves at the same step on the stop signal
     if cfg.launch.script:
         _run_script(cfg.launch.script, args)
     elif cfg.launch.module:
