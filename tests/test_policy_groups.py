@@ -241,3 +241,16 @@ def test_a_finished_group_makes_the_groups_still_healing_too_late() -> None:
     assert policy.too_late([GroupState(0, ("node1",)), healing]) == []
     # A group given up already is not ended twice.
     assert policy.too_late([done, replace(healing, given_up=True)]) == []
+
+
+def test_a_collective_across_groups_outlasts_the_hang_verdict() -> None:
+    from ddlaunch.policy.groups import collective_timeout_s
+    from ddlaunch.policy.heartbeats import Thresholds
+
+    # hang_timeout 30 s, beats every 1 s: judged hung after 30 + 3 x 1 + 5 = 38 s; the
+    # survivors wait in the all-reduce until 68 s, so the hung group is ended first.
+    assert collective_timeout_s(Thresholds(30, 1.0, 2.0, 300), watchdog=True) == 68.0
+    # The defaults: 600 s + 35 s + 30 s.
+    assert collective_timeout_s(Thresholds(600, 10.0, 2.0, 300), watchdog=True) == 665.0
+    # No watchdog, no verdict to wait for: a slow peer is an error after the floor.
+    assert collective_timeout_s(Thresholds(600, 10.0, 2.0, 300), watchdog=False) == 30.0

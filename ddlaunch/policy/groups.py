@@ -236,3 +236,28 @@ def _group_finding(w: GroupBeats) -> Finding:
         "groups' ranks beat (its processes are frozen)",
         w.finding.ranks,
     )
+
+
+# What a collective across the groups may take at the least: a peer that died closes its
+# sockets and is seen at once; this bounds a slow one.
+COLLECTIVE_FLOOR_S = 30.0
+# Beyond the hang verdict's window: one supervisor poll, ending the hung group's step.
+COLLECTIVE_MARGIN_S = 30.0
+
+
+def collective_timeout_s(thresholds: Thresholds, watchdog: bool) -> float:
+    """How long a group waits in a collective across the groups before it counts as an
+    error of its own. A frozen rank keeps its sockets open, so its peers in the other
+    groups wait in the all-reduce until the hung group is ended (its sockets close and they
+    go on) or this timeout expires, whichever comes first. The supervisor judges a group
+    hung after ``hang_timeout`` plus the heartbeats' staleness; the timeout is longer, so
+    that the hung group is ended first and the groups that only waited train on. With
+    the timeout first, the waiting groups failed themselves (torchft's error path after a
+    gloo timeout left the group's ranks at different points of the step: seen as a
+    transport error and a commit timeout), and, with no group left to heal from, the whole
+    job restarted from its checkpoint. Without the watchdog there is no verdict to wait
+    for: the floor."""
+    if not watchdog:
+        return COLLECTIVE_FLOOR_S
+    window = thresholds.hang_timeout + thresholds.stale_after
+    return max(COLLECTIVE_FLOOR_S, window + COLLECTIVE_MARGIN_S)

@@ -59,6 +59,8 @@ import torch.distributed as dist
 
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.group_env import GroupIdentity
+from ddlaunch.policy.groups import collective_timeout_s
+from ddlaunch.policy.heartbeats import Thresholds
 from ddlaunch.store import groups
 
 if TYPE_CHECKING:
@@ -189,13 +191,19 @@ class Replica:
         self._device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
         pg_class = tf.process_group.ProcessGroupNCCL if cuda else tf.process_group.ProcessGroupGloo
         ft = config.fault_tolerance
+        h = config.health
+        limits = Thresholds(
+            h.hang_timeout, h.heartbeat_interval, h.straggler_factor, h.straggler_patience
+        )
         from ddlaunch.worker.heal_source import http_transport  # imports torchft
 
         # torchft's own transport, its metadata tagged with the group: the healing side
         # learns which group it healed from (``worker.heal_source`` says why this way).
         self.transport = http_transport(identity.group, STEP_TIMEOUT)
         self.manager: Manager = tf.manager.Manager(
-            pg=pg_class(timeout=STEP_TIMEOUT),
+            # Longer than the supervisor's hang verdict: a hung group is ended before the
+            # groups waiting for it give up (``policy.groups.collective_timeout_s``).
+            pg=pg_class(timeout=timedelta(seconds=collective_timeout_s(limits, h.watchdog))),
             checkpoint_transport=self.transport,
             load_state_dict=load_state_dict,
             state_dict=state_dict,
