@@ -9,7 +9,7 @@ import shlex
 import click
 
 from ddlaunch.cli.options import force_option
-from ddlaunch.cli.snapshot import report_snapshot
+from ddlaunch.cli.snapshot import echo_progress
 
 
 @click.command("pipeline")
@@ -45,7 +45,6 @@ def command(file: str, dry_run: bool, run_root: str | None, force: bool) -> None
     its stages, `ddlaunch cancel PIPELINE` cancels them, and `ddlaunch resume` of a stage
     moves its dependents onto the new job.
     """
-    from ddlaunch.app import events
     from ddlaunch.pipelines.submit import (
         Checked,
         Planned,
@@ -59,13 +58,9 @@ def command(file: str, dry_run: bool, run_root: str | None, force: bool) -> None
     )
     with contextlib.closing(steps):
         for event in steps:
+            if echo_progress(event):
+                continue
             match event:
-                case events.Warned(text=text):
-                    click.echo(f"warning: {text}", err=True)
-                case events.Excluding(line=line) | events.Noted(line=line):
-                    click.echo(line, err=True)
-                case events.CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
-                    report_snapshot(cfg, snap, stored=stored)
                 case Checked(name=name, stages=count):
                     click.echo(f"pipeline {name}: {count} stages, submitted in this order")
                 case Planned(stage=stage):

@@ -36,3 +36,21 @@ def report_snapshot(cfg: Config, snap: Snapshot | None, *, stored: bool) -> None
     warning = live_entrypoint_warning(cfg, snap)
     if warning:
         click.echo(f"warning: {warning}", err=True)
+
+
+def echo_progress(event: object) -> bool:
+    """Print what every submission says as it goes (a warning, the nodes kept out, a line
+    about an edge, the code snapshot) on stderr; False for any other event, which the verb
+    prints itself."""
+    from ddlaunch.app import events
+
+    match event:
+        case events.Warned(text=text):
+            click.echo(f"warning: {text}", err=True)
+        case events.Excluding(line=line) | events.Noted(line=line):
+            click.echo(line, err=True)
+        case events.CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
+            report_snapshot(cfg, snap, stored=stored)
+        case _:
+            return False
+    return True

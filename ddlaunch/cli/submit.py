@@ -9,7 +9,7 @@ import sys
 import click
 
 from ddlaunch.cli.options import config_argument, force_option, set_option, target_option
-from ddlaunch.cli.snapshot import report_snapshot
+from ddlaunch.cli.snapshot import echo_progress, report_snapshot
 
 
 @click.command("submit")
@@ -124,13 +124,9 @@ def _submit_slurm(
     # end): whatever the use case holds is let go then, not when the traceback is freed.
     with contextlib.closing(steps):
         for event in steps:
+            if echo_progress(event):
+                continue
             match event:
-                case events.Warned(text=text):
-                    click.echo(f"warning: {text}", err=True)
-                case events.Excluding(line=line) | events.Noted(line=line):
-                    click.echo(line, err=True)
-                case events.CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
-                    report_snapshot(cfg, snap, stored=stored)
                 case events.DryRun(script=script, sbatch_line=sbatch_line):
                     click.echo(script, nl=False)
                     click.echo(f"# sbatch argv: {sbatch_line}")
