@@ -1,4 +1,5 @@
-"""Example entry point: a small MLP learns a noisy random linear map, data-parallel over gloo.
+"""Example entry point: a small MLP learns a noisy random linear map, data-parallel (gloo on
+the CPU, nccl on the ranks' GPUs).
 
 Deterministic by construction: the teacher, the initial weights and every batch come from
 seeded generators, and the batch of global step ``s`` on rank ``r`` depends only on
@@ -29,7 +30,7 @@ from torch import nn
 from ddlaunch.config import Config
 from ddlaunch.store.progress import write_result
 from ddlaunch.train import Session
-from ddlaunch.worker.distributed import init_distributed
+from ddlaunch.worker.distributed import init_distributed, rank_device
 
 IN, HIDDEN, OUT = 16, 64, 4
 NOISE = 0.1  # label noise: the best reachable MSE is NOISE**2 = 0.01
@@ -72,14 +73,17 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
     # do not fight over the cores.
     torch.set_num_threads(1)
     init_distributed()
+    # The rank's GPU with nccl, the CPU with gloo. Weights and batches are drawn on the CPU
+    # (seeded generators) and moved, so every device trains on the same numbers.
+    device = rank_device()
 
     torch.manual_seed(seed)  # the same initial weights on every rank
-    net = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+    net = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT)).to(device)
     model = net
     # Every rank starts from the same weights (same seed); gradients are averaged below.
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     w = teacher(seed)
-    x_eval, y_eval = batch(seed, EVAL_STEP, 0, 1024, w)
+    x_eval, y_eval = (t.to(device) for t in batch(seed, EVAL_STEP, 0, 1024, w))
 
     def eval_loss() -> float:
         with torch.no_grad():
@@ -100,7 +104,7 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
         for step in session.steps(steps):
             if on_step is not None:
                 on_step(step)
-            x, y = batch(seed, step, rank, batch_size, w)
+            x, y = (t.to(device) for t in batch(seed, step, rank, batch_size, w))
             loss = F.mse_loss(model(x), y)
             step_optimizer.zero_grad(set_to_none=True)
             loss.backward()

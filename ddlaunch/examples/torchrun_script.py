@@ -22,11 +22,15 @@ def main() -> None:
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
 
-    dist.init_process_group(backend=os.environ.get("DDLAUNCH_BACKEND", "gloo"))
+    backend = os.environ.get("DDLAUNCH_BACKEND", "gloo")
+    dist.init_process_group(backend=backend)
+    # nccl reduces CUDA tensors only: this rank's GPU, as torchrun numbers them.
+    on_gpu = backend == "nccl"
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if on_gpu else torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
-    ranks = torch.tensor([float(rank)])
+    ranks = torch.tensor([float(rank)], device=device)
     dist.all_reduce(ranks)  # 0 + 1 + ... + (world - 1)
-    scaled = torch.tensor([args.value * (rank + 1)])
+    scaled = torch.tensor([args.value * (rank + 1)], device=device)
     dist.all_reduce(scaled)
     record = {
         "rank": rank,

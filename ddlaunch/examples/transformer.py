@@ -1,5 +1,6 @@
 """Example entry point: a small causal transformer trained with FSDP2 + tensor parallelism on
-the job's device mesh (``ddlaunch.train.device_mesh``), on CPU with gloo.
+the job's device mesh (``ddlaunch.train.device_mesh``), on CPU with gloo or the ranks' GPUs
+with nccl.
 
 The plan comes from the config's ``parallel:`` section: attention and MLP projections are
 split over ``mesh["tp"]`` (Megatron style: column-parallel in, row-parallel out, so a block
@@ -41,6 +42,7 @@ from ddlaunch.config import Config
 from ddlaunch.planning.parallel import parallel_plan
 from ddlaunch.store.progress import write_result
 from ddlaunch.train import Session, device_mesh
+from ddlaunch.worker.distributed import rank_device
 
 VOCAB, WIDTH, HEADS, LAYERS, SEQ = 32, 32, 4, 2, 16
 EVAL_STEP = -1
@@ -169,12 +171,14 @@ def main(config: Config) -> dict[str, Any]:
     mesh = device_mesh(config)
     rank = dist.get_rank()
     torch.manual_seed(seed)  # the same initial weights on every rank, whatever the plan
-    model = parallelize(TinyLM(), mesh)
+    # Built on the CPU from the seed, then moved: the same weights on a GPU (nccl) or not.
+    device = rank_device()
+    model = parallelize(TinyLM().to(device), mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     probs = chain(seed)
     share = batch_size // d.dp
     lo = plan.dp_rank(rank) * share
-    eval_tokens = global_batch(seed, EVAL_STEP, 64, probs)
+    eval_tokens = global_batch(seed, EVAL_STEP, 64, probs).to(device)
 
     def loss_of(tokens: torch.Tensor) -> torch.Tensor:
         logits = model(tokens[:, :-1])
@@ -192,7 +196,7 @@ def main(config: Config) -> dict[str, Any]:
         if session.resumed:
             losses[start_step] = eval_loss()
         for step in session.steps(steps):
-            tokens = global_batch(seed, step, batch_size, probs)[lo : lo + share]
+            tokens = global_batch(seed, step, batch_size, probs)[lo : lo + share].to(device)
             loss = loss_of(tokens)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

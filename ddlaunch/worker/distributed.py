@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 BACKEND_VAR = "DDLAUNCH_BACKEND"
 
@@ -31,3 +35,14 @@ def init_distributed(timeout: timedelta | None = None) -> str:
         kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(backend=backend, init_method="env://", **kwargs)  # type: ignore[arg-type]
     return backend
+
+
+def rank_device() -> torch.device:
+    """The device this rank's tensors live on: its pinned GPU with nccl (which reduces CUDA
+    tensors only), the CPU with gloo. Call after ``init_distributed``."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
