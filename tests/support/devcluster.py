@@ -283,32 +283,52 @@ class DevCluster:
 
     def kill_node(self, name: str) -> int:
         """SIGKILL every process in the node's network namespace (slurmd, slurmstepd, tasks):
-        a hard node failure. Returns how many processes were killed."""
-        ns = NETNS_PREFIX + name
-        proc = subprocess.run(
-            ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10, check=True
-        )
+        a hard node failure, all at once. Returns how many processes were killed.
+
+        Every process is stopped before any is killed. Killed one by one, a process would
+        outlive its peers for a moment and could act on their deaths, which a node that dies
+        does not: srun forks a helper that cancels srun's step when srun dies before it
+        (seen on the dev cluster: the guard's step on another node CANCELLED the instant its
+        srun on the killed node was, and the --no-kill job was left RUNNING unguarded)."""
+        frozen = self._stop_every_process(NETNS_PREFIX + name)
         killed = 0
-        for pid in proc.stdout.split():
+        for pid in frozen:
             try:
-                os.kill(int(pid), _signal.SIGKILL)
+                os.kill(pid, _signal.SIGKILL)
                 killed += 1
             except ProcessLookupError:
                 pass
         return killed
 
+    def _stop_every_process(self, ns: str) -> list[int]:
+        """SIGSTOP each process of ``ns`` until no new one appears (a process forked before
+        its parent was stopped); the pids, in the order they were stopped."""
+        stopped: list[int] = []
+        for _ in range(50):
+            listed = [int(pid) for pid in self._netns_pids(ns)]
+            new = [pid for pid in listed if pid not in stopped]
+            if not new:
+                return stopped
+            for pid in new:
+                try:
+                    os.kill(pid, _signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+                stopped.append(pid)
+        raise RuntimeError(f"processes of {ns} kept appearing while they were being stopped")
+
+    @staticmethod
+    def _netns_pids(ns: str) -> list[str]:
+        proc = subprocess.run(
+            ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10, check=True
+        )
+        return proc.stdout.split()
+
     def signal_node(self, name: str, sig: int) -> int:
         """Send ``sig`` to every process in the node's network namespace (SIGSTOP: a node
         that stalls without dying; SIGCONT ends the stall). Returns how many got it."""
-        proc = subprocess.run(
-            ["ip", "netns", "pids", NETNS_PREFIX + name],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
         sent = 0
-        for pid in proc.stdout.split():
+        for pid in self._netns_pids(NETNS_PREFIX + name):
             try:
                 os.kill(int(pid), sig)
                 sent += 1
