@@ -283,7 +283,7 @@ CASES = [
         "trainer_unknown_placeholder",
         "launch:\n  script: train.py\ntrainer:\n  kind: hf\n  resume_args: [--resume, '{ckpt}']\n",
         [],
-        "  trainer.resume_args: unknown placeholder {ckpt} in '{ckpt}'; use {checkpoint}, {step}, {checkpoint_dir} (bad.yaml:5)",
+        "  trainer.resume_args: unknown placeholder {ckpt} in '{ckpt}'; use {checkpoint}, {step}, {checkpoint_dir}, {checkpoint_files} (bad.yaml:5)",
     ),
     (
         "trainer_session_with_script",

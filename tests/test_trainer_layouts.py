@@ -171,6 +171,28 @@ def test_torchtune_epochs_have_no_marker(tmp_path: Path) -> None:
     assert chosen(tmp_path, "torchtune") == ("epoch_1", 1)
 
 
+def test_model_files_are_the_shards_else_the_weights_relative_to_the_root(tmp_path: Path) -> None:
+    shards = make(
+        tmp_path,
+        "epoch_2",
+        {
+            "model-00002-of-00002.safetensors": "x",
+            "model-00001-of-00002.safetensors": "x",
+            "model.safetensors.index.json": "{}",
+            "config.json": "{}",
+            "adapter_model.pt": "x",
+        },
+    )
+    assert adapters.model_files(shards, tmp_path) == [
+        "epoch_2/model-00001-of-00002.safetensors",
+        "epoch_2/model-00002-of-00002.safetensors",
+    ]
+    plain = make(tmp_path, "epoch_3", {"model.pt": "x", "adapter_0.pt": "x", "notes.txt": ""})
+    assert adapters.model_files(plain, tmp_path) == ["epoch_3/model.pt"]
+    assert adapters.model_files(make(tmp_path, "epoch_4", {"notes.txt": ""}), tmp_path) == []
+    assert adapters.model_files(tmp_path / "absent", tmp_path) == []
+
+
 def test_custom_layout_is_the_same_fields(tmp_path: Path) -> None:
     layout = resolve(
         "custom",

@@ -7,6 +7,7 @@ hook's choice of checkpoint and partial entries moved aside."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from support.fakes import FakeRunner
 from support.rundirs import attempt_json, write_attempts
 
 from ddlaunch.app.prepare import prepare
-from ddlaunch.config.validate import to_plain
+from ddlaunch.config.validate import load_config, to_plain
 from ddlaunch.job import hooks
 from ddlaunch.job import stop as stopping
 from ddlaunch.planning.resume import resume_values, with_resume_args
@@ -23,6 +24,7 @@ from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, stops
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import checkpoint_source, committed_step
+from ddlaunch.worker.trainer import trainer_args
 
 JOB = AttemptId("9", 0, "9")
 TESTS = Path(__file__).resolve().parent
@@ -82,6 +84,31 @@ def byo_run(tmp_path: Path, kind: str = "hf", **trainer: object) -> Path:
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
     return run
+
+
+def test_torchtune_resumes_with_the_newest_epochs_files_named_as_on_disk(tmp_path: Path) -> None:
+    """torchtune 0.6.1 looks checkpointer.checkpoint_files up in output_dir, so
+    resume_from_checkpoint=True alone fails ("No file with name: model.pt found"); the newest
+    epoch's shards are named, replacing the files the script was given."""
+    run = byo_run(tmp_path, "torchtune")
+    cfg = load_config(run / "config.yaml")
+    root = checkpoint_source(run).root
+    for epoch in (0, 1):
+        (root / f"epoch_{epoch}").mkdir()
+        for shard in (1, 2):
+            (root / f"epoch_{epoch}" / f"model-0000{shard}-of-00002.bin").write_text("w")
+    (root / "recipe_state").mkdir()
+    (root / "recipe_state" / "recipe_state.pt").write_text("s")
+    cfg = replace(
+        cfg, launch=replace(cfg.launch, args=("checkpointer.checkpoint_files=[model.pt]",))
+    )
+    env: dict[str, str] = {}
+    assert trainer_args(cfg, run, env) == [
+        "resume_from_checkpoint=True",
+        "checkpointer.checkpoint_files="
+        "[epoch_1/model-00001-of-00002.bin,epoch_1/model-00002-of-00002.bin]",
+    ]
+    assert env["DDLAUNCH_RESUME_STEP"] == "1"
 
 
 def hf_checkpoint(run: Path, step: int, complete: bool = True) -> Path:

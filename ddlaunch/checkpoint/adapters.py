@@ -162,6 +162,24 @@ def _inspect(layout: Layout, path: Path, name_step: int | None) -> Found:
     return Found(name, path, name_step, True)
 
 
+#: A model shard as HF and torchtune name it: ``model-00001-of-00004.safetensors``.
+_SHARD_RE = re.compile(r"^model-[0-9]+-of-[0-9]+\.(?:safetensors|bin|pt|pth)$")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def model_files(entry: Path, root: Path) -> list[str]:
+    """The model weight files of a checkpoint directory, relative to ``root``, sorted: its
+    shards (``model-N-of-M.*``), else every weight file (``.safetensors``, ``.bin``, ``.pt``,
+    ``.pth``) but adapters'. Empty for a file entry or one with no weights."""
+    if not entry.is_dir():
+        return []
+    names = sorted(p.name for p in entry.iterdir() if p.is_file())
+    chosen = [n for n in names if _SHARD_RE.match(n)] or [
+        n for n in names if n.endswith(_WEIGHT_SUFFIXES) and not n.startswith("adapter")
+    ]
+    return [str((entry / n).relative_to(root)) for n in chosen]
+
+
 def _marker_step(path: Path) -> int | None:
     try:
         step = json.loads(path.read_text(encoding="utf-8")).get("step")

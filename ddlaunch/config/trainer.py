@@ -26,7 +26,8 @@ class TrainerSpec:
     resume_args: tuple[str, ...] | None = opt(
         None,
         "Added to launch.args when a complete checkpoint exists (a flag already there is "
-        "replaced); placeholders {checkpoint}, {step}, {checkpoint_dir}; unset: the kind's.",
+        "replaced); placeholders {checkpoint}, {step}, {checkpoint_dir}, {checkpoint_files} "
+        "(its model files as [a,b], relative to checkpoint_dir); unset: the kind's.",
     )
     signal: str | None = opt(
         None,

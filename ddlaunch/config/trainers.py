@@ -22,8 +22,10 @@ KIND_NONE = "none"  # nothing known about the checkpoints: the default for scrip
 KIND_CUSTOM = "custom"
 NO_SIGNAL = "none"
 
-#: Placeholders ``trainer.resume_args`` may use.
-RESUME_PLACEHOLDERS = ("checkpoint", "step", "checkpoint_dir")
+#: Placeholders ``trainer.resume_args`` may use. ``{checkpoint_files}``: the checkpoint's
+#: model shard files (``model-00001-of-00002.safetensors``, ...), relative to the checkpoint
+#: directory, as a list override (``[epoch_1/model-00001-of-00002.safetensors, ...]``).
+RESUME_PLACEHOLDERS = ("checkpoint", "step", "checkpoint_dir", "checkpoint_files")
 #: Placeholders ``trainer.checkpoint_dir`` may use (expanded per run, so sweep members differ).
 DIR_PLACEHOLDERS = ("run_dir", "run_id")
 #: Placeholders expanded in ``launch.args`` of a trainer kind other than ddlaunch and none
@@ -106,7 +108,13 @@ BUILTIN: dict[str, Layout] = {
     "torchtune": Layout(
         pattern="*_*",
         step_regex=r"^(?:epoch|step)_([0-9]+)$",
-        resume_args=("resume_from_checkpoint=True",),
+        # torchtune looks the checkpoint files up in output_dir: alone, resume_from_checkpoint
+        # fails ("No file with name: model.pt found in <output_dir>", 0.6.1), so the newest
+        # entry's files are named as they are on disk.
+        resume_args=(
+            "resume_from_checkpoint=True",
+            "checkpointer.checkpoint_files={checkpoint_files}",
+        ),
     ),
     KIND_CUSTOM: Layout(),
     KIND_NONE: Layout(),

@@ -52,9 +52,14 @@ def with_resume_args(
     return [*kept, *filled]
 
 
-def resume_values(checkpoint: str, step: int | None, checkpoint_dir: str) -> dict[str, str]:
+def resume_values(
+    checkpoint: str, step: int | None, checkpoint_dir: str, files: Sequence[str] = ()
+) -> dict[str, str]:
+    """The placeholders of ``trainer.resume_args``; ``files``: the checkpoint's model files,
+    relative to ``checkpoint_dir`` (one list override, torchtune's and Hydra's syntax)."""
     return {
         "checkpoint": checkpoint,
         "step": "" if step is None else str(step),
         "checkpoint_dir": checkpoint_dir,
+        "checkpoint_files": "[" + ",".join(files) + "]",
     }

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from ddlaunch.checkpoint.adapters import model_files
 from ddlaunch.config.schema import Config
-from ddlaunch.config.trainers import is_byo, substitute
+from ddlaunch.config.trainers import is_byo, placeholders, substitute
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.planning.resume import resume_values, with_resume_args
 from ddlaunch.store import attempts
@@ -68,7 +69,12 @@ def trainer_args(cfg: Config, run_dir: Path, env: MutableMapping[str, str]) -> l
     env["DDLAUNCH_RESUME_CHECKPOINT"] = checkpoint
     env["DDLAUNCH_RESUME_STEP"] = "" if step is None else str(step)
     resume = cfg.trainer_layout.resume_args
-    return with_resume_args(args, resume, resume_values(checkpoint, step, str(root)))
+    files = model_files(Path(checkpoint), root) if _names_files(resume) else []
+    return with_resume_args(args, resume, resume_values(checkpoint, step, str(root), files))
+
+
+def _names_files(resume_args: tuple[str, ...]) -> bool:
+    return any("checkpoint_files" in placeholders(word) for word in resume_args)
 
 
 def describe(cfg: Config, args: list[str]) -> str:
