@@ -13,9 +13,19 @@ default (issue #29). Two scenarios in one run, on loopback with gloo, WORLD rank
   form a group, load the checkpoint and step (the detection is left out: the parent restarts
   at once, which favours this path).
 
+* ``--nvrx``: the same kill under NVIDIA's resiliency extension (``nvidia-resiliency-ext``,
+  ``inprocess.Wrapper``), which #29 asks to evaluate first: WORLD ranks and one reserve rank
+  (its rank-assignment tree's RESERVE layer) in the wrapper, the same 2 s collective timeout;
+  the wrapped function rejoins at each restart iteration (a new store prefix), and the lowest
+  rank that holds the state broadcasts it from memory. Checked as the prototype is: the
+  survivors keep their processes, the reserve's process takes the dead rank, every rank ends
+  with the same weights.
+
 Printed: kill -> first step done after recovery (all ranks), medians of --runs runs.
 
     PYTHONPATH=. python benchmarks/bench_inprocess_proto.py --runs 5
+    pip install nvidia-resiliency-ext   # 0.4.1: the last release with a cp311 wheel
+    PYTHONPATH=. python benchmarks/bench_inprocess_proto.py --runs 5 --nvrx
 """
 
 from __future__ import annotations
@@ -220,6 +230,81 @@ def process_rank(rank: int, base_port: int, ckpt: Path, out: Path, phase: str) -
     dist.destroy_process_group()
 
 
+def nvrx_rank(out: Path) -> None:
+    """One process under ``inprocess.Wrapper``: RANK >= WORLD starts as the reserve."""
+    from typing import Optional
+
+    import nvidia_resiliency_ext.inprocess as inprocess
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    first_rank = int(os.environ["RANK"])
+    held: dict[str, object] = {"step": 0, "has_state": first_rank < WORLD}
+    net, opt = _model_and_optimizer()
+    record: dict[str, object] = {"pid": os.getpid(), "standby": first_rank >= WORLD}
+    master, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+    def train(call_wrapper: inprocess.CallWrapper | None = None) -> None:
+        assert call_wrapper is not None
+        gen = call_wrapper.iteration
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(
+            master, port + 1, world, rank == 0, multi_tenant=True, wait_for_workers=True
+        )
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"gen{gen}", store),
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+        if gen > 0:  # the state from the memory of the lowest rank that holds it
+            src = torch.tensor([rank if held["has_state"] else world])
+            dist.all_reduce(src, op=dist.ReduceOp.MIN)
+            step_t = torch.tensor([int(held["step"])])  # type: ignore[call-overload]
+            dist.broadcast(step_t, int(src.item()))
+            held["step"] = int(step_t.item())
+            for t in _state_tensors(net, opt):
+                dist.broadcast(t, int(src.item()))
+            held["has_state"] = True
+        while int(held["step"]) < STEPS:  # type: ignore[call-overload]
+            step = int(held["step"])  # type: ignore[call-overload]
+            if rank == VICTIM and gen == 0 and step == KILL_STEP:
+                (out / "killed_at").write_text(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            _step(net, opt, step, rank)
+            if gen > 0 and "first_step_done_at" not in record:
+                record["first_step_done_at"] = time.time()
+            held["step"] = step + 1
+        record["rank"] = rank
+        record["final_digest"] = _digest(net)
+        dist.destroy_process_group()
+
+    # The wrapper passes itself to the parameter annotated with its type, read as an object:
+    # this module's annotations are strings (``from __future__ import annotations``).
+    train.__annotations__["call_wrapper"] = Optional[inprocess.CallWrapper]  # noqa: UP045
+    tree = inprocess.rank_assignment.Tree(
+        layers=[
+            inprocess.rank_assignment.Layer(
+                min_ranks=WORLD, max_ranks=WORLD, flag=inprocess.rank_assignment.LayerFlag.RESERVE
+            )
+        ]
+    )
+    wrapper = inprocess.Wrapper(
+        store_kwargs={"port": port + 2},
+        rank_assignment=tree,
+        soft_timeout=timedelta(seconds=10),
+        hard_timeout=timedelta(seconds=15),
+        heartbeat_timeout=timedelta(seconds=8),
+        barrier_timeout=timedelta(seconds=30),
+        completion_timeout=timedelta(seconds=30),
+    )
+    wrapper(train)()
+    if "final_digest" in record:  # a reserve never activated has nothing to say
+        (out / f"nvrx-{os.getpid()}.json").write_text(json.dumps(record))
+
+
 # ---------------------------------------------------------------- parent side (no torch)
 
 
@@ -284,9 +369,46 @@ def run_process(tmp: Path) -> dict[str, float]:
     }
 
 
+def run_nvrx(tmp: Path) -> dict[str, float]:
+    port = _free_port()  # port + 1 (the group's store) and + 2 (the wrapper's) too
+    procs = []
+    for r in range(WORLD + 1):  # the last one starts as the reserve
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.getcwd(),
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "WORLD_SIZE": str(WORLD + 1),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "nvrx", str(tmp)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=open(tmp / f"nvrx-{r}.log", "wb"),  # noqa: SIM115
+            )
+        )
+    pids = [p.pid for p in procs]
+    for p in procs:
+        p.wait(timeout=180)
+    killed = float((tmp / "killed_at").read_text())
+    records = [json.loads(p.read_text()) for p in tmp.glob("nvrx-*.json")]
+    assert len(records) == WORLD, records
+    assert len({r["final_digest"] for r in records}) == 1, "ranks disagree after recovery"
+    survivors = {pids[r] for r in range(WORLD) if r != VICTIM}
+    assert survivors <= {r["pid"] for r in records}, "a survivor's process was replaced"
+    assert any(r["pid"] == pids[WORLD] and r["rank"] == VICTIM for r in records), records
+    return {"kill_to_step_s": max(r["first_step_done_at"] for r in records) - killed}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "inproc":
         inprocess_rank(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "nvrx":
+        nvrx_rank(Path(sys.argv[2]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "proc":
         a = sys.argv
@@ -294,12 +416,16 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--nvrx", action="store_true", help="also NVRx's inprocess.Wrapper")
     args = parser.parse_args()
-    inproc, proc = [], []
+    inproc, proc, nvrx = [], [], []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
             inproc.append(run_inprocess(Path(a)))
             proc.append(run_process(Path(b)))
+        if args.nvrx:
+            with tempfile.TemporaryDirectory() as c:
+                nvrx.append(run_nvrx(Path(c)))
     med = statistics.median
     print(
         f"{WORLD} ranks, gloo, loopback; kill rank {VICTIM} at step {KILL_STEP}; {args.runs} runs"
@@ -312,6 +438,8 @@ def main() -> None:
         ("process: kill -> torch imported", [r["import_s"] for r in proc]),
         ("process: kill -> next step", [r["kill_to_step_s"] for r in proc]),
     ]
+    if nvrx:
+        rows.append(("NVRx wrapper + reserve: kill -> step", [r["kill_to_step_s"] for r in nvrx]))
     for name, vals in rows:
         print(f"{name:<36}{med(vals):>10.3f}{min(vals):>8.3f}{max(vals):>8.3f}")
     ratio = med([r["kill_to_step_s"] for r in proc]) / med([r["kill_to_step_s"] for r in inproc])
