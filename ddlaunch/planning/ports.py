@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import hashlib
 
-PORT_LOW = 20000
-PORT_HIGH = 60000  # exclusive
-# Attempt n of a job uses (base + n * stride) mod span: a stride coprime to the span (40000 =
-# 2^6 * 5^4) makes the first 40000 attempts of one job all use different ports.
+# Below Linux's default ephemeral range (32768-60999), where the node's own outgoing
+# connections take their local ports: a master port in it was taken on a busy dev-cluster
+# node (a requeued attempt's group failed with EADDRINUSE). 16384 ports.
+PORT_LOW = 16384
+PORT_HIGH = 32768  # exclusive
+# Attempt n of a job uses (base + n * stride) mod span: a stride coprime to the span (16384 =
+# 2^14) makes the first 16384 attempts of one job all use different ports.
 _PORT_STRIDE = 7919
 # Restarts inside the allocation take ordinals beyond any requeue count (max_requeues <= 1000),
 # so (restart, relaunch) pairs of one job do not share a port.
@@ -17,15 +20,15 @@ _RELAUNCH_SPACING = 1001
 
 
 def master_port_for(job_id: str, restart_count: int = 0, relaunch: int = 0) -> int:
-    """A rendezvous port in [20000, 60000) that every rank of an attempt derives alike.
+    """A rendezvous port in [16384, 32768) that every rank of an attempt derives alike.
 
     The base is a hash of the job id, so two jobs sharing a node collide with probability
-    1/40000 per pair (birthday bound: k jobs on one node ~ k(k-1)/80000, e.g. 0.07 % for 8).
+    1/16384 per pair (birthday bound: k jobs on one node ~ k(k-1)/32768, e.g. 0.17 % for 8).
     Each requeued attempt moves by a fixed stride, so it never reuses the previous attempt's
     port, which may still sit in TIME_WAIT; so does each restart inside the allocation
-    (``relaunch``: the previous step's ranks died a second ago). The range overlaps Linux's
-    default ephemeral range (32768-60999): on a very busy node the port can be taken; set
-    $DDLAUNCH_MASTER_PORT to override.
+    (``relaunch``: the previous step's ranks died a second ago). The range lies below Linux's
+    default ephemeral range (32768-60999), so the node's outgoing connections do not take it;
+    a site whose ephemeral range reaches lower sets $DDLAUNCH_MASTER_PORT.
     """
     span = PORT_HIGH - PORT_LOW
     digest = hashlib.sha256(job_id.encode("utf-8")).digest()
