@@ -141,6 +141,28 @@ def _run(
     return proc
 
 
+def _children_first(pids: list[int]) -> list[int]:
+    """``pids`` ordered so that every process comes before its parent (deepest first)."""
+    parent: dict[int, int] = {}
+    for pid in pids:
+        try:
+            # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces or ")".
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            parent[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            parent[pid] = 0
+
+    def depth(pid: int) -> int:
+        d, seen = 0, {pid}
+        while parent.get(pid, 0) in parent and parent[pid] not in seen:
+            pid = parent[pid]
+            seen.add(pid)
+            d += 1
+        return d
+
+    return sorted(pids, key=depth, reverse=True)
+
+
 @dataclass
 class DevCluster:
     """The running dev cluster. Every method talks to it through ``env`` (its SLURM_CONF)."""
@@ -285,14 +307,18 @@ class DevCluster:
         """SIGKILL every process in the node's network namespace (slurmd, slurmstepd, tasks):
         a hard node failure, all at once. Returns how many processes were killed.
 
-        Every process is stopped before any is killed. Killed one by one, a process would
-        outlive its peers for a moment and could act on their deaths, which a node that dies
-        does not: srun forks a helper that cancels srun's step when srun dies before it
-        (seen on the dev cluster: the guard's step on another node CANCELLED the instant its
-        srun on the killed node was, and the --no-kill job was left RUNNING unguarded)."""
-        frozen = self._stop_every_process(NETNS_PREFIX + name)
+        Every process is stopped before any is killed, and children die before their parents.
+        Killed one by one, a process would outlive its peers for a moment and could act on
+        their deaths, which a node that dies does not: srun forks a helper that cancels
+        srun's step when srun dies before it (seen on the dev cluster: the guard's step on
+        another node CANCELLED the instant its srun on the killed node was, and the --no-kill
+        job was left RUNNING unguarded). Children first: a parent killed while its children
+        are stopped orphans their process group, and the kernel then wakes each of them with
+        SIGHUP and SIGCONT (POSIX), which srun takes as a request to end its step (seen too:
+        `srun: forcing job termination`, `got SIGCONT` in the guard's log)."""
+        stopped = self._stop_every_process(NETNS_PREFIX + name)
         killed = 0
-        for pid in frozen:
+        for pid in _children_first(stopped):
             try:
                 os.kill(pid, _signal.SIGKILL)
                 killed += 1
