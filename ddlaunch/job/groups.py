@@ -126,6 +126,7 @@ class Group:
     detail: str = ""  # the verdict's detail: the culprit of the record
     blamed: tuple[str, ...] = ()  # the nodes the verdict names
     avoid: tuple[str, ...] = ()  # nodes the restart must leave out (a straggler)
+    killing: bool = False  # a task of the step ended: the rest were sent SIGKILL
 
 
 @dataclass
@@ -211,6 +212,7 @@ class Supervisor:
             g.proc = subprocess.Popen(argv, env=env, stderr=err, start_new_session=False)
         g.started = self.changed = self.clock()
         g.dead, g.ended_why, g.cause, g.detail, g.blamed, g.avoid = (), "", "", "", (), ()
+        g.killing = False
         g.state = replace(g.state, running=True, rejoined=restart == 0)
         self.publish()
         say(
@@ -274,9 +276,35 @@ class Supervisor:
                     bad.add(node)
         return sorted(bad)
 
+    def task_ended(self, g: Group) -> bool:
+        """Whether srun reported a task of the group's current step ended (its log since
+        the group's start holds a task's exit or kill)."""
+        if g.srun_log is None:
+            return False
+        with contextlib.suppress(OSError), open(g.srun_log, errors="replace") as log:
+            if os.fstat(log.fileno()).st_size <= g.log_offset:
+                return False
+            log.seek(g.log_offset)
+            return bool(attrib.parse_step_lines(log).ends)
+        return False
+
+    def kill_the_rest(self, g: Group) -> None:
+        """A task of the group's step ended: SIGKILL the others now. srun's own end of the
+        step (--kill-on-bad-exit) sends TERM, which a rank takes as a stop request, and KILL
+        only after Slurm's KillWait (30 s by default, 5 s on the dev cluster): until then
+        the group's torchft manager lives on in its other ranks, and the other groups'
+        quorum waits for it (seen: the survivors stalled 5.4 s on one rank's kill)."""
+        g.killing = True
+        say(f"group {g.state.group}: a task of its step ended; killing the others now")
+        threading.Thread(target=self.cancel_step, args=(g, []), daemon=True).start()
+
     def watch_running(self, g: Group, now: float, found: list[Failure]) -> None:
-        """A running group whose node died, or that never healed: end its step now."""
+        """A running group whose node died, or that never healed: end its step now; one
+        whose task ended: kill its other ranks at once."""
         assert g.proc is not None
+        if not g.killing and self.task_ended(g):
+            self.kill_the_rest(g)
+            return
         if not g.state.rejoined:
             back = self.rejoin(g)
             if back is not None:
