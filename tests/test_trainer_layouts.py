@@ -191,6 +191,8 @@ def test_model_files_are_the_shards_else_the_weights_relative_to_the_root(tmp_pa
     assert adapters.model_files(plain, tmp_path) == ["epoch_3/model.pt"]
     assert adapters.model_files(make(tmp_path, "epoch_4", {"notes.txt": ""}), tmp_path) == []
     assert adapters.model_files(tmp_path / "absent", tmp_path) == []
+    # An entry outside the root (a checkpoint recorded elsewhere): absolute paths.
+    assert adapters.model_files(plain, tmp_path / "other") == [str(plain / "model.pt")]
 
 
 def test_custom_layout_is_the_same_fields(tmp_path: Path) -> None:

@@ -168,16 +168,18 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def model_files(entry: Path, root: Path) -> list[str]:
-    """The model weight files of a checkpoint directory, relative to ``root``, sorted: its
-    shards (``model-N-of-M.*``), else every weight file (``.safetensors``, ``.bin``, ``.pt``,
-    ``.pth``) but adapters'. Empty for a file entry or one with no weights."""
+    """The model weight files of a checkpoint directory, relative to ``root`` (absolute for
+    an entry outside it), sorted: its shards (``model-N-of-M.*``), else every weight file
+    (``.safetensors``, ``.bin``, ``.pt``, ``.pth``) but adapters'. Empty for a file entry or
+    one with no weights."""
     if not entry.is_dir():
         return []
     names = sorted(p.name for p in entry.iterdir() if p.is_file())
     chosen = [n for n in names if _SHARD_RE.match(n)] or [
         n for n in names if n.endswith(_WEIGHT_SUFFIXES) and not n.startswith("adapter")
     ]
-    return [str((entry / n).relative_to(root)) for n in chosen]
+    inside = entry.is_relative_to(root)
+    return [str((entry / n).relative_to(root) if inside else entry / n) for n in chosen]
 
 
 def _marker_step(path: Path) -> int | None:
