@@ -276,17 +276,19 @@ class Supervisor:
                     bad.add(node)
         return sorted(bad)
 
+    def step_log(self, g: Group) -> attrib.StepLog:
+        """What srun reported of the group's current step (its log since the group's start);
+        the step's own rank numbers."""
+        if g.srun_log is not None:
+            with contextlib.suppress(OSError), open(g.srun_log, errors="replace") as log:
+                if os.fstat(log.fileno()).st_size > g.log_offset:
+                    log.seek(g.log_offset)
+                    return attrib.parse_step_lines(log)
+        return attrib.StepLog()
+
     def task_ended(self, g: Group) -> bool:
-        """Whether srun reported a task of the group's current step ended (its log since
-        the group's start holds a task's exit or kill)."""
-        if g.srun_log is None:
-            return False
-        with contextlib.suppress(OSError), open(g.srun_log, errors="replace") as log:
-            if os.fstat(log.fileno()).st_size <= g.log_offset:
-                return False
-            log.seek(g.log_offset)
-            return bool(attrib.parse_step_lines(log).ends)
-        return False
+        """Whether srun reported a task of the group's current step ended (exit or kill)."""
+        return bool(self.step_log(g).ends)
 
     def kill_the_rest(self, g: Group) -> None:
         """A task of the group's step ended: SIGKILL the others now. srun's own end of the
@@ -579,11 +581,7 @@ class Supervisor:
 
     def attribution(self, g: Group) -> tuple[str, list[dict[str, object]]]:
         """(culprit, causes) of the group's failure, job-wide rank numbers."""
-        step = attrib.StepLog()
-        if g.srun_log is not None:
-            with contextlib.suppress(OSError), open(g.srun_log, errors="replace") as log:
-                log.seek(g.log_offset)
-                step = attrib.parse_step_lines(log)
+        step = self.step_log(g)
         ends = tuple(replace(e, rank=e.rank + g.rank_offset) for e in step.ends)
         step = replace(step, ends=ends)
         causes = attrib.rank_causes(step, self.group_failures(g))
