@@ -138,7 +138,10 @@ def test_a_killed_rank_restarts_its_group_only(
         f"group 1 back in {entry['rejoin_s']:.1f} s; group 0 took {len(during)} steps meanwhile; "
         f"its longest pause {stall:.2f} s"
     )
-    assert len(during) >= 5
+    # Group 1 is away ~2-4 s since the supervisor kills a failed group's step at once (it
+    # waited for Slurm's KillWait before, ~10 s): a few paced steps of group 0 fit in it;
+    # that it never stalled longer is the bound below.
+    assert len(during) >= 2
     assert stall <= 1.0 + 2 * (STEP_SLEEP + 0.2) + 0.1 + 1.0, stall
     res = result(run_dir)
     assert res["steps"] == 300
