@@ -285,6 +285,38 @@ def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) 
 
 
 @pytest.mark.timeout(120)
+def test_a_slow_heal_completes_though_the_loop_reaches_no_peer_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchft's first quorum has one group take the other's state (step 0). The loop issues
+    no cross-group collective of its own, and the healing rank's fetch starts 3 s late: the
+    serving group must not withdraw its state at its commit vote before that fetch (it would
+    fail after torchft's 30 s lock timeout with HTTP 500, and the groups hang in their next
+    quorums). With the fetch done, the groups drift apart and the check stops them."""
+    monkeypatch.setenv("SLOW_FETCH_S", "3")
+    run = make_run(
+        tmp_path,
+        "slow-heal",
+        "fault_tolerance.min_replica_groups=2",
+        entrypoint=None,
+        script=str(SCRIPTS / "group_only.py"),
+    )
+    server = lighthouse(min_replicas=2)
+    started = time.monotonic()
+    try:
+        procs = [p for g in (0, 1) for p in start_group(run, server.address(), g, 0, 2).procs]
+        codes = wait_all(procs, 90)
+    finally:
+        server.shutdown()
+    took = time.monotonic() - started
+    assert all(code != 0 for code in codes), codes
+    records = [read_failure(run, rank) for rank in range(2 * GROUP_SIZE)]
+    assert [r.exception if r else None for r in records] == ["ReplicaGroupsDiverged"] * 4
+    # Start-up, the 3 s wait and up to 10 steps: far below torchft's 30 s lock timeout.
+    assert took < 30, took
+
+
+@pytest.mark.timeout(120)
 def test_a_restarted_group_with_no_group_to_heal_from_does_not_start_over(
     tmp_path: Path,
 ) -> None:

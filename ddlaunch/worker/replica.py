@@ -17,7 +17,10 @@ when the quorum changes. A step then goes:
 3. ``Replica.commit()`` (``session.optimizer.step()``, else the Session after the step):
    ``Manager.should_commit``; only a committed step is applied (``ReplicaOptimizer``) and
    counted. A failed commit (a peer died mid-step) leaves the step number where it was, and
-   the Session yields the same step again under the next quorum.
+   the Session yields the same step again under the next quorum. A step that reached no
+   other group before its vote (no ``Replica.average``) gets a one-value cross-group
+   all-reduce first, so that a group serving a heal waits for the fetch
+   (``worker.step_manager``).
 
 Checkpoints and the pre-timeout signal. One group writes the job's checkpoints (DCP, a
 collective of its own ranks, with the manager's step in them): rank 0 of the current quorum.
@@ -64,7 +67,7 @@ from ddlaunch.policy.heartbeats import Thresholds
 from ddlaunch.store import groups
 
 if TYPE_CHECKING:
-    from torchft.manager import Manager
+    from ddlaunch.worker.step_manager import StepManager
 
 CHECK_EVERY = 50  # committed steps between two divergence checks
 # A collective, a checkpoint transfer or a commit vote that takes longer is an error of the
@@ -196,11 +199,12 @@ class Replica:
             h.hang_timeout, h.heartbeat_interval, h.straggler_factor, h.straggler_patience
         )
         from ddlaunch.worker.heal_source import http_transport  # imports torchft
+        from ddlaunch.worker.step_manager import StepManager  # imports torchft
 
         # torchft's own transport, its metadata tagged with the group: the healing side
         # learns which group it healed from (``worker.heal_source`` says why this way).
         self.transport = http_transport(identity.group, STEP_TIMEOUT)
-        self.manager: Manager = tf.manager.Manager(
+        self.manager: StepManager = StepManager(
             # Longer than the supervisor's hang verdict: a hung group is ended before the
             # groups waiting for it give up (``policy.groups.collective_timeout_s``).
             pg=pg_class(timeout=timedelta(seconds=collective_timeout_s(limits, h.watchdog))),
@@ -267,6 +271,11 @@ class Replica:
         """Whether this step commits (the vote runs once per step, on every rank of the
         group, whoever asks first)."""
         if self._committed is None:
+            if not self.manager.crossed:
+                # The healing group must have fetched its state before a serving group
+                # votes (``worker.step_manager`` says why): a step with no cross-group
+                # collective gets a one-value one here, in every group alike.
+                self.manager.allreduce(torch.zeros(1, device=self._device)).wait()
             self._committed = bool(self.manager.should_commit())
         return self._committed
 

@@ -1,7 +1,13 @@
 """A loop that averages gradients within its replica group only (a plain all-reduce and the
-plain optimizer): the groups drift apart, which the Session must detect and stop."""
+plain optimizer): the groups drift apart, which the Session must detect and stop.
+
+``SLOW_FETCH_S``: a healing rank of group 0 waits this long before it fetches its peer's state
+(a slow network or a loaded host). At torchft's first quorum each group serves one of its
+ranks' state and heals the other, so group 1's healing rank is done long before group 0's,
+and group 1's serving rank runs its step ahead of the fetch from it."""
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -13,6 +19,17 @@ from ddlaunch.config import load_config
 from ddlaunch.examples import mlp
 from ddlaunch.store.rundir import config_path
 from ddlaunch.train import Session
+from ddlaunch.worker import heal_source
+
+slow = float(os.environ.get("SLOW_FETCH_S", "0"))
+if slow and os.environ.get("REPLICA_GROUP_ID") == "0":
+    fetch = heal_source.GroupTaggedTransport.recv_checkpoint
+
+    def slow_fetch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(slow)
+        return fetch(self, *args, **kwargs)
+
+    heal_source.GroupTaggedTransport.recv_checkpoint = slow_fetch  # type: ignore[method-assign]
 
 config = load_config(config_path(Path(os.environ["DDLAUNCH_RUN_DIR"])))
 torch.set_num_threads(1)
