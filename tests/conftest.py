@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -152,7 +153,7 @@ def slurm_job_cleanup(slurm_cluster: DevCluster) -> Iterator[list[str]]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that use the dev cluster must carry @pytest.mark.slurm, so `-m "not slurm"` really
-    leaves the cluster alone."""
+    leaves the cluster alone; then the slowest tests first (``slowest_first``)."""
     unmarked = [
         item.nodeid
         for item in items
@@ -164,6 +165,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "tests using the slurm_cluster fixture must be marked @pytest.mark.slurm: "
             + ", ".join(unmarked)
         )
+    slowest_first(items)
+
+
+# Seconds a test took in a recent full run (``tests/durations.json``: test function -> seconds,
+# the slow ones only; regenerate with ``scripts/test-durations`` from a run's output). Used
+# only to order the tests: a stale or missing entry changes when a test runs, never whether
+# it passes.
+DURATIONS = Path(__file__).parent / "durations.json"
+# A test that uses the dev cluster and is not in the file: it waits on Slurm for about this
+# long, more than nearly every unit test takes.
+SLURM_DEFAULT_S = 10.0
+
+
+def slowest_first(items: list[pytest.Item]) -> None:
+    """The slowest tests first (longest processing time first): with xdist each worker
+    starts on a long test, so the Slurm tests' waits overlap the unit tests' CPU instead of
+    running after them, and no long test starts last to run alone at the end of a pass. A
+    stable sort on a fixed table: every xdist worker collects the same order."""
+    known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+    def expected(item: pytest.Item) -> float:
+        name = item.nodeid.split("@", 1)[0].split("[", 1)[0]
+        if name in known:
+            return known[name]
+        return SLURM_DEFAULT_S if item.get_closest_marker("slurm") else 0.0
+
+    items.sort(key=lambda item: -expected(item))
 
 
 @pytest.fixture(autouse=True)

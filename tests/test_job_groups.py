@@ -258,15 +258,14 @@ def rank_beat(rank: int, host: str, started: float, step_wall: float, at: float)
     }  # fmt: skip
 
 
-def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path) -> None:
+def two_groups(tmp_path: Path, slurm: Slurm, now: list[float]) -> Recording:
+    """A supervisor of 2 groups of 1 node x 2 ranks, both started at ``now[0]``."""
     open_attempt(tmp_path)
-    slurm = Slurm()
     settings = groups.Settings(
         groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
         stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
         hang_timeout=30, heartbeat_interval=1,
     )  # fmt: skip
-    now = [1000.0]
     sup = Recording(
         settings,
         tmp_path,
@@ -284,6 +283,45 @@ def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path
     sup.slurm = slurm
     for g in sup.groups:
         sup.start_group(g)
+    return sup
+
+
+def test_a_failed_groups_other_tasks_are_killed_with_one_slurm_call(tmp_path: Path) -> None:
+    """The steps' ids are looked up while the groups train (one squeue for all), so the kill
+    of a failed group's other tasks, which the other groups' quorum waits for, is one
+    scancel."""
+    slurm = Slurm()
+    now = [1000.0]
+    sup = two_groups(tmp_path, slurm, now)
+    calls = sup.client.runner.calls  # type: ignore[attr-defined]
+    try:
+        sup.learn_step_ids(1000.5)  # srun has not made the steps yet
+        assert calls == []
+        sup.learn_step_ids(1001.5)
+        assert [c[0] for c in calls] == ["squeue"]
+        assert [g.step_ids for g in sup.groups] == [("77.0",), ("77.1",)]
+        sup.learn_step_ids(1003.0)  # every id known: no call
+        assert len(calls) == 1
+        g1 = sup.groups[1]
+        now[0] = 1010.0
+        sup.kill_the_rest(g1)
+        deadline = time.monotonic() + 10
+        while not g1.rest_killed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls[1:] == [["scancel", "--signal=KILL", "77.1"]]
+        assert g1.killing and g1.end_seen == g1.rest_killed == 1010.0
+        assert sup.groups[0].proc is not None and sup.groups[0].proc.poll() is None
+    finally:
+        for g in sup.groups:
+            if g.proc is not None and g.proc.poll() is None:
+                g.proc.kill()
+                g.proc.wait()
+
+
+def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path) -> None:
+    slurm = Slurm()
+    now = [1000.0]
+    sup = two_groups(tmp_path, slurm, now)
     survivor = sup.groups[0].proc
     assert survivor is not None
     # 40 s later: group 0 waits for group 1 (its ranks beat, its step stopped with group

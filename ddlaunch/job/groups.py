@@ -99,6 +99,8 @@ CANCEL_WAIT_S = 2.0
 SRUN_WAIT_S = 5.0
 STEP_GONE_S = 10.0
 STEP_GONE_POLL_S = 0.5
+# The least time between two lookups of the groups' step ids, and after a group's start.
+STEP_LOOKUP_S = 1.0
 STEP_NAME = "ddlaunch-group-{group}-{restart}"
 CANCEL_SIGNAL = "KILL"
 
@@ -127,6 +129,9 @@ class Group:
     blamed: tuple[str, ...] = ()  # the nodes the verdict names
     avoid: tuple[str, ...] = ()  # nodes the restart must leave out (a straggler)
     killing: bool = False  # a task of the step ended: the rest were sent SIGKILL
+    step_ids: tuple[str, ...] = ()  # the current step's Slurm ids, once looked up
+    end_seen: float = 0.0  # when srun's report of a task's end was first seen
+    rest_killed: float = 0.0  # when the scancel of the other tasks returned
 
 
 @dataclass
@@ -171,6 +176,7 @@ class Supervisor:
     last_sample: int | None = None  # the step of the last step-history sample
     stragglers: analysis.StragglerState = field(default_factory=analysis.StragglerState)
     said_slow: set[str] = field(default_factory=set)  # stragglers said, left training
+    last_step_lookup: float = float("-inf")
 
     # ------------------------------------------------------------------ start
 
@@ -212,7 +218,7 @@ class Supervisor:
             g.proc = subprocess.Popen(argv, env=env, stderr=err, start_new_session=False)
         g.started = self.changed = self.clock()
         g.dead, g.ended_why, g.cause, g.detail, g.blamed, g.avoid = (), "", "", "", (), ()
-        g.killing = False
+        g.killing, g.step_ids, g.end_seen, g.rest_killed = False, (), 0.0, 0.0
         g.state = replace(g.state, running=True, rejoined=restart == 0)
         self.publish()
         say(
@@ -295,10 +301,36 @@ class Supervisor:
         step (--kill-on-bad-exit) sends TERM, which a rank takes as a stop request, and KILL
         only after Slurm's KillWait (30 s by default, 5 s on the dev cluster): until then
         the group's torchft manager lives on in its other ranks, and the other groups'
-        quorum waits for it (seen: the survivors stalled 5.4 s on one rank's kill)."""
+        quorum waits for it (seen: the survivors stalled 5.4 s on one rank's kill). One
+        Slurm call when the step's id is known already (``learn_step_ids``)."""
         g.killing = True
+        g.end_seen = self.clock()
         say(f"group {g.state.group}: a task of its step ended; killing the others now")
-        threading.Thread(target=self.cancel_step, args=(g, []), daemon=True).start()
+        threading.Thread(target=self.kill_rest_now, args=(g,), daemon=True).start()
+
+    def kill_rest_now(self, g: Group) -> None:
+        self.cancel_step(g, [])
+        g.rest_killed = self.clock()
+
+    def learn_step_ids(self, now: float) -> None:
+        """Look up the Slurm ids of the running groups' steps that lack one, in one ``squeue``
+        for all of them, at most once a ``STEP_LOOKUP_S``: a failed group's other tasks are
+        then killed with one Slurm call, not two (every second counts: the other groups'
+        quorum waits for the failed group's manager until its ranks are gone)."""
+        wanted = [g for g in self.groups if g.state.running and not g.step_ids]
+        if not wanted or not self.attempt.job_id:
+            return
+        if now - self.last_step_lookup < STEP_LOOKUP_S:
+            return
+        if all(now - g.started < STEP_LOOKUP_S for g in wanted):
+            return  # srun has not made the steps yet
+        self.last_step_lookup = now
+        try:
+            steps = self.client.steps_by_name(self.attempt.job_id)
+        except Exception:
+            return  # a later poll tries again; a kill looks the id up itself
+        for g in wanted:
+            g.step_ids = tuple(steps.get(step_name(g.state.group, g.state.restarts), ()))
 
     def watch_running(self, g: Group, now: float, found: list[Failure]) -> None:
         """A running group whose node died, or that never healed: end its step now; one
@@ -409,7 +441,7 @@ class Supervisor:
             return
         name = step_name(g.state.group, g.state.restarts)
         try:
-            ids = self.client.steps_by_name(job).get(name, [])
+            ids = list(g.step_ids) or self.client.steps_by_name(job).get(name, [])
             if not ids:
                 say(f"group {g.state.group}: step {name} is not in the queue (ended already)")
                 return
@@ -637,6 +669,10 @@ class Supervisor:
             entry["new_nodes"] = list(decision.nodes)
         if g.blamed:
             entry["blamed"] = list(g.blamed)
+        if g.end_seen and g.rest_killed:
+            # How long the group's other ranks outlived the first task's end, as far as the
+            # supervisor can tell: the other groups' quorum waits about this long.
+            entry["rest_killed_s"] = round(g.rest_killed - g.end_seen, 3)
         step = self.last_step(g)
         if step is not None:
             entry["failed_at_step"] = step
@@ -724,6 +760,7 @@ class Supervisor:
                 return WHOLE_JOB_FAILED
             now = self.clock()
             found = read_failures(self.run_dir)
+            self.learn_step_ids(now)
             for g in self.groups:
                 failed = self.poll_group(g, now, found)
                 if failed is not None:
