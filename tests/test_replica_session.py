@@ -233,6 +233,8 @@ def test_a_killed_group_heals_from_its_peer_while_the_other_keeps_training(
     results += [result_of(run, g1b, r) for r in range(GROUP_SIZE)]
     assert {r["param_sha256"] for r in results} == {results[0]["param_sha256"]}
     assert all(r["steps"] == STEPS for r in results)
+    # Each process's start: group 0's from scratch, the restarted group 1's at its heal.
+    assert [r["start_step"] for r in results] == [0, 0] + [heal.healed_from_step] * GROUP_SIZE
     assert groups.read_step(run, 0).step == STEPS  # type: ignore[union-attr]
     assert groups.read_step(run, 1).step == STEPS  # type: ignore[union-attr]
     # The job-mode run averages 4 ranks' batches at every step; the groups lost group 1's

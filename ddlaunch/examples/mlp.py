@@ -96,7 +96,6 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
     # the configured cadence and on the pre-timeout signal, and commits the final step. With
     # fault_tolerance.mode: replica_groups it also keeps the groups in step (torchft).
     with Session(config, model, optimizer) as session:
-        start_step = session.start_step
         # Job-wide: in replica groups each group's ranks see their own part of the data.
         rank, world = session.job_rank, session.job_world
         step_optimizer = session.optimizer
@@ -131,7 +130,8 @@ def main(config: Config, on_step: Callable[[int], None] | None = None) -> dict[s
         "initial_loss": initial_loss,
         "final_loss": eval_loss(),
         "steps": steps,
-        "start_step": start_step,
+        # Read after the loop: a restarted replica group learns its start at its first step.
+        "start_step": session.start_step,
         "world_size": world,
         "param_sha256": param_sha256(net),
         "train_seconds": round(time.monotonic() - started, 3),

@@ -208,7 +208,7 @@ def main(config: Config) -> dict[str, Any]:
         "final_loss": eval_loss(),
         "floor": _entropy(probs),
         "steps": steps,
-        "start_step": start_step,
+        "start_step": session.start_step,  # after the loop: a healed group's, too
         "world_size": dist.get_world_size(),
         "mesh": dict(zip(plan.names, plan.shape, strict=True)),
         "placement": _placement(plan, rank),
