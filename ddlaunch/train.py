@@ -28,8 +28,8 @@ with ``continue`` training goes on and the next save tries again.
 With ``fault_tolerance.mode: replica_groups`` (each replica group its own world, restarted
 alone) the session also runs torchft's per-step quorum (``ddlaunch.worker.replica``): the
 steps follow the committed step, a healed group jumps to its peer's, a step broken by a dying
-peer group is run again (``session.start_step`` of a healed group is the step it healed to,
-once its first step is yielded). The loop steps ``session.optimizer`` and calls
+peer group is run again (``session.start_step`` of a restarted group is the step it healed
+to, once its first step is yielded). The loop steps ``session.optimizer`` and calls
 ``session.average_gradients(model)`` (both do what the plain calls did in job mode), and
 picks its data by ``session.job_rank``; a loop that averages within its group only is
 stopped with ``ReplicaGroupsDiverged``. One group saves the checkpoints.
@@ -252,9 +252,11 @@ class Session:
         first = True
         while replica.step < total:
             step = replica.start_step()
-            if first and replica.healed is not None:
+            if first and replica.healed is not None and replica.identity.restart:
                 # A restarted group took a peer's state at its first quorum: it starts from
-                # that step, not from 0 (what ``start_step`` says from the first step on).
+                # that step, not from 0 (what ``start_step`` says from the first step on). A
+                # whole-job start keeps the checkpoint's step even when a group catches up
+                # with an earlier one at its first quorum: the attempt resumed from it.
                 self.start_step = replica.healed.healed_from_step
             first = False
             if step >= total:
