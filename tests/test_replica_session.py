@@ -252,11 +252,12 @@ def test_a_killed_group_heals_from_its_peer_while_the_other_keeps_training(
     assert {b["rank"] for b in beats} >= {0, 1, 2, 3}
 
 
-@pytest.mark.timeout(120)
-def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) -> None:
+def run_group_only(tmp_path: Path, name: str) -> tuple[Path, list[int]]:
+    """Two groups of ``trainer_scripts/group_only.py`` (a loop that averages within its group
+    only) until every rank exits, at most 90 s; (the run, the ranks' exit codes)."""
     run = make_run(
         tmp_path,
-        "diverge",
+        name,
         # Both groups in every quorum: on a loaded machine the second group's start can lag
         # the first's by more than its 50 steps, and a group alone has no peer to differ from.
         "fault_tolerance.min_replica_groups=2",
@@ -265,10 +266,15 @@ def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) 
     )
     server = lighthouse(min_replicas=2)
     try:
-        started = [start_group(run, server.address(), g, 0, 2) for g in (0, 1)]
-        codes = wait_all([p for g in started for p in g.procs], 90)
+        procs = [p for g in (0, 1) for p in start_group(run, server.address(), g, 0, 2).procs]
+        return run, wait_all(procs, 90)
     finally:
         server.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_groups_that_average_within_themselves_only_are_stopped(tmp_path: Path) -> None:
+    run, codes = run_group_only(tmp_path, "diverge")
     assert all(code != 0 for code in codes), codes
     for rank in range(2 * GROUP_SIZE):
         record = read_failure(run, rank)
@@ -296,20 +302,8 @@ def test_a_slow_heal_completes_though_the_loop_reaches_no_peer_group(
     fail after torchft's 30 s lock timeout with HTTP 500, and the groups hang in their next
     quorums). With the fetch done, the groups drift apart and the check stops them."""
     monkeypatch.setenv("SLOW_FETCH_S", "3")
-    run = make_run(
-        tmp_path,
-        "slow-heal",
-        "fault_tolerance.min_replica_groups=2",
-        entrypoint=None,
-        script=str(SCRIPTS / "group_only.py"),
-    )
-    server = lighthouse(min_replicas=2)
     started = time.monotonic()
-    try:
-        procs = [p for g in (0, 1) for p in start_group(run, server.address(), g, 0, 2).procs]
-        codes = wait_all(procs, 90)
-    finally:
-        server.shutdown()
+    run, codes = run_group_only(tmp_path, "slow-heal")
     took = time.monotonic() - started
     assert all(code != 0 for code in codes), codes
     records = [read_failure(run, rank) for rank in range(2 * GROUP_SIZE)]
