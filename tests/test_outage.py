@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner, failed, ok
-from support.rundirs import attempt_json, write_attempts
+from support.rundirs import attempt_json, committed_run, in_attempt, write_attempts
 
 from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.conclude import conclude
+from ddlaunch.job import hooks
 from ddlaunch.policy.requeue import Ending, RetryBudget
 from ddlaunch.runner import CommandResult
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.client import SlurmClient, SlurmError, SlurmUnreachable
 from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 
@@ -177,3 +178,55 @@ def test_a_requeue_that_never_gets_through_stops_the_run_with_the_reason(
     )
     (record,) = attempt_json(run)
     assert record["requeue"]["done"] is False and record["requeue"]["tries"] == 1
+
+
+def test_the_end_hook_stops_asking_a_controller_that_does_not_answer_and_requeues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end hook (``python -m ddlaunch.job.hooks end``) of a crashed attempt with the
+    controller down: its first question (the nodes' states) goes unanswered, so it asks
+    nothing more it can do without (the slurmd port for a probe, the job's restart count
+    twice) and goes to the requeue, retried until answered. On the dev cluster each of those
+    questions waited ~9 s for a killed slurmctld: the requeue came 36 s after the crash."""
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    run = committed_run(tmp_path, [20, 40])  # progress: the attempt began at 20
+    record = attempts.new_record(0, AttemptId("7", 0, "7"), nodes="n1", host="n1", resumed_from=20)
+    write_attempts(run, [record])
+    down = failed(KILLED["squeue"])
+    requeues = iter([failed(KILLED["requeue"]), ok()])
+    runner = FakeRunner(
+        {
+            "sinfo": down,
+            "squeue": down,
+            "scontrol": down,
+            "scontrol requeue": lambda argv: next(requeues),
+        }
+    )
+    monkeypatch.setattr("ddlaunch.slurm.client.SubprocessRunner", lambda: runner)
+    monkeypatch.setenv("DDLAUNCH_RUN_DIR", str(run))
+    in_attempt(monkeypatch, tmp_path, "7", 0)
+    assert hooks.main(["end", "--exit-code", "137", "--can-restart"]) == 0
+    asked = [" ".join(c[:2]) for c in runner.calls if c[0] != "sacct"]
+    assert asked == ["sinfo -h", "scontrol requeue", "scontrol requeue"], runner.calls
+    (record,) = attempt_json(run)
+    assert record["decision"].startswith("requeue after crash")
+    assert record["requeue"]["done"] is True and record["requeue"]["tries"] == 2
+
+
+def test_a_client_asks_again_once_the_controller_answers() -> None:
+    """Any answer, a refusal too, ends the skipping; a client without the setting (the
+    watchdog's, which has no other way to see Slurm back) always asks."""
+    answers = iter([failed(KILLED["squeue"]), failed("scontrol: error: Invalid job id")])
+    runner = FakeRunner(
+        {("scontrol", "requeue"): lambda argv: next(answers), "scontrol show job": "Restarts=2"}
+    )
+    client = SlurmClient(runner, skip_reads_when_down=True)
+    with pytest.raises(SlurmUnreachable):
+        client.requeue("7")
+    assert client.restarts("7") is None and runner.count("scontrol") == 1
+    with pytest.raises(SlurmError):
+        client.requeue("7")
+    assert client.restarts("7") == 2 and runner.count("scontrol") == 3
+    always = SlurmClient(FakeRunner({"sinfo": failed(KILLED["squeue"])}))
+    assert always.node_states() == {} and always.node_states() == {}
+    assert always.runner.count("sinfo") == 2  # type: ignore[attr-defined]

@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         # does it unless Python was not usable before launch.setup): a no-op when done.
 
         start_task(run_dir)
-    client = SlurmClient()
+    # One short process, one decision: with the controller down, go to what matters.
+    client = SlurmClient(skip_reads_when_down=True)
     if args.hook == "start":
         start(run_dir, client, attempt, os.environ, HookSettings.of_run(run_dir))
         return 0
