@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -165,7 +166,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "tests using the slurm_cluster fixture must be marked @pytest.mark.slurm: "
             + ", ".join(unmarked)
         )
+    unnamed = pass_marks_not_named(items)
+    if unnamed:
+        raise pytest.UsageError(
+            "scripts/test-all gives its lane and alone passes the files that say `mark.lane` "
+            "or `mark.alone`; these mark tests another way, and no pass would run them: "
+            + ", ".join(unnamed)
+        )
     slowest_first(items)
+
+
+# How scripts/test-all finds the lane and alone passes' files (grep): collecting every test
+# file costs each worker ~9 CPU-s, and those passes need a few.
+PASS_MARK = re.compile(r"mark\.(lane|alone)\b")
+
+
+def pass_marks_not_named(items: list[pytest.Item]) -> list[str]:
+    """The files with ``lane`` or ``alone`` tests whose text does not name the mark."""
+    files = {
+        item.path
+        for item in items
+        if item.get_closest_marker("lane") or item.get_closest_marker("alone")
+    }
+    return sorted(str(f) for f in files if not PASS_MARK.search(f.read_text()))
 
 
 # Seconds a test took in a recent full run (``tests/durations.json``: test function -> seconds,

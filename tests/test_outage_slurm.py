@@ -72,7 +72,7 @@ class Watch:
 
 def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_path) -> None:
     config = mlp_config(
-        tmp_path, "ft-outage", params={"steps": 250, "step_sleep": 0.1}, job={"time": "00:08:00"}
+        tmp_path, "ft-outage", params={"steps": 180, "step_sleep": 0.1}, job={"time": "00:08:00"}
     )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 40, 180, "a committed step >= 40")

@@ -314,11 +314,19 @@ def test_a_slow_heal_completes_though_the_loop_reaches_no_peer_group(
 
 @pytest.mark.timeout(120)
 def test_a_restarted_group_with_no_group_to_heal_from_does_not_start_over(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Group 1's restart, with group 0 gone meanwhile (finished or failed): its first quorum
     holds itself only, so training on would begin at step 0. It stops instead, naming why,
-    before a step (and so before a checkpoint of that model) is taken."""
+    before a step (and so before a checkpoint of that model) is taken. Both of its ranks do,
+    though group rank 1 is 3 s late to configure its process group from the store group
+    rank 0 hosts (a loaded machine's gap, made certain): rank 0 waits for it, else rank 1
+    retries a store that is gone and the group never ends."""
+    slow = Path(__file__).parent / "trainer_scripts" / "slow_configure"
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(slow), os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.setenv("SLOW_CONFIGURE_S", "3")
     run = make_run(tmp_path, "alone")
     server = lighthouse()
     try:

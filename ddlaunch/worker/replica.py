@@ -50,6 +50,7 @@ reduce fails (a peer died in it) decides nothing; the next one does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -261,11 +262,22 @@ class Replica:
         over from step 0 and write checkpoints of a model the job left long ago."""
         if self.manager.num_participants() > 1:
             return  # the others are at step 0 too: nothing to heal
+        # Every rank of the group got this quorum and stops here too, but group rank 0 hosts
+        # the store the others configure their cross-group process group from: leaving first,
+        # it would leave a slower rank retrying a store that is gone, until connect_timeout
+        # or longer (seen on loaded cores). The group leaves together.
+        self._group_barrier()
         raise NoGroupToHealFrom(
             f"replica group {self.identity.group} restarted, but no other group trains to "
             "heal it from (they finished or failed meanwhile); it does not start over from "
             "step 0"
         )
+
+    def _group_barrier(self) -> None:
+        # A rank of the group that died meanwhile fails the barrier: its end says why.
+        if self.group_world > 1 and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.barrier()
 
     def commit(self) -> bool:
         """Whether this step commits (the vote runs once per step, on every rank of the
