@@ -3,9 +3,9 @@ then dies and is restarted by ``scripts/devcluster up``.
 
 While it hangs: ``submit`` fails within ``$DDLAUNCH_SLURM_TIMEOUT`` and records the intent
 as failed with the reason; ``status`` shows every run from its directory with "Slurm
-unreachable (...)"; ``status --watch`` keeps polling. Once it is dead, the job's ranks die:
-its end hook retries ``scontrol requeue`` until the restarted controller answers, the
-attempt record says so, and the run resumes and completes.
+unreachable (...)"; ``status --watch`` keeps polling. Then the job's ranks die and the
+controller with them: the end hook retries ``scontrol requeue`` until the restarted
+controller answers, the attempt record says so, and the run resumes and completes.
 """
 
 from __future__ import annotations
@@ -120,12 +120,25 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             assert rows[run_dir.name]["reason"].startswith("Slurm unreachable (")
             assert rows[refused.name]["state"] == "SUBMIT_FAILED"
 
-            # The controller dies, then the ranks: the end hook must keep the run.
-            slurm_cluster.kill_controller()
-            ranks = slurm_cluster.rank_pids(run_dir)
-            assert len(ranks) >= 4, "the ranks finished before the outage: train longer"
-            for pid in ranks:
-                os.kill(pid, signal.SIGKILL)
+            # The ranks die, then the controller, before the batch script's end hook runs,
+            # which must keep the run. The hang ends first and the script is held (its
+            # shell stopped) until the controller is dead: Slurm must learn of the step's end
+            # while it answers, because slurmstepd reports a step that ended during an outage
+            # again only 60 s later (a wait hard-coded in Slurm), and the requeue waits for it.
+            slurm_cluster.resume_controller()
+            shell = slurm_cluster.batch_shell_pid(job_id)
+            os.kill(shell, signal.SIGSTOP)
+            try:
+                ranks = slurm_cluster.rank_pids(run_dir)
+                assert len(ranks) >= 4, "the ranks finished before the outage: train longer"
+                for pid in ranks:
+                    os.kill(pid, signal.SIGKILL)
+                wait_for(
+                    lambda: not slurm_cluster.step_running(job_id), 60, "the step's end in Slurm"
+                )
+                slurm_cluster.kill_controller()
+            finally:
+                os.kill(shell, signal.SIGCONT)
             seen = watch.wait("Slurm unreachable", seen, 60)
             try:
                 wait_for(

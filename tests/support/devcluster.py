@@ -399,6 +399,10 @@ class DevCluster:
         """SIGSTOP slurmctld: a hung controller (clients time out after MessageTimeout)."""
         os.kill(self.controller_pid(), _signal.SIGSTOP)
 
+    def resume_controller(self) -> None:
+        """SIGCONT a paused slurmctld: the hang ends, the controller answers again."""
+        os.kill(self.controller_pid(), _signal.SIGCONT)
+
     def kill_controller(self) -> None:
         """SIGKILL slurmctld (paused or not): clients get "connection refused" until
         ``restart_controller``."""
@@ -423,6 +427,28 @@ class DevCluster:
     @staticmethod
     def resume_process(pid: int) -> None:
         os.kill(pid, _signal.SIGCONT)
+
+    def step_running(self, job_id: str, step: int = 0) -> bool:
+        """Whether the controller still has step ``step`` of the job (``squeue -s``)."""
+        out = self.slurm("squeue", "-h", "-s", "-j", job_id, "-o", "%i", check=False).stdout
+        return f"{job_id}.{step}" in out.split()
+
+    @staticmethod
+    def batch_shell_pid(job_id: str) -> int:
+        """The shell running the job's batch script (the nodes share this PID namespace):
+        stopping it holds the script between its steps and its end hook."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            script = argv[-2] if len(argv) > 1 else b""  # cmdline ends with a NUL
+            if script.endswith(b"/slurm_script") and f"SLURM_JOB_ID={job_id}".encode() in environ:
+                return int(entry.name)
+        raise DevClusterError(f"no batch script shell of job {job_id}")
 
     @staticmethod
     def rank_pids(run_dir: Path) -> list[int]:
