@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from support.devcluster import SLURM_CONF, DevCluster, DevClusterError, bring_up
+from support.devcluster import FINAL_STATES, SLURM_CONF, DevCluster, DevClusterError, bring_up
 
 # ------------------------------------------------------------------ preconditions
 # What every test may rely on, whatever ran before it in the same process and whatever the
@@ -145,10 +146,16 @@ def slurm_cluster() -> Iterator[DevCluster]:
 
 @pytest.fixture
 def slurm_job_cleanup(slurm_cluster: DevCluster) -> Iterator[list[str]]:
-    """A list to append job ids to; those jobs (and only those) are cancelled after the test."""
+    """A list to append job ids to; those jobs (and only those) are cancelled after the test,
+    and waited for: a cancelled job holds its nodes until Slurm has ended it, and the next
+    test in the same lane must find them free (seen: a test after a failed one was given
+    the lane's other nodes, and failed too)."""
     job_ids: list[str] = []
     yield job_ids
     slurm_cluster.cancel(job_ids)
+    for job in job_ids:
+        with contextlib.suppress(TimeoutError):
+            slurm_cluster.wait_job_state(job, FINAL_STATES, timeout=60)
 
 
 @pytest.hookimpl(tryfirst=True)
