@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from support import devcluster
 from support.devcluster import wait_for
 from test_fault_tolerance import attempts, mlp_config, result
 from test_launch_slurm import ddlaunch, submit
@@ -51,19 +52,8 @@ def groups_config(tmp_path: Path, name: str, steps: int = 300, **ft: object) -> 
 
 
 def processes(run_dir: Path) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
-    """(pid, argv, environment) of this run's processes: the dev cluster's nodes share this
-    machine's PID namespace."""
-    wanted = f"DDLAUNCH_RUN_DIR={run_dir}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if wanted in env:
-            yield int(entry.name), argv, env
+    """(pid, argv, environment) of this run's processes."""
+    return devcluster.processes(f"DDLAUNCH_RUN_DIR={run_dir}")
 
 
 def group_pids(run_dir: Path, offset: int) -> set[int]:

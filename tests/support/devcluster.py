@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -437,17 +437,11 @@ class DevCluster:
     def batch_shell_pid(job_id: str) -> int:
         """The shell running the job's batch script (the nodes share this PID namespace):
         stopping it holds the script between its steps and its end hook."""
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
+        wanted = f"SLURM_JOB_ID={job_id}".encode()
+        for pid, argv, environ in processes():
             script = argv[-2] if len(argv) > 1 else b""  # cmdline ends with a NUL
-            if script.endswith(b"/slurm_script") and f"SLURM_JOB_ID={job_id}".encode() in environ:
-                return int(entry.name)
+            if script.endswith(b"/slurm_script") and wanted in environ:
+                return pid
         raise DevClusterError(f"no batch script shell of job {job_id}")
 
     @staticmethod
@@ -455,19 +449,28 @@ class DevCluster:
         """The rank processes (``ddlaunch.worker.task``) of a run, found by their environment:
         the nodes share this machine's PID namespace. Killing them is a crash, unlike
         ``scancel --signal=KILL``, which Slurm 22.05 records as a cancel (CANCELLED)."""
-        wanted = f"DDLAUNCH_RUN_DIR={run_dir}".encode()
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                environ = (entry / "environ").read_bytes()
-            except OSError:  # gone meanwhile, or a kernel thread
-                continue
-            if b"ddlaunch.worker.task" in cmdline and wanted in environ.split(b"\0"):
-                pids.append(int(entry.name))
-        return pids
+        return [
+            pid
+            for pid, argv, _ in processes(f"DDLAUNCH_RUN_DIR={run_dir}")
+            if any(b"ddlaunch.worker.task" in arg for arg in argv)
+        ]
+
+
+def processes(env_entry: str | None = None) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
+    """(pid, argv, environment) of this machine's processes, which the dev cluster's nodes
+    share; only those whose environment holds ``env_entry`` (``NAME=value``) when given.
+    A process gone meanwhile, or a kernel thread, is skipped."""
+    wanted = env_entry.encode() if env_entry is not None else None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted is None or wanted in environ:
+            yield int(entry.name), argv, environ
 
 
 def wait_for_text(path: Path, needle: str, timeout: float) -> str:
