@@ -44,12 +44,19 @@ def test_a_command_line_without_the_worker_is_refused(capsys: pytest.CaptureFixt
     assert f"needs SRUN... {groups.WORKER_MARK} WORKER..." in capsys.readouterr().err
 
 
-def test_each_group_step_logs_to_its_own_files() -> None:
-    srun = ["srun", "--output=/r/logs/rank-%t.out", "--error=/r/logs/rank-%t.err", "--x=1"]
-    assert groups.group_logs(srun, Path("/r/logs"), 1) == [
+def test_each_group_step_logs_to_its_own_files_and_is_ended_by_the_supervisor() -> None:
+    srun = [
+        "srun",
+        "--output=/r/logs/rank-%t.out",
+        "--error=/r/logs/rank-%t.err",
+        "--kill-on-bad-exit=1",
+        "--x=1",
+    ]
+    assert groups.group_srun(srun, Path("/r/logs"), 1) == [
         "srun",
         "--output=/r/logs/group-1.out",
         "--error=/r/logs/group-1.err",
+        "--kill-on-bad-exit=0",
         "--x=1",
     ]
 

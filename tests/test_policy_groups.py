@@ -254,3 +254,21 @@ def test_a_collective_across_groups_outlasts_the_hang_verdict() -> None:
     assert collective_timeout_s(Thresholds(600, 10.0, 2.0, 300), watchdog=True) == 665.0
     # No watchdog, no verdict to wait for: a slow peer is an error after the floor.
     assert collective_timeout_s(Thresholds(600, 10.0, 2.0, 300), watchdog=False) == 30.0
+
+
+def test_every_wait_a_hung_group_prolongs_outlasts_the_hang_verdict() -> None:
+    from ddlaunch.policy.groups import ReplicaTimeouts, replica_timeouts
+    from ddlaunch.policy.heartbeats import Thresholds
+
+    # hang_timeout 30 s, beats every 1 s: judged hung after 38 s. The commit vote, where a
+    # frozen rank's peer's partner waits, is as long as the collective (it was 30 s: the
+    # group that only waited failed before the verdict).
+    assert replica_timeouts(Thresholds(30, 1.0, 2.0, 300), True, 20) == ReplicaTimeouts(
+        collective=68.0, operation=68.0, quorum=68.0
+    )
+    # The quorum waits heal_timeout when that is longer (a restarted group's first quorum).
+    assert replica_timeouts(Thresholds(600, 10.0, 2.0, 300), True, 900).quorum == 900
+    # No watchdog: the floor, and heal_timeout for the quorum.
+    assert replica_timeouts(Thresholds(600, 10.0, 2.0, 300), False, 600) == ReplicaTimeouts(
+        collective=30.0, operation=30.0, quorum=600
+    )

@@ -56,14 +56,19 @@ def processes(run_dir: Path) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
     return devcluster.processes(f"DDLAUNCH_RUN_DIR={run_dir}")
 
 
-def group_pids(run_dir: Path, offset: int) -> set[int]:
+def group_pids(run_dir: Path, offset: int, group_rank: int | None = None) -> set[int]:
     """The live rank processes of the group whose ranks start at ``offset`` (not its srun,
-    whose command line names the task module too)."""
+    whose command line names the task module too); only its rank ``group_rank`` when given
+    (srun numbers each group's step's tasks from 0)."""
     group = f"DDLAUNCH_GROUP_RANK_OFFSET={offset}".encode()
+    task = f"SLURM_PROCID={group_rank}".encode()
     return {
         pid
         for pid, argv, env in processes(run_dir)
-        if b"python" in argv[0] and b"ddlaunch.worker.task" in argv and group in env
+        if b"python" in argv[0]
+        and b"ddlaunch.worker.task" in argv
+        and group in env
+        and (group_rank is None or task in env)
     }
 
 
@@ -223,9 +228,13 @@ def test_a_frozen_rank_restarts_its_group_for_a_hang_and_only_that_group(
     # would be some other failure, and its rejoin no answer to this one).
     assert not group_restarts(run_dir), group_restarts(run_dir)
     # Frozen, not dead: its sockets stay open, so nothing fails; only its heartbeat stops.
+    # Group 1's rank 1 (job rank 3), not the one hosting the group's manager: its peer in
+    # group 0 waits in the all-reduce, and that peer's partner in group 0's commit vote,
+    # both until the verdict (a vote that gave up first failed group 0 too, and the job).
+    (frozen,) = group_pids(run_dir, 2, group_rank=1)
     pace(run_dir, True)
     frozen_at, step_at_stop = time.time(), last_step(run_dir, 0)
-    os.kill(max(victims), signal.SIGSTOP)
+    os.kill(frozen, signal.SIGSTOP)
     rejoined = wait_for(
         lambda: [
             g

@@ -5,8 +5,9 @@ srun step. It starts the torchft lighthouse on the batch host, then one srun ste
 replica group on that group's nodes (each its own torch.distributed world; the groups meet
 per step through the lighthouse and torchft's Manager), and watches them:
 
-* a group whose step fails (a rank crashed or was killed: srun ends the step,
-  --kill-on-bad-exit; a node that died: found as the watchdog finds one, and its step ended
+* a group whose step fails (a rank crashed or was killed: srun reports the task's end and
+  the supervisor kills the step's other tasks at once, srun's own --kill-on-bad-exit being
+  off for group steps; a node that died: found as the watchdog finds one, and its step ended
   at once) is restarted **alone**, on its own nodes or with a hot spare in place of a dead
   one (``policy.groups`` decides), while the other groups' steps keep running; the restarted
   group heals from a live group (torchft's checkpoint transport) and rejoins;
@@ -206,7 +207,7 @@ class Supervisor:
         with contextlib.suppress(OSError):
             g.log_offset = g.srun_log.stat().st_size
         argv = [
-            *group_logs(s.srun, logs, g.state.group),
+            *group_srun(s.srun, logs, g.state.group),
             f"--job-name={step_name(g.state.group, restart)}",
             "--overlap",
             f"--nodes={k}",
@@ -298,11 +299,12 @@ class Supervisor:
 
     def kill_the_rest(self, g: Group) -> None:
         """A task of the group's step ended: SIGKILL the others now. srun's own end of the
-        step (--kill-on-bad-exit) sends TERM, which a rank takes as a stop request, and KILL
-        only after Slurm's KillWait (30 s by default, 5 s on the dev cluster): until then
-        the group's torchft manager lives on in its other ranks, and the other groups'
-        quorum waits for it (seen: the survivors stalled 5.4 s on one rank's kill). One
-        Slurm call when the step's id is known already (``learn_step_ids``)."""
+        step (--kill-on-bad-exit, off for group steps: ``group_srun``) would send TERM,
+        which a rank takes as a stop request, and KILL only after Slurm's KillWait (30 s by
+        default, 5 s on the dev cluster): until then the group's torchft manager lives on in
+        its other ranks, and the other groups' quorum waits for it (seen: the survivors
+        stalled 5.4 s on one rank's kill). One Slurm call when the step's id is known
+        already (``learn_step_ids``)."""
         g.killing = True
         g.end_seen = self.clock()
         say(f"group {g.state.group}: a task of its step ended; killing the others now")
@@ -776,15 +778,23 @@ class Supervisor:
             time.sleep(POLL_S)
 
 
-def group_logs(srun: Sequence[str], logs: Path, group: int) -> list[str]:
-    """srun's argv with the rank logs (``rank-%t``: numbered from 0 in every group's step)
-    pointed at one file per group; each rank then writes its own job-wide named log
-    (``worker.task.redirect_group_logs``)."""
+def group_srun(srun: Sequence[str], logs: Path, group: int) -> list[str]:
+    """srun's argv for one group's step: the rank logs (``rank-%t``: numbered from 0 in
+    every group's step) pointed at one file per group, each rank then writing its own
+    job-wide named log (``worker.task.redirect_group_logs``); and srun's own end of the step
+    off (``--kill-on-bad-exit=0``): the supervisor ends it. With srun's on, slurmstepd sends
+    the step TERM, holds it for Slurm's ``KillWait`` (30 s by default) and only then KILL,
+    and a ``scancel --signal=KILL`` of the step waits behind that (measured on the dev
+    cluster, two tasks that take TERM as a stop request, one SIGKILLed: scancel returned
+    after 4.71 s with KillWait=5, the other task gone 5.0 s after the kill; without, 0.01 s
+    and 0.3 s). The other groups' quorum waits for the failed group's manager that long."""
     out = []
     for arg in srun:
         for flag, stream in (("--output=", "out"), ("--error=", "err")):
             if arg.startswith(flag) and "%t" in arg:
                 arg = f"{flag}{logs / f'group-{group}.{stream}'}"
+        if arg.startswith("--kill-on-bad-exit"):
+            arg = "--kill-on-bad-exit=0"
         out.append(arg)
     return out
 

@@ -261,3 +261,28 @@ def collective_timeout_s(thresholds: Thresholds, watchdog: bool) -> float:
         return COLLECTIVE_FLOOR_S
     window = thresholds.hang_timeout + thresholds.stale_after
     return max(COLLECTIVE_FLOOR_S, window + COLLECTIVE_MARGIN_S)
+
+
+@dataclass(frozen=True)
+class ReplicaTimeouts:
+    """How long a rank of a replica group waits, in seconds, on each thing torchft makes it
+    wait on (``replica_timeouts``)."""
+
+    collective: float  # a collective across the groups (the process group's timeout)
+    operation: float  # one of the manager's own: the commit vote, above all
+    quorum: float  # the quorum: a restarted group waits this long for the others'
+
+
+def replica_timeouts(
+    thresholds: Thresholds, watchdog: bool, heal_timeout: float
+) -> ReplicaTimeouts:
+    """Every wait of a rank that a hung group can prolong outlasts the hang verdict
+    (``collective_timeout_s``), not only the collective itself. A frozen rank holds its peer
+    in another group in the all-reduce; that peer's group partner, whose half of the
+    all-reduce went through, waits for it in the group's commit vote, and then in the next
+    quorum. Seen with the vote on a 30 s timeout and a 38 s verdict: the group that only
+    waited timed out in its vote and failed, and, the frozen group being unable to heal it,
+    the whole job restarted. The quorum waits at least ``heal_timeout`` as well: a restarted
+    group waits that long for the others'."""
+    wait = collective_timeout_s(thresholds, watchdog)
+    return ReplicaTimeouts(collective=wait, operation=wait, quorum=max(wait, heal_timeout))

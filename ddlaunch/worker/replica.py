@@ -63,7 +63,7 @@ import torch.distributed as dist
 
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.group_env import GroupIdentity
-from ddlaunch.policy.groups import collective_timeout_s
+from ddlaunch.policy.groups import replica_timeouts
 from ddlaunch.policy.heartbeats import Thresholds
 from ddlaunch.store import groups
 
@@ -71,8 +71,9 @@ if TYPE_CHECKING:
     from ddlaunch.worker.step_manager import StepManager
 
 CHECK_EVERY = 50  # committed steps between two divergence checks
-# A collective, a checkpoint transfer or a commit vote that takes longer is an error of the
-# step (the step is run again); a dead peer is usually seen at once (its sockets close).
+# A checkpoint transfer or a connection to a group's manager that takes longer is an error
+# of the step (the step is run again); a dead peer is usually seen at once (its sockets
+# close). The waits a hung peer can prolong are longer (``policy.groups.replica_timeouts``).
 STEP_TIMEOUT = timedelta(seconds=30)
 FT_MISSING = (
     "fault_tolerance.mode: replica_groups needs torchft, which is not installed here: "
@@ -205,10 +206,11 @@ class Replica:
         # torchft's own transport, its metadata tagged with the group: the healing side
         # learns which group it healed from (``worker.heal_source`` says why this way).
         self.transport = http_transport(identity.group, STEP_TIMEOUT)
+        # Longer than the supervisor's hang verdict: a hung group is ended before the groups
+        # waiting for it give up (``policy.groups.replica_timeouts``).
+        waits = replica_timeouts(limits, h.watchdog, ft.heal_timeout)
         self.manager: StepManager = StepManager(
-            # Longer than the supervisor's hang verdict: a hung group is ended before the
-            # groups waiting for it give up (``policy.groups.collective_timeout_s``).
-            pg=pg_class(timeout=timedelta(seconds=collective_timeout_s(limits, h.watchdog))),
+            pg=pg_class(timeout=timedelta(seconds=waits.collective)),
             checkpoint_transport=self.transport,
             load_state_dict=load_state_dict,
             state_dict=state_dict,
@@ -216,10 +218,10 @@ class Replica:
             # Synchronous quorum: a healing group applies the peer's state before the Session
             # yields the step, so the loop runs that step with it (and its data).
             use_async_quorum=False,
-            timeout=STEP_TIMEOUT,
-            # A restarted group may wait this long for the others' quorum (the supervisor
-            # gives it up after heal_timeout too).
-            quorum_timeout=timedelta(seconds=ft.heal_timeout),
+            timeout=timedelta(seconds=waits.operation),
+            # A restarted group may wait heal_timeout for the others' quorum (the supervisor
+            # gives it up after that too).
+            quorum_timeout=timedelta(seconds=waits.quorum),
             connect_timeout=STEP_TIMEOUT,
             rank=self.group_rank,
             world_size=self.group_world,
