@@ -6,7 +6,7 @@ way Slurm interrupts them ahead of the time limit:
 * Session (``ddlaunch.examples.mlp`` through ``benchmarks/byo_entry.py``): USR2 to the step's
   tasks (``--signal=USR2@lead``); the ranks save at the next step boundary and rank 0
   requeues;
-* HF Trainer (``examples/trainers/hf_trainer.py``, ``trainer.kind: hf``,
+* HF Trainer (``ddlaunch/examples/hf_trainer.py``, ``trainer.kind: hf``,
   ``--enable_jit_checkpoint``): USR2 to the batch shell (``--signal=B:USR2@lead``); the trap
   forwards TERM, HF saves its jit checkpoint and exits 0, the end hook requeues.
 
@@ -48,7 +48,7 @@ params: {{steps: {steps}, step_sleep: 0.2, lr: 0.05, batch_size: 64, seed: 0}}
 HF = (
     COMMON
     + """launch:
-  script: {repo}/examples/trainers/hf_trainer.py
+  script: {repo}/ddlaunch/examples/hf_trainer.py
   args: [--output_dir, "{{checkpoint_dir}}", --max_steps, "{steps}", --save_steps, "25",
          --step_sleep, "0.2", --enable_jit_checkpoint]
   backend: gloo

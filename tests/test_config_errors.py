@@ -85,7 +85,14 @@ CASES = [
         "both_launch",
         "launch:\n  entrypoint: m:f\n  script: train.py\n",
         [],
-        "  launch: set exactly one of launch.entrypoint (pkg.module:function), launch.script (a torchrun-style script) or launch.module (python -m), not entrypoint and script (bad.yaml:1)",
+        "  launch: set exactly one of launch.entrypoint (pkg.module:function), launch.script (a torchrun-style script) or launch.module (python -m), not entrypoint and script (bad.yaml:2; bad.yaml:3)",
+    ),
+    (
+        # Two in one layer (here the --set list) are refused; each replaces the preset's.
+        "two_launch_sets",
+        "defaults: [examples/mlp]\n",
+        ["launch.script=train.py", "launch.module=pkg.cli"],
+        "  launch: set exactly one of launch.entrypoint (pkg.module:function), launch.script (a torchrun-style script) or launch.module (python -m), not script and module (--set launch.script=train.py; --set launch.module=pkg.cli)",
     ),
     (
         "bad_entrypoint",

@@ -52,7 +52,7 @@ def hf_run(
         "--enable_jit_checkpoint", "--result", "{run_dir}/result.json",
     )  # fmt: skip
     launch = dataclasses.replace(
-        cfg.launch, script=str(HF_PID), args=args, env={**cfg.launch.env, **OFFLINE}
+        cfg.launch, script=str(HF_PID), module=None, args=args, env={**cfg.launch.env, **OFFLINE}
     )
     trainer = dataclasses.replace(cfg.trainer, checkpoint_dir=str(tmp_path / "ckpts"))
     cfg = dataclasses.replace(cfg, launch=launch, trainer=trainer)

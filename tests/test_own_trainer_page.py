@@ -5,11 +5,13 @@ render."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+import ddlaunch.examples
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config.trainers import BUILTIN, KIND_DDLAUNCH, KIND_NONE, KINDS
 
@@ -51,6 +53,15 @@ def test_worked_examples_exist_and_render() -> None:
         prepared = prepare(f"examples/{name}", run_id="x", run_root="/runs", workdir=str(REPO))
         assert prepared.config.trainer.kind in KINDS
         assert "#SBATCH --signal=B:USR2@" in prepared.script
-    for script in ("hf_trainer.py", "lightning_train.py"):
-        assert (REPO / "examples" / "trainers" / script).is_file()
-        assert f"examples/trainers/{script}" in PAGE
+    for name, module in (
+        ("hf-trainer", "ddlaunch.examples.hf_trainer"),
+        ("lightning", "ddlaunch.examples.lightning_train"),
+    ):
+        # Shipped with the package, so a pip install runs the preset from any directory (it
+        # pointed at a checkout's examples/ once, which an install does not have).
+        prepared = prepare(f"examples/{name}", run_id="x", run_root="/runs", workdir="/tmp")
+        assert prepared.config.launch.module == module, prepared.config.launch
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None
+        assert Path(spec.origin).parent == Path(ddlaunch.examples.__file__).parent
+        assert f"ddlaunch/examples/{module.rsplit('.', 1)[1]}.py" in PAGE

@@ -38,8 +38,8 @@ OFFLINE = {
     "HF_DATASETS_OFFLINE": "1",
     "OMP_NUM_THREADS": "1",
 }
-HF_SCRIPT = REPO / "examples" / "trainers" / "hf_trainer.py"
-PL_SCRIPT = REPO / "examples" / "trainers" / "lightning_train.py"
+HF_SCRIPT = REPO / "ddlaunch" / "examples" / "hf_trainer.py"
+PL_SCRIPT = REPO / "ddlaunch" / "examples" / "lightning_train.py"
 STEPS = 80
 
 

@@ -230,6 +230,40 @@ def deep_merge(
     return out
 
 
+# Keys of which a config means one: a layer (a file over its presets, a --set over the
+# files) that sets one of them replaces whichever of the others a layer below set, as it
+# replaces a value. ``defaults: [examples/hf-trainer]`` with ``launch.script: mine.py`` runs
+# mine.py, not "set exactly one of..." against the preset's ``launch.module``. One layer
+# setting two of them is still the validator's error.
+ALTERNATIVES: tuple[tuple[KeyPath, tuple[str, ...]], ...] = (
+    (("launch",), ("entrypoint", "script", "module")),
+)
+
+
+def drop_replaced(
+    loaded: LoadedTree, set_here: Iterable[KeyPath], keep: Iterable[KeyPath] = ()
+) -> None:
+    """Remove from ``loaded`` (the layers below) the alternatives of the keys this layer
+    sets (``ALTERNATIVES``), and their locations; not those in ``keep`` (set by this layer
+    too: two of them in one layer are the validator's to refuse)."""
+    here = set(set_here)
+    kept = set(keep)
+    for parent, names in ALTERNATIVES:
+        chosen = {n for n in names if (*parent, n) in here}
+        if not chosen:
+            continue
+        node: object = loaded.tree
+        for part in parent:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        for name in set(names) - chosen:
+            if (*parent, name) in kept:
+                continue
+            node.pop(name, None)
+            loaded.locations.pop((*parent, name), None)
+
+
 def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) -> None:
     """Merge ``path``'s presets (depth first, in order) and then ``path`` itself."""
     resolved = path.resolve()
@@ -266,6 +300,7 @@ def _load_file_with_defaults(path: Path, loaded: LoadedTree, chain: list[Path]) 
                 ]
             )
         _load_file_with_defaults(preset, loaded, [*chain, resolved])
+    drop_replaced(loaded, locations)
     loaded.tree = deep_merge(loaded.tree, tree)
     # Only the paths this file set move to this file's lines.
     for key_path, line in locations.items():
@@ -307,6 +342,7 @@ def apply_overrides(
     come from when that is not a ``--set`` (an option such as ``--nodes 3``; a sweep file's
     lines, per override text), which errors then name."""
     issues: list[ConfigIssue] = []
+    set_here: list[KeyPath] = []
     for item in overrides:
         where = _origin(item, origin)
         key, sep, raw = item.partition("=")
@@ -323,6 +359,8 @@ def apply_overrides(
             issues.append(ConfigIssue(key, f"value is not valid YAML: {problem}", where))
             continue
         path = tuple(key.split("."))
+        drop_replaced(loaded, [path], keep=set_here)
+        set_here.append(path)
         node = loaded.tree
         for i, part in enumerate(path[:-1]):
             child = node.get(part)

@@ -412,6 +412,7 @@ def _launch_rules(cfg: Config, b: _Builder) -> None:
             "set exactly one of launch.entrypoint (pkg.module:function), launch.script (a "
             "torchrun-style script) or launch.module (python -m)"
             + (f", not {' and '.join(chosen)}" if chosen else ""),
+            others=[("launch", k) for k in chosen],
         )
     limit = parse_duration(job.time) or 0
     if limit and ft.signal_lead >= limit:

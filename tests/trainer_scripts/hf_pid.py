@@ -6,7 +6,7 @@ import runpy
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainers" / "hf_trainer.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "ddlaunch" / "examples" / "hf_trainer.py"
 out = Path(os.environ["DDLAUNCH_RUN_DIR"]) / "out"
 out.mkdir(exist_ok=True)
 tmp = out / f".pid-{os.environ['RANK']}"

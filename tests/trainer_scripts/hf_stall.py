@@ -12,7 +12,7 @@ from pathlib import Path
 
 from transformers import Trainer
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainers" / "hf_trainer.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "ddlaunch" / "examples" / "hf_trainer.py"
 STALL_STEP = int(os.environ["STALL_STEP"])
 # The first attempt only: neither requeued (Slurm's count) nor restarted in the allocation.
 FIRST = all(

@@ -30,7 +30,7 @@ from transformers import (
 )
 
 
-class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     """Sequences whose next token is (token + 1) mod vocab: learnable, fixed by the seed."""
 
     def __init__(self, size: int, length: int, vocab: int, seed: int) -> None:
@@ -123,7 +123,7 @@ def main() -> None:
             "global_step": trainer.state.global_step,
             "start_step": start,
             "train_loss": out.training_loss,
-            "weights_sha256": weights_sha(trainer.model),
+            "weights_sha256": weights_sha(model),
             "world_size": training.world_size,
         }
         tmp = args.result + ".tmp"
