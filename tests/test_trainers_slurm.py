@@ -212,6 +212,10 @@ def test_lightning_usr1_saves_hpc_checkpoint_and_requeues_exactly_once(
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["hpc_ckpt_1.ckpt"]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["start_step"] == saved and result["global_step"] == 150
+    # The trainer's steps reach status through the ranks' heartbeats (worker.trainer_beats):
+    # the step it trained to, where its last checkpoint's alone said `saved` when COMPLETED.
+    row = json.loads(run_ddlaunch("status", run_dir.name, "--json", cwd=tmp_path).stdout)[0]
+    assert (row["state"], row["step"]) == ("COMPLETED", 150), row
 
 
 def test_script_crashing_before_any_checkpoint_is_not_requeued(

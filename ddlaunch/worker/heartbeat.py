@@ -160,6 +160,13 @@ class Heartbeat:
             self._step = step
             self._step_wall = time.time()
 
+    def progress(self) -> None:
+        """Record work that is not a training step (an evaluation batch of a trainer
+        ddlaunch does not drive): the hang rule counts from it, as from a step (its time is
+        the record's ``step_wall``), and no step time is counted."""
+        with self._lock:
+            self._step_wall = time.time()
+
     # ------------------------------------------------------------ writer thread
 
     def snapshot(self) -> RankBeat:

@@ -31,7 +31,7 @@ from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import write_failure
 from ddlaunch.store.rundir import config_path
-from ddlaunch.worker import gate, signals, stage_node
+from ddlaunch.worker import gate, signals, stage_node, trainer_beats
 from ddlaunch.worker.distenv import (
     DistEnv,
     choose_backend,
@@ -242,10 +242,17 @@ def _train(cfg: Config, run_dir: Path, d: DistEnv) -> Any:
         from ddlaunch.worker.hf_stop import agree_on_the_stop_step
 
         agree_on_the_stop_step()  # every rank saves at the same step on the stop signal
-    if cfg.launch.script:
-        _run_script(cfg.launch.script, args)
-    elif cfg.launch.module:
-        _run_module(cfg.launch.module, args)
-    else:
+    if not (cfg.launch.script or cfg.launch.module):
         raise ValueError("the config sets none of launch.entrypoint, script, module")
+    # The trainer's steps as heartbeats (hf, lightning): status, the watchdog, the report.
+    trainer_beats.start(cfg, run_dir, d.rank)
+    try:
+        if cfg.launch.script:
+            _run_script(cfg.launch.script, args)
+        else:
+            _run_module(str(cfg.launch.module), args)
+    except BaseException:
+        trainer_beats.stop("failed")
+        raise
+    trainer_beats.stop("closed")
     return None
