@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,12 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (a small race, fine on a test machine)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from ddlaunch.launch.local import free_local_port
 
 
 def _entry(
@@ -66,7 +60,7 @@ def run_world(
         mp.set_forkserver_preload(["torch", "torch._dynamo", __name__, fn.__module__])
     context = mp.start_processes(
         _entry,
-        args=(fn, world_size, free_port(), threads, args),
+        args=(fn, world_size, free_local_port(), threads, args),
         nprocs=world_size,
         join=False,
         start_method=start_method,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from support.rundirs import attempt_json, committed_run, write_attempts
 
 from ddlaunch.app.kubernetes import create_run_dir, prepare_objects
 from ddlaunch.job.pod import conclude_attempt
+from ddlaunch.launch.local import free_local_port
 from ddlaunch.policy.pod_exit import RETRY_EXIT, STOP_EXIT
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import attempts, outcome, pods, signal_save
@@ -101,12 +101,6 @@ def test_completion_and_a_signal_save(tmp_path: Path) -> None:
     assert attempt_json(run2)[-1]["cause"] == "signal"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _pod_run(tmp_path: Path, entry: str, ranks_per_node: int) -> tuple[Path, list[dict]]:
     config = tmp_path / "pods.yaml"
     config.write_text(
@@ -162,7 +156,7 @@ def _finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
 
 def test_two_pods_run_one_job_and_node_0_concludes(tmp_path: Path) -> None:
     run_dir, (template,) = _pod_run(tmp_path, "launch_entrypoints:world_info", 2)
-    port = _free_port()
+    port = free_local_port()
     results = _finish(_start_pods(run_dir, template, port))
     assert [code for code, _ in results] == [0, 0], results
     records = [json.loads((run_dir / "out" / f"rank-{r}.json").read_text()) for r in range(4)]
@@ -190,7 +184,7 @@ def test_two_pods_run_one_job_and_node_0_concludes(tmp_path: Path) -> None:
 
 def test_a_failed_rank_on_node_0_stops_every_pod_with_the_stop_code(tmp_path: Path) -> None:
     run_dir, (template,) = _pod_run(tmp_path, "launch_entrypoints:fail_on_rank_0", 1)
-    results = _finish(_start_pods(run_dir, template, _free_port()))
+    results = _finish(_start_pods(run_dir, template, free_local_port()))
     # Node 1's rank would sleep two minutes: its pod ends it on node 0's decision.
     assert [code for code, _ in results] == [STOP_EXIT, STOP_EXIT], results
     record = outcome.read_outcome(run_dir)

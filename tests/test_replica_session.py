@@ -24,7 +24,7 @@ import yaml
 from submitit.core.utils import JobPaths
 
 from ddlaunch.config import Config, load_config, to_plain
-from ddlaunch.launch.local import _base_env, _free_port, run_local
+from ddlaunch.launch.local import _base_env, free_local_port, run_local
 from ddlaunch.launch.slurm import rank_call
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.store import groups
@@ -90,7 +90,7 @@ def start_group(
     JobPaths(folder, job_id).submitted_pickle.parent.mkdir(parents=True, exist_ok=True)
     JobPaths(folder, job_id).submitted_pickle.write_bytes(cloudpickle.dumps(rank_call(run)))
     env = _base_env(cfg, run, job_id, size)
-    env[PORT_OVERRIDE_VAR] = str(_free_port())  # each group its own world
+    env[PORT_OVERRIDE_VAR] = str(free_local_port())  # each group its own world
     identity = GroupIdentity(group, groups_n, lighthouse, group * size, restart)
     env.update(identity.env(manager_port=0))
     procs = []

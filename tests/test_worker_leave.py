@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import exit_entrypoints
 
+from ddlaunch.launch.local import free_local_port
 from ddlaunch.launch.slurm import write_pickle
 
 TESTS = Path(__file__).resolve().parent
@@ -86,9 +86,7 @@ def test_ranks_that_keep_their_gloo_group_all_leave_with_0(tmp_path: Path) -> No
     Twenty 2-rank rounds, every rank must end with status 0 and a success result (with
     Python's own exit, 2 of 20 such rounds aborted here: `terminate called without an active
     exception`)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_local_port()
     codes = []
     for round_ in range(20):
         job = f"2{round_}"

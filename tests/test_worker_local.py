@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import textwrap
 import time
 from pathlib import Path
@@ -15,7 +16,9 @@ import yaml
 
 import ddlaunch.examples
 from ddlaunch.config import Config, load_config, to_plain
+from ddlaunch.launch import local
 from ddlaunch.launch.local import LocalRunError, run_local
+from ddlaunch.planning.ports import PORT_HIGH, PORT_LOW
 from ddlaunch.store.failures import read_failure
 from ddlaunch.worker import signals
 
@@ -315,3 +318,19 @@ def test_the_rank_pickle_names_the_rank_function_without_importing_it(tmp_path: 
 
     delayed = task.load(tmp_path / "77_submitted.pkl")
     assert delayed.function is run_rank and delayed.args == ("/runs/r",)
+
+
+def test_local_ranks_meet_on_a_free_port_below_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Port 0's choice is an ephemeral port, which an outgoing connection may take before the
+    # ranks bind it (EADDRINUSE); below the range, a held port is skipped.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", PORT_LOW + 7))
+        held.listen()
+        picks = iter([7, 7, *range(100, 164)])
+        monkeypatch.setattr(local.secrets, "randbelow", lambda n: next(picks))
+        assert PORT_LOW + 100 <= local.free_local_port() < PORT_LOW + 164
+    monkeypatch.undo()
+    ports = {local.free_local_port() for _ in range(20)}
+    assert all(PORT_LOW <= p < PORT_HIGH for p in ports) and len(ports) > 1

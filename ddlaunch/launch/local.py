@@ -37,6 +37,7 @@ from ddlaunch import fsutil
 from ddlaunch.config import Config, load_config
 from ddlaunch.errors import UserError
 from ddlaunch.launch.slurm import rank_call
+from ddlaunch.planning.ports import PORT_HIGH, PORT_LOW
 from ddlaunch.store.failures import Failure, read_failure
 from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR, config_path
 from ddlaunch.store.snapshots import read_snapshot
@@ -59,12 +60,22 @@ class LocalRunError(UserError):
         self.rank = rank
 
 
-def _free_port() -> int:
-    # The kernel picks a port nobody listens on. A deterministic hash (what Slurm jobs use)
-    # could collide with another local run or test on this machine.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_local_port(tries: int = 64) -> int:
+    """A rendezvous port for ranks on this machine: a random one below the ephemeral range
+    (``planning.ports``: [16384, 32768)) that nothing holds now. Not the kernel's choice
+    (binding port 0): that is an ephemeral port, which any outgoing connection on the
+    machine may take as its local port between this check and the rank's own bind, and the
+    rank then fails with EADDRINUSE; below the range only another explicit choice can take
+    it. Not a hash of the run, as Slurm jobs use: two local runs or tests would share it."""
+    for _ in range(tries):
+        port = PORT_LOW + secrets.randbelow(PORT_HIGH - PORT_LOW)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # held, or in TIME_WAIT
+            return port
+    raise RuntimeError(f"no free port in [{PORT_LOW}, {PORT_HIGH}) after {tries} tries")
 
 
 def _base_env(cfg: Config, run_dir: Path, job_id: str, world_size: int) -> dict[str, str]:
@@ -80,7 +91,7 @@ def _base_env(cfg: Config, run_dir: Path, job_id: str, world_size: int) -> dict[
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     # N ranks on one machine: one intra-op thread each, as torchrun does.
     env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault(PORT_OVERRIDE_VAR, str(_free_port()))
+    env.setdefault(PORT_OVERRIDE_VAR, str(free_local_port()))
     env.update(
         DDLAUNCH_RUN_DIR=str(run_dir),
         DDLAUNCH_RUN_ID=run_dir.name,
