@@ -132,13 +132,8 @@ class Session:
         self._staging_seen = 0.0  # the manager's staging waits already counted in a save
         # Step, time and step duration for the watchdog and `status`: in memory per step, a
         # background thread writes one small file per rank every health.heartbeat_interval.
-        self.heartbeat = Heartbeat(
-            self.run_dir,
-            self.job_rank,
-            interval=config.health.heartbeat_interval,
-            job_id=self.attempt.job_id,
-            restart=self.attempt.restart,
-            relaunch=self.attempt.relaunch,
+        self.heartbeat = Heartbeat.for_attempt(
+            self.run_dir, self.job_rank, config.health.heartbeat_interval, self.attempt
         ).start()
         if self.rank == 0:
             where = f"step {self.start_step}" if info else "scratch"

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.heartbeats import (
     MERGE_LOCK,
     RankBeat,
@@ -144,6 +145,20 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._state = RUNNING
+
+    @classmethod
+    def for_attempt(
+        cls, run_dir: str | os.PathLike[str], rank: int, interval: float, attempt: AttemptId
+    ) -> Heartbeat:
+        """The heartbeat of ``rank`` in ``attempt`` (its job, restart and relaunch)."""
+        return cls(
+            run_dir,
+            rank,
+            interval=interval,
+            job_id=attempt.job_id,
+            restart=attempt.restart,
+            relaunch=attempt.relaunch,
+        )
 
     # ------------------------------------------------------------ main thread, every step
 

@@ -129,14 +129,8 @@ def start(cfg: Config, run_dir: Path, rank: int) -> Heartbeat | None:
     if hook is None or not hook():
         return None
     attempt = AttemptId.from_env(os.environ)
-    _current = Heartbeat(
-        run_dir,
-        rank,
-        interval=cfg.health.heartbeat_interval,
-        job_id=attempt.job_id,
-        restart=attempt.restart,
-        relaunch=attempt.relaunch,
-    ).start()
+    _current = Heartbeat.for_attempt(run_dir, rank, cfg.health.heartbeat_interval, attempt)
+    _current.start()
     return _current
 
 
