@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -40,6 +42,8 @@ for _name in list(os.environ):
 # session's: a module fixture that submits before any test's fixtures would otherwise write to
 # the user's own bad-node list and run root.
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="ddlaunch-tests-"))
+# Gone with this process (each xdist worker has its own): a suite leaves nothing in /tmp.
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 os.environ["DDLAUNCH_BAD_NODES"] = str(_SESSION_DIR / "bad_nodes.json")
 os.environ["DDLAUNCH_RUN_ROOT"] = str(_SESSION_DIR / "runs")
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -41,6 +40,7 @@ from ddlaunch.planning import pod_env
 from ddlaunch.policy import pod_exit
 from ddlaunch.policy import requeue as policy
 from ddlaunch.policy.requeue import Ending
+from ddlaunch.rank_processes import Rank, signal_running, start_rank, stop_ranks
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import attempts, pods, signal_save
 from ddlaunch.store.attempts import AttemptId
@@ -97,48 +97,19 @@ def open_attempt(run_dir: Path, attempt: AttemptId, pod: pod_env.PodIdentity, ho
     print(f"[ddlaunch] attempt {len(records) - 1} of {attempt.job_id}, from {origin}", flush=True)
 
 
-def start_ranks(
-    run_dir: Path, pod: pod_env.PodIdentity, env: Mapping[str, str]
-) -> list[subprocess.Popen[bytes]]:
+def start_ranks(run_dir: Path, pod: pod_env.PodIdentity, env: Mapping[str, str]) -> list[Rank]:
     logs = run_dir / LOGS_DIR
     logs.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-u", "-m", "ddlaunch.worker.task", str(run_dir / SUBMITIT_DIR)]
-    procs = []
-    for local in range(pod.ranks_per_node):
-        rank = pod.index * pod.ranks_per_node + local
-        rank_env = {**env, pod_env.LOCAL_RANK_VAR: str(local)}
-        with (
-            open(logs / f"rank-{rank}.out", "ab") as out,
-            open(logs / f"rank-{rank}.err", "ab") as err,
-        ):
-            procs.append(
-                subprocess.Popen(
-                    command,
-                    env=rank_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,  # its own group: stop it with its workers
-                )
-            )
-    return procs
-
-
-def _signal(procs: list[subprocess.Popen[bytes]], sig: int) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
-
-
-def stop_ranks(procs: list[subprocess.Popen[bytes]], grace: float = KILL_GRACE_S) -> None:
-    _signal(procs, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    _signal(procs, signal.SIGKILL)
-    for proc in procs:
-        proc.wait()
+    return [
+        start_rank(
+            command,
+            {**env, pod_env.LOCAL_RANK_VAR: str(local)},
+            logs,
+            pod.index * pod.ranks_per_node + local,
+        )
+        for local in range(pod.ranks_per_node)
+    ]
 
 
 def _reap_orphans() -> None:
@@ -151,21 +122,19 @@ def _reap_orphans() -> None:
             pass
 
 
-def wait_ranks(
-    procs: list[subprocess.Popen[bytes]], decided: Callable[[], bool] = lambda: False
-) -> int | None:
+def wait_ranks(procs: list[Rank], decided: Callable[[], bool] = lambda: False) -> int | None:
     """The ranks' exit code: 0, or the first failure's (the others are then ended). None
     when ``decided()`` says the attempt ended elsewhere (the ranks are then ended)."""
     while True:
         codes = [p.poll() for p in procs]
         failed = [c for c in codes if c not in (None, 0)]
         if failed:
-            stop_ranks(procs)
+            stop_ranks(procs, KILL_GRACE_S)
             return int(failed[0])
         if all(c == 0 for c in codes):
             return 0
         if decided():
-            stop_ranks(procs)
+            stop_ranks(procs, KILL_GRACE_S)
             return None
         _reap_orphans()
         time.sleep(POLL_S)
@@ -190,9 +159,7 @@ def conclude_attempt(run_dir: Path, attempt: AttemptId, ranks_exit: int) -> int:
     return code
 
 
-def follow_leader(
-    run_dir: Path, attempt: AttemptId, procs: list[subprocess.Popen[bytes]], since: float
-) -> int:
+def follow_leader(run_dir: Path, attempt: AttemptId, procs: list[Rank], since: float) -> int:
     """A non-leader pod: run until the leader's decision, then leave with its code."""
 
     def decision() -> pods.PodDecision | None:
@@ -237,7 +204,7 @@ def run_pod(env: Mapping[str, str]) -> int:
     def forward(signum: int, frame: FrameType | None) -> None:
         # Kubernetes is deleting the pod: the ranks save on their stop flag and leave.
         print(f"[ddlaunch] {signal.Signals(signum).name}: passed to the ranks", flush=True)
-        _signal(procs, signum)
+        signal_running(procs, signum)
 
     signal.signal(signal.SIGTERM, forward)
     if not pod.leader:

@@ -15,14 +15,12 @@ submitit's own.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import pickle
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +36,7 @@ from ddlaunch.config import Config, load_config
 from ddlaunch.errors import UserError
 from ddlaunch.launch.slurm import rank_call
 from ddlaunch.planning.ports import PORT_HIGH, PORT_LOW
+from ddlaunch.rank_processes import Rank, start_rank, stop_ranks
 from ddlaunch.store.failures import Failure, read_failure
 from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR, config_path
 from ddlaunch.store.snapshots import read_snapshot
@@ -115,23 +114,6 @@ def _ranks_dir(run_dir: Path, cfg: Config) -> str:
     return cfg.launch.workdir or os.getcwd()
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)  # the rank's session: it and any dataloader workers
-
-
-def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float = KILL_GRACE_S) -> None:
-    alive = [p for p in procs if p.poll() is None]
-    for proc in alive:
-        _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    for proc in procs:
-        _signal_group(proc, signal.SIGKILL)
-        proc.wait()
-
-
 def _last_line(path: Path) -> str:
     try:
         lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
@@ -179,15 +161,15 @@ def _read_result(folder: Path, job_id: str, rank: int) -> Any:
     return value
 
 
-def _interrupted(procs: list[subprocess.Popen[bytes]], told: Callable[[], None] | None) -> None:
+def _interrupted(procs: list[Rank], told: Callable[[], None] | None) -> None:
     """Ctrl-C: SIGTERM sets the ranks' stop flag, so they save at their next step boundary
     (as on a cancel) and leave; a second Ctrl-C kills them at once."""
     if told is not None:
         told()
     try:
-        _stop(procs, INTERRUPT_GRACE_S)
+        stop_ranks(procs, INTERRUPT_GRACE_S)
     except KeyboardInterrupt:
-        _stop(procs, 0.0)
+        stop_ranks(procs, 0.0)
 
 
 def run_local(
@@ -212,7 +194,7 @@ def run_local(
     logs = run_dir / LOGS_DIR
     logs.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-u", "-m", "ddlaunch.worker.task", str(folder)]
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Rank] = []
     failed: int | None = None
     try:
         for rank in range(world_size):
@@ -221,22 +203,7 @@ def run_local(
                 "SUBMITIT_LOCAL_GLOBALID": str(rank),
                 "SUBMITIT_LOCAL_LOCALID": str(rank),
             }
-            # Append, like sbatch --open-mode=append: a rerun keeps earlier output.
-            with (
-                open(logs / f"rank-{rank}.out", "ab") as out,
-                open(logs / f"rank-{rank}.err", "ab") as err,
-            ):
-                procs.append(
-                    subprocess.Popen(
-                        command,
-                        env=rank_env,
-                        cwd=_ranks_dir(run_dir, cfg),
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=err,
-                        start_new_session=True,  # own group: stop it with its children
-                    )
-                )
+            procs.append(start_rank(command, rank_env, logs, rank, cwd=_ranks_dir(run_dir, cfg)))
         deadline = time.monotonic() + timeout_s
         while True:
             codes = [p.poll() for p in procs]
@@ -257,7 +224,9 @@ def run_local(
         _interrupted(procs, on_interrupt)
         raise
     finally:
-        _stop(procs)  # kill-on-bad-exit, timeout, Ctrl-C: never leave ranks behind
+        stop_ranks(
+            procs, KILL_GRACE_S
+        )  # kill-on-bad-exit, timeout, Ctrl-C: never leave ranks behind
     if failed is not None:
         message = _describe_failure(run_dir, job_id, failed, procs[failed].returncode)
         others = [
