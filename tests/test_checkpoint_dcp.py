@@ -182,7 +182,7 @@ def test_failed_background_copy_is_never_committed(observed: dict[str, Any]) -> 
 def test_stager_defers_only_the_chosen_tensors() -> None:
     import torch
 
-    from ddlaunch.saving.staging import ReusableCpuStager, copy_pairs
+    from ddlaunch.saving.cpu_copy import ReusableCpuStager, copy_pairs
 
     owned, other = torch.zeros(1000), torch.zeros(10)
     state = {"model": {"w": owned, "stats": other}, "pos": {"epoch": 1}}

@@ -36,6 +36,13 @@ per step through the lighthouse and torchft's Manager), and watches them:
 Why a Python supervisor and not bash: it waits on several steps at once, reads the failure
 records and srun's reports of one group, and keeps per-group counts; bash's ``wait -n``
 cannot tell which step ended without racing.
+
+The parts of replica groups, by where they run (this is their index): ``config.replica_rules``
+(the rules), ``planning.group_env`` (each group's environment), this module and
+``policy.groups`` (the supervisor and its decisions), ``store.groups`` (the groups' records),
+``worker.replica``, ``worker.step_manager`` and ``worker.heal_source`` (torchft's Manager in
+the ranks), ``app.report_groups`` (their restarts in ``report``), ``policy.replica_sim`` (the
+goodput model).
 """
 
 from __future__ import annotations

@@ -18,6 +18,13 @@ PyTorchJob uses ``restartPolicy: ExitCode``.
 Everything is plain data serialised with ``yaml`` (safe dumper): every config string is one
 YAML scalar, and the container runs an argv, not a shell line (``launch.setup``, shell code on
 purpose, is the one exception, as in the batch script, run by ``bash -c`` before the entry).
+
+The parts of the Kubernetes backend, by where they run (the import rules place them; this is
+their index): ``config.kubernetes`` and ``config.kubernetes_rules`` (the section and its
+rules), this module with ``planning.kubernetes_pod`` and ``planning.pod_env`` (the objects),
+``app.kubernetes`` (render and submit), ``job.pod`` (each pod's entry), ``policy.pod_exit``
+and ``store.pods`` (the leader's conclusion as every pod's exit code), ``worker.distenv``
+(the ranks' torchrun variables).
 """
 
 from __future__ import annotations

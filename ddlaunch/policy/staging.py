@@ -1,5 +1,12 @@
 """Data staging decisions and their words (pure): what a node must copy, the preflight check a
-node's staging becomes, and the one-line summaries ``status`` and the batch log show."""
+node's staging becomes, and the one-line summaries ``status`` and the batch log show.
+
+The parts of data staging (``storage.stage``), by where they run (this is their index):
+``config.staging`` (the rules), ``planning.staging`` (where a data set lands on a node),
+``worker.stage_node``, ``worker.stage`` and ``worker.broadcast`` (the copy, by each node's
+leader rank, before the first step), ``store.staging`` and ``store.stage_manifest`` (the
+records), this module (the decisions and their words). The CPU copy of an asynchronous save
+is another thing (``saving.cpu_copy``)."""
 
 from __future__ import annotations
 

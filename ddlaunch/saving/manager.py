@@ -16,7 +16,7 @@ The protocol, for step N (every rank calls save(); it is a collective):
    directories older than N. An older checkpoint is never deleted before the new one is
    durable.
 
-Async staging. save() copies the state into reused CPU buffers (staging.py), but the
+Async staging. save() copies the state into reused CPU buffers (cpu_copy.py), but the
 tensors owned by the optimizers of ``TrainState`` entries (parameters, optimizer state),
 usually nearly all the bytes, are copied by a background thread while the loop runs the
 next forward/backward. Only ``optimizer.step()`` changes them, so a step pre-hook on those
@@ -71,7 +71,7 @@ from ddlaunch.saving.agreement import (
     CheckpointSaveError,
     marker_failed,
 )
-from ddlaunch.saving.staging import HandOff, ReusableCpuStager, StagedState, storage_key
+from ddlaunch.saving.cpu_copy import HandOff, ReusableCpuStager, StagedState, storage_key
 from ddlaunch.saving.state import TrainState
 
 __all__ = ["CheckpointError", "CheckpointManager", "CheckpointSaveError", "TrainState"]
