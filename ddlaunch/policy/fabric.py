@@ -64,7 +64,7 @@ class FabricStatus(StrEnum):
 
 
 # A shipped preset per fabric, named when the nodes have a fabric the config does not declare
-# (tests/test_fabric_check.py checks that each exists and declares that kind).
+# (tests/test_policy_fabric.py checks that each exists and declares that kind).
 PRESET_FOR_FABRIC = {
     "ib": "clusters/dgx-h100",
     "roce": "clusters/roce-l40s",

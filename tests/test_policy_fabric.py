@@ -1,4 +1,5 @@
-"""Doctor comparison logic on tool outputs.
+"""``policy.fabric``: the doctor's comparison of what the fabric tools report with what the
+config expects.
 
 Every sample below is HAND-WRITTEN for these tests, in the format of the real tools
 (``ibv_devinfo`` from rdma-core, ``ibstat`` from infiniband-diags, ``nvidia-smi topo -m``,
