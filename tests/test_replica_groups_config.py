@@ -17,6 +17,8 @@ from ddlaunch.config import ConfigError, load_config
 from ddlaunch.planning import commcost, describe
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.planning.parallel import parallel_plan, rank_of, replica_groups
+from ddlaunch.planning.plan import make_plan
+from ddlaunch.planning.render import render_script
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -260,6 +262,20 @@ def test_render_says_the_groups_and_the_cross_group_all_reduce(tmp_path: Path) -
         "warning: health.preflight is not run with fault_tolerance.mode: replica_groups (not "
         "built yet for groups started apart); the groups' supervisor probes their nodes instead",
     ]
+
+
+def test_the_script_starts_group_steps_that_srun_does_not_end_and_a_job_step_that_it_does(
+    tmp_path: Path,
+) -> None:
+    """The supervisor ends a failed group's step itself; the script says what its steps
+    run with (a one-step job keeps srun's end of the step on one failed rank)."""
+    groups = _valid(tmp_path, "parallel:\n  dp_replicate: 2\n")
+    script = render_script(make_plan(load_config(groups), run_id="r", run_dir="/r", workdir="/w"))
+    assert "--kill-on-bad-exit=0 " in script
+    assert "--kill-on-bad-exit=1" not in script
+    job = load_config(groups, ("fault_tolerance.mode=job",))
+    script = render_script(make_plan(job, run_id="r", run_dir="/r", workdir="/w"))
+    assert "--kill-on-bad-exit=1 " in script
 
 
 def test_many_groups_are_summarised(tmp_path: Path) -> None:

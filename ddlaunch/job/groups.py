@@ -794,7 +794,9 @@ def group_srun(srun: Sequence[str], logs: Path, group: int) -> list[str]:
     and a ``scancel --signal=KILL`` of the step waits behind that (measured on the dev
     cluster, two tasks that take TERM as a stop request, one SIGKILLed: scancel returned
     after 4.71 s with KillWait=5, the other task gone 5.0 s after the kill; without, 0.01 s
-    and 0.3 s). The other groups' quorum waits for the failed group's manager that long."""
+    and 0.3 s). The other groups' quorum waits for the failed group's manager that long.
+    The rendered script says so already; set here too, since the supervisor's prompt end of a
+    failed group depends on it whatever script started it."""
     out = []
     for arg in srun:
         for flag, stream in (("--output=", "out"), ("--error=", "err")):

@@ -224,9 +224,8 @@ def run_local(
         _interrupted(procs, on_interrupt)
         raise
     finally:
-        stop_ranks(
-            procs, KILL_GRACE_S
-        )  # kill-on-bad-exit, timeout, Ctrl-C: never leave ranks behind
+        # kill-on-bad-exit, timeout, Ctrl-C: never leave ranks behind
+        stop_ranks(procs, KILL_GRACE_S)
     if failed is not None:
         message = _describe_failure(run_dir, job_id, failed, procs[failed].returncode)
         others = [

@@ -342,7 +342,11 @@ def make_plan(
         # pty and label every fragment a read returns). One file per rank: slurmstepd makes
         # the file itself each task's stdout, and --unbuffered changes nothing there.
         *(("--label",) if layout == NODE_LOGS else ("--unbuffered",)),
-        "--kill-on-bad-exit=1",
+        # One failed rank ends the step. Not for replica groups: their supervisor ends a
+        # failed group's step itself, at once (``job.groups.group_srun`` says why).
+        "--kill-on-bad-exit=0"
+        if cfg.fault_tolerance.mode == "replica_groups"
+        else "--kill-on-bad-exit=1",
         f"--ntasks-per-node={cfg.ranks_per_node}",
         *rank_logs,
         *topology.srun_binding_args(cfg),
