@@ -9,32 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
+from support.devcluster import run_ddlaunch as ddlaunch
 from support.devcluster import wait_for
-from test_fault_tolerance import mlp_config
-from test_launch_slurm import TESTS, ddlaunch, submit
+from support.slurm_runs import attempts, eval_config, mlp_config, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
-
-
-def eval_config(tmp_path: Path) -> Path:
-    cfg = {
-        "defaults": ["clusters/devcluster"],
-        "job": {"name": "af-eval", "time": "00:05:00"},
-        "nodes": {"count": 1, "gpus_per_node": 1, "cpus_per_task": 1},
-        "launch": {
-            "entrypoint": "launch_entrypoints:after_dirs",
-            "workdir": str(TESTS),
-            "backend": "gloo",
-        },
-    }
-    path = tmp_path / "af-eval.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def attempts(run_dir: Path) -> list[dict]:
-    return json.loads((run_dir / "attempts.json").read_text())
 
 
 def test_resume_moves_the_dependent_which_runs_after_the_resumed_run(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from support.fakes import fake_slurm_bin
-from test_status_cli import T0, make_run
+from support.rundirs import T0, make_run
 
 from ddlaunch.store.failures import write_failure
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from support.devcluster import DevCluster, wait_for
-from test_fault_tolerance import attempts, committed, mlp_config
-from test_launch_slurm import ddlaunch, submit
+from support.devcluster import run_ddlaunch as ddlaunch
+from support.slurm_runs import attempts, committed, mlp_config, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner, ok
+from support.rundirs import T0, make_run
 from support.sweeps import sbatch_ids, start, submitted_sweep
-from test_status_cli import T0, make_run
 
 from ddlaunch.app.cancel import cancel
 from ddlaunch.app.status_poll import collect

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.fakes import fake_slurm_bin
-from support.rundirs import LAUNCH
-from test_status_cli import T0, make_run
+from support.rundirs import LAUNCH, T0, make_run
 
 from ddlaunch.store import submission
 
@@ -72,9 +71,9 @@ def test_logs_says_why_there_is_no_log(tmp_path: Path) -> None:
 
 
 def test_logs_of_a_sweep_points_to_its_members(tmp_path: Path) -> None:
-    from test_status_cli import _sweep
+    from support.rundirs import started_sweep
 
-    _sweep(tmp_path / "runs", "lr-sweep", ["a", "b", "c"])
+    started_sweep(tmp_path / "runs", "lr-sweep", ["a", "b", "c"])
     proc = ddlaunch(tmp_path, "logs", "lr-sw")
     assert proc.returncode == 2
     assert proc.stderr == (

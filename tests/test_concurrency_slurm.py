@@ -18,35 +18,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 from support.devcluster import wait_for
-from test_launch_slurm import TESTS
+from support.slurm_runs import env_for, held_config, job_of
 
 pytestmark = pytest.mark.slurm
-
-
-def held_config(tmp_path: Path, name: str) -> Path:
-    cfg = {
-        "defaults": ["clusters/devcluster"],
-        "job": {"name": name, "time": "00:05:00"},
-        "nodes": {"count": 1, "gpus_per_node": 1, "cpus_per_task": 1},
-        "launch": {"entrypoint": "launch_entrypoints:world_info", "workdir": str(TESTS)},
-        "sbatch": {"hold": True},
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def env_for(tmp_path: Path, path_first: Path | None = None) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
-        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad.json"),
-    }
-    if path_first is not None:
-        env["PATH"] = f"{path_first}:{env['PATH']}"
-    return env
 
 
 def start(args: list[str], tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -72,13 +47,6 @@ def slow_sbatch(tmp_path: Path, before: float = 0.0, after: float = 0.0) -> Path
     )
     (shim / "sbatch").chmod(0o755)
     return shim
-
-
-def job_of(stdout: str) -> tuple[str, str]:
-    """(run id, job id) from the "run <id>  job <jobid>" line."""
-    (line,) = [x for x in stdout.splitlines() if x.startswith("run ") and "  job " in x]
-    words = line.split()
-    return words[1], words[3]
 
 
 def test_50_concurrent_submits_get_50_complete_run_dirs(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.container_image import MARKER, build_image, python_prefix, remove_image, vm_run_args
 from support.devcluster import wait_for
-from test_launch_slurm import TESTS, submit, write_config
+from support.slurm_runs import TESTS, submit, write_config
 
 from ddlaunch.checkpoint.layout import read_commit_marker
 

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.devcluster import run_ddlaunch as ddlaunch
 from support.devcluster import wait_for
-from test_fault_tolerance import attempts, mlp_config
-from test_launch_slurm import ddlaunch, submit
+from support.slurm_runs import attempts, mlp_config, submit
 
 from ddlaunch.checkpoint.layout import latest_complete, list_checkpoints
 from ddlaunch.store.failures import rank_records

@@ -15,38 +15,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.devcluster import run_ddlaunch as ddlaunch
 from support.devcluster import wait_for
-from test_launch_slurm import TESTS, ddlaunch, submit
+from support.slurm_runs import STEPS, attempts, committed, mlp_config, result, submit
 
-from ddlaunch.checkpoint.layout import latest_complete, list_checkpoints, read_commit_marker
+from ddlaunch.checkpoint.layout import list_checkpoints, read_commit_marker
 from ddlaunch.config import load_config
 from ddlaunch.config.validate import to_plain
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
-STEPS = 300
-
-
-def mlp_config(
-    tmp_path: Path,
-    name: str,
-    *,
-    entrypoint: str = "ddlaunch.examples.mlp:main",
-    params: dict | None = None,
-    **sections: dict,
-) -> Path:
-    cfg: dict = {
-        "defaults": ["clusters/devcluster"],
-        "job": {"name": name, "time": "00:10:00"},
-        "nodes": {"count": 2, "gpus_per_node": 2, "cpus_per_task": 1},
-        "launch": {"entrypoint": entrypoint, "workdir": str(TESTS), "backend": "gloo"},
-        "fault_tolerance": {"checkpoint_every_steps": 20, "keep_last": 0, "max_requeues": 3},
-        "params": {"steps": STEPS, "lr": 0.05, "batch_size": 64, "seed": 0, **(params or {})},
-    }
-    for key, value in sections.items():
-        cfg.setdefault(key, {}).update(value)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -68,19 +45,6 @@ def progress_step(run_dir: Path) -> int:
         return int(json.loads((run_dir / "progress.json").read_text())["step"])
     except (FileNotFoundError, ValueError, KeyError):
         return -1
-
-
-def committed(run_dir: Path) -> int:
-    info = latest_complete(run_dir / "checkpoints")
-    return info.step if info is not None else -1
-
-
-def attempts(run_dir: Path) -> list[dict]:
-    return json.loads((run_dir / "attempts.json").read_text())
-
-
-def result(run_dir: Path) -> dict:
-    return json.loads((run_dir / "result.json").read_text())
 
 
 @pytest.mark.lane

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_launch_slurm import write_config
+from support.slurm_runs import write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_status_cli import T0, ddlaunch, make_run, settle
+from support.rundirs import T0, make_run, settle
+from support.standin_cli import ddlaunch
 
 QUEUE = "11|COMPLETED|None|node1\n12|FAILED|None|node2\n"
 GARBAGE = b"job:\n  name: x\n\x00\x01garbage\n"  # what the issue found: #x0000 in YAML

@@ -7,39 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from support.devcluster import run_ddlaunch as ddlaunch
-
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+from support.slurm_runs import REPO, submit, write_config
 
 pytestmark = pytest.mark.slurm
-
-
-def write_config(tmp_path: Path, name: str, launch: dict, **sections: dict) -> Path:
-    cfg = {
-        "defaults": ["clusters/devcluster"],
-        "job": {"name": name, "time": "00:05:00"},
-        "nodes": {"count": 2, "gpus_per_node": 2, "cpus_per_task": 1},
-        "launch": {"workdir": str(TESTS), "backend": "gloo", **launch},
-    }
-    for key, value in sections.items():
-        cfg.setdefault(key, {}).update(value)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def submit(config: Path, cwd: Path, cleanup: list[str], *overrides: str) -> tuple[str, Path]:
-    args = ["submit", str(config)]
-    for item in overrides:
-        args += ["--set", item]
-    proc = ddlaunch(*args, cwd=cwd)
-    assert proc.returncode == 0, proc.stderr
-    first = proc.stdout.splitlines()[0].split()  # "run <id>  job <jobid>"
-    run_id, job_id = first[1], first[3]
-    cleanup.append(job_id)
-    return job_id, cwd / "runs" / run_id
 
 
 def rank_records(run_dir: Path) -> list[dict]:

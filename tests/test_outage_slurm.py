@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.devcluster import wait_for
-from test_fault_tolerance import attempts, committed, mlp_config, result
-from test_launch_slurm import submit, write_config
+from support.slurm_runs import attempts, committed, mlp_config, result, submit, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.alone]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.devcluster import run_ddlaunch
-from test_launch_slurm import TESTS, submit
+from support.slurm_runs import TESTS, submit
 
 from ddlaunch.config import load_config, to_plain
 from ddlaunch.launch.local import run_local

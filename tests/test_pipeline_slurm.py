@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.devcluster import run_ddlaunch as ddlaunch
 from support.devcluster import wait_for
-from test_after_slurm import attempts, eval_config
-from test_fault_tolerance import mlp_config
-from test_launch_slurm import ddlaunch
+from support.slurm_runs import attempts, eval_config, mlp_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 

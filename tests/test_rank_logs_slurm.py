@@ -7,7 +7,7 @@ import re
 
 import pytest
 from support.devcluster import run_ddlaunch as ddlaunch
-from test_launch_slurm import submit, write_config
+from support.slurm_runs import submit, write_config
 
 pytestmark = pytest.mark.slurm
 

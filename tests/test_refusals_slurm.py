@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_concurrency_slurm import env_for, held_config, job_of
-from test_launch_slurm import TESTS
+from support.slurm_runs import TESTS, env_for, held_config, job_of
 
 pytestmark = pytest.mark.slurm
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 from support import devcluster
+from support.devcluster import run_ddlaunch as ddlaunch
 from support.devcluster import wait_for
-from test_fault_tolerance import attempts, mlp_config, result
-from test_launch_slurm import ddlaunch, submit
+from support.slurm_runs import attempts, mlp_config, result, submit
 
 from ddlaunch.checkpoint.layout import read_commit_marker
 

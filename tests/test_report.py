@@ -90,7 +90,7 @@ def _cli(tmp_path: Path, *args: str):  # type: ignore[no-untyped-def]
 
 def test_report_of_a_local_run_and_of_a_failed_submission(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from test_status_cli import T0, make_run
+    from support.rundirs import T0, make_run
 
     from ddlaunch.store import submission
 
@@ -107,9 +107,9 @@ def test_report_of_a_local_run_and_of_a_failed_submission(tmp_path: Path) -> Non
 
 
 def test_report_of_a_sweep_points_to_its_members(tmp_path: Path) -> None:
-    from test_status_cli import _sweep
+    from support.rundirs import started_sweep
 
-    _sweep(tmp_path / "runs", "lr", ["a", "b"])
+    started_sweep(tmp_path / "runs", "lr", ["a", "b"])
     proc = _cli(tmp_path, "report", "lr")
     assert proc.returncode == 2
     assert proc.stderr == (
@@ -148,7 +148,7 @@ def test_a_legacy_stop_record_is_not_drawn_as_a_failure(tmp_path: Path) -> None:
     """Earlier versions wrote failures/rank-R.json for our own Preempted exit."""
     import json
 
-    from test_status_cli import T0, make_run
+    from support.rundirs import T0, make_run
 
     run = make_run(tmp_path, "r", "5", T0, outcome=("CANCELLED", "cancelled, saved step 766"))
     (run / "failures").mkdir()
@@ -183,7 +183,7 @@ def test_the_throughput_uses_checkpoints_and_the_watchdog_samples(tmp_path: Path
     import json
 
     pytest.importorskip("matplotlib")
-    from test_status_cli import T0, make_run
+    from support.rundirs import T0, make_run
 
     from ddlaunch.app.report_figure import throughput_note
 
@@ -212,7 +212,7 @@ def test_a_run_restarting_in_its_allocation_is_titled_as_status_says(tmp_path: P
     import json
 
     from support.fakes import FakeRunner
-    from test_status_cli import T0, make_run
+    from support.rundirs import T0, make_run
 
     from ddlaunch.slurm.client import SlurmClient
 

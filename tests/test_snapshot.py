@@ -10,25 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.git_repos import GIT, git_repo
 
 from ddlaunch.app.prepare import prepare
 from ddlaunch.app.snapshot import live_entrypoint_warning, take
 from ddlaunch.config import load_config
 from ddlaunch.errors import UserError
 from ddlaunch.runner import SubprocessRunner
-
-GIT = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
-
-
-def git_repo(path: Path) -> Path:
-    path.mkdir()
-    subprocess.run(["git", "init", "-q", str(path)], check=True)
-    (path / "train.py").write_text("VERSION = 1\n")
-    (path / "pkg").mkdir()
-    (path / "pkg" / "model.py").write_text("LAYERS = 2\n")
-    subprocess.run([*GIT, "-C", str(path), "add", "."], check=True)
-    subprocess.run([*GIT, "-C", str(path), "commit", "-qm", "one"], check=True)
-    return path
 
 
 def config(tmp_path: Path, **launch: object) -> Path:

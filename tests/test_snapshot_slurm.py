@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.devcluster import run_ddlaunch, wait_for
-from test_snapshot import GIT, git_repo
+from support.git_repos import GIT, git_repo
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.devcluster import FINAL_STATES, run_ddlaunch, wait_for
-from test_launch_slurm import TESTS
+from support.slurm_runs import TESTS
 
 from ddlaunch.planning.staging import default_dst, node_path
 from ddlaunch.store import stage_manifest

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner
-from test_packaging import NO_TORCH_PROBE
+from support.import_probes import NO_TORCH_PROBE
 
 from ddlaunch.app.status import fold_state, group_sweeps, run_status
 from ddlaunch.app.status_poll import Target, poll

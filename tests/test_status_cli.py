@@ -12,78 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.fakes import fake_slurm_bin, slurm_calls
-from support.rundirs import write_attempts
-
-from ddlaunch.store import outcome, progress, submission
-from ddlaunch.store.rundir import RunDir
-
-T0 = 1_790_000_000.0  # a fixed submission clock: rows sort by it
-CONFIG = "job:\n  name: x\nstorage:\n  checkpoint_dir: null\ncluster:\n  slurm_version: '22.05'\n"
-
-
-def make_run(root: Path, name: str, job_id: str | None, submitted: float, **records: Any) -> Path:
-    """A run directory as submit leaves it (config, submission), plus the records given:
-    ``attempts=[...]``, ``outcome=(state, reason)``, ``progress=(step, time)``,
-    ``cancel=True``, ``result={...}``, ``watchdog={...}``, ``ckpt=[steps]``."""
-    run = RunDir.create(root, name)
-    run.write_text("config.yaml", CONFIG)
-    if job_id:
-        submission.write_submission(
-            run.path, submission.Submission(job_ids=(job_id,), submitted=submitted)
-        )
-    else:
-        submission.write_intent(run.path, submission.Intent(created=submitted, state="submitted"))
-    if "attempts" in records:
-        write_attempts(run.path, records["attempts"])
-    if "outcome" in records:
-        outcome.write_outcome(run.path, *records["outcome"])
-    if "progress" in records:
-        step, when = records["progress"]
-        run.write_json(progress.PROGRESS_FILE, {"step": step, "time": when})
-    if records.get("cancel"):
-        outcome.write_cancel(run.path, [job_id or ""])
-    if "result" in records:
-        progress.write_result(run.path, records["result"])
-    if "watchdog" in records:
-        (run.path / "health").mkdir()
-        (run.path / "health" / "watchdog.json").write_text(json.dumps(records["watchdog"]))
-    for step in records.get("ckpt", []):
-        d = run.path / "checkpoints" / f"step-{step}"
-        d.mkdir(parents=True)
-        (d / ".metadata").write_text("x")
-        marker = {"format": 1, "step": step, "time": T0, "world_size": 1, "num_shard_files": 1}
-        (d / ".ddlaunch-commit.json").write_text(json.dumps(marker))
-    return run.path
-
-
-def settle(*paths: Path) -> None:
-    """Directories written a while ago (the status cache skips ones changed in the last 2 s)."""
-    for path in paths:
-        os.utime(path, (T0, T0))
-
-
-def ddlaunch(tmp_path: Path, *args: str, **slurm: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = fake_slurm_bin(tmp_path / "bin", **slurm)
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
-        "NO_COLOR": "1",
-        "COLUMNS": "80",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "ddlaunch", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-        timeout=60,
-    )
+from support.rundirs import T0, make_run, settle, started_sweep
+from support.standin_cli import ddlaunch
 
 
 def test_no_runs(tmp_path: Path) -> None:
@@ -131,19 +64,8 @@ def test_no_stale_notes_and_rows_in_submission_order(tmp_path: Path) -> None:
     )
 
 
-def _sweep(root: Path, sweep_id: str, states: list[str]) -> Path:
-    """A sweep whose members started (their run directories exist), one job each."""
-    sweep = root / sweep_id
-    for i in range(len(states)):
-        attempts_ = [{"attempt": 0, "start": T0 + i, "end": T0 + i + 1, "cause": "completed"}]
-        make_run(sweep / "members", str(i), f"900_{i}", T0 + i, attempts=attempts_)
-    members = {"layout": [0] * len(states), "axes": [[[f"params.lr={i}"] for i in states]]}
-    (sweep / "members.json").write_text(json.dumps({"sweep_id": sweep_id, "members": members}))
-    return sweep
-
-
 def test_a_sweep_row_has_one_state_and_its_members(tmp_path: Path) -> None:
-    _sweep(tmp_path / "runs", "lr", ["a", "b", "c"])
+    started_sweep(tmp_path / "runs", "lr", ["a", "b", "c"])
     queue = "900_0|COMPLETED|None|node1\n900_1|COMPLETED|None|node1\n900_2|RUNNING|None|node2\n"
     proc = ddlaunch(tmp_path, "status", "--json", squeue=queue)
     (row,) = json.loads(proc.stdout)
@@ -152,7 +74,7 @@ def test_a_sweep_row_has_one_state_and_its_members(tmp_path: Path) -> None:
 
 
 def test_member_ids_are_accepted_back(tmp_path: Path) -> None:
-    sweep = _sweep(tmp_path / "runs", "lr", ["a", "b"])
+    sweep = started_sweep(tmp_path / "runs", "lr", ["a", "b"])
     queue = "900_0|COMPLETED|None|node1\n900_1|RUNNING|None|node2\n"
     proc = ddlaunch(tmp_path, "status", "lr/1", squeue=queue)
     assert proc.returncode == 0, proc.stderr
@@ -302,7 +224,7 @@ def test_a_terminal_gets_the_table_fitted_to_its_width(tmp_path: Path) -> None:
 def test_a_member_that_has_not_started_is_pending_not_unreadable(tmp_path: Path) -> None:
     # Members 0 and 1 run; member 2 waits in the queue (throttled), so it has no run
     # directory yet: its job comes from the array's record, and nothing is "unreadable".
-    sweep = _sweep(tmp_path / "runs", "lr", ["a", "b", "c"])
+    sweep = started_sweep(tmp_path / "runs", "lr", ["a", "b", "c"])
     shutil.rmtree(sweep / "members" / "2")
     (sweep / "arrays").mkdir()
     (sweep / "arrays" / "0.json").write_text(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.devcluster import wait_for
-from test_launch_slurm import submit, write_config
+from support.slurm_runs import submit, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_hf_agreed_stop import finished, hf_run, start
+from support.hf_runs import finished, hf_run, start
 
 from ddlaunch.config import Config, load_config, to_plain
 from ddlaunch.store.heartbeats import read_heartbeats

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.devcluster import run_ddlaunch, wait_for
-from test_launch_slurm import REPO, submit
+from support.slurm_runs import REPO, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 # Nothing is downloaded (the model is built from a config). One CPU thread per rank: torch's

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from support.devcluster import run_ddlaunch as ddlaunch
 from support.devcluster import wait_for
-from test_launch_slurm import TESTS, submit
+from support.slurm_runs import TESTS, submit
 
 pytestmark = pytest.mark.slurm
 

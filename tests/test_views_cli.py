@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from support.fakes import fake_slurm_bin, slurm_calls
-from test_status_cli import T0, _sweep, make_run
+from support.rundirs import T0, make_run, started_sweep
 
 from ddlaunch.app.doctor import Row
 from ddlaunch.cli.doctor import table as doctor_table
@@ -72,7 +72,7 @@ def at_terminal(tmp_path: Path, *args: str, **slurm: str) -> tuple[int, str]:
 
 
 def _long_sweep(tmp_path: Path) -> Path:
-    sweep = _sweep(tmp_path / "runs", "lr", ["0.01 params.batch_size=32", "0.1"])
+    sweep = started_sweep(tmp_path / "runs", "lr", ["0.01 params.batch_size=32", "0.1"])
     (sweep / "members" / "0" / "result.json").write_text(json.dumps({"final_loss": 0.04217}))
     return sweep
 

@@ -1,10 +1,12 @@
 """Run-directory builders for unit tests: real run directories made by the code that makes
 them (``prepare``, the store's writers), or by hand where a test needs a state no code path
-produces on purpose (a torn record, a partial checkpoint)."""
+produces on purpose (a torn record, a partial checkpoint); the runs and sweeps the status and
+report tests read, as submit leaves them, on a fixed submission clock (``T0``)."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,9 @@ import yaml
 
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config.validate import to_plain
-from ddlaunch.store import attempts
+from ddlaunch.store import attempts, outcome, progress, submission
 from ddlaunch.store.attempts import AttemptId, AttemptRecord
+from ddlaunch.store.rundir import RunDir
 
 
 def example_run_dir(tmp_path: Path, **health: Any) -> Path:
@@ -89,3 +92,62 @@ def write_attempts(run_dir: Path, records: Sequence[Mapping[str, Any] | AttemptR
 def attempt_json(run_dir: Path) -> list[dict[str, Any]]:
     """The attempt records as the store reads them, as the JSON objects it writes."""
     return [r.to_json() for r in attempts.load(run_dir)]
+
+
+T0 = 1_790_000_000.0  # a fixed submission clock: rows sort by it
+# The config.yaml of the runs make_run builds.
+RUN_CONFIG = (
+    "job:\n  name: x\nstorage:\n  checkpoint_dir: null\ncluster:\n  slurm_version: '22.05'\n"
+)
+
+
+def make_run(root: Path, name: str, job_id: str | None, submitted: float, **records: Any) -> Path:
+    """A run directory as submit leaves it (config, submission), plus the records given:
+    ``attempts=[...]``, ``outcome=(state, reason)``, ``progress=(step, time)``,
+    ``cancel=True``, ``result={...}``, ``watchdog={...}``, ``ckpt=[steps]``."""
+    run = RunDir.create(root, name)
+    run.write_text("config.yaml", RUN_CONFIG)
+    if job_id:
+        submission.write_submission(
+            run.path, submission.Submission(job_ids=(job_id,), submitted=submitted)
+        )
+    else:
+        submission.write_intent(run.path, submission.Intent(created=submitted, state="submitted"))
+    if "attempts" in records:
+        write_attempts(run.path, records["attempts"])
+    if "outcome" in records:
+        outcome.write_outcome(run.path, *records["outcome"])
+    if "progress" in records:
+        step, when = records["progress"]
+        run.write_json(progress.PROGRESS_FILE, {"step": step, "time": when})
+    if records.get("cancel"):
+        outcome.write_cancel(run.path, [job_id or ""])
+    if "result" in records:
+        progress.write_result(run.path, records["result"])
+    if "watchdog" in records:
+        (run.path / "health").mkdir()
+        (run.path / "health" / "watchdog.json").write_text(json.dumps(records["watchdog"]))
+    for step in records.get("ckpt", []):
+        d = run.path / "checkpoints" / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / ".metadata").write_text("x")
+        marker = {"format": 1, "step": step, "time": T0, "world_size": 1, "num_shard_files": 1}
+        (d / ".ddlaunch-commit.json").write_text(json.dumps(marker))
+    return run.path
+
+
+def settle(*paths: Path) -> None:
+    """Directories written a while ago (the status cache skips ones changed in the last 2 s)."""
+    for path in paths:
+        os.utime(path, (T0, T0))
+
+
+def started_sweep(root: Path, sweep_id: str, states: list[str]) -> Path:
+    """A sweep whose members started (their run directories exist), one job each."""
+    sweep = root / sweep_id
+    for i in range(len(states)):
+        attempts_ = [{"attempt": 0, "start": T0 + i, "end": T0 + i + 1, "cause": "completed"}]
+        make_run(sweep / "members", str(i), f"900_{i}", T0 + i, attempts=attempts_)
+    members = {"layout": [0] * len(states), "axes": [[[f"params.lr={i}"] for i in states]]}
+    (sweep / "members.json").write_text(json.dumps({"sweep_id": sweep_id, "members": members}))
+    return sweep

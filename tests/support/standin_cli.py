@@ -1,6 +1,7 @@
 """The real ``ddlaunch`` CLI run as a user runs it (a subprocess, ``NO_COLOR=1``,
-``COLUMNS=80``, piped) against the stand-in Slurm commands of ``support.fakes``, with a
-run root and a bad-node list of its own."""
+``COLUMNS=80``, piped) against the stand-in Slurm commands of ``support.fakes``: ``Cli``,
+with a run root and a bad-node list of its own; ``ddlaunch``, one call with the Slurm output
+given, under the test's run root."""
 
 from __future__ import annotations
 
@@ -10,6 +11,26 @@ import sys
 from pathlib import Path
 
 from support.fakes import fake_slurm_bin, slurm_calls
+
+
+def ddlaunch(tmp_path: Path, *args: str, **slurm: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = fake_slurm_bin(tmp_path / "bin", **slurm)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "NO_COLOR": "1",
+        "COLUMNS": "80",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "ddlaunch", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+        timeout=60,
+    )
 
 
 class Cli:
