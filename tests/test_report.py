@@ -171,10 +171,15 @@ def test_the_axis_hugs_the_data_and_labels_never_overprint() -> None:
     kept = _spaced([e for e in t.events if e.kind == "checkpoint"], m, LABEL_GAP * (high - low))
     gaps = [m(b.time) - m(a.time) for a, b in itertools.pairwise(kept)]
     assert len(kept) > 5 and min(gaps) > LABEL_GAP * (high - low)
-    assert throughput_note(t) == "too few step samples per attempt for a rate (health/steps.jsonl)"
-    assert throughput_note(report.build("r", "X", attempts, [], [], [])) == (
-        "no step history (health/steps.jsonl)"
+    assert throughput_note(t) == (
+        "too few step samples per attempt for a rate (health/steps.jsonl, timings.jsonl)"
     )
+    assert throughput_note(report.build("r", "X", attempts, [], [], [])) == (
+        "no step history (health/steps.jsonl, timings.jsonl)"
+    )
+    # Chosen from the newest back: the last checkpoint, the one a resume starts from, is
+    # always labelled, however close the one before it is.
+    assert kept[-1].step == 119
 
 
 def test_the_throughput_uses_checkpoints_and_the_watchdog_samples(tmp_path: Path) -> None:
@@ -204,6 +209,83 @@ def test_the_throughput_uses_checkpoints_and_the_watchdog_samples(tmp_path: Path
     assert t.samples == [(T0 + 20, 20), (T0 + 40, 40), (T0 + 50, 50)]
     assert report.throughput(t.samples) == [(T0 + 40, 1.0), (T0 + 50, 1.0)]
     assert throughput_note(t) is None
+
+
+def test_every_recorded_save_and_first_step_draws_the_curve_and_pruned_saves_are_marked(
+    tmp_path: Path,
+) -> None:
+    """keep_last leaves the last checkpoints on disk; the training code's timings.jsonl holds
+    every save and each attempt's first step: the throughput covers the whole run, and the
+    saves no longer on disk are marks of their own (the picture draws them hollow)."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    from support.rundirs import T0, make_run
+
+    from ddlaunch.app.report_figure import draw
+
+    attempt = {"attempt": 0, "job_id": "5", "start": T0, "end": T0 + 60, "cause": "completed"}
+    run = make_run(tmp_path, "r", "5", T0, attempts=[attempt], outcome=("COMPLETED",))
+    marker = {"format": 1, "world_size": 1, "num_shard_files": 1}
+    for step in (40, 50):  # keep_last 2
+        d = run / "checkpoints" / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / ".metadata").write_text("x")
+        (d / ".ddlaunch-commit.json").write_text(
+            json.dumps({**marker, "step": step, "time": T0 + step + 0.5})
+        )
+    lines = [{"kind": "first_step", "step": 1, "time": T0 + 1, "attempt": "5-0"}]
+    lines += [
+        {"kind": "save", "step": s, "time": T0 + s, "blocking_s": 0.01, "attempt": "5-0"}
+        for s in (10, 20, 30, 40)
+    ]
+    (run / "timings.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + "{torn")
+    t = report.load_timeline(run)
+    assert [(e.kind, e.step) for e in t.events] == [
+        ("save", 10),
+        ("save", 20),
+        ("save", 30),
+        ("checkpoint", 40),
+        ("checkpoint", 50),
+    ]
+    assert t.events[0].label == "step 10: no longer on disk"
+    assert t.samples[0] == (T0 + 1, 1) and (T0 + 10, 10) in t.samples
+    rates = report.throughput(t.samples)
+    assert rates[0] == (T0 + 10, 1.0) and len(rates) >= 5  # from the first step on
+    page = report.html_page(t, "")
+    assert "<td>save</td><td>step 30: no longer on disk</td>" in page
+    draw(t, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 0
+
+
+def test_a_failure_that_followed_a_peers_is_said_to_have(tmp_path: Path) -> None:
+    """The page's list of failures: the ranks that failed because another one did (a closed
+    connection in a collective) say so, so the culprit stands out."""
+    import json
+
+    from support.rundirs import T0, make_run
+
+    crashed = {"attempt": 0, "job_id": "5", "start": T0, "end": T0 + 60, "cause": "crash"}
+    run = make_run(tmp_path, "r", "5", T0, attempts=[crashed], outcome=("FAILED", "crash"))
+    (run / "failures").mkdir()
+    records = [
+        {"rank": 1, "host": "node1", "exception": "ValueError", "message": "bad batch"},
+        {
+            "rank": 0,
+            "host": "node1",
+            "exception": "RuntimeError",
+            "message": "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+            "by peer [127.0.0.1]:29501",
+        },
+    ]
+    for i, rec in enumerate(records):
+        rec |= {"job_id": "5", "attempt": 0, "time": T0 + 10 + i, "where": "train.py:9"}
+        (run / "failures" / f"rank-{rec['rank']}.json").write_text(json.dumps(rec))
+    labels = [e.label for e in report.load_timeline(run).events if e.kind == "failure"]
+    assert labels == [
+        "rank 1 on node1: ValueError",
+        "rank 0 on node1: RuntimeError (after a peer failed)",
+    ]
 
 
 def test_a_run_restarting_in_its_allocation_is_titled_as_status_says(tmp_path: Path) -> None:

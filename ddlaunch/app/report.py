@@ -1,8 +1,9 @@
 """A run's history as plain data for ``ddlaunch report``.
 
 Attempts (start, end, nodes, cause, blamed nodes), checkpoint commits, rank failures, the
-replica groups' restarts (``app.report_groups``) and the step history
-(``health/steps.jsonl``, one sample per watchdog poll in which the step advanced) become one
+replica groups' restarts (``app.report_groups``) and the step history (``health/steps.jsonl``,
+one sample per watchdog poll in which the step advanced, and ``timings.jsonl``, every save and
+each attempt's first step as the training code recorded them) become one
 ``Timeline`` (``build`` is pure; ``load_timeline`` reads the run
 directory); ``throughput`` turns the samples into steps per second; ``html_page`` lays it
 out around the picture (drawn by ``app.report_figure``).
@@ -30,9 +31,10 @@ from ddlaunch.config.trainers import KIND_DDLAUNCH
 from ddlaunch.policy.staging import NodeStaging, node_line
 from ddlaunch.slurm.client import JobRows, SlurmError
 from ddlaunch.store import staging as staging_records
+from ddlaunch.store import timings
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptRecord
-from ddlaunch.store.failures import read_failures
+from ddlaunch.store.failures import is_collateral, read_failures
 from ddlaunch.store.rundir import checkpoint_source
 
 
@@ -81,7 +83,7 @@ def staging_phase(
 @dataclass(frozen=True)
 class Event:
     time: float
-    kind: str  # "checkpoint" | "failure"
+    kind: str  # "checkpoint" (complete, on disk) | "save" (recorded, since pruned) | "failure"
     label: str
     step: int | None = None
 
@@ -121,9 +123,12 @@ def build(
     staging: Mapping[str, Mapping[str, NodeStaging]] | None = None,
     note: str = "",
     groups: int = 0,
+    saves: Sequence[tuple[int, float]] = (),
 ) -> Timeline:
     """``staging``: attempt key (``<job>-<restart>``) -> host -> staging record;
-    ``groups``: the replica groups' count, where known."""
+    ``groups``: the replica groups' count, where known; ``saves``: (step, time) of every
+    save the training code recorded (``timings.jsonl``), those whose checkpoint is no longer
+    on disk (``keep_last`` pruned it) drawn apart from the complete ones."""
     t = Timeline(run_id, state, excluded=list(excluded), preflight=[dict(p) for p in preflight])
     t.note = note
     t.group_restarts = from_attempts(attempts)
@@ -152,9 +157,15 @@ def build(
         )
     for step, when in checkpoints:
         t.events.append(Event(float(when), "checkpoint", f"step {step}", step))
+    kept = {step for step, _ in checkpoints}
+    for step, when in saves:
+        if step not in kept:
+            t.events.append(Event(float(when), "save", f"step {step}: no longer on disk", step))
     for f in failures:
         if f.get("time") is not None:
             label = f"rank {f.get('rank')} on {f.get('host')}: {f.get('exception')}"
+            if f.get("collateral"):  # the rank failed because a peer did
+                label += " (after a peer failed)"
             t.events.append(Event(float(f["time"]), "failure", label))
     t.events.sort(key=lambda e: e.time)
     points = sorted(
@@ -373,7 +384,18 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
     # Without a readable config (info.problems says so) the checkpoints cannot be found.
     checkpoints = checkpoint_times(run_dir) if info.checkpoint_root is not None else []
     # Through the store's reader: our own stops (a signal save) are not failures.
-    failures = [dataclasses.asdict(f) for f in read_failures(run_dir)]
+    failures = [
+        {**dataclasses.asdict(f), "collateral": is_collateral(f)} for f in read_failures(run_dir)
+    ]
+    # Every save and every attempt's first step, as the training code recorded them: the
+    # checkpoints on disk are only the last keep_last, the watchdog's samples only Slurm's.
+    timed = [
+        (float(r.time), r.step, r.kind)
+        for r in timings.read(run_dir)
+        if r.time is not None
+        and r.step is not None
+        and r.kind in (timings.SAVE, timings.FIRST_STEP)
+    ]
     # The watchdog's samples (one per poll in which the step advanced, every
     # health.heartbeat_interval: a short attempt may have one or none) and the checkpoints'
     # commit times are both (time, step) points; together they give each attempt its curve.
@@ -384,6 +406,7 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         if s.time is not None and s.step is not None
     ]
     points += [(float(when), int(step)) for step, when in checkpoints]
+    points += [(when, step) for when, step, _ in timed]
     samples = [
         {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
         for when, step in sorted(set(points))
@@ -402,6 +425,7 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         staging=staging_records.read_all(run_dir),  # unusable ones: in info.problems
         note="" if info.attempts else f"no attempt: {row.failure or row.detail or state}",
         groups=len(info.groups.groups) if info.groups is not None else 0,
+        saves=[(step, when) for when, step, kind in timed if kind == timings.SAVE],
     )
     timeline.problems = list(info.problems)
     return timeline

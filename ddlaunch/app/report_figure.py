@@ -139,12 +139,25 @@ def _marks(ax: Any, t: Timeline, m: _Minutes) -> None:
     (and the groups' lanes)."""
     row = len(t.attempts) + len(lanes(t.group_restarts, t.groups))
     cks = [e for e in t.events if e.kind == "checkpoint"]
+    pruned = [e for e in t.events if e.kind == "save"]
     fails = [e for e in t.events if e.kind == "failure"]
+    if pruned:  # saved, no longer on disk (keep_last): hollow, so the kept ones stand out
+        xs = [m(e.time) for e in pruned]
+        ax.scatter(
+            xs,
+            [row] * len(pruned),
+            marker="D",
+            facecolors="none",
+            s=22,
+            zorder=3,
+            edgecolors="#1565c0",
+        )
     if cks:
         xs = [m(e.time) for e in cks]
         ax.scatter(xs, [row] * len(cks), marker="D", color="#1565c0", s=22, zorder=3)
     low, high = x_limits(t)
-    for e in _spaced(cks, m, LABEL_GAP * (high - low)):
+    saved = sorted(cks + pruned, key=lambda e: e.time)
+    for e in _spaced(saved, m, LABEL_GAP * (high - low)):
         ax.annotate(
             str(e.step),
             (m(e.time), row),
@@ -165,22 +178,37 @@ LABEL_GAP = 0.045
 
 
 def _spaced(events: list[Event], m: _Minutes, gap: float) -> list[Event]:
-    """The events whose label would not overprint the previous label."""
+    """The events whose label would not overprint another's, chosen from the newest back:
+    the latest checkpoint, the one a resume starts from, is always labelled."""
     out: list[Event] = []
-    for e in events:
-        if not out or m(e.time) - m(out[-1].time) > gap:
+    for e in reversed(events):
+        if not out or m(out[-1].time) - m(e.time) > gap:
             out.append(e)
-    return out
+    return out[::-1]
 
 
 def _legend(ax: Any, t: Timeline) -> None:
     from matplotlib.patches import Patch
 
     causes = sorted({a.cause for a in t.attempts})
-    handles = [Patch(color=color(c), label=c) for c in causes]
+    handles: list[Any] = [Patch(color=color(c), label=c) for c in causes]
     if any(a.staging is not None for a in t.attempts):
         handles.append(
             Patch(facecolor="white", edgecolor="black", hatch="///", label="data staging")
+        )
+    if any(e.kind == "save" for e in t.events):
+        from matplotlib.lines import Line2D
+
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker="D",
+                linestyle="none",
+                markerfacecolor="none",
+                markeredgecolor="#1565c0",
+                label="saved, no longer on disk (keep_last)",
+            )
         )
     if t.excluded:
         handles.append(Patch(color="white", label=f"excluded: {', '.join(t.excluded)}"))
@@ -202,8 +230,8 @@ def throughput_note(t: Timeline) -> str | None:
     if any(throughput(part) for part in split_series(t)):
         return None
     if t.samples:
-        return "too few step samples per attempt for a rate (health/steps.jsonl)"
-    return "no step history (health/steps.jsonl)"
+        return "too few step samples per attempt for a rate (health/steps.jsonl, timings.jsonl)"
+    return "no step history (health/steps.jsonl, timings.jsonl)"
 
 
 def _throughput(bx: Any, t: Timeline, m: _Minutes) -> None:
