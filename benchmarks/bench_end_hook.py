@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trees import resolved_config
+
 REPO = Path(__file__).resolve().parent.parent
 STUBS = ("sinfo", "scontrol", "sacct", "squeue", "srun", "scancel")
 
@@ -39,20 +41,10 @@ def template_run(tree: Path, where: Path) -> Path:
     """A run directory as submit leaves it (the resolved config of examples/mlp, written by
     the checkout's own ddlaunch), with step 20 committed and attempt 0 open since step 20."""
     run = where / "run"
-    script = (
-        "import sys, yaml\n"
-        "from ddlaunch.config.validate import load_config, to_plain\n"
-        "print(yaml.safe_dump(to_plain(load_config('examples/mlp'))))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    config = subprocess.run(
-        [sys.executable, "-c", script], cwd=tree, env=env, capture_output=True, text=True
-    )
-    if config.returncode != 0:
-        raise SystemExit(f"cannot resolve the config in {tree}: {config.stderr}")
+    config = resolved_config(tree)
     step = run / "checkpoints" / "step-20"
     step.mkdir(parents=True)
-    (run / "config.yaml").write_text(config.stdout)
+    (run / "config.yaml").write_text(config)
     (step / ".metadata").write_text("x")
     commit = {"format": 1, "step": 20, "time": 1.0, "world_size": 1, "num_shard_files": 1}
     (step / ".ddlaunch-commit.json").write_text(json.dumps(commit))

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trees import resolved_config
+
 REPO = Path(__file__).resolve().parent.parent
 STUBS = ("sinfo", "scontrol", "sacct", "squeue", "sbatch", "scancel")
 
@@ -39,22 +41,12 @@ def stub_slurm(bin_dir: Path) -> None:
 
 def run_root(tree: Path, where: Path, runs: int) -> Path:
     """``runs`` finished runs of examples/mlp, the config resolved by the tree's own code."""
-    script = (
-        "import yaml\n"
-        "from ddlaunch.config.validate import load_config, to_plain\n"
-        "print(yaml.safe_dump(to_plain(load_config('examples/mlp'))))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    config = subprocess.run(
-        [sys.executable, "-c", script], cwd=tree, env=env, capture_output=True, text=True
-    )
-    if config.returncode != 0:
-        raise SystemExit(f"cannot resolve the config in {tree}: {config.stderr}")
+    config = resolved_config(tree)
     now = time.time()
     for i in range(runs):
         run = where / f"mlp-{i:04d}"
         run.mkdir(parents=True)
-        (run / "config.yaml").write_text(config.stdout)
+        (run / "config.yaml").write_text(config)
         start = now - 3600 + i
         attempt = {"attempt": 0, "job_id": f"local-{i:08x}", "start": start, "end": start + 30}
         attempt |= {"nodes": "localhost", "cause": "completed"}
