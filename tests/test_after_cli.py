@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner, failed, ok
+from support.rundirs import make_run
 from support.standin_cli import Cli
 
 from ddlaunch.app.chain import Moved, NotMoved, move_dependents
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import submission
 from ddlaunch.store.chain import (
     DependentRecord,
     PredecessorRecord,
@@ -26,10 +26,10 @@ from ddlaunch.store.chain import (
     read_dependents,
 )
 from ddlaunch.store.chain import write_after as write_after_record
-from ddlaunch.store.rundir import RunDir
 
 HEADER = "run                            job  state    nodes  step  ckpt  attempts  note\n"
 SQUEUE = "squeue -h -r -t all -j {ids} -o %i|%T|%r|%N"
+CONFIG = "job:\n  name: x\n"  # the chain records are what these tests read
 
 
 @pytest.fixture
@@ -226,16 +226,9 @@ def test_status_of_a_pending_dependent_says_what_it_waits_for(cli: Cli) -> None:
         assert cli.calls("squeue", "sacct", "scontrol") == [SQUEUE.format(ids="500,501")]
 
 
-def _run(root: Path, name: str, job_ids: tuple[str, ...]) -> Path:
-    run = RunDir.create(root, name)
-    run.write_text("config.yaml", "job:\n  name: x\n")
-    submission.write_submission(run.path, submission.Submission(job_ids=job_ids, submitted=0.0))
-    return run.path
-
-
 def _chained(tmp_path: Path) -> tuple[Path, Path]:
-    train = _run(tmp_path, "train", ("500", "502"))
-    evals = _run(tmp_path, "eval", ("501",))
+    train = make_run(tmp_path, "train", ("500", "502"), 0.0, config=CONFIG)
+    evals = make_run(tmp_path, "eval", ("501",), 0.0, config=CONFIG)
     add_dependent(train, DependentRecord(run_id="eval", run_dir=str(evals), condition="ok"))
     write_after_record(
         evals,
@@ -283,7 +276,7 @@ def test_a_moved_dependent_names_the_new_job_in_its_record(tmp_path: Path) -> No
 def test_dependents_added_at_once_are_all_kept(tmp_path: Path) -> None:
     """Two submits --after the same run at once: each read-modify-write waits for the
     other's (``store.chain.dependents_locked``), none is lost."""
-    train = _run(tmp_path, "train", ("500",))
+    train = make_run(tmp_path, "train", ("500",), 0.0, config=CONFIG)
 
     def add(i: int) -> None:
         with dependents_locked(train):

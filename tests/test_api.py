@@ -14,39 +14,15 @@ from pathlib import Path
 
 import pytest
 from support.fakes import fake_slurm_bin, slurm_calls
-from support.rundirs import write_attempts
+from support.rundirs import T0, make_run, settle
 
 import ddlaunch
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config.validate import to_plain
-from ddlaunch.store import outcome, progress, submission
+from ddlaunch.store import outcome, progress
 from ddlaunch.store.rundir import RunDir
 
-T0 = 1_790_000_000.0
-CONFIG = "job:\n  name: x\nstorage:\n  checkpoint_dir: null\ncluster:\n  slurm_version: '22.05'\n"
 REPO = Path(__file__).resolve().parents[1]
-
-
-def make_run(root: Path, name: str, job_id: str, **records: object) -> Path:
-    """A run directory as submit and the job's hooks leave it, written by the store."""
-    run = RunDir.create(root, name)
-    run.write_text("config.yaml", CONFIG)
-    submission.write_submission(run.path, submission.Submission(job_ids=(job_id,), submitted=T0))
-    if "attempts" in records:
-        write_attempts(run.path, records["attempts"])  # type: ignore[arg-type]
-    if "outcome" in records:
-        outcome.write_outcome(run.path, *records["outcome"])  # type: ignore[misc]
-    if "progress" in records:
-        run.write_json(progress.PROGRESS_FILE, {"step": records["progress"], "time": T0 + 5})
-    if "result" in records:
-        progress.write_result(run.path, records["result"])  # type: ignore[arg-type]
-    for step in records.get("ckpt", []):  # type: ignore[attr-defined]
-        d = run.path / "checkpoints" / f"step-{step}"
-        d.mkdir(parents=True)
-        (d / ".metadata").write_text("x")
-        marker = {"format": 1, "step": step, "time": T0, "world_size": 1, "num_shard_files": 1}
-        (d / ".ddlaunch-commit.json").write_text(json.dumps(marker))
-    return run.path
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -70,8 +46,9 @@ def slurm_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         root,
         "alpha-1",
         "377",
+        T0,
         attempts=[{"attempt": 0, "job_id": "377", "nodes": "node1", "start": T0}],
-        progress=40,
+        progress=(40, T0 + 5),
         ckpt=[30],
     )
     crashed = {
@@ -90,6 +67,7 @@ def slurm_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         root,
         "beta-2",
         "378",
+        T0,
         attempts=[crashed, done],
         outcome=("COMPLETED", "completed at step 100"),
         result={"loss": 0.25},
@@ -97,8 +75,7 @@ def slurm_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     )
     # Written a while ago: the final state a poll finds is cached (``store.status_cache``
     # skips directories changed in the last seconds), so which polls ask Slurm is certain.
-    for run_dir in root.iterdir():
-        os.utime(run_dir, (T0, T0))
+    settle(*root.iterdir())
     bin_dir = fake_slurm_bin(
         tmp_path / "bin", squeue="377|RUNNING|None|node1\n378|COMPLETED|None|node1\n"
     )

@@ -12,9 +12,11 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
+from support import standin_cli
 from support.fakes import fake_slurm_bin
 from support.rundirs import LAUNCH, T0, make_run
 
@@ -23,28 +25,9 @@ from ddlaunch.store import submission
 REPO = Path(__file__).resolve().parent.parent
 
 
-def ddlaunch(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    bin_dir = fake_slurm_bin(tmp_path / "bin")  # a cluster that knows no job
-    full = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
-        "DDLAUNCH_BAD_NODES": str(tmp_path / "bad.json"),
-        "NO_COLOR": "1",
-        "COLUMNS": "80",
-        **(env or {}),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "ddlaunch", *args],
-        capture_output=True,
-        text=True,
-        env=full,
-        cwd=tmp_path,
-        check=False,
-        timeout=300,
-    )
+# The CLI against a cluster that knows no job, with a bad-node list of the test's own; local
+# runs in some tests take minutes.
+ddlaunch = partial(standin_cli.ddlaunch, bad_nodes=True, timeout=300)
 
 
 # ----------------------------------------------------------------------------- logs

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from support.rundirs import loaded_run_dir
 
-from ddlaunch.config import load_config, to_plain
 from ddlaunch.examples import mlp
 from ddlaunch.launch.local import run_local
 
@@ -31,10 +30,7 @@ def test_data_is_a_function_of_seed_step_and_rank() -> None:
 
 
 def _run(tmp_path: Path, name: str) -> dict:
-    cfg = load_config("examples/mlp", [f"params.steps={STEPS}"])
-    run = tmp_path / name
-    (run / "logs").mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+    run = loaded_run_dir(tmp_path / name, "examples/mlp", f"params.steps={STEPS}")
     results = run_local(run, world_size=2, timeout_s=150)
     result = json.loads((run / "result.json").read_text())
     # Every rank ends with the same model; rank 0 wrote the file.

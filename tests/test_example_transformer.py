@@ -8,9 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import yaml
+from support.rundirs import loaded_run_dir
 
-from ddlaunch.config import load_config, to_plain
 from ddlaunch.launch.local import run_local
 
 STEPS, MORE = 30, 40
@@ -20,9 +19,8 @@ TOLERANCE = 1e-4
 
 
 def run(run_dir: Path, world: int, *overrides: str) -> dict:
-    cfg = load_config("examples/fsdp-tp", [*overrides, "fault_tolerance.checkpoint_every_steps=10"])
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+    every_10 = "fault_tolerance.checkpoint_every_steps=10"
+    loaded_run_dir(run_dir, "examples/fsdp-tp", *overrides, every_10)
     run_local(run_dir, world_size=world, timeout_s=300)
     return json.loads((run_dir / "result.json").read_text())
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner, failed, ok
-from support.rundirs import attempt_json, committed_run, in_attempt, write_attempts
+from support.rundirs import attempt_json, committed_run, hand_run, in_attempt, write_attempts
 
 from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.conclude import conclude
@@ -70,21 +70,14 @@ def test_the_timeout_of_every_slurm_command_is_configurable(monkeypatch) -> None
     assert seen == [12.0, 12.0, 12.0]
 
 
-def _run_dir(tmp_path: Path, name: str, job: str | None, **records: object) -> Path:
-    run = tmp_path / name
-    run.mkdir()
-    (run / "config.yaml").write_text("storage:\n  checkpoint_dir: null\n")
-    if job:
-        (run / "submission.json").write_text(json.dumps({"job_ids": [job]}))
-    for file, data in records.items():
-        (run / f"{file}.json").write_text(json.dumps(data))
-    return run
-
-
 def test_status_shows_every_run_while_slurm_is_unreachable_then_recovers(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    running = _run_dir(tmp_path, "a", "11", progress={"step": 40, "time": 1.0})
-    done = _run_dir(tmp_path, "b", "12", outcome={"state": "COMPLETED", "time": 1.0})
-    never = _run_dir(tmp_path, "c", None, intent={"state": "failed", "error": "sbatch: no"})
+    config = "storage:\n  checkpoint_dir: null\n"
+    progress = {"progress.json": {"step": 40, "time": 1.0}}
+    running = hand_run(tmp_path, "a", "11", config=config, logs=False, **progress)
+    ended = {"outcome.json": {"state": "COMPLETED", "time": 1.0}}
+    done = hand_run(tmp_path, "b", "12", config=config, logs=False, **ended)
+    refused = {"intent.json": {"state": "failed", "error": "sbatch: no"}}
+    never = hand_run(tmp_path, "c", None, config=config, logs=False, **refused)
     targets = [Target(running), Target(done), Target(never)]
     runner = FakeRunner({("squeue",): failed(KILLED["squeue"])})
     rows = poll(targets, SlurmClient(runner), now=2.0)
@@ -131,6 +124,9 @@ def test_retrier_backs_off_while_unreachable_and_not_on_a_refusal() -> None:
 
 
 def _open_attempt(tmp_path: Path) -> Path:
+    """``<tmp>/run`` with attempt 0 of job 7 open, and nothing else: no checkpoints folder and
+    no launch section (``committed_run`` writes both): the decision these tests read says
+    "committed step none"."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("fault_tolerance: {max_requeues: 3}\n")

@@ -20,10 +20,10 @@ from typing import Any
 import cloudpickle
 import pytest
 import torch.distributed.checkpoint as dcp
-import yaml
 from submitit.core.utils import JobPaths
+from support.rundirs import loaded_run_dir
 
-from ddlaunch.config import Config, load_config, to_plain
+from ddlaunch.config import load_config
 from ddlaunch.launch.local import _base_env, free_local_port, run_local
 from ddlaunch.launch.slurm import rank_call
 from ddlaunch.planning.group_env import GroupIdentity
@@ -46,23 +46,19 @@ SCRIPTS = Path(__file__).parent / "trainer_scripts"
 
 
 def make_run(tmp_path: Path, name: str, *sets: str, **launch: object) -> Path:
-    cfg: Config = load_config(
+    """``<tmp>/<name>``: examples/mlp as two replica groups that log every step and save
+    every 100 (these tests' run; ``sets`` and ``launch`` on top)."""
+    return loaded_run_dir(
+        tmp_path / name,
         "examples/mlp",
-        [
-            "fault_tolerance.mode=replica_groups",
-            "parallel.dp_replicate=2",
-            "fault_tolerance.checkpoint_every_steps=100",
-            f"params.steps={STEPS}",
-            "params.log_every=1",
-            *sets,
-        ],
+        "fault_tolerance.mode=replica_groups",
+        "parallel.dp_replicate=2",
+        "fault_tolerance.checkpoint_every_steps=100",
+        f"params.steps={STEPS}",
+        "params.log_every=1",
+        *sets,
+        **launch,
     )
-    if launch:
-        cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, **launch))
-    run = tmp_path / name
-    (run / LOGS_DIR).mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
-    return run
 
 
 @dataclasses.dataclass

@@ -393,7 +393,8 @@ def test_a_source_missing_at_submit_is_refused_before_anything_is_created(tmp_pa
     its staging and was blamed. The nodes read the source from the shared filesystem this
     host sees, so submit refuses it, as a missing launch.script; a source in a node-local
     directory of the config may exist on the nodes only: a warning."""
-    from support.fakes import fake_slurm_bin, slurm_calls
+    from support.fakes import slurm_calls
+    from support.standin_cli import ddlaunch
 
     scratch = "/var/tmp/ddlaunch-t31/{node}"
     config = tmp_path / "job.yaml"
@@ -407,24 +408,8 @@ def test_a_source_missing_at_submit_is_refused_before_anything_is_created(tmp_pa
                 }
             )
         )
-        bin_dir = fake_slurm_bin(tmp_path / "bin")
-        env = {
-            **os.environ,
-            "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
-            "DDLAUNCH_BAD_NODES": str(tmp_path / "bad.json"),
-            "NO_COLOR": "1",
-        }
         argv = ["submit", str(config), *(["--dry-run"] if dry_run else [])]
-        return subprocess.run(
-            [sys.executable, "-m", "ddlaunch", *argv],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            check=False,
-            timeout=120,
-        )
+        return ddlaunch(tmp_path, *argv, bad_nodes=True, timeout=120)
 
     missing = tmp_path / "nope"
     proc = submit({"name": "train", "src": str(missing)})

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.fakes import FakeRunner
 from support.import_probes import NO_TORCH_PROBE
+from support.rundirs import hand_run
 
 from ddlaunch.app.status import fold_state, group_sweeps, run_status
 from ddlaunch.app.status_poll import Target, poll
@@ -98,27 +99,11 @@ def test_client_tolerates_forgotten_jobs_and_disabled_accounting() -> None:
 # ------------------------------------------------------------------ poll
 
 
-def make_run(root: Path, name: str, job_id: str | None, **files: object) -> Path:
-    run = root / name
-    (run / "logs").mkdir(parents=True)
-    (run / "config.yaml").write_text(
-        "job:\n  name: x\nstorage:\n  run_root: /r\n  checkpoint_dir: null\n"
-        "cluster:\n  slurm_version: '22.05'\n"
-    )
-    if job_id:
-        (run / "submission.json").write_text(json.dumps({"job_ids": [job_id]}))
-    for fname, content in files.items():
-        path = run / fname.replace("__", "/")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(content))
-    return run
-
-
 def test_one_squeue_call_for_a_thousand_runs(tmp_path: Path) -> None:
     lines = "".join(f"{a}_{t}|PENDING|JobHeldUser|\n" for a in range(10, 20) for t in range(100))
     runner = FakeRunner({"squeue": ok(lines)})
     targets = [
-        Target(make_run(tmp_path, f"r{a}-{t}", f"{a}_{t}"))
+        Target(hand_run(tmp_path, f"r{a}-{t}", f"{a}_{t}"))
         for a in range(10, 20)
         for t in range(100)
     ]
@@ -134,9 +119,9 @@ def test_one_squeue_call_for_a_thousand_runs(tmp_path: Path) -> None:
 def test_forgotten_jobs_cost_one_sacct_call_and_known_outcomes_none(tmp_path: Path) -> None:
     runner = FakeRunner({"squeue": ok(""), "sacct": ok("41|FAILED|node1|None\n")})
     targets = [
-        Target(make_run(tmp_path, "a", "41")),
-        Target(make_run(tmp_path, "b", "42")),
-        Target(make_run(tmp_path, "c", "43", **{"outcome.json": {"state": "COMPLETED"}})),
+        Target(hand_run(tmp_path, "a", "41")),
+        Target(hand_run(tmp_path, "b", "42")),
+        Target(hand_run(tmp_path, "c", "43", **{"outcome.json": {"state": "COMPLETED"}})),
     ]
     rows = poll(targets, SlurmClient(runner))
     assert runner.count("squeue") == 1 and runner.count("sacct") == 1
@@ -147,7 +132,7 @@ def test_forgotten_jobs_cost_one_sacct_call_and_known_outcomes_none(tmp_path: Pa
 
 
 def test_status_joins_attempts_causes_and_health(tmp_path: Path) -> None:
-    run = make_run(
+    run = hand_run(
         tmp_path,
         "r",
         "377",
@@ -200,7 +185,7 @@ def test_status_joins_attempts_causes_and_health(tmp_path: Path) -> None:
 
 
 def test_old_run_dirs_still_read(tmp_path: Path) -> None:
-    run = make_run(tmp_path, "old", "5", **{"result.json": {"final_loss": 0.1}})
+    run = hand_run(tmp_path, "old", "5", **{"result.json": {"final_loss": 0.1}})
     from ddlaunch.app.runs import read_run
 
     info_row = run_status(read_run(run), None)
@@ -210,7 +195,7 @@ def test_old_run_dirs_still_read(tmp_path: Path) -> None:
 def _sweep(root: Path, sweep_id: str, n: int) -> Path:
     sweep = root / sweep_id
     for i in range(n):
-        make_run(sweep / "members", str(i), f"900_{i}")
+        hand_run(sweep / "members", str(i), f"900_{i}")
     # members.json as ddlaunch.sweeps.packing.packed_members writes it (no config needed here)
     members = {"layout": [0] * n, "axes": [[[f"params.lr={i}"] for i in range(n)]]}
     (sweep / "members.json").write_text(json.dumps({"sweep_id": sweep_id, "members": members}))
@@ -225,7 +210,7 @@ def test_sweeps_expand_when_named_and_summarise_otherwise(
 
     monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
     _sweep(tmp_path, "lr-sweep", 3)
-    make_run(tmp_path, "single", "901")
+    hand_run(tmp_path, "single", "901")
     lines = "900_0|RUNNING|None|node1\n900_1|PENDING|Priority|\n901|RUNNING|None|node2\n"
     runner = FakeRunner({"squeue": ok(lines), "sacct": ok("")})
     rows = collect(("lr-sweep",), runner)
@@ -259,7 +244,7 @@ def test_group_sweeps_keeps_runs() -> None:
     "argv", [["status"], ["status", "r", "--json"], ["nodes"], ["nodes", "list", "--json"]]
 )
 def test_status_and_nodes_do_not_import_torch(argv: list[str], tmp_path: Path) -> None:
-    make_run(tmp_path / "runs", "r", "377", **{"attempts.json": [{"attempt": 0, "start": 1.0}]})
+    hand_run(tmp_path / "runs", "r", "377", **{"attempts.json": [{"attempt": 0, "start": 1.0}]})
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "squeue"
@@ -318,7 +303,7 @@ def test_queued_runs_are_cached_until_their_directory_changes(
     from ddlaunch.store.status_cache import STATUS_CACHE
 
     old = 1_000_000_000  # long settled: cacheable
-    dirs = [make_run(tmp_path, f"q{i}", f"77_{i}") for i in range(3)]
+    dirs = [hand_run(tmp_path, f"q{i}", f"77_{i}") for i in range(3)]
     for d in dirs:
         os.utime(d, (old, old))
     first = [runs.RunReader().read(d) for d in dirs]
@@ -341,7 +326,7 @@ def test_queued_runs_are_cached_until_their_directory_changes(
         {"attempt": 0, "start": 1.0}
     ]
     # A directory changed within the last seconds is never cached.
-    fresh = make_run(tmp_path, "fresh", "78")
+    fresh = hand_run(tmp_path, "fresh", "78")
     reader = runs.RunReader()
     reader.read(fresh)
     reader.save()
@@ -360,7 +345,7 @@ def test_finished_runs_are_cached_once_and_forgotten_when_removed(
     monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
     old = 1_000_000_000
     for name in ("a", "b"):
-        run = make_run(tmp_path, name, f"9{len(name)}", **{"outcome.json": {"state": "FAILED"}})
+        run = hand_run(tmp_path, name, f"9{len(name)}", **{"outcome.json": {"state": "FAILED"}})
         os.utime(run, (old, old))
     runner = FakeRunner({"squeue": ok(""), "sacct": ok("")})
     assert [r.state for r in view((), runner).rows] == ["FAILED", "FAILED"]

@@ -7,20 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.import_probes import NO_TORCH_PROBE
 from support.sweeps import sweep_file
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-NO_TORCH_PROBE = """
-import sys
-from ddlaunch.cli import main
-try:
-    main({argv!r})
-except SystemExit as exc:
-    assert not exc.code, exc.code
-print("TORCH_LOADED" if "torch" in sys.modules else "TORCH_ABSENT")
-"""
 
 
 def test_dry_run_prints_members_scripts_and_argv_without_torch(tmp_path: Path) -> None:

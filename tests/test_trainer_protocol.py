@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.fakes import FakeRunner
-from support.rundirs import attempt_json, write_attempts
+from support.rundirs import attempt_json, example_run_dir, write_attempts
 
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config.validate import load_config, to_plain
@@ -77,13 +77,7 @@ def byo_run(tmp_path: Path, kind: str = "hf", **trainer: object) -> Path:
         f"trainer.kind={kind}",
         *[f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()],
     ]
-    cfg = prepare(
-        "examples/mlp", sets, run_id="r", run_root=str(tmp_path), workdir=str(tmp_path)
-    ).config
-    run = tmp_path / "r"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
-    return run
+    return example_run_dir(tmp_path, *sets, made="checkpoints")
 
 
 def test_torchtune_resumes_with_the_newest_epochs_files_named_as_on_disk(tmp_path: Path) -> None:

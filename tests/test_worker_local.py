@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.rundirs import loaded_run_dir
 
 import ddlaunch.examples
 from ddlaunch.config import Config, load_config, to_plain
@@ -23,16 +23,6 @@ from ddlaunch.store.failures import read_failure
 from ddlaunch.worker import signals
 
 TORCHRUN_SCRIPT = Path(ddlaunch.examples.__file__).parent / "torchrun_script.py"
-
-
-def make_run(tmp_path: Path, **launch: object) -> Path:
-    """A run directory holding the mlp example's config with ``launch`` fields replaced."""
-    cfg: Config = load_config("examples/mlp")
-    cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, **launch))
-    run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
-    return run
 
 
 def test_signal_handler_only_sets_a_flag() -> None:
@@ -74,8 +64,9 @@ def test_a_trainer_without_a_handler_dies_on_the_stop(tmp_path: Path) -> None:
     import threading
 
     pid_file = tmp_path / "pid"
-    run = make_run(
-        tmp_path,
+    run = loaded_run_dir(
+        tmp_path / "run",
+        "examples/mlp",
         entrypoint=None,
         script=str(Path(__file__).parent / "trainer_scripts" / "sleeper.py"),
         args=(str(pid_file),),
@@ -112,8 +103,9 @@ def test_signal_names() -> None:
 
 def test_unmodified_torchrun_script(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    run = make_run(
-        tmp_path,
+    run = loaded_run_dir(
+        tmp_path / "run",
+        "examples/mlp",
         entrypoint=None,
         script=str(TORCHRUN_SCRIPT),
         args=("--value", "2.5", "--out", str(out)),
@@ -197,7 +189,9 @@ FAILING_ENTRY = """
 
 def test_failing_rank_is_named_and_its_peers_are_stopped(tmp_path: Path) -> None:
     (tmp_path / "failing_entry.py").write_text(textwrap.dedent(FAILING_ENTRY))
-    run = make_run(tmp_path, entrypoint="failing_entry:main", workdir=str(tmp_path))
+    run = loaded_run_dir(
+        tmp_path / "run", "examples/mlp", entrypoint="failing_entry:main", workdir=str(tmp_path)
+    )
     started = time.monotonic()
     with pytest.raises(LocalRunError) as info:
         run_local(run, world_size=2, timeout_s=120)
@@ -229,7 +223,9 @@ def test_timeout_stops_the_ranks(tmp_path: Path) -> None:
     # the entry point): the same stop path.
     sleeper = "import time\n\n\ndef main(config):\n    time.sleep(600)\n"
     (tmp_path / "sleeper_entry.py").write_text(sleeper)
-    run = make_run(tmp_path, entrypoint="sleeper_entry:main", workdir=str(tmp_path))
+    run = loaded_run_dir(
+        tmp_path / "run", "examples/mlp", entrypoint="sleeper_entry:main", workdir=str(tmp_path)
+    )
     started = time.monotonic()
     with pytest.raises(LocalRunError, match=r"timed out after 1\.5 s; ranks still running: \[0\]"):
         run_local(run, world_size=1, timeout_s=1.5)

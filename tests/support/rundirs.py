@@ -5,6 +5,7 @@ report tests read, as submit leaves them, on a fixed submission clock (``T0``)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -15,25 +16,41 @@ import pytest
 import yaml
 
 from ddlaunch.app.prepare import prepare
+from ddlaunch.config import Config, load_config
 from ddlaunch.config.validate import to_plain
 from ddlaunch.store import attempts, outcome, progress, submission
 from ddlaunch.store.attempts import AttemptId, AttemptRecord
-from ddlaunch.store.rundir import RunDir
+from ddlaunch.store.rundir import LOGS_DIR, RunDir
 
 
-def example_run_dir(tmp_path: Path, **health: Any) -> Path:
-    """``<tmp>/r``: the resolved config of examples/mlp (with ``health.<k>`` overrides)."""
+def config_run_dir(run: Path, cfg: Config, made: str = LOGS_DIR) -> Path:
+    """``run`` holding ``cfg`` as its ``config.yaml`` (as submit writes it) and the folder
+    ``made`` (the logs, where the local runner writes; the checkpoints, for a trainer's)."""
+    (run / made).mkdir(parents=True, exist_ok=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
+    return run
+
+
+def loaded_run_dir(run: Path, example: str, *sets: str, **launch: Any) -> Path:
+    """``run`` with the config of ``example`` as loaded (``sets`` applied, ``launch`` fields
+    replaced), unresolved: what the local runner takes."""
+    cfg = load_config(example, list(sets))
+    if launch:
+        cfg = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, **launch))
+    return config_run_dir(run, cfg)
+
+
+def example_run_dir(tmp_path: Path, *sets: str, made: str = LOGS_DIR, **health: Any) -> Path:
+    """``<tmp>/r``: the resolved config of examples/mlp (``sets`` applied, then ``health.<k>``
+    overrides), with the folder ``made``."""
     cfg = prepare(
         "examples/mlp",
-        [f"health.{k}={val}" for k, val in health.items()],
+        [*sets, *(f"health.{k}={val}" for k, val in health.items())],
         run_id="r",
         run_root=str(tmp_path),
         workdir=str(tmp_path),
     ).config
-    run_dir = tmp_path / "r"
-    (run_dir / "logs").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg), sort_keys=False))
-    return run_dir
+    return config_run_dir(tmp_path / "r", cfg, made)
 
 
 # The launch section of the run configs these builders write (validation asks for one).
@@ -101,15 +118,26 @@ RUN_CONFIG = (
 )
 
 
-def make_run(root: Path, name: str, job_id: str | None, submitted: float, **records: Any) -> Path:
-    """A run directory as submit leaves it (config, submission), plus the records given:
-    ``attempts=[...]``, ``outcome=(state, reason)``, ``progress=(step, time)``,
-    ``cancel=True``, ``result={...}``, ``watchdog={...}``, ``ckpt=[steps]``."""
+def make_run(
+    root: Path,
+    name: str,
+    job_id: str | tuple[str, ...] | None,
+    submitted: float,
+    *,
+    config: str = RUN_CONFIG,
+    **records: Any,
+) -> Path:
+    """A run directory as submit leaves it (``config``, the submission of ``job_id``: a job,
+    the jobs a requeue chain made, or none: sbatch was not answered yet), plus the records
+    given: ``attempts=[...]``, ``outcome=(state, reason)``, ``progress=(step, time)``,
+    ``cancel=True``, ``result={...}``, ``watchdog={...}``, ``ckpt=[steps]``. All written by
+    the store's own writers."""
+    job_ids = (job_id,) if isinstance(job_id, str) else tuple(job_id or ())
     run = RunDir.create(root, name)
-    run.write_text("config.yaml", RUN_CONFIG)
-    if job_id:
+    run.write_text("config.yaml", config)
+    if job_ids:
         submission.write_submission(
-            run.path, submission.Submission(job_ids=(job_id,), submitted=submitted)
+            run.path, submission.Submission(job_ids=job_ids, submitted=submitted)
         )
     else:
         submission.write_intent(run.path, submission.Intent(created=submitted, state="submitted"))
@@ -121,7 +149,7 @@ def make_run(root: Path, name: str, job_id: str | None, submitted: float, **reco
         step, when = records["progress"]
         run.write_json(progress.PROGRESS_FILE, {"step": step, "time": when})
     if records.get("cancel"):
-        outcome.write_cancel(run.path, [job_id or ""])
+        outcome.write_cancel(run.path, list(job_ids) or [""])
     if "result" in records:
         progress.write_result(run.path, records["result"])
     if "watchdog" in records:
@@ -134,6 +162,39 @@ def make_run(root: Path, name: str, job_id: str | None, submitted: float, **reco
         marker = {"format": 1, "step": step, "time": T0, "world_size": 1, "num_shard_files": 1}
         (d / ".ddlaunch-commit.json").write_text(json.dumps(marker))
     return run.path
+
+
+# The config.yaml of the runs hand_run builds.
+HAND_CONFIG = (
+    "job:\n  name: x\nstorage:\n  run_root: /r\n  checkpoint_dir: null\n"
+    "cluster:\n  slurm_version: '22.05'\n"
+)
+
+
+def hand_run(
+    root: Path,
+    name: str,
+    job_id: str | None,
+    *,
+    config: str = HAND_CONFIG,
+    logs: bool = True,
+    **files: Any,
+) -> Path:
+    """``<root>/<name>`` written by hand, not by the store: ``config``, the logs folder with
+    ``logs``, a bare ``submission.json`` of ``job_id`` (no clock), and each of ``files`` as the
+    JSON given, named by its key (``"outcome.json"``; ``__`` for ``/``:
+    ``health__watchdog.json``): the partial and hand-made records a reader must take as they
+    come, which the store's writers (``make_run``) would complete or refuse."""
+    run = root / name
+    (run / "logs" if logs else run).mkdir(parents=True)
+    (run / "config.yaml").write_text(config)
+    if job_id:
+        (run / "submission.json").write_text(json.dumps({"job_ids": [job_id]}))
+    for fname, content in files.items():
+        path = run / fname.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(content))
+    return run
 
 
 def settle(*paths: Path) -> None:

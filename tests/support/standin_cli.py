@@ -1,36 +1,63 @@
 """The real ``ddlaunch`` CLI run as a user runs it (a subprocess, ``NO_COLOR=1``,
 ``COLUMNS=80``, piped) against the stand-in Slurm commands of ``support.fakes``: ``Cli``,
 with a run root and a bad-node list of its own; ``ddlaunch``, one call with the Slurm output
-given, under the test's run root."""
+given, under the test's run root (and, asked for, a bad-node list of its own)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from support.fakes import fake_slurm_bin, slurm_calls
 
 
-def ddlaunch(tmp_path: Path, *args: str, **slurm: str) -> subprocess.CompletedProcess[str]:
-    bin_dir = fake_slurm_bin(tmp_path / "bin", **slurm)
-    env = {
+def run_cli(
+    tmp: Path,
+    bin_dir: Path,
+    args: Sequence[str],
+    *,
+    bad_nodes: bool = False,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """``ddlaunch *args`` in ``tmp`` with the stand-in Slurm of ``bin_dir`` first on PATH, the
+    run root ``<tmp>/runs``, the bad-node list ``<tmp>/bad.json`` with ``bad_nodes`` (else the
+    user's), then ``env`` over all of it."""
+    full = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs"),
+        "DDLAUNCH_RUN_ROOT": str(tmp / "runs"),
+        **({"DDLAUNCH_BAD_NODES": str(tmp / "bad.json")} if bad_nodes else {}),
         "NO_COLOR": "1",
         "COLUMNS": "80",
+        **(env or {}),
     }
     return subprocess.run(
         [sys.executable, "-m", "ddlaunch", *args],
         capture_output=True,
         text=True,
-        env=env,
-        cwd=tmp_path,
+        env=full,
+        cwd=tmp,
         check=False,
-        timeout=60,
+        timeout=timeout,
     )
+
+
+def ddlaunch(
+    tmp_path: Path,
+    *args: str,
+    bad_nodes: bool = False,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+    **slurm: str,
+) -> subprocess.CompletedProcess[str]:
+    """One call, the stand-in Slurm commands printing ``slurm`` (``squeue="..."``; none: a
+    cluster that knows no job)."""
+    bin_dir = fake_slurm_bin(tmp_path / "bin", **slurm)
+    return run_cli(tmp_path, bin_dir, args, bad_nodes=bad_nodes, env=env, timeout=timeout)
 
 
 class Cli:
@@ -52,23 +79,7 @@ class Cli:
         (self.bin / "calls.log").unlink(missing_ok=True)
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "PATH": f"{self.bin}:{os.environ['PATH']}",
-            "DDLAUNCH_RUN_ROOT": str(self.root),
-            "DDLAUNCH_BAD_NODES": str(self.tmp / "bad.json"),
-            "NO_COLOR": "1",
-            "COLUMNS": "80",
-        }
-        return subprocess.run(
-            [sys.executable, "-m", "ddlaunch", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=self.tmp,
-            check=False,
-            timeout=300,
-        )
+        return run_cli(self.tmp, self.bin, args, bad_nodes=True, timeout=300)
 
     def submit(self, name: str, job_id: str, *after: str) -> Path:
         self.answer(sbatch=f"{job_id}\n")
