@@ -173,6 +173,31 @@ class Slurm:
                 continue
         return times
 
+    def step_cpu(self, job: str) -> dict[str, float]:
+        """step -> its TotalCPU (s) as accounting has it: ``batch`` (the batch script and
+        what it runs besides srun), ``0`` (the ranks' step)."""
+        out = subprocess.run(
+            ["sacct", "-n", "-P", "-j", job, "-o", "JobID,TotalCPU"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        found: dict[str, float] = {}
+        for line in out.splitlines():
+            step, total = line.split("|")
+            if "." in step and total:
+                found[step.split(".", 1)[1]] = cpu_seconds(total)
+        return found
+
+
+def cpu_seconds(total: str) -> float:
+    """sacct's TotalCPU ([D-][HH:]MM:SS[.mmm]) in seconds."""
+    days, _, clock = total.rpartition("-")
+    seconds = 0.0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + float(part)
+    return seconds + 86400 * int(days or 0)
+
 
 def readable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.R_OK)
@@ -217,6 +242,8 @@ def common(out: Path, slurm: Slurm, first: str, second: str) -> Round:
         "entered": start["entered"],
         "imported": start["imported"],
         "first_step": start["first_step"],
+        "cpu_entered": start["cpu_entered"],
+        "cpu_first_step": start["cpu_first_step"],
     }
     events = slurm.ctld_events()
     if ("complete", first) in events and ("started", second) in events:
@@ -230,6 +257,8 @@ def common(out: Path, slurm: Slurm, first: str, second: str) -> Round:
     if first in accounting and second in accounting:
         row["sacct_end"] = accounting[first][1]
         row["sacct_start"] = accounting[second][0]
+    for step, cpu in slurm.step_cpu(second).items():
+        row[f"cpu_{step}"] = cpu
     return row
 
 
@@ -311,6 +340,14 @@ SEGMENTS: list[tuple[str, str, str]] = [
     ("torch imported -> first step (group, all-reduce)", "imported", "first_step"),
     ("job end -> dependent's start, sacct (whole s)", "sacct_end", "sacct_start"),
 ]
+# CPU seconds of the dependent (not wall time): its rank process up to the entry point and
+# up to the first step (its own rusage), and its job's steps as sacct has them.
+CPU_ROWS: list[tuple[str, str]] = [
+    ("CPU: rank process up to the entry point", "cpu_entered"),
+    ("CPU: rank process up to the first step", "cpu_first_step"),
+    ("CPU: the ranks' step (sacct, whole step)", "cpu_0"),
+    ("CPU: batch step (sacct: script, hooks, watchdog)", "cpu_batch"),
+]
 
 
 def median_span(rows: list[Round], start: str, end: str) -> float | None:
@@ -351,6 +388,12 @@ def report(results: dict[str, list[Round]], loads: list[float], slurm: Slurm) ->
         if all(cell is None for cell in cells):
             continue
         shown = " ".join(f"{'-' if c is None else f'{c:.3f}':>12}" for c in cells)
+        print(f"{label:{width}} {shown}")
+    for label, key in CPU_ROWS:
+        per_side = [[row[key] for row in rows if key in row] for rows in results.values()]
+        if not any(per_side):
+            continue
+        shown = " ".join(f"{f'{statistics.median(v):.3f}' if v else '-':>12}" for v in per_side)
         print(f"{label:{width}} {shown}")
     backfill = {
         names[side]: sum(row["by_backfill"] for row in rows if "by_backfill" in row)

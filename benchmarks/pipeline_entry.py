@@ -3,7 +3,8 @@ stage that records when it starts and when it reaches its first step.
 
 Each function writes one JSON file into ``$BENCH_OUT`` (or ``argv[2]``): wall times from
 ``time.time()``, and the wall time at which this process was started (from
-``/proc/self/stat``, 10 ms resolution) so that the rank's start-up can be told apart.
+``/proc/self/stat``, 10 ms resolution) so that the rank's start-up can be told apart; the
+dependent also records the CPU time its process had used by then.
 
     srun python pipeline_entry.py end|start OUT   # the hand-written chain's ranks
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -30,6 +32,12 @@ def _process_start() -> float:
     ticks = int(stat.rsplit(")", 1)[1].split()[19])
     since = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
     return time.time() - since
+
+
+def _cpu() -> float:
+    """CPU time this process has used so far (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _write(name: str, record: dict[str, float]) -> None:
@@ -58,6 +66,7 @@ def stage_start(config: object = None) -> None:
     """The dependent: the time of its first action, then of its first step (past its first
     all-reduce, torch imported and the process group up, as a training loop would be)."""
     entered = time.time()
+    cpu_entered = _cpu()
     import torch
     import torch.distributed as dist
 
@@ -68,6 +77,7 @@ def stage_start(config: object = None) -> None:
     total = torch.tensor([1.0])
     dist.all_reduce(total)
     first_step = time.time()
+    cpu_first_step = _cpu()
     if created:
         dist.destroy_process_group()
     _write(
@@ -77,6 +87,8 @@ def stage_start(config: object = None) -> None:
             "entered": entered,
             "imported": imported,
             "first_step": first_step,
+            "cpu_entered": cpu_entered,
+            "cpu_first_step": cpu_first_step,
         },
     )
 
