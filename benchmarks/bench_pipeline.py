@@ -371,6 +371,24 @@ def report(results: dict[str, list[Round]], loads: list[float], slurm: Slurm) ->
             f"{side:36} {med:>7.2f}s {min(values):>6.2f}-{max(values):<6.2f} {med / base:>5.2f}x"
             f"  runs {' '.join(f'{v:.2f}' for v in values)}"
         )
+    own = {
+        side: [
+            row["first_step"] - row["work_end"] - (row["job_started"] - row["job_complete"])
+            for row in rows
+            if "job_started" in row
+        ]
+        for side, rows in results.items()
+    }
+    if all(own.values()):
+        own_base = statistics.median(own[HAND])
+        print(
+            "the same without Slurm's release and allocation (job end -> dependent allocated, "
+            "which waits for the scheduler's next pass), median: "
+            + ", ".join(
+                f"{side} {statistics.median(v):.2f}s ({statistics.median(v) / own_base:.2f}x)"
+                for side, v in own.items()
+            )
+        )
     entered = {
         side: statistics.median(row["entered"] - row["work_end"] for row in rows)
         for side, rows in results.items()
