@@ -75,11 +75,9 @@ def hf_reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     proc = run_ddlaunch("submit", str(config), "--local", cwd=tmp, env=env, timeout=300)
     (run_dir,) = (tmp / "runs").iterdir()
     result = json.loads((run_dir / "result.json").read_text())
-    # Known and left alone in the local launcher (submitit's own task runner): native threads
-    # HF Trainer over gloo leaves behind can abort a finished rank at interpreter exit (seen
-    # once in about ten local runs). On Slurm, ddlaunch's task runner exits past them.
-    aborted_at_exit = "terminate called without an active exception" in proc.stdout + proc.stderr
-    assert proc.returncode == 0 or aborted_at_exit, proc.stdout + proc.stderr
+    # Local ranks leave through the same exit path as srun's tasks (worker.leave): a finished
+    # HF rank never aborts in gloo's native teardown, so the run completes.
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert result["global_step"] == STEPS and result["start_step"] == 0
     return result
 
