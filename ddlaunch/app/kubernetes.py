@@ -29,7 +29,7 @@ from ddlaunch.planning.plan import CodePaths
 from ddlaunch.runner import CommandError, Runner, SubprocessRunner
 from ddlaunch.store import submission
 from ddlaunch.store.layout import MANIFEST_FILE, SUBMITIT_DIR
-from ddlaunch.store.rundir import RunDir, new_run_id, resolve_run_root
+from ddlaunch.store.rundir import RunDir, chosen_run_root, new_run_id
 from ddlaunch.store.snapshots import write_snapshot
 
 TARGET = "kubernetes"
@@ -67,7 +67,7 @@ def prepare_objects(
     snapshot a submit would store, ``store`` stores it). ``run_as`` defaults to this user."""
     loaded = load_tree(config, overrides)
     cfg = validate_tree(loaded)
-    root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
+    root = chosen_run_root(run_root, cfg.storage.run_root)
     run_id = run_id or new_run_id(cfg.job.name)
     snap = None
     code = CodePaths(ddlaunch_root=resources.package_root())

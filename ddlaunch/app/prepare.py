@@ -29,7 +29,7 @@ from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
 from ddlaunch.store.chain import PredecessorRecord
-from ddlaunch.store.rundir import check_safe_name, new_run_id, resolve_run_root
+from ddlaunch.store.rundir import check_safe_name, chosen_run_root, new_run_id
 
 if TYPE_CHECKING:
     from ddlaunch.app.chain import Chained
@@ -108,7 +108,7 @@ def prepare_config(
         code = dataclasses.replace(
             code, ddlaunch_root=ddlaunch_root(), home=os.path.expanduser("~")
         )
-    root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
+    root = chosen_run_root(run_root, cfg.storage.run_root)
     plan = make_plan(
         cfg,
         run_id=run_id,
@@ -281,7 +281,7 @@ def _snapshot(
 ) -> Snapshot | None:
     if snapshot == "skip":
         return None
-    root = Path(run_root) if run_root else resolve_run_root(cfg.storage.run_root)
+    root = chosen_run_root(run_root, cfg.storage.run_root)
     where = Path(cfg.launch.workdir or workdir or os.getcwd())
     return take(cfg, root, where, SubprocessRunner(), store=snapshot == "store")
 

@@ -32,7 +32,7 @@ from ddlaunch.store.pipelines import (
     new_pipeline_dir,
     write_pipeline,
 )
-from ddlaunch.store.rundir import default_run_root, is_run_dir
+from ddlaunch.store.rundir import DEFAULT_RUN_ROOT, chosen_run_root, is_run_dir
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def submit_pipeline(
             "a pipeline's stages are Slurm jobs that wait for each other, and there is no "
             "sbatch on PATH here; run it from a login node of the cluster"
         )
-    root = Path(run_root).expanduser() if run_root else default_run_root()
+    root = chosen_run_root(run_root, DEFAULT_RUN_ROOT)
     path = new_pipeline_dir(root, spec.name)
     shutil.copyfile(spec.path, path / PIPELINE_COPY)
     created = time.time()

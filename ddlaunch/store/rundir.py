@@ -57,6 +57,15 @@ def resolve_run_root(configured: str) -> Path:
     return Path(os.path.expandvars(configured)).expanduser().absolute()
 
 
+def chosen_run_root(given: str | None, configured: str) -> Path:
+    """The run root of a submission: ``given`` (``--run-root``) when set, else the config's.
+    Absolute either way: the batch script runs in ``launch.workdir``, not where ``submit``
+    ran, and every path it is given must still name the run directory there."""
+    if given:
+        return Path(os.path.expandvars(given)).expanduser().absolute()
+    return resolve_run_root(configured)
+
+
 def default_run_root() -> Path:
     """The run root when no config names one: $DDLAUNCH_RUN_ROOT or the built-in default."""
     return resolve_run_root(DEFAULT_RUN_ROOT)
