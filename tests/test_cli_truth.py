@@ -53,6 +53,21 @@ def test_logs_says_why_there_is_no_log(tmp_path: Path) -> None:
     assert proc.stderr == "error: run queued has no rank 9: world size 4 (ranks 0-3)\n"
 
 
+def test_logs_of_a_job_that_ended_before_its_script_recorded_anything_says_so(
+    tmp_path: Path,
+) -> None:
+    """A job that failed before its batch script's first lines (a directory it could not
+    open) has no attempt and no log; Slurm says it ended: logs must not say it has not
+    started."""
+    make_run(tmp_path / "runs", "early", "4500", T0)
+    proc = ddlaunch(tmp_path, "logs", "early", squeue="", sacct="4500|FAILED|node1|None\n")
+    assert (proc.returncode, proc.stdout) == (0, "")
+    assert proc.stderr == (
+        "no logs: job 4500 ended FAILED before its batch script recorded an attempt or wrote "
+        "its log (sacct -j 4500 says how it ended)\n"
+    )
+
+
 def test_logs_of_a_sweep_points_to_its_members(tmp_path: Path) -> None:
     from support.rundirs import started_sweep
 

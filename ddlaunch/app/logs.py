@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddlaunch.app.runs import RunInfo, find_member, find_run, read_run
-from ddlaunch.app.status import QUIET_FAILURES, attempt_failure, failures_of, run_failure
+from ddlaunch.app.status import (
+    ACTIVE_STATES,
+    QUIET_FAILURES,
+    attempt_failure,
+    failures_of,
+    run_failure,
+)
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import load_config
 from ddlaunch.errors import UserError
@@ -153,6 +159,30 @@ def not_started(info: RunInfo) -> str:
     return "no log yet: the run has not started"
 
 
+def _ended_unstarted(run_dir: Path, info: RunInfo) -> str | None:
+    """A job that Slurm says has ended though its batch script recorded no attempt (it failed
+    before the script's first lines: a directory it could not open, a node that failed at
+    once): say so, as status does, rather than that it has not started. One queue query,
+    and only for a run with a job and neither an attempt nor an outcome; None otherwise or
+    when Slurm cannot be asked."""
+    if not info.job_id or info.outcome is not None:
+        return None
+    from ddlaunch.app.status_poll import Target, poll  # lazy: logs of a run that started
+    from ddlaunch.slurm.client import SlurmClient, SlurmError
+
+    try:
+        (row,) = poll([Target(run_dir)], SlurmClient(), read=lambda _: info)
+    except SlurmError:
+        return None
+    if row.state in ACTIVE_STATES or row.state in ("UNKNOWN", "SUBMITTED"):
+        return None
+    why = f": {row.failure or row.detail}" if (row.failure or row.detail) else ""
+    return (
+        f"no logs: job {info.job_id} ended {row.state} before its batch script recorded an "
+        f"attempt or wrote its log{why} (sacct -j {info.job_id} says how it ended)"
+    )
+
+
 def _member_not_started(path: Path) -> str:
     found = member_of(path)
     assert found is not None
@@ -192,7 +222,7 @@ def find_logs(ref: str, *, rank: int | None = None, batch: bool = False) -> Logs
             logs.paths, logs.rank = rank_paths(run_dir, info, 0), 0
     if not any(p.exists() for p in logs.paths):
         if not info.attempts:
-            logs.missing = not_started(info)
+            logs.missing = _ended_unstarted(run_dir, info) or not_started(info)
         else:
             which = "the batch script" if batch else f"rank {0 if rank is None else rank}"
             logs.missing = f"no log yet from {which} in {run_dir / LOGS_DIR}"
