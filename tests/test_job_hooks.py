@@ -50,6 +50,30 @@ def test_start_closes_a_cut_off_attempt_and_blames_down_nodes(tmp_path) -> None:
     assert runner.calls == [["sinfo", "-h", "-N", "-o", "%N|%T", "-n", "node1,node2"]]
 
 
+def test_start_of_a_resumed_run_closes_the_other_jobs_attempt_as_slurm_recorded_it(
+    tmp_path,
+) -> None:
+    """The run's last job was killed before its end hook (its batch script SIGKILLed) and the
+    user resumed it as a new job: Slurm requeued nothing, so the attempt is closed as the
+    job ended by Slurm's accounting, not as requeued by Slurm."""
+    run = committed_run(tmp_path, [20, 40])
+    write_attempts(
+        run,
+        [{"attempt": 0, "job_id": "4259", "nodes": "node1", "start": 1.0, "resumed_from": None}],
+    )
+    env = {"SLURM_JOB_ID": "4260", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node2"}
+    # sacct -X -P -n -o JobID,State,NodeList,Reason of a job whose batch script was killed.
+    runner = FakeRunner({"sinfo": "node1|idle\n", "sacct": "4259|FAILED|node1|None\n"})
+    hooks.start(run, SlurmClient(runner), AttemptId.from_env(env), env)
+    first = attempt_json(run)[0]
+    assert first["cause"] == "job ended" and first["blamed"] == []
+    assert first["culprit"] == (
+        "job 4259 ended FAILED before its end hook ran; the run went on as job 4260"
+    )
+    assert first["committed_step"] == 40
+    assert excluded(run) == []
+
+
 def test_end_requeues_a_crash_that_made_progress(tmp_path) -> None:
     run = committed_run(tmp_path, [20, 40])
     write_attempts(run, [{"attempt": 0, "nodes": "node[1-2]", "resumed_from": 20}])

@@ -239,6 +239,7 @@ CAUSE_COLORS = {
     "node failure": "#6a1b9a",
     "requeued by Slurm": "#6a1b9a",
     "cancelled": "#9e9e9e",
+    "job ended": "#9e9e9e",
     "running": "#90a4ae",
 }
 

@@ -130,10 +130,13 @@ def _close_cut_off(
     client: SlurmClient,
     step: int | None,
     settings: HookSettings,
+    job_id: str = "",
 ) -> AttemptRecord:
     """The previous attempt never reached ``end``: Slurm requeued it (a node failure, a
     preemption), or the trainer did after ddlaunch asked it to stop (Lightning's own
-    ``scontrol requeue`` ends the batch shell too)."""
+    ``scontrol requeue`` ends the batch shell too), or, when it ran as another job than this
+    one (``job_id``), that job ended without its end hook and the run went on here
+    (``resume``): Slurm's accounting says how it ended."""
     asked = stops.read_stop_of(run_dir, record)
     prev_nodes = expand(record.nodes or "")
     states = client.node_states(prev_nodes) if prev_nodes else {}
@@ -142,6 +145,14 @@ def _close_cut_off(
     blamed = sorted(set(bad_nodes(states)) | set(dead))
     cause = policy.CAUSE_TRAINER_STOP if asked and not blamed else policy.CAUSE_REQUEUED_BY_SLURM
     extra: dict[str, object] = {"node_states": states}
+    other_job = bool(record.job_id and job_id and record.job_id != job_id)
+    if other_job and not asked:
+        cause = policy.CAUSE_JOB_ENDED
+        row = client.accounting_rows([str(record.job_id)]).get(str(record.job_id))
+        how = f"ended {row.state}" if row is not None and row.state else "ended"
+        extra["culprit"] = (
+            f"job {record.job_id} {how} before its end hook ran; the run went on as job {job_id}"
+        )
     if asked:
         extra.update(signal=asked.signal, stop=asked.why)
         extra["decision"] = "requeued by Slurm (the trainer's own scontrol requeue)"
@@ -196,7 +207,9 @@ def start(
     if records and records[-1].is_open:
         found = latest_checkpoint(run_dir, source)
         step = found.step if found else None
-        records[-1] = _close_cut_off(run_dir, records[-1], client, step, settings)
+        records[-1] = _close_cut_off(
+            run_dir, records[-1], client, step, settings, job_id=attempt.job_id
+        )
     if is_byo(source.kind):
         prepare_restart(run_dir, source, records[-1] if records else None, attempt.key)
     found = latest_checkpoint(run_dir, source)

@@ -30,6 +30,9 @@ CAUSE_SIGNAL = "signal"  # pre-timeout / preemption signal: saved, then requeued
 CAUSE_CRASH = "crash"  # nonzero exit (exception, collective timeout, killed rank)
 CAUSE_REQUEUED_BY_SLURM = "requeued by Slurm"  # node failure (or preemption) before any hook
 CAUSE_NODE_FAILURE = "node failure"  # srun failed and Slurm reports a node of it as bad
+# The job ended before its end hook ran (its batch script killed, a node lost at once) and the
+# run went on in another job (``resume``): Slurm did not requeue it; its accounting says how.
+CAUSE_JOB_ENDED = "job ended"
 # Kubernetes started the pods again before the leader pod concluded (its node died, the
 # JobSet or PyTorchJob restarted them): recorded when the next attempt starts.
 CAUSE_RESTARTED = "restarted by Kubernetes"
