@@ -85,6 +85,27 @@ def test_logs_follow_prints_a_header_at_every_switch_and_stops_at_the_final_stat
     assert proc.stderr.read() == "[ddlaunch] run r: FAILED (crash)\n"  # type: ignore[union-attr]
 
 
+def test_following_a_failed_run_ends_with_the_rank_that_failed(tmp_path: Path) -> None:
+    """The ranks' output a follower prints often ends with a peer's error (rank 0's closed
+    connection); the last lines name the rank that failed, as status and logs do."""
+    run = example_run_dir(tmp_path)
+    (run / "logs" / "rank-0.err").write_text("RuntimeError: Connection closed by peer\n")
+    attempt = {"attempt": 0, "job_id": "5", "restart_count": 0, "start": 1.0, "end": 9.0}
+    (run / "attempts.json").write_text(json.dumps([{**attempt, "cause": "crash"}]))
+    (run / "failures").mkdir()
+    failure = {"rank": 1, "host": "node1", "exception": "ValueError", "message": "boom"}
+    failure |= {"where": "train.py:9", "job_id": "5", "attempt": 0, "time": 5.0}
+    (run / "failures" / "rank-1.json").write_text(json.dumps(failure))
+    write_outcome(run, "FAILED", "crash")
+    proc = ddlaunch("logs", "-f", "r", root=tmp_path)
+    _, err = proc.communicate(timeout=30)
+    assert (proc.returncode, err) == (
+        1,
+        "[ddlaunch] failed: rank 1 on node1: ValueError: boom at train.py:9\n"
+        "[ddlaunch] run r: FAILED (crash)\n",
+    )
+
+
 def test_ctrl_c_detaches_without_cancelling(tmp_path: Path) -> None:
     run = example_run_dir(tmp_path)
     write_submission(run, {"job_ids": ["63"]})

@@ -217,6 +217,9 @@ def _after_last_line(path: Path) -> int | None:
 class RunEnd:
     state: str
     detail: str = ""
+    # The rank that failed, as status and logs name it (the ranks' own output, which a
+    # follower has just printed, often ends with a peer's error, not the cause).
+    failure: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -225,7 +228,16 @@ class RunEnd:
 
     def line(self, run_id: str) -> str:
         detail = f" ({self.detail})" if self.detail else ""
-        return f"[ddlaunch] run {run_id}: {self.state}{detail}"
+        failed = f"[ddlaunch] failed: {self.failure}\n" if self.failure else ""
+        return f"{failed}[ddlaunch] run {run_id}: {self.state}{detail}"
+
+
+def failure_of(run_dir: Path) -> str:
+    """The run's failure headline (``status``'s), "" when none is known."""
+    from ddlaunch.app.runs import read_run  # lazy: only once, when a run has ended badly
+    from ddlaunch.app.status import run_failure
+
+    return run_failure(read_run(run_dir, with_checkpoints=False)) or ""
 
 
 @dataclass
@@ -242,7 +254,9 @@ class RunWatch:
     def ended(self) -> RunEnd | None:
         record = outcome.read_outcome(self.run_dir)
         if record is not None:
-            return RunEnd(record.state or "UNKNOWN", record.reason)
+            state = record.state or "UNKNOWN"
+            failed = failure_of(self.run_dir) if state == "FAILED" else ""
+            return RunEnd(state, record.reason, failed)
         intent = submission.read_intent(self.run_dir)
         if intent is not None and intent.failed:
             return RunEnd("SUBMIT_FAILED", intent.error or "")
@@ -256,7 +270,8 @@ class RunWatch:
         row = poll([Target(self.run_dir)], self.client)[0]
         if row.state in ACTIVE_STATES:
             return None
-        return RunEnd(row.state, row.detail or row.reason or "")
+        failed = (row.failure or "") if row.state == "FAILED" else ""
+        return RunEnd(row.state, row.detail or row.reason or "", failed)
 
 
 def follow(
