@@ -206,7 +206,16 @@ CASES = [
         "yaml_syntax",
         "job:\n  name: [x\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  (top level): invalid YAML: expected ',' or ']', but got ':' (bad.yaml:3)",
+        "  (top level): invalid YAML: while parsing a flow sequence (from line 2, column 9), "
+        "expected ',' or ']', but got ':' (bad.yaml:3:7)",
+    ),
+    (
+        # Left open until the file ends: where it was opened, not the line past the end.
+        "yaml_flow_never_closed",
+        "launch:\n  entrypoint: m:f\njob:\n  name: [x, y\n",
+        [],
+        "  (top level): invalid YAML: a [ list that is never closed; while parsing a flow "
+        "sequence, expected ',' or ']', but got '<stream end>' (bad.yaml:4:9)",
     ),
     (
         "duplicate_key",
@@ -558,3 +567,65 @@ def test_a_contradiction_with_an_invalid_key_stays_hidden(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "bad.yaml")
     assert [issue.path for issue in info.value.issues] == ["nodes.count"]
+
+
+NEVER_CLOSED_QUOTE = """\
+job:
+  name: x
+nodes:
+  count: 1
+  time: "00:05:00
+"""
+
+
+def test_cli_names_where_an_unclosed_quote_starts(tmp_path: Path) -> None:
+    # The parser notices at the end of the file (line 6, past the last line): the message
+    # names the opening quote's line and column, in the parser's words.
+    (tmp_path / "bad1.yaml").write_text(NEVER_CLOSED_QUOTE)
+    proc = _render(tmp_path, "bad1.yaml")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid config (1 error):\n"
+        "  (top level): invalid YAML: a quoted string that is never closed; while scanning a "
+        "quoted scalar, found unexpected end of stream (bad1.yaml:5:9)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "text", "override", "expected"),
+    [
+        # The --set creates the unknown mapping: the file never wrote it.
+        ("exp.yaml", "", "nodez.count=1", "nodez: unknown key; did you mean 'nodes'?"),
+        ("examples/mlp", None, "nodez.count=1", "nodez: unknown key; did you mean 'nodes'?"),
+        # job is the file's (line 2); job.nmae, created on the way to job.nmae.x, is not.
+        ("exp.yaml", "", "job.nmae.x=1", "job.nmae: unknown key; did you mean 'name'?"),
+        (
+            "exp.yaml",
+            "nodes:\n",
+            "nodes.cuont.x=1",
+            "nodes.cuont: unknown key; did you mean 'count'?",
+        ),
+        # The file has nodes: (empty); the --set wrote the wrong value below it.
+        ("exp.yaml", "nodes:\n", "nodes.count=x", "nodes.count: expected an integer, got str 'x'"),
+    ],
+    ids=["new-section", "new-section-on-preset", "new-key-in-section", "below-empty", "type"],
+)
+def test_cli_blames_the_set_for_what_it_created(
+    tmp_path: Path, config: str, text: str | None, override: str, expected: str
+) -> None:
+    if text is not None:
+        (tmp_path / config).write_text(f"defaults: [examples/mlp]\njob:\n  name: x\n{text}")
+    proc = _render(tmp_path, config, "--set", override)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"error: invalid config (1 error):\n  {expected} (--set {override})\n"
+
+
+def test_cli_blames_the_file_for_an_unknown_section_a_set_goes_below(tmp_path: Path) -> None:
+    # The file wrote nodez; a --set that adds a key below it does not move the blame.
+    (tmp_path / "exp.yaml").write_text("defaults: [examples/mlp]\nnodez:\n  a: 1\n")
+    proc = _render(tmp_path, "exp.yaml", "--set", "nodez.count=1")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid config (1 error):\n"
+        "  nodez: unknown key; did you mean 'nodes'? (exp.yaml:2)\n"
+    )

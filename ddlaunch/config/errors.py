@@ -9,7 +9,8 @@ from ddlaunch.errors import UserError
 
 @dataclass(frozen=True)
 class ConfigIssue:
-    """One problem with one key. ``where`` is ``file:line`` or ``--set key=value``."""
+    """One problem with one key. ``where`` is ``file:line`` (``file:line:column`` for a YAML
+    syntax error) or ``--set key=value``."""
 
     path: str
     message: str

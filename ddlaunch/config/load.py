@@ -149,13 +149,31 @@ def _parse(
         loader.dispose()
 
 
+# What was left open when the stream ended, in the words a config's author uses.
+_NEVER_CLOSED = (
+    ("quoted scalar", "a quoted string that is never closed"),
+    ("flow sequence", "a [ list that is never closed"),
+    ("flow mapping", "a { mapping that is never closed"),
+)
+
+
 def _yaml_error(exc: yaml.YAMLError, where: str) -> ConfigError:
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        line = f"{where}:{mark.line + 1}" if mark else where
-        problem = exc.problem or exc.context or "invalid YAML"
-        return ConfigError([ConfigIssue("", f"invalid YAML: {problem}", line)])
-    return ConfigError([ConfigIssue("", f"invalid YAML: {exc}", where)])
+    """The parser's own words, at ``file:line:column`` of where the problem starts: the
+    construct left open when the file ends (the opening quote), else where it was found."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return ConfigError([ConfigIssue("", f"invalid YAML: {exc}", where)])
+    problem, context = exc.problem or "", exc.context or ""
+    started, found = exc.context_mark, exc.problem_mark
+    at_end = "end of stream" in problem or "<stream end>" in problem
+    # The end of the file is no place to fix anything: name where the open construct starts.
+    mark = (started or found) if at_end else (found or started)
+    if context.startswith("while ") and started is not None and mark is not started:
+        context += f" (from line {started.line + 1}, column {started.column + 1})"
+    words = ", ".join(w for w in (context, problem) if w) or "invalid YAML"
+    plain = [text for kind, text in _NEVER_CLOSED if at_end and kind in context]
+    message = "; ".join([*plain[:1], words])
+    line = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
+    return ConfigError([ConfigIssue("", f"invalid YAML: {message}", line)])
 
 
 def read_yaml_file(path: Path) -> tuple[dict[str, object], dict[KeyPath, str]]:
@@ -333,6 +351,38 @@ def _origin(item: str, origin: str | Mapping[str, str] | None) -> str:
     return origin.get(item, default) if origin is not None else default
 
 
+def _set_path(loaded: LoadedTree, path: KeyPath, value: object, where: str) -> ConfigIssue | None:
+    """Set ``path`` to ``value``, creating the mappings on the way, and record ``where`` for
+    what this sets or creates; the issue when a key on the way holds something else."""
+    node = loaded.tree
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            if part not in node:
+                # This --set creates the mapping: a key below it that the schema does not
+                # know (``--set nodez.count=1``) is this --set's, not the file's. One the
+                # file wrote (``nodes:``, empty) keeps the file's line.
+                loaded.locations[path[: i + 1]] = where
+            fresh: dict[str, object] = {}
+            node[part] = fresh
+            node = fresh
+        elif isinstance(child, dict):
+            node = child
+        else:
+            return ConfigIssue(
+                ".".join(path[: i + 1]), "is not a mapping, so it has no sub-keys", where
+            )
+    node[path[-1]] = value
+    # The override owns this key and everything below it.
+    for known in [p for p in loaded.locations if p[: len(path)] == path]:
+        del loaded.locations[known]
+    loaded.locations[path] = where
+    if isinstance(value, dict):
+        for sub in value:
+            loaded.locations[(*path, str(sub))] = where
+    return None
+
+
 def apply_overrides(
     loaded: LoadedTree,
     overrides: Sequence[str],
@@ -361,33 +411,9 @@ def apply_overrides(
         path = tuple(key.split("."))
         drop_replaced(loaded, [path], keep=set_here)
         set_here.append(path)
-        node = loaded.tree
-        for i, part in enumerate(path[:-1]):
-            child = node.get(part)
-            if child is None:
-                fresh: dict[str, object] = {}
-                node[part] = fresh
-                node = fresh
-            elif isinstance(child, dict):
-                node = child
-            else:
-                issues.append(
-                    ConfigIssue(
-                        ".".join(path[: i + 1]),
-                        "is not a mapping, so it has no sub-keys",
-                        where,
-                    )
-                )
-                break
-        else:
-            node[path[-1]] = value
-            # The override owns this key and everything below it.
-            for known in [p for p in loaded.locations if p[: len(path)] == path]:
-                del loaded.locations[known]
-            loaded.locations[path] = where
-            if isinstance(value, dict):
-                for sub in value:
-                    loaded.locations[(*path, str(sub))] = where
+        problem = _set_path(loaded, path, value, where)
+        if problem is not None:
+            issues.append(problem)
     if issues:
         raise ConfigError(issues)
     if overrides:
