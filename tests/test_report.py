@@ -396,3 +396,17 @@ def test_report_draws_the_groups_lanes(tmp_path: Path) -> None:
 
     draw(group_timeline(), tmp_path / "rg.png")
     assert (tmp_path / "rg.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_folder_the_report_cannot_be_written_into_is_one_clear_error(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from support.rundirs import T0, make_run
+    from support.standin_cli import ddlaunch
+
+    attempt = {"attempt": 0, "job_id": "5", "start": T0, "end": T0 + 60, "cause": "completed"}
+    make_run(tmp_path / "runs", "r", "5", T0, attempts=[attempt], outcome=("COMPLETED",))
+    (tmp_path / "file").write_text("")
+    for out, why in (("/proc/nope", "No such file or directory"), ("file/x", "Not a directory")):
+        proc = ddlaunch(tmp_path, "report", "r", "--out", out)
+        assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+        assert proc.stderr == f"error: cannot write the report into {out} (--out): {why}\n"

@@ -11,6 +11,7 @@ from ddlaunch import fsutil
 from ddlaunch.app.report import html_page, load_timeline
 from ddlaunch.app.report_figure import draw  # matplotlib itself only when drawing
 from ddlaunch.app.runs import find_run
+from ddlaunch.errors import UserError
 from ddlaunch.slurm.client import SlurmClient
 
 
@@ -29,10 +30,15 @@ def write_report(run: str, out: str | None = None) -> ReportFiles:
     run_dir = find_run(run)
     t = load_timeline(run_dir, SlurmClient())
     folder = Path(out) if out else run_dir / "report"
-    folder.mkdir(parents=True, exist_ok=True)
-    png = folder / "report.png"
-    draw(t, png)
-    page = html_page(t, base64.b64encode(png.read_bytes()).decode("ascii"))
-    html = folder / "report.html"
-    fsutil.atomic_write_text(html, page)
+    png, html = folder / "report.png", folder / "report.html"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        draw(t, png)
+        page = html_page(t, base64.b64encode(png.read_bytes()).decode("ascii"))
+        fsutil.atomic_write_text(html, page)
+    except OSError as exc:  # a folder that cannot be made or written: the user's to fix
+        where = "--out" if out else "the run directory"
+        raise UserError(
+            f"cannot write the report into {folder} ({where}): {exc.strerror or exc}"
+        ) from None
     return ReportFiles(png, html, tuple(t.problems))
