@@ -68,6 +68,27 @@ def test_logs_of_a_job_that_ended_before_its_script_recorded_anything_says_so(
     )
 
 
+def test_a_pipeline_named_where_a_run_is_expected_points_to_its_stages(tmp_path: Path) -> None:
+    from ddlaunch.store.pipelines import StageRecord, new_pipeline_dir, write_pipeline
+
+    root = tmp_path / "runs"
+    make_run(root, "train-20261205-053322-aa", "500", T0)
+    pipe = new_pipeline_dir(root, "nu-pipe", T0)
+    stages = [
+        StageRecord(name="train", run_id="train-20261205-053322-aa", job_id="500"),
+        StageRecord(name="eval", after=("train",)),
+    ]
+    write_pipeline(pipe, "nu-pipe", "pipe.yaml", T0, stages)
+    expected = (
+        "error: 'nu-pipe' is a pipeline, not a run: name one of its stages' runs: train "
+        f"(train-20261205-053322-aa), eval (not submitted) (ddlaunch status {pipe.name} "
+        "shows them)\n"
+    )
+    for verb in ("logs", "report", "advise", "resume"):
+        proc = ddlaunch(tmp_path, verb, "nu-pipe")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", expected), verb
+
+
 def test_logs_of_a_sweep_points_to_its_members(tmp_path: Path) -> None:
     from support.rundirs import started_sweep
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ddlaunch.errors import UserError
 from ddlaunch.store import (
@@ -35,7 +35,7 @@ from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusab
 from ddlaunch.store.layout import ARRAYS_DIR
 from ddlaunch.store.members import ensure_member_dir, member_of
 from ddlaunch.store.outcome import Outcome
-from ddlaunch.store.pipelines import PIPELINE_FILE
+from ddlaunch.store.pipelines import PIPELINE_FILE, is_pipeline_dir, read_pipeline
 from ddlaunch.store.preflight import LatestVerdicts
 from ddlaunch.store.progress import Progress
 from ddlaunch.store.rundir import (
@@ -132,12 +132,31 @@ def ambiguous_prefix(ref: str, sweep_ids: Sequence[str], run_ids: Sequence[str])
     return f"{ref!r} matches {' and '.join(kinds)} ({shown}{more}); give more of the id"
 
 
+def _a_pipeline(ref: str, path: Path) -> NoReturn:
+    """A pipeline named where a run is expected: its stages' runs are what to name."""
+    found = read_pipeline(path)
+    stages = [
+        f"{s.name} ({s.run_id})" if s.run_id else f"{s.name} (not submitted)"
+        for s in (found.stages if found is not None else ())
+    ]
+    listed = f": {', '.join(stages)}" if stages else ""
+    raise UserError(
+        f"{ref!r} is a pipeline, not a run: name one of its stages' runs{listed} "
+        f"(ddlaunch status {path.name} shows them)"
+    )
+
+
 def _not_a_run(ref: str, root: Path) -> None:
     """A sweep, or a member that has not started, named where a run is expected: say how
     to reach it instead of "no run"."""
     candidates = [Path(ref).expanduser(), root / ref]
     if "/" not in ref and root.is_dir():
         candidates += [p for p in root.glob(f"{ref}*") if is_sweep_dir(p)][:2]
+    if "/" not in ref and root.is_dir():
+        candidates += [p for p in root.glob(f"{ref}*") if is_pipeline_dir(p)][:2]
+    pipelines = {c.absolute() for c in candidates if is_pipeline_dir(c)}
+    if len(pipelines) == 1:
+        _a_pipeline(ref, pipelines.pop())
     sweeps = {c.absolute() for c in candidates if is_sweep_dir(c)}
     if len(sweeps) == 1:
         name = sweeps.pop().name
