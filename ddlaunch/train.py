@@ -330,6 +330,19 @@ class Session:
                 attempt=self.attempt.key,
             )
 
+    def _note_save(self, step: int, reason: str) -> None:
+        """Rank 0: when a save that is no periodic one began (``report`` draws every save;
+        ``advise`` measures the periodic ones only)."""
+        if self.rank == 0:
+            timings.append(
+                self.run_dir,
+                timings.SAVE,
+                step=step,
+                time=time.time(),
+                reason=reason,
+                attempt=self.attempt.key,
+            )
+
     def _saving(self, save: Any, final: bool = False) -> Any:
         """Run a save (or the commit of one); a failure, which every rank sees together,
         stops the run or (on_save_failure: continue) is recorded and training goes on."""
@@ -377,6 +390,7 @@ class Session:
     def _save_and_requeue(self, step: int) -> None:
         self._saving(self.manager.wait)
         meta = {"step": step, "reason": "signal"}
+        self._note_save(step, "signal")
         info = self._saving(lambda: self.manager.save(step, self.state, meta), final=True)
         if info is None:  # async mode: save() only staged it
             self._saving(self.manager.wait, final=True)
@@ -411,6 +425,7 @@ class Session:
         saver = self.replica is None or self.replica.is_saver()
         if saver and final_step is not None and (last is None or last.step != final_step):
             meta = {"step": final_step, "final": True}
+            self._note_save(final_step, "final")
             self._saving(lambda: self.manager.save(final_step, self.state, meta), final=True)
             self._saving(self.manager.wait, final=True)
         self.manager.close()

@@ -179,3 +179,26 @@ def test_advise_on_a_trainer_that_records_no_save_says_so(tmp_path) -> None:
         "save stall (timings.jsonl is written by Session code), so there is no save cost to "
         "advise on\n"
     )
+
+
+def test_the_final_save_is_recorded_for_the_report_and_left_out_of_the_measured_saves(
+    tmp_path: Path,
+) -> None:
+    """A Session run whose last step is no multiple of the interval saves it at close: the
+    line says when and why, without the cost fields that only periodic saves measure."""
+    from support.rundirs import loaded_run_dir
+
+    from ddlaunch.app.advise import _saves
+    from ddlaunch.launch.local import run_local
+
+    run = loaded_run_dir(
+        tmp_path / "r",
+        "examples/mlp",
+        "params.steps=60",
+        "fault_tolerance.checkpoint_every_steps=50",
+    )
+    run_local(run, world_size=1, timeout_s=150)
+    lines = [r for r in timings.read(run) if r.kind == timings.SAVE]
+    assert [(r.step, r.reason) for r in lines] == [(50, None), (60, "final")]
+    assert lines[1].blocking_s is None and lines[1].time is not None
+    assert [s.step for s in _saves(timings.read(run))] == [50]

@@ -16,6 +16,7 @@ import dataclasses
 import html
 import itertools
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -397,17 +398,24 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         and r.step is not None
         and r.kind in (timings.SAVE, timings.FIRST_STEP)
     ]
-    # The watchdog's samples (one per poll in which the step advanced, every
-    # health.heartbeat_interval: a short attempt may have one or none) and the checkpoints'
-    # commit times are both (time, step) points; together they give each attempt its curve.
-    # Each point belongs to the attempt running at its time: a line never bridges a requeue.
-    points = [
+    # Each attempt's curve, from the exact points where it has them: the training code
+    # recorded the time it reached each step it saved at and its first step. Otherwise from
+    # the watchdog's samples (one per poll in which the step advanced; the step as of the
+    # ranks' last beat, up to health.heartbeat_interval older than the poll) and the
+    # checkpoints' commit times (an async save commits after the loop has gone on): neither
+    # is mixed with exact points, whose rates they would bend. A line never bridges a requeue:
+    # each point belongs to the attempt running at its time.
+    exact = [(when, step) for when, step, _ in timed]
+    rough = [
         (float(s.time), s.step)
         for s in watchdog_records.read_samples(run_dir)
         if s.time is not None and s.step is not None
     ]
-    points += [(float(when), int(step)) for step, when in checkpoints]
-    points += [(when, step) for when, step, _ in timed]
+    rough += [(float(when), int(step)) for step, when in checkpoints]
+    timed_attempts = Counter(_attempt_at(info.attempts, when) for when, _ in exact)
+    points = exact + [
+        (when, step) for when, step in rough if timed_attempts[_attempt_at(info.attempts, when)] < 2
+    ]
     samples = [
         {"time": when, "step": step, "job_id": _attempt_at(info.attempts, when)}
         for when, step in sorted(set(points))

@@ -5,6 +5,9 @@ Session code (``ddlaunch advise`` reads it). One JSON line per event, appended:
   checkpoint save;
   ``blocking_s`` the time ``save()`` held the training loop, ``stall_s`` that plus the time
   the steps since the previous save waited for its background copy (async saves);
+* ``{"kind": "save", "step", "time", "reason", "attempt"}``: a save that is no periodic
+  one (``reason``: ``signal``, the save on the stop signal; ``final``, the run's last step):
+  when, not what it cost (it blocks the loop by design), so ``advise`` leaves it out;
 * ``{"kind": "first_step", "step", "time", "attempt"}``: the first finished step of an
   attempt (its restart cost ends there).
 
@@ -33,6 +36,7 @@ FIELDS = {
     "blocking_s": records.NUMBER,
     "stall_s": records.NUMBER,
     "async_save": records.BOOL,
+    "reason": records.TEXT,
     "attempt": records.TEXT,
 }
 
@@ -50,6 +54,7 @@ class Timing(records.Record):
     blocking_s: float | None = None
     stall_s: float | None = None
     async_save: bool | None = None
+    reason: str | None = None
     attempt: str | None = None
 
 
