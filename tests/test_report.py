@@ -415,3 +415,34 @@ def test_a_folder_the_report_cannot_be_written_into_is_one_clear_error(tmp_path:
         proc = ddlaunch(tmp_path, "report", "r", "--out", out)
         assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
         assert proc.stderr == f"error: cannot write the report into {out} (--out): {why}\n"
+
+
+def test_every_failure_is_drawn_each_attempts_and_those_a_resume_archived(
+    tmp_path: Path,
+) -> None:
+    """A rank that failed in three attempts, the first before a resume (which moved the
+    failure records into history/): three failures on the timeline, not the newest alone."""
+    import json
+
+    from support.rundirs import T0, make_run
+
+    crashes = [
+        {"attempt": i, "job_id": job, "start": T0 + 100 * i, "end": T0 + 100 * i + 50}
+        for i, job in enumerate(("5", "6", "6"))
+    ]
+    run = make_run(tmp_path, "r", "6", T0, attempts=[{**c, "cause": "crash"} for c in crashes])
+
+    def line(job: str, attempt: int, at: float) -> str:
+        rec = {"rank": 1, "host": "node1", "exception": "RuntimeError", "message": "boom"}
+        return json.dumps({**rec, "job_id": job, "attempt": attempt, "time": at}) + "\n"
+
+    archived = run / "history" / "20261205-053825-failures"
+    archived.mkdir(parents=True)
+    (archived / "node-node1.jsonl").write_text(line("5", 0, T0 + 40))
+    (run / "failures").mkdir()
+    (run / "failures" / "node-node1.jsonl").write_text(
+        line("6", 0, T0 + 140) + line("6", 1, T0 + 240)
+    )
+    events = [e for e in report.load_timeline(run).events if e.kind == "failure"]
+    assert [e.time for e in events] == [T0 + 40, T0 + 140, T0 + 240]
+    assert {e.label for e in events} == {"rank 1 on node1: RuntimeError"}

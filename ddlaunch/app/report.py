@@ -35,7 +35,7 @@ from ddlaunch.store import staging as staging_records
 from ddlaunch.store import timings
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptRecord
-from ddlaunch.store.failures import is_collateral, read_failures
+from ddlaunch.store.failures import every_failure, is_collateral
 from ddlaunch.store.rundir import checkpoint_source
 
 
@@ -385,9 +385,10 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
     state = row.state
     # Without a readable config (info.problems says so) the checkpoints cannot be found.
     checkpoints = checkpoint_times(run_dir) if info.checkpoint_root is not None else []
-    # Through the store's reader: our own stops (a signal save) are not failures.
+    # Every failure of every attempt, those a resume archived too: our own stops (a signal
+    # save) are not failures.
     failures = [
-        {**dataclasses.asdict(f), "collateral": is_collateral(f)} for f in read_failures(run_dir)
+        {**dataclasses.asdict(f), "collateral": is_collateral(f)} for f in every_failure(run_dir)
     ]
     # Every save and every attempt's first step, as the training code recorded them: the
     # checkpoints on disk are only the last keep_last, the watchdog's samples only Slurm's.

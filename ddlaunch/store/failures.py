@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ddlaunch.policy import attribution
 from ddlaunch.store import records
+from ddlaunch.store.layout import HISTORY_DIR
 
 FAILURES_DIR = "failures"
 # What readers of a rank's record rely on (``store.records.clean``).
@@ -58,16 +59,18 @@ def write_failure(run_dir: str | Path, rank: int, record: Mapping[str, object]) 
         os.close(fd)
 
 
-def _raw_records(run_dir: Path) -> Iterator[tuple[str, object, records.Problem | None]]:
-    """(where, the decoded record, why it could not be read) of every record in the run:
-    each line of the node files, then each earlier-version rank file."""
-    directory = run_dir / FAILURES_DIR
+def _raw_records(
+    run_dir: Path, folder: str = FAILURES_DIR
+) -> Iterator[tuple[str, object, records.Problem | None]]:
+    """(where, the decoded record, why it could not be read) of every record in the run's
+    ``folder``: each line of the node files, then each earlier-version rank file."""
+    directory = run_dir / folder
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return
     for name in names:
-        where = f"{FAILURES_DIR}/{name}"
+        where = f"{folder}/{name}"
         node_file = name.startswith("node-") and name.endswith(".jsonl")
         if not node_file and not (name.startswith("rank-") and name.endswith(".json")):
             continue
@@ -152,6 +155,20 @@ def read_failures(run_dir: Path) -> list[Failure]:
     failures = [f for f in found if f is not None and f.exception not in NOT_FAILURES]
     failures.sort(key=lambda f: (-(f.attempt or 0), -f.relaunch, is_collateral(f), f.time, f.rank))
     return failures
+
+
+def every_failure(run_dir: Path) -> list[Failure]:
+    """Every failure record of the run, oldest first: each rank's in every attempt (not only
+    its newest, as ``read_failures`` keeps), and those a ``resume`` moved into
+    ``history/<stamp>-failures``; ``report`` draws each."""
+    archived = sorted(p.name for p in (run_dir / HISTORY_DIR).glob(f"*-{FAILURES_DIR}"))
+    found = []
+    for folder in (*(f"{HISTORY_DIR}/{name}" for name in archived), FAILURES_DIR):
+        for where, rec, _ in _raw_records(run_dir, folder):
+            failure = _failure(where, rec) if isinstance(rec, dict) else None
+            if failure is not None and failure.exception not in NOT_FAILURES:
+                found.append(failure)
+    return sorted(found, key=lambda f: (f.time, f.rank))
 
 
 def _failure(where: str, rec: Mapping[str, object]) -> Failure | None:
