@@ -27,7 +27,7 @@ from ddlaunch.planning.plan import (
 from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
-from ddlaunch.store.rundir import check_safe_name, new_run_id, resolve_run_root
+from ddlaunch.store.naming import check_safe_name, new_run_id, resolve_run_root
 
 # Only as types: render imports this module, and pays for every module it imports.
 if TYPE_CHECKING:
