@@ -16,7 +16,6 @@ from ddlaunch.config.load import load_tree
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
-from ddlaunch.planning.feasibility import unknown_nodes
 from ddlaunch.planning.plan import (
     After,
     ClusterFacts,
@@ -28,11 +27,12 @@ from ddlaunch.planning.plan import (
 from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
-from ddlaunch.store.chain import PredecessorRecord
-from ddlaunch.store.rundir import check_safe_name, chosen_run_root, new_run_id
+from ddlaunch.store.naming import check_safe_name, chosen_run_root, new_run_id
 
+# Only as types: render imports this module, and pays for every module it imports.
 if TYPE_CHECKING:
     from ddlaunch.app.chain import Chained
+    from ddlaunch.store.chain import PredecessorRecord
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,11 @@ def prepare_submission(
     now = time.time()
     listed = badnodes.submittable_entries(now=now)
     warnings = []
-    unknown = unknown_nodes(facts.partitions, [e.node for e in listed]) if facts.partitions else []
+    unknown = []
+    if facts.partitions:  # probed by submit; render has none, and does not import this
+        from ddlaunch.planning.feasibility import unknown_nodes
+
+        unknown = unknown_nodes(facts.partitions, [e.node for e in listed])
     if unknown:
         warnings.append(
             f"not excluding {', '.join(unknown)} from the bad-node list: no such node in "

@@ -21,7 +21,6 @@ directory's ``snapshot.json`` says which one a run uses.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import shutil
 import stat
@@ -30,12 +29,16 @@ import time
 from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlaunch.config.schema import Config
 from ddlaunch.errors import UserError
 from ddlaunch.runner import Runner
-from ddlaunch.store.snapshots import SNAPSHOTS_DIR, SnapshotRecord
+from ddlaunch.store.layout import SNAPSHOTS_DIR
+
+# The record is written by submit only: render, which names the snapshot, does not load it.
+if TYPE_CHECKING:
+    from ddlaunch.store.snapshots import SnapshotRecord
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class Snapshot:
     untracked: tuple[str, ...] = ()  # git: files not in the snapshot (not ignored, not added)
 
     def record(self) -> SnapshotRecord:
+        from ddlaunch.store.snapshots import SnapshotRecord
+
         return SnapshotRecord.from_json(  # from_json: files None is recorded as null
             {
                 "kind": self.kind,
@@ -70,12 +75,13 @@ def _git(runner: Runner, cwd: Path, *args: str) -> str | None:
     return result.stdout.strip() if result.ok else None
 
 
-def _git_tree(runner: Runner, workdir: Path) -> tuple[Path, str] | None:
-    """(work tree top level, tree hash of the tracked files with uncommitted changes)."""
-    top = _git(runner, workdir, "rev-parse", "--show-toplevel")
-    if not top:
-        return None
-    if _git(runner, workdir, "rev-parse", "--verify", "-q", "HEAD") is None:
+def _git_tree(runner: Runner, workdir: Path, top: str) -> tuple[Path, str] | None:
+    """(work tree top level, tree hash of the tracked files with uncommitted changes).
+    ``top``: the work tree's top level, as ``take`` found it."""
+    # HEAD's tree, which is also the test for a first commit: the snapshot of a clean tree
+    # costs no git command more (render runs these on every call).
+    head = _git(runner, workdir, "rev-parse", "--verify", "-q", "HEAD^{tree}")
+    if head is None:
         return None  # no commit yet
     # `git stash create` commits the index and work tree without touching either (and prints
     # nothing when there is no change). It fails on unmerged paths: then the snapshot would
@@ -87,8 +93,8 @@ def _git_tree(runner: Runner, workdir: Path) -> tuple[Path, str] | None:
             f"launch.snapshot git: `git stash create` failed in {top}: {said} (unmerged "
             "paths? resolve them, or use launch.snapshot: copy or none)"
         )
-    commit = stash.stdout.strip() or "HEAD"
-    tree = _git(runner, workdir, "rev-parse", f"{commit}^{{tree}}")
+    commit = stash.stdout.strip()
+    tree = _git(runner, workdir, "rev-parse", f"{commit}^{{tree}}") if commit else head
     return (Path(top), tree) if tree else None
 
 
@@ -110,6 +116,8 @@ def _walk(source: Path, patterns: tuple[str, ...], skip: set[Path]) -> list[Path
 
 
 def _copy_id(source: Path, files: list[Path]) -> str:
+    import hashlib  # only copy snapshots hash files; render of a git snapshot need not load it
+
     digest = hashlib.sha256()
     for path in files:
         info = os.lstat(path)
@@ -248,11 +256,12 @@ def _check_entry(
     )
 
 
-def kind_for(cfg: Config, workdir: Path, runner: Runner) -> str:
-    """``launch.snapshot`` with auto resolved: git in a git work tree, else none."""
+def kind_for(cfg: Config, top: str | None) -> str:
+    """``launch.snapshot`` with auto resolved: git in a git work tree (``top``: its top
+    level, None outside one), else none."""
     kind = cfg.launch.snapshot
     if kind == "auto":
-        return "git" if _git(runner, workdir, "rev-parse", "--show-toplevel") else "none"
+        return "git" if top else "none"
     return kind
 
 
@@ -262,12 +271,15 @@ def take(
     """The snapshot of ``workdir`` for ``cfg`` (None for launch.snapshot none); stored under
     ``run_root`` unless ``store`` is false (``render``: its path, nothing written)."""
     started = time.monotonic()
-    kind = kind_for(cfg, workdir, runner)
+    # The work tree's top level, asked once: auto needs it to choose, git to snapshot.
+    asks_git = cfg.launch.snapshot in ("auto", "git")
+    top = _git(runner, workdir, "rev-parse", "--show-toplevel") if asks_git else None
+    kind = kind_for(cfg, top)
     if kind == "none":
         return None
     root = run_root / SNAPSHOTS_DIR
     if kind == "git":
-        found = _git_tree(runner, workdir)
+        found = _git_tree(runner, workdir, top) if top else None
         if found is None:
             raise UserError(
                 f"launch.snapshot is git but {workdir} is not in a git work tree with a commit "

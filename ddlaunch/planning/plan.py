@@ -11,9 +11,9 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from ddlaunch.config.errors import ConfigError, ConfigIssue
-from ddlaunch.config.parallel import degrees_of
 from ddlaunch.config.schema import Config
 from ddlaunch.config.trainers import NO_SIGNAL, is_byo, placeholders, substitute
 from ddlaunch.config.validate import parse_duration
@@ -21,9 +21,14 @@ from ddlaunch.planning import fabric, topology
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR, Mount, container_launch
 from ddlaunch.planning.rank_logs import NODE_LOGS, rank_log_layout
 from ddlaunch.planning.tracking import tracking_env
-from ddlaunch.policy.chain import Edge, dependency
-from ddlaunch.slurm.partitions import PartitionFacts
 from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_FILE, SUBMITIT_DIR
+
+# Only as types, or imported where a plan needs them (submit --after, replica groups):
+# ``render`` imports this module, and each module costs it start-up time (policy.chain alone
+# builds eight dataclasses).
+if TYPE_CHECKING:
+    from ddlaunch.policy.chain import Edge
+    from ddlaunch.slurm.partitions import PartitionFacts
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,7 @@ def sbatch_directives(
         ("--mem-per-cpu", nodes.mem_per_cpu),
         ("--mem-per-gpu", nodes.mem_per_gpu),
         ("--constraint", job.constraint),
-        ("--dependency", dependency(edges, job.dependency)),
+        ("--dependency", _dependency(edges, job.dependency)),
         ("--mail-user", job.mail_user),
         ("--mail-type", job.mail_type),
     ):
@@ -452,6 +457,16 @@ def _rank_order_args(cfg: Config) -> list[str]:
     return []
 
 
+def _dependency(edges: Sequence[Edge], configured: str | None) -> str | None:
+    """``policy.chain.dependency``, imported only when there are ``--after`` edges: without
+    them the value is ``job.dependency`` as configured."""
+    if not edges:
+        return configured or None
+    from ddlaunch.policy.chain import dependency
+
+    return dependency(edges, configured)
+
+
 def format_argv(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
@@ -461,6 +476,8 @@ def replica_groups(cfg: Config) -> ReplicaSupervision | None:
     ft = cfg.fault_tolerance
     if ft.mode != "replica_groups":
         return None
+    from ddlaunch.config.parallel import degrees_of  # only replica groups need the degrees
+
     groups = degrees_of(cfg).dp_replicate
     return ReplicaSupervision(
         groups=groups,

@@ -12,6 +12,9 @@ HISTORY_DIR = "history"  # earlier configs and scripts of a resumed run
 ARRAYS_DIR = "arrays"  # a sweep's arrays/<n>.sbatch and arrays/<n>.json
 MEMBERS_DIR = "members"  # a sweep's members/<i>/: each a run directory
 LOCK_FILE = ".ddlaunch.lock"  # held (flock) by the command that resubmits the run or sweep
+# <run root>/.snapshots/<id>: the code snapshots (app.snapshot); the dot keeps them out of
+# run listings. render names one without reading or writing a record.
+SNAPSHOTS_DIR = ".snapshots"
 
 # Set in the pods of --target kubernetes (planning.kubernetes, job.pod) and read by
 # ``attempts.AttemptId.from_env``: the JobSet's or PyTorchJob's name, the attempt number.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,58 +38,22 @@ if TYPE_CHECKING:
     from ddlaunch.checkpoint import adapters
     from ddlaunch.checkpoint.layout import CheckpointInfo
 
-# Re-exported: the run directory's layout names, for the modules that import this one.
+# Re-exported for the modules that import this one: the run directory's layout names, and
+# where runs live and what they are called (store.naming).
 from ddlaunch.store.layout import CHECKPOINTS_DIR as CHECKPOINTS_DIR
 from ddlaunch.store.layout import CONFIG_FILE as CONFIG_FILE
 from ddlaunch.store.layout import HISTORY_DIR as HISTORY_DIR
 from ddlaunch.store.layout import LOGS_DIR as LOGS_DIR
 from ddlaunch.store.layout import SCRIPT_FILE as SCRIPT_FILE
 from ddlaunch.store.layout import SUBMITIT_DIR as SUBMITIT_DIR
-
-DEFAULT_RUN_ROOT = "~/ddlaunch/runs"
-
-
-def resolve_run_root(configured: str) -> Path:
-    """$DDLAUNCH_RUN_ROOT replaces the built-in default; an explicit config value wins."""
-    if configured == DEFAULT_RUN_ROOT and os.environ.get("DDLAUNCH_RUN_ROOT"):
-        configured = os.environ["DDLAUNCH_RUN_ROOT"]
-    return Path(os.path.expandvars(configured)).expanduser().absolute()
-
-
-def chosen_run_root(given: str | None, configured: str) -> Path:
-    """The run root of a submission: ``given`` (``--run-root``) when set, else the config's.
-    Absolute either way: the batch script runs in ``launch.workdir``, not where ``submit``
-    ran, and every path it is given must still name the run directory there."""
-    if given:
-        return Path(os.path.expandvars(given)).expanduser().absolute()
-    return resolve_run_root(configured)
-
-
-def default_run_root() -> Path:
-    """The run root when no config names one: $DDLAUNCH_RUN_ROOT or the built-in default."""
-    return resolve_run_root(DEFAULT_RUN_ROOT)
-
-
-def new_run_id(job_name: str, now: float | None = None) -> str:
-    """``<job name>-<date>-<time>-<8 hex digits>``. 32 random bits: 50 submits of one job
-    name in one second collide with probability 3e-7 (16 bits, as before: 1.9 %, measured
-    by ``benchmarks/bench_run_ids.py``); a collision is still caught when the directory is
-    renamed into place (``RunIdTaken``) and the submission takes a fresh id."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return f"{job_name}-{stamp}-{os.urandom(4).hex()}"  # not secrets: its import costs
-
-
-# A name that becomes one path component (a run id, a sweep id, a job name inside them):
-# no "/", no leading "." or "-", nothing sbatch expands in --output (%) or a shell treats
-# specially.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$")
-SAFE_NAME_EXPECTED = "letters, digits and _ . + - (not starting with . or -), at most 200"
-
-
-def check_safe_name(name: str, what: str) -> str:
-    if not SAFE_NAME.match(name):
-        raise UserError(f"{what} {name!r} must be {SAFE_NAME_EXPECTED}: it becomes a path")
-    return name
+from ddlaunch.store.naming import DEFAULT_RUN_ROOT as DEFAULT_RUN_ROOT
+from ddlaunch.store.naming import SAFE_NAME as SAFE_NAME
+from ddlaunch.store.naming import SAFE_NAME_EXPECTED as SAFE_NAME_EXPECTED
+from ddlaunch.store.naming import check_safe_name as check_safe_name
+from ddlaunch.store.naming import chosen_run_root as chosen_run_root
+from ddlaunch.store.naming import default_run_root as default_run_root
+from ddlaunch.store.naming import new_run_id as new_run_id
+from ddlaunch.store.naming import resolve_run_root as resolve_run_root
 
 
 class RunIdTaken(UserError):

@@ -10,8 +10,8 @@ from typing import ClassVar
 
 from ddlaunch import fsutil
 from ddlaunch.store import records
+from ddlaunch.store.layout import SNAPSHOTS_DIR as SNAPSHOTS_DIR
 
-SNAPSHOTS_DIR = ".snapshots"
 SNAPSHOT_FILE = "snapshot.json"
 # What readers of the record rely on (``store.records.clean``).
 FIELDS = {
