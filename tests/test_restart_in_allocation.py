@@ -432,4 +432,33 @@ def test_rank_0_names_the_attempt_as_status_does(tmp_path: Path) -> None:
         1, AttemptId("9", 0, "9", 1), nodes="n1", host="n1", resumed_from=20
     )
     write_attempts(tmp_path, [first, again])
-    assert (_attempt_said(0, tmp_path), _attempt_said(1, tmp_path)) == (" attempt 1", "")
+    env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "DDLAUNCH_RELAUNCH": "1"}
+    assert (_attempt_said(0, tmp_path, env), _attempt_said(1, tmp_path, env)) == (" attempt 1", "")
+
+
+def test_rank_0_waits_for_its_own_attempts_record(tmp_path: Path) -> None:
+    """The start hook opens the record beside the ranks' start: read too early, the record
+    before named the attempt before (or none); rank 0 waits for its own."""
+    import threading
+    import time
+
+    from ddlaunch.worker.rank import _attempt_said
+
+    first = attempts.new_record(0, AttemptId("9", 0, "9"), nodes="n1", host="n1", resumed_from=None)
+    again = attempts.new_record(
+        1, AttemptId("9", 0, "9", 1), nodes="n1", host="n1", resumed_from=20
+    )
+    write_attempts(tmp_path, [first])
+    env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "DDLAUNCH_RELAUNCH": "1"}
+    opener = threading.Timer(0.3, write_attempts, (tmp_path, [first, again]))
+    opener.start()
+    began = time.monotonic()
+    assert _attempt_said(0, tmp_path, env) == " attempt 1"
+    assert 0.2 < time.monotonic() - began < 4
+    opener.join()
+    # No record of its own within the wait: no attempt named; a local run's is there before.
+    write_attempts(tmp_path, [first])
+    assert _attempt_said(0, tmp_path, env, wait_s=0.3) == ""
+    local = attempts.new_record(0, AttemptId("", 0), nodes="h", host="h", resumed_from=None)
+    write_attempts(tmp_path, [local])
+    assert _attempt_said(0, tmp_path, {}) == " attempt 0"

@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,14 +135,32 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _attempt_said(rank: int, run_dir: Path) -> str:
-    """`` attempt 1``, numbered as ``status`` numbers attempts (the start hook opened this
-    one's record): said by rank 0 alone, so one rank reads the record, not every rank.
-    Slurm's restart count would not do: a restart inside the allocation keeps it."""
+# How long rank 0 waits for the start hook (which runs beside srun, a fraction of a second
+# as a rule) to open this attempt's record before it names the attempt.
+ATTEMPT_RECORD_WAIT_S = 5.0
+
+
+def _attempt_said(
+    rank: int, run_dir: Path, env: Mapping[str, str], wait_s: float = ATTEMPT_RECORD_WAIT_S
+) -> str:
+    """`` attempt 1``, numbered as ``status`` numbers attempts: the record the start hook
+    opened for this attempt (its job, Slurm's restart count and the restart inside the
+    allocation), waited for, since the hook runs beside the ranks and the record before the
+    hook's would name the attempt before (or none). Said by rank 0 alone, so one rank reads
+    the record, not every rank. Nothing said when no record comes (a local run has none)."""
     if rank != 0:
         return ""
-    opened = attempts.load(run_dir)
-    return f" attempt {len(opened) - 1}" if opened else ""
+    attempt = AttemptId.from_env(env)
+    deadline = time.monotonic() + (wait_s if attempt.job_id else 0.0)
+    while True:
+        opened = attempts.load(run_dir)
+        for index in range(len(opened) - 1, -1, -1):
+            if attempt.matches(opened[index]):
+                number = opened[index].attempt
+                return f" attempt {index if number is None else number}"
+        if time.monotonic() >= deadline:
+            return ""
+        time.sleep(0.1)
 
 
 def run_rank(run_dir: str) -> dict[str, Any]:
@@ -158,7 +176,7 @@ def run_rank(run_dir: str) -> dict[str, Any]:
         said = f"{rank} (group {group.group}: rank {d.rank}/{d.world_size})"
     print(
         f"[ddlaunch] rank {said} local {d.local_rank} host {host} "
-        f"job {d.job_id}{_attempt_said(rank, Path(run_dir))}",
+        f"job {d.job_id}{_attempt_said(rank, Path(run_dir), os.environ)}",
         flush=True,
     )
     try:
