@@ -101,3 +101,67 @@ def test_split_arrays() -> None:
     assert split_arrays(list(range(5)), 2) == [(0, 1), (2, 3), (4,)]
     assert split_arrays(list(range(5)), None) == [(0, 1, 2, 3, 4)]
     assert split_arrays([3, 9], 101) == [(3, 9)]
+
+
+def test_a_set_on_a_swept_key_is_refused_naming_both_places(tmp_path: Path, base: Path) -> None:
+    # Each member's axis value would replace the --set: member 1 would run with 5.
+    path = sweep_file(tmp_path, "grid:\n  params.crash_at: [-1, 5]\n")
+    with pytest.raises(SweepFileError) as err:
+        parse_sweep_file(path, extra_set=["params.crash_at=-1"])
+    assert str(err.value) == (
+        "invalid sweep file (1 error):\n"
+        "  params.crash_at: --set params.crash_at=-1 is swept by grid.params.crash_at too, "
+        "whose values would replace it in every member; drop the --set, or remove the axis "
+        f"from the sweep file ({path}:3)"
+    )
+    # The sweep file's own set: names its line; a zip, the list and the seeds as well.
+    path = sweep_file(
+        tmp_path,
+        "set: [params.lr=0.1, params.steps=5]\n"
+        "zip:\n  params.lr: [1, 2]\n  params.b: [1, 2]\n"
+        "list:\n  - {params.steps: 9}\n"
+        "seeds: 2\n",
+    )
+    with pytest.raises(SweepFileError) as err:
+        parse_sweep_file(path, extra_set=["params.seed=3"])
+    assert str(err.value).splitlines() == [
+        "invalid sweep file (3 errors):",
+        f"  params.lr: set: params.lr=0.1 ({path}:2) is swept by zip too, whose values would "
+        f"replace it in every member; drop it from set:, or remove the axis ({path}:4)",
+        f"  params.steps: set: params.steps=5 ({path}:2) is swept by list too, whose values "
+        f"would replace it in every member; drop it from set:, or remove the axis ({path}:6)",
+        "  params.seed: --set params.seed=3 is swept by seeds too, whose values would replace "
+        f"it in every member; drop the --set, or remove the axis from the sweep file ({path}:8)",
+    ]
+
+
+def test_a_set_inside_a_swept_mapping_is_refused_one_around_it_is_not(
+    tmp_path: Path, base: Path
+) -> None:
+    path = sweep_file(tmp_path, "grid:\n  params.opt: [{lr: 1}, {lr: 2}]\n")
+    # The axis replaces params.opt whole: the --set's params.opt.momentum would be lost.
+    with pytest.raises(SweepFileError, match=r"params\.opt\.momentum: --set params\.opt\."):
+        parse_sweep_file(path, extra_set=["params.opt.momentum=0.9"])
+    # A --set of the mapping around an axis' key is completed by the axis, not replaced.
+    spec = parse_sweep_file(path, extra_set=["params={steps: 3}"])
+    assert spec.common == ("params={steps: 3}",)
+
+
+def test_a_cli_set_over_the_files_set_replaces_it(tmp_path: Path, base: Path) -> None:
+    path = sweep_file(tmp_path, "set: [params.steps=5]\nseeds: 2\n")
+    spec = parse_sweep_file(path, extra_set=["params.steps=7"])
+    assert spec.common == ("params.steps=5", "params.steps=7")  # applied in order: 7
+
+
+def test_a_set_some_list_entries_override_is_the_others_value(tmp_path: Path, base: Path) -> None:
+    # The worked example of the docs: steps 200 for every member but the first entry's.
+    path = sweep_file(
+        tmp_path,
+        "set: [params.steps=200]\n"
+        "list:\n  - {params.momentum: 0.9, params.steps: 400}\n  - [params.momentum=0.0]\n",
+    )
+    for extra in ((), ("params.steps=300",)):
+        spec = parse_sweep_file(path, extra_set=extra)
+        assert spec.common == ("params.steps=200", *extra)
+        labels = [m.label for m in expand(spec)]
+        assert labels == ["params.momentum=0.9 params.steps=400", "params.momentum=0.0"]

@@ -39,6 +39,7 @@ from ddlaunch.store.sweeps import (
     member_overrides,
     member_run_dirs,
     packed_config_text,
+    packed_config_tree,
 )
 from ddlaunch.sweeps.packing import CONFIG_FIELDS, packed_members
 from ddlaunch.sweeps.prepare import prepare_sweep
@@ -209,6 +210,10 @@ def test_packed_config_is_the_yaml_dump_of_the_config(tmp_path: Path, params: st
     for i, cfg in enumerate(prepared.configs):
         assert cfg.storage.checkpoint_dir == f"/ckpt/sw/{i}"
         assert packed_config_text(packed, i) == yaml.safe_dump(to_plain(cfg), sort_keys=False)
+        # what status compares a member's current config with, without the YAML round trip
+        assert yaml.safe_dump(packed_config_tree(packed, i), sort_keys=False) == (
+            packed_config_text(packed, i)
+        )
     # one layout per validation group: nodes.count x (job.time or not) = 4, and each of the
     # 2 x 3 x 2 x 2 members replacing params whole (their other params.* are validated too)
     assert len(packed["layouts"]) == len(set(prepared.groups)) == 4 + 24
@@ -421,3 +426,39 @@ def test_a_resubmitted_array_keeps_the_sweeps_job_name(tmp_path: Path) -> None:
     )
     (array,) = arrays
     assert "#SBATCH --job-name=lr-search\n" in array.script
+
+
+def test_a_members_label_follows_its_config_through_resubmissions(tmp_path: Path) -> None:
+    runner = FakeRunner({("sbatch",): sbatch_ids("720", "721", "722", "723"), ("git",): ok()})
+    prepared, _ = submitted_sweep(tmp_path, runner, members=3, max_size=None)
+
+    def resubmit(index: int, *overrides: str) -> list[str]:
+        configs, arrays, sources = plan_resubmission(
+            prepared.sweep_dir,
+            [index],
+            workdir=str(tmp_path),
+            facts=ClusterFacts(),
+            overrides=overrides,
+        )
+        resubmit_members(prepared.sweep_dir, [index], configs, arrays, sources, SlurmClient(runner))
+        return [label for label, _ in member_run_dirs(prepared.sweep_dir)]
+
+    # Resubmitted as it was: nothing changed, nothing marked.
+    assert resubmit(0) == ["params.lr=0", "params.lr=1", "params.lr=2"]
+    # A swept key changed in place, a key of the base after the member's own, a new key.
+    assert resubmit(1, "params.lr=0.5", "params.nested.a=2", "params.extra=[1, x]") == [
+        "params.lr=0",
+        "params.lr=0.5 (was 1) params.nested.a=2 (was 1) params.extra=[1, x] (was unset)",
+        "params.lr=2",
+    ]
+    # Set back to the sweep's values: the member runs as the sweep made it again.
+    assert resubmit(1, "params.lr=1", "params.nested={a: 1}") == [
+        "params.lr=0",
+        "params.lr=1 params.extra=[1, x] (was unset)",
+        "params.lr=2",
+    ]
+    # A type change shows (1 and 1.0 differ as --set values do); sweep status agrees.
+    resubmit(2, "params.lr=2.0")
+    runner.answers = {("squeue",): ok("")}
+    rows = collect(prepared.sweep_dir, SlurmClient(runner))
+    assert rows[2].overrides == "params.lr=2.0 (was 2)"

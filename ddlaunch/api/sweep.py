@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MemberState:
-    """One member as ``ddlaunch sweep status SWEEP --json`` prints it: its number, the
-    overrides that make it, its run directory (absent until it starts), its job, state,
-    step, checkpoint step, attempts, the sweep's metric from its result, and a note."""
+    """One member as ``ddlaunch sweep status SWEEP --json`` prints it: its number, its
+    overrides as it runs now (``key=now (was before)`` for a key changed since the sweep made
+    it, e.g. by ``resubmit(set=...)``), its run directory (absent until it starts), its job,
+    state, step, checkpoint step, attempts, the sweep's metric from its result, and a note."""
 
     index: int
     overrides: str
@@ -36,8 +37,8 @@ class MemberState:
 
 @dataclass(frozen=True)
 class Member:
-    """One member as the sweep defines it (no Slurm call): its number, the overrides that
-    make it, and the run directory it has once it started."""
+    """One member as the sweep defines it (no Slurm call): its number, its overrides as it
+    runs now (as ``MemberState``'s), and the run directory it has once it started."""
 
     index: int
     overrides: str

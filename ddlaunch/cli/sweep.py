@@ -194,7 +194,9 @@ def submit(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(sweep_ref: str, as_json: bool) -> None:
     """One row per member (overrides, state, step, checkpoint, metric) and a summary line.
-    The states come from one squeue call for all the sweep's arrays."""
+    The states come from one squeue call for all the sweep's arrays. A member's overrides
+    read as it runs now: a key changed since by `resubmit --set` shows `key=now (was
+    before)`."""
     from ddlaunch.cli.terminal import Terminal, table_width
     from ddlaunch.sweeps.status import summary, sweep_status
 

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, NotRequired, TypedDict, cast
 
 from ddlaunch.errors import UserError
 from ddlaunch.store import records
-from ddlaunch.store.layout import ARRAYS_DIR, MEMBERS_DIR
+from ddlaunch.store.layout import ARRAYS_DIR, CONFIG_FILE, HISTORY_DIR, MEMBERS_DIR
 
 SWEEP_FILE = "sweep.yaml"  # the sweep file as given
 MEMBERS_FILE = "members.json"
@@ -218,13 +218,11 @@ def read_members(path: Path) -> Packed:
 
 
 def member_run_dirs(path: Path) -> list[tuple[str, Path]]:
-    """(label of the member's overrides, its run directory) for every member, in order.
-    A member's directory exists once it started (``start_task``)."""
-    overrides = member_overrides(read_members(path))
-    return [
-        (member_label(texts), path / MEMBERS_DIR / str(index))
-        for index, texts in enumerate(overrides)
-    ]
+    """(label of the member's overrides as it runs now, ``member_labels``, its run
+    directory) for every member, in order. A member's directory exists once it started
+    (``start_task``)."""
+    labels = member_labels(path, read_members(path))
+    return [(label, path / MEMBERS_DIR / str(index)) for index, label in enumerate(labels)]
 
 
 def array_records(sweep_dir: Path) -> list[ArrayRecord]:
@@ -312,6 +310,132 @@ def member_label(overrides: list[str]) -> str:
     return " ".join(overrides) or "(base)"
 
 
+def format_value(value: Any) -> str:
+    """``value`` as ``--set`` text that YAML-types back to the same value."""
+    import json
+    import math
+
+    import yaml
+
+    from ddlaunch.config.load import parse_yaml_value
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
+    text = text.removesuffix("\n...").removesuffix("...").strip()
+    try:
+        same = parse_yaml_value(text)
+    except yaml.YAMLError:
+        same = None
+    if same == value and type(same) is type(value):
+        return text
+    # e.g. the string "3e-4", which ddlaunch's YAML would read as a float: quote it (JSON
+    # strings are YAML double-quoted scalars).
+    return json.dumps(value)
+
+
+def member_labels(sweep_dir: Path, packed: Packed) -> list[str]:
+    """Every member's overrides as it runs now, in member order. A member's config may have
+    changed since the sweep made it (``sweep resubmit --set``, ``resume --set`` of the
+    member: both keep the previous config in its ``history/``); then each key whose value
+    differs from the config the sweep gave it reads ``key=now (was before)``: its own
+    overrides in place, any other key after them (``key unset``, ``(was unset)``: gone, new).
+    Only the members that have a ``history/`` are read (one stat per started member)."""
+    labels = [member_label(texts) for texts in member_overrides(packed)]
+    members = sweep_dir / MEMBERS_DIR
+    try:
+        started = os.listdir(members)
+    except OSError:
+        return labels
+    for name in started:
+        if not name.isdigit() or int(name) >= len(labels):
+            continue
+        run = members / name
+        if os.path.isdir(run / HISTORY_DIR):
+            labels[int(name)] = (
+                _label_now(packed, int(name), run / CONFIG_FILE) or labels[int(name)]
+            )
+    return labels
+
+
+_UNSET: Any = object()
+# config.yaml -> its version and the label it gives (a poll reads each changed member once).
+_labels_cache: dict[Path, tuple[_Stamp, str | None]] = {}
+
+
+def _label_now(packed: Packed, index: int, config: Path) -> str | None:
+    """Member ``index``'s overrides against its current ``config`` (None: unreadable),
+    computed once per version of the file (``members.json`` does not change)."""
+    stamp = _stamp(config)
+    hit = _labels_cache.get(config)
+    if hit is not None and _valid(hit[0], stamp):
+        return hit[1]
+    label = _compare(packed, index, config)
+    if stamp is not None:
+        _labels_cache[config] = (stamp, label)
+    return label
+
+
+def _compare(packed: Packed, index: int, config: Path) -> str | None:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        now = yaml.load(config.read_text(encoding="utf-8"), Loader=loader)
+        was = packed_config_tree(packed, index)
+    except (OSError, ValueError, KeyError, yaml.YAMLError):
+        return None
+    if not isinstance(now, dict):
+        return None
+    texts, _ = _member_table(packed, index)
+    own = [t.partition("=")[0] for t in texts]
+    parts = []
+    for text, key in zip(texts, own, strict=True):
+        before, after = _at(was, key), _at(now, key)
+        parts.append(text if _same(before, after) else _changed(key, after, before))
+    for key, before, after in _changes(was, now, ""):
+        if not any(key == k or key.startswith(f"{k}.") for k in own):
+            parts.append(_changed(key, after, before))
+    return member_label(parts)
+
+
+def _at(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _UNSET
+        node = node[part]
+    return node
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of the same types (1, 1.0 and true differ, as ``--set`` texts do)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b or (a != a and b != b))  # nan is nan
+
+
+def _changes(was: Any, now: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """(key, before, after) of every leaf that differs, in the current config's order."""
+    if isinstance(was, dict) and isinstance(now, dict) and (was or now):
+        keys = [*now, *(k for k in was if k not in now)]
+        return [
+            change
+            for k in keys
+            for change in _changes(was.get(k, _UNSET), now.get(k, _UNSET), f"{prefix}{k}.")
+        ]
+    return [] if _same(was, now) else [(prefix[:-1], was, now)]
+
+
+def _changed(key: str, now: Any, was: Any) -> str:
+    before = "unset" if was is _UNSET else format_value(was)
+    if now is _UNSET:
+        return f"{key} unset (was {before})"
+    return f"{key}={format_value(now)} (was {before})"
+
+
 def own_params_positions(keys: Sequence[str]) -> list[int]:
     """Which of a member's overrides (by their keys) it applies on its group's params.
 
@@ -387,6 +511,29 @@ def packed_config_text(packed: Packed, index: int) -> str:
             text = dump_section(name, storage)
         parts.append(dump_section(name, entry["value"]) if text is None else text)
     return "".join(parts)
+
+
+def packed_config_tree(packed: Packed, index: int) -> dict[str, Any]:
+    """Member ``index``'s resolved config as ``packed_config_text`` writes it, as the
+    mapping that text loads to (without writing it: its sections' values are shared with
+    the cached ``members.json``, read them only)."""
+    overrides, layout = _member_table(packed, index)
+    sections = packed["sections"]
+    checkpoint_root = layout.get("checkpoint_root")
+    tree: dict[str, Any] = {}
+    for name, number in layout["sections"].items():
+        entry = sections[number]
+        text: str | None = entry.get("yaml")
+        value = entry["value"] if text is None else _load_section(name, text)
+        if name == "params":
+            keys = [t.partition("=")[0] for t in overrides]
+            own = [overrides[i] for i in own_params_positions(keys)]
+            if own:
+                value = _with_params(dict(value), own)
+        elif name == "storage" and checkpoint_root:
+            value = {**value, "checkpoint_dir": str(PurePosixPath(checkpoint_root) / str(index))}
+        tree[name] = value
+    return tree
 
 
 def _with_params(params: dict[str, object], texts: list[str]) -> dict[str, object]:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -62,6 +61,7 @@ from ddlaunch.config.load import (
     resolve_config_name,
 )
 from ddlaunch.errors import UserError
+from ddlaunch.store.sweeps import format_value as format_value
 
 DEFAULT_METRIC = "final_loss"
 DEFAULT_SEED_KEY = "params.seed"
@@ -85,21 +85,6 @@ class SweepFileError(UserError):
 
 
 # ----------------------------------------------------------------------------- overrides
-
-
-def format_value(value: Any) -> str:
-    """``value`` as ``--set`` text that YAML-types back to the same value."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip()
-    text = text.removesuffix("\n...").removesuffix("...").strip()
-    try:
-        same = parse_yaml_value(text)
-    except yaml.YAMLError:
-        same = None
-    if same == value and type(same) is type(value):
-        return text
-    # e.g. the string "3e-4", which ddlaunch's YAML would read as a float: quote it (JSON
-    # strings are YAML double-quoted scalars).
-    return json.dumps(value)
 
 
 @dataclass(frozen=True)
@@ -198,6 +183,8 @@ class _Parser:
         self.locations = locations
         self.issues: list[ConfigIssue] = []
         self.owners: dict[str, str] = {}  # key -> the axis that sweeps it
+        self.owner_lines: dict[str, str] = {}  # key -> where that axis sweeps it (file:line)
+        self.list_points: list[Point] = []  # the list's entries
         self.origins: dict[str, str] = {}  # override text -> the file:line that wrote it
 
     def made(self, override: Override, *path: str) -> Override:
@@ -226,13 +213,55 @@ class _Parser:
             return None
         return values
 
-    def claim(self, key: str, axis: str) -> None:
-        """``key`` is swept by ``axis``; a key swept by two axes is an error."""
+    def claim(self, key: str, axis: str, *path: str) -> None:
+        """``key`` is swept by ``axis`` (written at ``path``); a key swept by two axes is an
+        error."""
         if key in self.owners and self.owners[key] != axis:
             self.fail(
                 f"swept by both {self.owners[key]} and {axis}; sweep each key in one axis", axis
             )
-        self.owners.setdefault(key, axis)
+        if key not in self.owners:
+            self.owners[key] = axis
+            self.owner_lines[key] = self.where(*path)
+
+    def replaced_by(self, key: str) -> str | None:
+        """The swept key whose axis gives ``key`` (itself or a mapping around it, such as
+        ``params.opt`` for ``params.opt.lr``) in every member, if any. The list gives it only
+        when each of its entries does: else a ``set`` of it is the other entries' value."""
+        parts = key.split(".")
+        around = [".".join(parts[:end]) for end in range(len(parts), 0, -1)]
+        for swept in around:
+            axis = self.owners.get(swept)
+            if axis is None:
+                continue
+            if axis != "list" or all(
+                any(o.key in around for o in point) for point in self.list_points
+            ):
+                return swept
+        return None
+
+    def unswept(self, given: Sequence[tuple[str, str]]) -> None:
+        """Overrides every member gets (``(text, where)``: ``set:``'s file:line, or
+        ``--set``) on a key an axis gives every member, or inside one: the axes apply last,
+        so each member's axis value would replace them and they would hold in no member.
+        Refused, as a key swept by two axes is. A ``set`` of a mapping around a swept key is
+        completed by the axis, not replaced, and a key some list entries give is the others'
+        value: both stand."""
+        for text, where in given:
+            key = text.partition("=")[0].strip()
+            swept = self.replaced_by(key)
+            if swept is None:
+                continue
+            if where == "--set":
+                given_by = f"--set {text}"
+                fix = "drop the --set, or remove the axis from the sweep file"
+            else:
+                given_by, fix = f"set: {text} ({where})", "drop it from set:, or remove the axis"
+            message = (
+                f"{given_by} is swept by {self.owners[swept]} too, whose values would replace "
+                f"it in every member; {fix}"
+            )
+            self.issues.append(ConfigIssue(key, message, self.owner_lines[swept]))
 
     def overrides(self, raw: object, *path: str) -> list[Override] | None:
         """A mapping ``{key: value}``, a list of ``key=value`` strings, or one such string."""
@@ -305,7 +334,7 @@ class _Parser:
         axes: list[tuple[Point, ...]] = []
         for key, values in grid.items():
             if self.key(key, "grid", str(key)) and (vals := self.values(values, "grid", str(key))):
-                self.claim(key, f"grid.{key}")
+                self.claim(key, f"grid.{key}", "grid", key)
                 axes.append(tuple((self.made(Override(key, v), "grid", key),) for v in vals))
         return axes
 
@@ -329,7 +358,7 @@ class _Parser:
         columns = []
         for key, values in group.items():
             if self.key(key, "zip", str(key)) and (vals := self.values(values, "zip", str(key))):
-                self.claim(key, label)
+                self.claim(key, label, "zip", key)
                 columns.append([self.made(Override(key, v), "zip", key) for v in vals])
         if len({len(c) for c in columns}) > 1:
             sizes = ", ".join(f"{c[0].key}: {len(c)}" for c in columns)
@@ -347,8 +376,9 @@ class _Parser:
             overrides = self.overrides(entry, "list")
             if overrides is not None:
                 for o in overrides:
-                    self.claim(o.key, "list")
+                    self.claim(o.key, "list", "list")
                 points.append(tuple(overrides))
+        self.list_points = points
         return [tuple(points)] if points else []
 
     def seed_axis(self, tree: Mapping[str, object]) -> list[tuple[Point, ...]]:
@@ -364,7 +394,7 @@ class _Parser:
         if len(set(seeds)) != len(seeds):
             self.fail("the same seed appears twice", "seeds")
             return []
-        self.claim(seed_key, "seeds")
+        self.claim(seed_key, "seeds", "seeds")
         return [tuple((self.made(Override(seed_key, s), "seeds"),) for s in seeds)]
 
     def throttle(self, tree: Mapping[str, object]) -> int | None:
@@ -397,6 +427,10 @@ def parse_sweep_file(path: str | Path, extra_set: Sequence[str] = ()) -> SweepSp
     common = [o.text for o in p.overrides(tree.get("set", []), "set") or []]
     # Each axis multiplies the member count, in this order (the last varies fastest).
     axes = [*p.grid_axes(tree), *p.zip_axes(tree), *p.list_axis(tree), *p.seed_axis(tree)]
+    # set: and --set apply first, the axes last: neither may name a swept key.
+    p.unswept(
+        [*((t, p.origins.get(t, str(path))) for t in common), *((t, "--set") for t in extra_set)]
+    )
     throttle, metric = p.throttle(tree), p.metric(tree)
     if not axes and not p.issues:
         p.fail("a sweep needs at least one axis: grid, zip, list or seeds", "")

@@ -21,8 +21,7 @@ from ddlaunch.store.sweeps import (
     MEMBERS_DIR,
     find_sweep,
     member_jobs,
-    member_label,
-    member_overrides,
+    member_labels,
     read_members,
 )
 from ddlaunch.sweeps.spec import DEFAULT_METRIC
@@ -88,8 +87,8 @@ def summary(rows: Sequence[MemberStatus]) -> str:
 def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberStatus]:
     meta = read_members(sweep_dir)
     metric = meta.get("metric") or DEFAULT_METRIC
-    overrides = member_overrides(meta)
-    infos = [read_run(sweep_dir / MEMBERS_DIR / str(i)) for i in range(len(overrides))]
+    labels = member_labels(sweep_dir, meta)  # as each member runs now
+    infos = [read_run(sweep_dir / MEMBERS_DIR / str(i)) for i in range(len(labels))]
     recorded = member_jobs(sweep_dir)
     cancelled = cancelled_members(sweep_dir)
     for index, info in enumerate(infos):
@@ -138,13 +137,13 @@ def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberSt
     rows = [
         member_status(
             index,
-            member_label(texts),
+            label,
             info,
             queue.get(info.job_id) if info.job_id else None,
             shown.get(info.job_id) if info.job_id else None,
             metric,
         )
-        for index, (texts, info) in enumerate(zip(overrides, infos, strict=True))
+        for index, (label, info) in enumerate(zip(labels, infos, strict=True))
     ]
     for row in rows if unreachable else ():
         row.note = row.note or (unreachable if row.job_id else "")
