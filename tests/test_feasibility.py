@@ -202,6 +202,51 @@ def test_module_search_imports_nothing(tmp_path: Path) -> None:
     assert "trainpkg" not in sys.modules
 
 
+def test_an_entry_points_function_its_module_does_not_define_is_found_before_sbatch(
+    tmp_path: Path,
+) -> None:
+    """Read from the module's source, never imported: a name it does not bind is refused
+    (or a warning, as a missing module); one that cannot be told from the text passes."""
+    from ddlaunch.app.launchcheck import defined_names
+
+    (tmp_path / "loop.py").write_text(
+        "import os\nfrom json import dumps as main2\nSTEPS = 3\n"
+        "def main(config): pass\ndef _helper(): pass\n"
+        "try:\n    import torch\nexcept ImportError:\n    def fallback(): pass\n"
+        "if True:\n    run = main\n"
+    )
+    (tmp_path / "star.py").write_text("from loop import *\n")
+    (tmp_path / "lazy.py").write_text("def __getattr__(name): return print\n")
+    assert defined_names(tmp_path / "loop.py") == {
+        "os", "main2", "STEPS", "main", "_helper", "torch", "fallback", "run"
+    }  # fmt: skip
+    assert defined_names(tmp_path / "star.py") is None
+    assert defined_names(tmp_path / "lazy.py") is None
+    base = ["launch.workdir=" + str(tmp_path), "launch.python=" + sys.executable]
+    for entry, errors in [
+        ("loop:run", []),
+        ("loop:main2", []),
+        ("star:anything", []),
+        ("lazy:anything", []),
+        (
+            "loop:mian",
+            [
+                f"launch.entrypoint: module 'loop' ({tmp_path / 'loop.py'}) defines no 'mian' "
+                f"(its functions: main) (the job runs this same interpreter, "
+                f"{sys.executable})"
+            ],
+        ),
+    ]:
+        found = check_launch(config(*base, f"launch.entrypoint={entry}"), str(tmp_path))
+        assert found.errors == errors, entry
+    with_setup = config(*base, "launch.entrypoint=loop:mian", "launch.setup=[module load x]")
+    assert (
+        check_launch(with_setup, str(tmp_path))
+        .warnings[0]
+        .startswith("launch.entrypoint: module 'loop'")
+    )
+
+
 def test_launch_findings_errors_or_warnings(tmp_path: Path) -> None:
     base = ["launch.workdir=" + str(tmp_path)]
     typo = config(

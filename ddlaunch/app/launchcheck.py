@@ -5,8 +5,9 @@ The submit host may differ from the nodes, so each finding is an error only wher
 can know: ``launch.script`` is resolved against the job's working directory, which the nodes
 share (``--chdir``: on a cluster it lies on the shared filesystem), so a script missing here
 is missing there; an entry point's module is searched for without importing anything
-(``importlib.util.find_spec`` for the top-level package, its search locations below that),
-and a miss is an error only when the job runs this very interpreter without
+(``importlib.util.find_spec`` for the top-level package, its search locations below that)
+and its function in the module's source text (``ast``, nothing run), and a miss is an
+error only when the job runs this very interpreter without
 ``launch.setup`` (sbatch passes PATH and PYTHONPATH on), a warning otherwise (``module
 load`` or ``conda activate`` may change what the nodes' Python sees); an absolute
 ``launch.python`` that exists here but cannot be executed is an error, one that does not
@@ -27,13 +28,14 @@ imports torch). ``--force`` submits anyway where only the nodes' Python has it.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib.machinery import PathFinder
+from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
 
 from ddlaunch.config.schema import Config
@@ -46,9 +48,9 @@ class Findings:
     warnings: list[str] = field(default_factory=list)
 
 
-def module_found(name: str, first: list[str]) -> bool:
-    """Whether module ``name`` can be imported from ``first`` + this interpreter's path,
-    found without importing it or its packages."""
+def module_spec(name: str, first: list[str]) -> ModuleSpec | None:
+    """Where module ``name`` would be imported from, ``first`` + this interpreter's path,
+    found without importing it or its packages; None when it would not be found."""
     parts = name.split(".")
     spec = PathFinder.find_spec(parts[0], first)
     if spec is None:
@@ -59,9 +61,72 @@ def module_found(name: str, first: list[str]) -> bool:
     for depth in range(1, len(parts)):
         locations = list(spec.submodule_search_locations or []) if spec else []
         if not locations:
-            return False
+            return None
         spec = PathFinder.find_spec(".".join(parts[: depth + 1]), locations)
-    return spec is not None
+    return spec
+
+
+def module_found(name: str, first: list[str]) -> bool:
+    """Whether module ``name`` can be imported from ``first`` + this interpreter's path."""
+    return module_spec(name, first) is not None
+
+
+def defined_names(source: Path) -> set[str] | None:
+    """The names a Python source file binds at its top level (functions, classes,
+    assignments, imports, inside top-level ``if``/``try``/``with`` too), read without running
+    it; None when that cannot be told from the text (``from x import *``, a module
+    ``__getattr__``, a file that does not parse)."""
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    body = list(tree.body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
+            for part in ("body", "orelse", "finalbody", "handlers"):
+                body.extend(getattr(node, part, []))
+        elif isinstance(node, ast.ExceptHandler):
+            body.extend(node.body)
+    return None if "__getattr__" in names else names
+
+
+def _functions(source: Path) -> list[str]:
+    """The public functions a source file defines at its top level, in file order."""
+    tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
+    return [
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and not n.name.startswith("_")
+    ]
+
+
+def _missing_function(entrypoint: str, spec: ModuleSpec) -> str | None:
+    """What is wrong with the ``module:function`` part of an entry point whose module was
+    found: its source binds no such name (None: it does, or it cannot be told)."""
+    module, _, function = entrypoint.partition(":")
+    first = function.split(".")[0]
+    origin = spec.origin
+    if not first or not origin or not origin.endswith(".py"):
+        return None
+    names = defined_names(Path(origin))
+    if names is None or first in names:
+        return None
+    functions = _functions(Path(origin))
+    listed = f" (its functions: {', '.join(functions[:8])})" if functions else ""
+    return f"launch.entrypoint: module {module!r} ({origin}) defines no {first!r}{listed}"
 
 
 def _this_interpreter(python: str) -> bool:
@@ -92,8 +157,11 @@ def check_launch(cfg: Config, workdir: str, environ: Mapping[str, str] = os.envi
             )
     if launch.entrypoint:
         module = launch.entrypoint.partition(":")[0]
-        if not module_found(module, [str(where)]):
-            text = f"launch.entrypoint: no module {module!r} in {where} or on this Python's path"
+        spec = module_spec(module, [str(where)])
+        text = f"launch.entrypoint: no module {module!r} in {where} or on this Python's path"
+        wrong = text if spec is None else _missing_function(launch.entrypoint, spec)
+        if wrong is not None:
+            text = wrong
             if _this_interpreter(launch.python) and not launch.setup:
                 found.errors.append(
                     f"{text} (the job runs this same interpreter, {sys.executable})"
