@@ -31,3 +31,15 @@ def test_a_relative_run_root_reaches_the_script_and_sbatch_absolute(
     assert f"--output={run_dir}/logs/batch-%j.out" in line
     assert f"--chdir={workdir}" in line
     assert f"export DDLAUNCH_RUN_DIR={run_dir}\n" in sub.prepared.script
+
+
+def test_a_sweeps_relative_run_root_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddlaunch.sweeps.prepare import prepare_sweep
+    from ddlaunch.sweeps.spec import parse_sweep_file
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("base: examples/mlp\ngrid:\n  params.lr: [0.1, 0.2]\n")
+    prepared = prepare_sweep(parse_sweep_file("s.yaml"), workdir=str(tmp_path), run_root="rr")
+    assert prepared.sweep_dir == tmp_path / "rr" / prepared.sweep_id

@@ -32,7 +32,7 @@ from ddlaunch.planning.plan import (
 )
 from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
-from ddlaunch.store.rundir import new_run_id, resolve_run_root
+from ddlaunch.store.rundir import chosen_run_root, new_run_id
 from ddlaunch.store.sweeps import MEMBERS_DIR, own_params_positions, set_param
 from ddlaunch.sweeps.spec import Member, Override, SweepSpec, expand, split_arrays
 
@@ -390,7 +390,7 @@ def prepare_sweep(
     validated = validate_members(base, members, tick, spec.origins)
     first = validated.configs[0]
     sweep_id = sweep_id or new_run_id(spec.name or first.job.name)
-    root = Path(run_root) if run_root else resolve_run_root(first.storage.run_root)
+    root = chosen_run_root(run_root, first.storage.run_root)
     sweep_dir = root / sweep_id
     # A member's storage is its group's (only params differ within a group).
     roots = [checkpoint_root(cfg, sweep_id) for cfg in validated.group_configs]
