@@ -11,12 +11,18 @@ set here, not in ``ddlaunch.cli``, so that importing the CLI (tests do) changes 
 from __future__ import annotations
 
 import gc
+import sys
 
 GC_THRESHOLD = (100_000, 50, 50)
 
 
 def main() -> None:
     gc.set_threshold(*GC_THRESHOLD)  # before the imports, which allocate the most
-    from ddlaunch.cli import main as cli_main
-
+    try:
+        from ddlaunch.cli import main as cli_main
+    except KeyboardInterrupt:
+        # Ctrl-C while the CLI itself loads, before its own handling is in place: one line,
+        # as it says later, not a traceback of the imports.
+        sys.stderr.write("interrupted (SIGINT)\n")
+        sys.exit(130)
     cli_main()

@@ -508,3 +508,49 @@ def test_an_ambiguous_prefix_counts_the_runs_it_does_not_name(tmp_path: Path) ->
         "error: 'mlp' matches 7 runs (mlp-0, mlp-1, mlp-2, mlp-3, mlp-4, and 2 more); "
         "give more of the id\n"
     )
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def test_debug_after_the_verb_is_the_groups_option(tmp_path: Path) -> None:
+    proc = ddlaunch(tmp_path, "render", "nope.yaml", "--debug")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Traceback (most recent call last):")
+    assert proc.stderr.endswith(
+        "error: invalid config (1 error):\n  (top level): config file not found (give a path, "
+        "or a shipped preset name; `ddlaunch presets` lists them) (nope.yaml)\n"
+    )
+
+
+def test_a_look_back_and_a_line_count_must_be_what_they_say(tmp_path: Path) -> None:
+    for args, said in [
+        (("status", "--since", "never"), "Invalid value for --since: not a duration: 'never' "
+         "(use e.g. 30m, 12h or 7d)"),
+        (("logs", "r", "-n", "-5"), "Invalid value for '-n' / '--lines': -5 is not in the "
+         "range x>=0."),
+    ]:  # fmt: skip
+        proc = ddlaunch(tmp_path, *args)
+        assert proc.returncode == 2 and proc.stderr.endswith(f"Error: {said}\n"), proc.stderr
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """SIGINT in the first milliseconds, while the CLI's modules import: an import that
+    raises KeyboardInterrupt stands in for it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ddlaunch.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from ddlaunch.entry import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "status"], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "interrupted (SIGINT)\n")

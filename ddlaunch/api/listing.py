@@ -32,13 +32,10 @@ def runs(
 def _seconds(since: float | str | None) -> float | None:
     if since is None or isinstance(since, int | float):
         return since
+    from ddlaunch.app.status import look_back
     from ddlaunch.errors import UserError
-    from ddlaunch.store.badnodes import parse_ttl
 
     try:
-        seconds = parse_ttl(since)
+        return look_back(since)
     except ValueError as exc:
         raise UserError(f"since: {exc}") from None
-    if seconds is None:
-        raise UserError(f"since: give a duration such as 12h or 7d, got {since!r}")
-    return seconds

@@ -126,6 +126,21 @@ class RunStatus:
 CLOCK_SLACK_S = 5.0  # the ranks' clocks are other nodes' clocks
 
 
+def look_back(text: str) -> float:
+    """``--since`` (``ddlaunch.runs(since=...)``): how far back finished runs are shown, in
+    seconds. Raises ValueError with the words to show ("never" is a bad-node list's
+    duration, not a look back)."""
+    from ddlaunch.store.badnodes import parse_ttl  # lazy: only when asked
+
+    try:
+        seconds = parse_ttl(text)
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30m, 12h or 7d)")
+    return seconds
+
+
 def failures_of(record: AttemptRecord, failures: Sequence[Failure]) -> list[Failure]:
     """The failure records written in the attempt ``record`` (its restart count, and no
     earlier than it started: a resumed run's new job counts its restarts from 0 again);

@@ -88,13 +88,23 @@ def _interrupted(exc: BaseException | None) -> None:
     sys.exit(128 + int(signal.Signals[name]))
 
 
+def _debug_anywhere(argv: list[str]) -> tuple[list[str], bool]:
+    """``--debug`` is the group's option, but users add it where the error showed, after the
+    verb: taken from anywhere before a ``--`` and given to the group."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    head = [a for a in argv[:cut] if a != "--debug"]
+    if len(head) == cut:
+        return list(argv), False
+    return ["--debug", *head, *argv[cut:]], True
+
+
 def main(argv: list[str] | None = None) -> Any:
     from ddlaunch.app import interrupts
 
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    args, debug = _debug_anywhere(argv if argv is not None else sys.argv[1:])
     interrupts.install()  # SIGTERM unwinds like Ctrl-C: the verbs leave consistent records
     try:
-        return cli.main(args=argv, prog_name="ddlaunch", standalone_mode=False)
+        return cli.main(args=args, prog_name="ddlaunch", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:

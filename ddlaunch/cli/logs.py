@@ -14,7 +14,7 @@ from ddlaunch.cli.completion import complete_runs
 @click.option(
     "-n",
     "--lines",
-    type=int,
+    type=click.IntRange(min=0),
     default=50,
     show_default=True,
     help="Lines from the end of each file; 0 for all.",

@@ -184,15 +184,12 @@ def page(shown: Any, width: int | None) -> str:
 def _parse_since(text: str | None) -> float | None:
     if text is None:
         return None
-    from ddlaunch.app.nodes import parse_ttl
+    from ddlaunch.app.status import look_back
 
     try:
-        seconds = parse_ttl(text)
+        return look_back(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
-    if seconds is None:
-        raise click.BadParameter("give a duration such as 12h or 7d", param_hint="--since")
-    return seconds
 
 
 @click.command("status")
