@@ -554,3 +554,18 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_not_a_traceback(tmp_path: Path) 
         [sys.executable, "-c", code, "status"], capture_output=True, text=True, timeout=60
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "interrupted (SIGINT)\n")
+
+
+def test_a_mistyped_run_id_offers_the_ids_it_was_probably_meant_to_begin(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    make_run(root, "nu-cancel-20261205-052622-f9c3e1f9", "12", T0)
+    make_run(root, "other-20261205-052622-aaaaaaaa", "13", T0)
+    proc = ddlaunch(tmp_path, "logs", "nu-cancl")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: no run 'nu-cancl'; did you mean nu-cancel-20261205-052622-f9c3e1f9? (looked for "
+        f"a run directory at that path and under {root}; set DDLAUNCH_RUN_ROOT or pass the run "
+        "directory)\n"
+    )
+    far = ddlaunch(tmp_path, "logs", "zzz")
+    assert "did you mean" not in far.stderr

@@ -112,11 +112,41 @@ def find_run(ref: str, root: Path | None = None) -> Path:
         return matches[0]
     if not matches:
         _not_a_run(ref, root)
+        near = _near(ref, root) if "/" not in ref else []
+        meant = f"; did you mean {' or '.join(near)}?" if near else ""
         raise UserError(
-            f"no run {ref!r} (looked for a run directory at that path and under "
+            f"no run {ref!r}{meant} (looked for a run directory at that path and under "
             f"{root}; set DDLAUNCH_RUN_ROOT or pass the run directory)"
         )
     raise UserError(ambiguous_prefix(ref, [], [p.name for p in matches]))
+
+
+# How close a mistyped prefix must be to a run id's start to be offered: one letter left
+# out, added, swapped or mistyped in a name of 5 or more.
+NEAR = 0.8
+
+
+def _near(ref: str, root: Path, most: int = 3) -> list[str]:
+    """Run ids under ``root`` that a mistyped prefix ``ref`` was probably meant to begin:
+    the id's start of about the same length is close to it (a letter left out, swapped or
+    mistyped). Read only when nothing matched, so its cost is the error's."""
+    import difflib  # lazy: only a miss pays for it
+
+    try:
+        names = [p.name for p in root.iterdir() if is_run_dir(p)]
+    except OSError:
+        return []
+    scored = []
+    matcher = difflib.SequenceMatcher(None, "", ref)  # ref is the side it caches
+    for name in names:
+        best = 0.0
+        for size in range(max(1, len(ref) - 2), len(ref) + 3):
+            matcher.set_seq1(name[:size])
+            if matcher.quick_ratio() >= NEAR:  # an upper bound of ratio(), and cheap
+                best = max(best, matcher.ratio())
+        if best >= NEAR:
+            scored.append((-best, name))
+    return [name for _, name in sorted(scored)[:most]]
 
 
 def ambiguous_prefix(ref: str, sweep_ids: Sequence[str], run_ids: Sequence[str]) -> str:
