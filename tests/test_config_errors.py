@@ -233,13 +233,13 @@ CASES = [
         "missing_preset",
         "defaults: [clusters/nosuch]\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
+        "  defaults: preset 'clusters/nosuch' not found (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/deepspeed, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
     ),
     (
         "mistyped_preset",
         "defaults: [clusters/dgx-h10]\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  defaults: preset 'clusters/dgx-h10' not found; did you mean 'clusters/dgx-h100'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
+        "  defaults: preset 'clusters/dgx-h10' not found; did you mean 'clusters/dgx-h100'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/deepspeed, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
     ),
     (
         "set_bad_key",
@@ -338,7 +338,7 @@ CASES = [
         "preset_typo",
         "defaults: [clusters/devclustr]\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  defaults: preset 'clusters/devclustr' not found; did you mean 'clusters/devcluster'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
+        "  defaults: preset 'clusters/devclustr' not found; did you mean 'clusters/devcluster'? (looked next to the file, in $DDLAUNCH_CONFIG_PATH and in the shipped configs: clusters/aws-p5, clusters/devcluster, clusters/dgx-h100, clusters/lumi-g, clusters/perlmutter-gpu, clusters/roce-l40s, clusters/workstation, examples/aws-fsdp-llama2, examples/deepspeed, examples/fsdp-tp, examples/hf-trainer, examples/lightning, examples/megatron-modelopt, examples/mlp, examples/nersc-perlmutter-vit, examples/olmo-lumi, examples/torchtitan-multinode) (bad.yaml:1)",
     ),
     (
         "many_at_once",

@@ -1,13 +1,17 @@
 """Torch-free checkpoint discovery per trainer kind (``ddlaunch.checkpoint.adapters``): for
 each layout, complete / partial / marker missing / dangling pointer / empty directories ->
-the checkpoint and step chosen; entries moved aside before a restart; Lightning's step read
-from a real ``torch.save`` file without torch, and a hostile pickle never run."""
+the checkpoint and step chosen; entries moved aside before a restart; a directory the real
+DeepSpeed wrote; Lightning's step read from a real ``torch.save`` file without torch, and a
+hostile pickle never run."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -160,6 +164,52 @@ def test_deepspeed_latest_tag(tmp_path: Path) -> None:
     assert chosen(tmp_path, "deepspeed") == ("global_step100", 100)
     (tmp_path / "latest").write_text("global_step999")  # dangling tag
     assert chosen(tmp_path, "deepspeed") is None
+
+
+@pytest.fixture(scope="module")
+def deepspeed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the real DeepSpeed writes: the example script (ZeRO-2, CPU), one process, 30 steps,
+    a save every 10 (~4 s)."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (scripts/test-all installs it)")
+    root = tmp_path_factory.mktemp("deepspeed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        **{"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"},
+        **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
+        "DS_ACCELERATOR": "cpu",
+    }
+    script = REPO / "ddlaunch" / "examples" / "deepspeed_train.py"
+    args = ["--save_dir", str(root / "ckpt"), "--max_steps", "30", "--save_steps", "10"]
+    subprocess.run(
+        [sys.executable, str(script), *args], env=env, cwd=root, check=True, capture_output=True
+    )
+    return root / "ckpt"
+
+
+def test_deepspeed_tags_as_deepspeed_writes_them(deepspeed_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    shutil.copytree(deepspeed_dir, root)
+    # Beside the tags DeepSpeed leaves zero_to_fp32.py and zero_to_torch.py: not checkpoints.
+    assert sorted(p.name for p in root.iterdir()) == [
+        "global_step10", "global_step20", "global_step30", "latest",
+        "zero_to_fp32.py", "zero_to_torch.py",
+    ]  # fmt: skip
+    assert (root / "latest").read_text() == "global_step30"  # the tag, no newline
+    assert [(e.name, e.step, e.complete) for e in adapters.scan(root, BUILTIN["deepspeed"])] == [
+        ("global_step10", 10, True),
+        ("global_step20", 20, True),
+        ("global_step30", 30, True),
+    ]
+    # Killed inside the save of global_step30 (its files written, `latest` not yet): the tag
+    # is partial, global_step20 is resumed from, and the partial tag is moved aside.
+    (root / "latest").write_text("global_step20")
+    assert chosen(root, "deepspeed") == ("global_step20", 20)
+    doomed = adapters.to_move_aside(root, BUILTIN["deepspeed"], unclean_end=float("inf"))
+    assert [d.name for d in doomed] == ["global_step30"]
 
 
 def test_torchtune_epochs_have_no_marker(tmp_path: Path) -> None:

@@ -11,6 +11,10 @@ weights), not merely that it ran. The combinatorics are in test_trainer_protocol
   one (moved aside, not deleted); final weights equal the uninterrupted run's.
 * Lightning, 2 nodes: USR1 -> hpc_ckpt saved, Lightning's own ``scontrol requeue`` is the
   only requeue, both attempts recorded, resumed at the saved step, finished.
+* DeepSpeed (ZeRO-2, fp32, CPU), 2 nodes x 1 rank: a rank killed -9 after its second
+  checkpoint is complete (``latest`` names it) -> restarted in the allocation (progress made),
+  the script resumes through its own ``engine.load_checkpoint`` from exactly that tag and
+  finishes; final weights equal the uninterrupted run's.
 * A script that crashes before any checkpoint: not requeued, ``status`` says why.
 """
 
@@ -40,7 +44,10 @@ OFFLINE = {
 }
 HF_SCRIPT = REPO / "ddlaunch" / "examples" / "hf_trainer.py"
 PL_SCRIPT = REPO / "ddlaunch" / "examples" / "lightning_train.py"
+DS_SCRIPT = REPO / "ddlaunch" / "examples" / "deepspeed_train.py"
 STEPS = 80
+DS_STEPS = 40
+DS_ENV = {**OFFLINE, "DS_ACCELERATOR": "cpu"}
 
 
 def trainer_config(tmp_path: Path, name: str, script: Path, args: list[str], **sections) -> Path:
@@ -79,6 +86,30 @@ def hf_reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # HF rank never aborts in gloo's native teardown, so the run completes.
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert result["global_step"] == STEPS and result["start_step"] == 0
+    return result
+
+
+def ds_args(sleep: float) -> list[str]:
+    return [
+        "--save_dir", "{checkpoint_dir}", "--max_steps", str(DS_STEPS), "--save_steps", "10",
+        "--step_sleep", str(sleep), "--result", "{run_dir}/result.json",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ds_reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The uninterrupted DeepSpeed run: the same script and arguments as 2 local ranks."""
+    tmp = tmp_path_factory.mktemp("ds-reference")
+    launch = {"env": DS_ENV}
+    config = trainer_config(
+        tmp, "ds-ref", DS_SCRIPT, ds_args(0.0), trainer={"kind": "deepspeed"}, launch=launch
+    )
+    env = {**os.environ, "DDLAUNCH_RUN_ROOT": str(tmp / "runs"), **DS_ENV}
+    proc = run_ddlaunch("submit", str(config), "--local", cwd=tmp, env=env, timeout=300)
+    (run_dir,) = (tmp / "runs").iterdir()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["global_step"], result["start_step"], result["world_size"]) == (DS_STEPS, 0, 2)
     return result
 
 
@@ -178,6 +209,55 @@ def test_hf_rank_killed_while_writing_a_checkpoint_resumes_from_the_complete_one
     result = json.loads((run_dir / "result.json").read_text())
     assert result["start_step"] == 20 and result["global_step"] == STEPS
     assert result["weights_sha256"] == hf_reference["weights_sha256"]
+
+
+def test_deepspeed_rank_killed_after_a_checkpoint_resumes_from_that_tag(
+    slurm_cluster, slurm_job_cleanup, tmp_path, ds_reference
+) -> None:
+    # The example script, once it has written its pid (a kind: deepspeed rank sends no
+    # heartbeats: the trainer is not hooked).
+    config = trainer_config(
+        tmp_path,
+        "ds-kill",
+        REPO / "tests" / "trainer_scripts" / "ds_pid.py",
+        ds_args(0.3),
+        trainer={"kind": "deepspeed"},
+        launch={"env": DS_ENV},
+    )
+    started = time.monotonic()
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    latest = run_dir / "checkpoints" / "latest"
+    # DeepSpeed's rank 0 writes `latest` before the save's last barrier (not after the other
+    # ranks' optimizer shards): a step after the tag's, every rank has finished writing it.
+    wait_for(
+        lambda: (
+            latest.is_file() and latest.read_text() == "global_step20" and rank0_step(run_dir) > 20
+        ),
+        240,
+        "global_step20 complete",
+        poll=0.1,
+    )
+    pid = int((run_dir / "out" / "pid-1").read_text())  # the first attempt's rank 1
+    os.kill(pid, signal.SIGKILL)  # kill -9, between checkpoints
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    print(f"submitted -> completed in {time.monotonic() - started:.1f} s")
+    first, second = attempts(run_dir)
+    assert (first["cause"], first["committed_step"]) == ("crash", 20)
+    assert first["decision"] == (
+        "restart in the allocation after crash: committed step none -> 20 (restart 1 of 3)"
+    )
+    assert second["in_allocation"] is True and second["cause"] == "completed"
+    assert second["resumed_from"] == 20
+    assert second["resume_checkpoint"] == str(run_dir / "checkpoints" / "global_step20")
+    # ddlaunch added no argument: the script found `latest` and loaded global_step20 itself.
+    log = (run_dir / "logs" / "rank-0.out").read_text()
+    steps = rank_steps(log)
+    restart = steps.index(21, steps.index(21) + 1)  # the second attempt's first step
+    assert steps[restart:] == list(range(21, DS_STEPS + 1)) and max(steps[:restart]) < 30
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["start_step"] == 20 and result["global_step"] == DS_STEPS
+    assert result["weights_sha256"] == ds_reference["weights_sha256"]
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"global_step{DS_STEPS}"
 
 
 @pytest.mark.lane
