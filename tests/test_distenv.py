@@ -190,6 +190,23 @@ def test_expand_hostlist(hostlist: str, hosts: list[str]) -> None:
     assert expand_hostlist(hostlist) == hosts
 
 
+@pytest.mark.parametrize(
+    ("hosts", "hostlist"),
+    [
+        (["node1"], "node1"),
+        (["node10", "node2", "node1", "node11", "node3", "node12"], "node[1-3,10-12]"),
+        (["gpu-01", "gpu-02", "gpu-04"], "gpu-[01-02,04]"),
+        (["login", "node5", "node5"], "node5,login"),
+        (["a1", "b2", "b3"], "a1,b[2-3]"),
+    ],
+)
+def test_compress_hostlist_is_what_expand_reads_back(hosts: list[str], hostlist: str) -> None:
+    from ddlaunch.slurm.hostlist import compress_hostlist
+
+    assert compress_hostlist(hosts) == hostlist
+    assert sorted(expand_hostlist(hostlist)) == sorted(set(hosts))
+
+
 @pytest.mark.parametrize("bad", ["node[1-", "node[3-1]", "node[a-b]"])
 def test_expand_hostlist_rejects_malformed(bad: str) -> None:
     with pytest.raises(ValueError):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlaunch.errors import UserError
+from ddlaunch.slurm.hostlist import compress_hostlist
 from ddlaunch.store import badnodes
 from ddlaunch.store.badnodes import BadNode as BadNode  # the entries' type, for the CLI
 from ddlaunch.store.badnodes import parse_ttl as parse_ttl  # durations: 30m, 12h, 2d, never
@@ -84,9 +85,9 @@ def _check_known(names: list[str], force: bool, warn: Callable[[str], None]) -> 
         return
     unknown = unknown_nodes(facts.partitions, names)
     if unknown and not force:
-        known = sorted({n for p in facts.partitions for n in p.nodes})
+        known = compress_hostlist(n for p in facts.partitions for n in p.nodes)
         raise UserError(
-            f"{', '.join(unknown)}: no such node in this cluster (it has {', '.join(known)}); "
+            f"{', '.join(unknown)}: no such node in this cluster (it has {known}); "
             "--force adds it anyway"
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -66,3 +67,35 @@ def expand_tasks_per_node(spec: str) -> list[int]:
             raise ValueError(f"bad tasks-per-node spec {spec!r}")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """The hostlist Slurm would write for ``names``: ``node[1-3,10],login`` (the inverse of
+    ``expand_hostlist``; runs of consecutive numbers of one prefix and width joined, in
+    numeric order, names without a number kept as they are)."""
+    groups: dict[tuple[str, int], set[int]] = {}
+    plain: set[str] = set()
+    for name in set(names):
+        match = _NUMBERED.match(name)
+        if match is None:
+            plain.add(name)
+            continue
+        prefix, digits = match.groups()
+        # "node01" and "node1" are different names: a width of its own unless unpadded.
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        groups.setdefault((prefix, width), set()).add(int(digits))
+    parts = []
+    for (prefix, width), numbers in sorted(groups.items()):
+        spans: list[list[int]] = []
+        for n in sorted(numbers):
+            if spans and n == spans[-1][1] + 1:
+                spans[-1][1] = n
+            else:
+                spans.append([n, n])
+        text = [f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}" for a, b in spans]
+        single = len(numbers) == 1
+        parts.append(f"{prefix}{text[0]}" if single else f"{prefix}[{','.join(text)}]")
+    return ",".join(parts + sorted(plain))
