@@ -155,3 +155,27 @@ def test_doctor_nodes_counts_its_own_nodes_not_the_configs_hot_spares(
         "  nodes.count + fault_tolerance.spare_nodes: 3 + 1 = 4 nodes is more than partition "
         "debug's MaxNodes=3"
     ) in str(refused.value).splitlines()
+
+
+def test_doctor_without_a_config_says_whose_config_it_checks_against(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+    from support.fakes import FakeRunner, ok
+    from support.rundirs import example_run_dir
+
+    from ddlaunch.app.doctor import run_doctor
+    from ddlaunch.slurm.client import SlurmClient
+
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path))
+    example_run_dir(tmp_path)  # my latest run: <tmp>/r
+    runner = FakeRunner({("sbatch",): ok("63\n"), ("squeue",): ok("63|PENDING|Priority|\n")})
+    said: list[str] = []
+
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt  # what it said before the wait is all this test needs
+
+    with pytest.raises(KeyboardInterrupt):
+        run_doctor(
+            None, [], count=1, nodelist=None, timeout=900, client=SlurmClient(runner),
+            sleep=interrupt, tell=said.append,
+        )  # fmt: skip
+    assert said[0] == "checking against the config of my latest run, r"

@@ -169,7 +169,10 @@ def run_doctor(
     if client is None:
         client = SlurmClient()
     names = expand_hostlist(nodelist) if nodelist else []
-    prepared = prepare(config_source(config), overrides)
+    source = config_source(config)
+    if not config:  # say whose: the user did not name it
+        tell(f"checking against the config of my latest run, {Path(source).parent.name}")
+    prepared = prepare(source, overrides)
     cfg, plan = prepared.config, prepared.plan
     if facts is not None:
         # The doctor's job asks for what it checks: --nodes or --nodelist exactly (none of
