@@ -186,6 +186,19 @@ def test_submit_refuses_what_the_bad_node_list_makes_unschedulable(
         facts=facts,
     )
     assert len(one.warnings) == 1 and "#SBATCH --exclude=node1,node2" in one.prepared.script
+    # A listed node the config names is used, and the submission says so.
+    named = prepare_submission(
+        "examples/mlp",
+        ["nodes.count=1", "nodes.nodelist=[node1]"],
+        run_root=str(tmp_path),
+        workdir=str(tmp_path),
+        facts=facts,
+    )
+    assert named.excluded == ["node2"]
+    assert named.warnings[-1] == (
+        "using node1 though on the bad-node list: nodes.nodelist names it (ddlaunch nodes "
+        "lists why)"
+    )
 
 
 def test_module_search_imports_nothing(tmp_path: Path) -> None:

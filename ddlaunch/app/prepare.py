@@ -258,6 +258,12 @@ def prepare_submission(
         )
     loaded = load_tree(config, overrides)
     cfg = validate_tree(loaded)
+    named = sorted({e.node for e in listed if e.node in cfg.nodes.nodelist})
+    if named:
+        warnings.append(
+            f"using {', '.join(named)} though on the bad-node list: nodes.nodelist names "
+            f"{'it' if len(named) == 1 else 'them'} (ddlaunch nodes lists why)"
+        )
     listed = [e for e in listed if e.node not in unknown and e.node not in cfg.nodes.nodelist]
     exclude = sorted({e.node for e in listed})
     if check:
