@@ -150,24 +150,30 @@ def test_a_run_completed_after_a_killed_rank_is_headlined_completed(tmp_path: Pa
         "attempt 1: job 377 on node[1-2] at 14:14:30 60s, from step 60 -> completed "
         "(committed 160)\n"
     )
-    assert piped(tmp_path, COMPLETED_QUEUE, "status") == (
+    # One run: a line per attempt follows the table, so the attempts cell is the count.
+    one = (
+        "run  job  state      nodes      step  ckpt  attempts\n"
+        "r    377  COMPLETED  node[1-2]   160   160         2\n" + attempt_lines
+    )
+    assert piped(tmp_path, COMPLETED_QUEUE, "status", "r") == one
+    assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status", "r") == one
+    # Several runs: how earlier attempts failed is in the row; in a pipe the cell whole...
+    make_run(tmp_path / "runs", "s", "378", T0 + 1, outcome=("COMPLETED", "completed"))
+    queue = COMPLETED_QUEUE + "378|COMPLETED|None|node3\n"
+    assert piped(tmp_path, queue, "status") == (
         "run  job  state      nodes      step  ckpt                                  attempts\n"
         "r    377  COMPLETED  node[1-2]   160   160  2 (0: rank 1 on node1 killed by SIGKILL)\n"
-        + attempt_lines
+        "s    378  COMPLETED  node3         -     -                                         0\n"
     )
-    # At a terminal the attempts cell keeps its count; how earlier attempts failed goes
-    # under the row (docs/how-to/watch.md).
-    assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status") == (
-        "run  job  state      nodes      step  ckpt  attempts\n"
-        "r    377  COMPLETED  node[1-2]   160   160         2\n"
-        "  earlier 0: rank 1 on node1 killed by SIGKILL\n" + attempt_lines
-    )
-    # Narrower, the same: the row fits 60 columns with the count alone.
-    assert at_terminal(tmp_path, COMPLETED_QUEUE, 60, "status") == (
-        "run  job  state      nodes      step  ckpt  attempts\n"
-        "r    377  COMPLETED  node[1-2]   160   160         2\n"
-        "  earlier 0: rank 1 on node1 killed by SIGKILL\n" + attempt_lines
-    )
+    # ...at a terminal the attempts cell keeps its count; how earlier attempts failed goes
+    # under the row (docs/how-to/watch.md), at 60 columns as at 80.
+    for width in (80, 60):
+        assert at_terminal(tmp_path, queue, width, "status") == (
+            "run  job  state      nodes      step  ckpt  attempts\n"
+            "r    377  COMPLETED  node[1-2]   160   160         2\n"
+            "  earlier 0: rank 1 on node1 killed by SIGKILL\n"
+            "s    378  COMPLETED  node3         -     -         0\n"
+        )
     logs = run / "logs"
     assert piped(tmp_path, COMPLETED_QUEUE, "logs", "r") == (
         "earlier: attempt 0 (job 377, crash): rank 1 on node1 killed by SIGKILL\n"
@@ -213,9 +219,12 @@ def test_a_run_running_again_after_a_requeue_has_no_failure_headline(tmp_path: P
     run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[killed_attempt(), running])
     collateral_record(run)
     out = piped(tmp_path, "377|RUNNING|None|node[1-2]\n", "status", "r")
-    assert out.splitlines()[:2] == [
-        "run  job  state    nodes      step  ckpt                                  attempts",
-        "r    377  RUNNING  node[1-2]     -     -  2 (0: rank 1 on node1 killed by SIGKILL)",
+    assert out.splitlines() == [
+        "run  job  state    nodes      step  ckpt  attempts",
+        "r    377  RUNNING  node[1-2]     -     -         2",
+        "attempt 0: job 377 on node[1-2] at 14:13:20 60s, from scratch -> crash (committed 60): "
+        "rank 1 on node1 killed by SIGKILL",
+        "attempt 1: job 377 on node[1-2] at 14:14:30, from step 60 -> running",
     ]
 
 
@@ -223,10 +232,11 @@ def test_a_run_waiting_for_its_requeue_has_no_failure_headline(tmp_path: Path) -
     run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[killed_attempt()])
     collateral_record(run)
     out = piped(tmp_path, "377|PENDING|BeginTime|\n", "status", "r")
-    assert out.splitlines()[:2] == [
-        "run  job  state    nodes      step  ckpt                                  attempts  note",
-        "r    377  PENDING  node[1-2]     -     -  1 (0: rank 1 on node1 killed by SIGKILL)  "
-        "BeginTime",
+    assert out.splitlines() == [
+        "run  job  state    nodes      step  ckpt  attempts  note",
+        "r    377  PENDING  node[1-2]     -     -         1  BeginTime",
+        "attempt 0: job 377 on node[1-2] at 14:13:20 60s, from scratch -> crash (committed 60): "
+        "rank 1 on node1 killed by SIGKILL",
     ]
     (run / "logs" / "rank-0.out").write_text("[mlp] step 60/160 loss 0.03\n")
     assert piped(tmp_path, "377|PENDING|BeginTime|\n", "logs", "r") == (

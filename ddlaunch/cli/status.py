@@ -46,27 +46,30 @@ def shorten_end(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + ELLIPSIS
 
 
-def earlier_failures(r: Any) -> str:
-    """How each earlier attempt failed: ``0: rank 1 on node1 killed by SIGKILL``. The latest
+def earlier_failures(r: Any, whole: bool = False) -> str:
+    """How each earlier attempt failed: ``0: rank 1 on node1 killed by SIGKILL``, each cut
+    to ``CULPRIT_WIDTH`` unless ``whole`` (a pipe's row: nothing shortened). The latest
     attempt's failure, when it is the run's headline, is not history (it is while the job
     waits for its next attempt)."""
     history = r.history[:-1] if r.failure else r.history
     return "; ".join(
-        f"{a.get('attempt')}: {shorten_end(a['culprit'], CULPRIT_WIDTH)}"
+        f"{a.get('attempt')}: {a['culprit'] if whole else shorten_end(a['culprit'], CULPRIT_WIDTH)}"
         for a in history
         if a.get("culprit")
     )
 
 
-def attempts_cell(r: Any) -> str:
+def attempts_cell(r: Any, whole: bool = False) -> str:
     """The count, and how each earlier attempt failed: ``2 (0: rank 1 on node1 killed by
     SIGKILL)`` (one cell: a pipe's row)."""
-    earlier = earlier_failures(r)
+    earlier = earlier_failures(r, whole)
     count = _num(r.attempts)
     return f"{count} ({earlier})" if earlier else count
 
 
-def cells(r: Any) -> tuple[str, ...]:
+def cells(r: Any, whole: bool = False, counts_only: bool = False) -> tuple[str, ...]:
+    """A row's cells; ``counts_only``: the attempts cell is the count (each attempt has a
+    line of its own under the table)."""
     return (
         r.run_id,
         r.job_id or "-",
@@ -74,7 +77,7 @@ def cells(r: Any) -> tuple[str, ...]:
         r.nodes or "-",
         _num(r.step),
         _num(r.checkpoint_step),
-        attempts_cell(r),
+        _num(r.attempts) if counts_only else attempts_cell(r, whole),
         note(r),
     )
 
@@ -84,16 +87,21 @@ def cells(r: Any) -> tuple[str, ...]:
 EARLIER = Column("earlier", "detail", rank=0)
 
 
-def render(rows: Sequence[Any], width: int | None, names: Sequence[str] = ()) -> str:
+def render(
+    rows: Sequence[Any], width: int | None, names: Sequence[str] = (), lines_follow: bool = False
+) -> str:
     """Rows -> the table (pure). ``width``: the terminal's, or None for a pipe (one row per
     line, the attempts cell whole). ``names``: every id the run root holds, so that a run id
     shortened to fit keeps a prefix unique among them (``prefix…suffix`` is accepted back
-    wherever a run id is)."""
+    wherever a run id is). ``lines_follow``: each attempt gets a line under the table, so
+    the attempts cell is the count alone (not each failure twice)."""
     ids = [r.run_id for r in rows]
     prefixes = unique_prefixes(ids, names)
     shortest = max((min(prefixes[i] + 1 + TAIL, len(i)) for i in ids), default=0)
     columns = [Column("run", "shrink", min_width=shortest), *COLUMNS[1:]]
-    table = [list(cells(r)) for r in rows]
+    table = [list(cells(r, width is None, lines_follow)) for r in rows]
+    if lines_follow:
+        return "\n".join(fit(columns, table, width))
     if width is not None and any(earlier_failures(r) for r in rows):
         columns.insert(7, EARLIER)
         for cell, r in zip(table, rows, strict=True):
@@ -168,15 +176,16 @@ def page(shown: Any, width: int | None) -> str:
     lines = []
     if len(rows) == 1 and rows[0].failure:
         lines.append(f"FAILED {rows[0].failure}")
+    follow = len(rows) == 1 and bool(rows[0].history)
     if rows:
-        lines.append(render(rows, width, shown.names))
+        lines.append(render(rows, width, shown.names, lines_follow=follow))
     if shown.hidden:
         what = "run" if shown.hidden == 1 else "runs"
         text = (
             f"{shown.hidden} older finished {what} not shown (ddlaunch status --all, or --since 7d)"
         )
         lines += textwrap.wrap(text, width) if width else [text]
-    if len(rows) == 1 and rows[0].history:
+    if follow:
         lines += attempt_lines(rows[0])
     return "\n".join(lines)
 
