@@ -54,8 +54,8 @@ def test_the_stages_are_submitted_in_order_each_after_its_predecessors_job(cli: 
         0,
         f"pipeline {pipeline.name}: 3 stages\n"
         f"pipeline dir: {pipeline}\n"
-        f"stage train  run {train.name}  job 500\n"
-        f"stage eval  run {evals.name}  job 501  (after train:ok)\n"
+        f"stage train   run {train.name}  job 500\n"
+        f"stage eval    run {evals.name}  job 501  (after train:ok)\n"
         f"stage export  run {export.name}  job 502  (after train:any)\n",
         "",
     )
@@ -150,7 +150,7 @@ def test_a_refused_stage_stops_the_pipeline_and_says_what_was_submitted(cli: Cli
         2,
         f"pipeline {pipeline.name}: 3 stages\n"
         f"pipeline dir: {pipeline}\n"
-        f"stage train  run {train.name}  job 600\n",
+        f"stage train   run {train.name}  job 600\n",
         "error: stage eval was not submitted: sbatch failed (exit 1): sbatch: error: Batch "
         "job submission failed: Invalid account or account/partition combination specified\n"
         f"submitted before it, and still queued: train (run {train.name}, job 600)\n"

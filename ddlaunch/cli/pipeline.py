@@ -56,6 +56,7 @@ def command(file: str, dry_run: bool, run_root: str | None, force: bool) -> None
     steps = submit_pipeline(
         file, dry_run=dry_run, run_root=run_root, force=force, workdir=os.getcwd()
     )
+    width = 0  # the stage names' (Started says it)
     with contextlib.closing(steps):
         for event in steps:
             if echo_progress(event):
@@ -68,12 +69,13 @@ def command(file: str, dry_run: bool, run_root: str | None, force: bool) -> None
                     after = ", ".join(e.text for e in stage.after) or "-"
                     click.echo(f"stage {stage.name}: {shlex.quote(str(stage.config_path))} {sets}")
                     click.echo(f"  after: {after}")
-                case Started(pipeline_id=pipeline_id, path=path, stages=count):
+                case Started(pipeline_id=pipeline_id, path=path, stages=count, width=width):
                     click.echo(f"pipeline {pipeline_id}: {count} stages")
                     click.echo(f"pipeline dir: {path}")
                 case StageSubmitted(stage=stage, run_id=run_id, job_id=job_id):
                     after = ", ".join(e.text for e in stage.after)
                     shown = f"  (after {after})" if after else ""
-                    click.echo(f"stage {stage.name}  run {run_id}  job {job_id}{shown}")
+                    name = stage.name.ljust(width)  # the runs' ids line up
+                    click.echo(f"stage {name}  run {run_id}  job {job_id}{shown}")
     if dry_run:
         click.echo("# nothing submitted (--dry-run)")

@@ -57,6 +57,7 @@ class Started:
     pipeline_id: str
     path: Path
     stages: int
+    width: int = 0  # the longest stage name: the stages' lines align on it
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def submit_pipeline(
         write_pipeline(path, spec.name, str(spec.path.absolute()), created, stages)
 
     record()
-    yield Started(path.name, path, len(stages))
+    yield Started(path.name, path, len(stages), max(len(s.name) for s in spec.stages))
     for i, stage in enumerate(spec.stages):
         after = [f"{stages_dir(stages, e.stage)}:{e.condition}" for e in stage.after]
         before = _runs_named(root, stage)
