@@ -72,8 +72,7 @@ def test_impossible_jobs_are_refused_before_sbatch(
     ghost = run(tmp_path, "nodes", "add", "node9")
     assert ghost.returncode == 2
     assert ghost.stderr == (
-        "error: node9: no such node in this cluster (it has node[1-3]); "
-        "--force adds it anyway\n"
+        "error: node9: no such node in this cluster (it has node[1-3]); --force adds it anyway\n"
     )
     assert run(tmp_path, "nodes", "clear").returncode == 0
     assert run(tmp_path, "nodes", "add", "node9", "--force").returncode == 0

@@ -219,8 +219,8 @@ def test_deepspeed_rank_killed_after_a_checkpoint_resumes_from_that_tag(
     config = trainer_config(
         tmp_path,
         "ds-kill",
-        REPO / "tests" / "trainer_scripts" / "ds_pid.py",
-        ds_args(0.3),
+        REPO / "tests" / "trainer_scripts" / "example_with_pid.py",
+        ["deepspeed_train.py", *ds_args(0.3)],
         trainer={"kind": "deepspeed"},
         launch={"env": DS_ENV},
     )

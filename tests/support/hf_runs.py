@@ -1,7 +1,7 @@
 """Hugging Face Trainer runs through the local runner (real rank processes, gloo on 127.0.0.1,
-CPU): a run directory of the HF example script (``trainer_scripts/hf_pid.py``: a tiny GPT-2
-built from a config, generated data, ``--enable_jit_checkpoint``, offline), ``run_local``
-started in a thread, and the check that it ended with every rank stopped."""
+CPU): a run directory of the HF example script (through ``trainer_scripts/example_with_pid.py``:
+a tiny GPT-2 built from a config, generated data, ``--enable_jit_checkpoint``, offline),
+``run_local`` started in a thread, and the check that it ended with every rank stopped."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 from ddlaunch.config import Config, load_config, to_plain
 from ddlaunch.launch.local import LocalRunError, run_local
 
-HF_PID = Path(__file__).parent.parent / "trainer_scripts" / "hf_pid.py"
+WITH_PID = Path(__file__).parent.parent / "trainer_scripts" / "example_with_pid.py"
 MAX_STEPS = 400  # ~100 s of steps: the stop, not the end of training, must end the run
 STEP_SLEEP_S = 0.25
 # Bounds the whole run (start, steps, the JIT save); run_local kills the ranks after it.
@@ -32,12 +32,12 @@ def hf_run(
 ) -> Path:
     cfg: Config = load_config("examples/hf-trainer")
     args = (
-        "--output_dir", "{checkpoint_dir}", "--max_steps", str(max_steps),
+        "hf_trainer.py", "--output_dir", "{checkpoint_dir}", "--max_steps", str(max_steps),
         "--save_steps", str(save_steps), "--step_sleep", str(step_sleep),
         "--enable_jit_checkpoint", "--result", "{run_dir}/result.json",
     )  # fmt: skip
     launch = dataclasses.replace(
-        cfg.launch, script=str(HF_PID), module=None, args=args, env={**cfg.launch.env, **OFFLINE}
+        cfg.launch, script=str(WITH_PID), module=None, args=args, env={**cfg.launch.env, **OFFLINE}
     )
     trainer = dataclasses.replace(cfg.trainer, checkpoint_dir=str(tmp_path / "ckpts"))
     cfg = dataclasses.replace(cfg, launch=launch, trainer=trainer)
