@@ -71,7 +71,12 @@ def test_a_killed_rank_is_named_and_the_completed_run_is_headlined_completed(
     assert "FAILED" not in status.stdout, status.stdout
     row = lines[1].split()
     assert row[:3] == [run_dir.name, job_id, "COMPLETED"], status.stdout
-    assert f"2 (0: rank 1 on {host} killed by SIGKILL)" in lines[1], status.stdout
+    # One run: its attempts cell is the count, each attempt's line under the table says
+    # how it ended and which rank caused it.
+    assert row[6] == "2", status.stdout  # run, job, state, nodes, step, ckpt, attempts
+    assert lines[2].startswith(f"attempt 0: job {job_id} on "), status.stdout
+    ended = f"-> crash (committed {first['committed_step']}): rank 1 on {host} killed by SIGKILL"
+    assert lines[2].endswith(ended), status.stdout
     shown = json.loads(ddlaunch("status", run_dir.name, "--json", cwd=tmp_path, env=env).stdout)
     assert shown[0]["failure"] is None
     print(f"attribution test took {time.monotonic() - started:.1f} s")
