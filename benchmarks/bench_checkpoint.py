@@ -118,16 +118,16 @@ class _StepWork:
 
 def _time_background_copies(durations: list[float]) -> None:
     """Record how long each background staging copy takes (instrumentation only)."""
-    from ddlaunch.saving import staging
+    from ddlaunch.saving import cpu_copy
 
-    original = staging.copy_pairs
+    original = cpu_copy.copy_pairs
 
     def timed_copy(pairs: Any) -> None:
         start = time.perf_counter()
         original(pairs)
         durations.append(time.perf_counter() - start)
 
-    staging.copy_pairs = timed_copy  # type: ignore[assignment]
+    cpu_copy.copy_pairs = timed_copy  # type: ignore[assignment]
 
 
 def _rank_main(

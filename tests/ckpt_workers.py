@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from ddlaunch.checkpoint import COMMIT_MARKER, latest_complete, list_checkpoints
-from ddlaunch.saving import CheckpointManager, CheckpointSaveError, TrainState, staging
+from ddlaunch.saving import CheckpointManager, CheckpointSaveError, TrainState, cpu_copy
 
 RESHARD_STEP = 7
 RESHARD_ROWS = 10  # not a multiple of 4: DTensor shards of 3, 3, 3, 1 rows
@@ -345,7 +345,7 @@ COPY_DELAY_S = 0.5  # the background copy is held back this long in _async_overl
 def _slow_background_copy(delay: float, fail: bool = False) -> Any:
     """Hold back the background copy of optimizer-owned tensors (or make it fail), so the
     training loop surely reaches optimizer.step() while the copy has not run yet."""
-    original = staging.copy_pairs
+    original = cpu_copy.copy_pairs
 
     def slow(pairs: Any) -> None:
         time.sleep(delay)
@@ -353,7 +353,7 @@ def _slow_background_copy(delay: float, fail: bool = False) -> Any:
             raise MemoryError("staging copy failed (simulated)")
         original(pairs)
 
-    staging.copy_pairs = slow  # type: ignore[assignment]
+    cpu_copy.copy_pairs = slow  # type: ignore[assignment]
     return original
 
 
@@ -384,7 +384,7 @@ def _async_overlap(rank: int, world: int, root: Path, rec: _Recorder) -> None:
             info = manager.wait()
             rec["overlap.committed"] = info.step if info else None
             # A failed background copy leaves the save uncommitted on every rank.
-            staging.copy_pairs = original  # type: ignore[assignment]
+            cpu_copy.copy_pairs = original  # type: ignore[assignment]
             _slow_background_copy(0.0, fail=rank == 1)
             try:
                 manager.save(2, state)
@@ -395,7 +395,7 @@ def _async_overlap(rank: int, world: int, root: Path, rec: _Recorder) -> None:
         rec["overlap.hooks_left"] = len(opt._optimizer_step_pre_hooks) - hooks_before
         # overlap_staging=False: all is copied inside save(); the step has nothing to wait
         # for (a deferred copy would be held back, and waited for, again).
-        staging.copy_pairs = original  # type: ignore[assignment]
+        cpu_copy.copy_pairs = original  # type: ignore[assignment]
         _slow_background_copy(COPY_DELAY_S)
         with CheckpointManager(
             root / "no-overlap", keep_last=0, async_save=True, overlap_staging=False
@@ -406,7 +406,7 @@ def _async_overlap(rank: int, world: int, root: Path, rec: _Recorder) -> None:
             rec["nooverlap.hook_waited_s"] = manager.staging_wait_s
             manager.wait()
     finally:
-        staging.copy_pairs = original  # type: ignore[assignment]
+        cpu_copy.copy_pairs = original  # type: ignore[assignment]
     _barrier()
     rec["overlap.checkpoints"] = [(i.step, i.state.value) for i in list_checkpoints(root)]
     for key, where, expected in (
