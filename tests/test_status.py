@@ -356,3 +356,35 @@ def test_finished_runs_are_cached_once_and_forgotten_when_removed(
     assert [r.run_id for r in view((), runner).rows] == ["a"]
     assert runner.count("squeue") == 1  # a finished run costs no Slurm call any more
     assert sorted(json.loads((tmp_path / STATUS_CACHE).read_text())["final"]) == ["a"]
+
+
+def test_a_replica_groups_handled_failure_is_no_headline_while_the_groups_train(
+    tmp_path: Path,
+) -> None:
+    """Group 1's rank 3 was killed; its peer rank 2 raised (collateral) and the supervisor
+    restarted group 1, which rejoined. The run is not failing: no headline (the group's
+    restart line names the culprit). A failure after that restart is news again."""
+    import json
+
+    from support.rundirs import T0, make_run
+
+    from ddlaunch.app.runs import read_run
+    from ddlaunch.app.status import run_failure
+
+    restart = {"group": 1, "restart": 0, "time": T0 + 30, "cause": "crash", "decision": "restart"}
+    attempt = {"attempt": 0, "job_id": "5", "start": T0, "group_restarts": [restart]}
+    run = make_run(tmp_path, "rg", "5", T0, attempts=[attempt])
+    (run / "failures").mkdir()
+
+    def write(rank: int, at: float) -> None:
+        rec = {"rank": rank, "host": "node2", "exception": "RuntimeError", "job_id": "5"}
+        rec |= {"message": "Connection closed by peer", "attempt": 0, "time": at}
+        with open(run / "failures" / "node-node2.jsonl", "a") as out:
+            out.write(json.dumps(rec) + "\n")
+
+    write(2, T0 + 29)
+    assert run_failure(read_run(run)) is None
+    write(0, T0 + 90)
+    assert run_failure(read_run(run)) == (
+        "rank 0 on node2: RuntimeError: Connection closed by peer"
+    )

@@ -414,10 +414,24 @@ def run_failure(info: RunInfo) -> str | None:
         return info.failures[0].one_line() if info.failures else None
     latest = info.attempts[-1]
     if latest.is_open:
-        # Still running: a rank that raised while its peers go on is news already.
-        mine = failures_of(latest, info.failures)
+        # Still running: a rank that raised while its peers go on is news already, unless
+        # its replica group has been restarted since (the group's restart line says what
+        # failed, its culprit first; the run is not failing).
+        handled = _last_group_restart(latest)
+        mine = [f for f in failures_of(latest, info.failures) if f.time > handled + CLOCK_SLACK_S]
         return mine[0].one_line() if mine else None
     return attempt_failure(latest, info.failures)
+
+
+def _last_group_restart(record: AttemptRecord) -> float:
+    """When the attempt's replica-group supervisor last handled a group's failure (a restart
+    or a group given up); minus infinity when none did."""
+    times = [
+        float(when)
+        for g in record.group_restarts or ()
+        if isinstance(when := g.get("time"), int | float) and not isinstance(when, bool)
+    ]
+    return max(times, default=float("-inf"))
 
 
 def staging_nodes(
