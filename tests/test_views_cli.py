@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from support.fakes import fake_slurm_bin, slurm_calls
-from support.rundirs import T0, make_run, started_sweep
+from support.rundirs import RUN_CONFIG, T0, make_run, started_sweep
 
 from ddlaunch.app.doctor import Row
 from ddlaunch.cli.doctor import table as doctor_table
@@ -220,6 +220,35 @@ def test_cancel_of_a_pending_job_waits_for_it_to_leave_the_queue(tmp_path: Path)
     )
     assert (proc.returncode, proc.stderr) == (0, "waiting for job 383 to leave the queue...\n")
     assert proc.stdout == "r: cancelled job 383: cancelled before it started\n"
+
+
+def test_cancel_of_a_trainer_that_saves_on_no_sigterm_says_its_last_checkpoint_is_kept(
+    tmp_path: Path,
+) -> None:
+    """Lightning saves on USR1 (its Slurm requeue), DeepSpeed on no signal: the cancel's
+    SIGTERM ends them without a save, and the wait must not say the ranks save first."""
+    lightning = "trainer:\n  kind: lightning\nlaunch:\n  script: train.py\n"
+    make_run(
+        tmp_path / "runs", "pl", "385", T0, attempts=[{"attempt": 0, "start": T0}],
+        config=RUN_CONFIG + lightning,
+    )  # fmt: skip
+    env = env_for(tmp_path, squeue="385|RUNNING|None|node1\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlaunch", "cancel", "pl"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stderr is not None
+    try:
+        assert proc.stderr.readline() == (
+            "waiting for job 385 to stop (its trainer saves on no cancel: its last checkpoint "
+            "is kept)...\n"
+        )
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
 
 
 def test_ctrl_c_during_cancel_s_wait_says_the_job_was_cancelled(tmp_path: Path) -> None:

@@ -23,13 +23,14 @@ from ddlaunch.app.runs import find_member, read_run
 from ddlaunch.app.status import ACTIVE_STATES, RunStatus, fold_state
 from ddlaunch.app.status_poll import Target, poll, resolve
 from ddlaunch.conclude import conclude, saved_phrase
+from ddlaunch.config.trainers import is_byo
 from ddlaunch.policy import requeue as policy
 from ddlaunch.policy.requeue import NO_RETRY, Ending
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import outcome
 from ddlaunch.store.members import member_of
 from ddlaunch.store.records import Unreadable
-from ddlaunch.store.rundir import committed_step, default_run_root, is_run_dir
+from ddlaunch.store.rundir import checkpoint_source, committed_step, default_run_root, is_run_dir
 from ddlaunch.store.sweep_cancels import record_cancelled
 
 POLL_S = 0.5
@@ -53,10 +54,23 @@ class Waiting:
 
     started: tuple[str, ...]
     queued: tuple[str, ...]
+    # Started jobs whose trainer does not save on the cancel's SIGTERM (Lightning saves on
+    # USR1, DeepSpeed on no signal): their last periodic checkpoint is what is kept.
+    unsaved: tuple[str, ...] = ()
 
     @property
     def jobs(self) -> tuple[str, ...]:
         return self.started + self.queued
+
+
+def saves_on_cancel(run_dir: Path) -> bool:
+    """Whether the run's ranks save when the cancel's SIGTERM reaches them: Session code and
+    trainers whose stop signal is TERM (HF's JIT checkpoint, Megatron's handler) do."""
+    try:
+        source = checkpoint_source(run_dir)
+    except (OSError, Unreadable, ValueError):
+        return True  # unknown: say what Session code does
+    return not is_byo(source.kind) or source.layout.signal == "TERM"
 
 
 def _cancellable(row: RunStatus) -> bool:
@@ -179,10 +193,16 @@ def cancel(
     try:  # from here on an interrupt cuts the wait short, not the cancel
         if jobs and waiting is not None and wait_s > 0:
             queued = {r.job_id for _, _, r in plan.to_cancel() if r.state == "PENDING"}
+            unsaved = {
+                r.job_id
+                for _, t, r in plan.to_cancel()
+                if r.job_id not in queued and is_run_dir(t.path) and not saves_on_cancel(t.path)
+            }
             waiting(
                 Waiting(
                     tuple(j for j in jobs if j not in queued),
                     tuple(j for j in jobs if j in queued),
+                    tuple(j for j in jobs if j in unsaved),
                 )
             )
         left = _wait_until_gone(client, jobs, wait_s) if jobs and wait_s > 0 else set(jobs)

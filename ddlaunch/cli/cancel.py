@@ -17,16 +17,21 @@ def _jobs(jobs: tuple[str, ...]) -> str:
 
 
 def waiting_line(w: Waiting) -> str:
-    """What the wait is for: started jobs stop once their ranks saved; a job that never
-    started has no ranks, it only leaves the queue."""
+    """What the wait is for: started jobs stop once their ranks saved (a trainer that saves
+    on no SIGTERM keeps its last checkpoint); a job that never started has no ranks, it only
+    leaves the queue."""
+    if w.unsaved and len(w.unsaved) == len(w.started):
+        why = "its trainer saves on no cancel: its last checkpoint is kept"
+        stop = f"to stop ({why if len(w.started) == 1 else why.replace('its', 'their', 1)})"
+    elif w.unsaved:
+        stop = f"to stop (the ranks save first; not {_jobs(w.unsaved)}, whose trainer does not)"
+    else:
+        stop = "to stop (the ranks save first)"
     if not w.queued:
-        return f"waiting for {_jobs(w.started)} to stop (the ranks save first)..."
+        return f"waiting for {_jobs(w.started)} {stop}..."
     if not w.started:
         return f"waiting for {_jobs(w.queued)} to leave the queue..."
-    return (
-        f"waiting for {_jobs(w.started)} to stop (the ranks save first) and "
-        f"{_jobs(w.queued)} to leave the queue..."
-    )
+    return f"waiting for {_jobs(w.started)} {stop} and {_jobs(w.queued)} to leave the queue..."
 
 
 def tell_waiting(w: Waiting) -> None:
