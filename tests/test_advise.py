@@ -129,7 +129,8 @@ def test_advise_mttf_from_the_runs_own_failures_or_the_command_line(tmp_path) ->
     proc = advise_cli(tmp_path, "r1")
     assert proc.returncode == 0, proc.stderr
     assert (
-        "  MTTF               2.02 h  1 failure in 2.02 h of attempts (this run)\n" in proc.stdout
+        "  MTTF               2.02 h  1 failure in 2.02 h of attempts (this run; one failure "
+        "makes an uncertain estimate: --mttf-hours sets one)\n" in proc.stdout
     )
     proc = advise_cli(tmp_path, "r1", "--mttf-hours", "0.5")
     assert "  MTTF             30.0 min  --mttf-hours\n" in proc.stdout
@@ -202,3 +203,20 @@ def test_the_final_save_is_recorded_for_the_report_and_left_out_of_the_measured_
     assert [(r.step, r.reason) for r in lines] == [(50, None), (60, "final")]
     assert lines[1].blocking_s is None and lines[1].time is not None
     assert [s.step for s in _saves(timings.read(run))] == [50]
+
+
+def test_a_replica_groups_restarts_are_failures_of_the_run() -> None:
+    """A group that failed and was restarted alone ended no attempt, but it failed: the
+    run's own MTTF counts it (two group restarts in one hour: 30 min)."""
+    from ddlaunch.app.advise import mttf
+    from ddlaunch.store.attempts import AttemptRecord
+
+    restarts = [{"group": 1, "time": T0 + 600.0}, {"group": 0, "time": T0 + 1800.0}]
+    attempt = {"attempt": 0, "start": T0, "end": T0 + 3600.0, "cause": "completed"}
+    found = mttf({}, [AttemptRecord.from_json({**attempt, "group_restarts": restarts})], T0)
+    assert found is not None and found.value == 1800.0
+    assert found.source == (
+        "2 failures in 1.00 h of attempts (this run; 2 failures make an uncertain estimate: "
+        "--mttf-hours sets one)"
+    )
+    assert mttf({}, [AttemptRecord.from_json(attempt)], T0) is None

@@ -147,18 +147,31 @@ def restart_cost(attempts: Sequence[AttemptRecord], records: Sequence[Timing]) -
     )
 
 
+# Below this many failures the run's own MTTF is said to be an uncertain estimate.
+FEW_FAILURES = 3
+
+
 def mttf(tree: Mapping[str, Any], attempts: Sequence[AttemptRecord], now: float) -> Measured | None:
     hours = (tree.get("fault_tolerance") or {}).get("mttf_hours")
     if hours:
         return Measured(float(hours) * 3600.0, "fault_tolerance.mttf_hours")
     spent = sum(float(a.end or now) - a.start for a in attempts if a.start)
+    # A replica group that failed and was restarted alone is a failure of the job's hardware
+    # or code as much as a whole attempt's end.
     failed = sum(1 for a in attempts if a.cause in FAILURES)
+    failed += sum(len(a.group_restarts or ()) for a in attempts)
     if not failed or spent <= 0:
         return None
+    few = (
+        f"; {'one failure makes' if failed == 1 else f'{failed} failures make'} an uncertain "
+        "estimate: --mttf-hours sets one"
+        if failed < FEW_FAILURES
+        else ""
+    )
     return Measured(
         spent / failed,
         f"{failed} failure{'' if failed == 1 else 's'} in {spent / 3600:.2f} h of attempts "
-        "(this run)",
+        f"(this run{few})",
     )
 
 
