@@ -207,7 +207,10 @@ def advise_run(
         raise UserError(no_save_measured(run_dir))
     spaced = spacing(records)
     if spaced is None:
-        raise UserError(f"run {name} needs two checkpoints of one attempt to measure its step time")
+        raise UserError(
+            f"run {name} needs two periodic saves in one attempt to measure its step time "
+            "(the final save and the one on a stop signal are not periodic)"
+        )
     step_s, steps, pairs = spaced
     if mttf_override is not None:
         failures: Measured | None = Measured(mttf_override * 3600.0, "--mttf-hours")
