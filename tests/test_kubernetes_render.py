@@ -280,7 +280,7 @@ def test_errors(tmp_path: Path) -> None:
     )
     # The run root outside every volume (render() puts one on the root's top directory).
     off_volume = _error(tmp_path, ['kubernetes.volumes={"/data": "pvc:data"}'], root="/runs")
-    assert "/runs/golden (storage.run_root) is on no writable kubernetes.volumes mount" in (
+    assert "/runs (storage.run_root) is on no writable kubernetes.volumes mount" in (
         off_volume
     )
     assert "'/images/pt.sqsh' is an image file" in _error(
@@ -390,7 +390,7 @@ def test_cli_reports_every_problem_of_the_target_at_once(tmp_path: Path) -> None
         "  container.image: --target kubernetes runs the ranks in an image: set "
         "container.image (e.g. nvcr.io/nvidia/pytorch:24.05-py3, with ddlaunch installed or "
         "on a kubernetes.volumes mount)\n"
-        "  kubernetes.volumes: /runs/r1 (storage.run_root) is on no writable "
+        "  kubernetes.volumes: /runs (storage.run_root) is on no writable "
         "kubernetes.volumes mount (mounts: none): the pods write the attempts, logs and "
         "checkpoints there, and ddlaunch reads them back from here\n"
         "  fault_tolerance.spare_nodes: hot spares and elastic shrink act inside a Slurm "

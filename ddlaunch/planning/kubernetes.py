@@ -131,7 +131,9 @@ def _covering(cfg: Config, path: str) -> tuple[str, bool] | None:
 
 def _check_storage(cfg: Config, run_dir: str, checkpoints: str) -> list[ConfigIssue]:
     issues = []
-    paths = [("storage.run_root", run_dir)]
+    # The run root, not the run directory: render invents a fresh id every time, and a
+    # mount that covers the root covers every run under it.
+    paths = [("storage.run_root", str(PurePosixPath(run_dir).parent))]
     if cfg.storage.checkpoint_dir:  # else inside the run directory: its problem is the root's
         paths.append(("storage.checkpoint_dir", checkpoints))
     for key, path in paths:
