@@ -179,7 +179,8 @@ def test_status_joins_attempts_causes_and_health(tmp_path: Path) -> None:
     assert row.history[0]["detail"] == "gpus: 1 of 2"
     assert row.excluded == ["node1", "node2"]
     assert row.health == (
-        "preflight 1 ok; preflight on node1; hang on node2; excluded node1,node2; heartbeat 5 s ago"
+        "preflight 1 ok; preflight failed on node1; hang on node2; excluded node1,node2; "
+        "heartbeat 5 s ago"
     )
     assert row.attempts == 3
 

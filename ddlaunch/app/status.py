@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 from ddlaunch.app.runs import (
     RunInfo,
 )
-from ddlaunch.policy.requeue import CAUSE_CRASH, HEALTH_CAUSES
+from ddlaunch.policy.requeue import CAUSE_CRASH, CAUSE_PREFLIGHT, HEALTH_CAUSES
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import group_state
 from ddlaunch.store.attempts import AttemptRecord
@@ -230,8 +230,10 @@ def health_line(info: RunInfo, now: float, state: str = "RUNNING") -> str:
         from ddlaunch.policy.preflight import summary_line
 
         parts.append("preflight " + summary_line(info.preflight.verdicts or ()))
+    # "preflight failed on node2": beside the latest preflight's "preflight 2 ok" (the spare
+    # that replaced it passed), "preflight on node2" read as a second, passing check.
     blamed = [
-        f"{a.cause} on {','.join(a.blamed)}"
+        f"{'preflight failed' if a.cause == CAUSE_PREFLIGHT else a.cause} on {','.join(a.blamed)}"
         for a in info.attempts
         if a.blamed and a.cause in HEALTH_CAUSES
     ]
