@@ -280,9 +280,7 @@ def test_errors(tmp_path: Path) -> None:
     )
     # The run root outside every volume (render() puts one on the root's top directory).
     off_volume = _error(tmp_path, ['kubernetes.volumes={"/data": "pvc:data"}'], root="/runs")
-    assert "/runs (storage.run_root) is on no writable kubernetes.volumes mount" in (
-        off_volume
-    )
+    assert "/runs (storage.run_root) is on no writable kubernetes.volumes mount" in (off_volume)
     assert "'/images/pt.sqsh' is an image file" in _error(
         tmp_path, ["container.image=/images/pt.sqsh"]
     )
