@@ -174,7 +174,7 @@ def test_status_and_report_show_every_attempt_and_cause(runs) -> None:
     row = json.loads(proc.stdout)[0]
     assert row["state"] == "COMPLETED" and row["attempts"] == 3
     assert [a["cause"] for a in row["history"]] == ["preflight", "hang", "completed"]
-    assert "preflight on" in row["health"] and "hang on" in row["health"]
+    assert "preflight failed on" in row["health"] and "hang on" in row["health"]
     text = _ddlaunch("status", run_dir.name, cwd=tmp, env={**env, "COLUMNS": "200"})
     assert "-> preflight" in text.stdout and "-> hang" in text.stdout, text.stdout
     report = _ddlaunch("report", run_dir.name, "--out", str(tmp / "report"), cwd=tmp, env=env)
