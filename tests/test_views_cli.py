@@ -222,6 +222,19 @@ def test_cancel_of_a_pending_job_waits_for_it_to_leave_the_queue(tmp_path: Path)
     assert proc.stdout == "r: cancelled job 383: cancelled before it started\n"
 
 
+def _cancel_waiting(tmp_path: Path, run: str, job: str) -> subprocess.Popen[str]:
+    """``ddlaunch cancel RUN`` against a job that keeps running after scancel (its ranks
+    save), so cancel waits: started, its lines to be read."""
+    env = env_for(tmp_path, squeue=f"{job}|RUNNING|None|node1\n")
+    return subprocess.Popen(
+        [sys.executable, "-m", "ddlaunch", "cancel", run],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
 def test_cancel_of_a_trainer_that_saves_on_no_sigterm_says_its_last_checkpoint_is_kept(
     tmp_path: Path,
 ) -> None:
@@ -232,14 +245,7 @@ def test_cancel_of_a_trainer_that_saves_on_no_sigterm_says_its_last_checkpoint_i
         tmp_path / "runs", "pl", "385", T0, attempts=[{"attempt": 0, "start": T0}],
         config=RUN_CONFIG + lightning,
     )  # fmt: skip
-    env = env_for(tmp_path, squeue="385|RUNNING|None|node1\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ddlaunch", "cancel", "pl"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = _cancel_waiting(tmp_path, "pl", "385")
     assert proc.stderr is not None
     try:
         assert proc.stderr.readline() == (
@@ -253,15 +259,7 @@ def test_cancel_of_a_trainer_that_saves_on_no_sigterm_says_its_last_checkpoint_i
 
 def test_ctrl_c_during_cancel_s_wait_says_the_job_was_cancelled(tmp_path: Path) -> None:
     make_run(tmp_path / "runs", "r", "384", T0, attempts=[{"attempt": 0, "start": T0}])
-    # the job keeps running after scancel (its ranks save), so cancel waits
-    env = env_for(tmp_path, squeue="384|RUNNING|None|node1\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ddlaunch", "cancel", "r"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = _cancel_waiting(tmp_path, "r", "384")
     assert proc.stderr is not None
     try:
         assert proc.stderr.readline() == "waiting for job 384 to stop (the ranks save first)...\n"
