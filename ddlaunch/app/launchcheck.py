@@ -76,10 +76,19 @@ def defined_names(source: Path) -> set[str] | None:
     assignments, imports, inside top-level ``if``/``try``/``with`` too), read without running
     it; None when that cannot be told from the text (``from x import *``, a module
     ``__getattr__``, a file that does not parse)."""
+    tree = _parsed(source)
+    return None if tree is None else _bound_names(tree)
+
+
+def _parsed(source: Path) -> ast.Module | None:
     try:
-        tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
+        return ast.parse(source.read_text(encoding="utf-8", errors="replace"))
     except (OSError, SyntaxError, ValueError):
         return None
+
+
+def _bound_names(tree: ast.Module) -> set[str] | None:
+    """``defined_names`` of a parsed module."""
     names: set[str] = set()
     body = list(tree.body)
     while body:
@@ -103,9 +112,8 @@ def defined_names(source: Path) -> set[str] | None:
     return None if "__getattr__" in names else names
 
 
-def _functions(source: Path) -> list[str]:
-    """The public functions a source file defines at its top level, in file order."""
-    tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
+def _functions(tree: ast.Module) -> list[str]:
+    """The public functions a module defines at its top level, in file order."""
     return [
         n.name
         for n in tree.body
@@ -121,10 +129,11 @@ def _missing_function(entrypoint: str, spec: ModuleSpec) -> str | None:
     origin = spec.origin
     if not first or not origin or not origin.endswith(".py"):
         return None
-    names = defined_names(Path(origin))
-    if names is None or first in names:
+    tree = _parsed(Path(origin))  # once: the names it binds, then its functions
+    names = None if tree is None else _bound_names(tree)
+    if tree is None or names is None or first in names:
         return None
-    functions = _functions(Path(origin))
+    functions = _functions(tree)
     listed = f" (its functions: {', '.join(functions[:8])})" if functions else ""
     return f"launch.entrypoint: module {module!r} ({origin}) defines no {first!r}{listed}"
 
