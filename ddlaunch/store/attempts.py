@@ -61,6 +61,12 @@ FIELDS = {
     # fault_tolerance.mode: replica_groups: each group restarted alone in this attempt
     # (``job.groups``: group, cause, culprit, nodes, the decision).
     "group_restarts": OBJECTS,
+    # fault_tolerance.restart: in_process: each in-process restart in this attempt, written by
+    # the ranks (``store.inprocess`` reads an entry), and when rank 0 saw every rank of the
+    # last generation return from the training function (the end hook then knows that
+    # srun's nonzero status is a replaced rank's, not the run's).
+    "in_process_restarts": OBJECTS,
+    "in_process_done": NUMBER,
 }
 
 
@@ -102,6 +108,8 @@ class AttemptRecord(records.Record):
     preflight: tuple[Mapping[str, Any], ...] | None = None
     checkpoint_errors: tuple[Mapping[str, Any], ...] | None = None
     group_restarts: tuple[Mapping[str, Any], ...] | None = None
+    in_process_restarts: tuple[Mapping[str, Any], ...] | None = None
+    in_process_done: float | None = None
 
     @property
     def is_open(self) -> bool:

@@ -1,0 +1,160 @@
+"""In-process restarts (``fault_tolerance.restart: in_process``) as the attempt record holds
+them: when a rank dies, the surviving rank processes stay alive, a standby process started
+beforehand takes the dead rank, and they form a new process group and resume. The ranks
+append one entry per restart to the open attempt's ``in_process_restarts``
+(``attempts.update_open``); rank 0 sets ``in_process_done`` when every rank of the last
+generation returned from the training function.
+
+Here: ``InProcessRestart``, one entry read without trusting it (a missing or mistyped key is
+"not known"), and ``describe``, the entry in one line for ``status`` and ``report``.
+Torch-free, no Slurm calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ddlaunch.store.attempts import AttemptRecord
+from ddlaunch.store.records import number, text, whole
+
+CAUSE_CRASH = "crash"
+# Where the ranks took the state they resumed from (``state_from``).
+STATE_RAM = "ram"  # survivors: their own RAM copy; replacements: a peer's
+STATE_DISK = "disk"  # everyone: the checkpoint on disk
+_STATE_WORDS = {STATE_RAM: "RAM", STATE_DISK: "disk"}
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A standby process that took a dead rank."""
+
+    rank: int | None
+    host: str
+    pid: int | None
+
+    @classmethod
+    def from_mapping(cls, entry: Mapping[str, Any]) -> Replacement:
+        return cls(whole(entry.get("rank")), text(entry.get("host")) or "", whole(entry.get("pid")))
+
+
+@dataclass(frozen=True, kw_only=True)
+class InProcessRestart:
+    """One in-process restart of an attempt. ``time``: when the failure was detected (epoch
+    s); ``generation``: 1 for the attempt's first; ``ranks`` and ``hosts``: the ranks that
+    died and their hosts, in the same order; ``rejoined_s``: failure detected -> new process
+    group formed; ``resumed_from``: the step resumed from; ``state_from``: ``STATE_RAM`` or
+    ``STATE_DISK``; ``fell_back``: why the restart could not be done in process (the ranks
+    then left, and the attempt ended as any crash does)."""
+
+    time: float | None = None
+    generation: int | None = None
+    ranks: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
+    cause: str = CAUSE_CRASH
+    replacements: tuple[Replacement, ...] = ()
+    rejoined_s: float | None = None
+    resumed_from: int | None = None
+    state_from: str | None = None
+    fell_back: str | None = None
+
+    @classmethod
+    def from_mapping(cls, entry: Mapping[str, Any]) -> InProcessRestart:
+        """An entry as the ranks wrote it; what is missing or of the wrong kind is unknown."""
+        when = number(entry.get("time"))
+        rejoined = number(entry.get("rejoined_s"))
+        return cls(
+            time=None if when is None else float(when),
+            generation=whole(entry.get("generation")),
+            ranks=tuple(k for r in _list(entry.get("ranks")) if (k := whole(r)) is not None),
+            hosts=tuple(h for h in _list(entry.get("hosts")) if isinstance(h, str)),
+            cause=text(entry.get("cause")) or CAUSE_CRASH,
+            replacements=tuple(
+                Replacement.from_mapping(r)
+                for r in _list(entry.get("replacements"))
+                if isinstance(r, Mapping)
+            ),
+            rejoined_s=None if rejoined is None else float(rejoined),
+            resumed_from=whole(entry.get("resumed_from")),
+            state_from=text(entry.get("state_from")),
+            fell_back=text(entry.get("fell_back")),
+        )
+
+    @property
+    def recovered(self) -> bool:
+        """Whether the ranks went on in process (a fall-back ends the attempt instead, whose
+        own cause then counts the failure)."""
+        return self.fell_back is None
+
+
+def _list(value: object) -> Sequence[object]:
+    return value if isinstance(value, list | tuple) else ()
+
+
+def of_attempt(record: AttemptRecord) -> list[InProcessRestart]:
+    """The attempt's in-process restarts, in the order the ranks recorded them."""
+    return [InProcessRestart.from_mapping(e) for e in record.in_process_restarts or ()]
+
+
+def recovered_count(records: Sequence[AttemptRecord]) -> int:
+    """Failures the ranks recovered from in process, over ``records`` (the fall-backs are
+    not: each ended its attempt)."""
+    return sum(1 for rec in records for r in of_attempt(rec) if r.recovered)
+
+
+def describe(r: InProcessRestart) -> str:
+    """One restart in one line: ``in-process restart 1: rank 2 on node2 crashed; standby
+    pid 12345 took it; state from RAM (step 60); rejoined in 1.8 s``."""
+    head = "in-process restart" + ("" if r.generation is None else f" {r.generation}")
+    parts = [f"{_who(r)} {_how(r.cause)}"]
+    if r.fell_back is not None:
+        parts.append(f"fell back to ending the attempt: {r.fell_back}")
+        return f"{head}: {'; '.join(parts)}"
+    if r.replacements:
+        parts.append(_standbys(r))
+    state = _state(r)
+    if state:
+        parts.append(state)
+    parts.append("not rejoined" if r.rejoined_s is None else f"rejoined in {r.rejoined_s:.1f} s")
+    return f"{head}: {'; '.join(parts)}"
+
+
+def _who(r: InProcessRestart) -> str:
+    """``rank 2 on node2``, ``ranks 2,3 on node2``, ``rank 2 on node2 and rank 9 on node3``."""
+    if not r.ranks:
+        return "a rank"
+    if len(r.hosts) != len(r.ranks):  # hosts not known for each: the ranks alone
+        return f"rank{'s' if len(r.ranks) > 1 else ''} {','.join(map(str, r.ranks))}"
+    if len(set(r.hosts)) == 1:
+        ranks = ",".join(map(str, r.ranks))
+        return f"rank{'s' if len(r.ranks) > 1 else ''} {ranks} on {r.hosts[0]}"
+    return " and ".join(f"rank {k} on {h}" for k, h in zip(r.ranks, r.hosts, strict=True))
+
+
+def _how(cause: str) -> str:
+    return "crashed" if cause == CAUSE_CRASH else f"failed ({cause})"
+
+
+def _standbys(r: InProcessRestart) -> str:
+    """``standby pid 12345 took it``; a standby on another host than the rank it took is
+    said with its host."""
+    died_on = dict(zip(r.ranks, r.hosts, strict=False))
+    names = []
+    for s in r.replacements:
+        name = f"pid {s.pid}" if s.pid is not None else ""
+        if s.host and s.host != died_on.get(s.rank if s.rank is not None else -1):
+            name += f" on {s.host}"
+        names.append(name.strip())
+    one = len(r.replacements) == 1
+    said = ", ".join(n for n in names if n)
+    who = ("standby" if one else "standbys") + (f" {said}" if said else "")
+    return f"{who} took {'it' if one else 'them'}"
+
+
+def _state(r: InProcessRestart) -> str:
+    step = f"step {r.resumed_from}" if r.resumed_from is not None else ""
+    if r.state_from is None:
+        return f"resumed from {step}" if step else ""
+    where = _STATE_WORDS.get(r.state_from, r.state_from)
+    return f"state from {where}" + (f" ({step})" if step else "")
