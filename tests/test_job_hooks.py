@@ -1,10 +1,12 @@
 """The batch-script hooks with recorded Slurm output: the start hook closes a cut-off attempt
 and blames down nodes; the end hook requeues a crash that made progress, stops one that did
-not, and blames the node whose ranks died silently."""
+not, blames the node whose ranks died silently, and completes a run whose ranks finished
+after an in-process restart although srun reports the replaced rank's status."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner
@@ -134,6 +136,45 @@ def test_end_blames_the_node_whose_ranks_died_silently(tmp_path) -> None:
     assert ["scontrol", "update", "JobId=9", "ExcNodeList=node2"] in runner.calls
     assert runner.calls[-1] == ["scontrol", "requeue", "9"]
     assert not any(c[-1] == "node1" for c in runner.calls if c[:3] == ["scontrol", "show", "node"])
+
+
+def test_end_completes_a_run_whose_ranks_finished_after_an_in_process_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fault_tolerance.restart: in_process: rank 3 was killed and a standby took it; every
+    rank of the new generation returned (rank 0's in_process_done). srun still says 137,
+    the killed rank's: the run completed, and the script exits 0 for Slurm to say so."""
+    run = committed_run(tmp_path, [20, 40])
+    restart = {"time": 5.0, "generation": 1, "ranks": [3], "hosts": ["node2"], "cause": "crash"}
+    restart |= {"replacements": [{"rank": 3, "host": "node2", "pid": 4242}], "rejoined_s": 1.5}
+    attempt = {"attempt": 0, "job_id": "9", "nodes": "node[1-2]", "resumed_from": None}
+    write_attempts(run, [{**attempt, "in_process_restarts": [restart], "in_process_done": 9.0}])
+    runner = FakeRunner({"sinfo": "node1|allocated\nnode2|allocated\n", "sacct": ""})
+    assert hooks.end(run, 137, SlurmClient(runner), JOB_9, can_restart=True) == 0
+    record = attempt_json(run)[0]
+    assert (record["cause"], record["committed_step"], record["exit_code"]) == (
+        "completed",
+        40,
+        137,
+    )
+    assert json.loads((run / "outcome.json").read_text())["state"] == "COMPLETED"
+    assert not any(c[:2] == ["scontrol", "requeue"] for c in runner.calls)
+    assert capsys.readouterr().err == (
+        "[ddlaunch] the ranks finished after 1 in-process restart (rank 3 on node2 replaced); "
+        "srun's status 137 is taken for the replaced rank's, not the run's\n"
+    )
+
+
+def test_end_treats_an_in_process_restart_without_a_finish_as_a_crash(tmp_path: Path) -> None:
+    """The ranks never all returned (no in_process_done): srun's status is the run's."""
+    run = committed_run(tmp_path, [20, 40])
+    restart = {"time": 5.0, "generation": 1, "ranks": [3], "hosts": ["node2"], "cause": "crash"}
+    attempt = {"attempt": 0, "job_id": "9", "nodes": "node[1-2]", "resumed_from": 20}
+    write_attempts(run, [{**attempt, "in_process_restarts": [restart]}])
+    runner = FakeRunner({"sinfo": "node1|allocated\nnode2|allocated\n"})
+    assert hooks.end(run, 137, SlurmClient(runner), JOB_9) == 0
+    assert attempt_json(run)[0]["cause"] == "crash"
+    assert ["scontrol", "requeue", "9"] in runner.calls
 
 
 def test_end_concludes_a_signal_save_the_containerised_ranks_left_to_the_host(tmp_path) -> None:

@@ -2,10 +2,12 @@
 host, torch-free): the watchdog's verdict (hang, straggler, a dead node), else a crash or a node
 failure (nodes Slurm reports bad or whose slurmd stopped answering), with which rank, where and
 how. The blamed nodes go into the run's exclusions and, as evidence about the node, the
-bad-node list."""
+bad-node list. Before any of that, ``finished_in_process``: srun failed only because a rank
+that an in-process restart replaced had died."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from ddlaunch.policy.requeue import Ending
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import badnodes, exclusions
 from ddlaunch.store import watchdog as watchdog_records
-from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.attempts import AttemptId, AttemptRecord
+from ddlaunch.store.inprocess import of_attempt, who_died
 
 
 @dataclass(frozen=True)
@@ -94,3 +97,24 @@ def failed_ending(
         # The ranks left alive failed because a peer vanished: the node is the cause.
         record["culprit"] = f"node failure of {','.join(ending.blamed)}"
     return replace(ending, record=record)
+
+
+def finished_in_process(record: AttemptRecord, exit_code: int) -> Ending | None:
+    """The attempt completed although srun's status is nonzero: a rank died, a standby took
+    its place in process (``fault_tolerance.restart: in_process``) and rank 0 saw every rank
+    of the last generation return from the training function (``in_process_done``). srun
+    reports the dead rank's status all the same. None: no such record, the usual endings
+    apply. Says so in the batch log, so that the status there is not read as the run's."""
+    if record.in_process_done is None:
+        return None
+    replaced = [r for r in of_attempt(record) if r.recovered]
+    count = f"{len(replaced)} in-process restart{'' if len(replaced) == 1 else 's'}"
+    who = ", then ".join(who_died(r) for r in replaced)
+    print(
+        f"[ddlaunch] the ranks finished after {count}"
+        + (f" ({who} replaced)" if who else "")
+        + f"; srun's status {exit_code} is taken for the replaced rank's, not the run's",
+        file=sys.stderr,
+        flush=True,
+    )
+    return Ending(policy.CAUSE_COMPLETED)

@@ -3,9 +3,10 @@
 ``start`` opens an attempt record (nodes, the step it resumes from) and, if the previous
 attempt never closed (Slurm requeued the job after a node failure, or the batch host died),
 closes that one and blames the nodes Slurm now reports as bad. ``end`` works out how the
-attempt ended (completed, cancelled, a failed preflight, a crash, a node failure, the
-watchdog's hang or straggler verdict) and concludes it (``ddlaunch.conclude``): requeue the
-job (excluding blamed nodes), restart the ranks inside the allocation (the exit code
+attempt ended (completed, also when srun's status is that of a rank an in-process restart
+replaced; cancelled, a failed preflight, a crash, a node failure, the watchdog's hang or
+straggler verdict) and concludes it (``ddlaunch.conclude``): requeue the job (excluding
+blamed nodes), restart the ranks inside the allocation (the exit code
 ``RESTART_EXIT``: the batch script then starts a new srun step, with ``$DDLAUNCH_RELAUNCH``
 one higher, and ``start`` opens its attempt) or record the final outcome. A job with hot
 spares or ``nodes.min`` also runs ``place`` (the next step's nodes, ``job.placement``),
@@ -33,7 +34,7 @@ from ddlaunch.config.validate import load_config
 from ddlaunch.job import stop as stopping
 from ddlaunch.job.attribution import batch_log, log_size
 from ddlaunch.job.blame import bad_nodes, expand
-from ddlaunch.job.endings import Blame, failed_ending
+from ddlaunch.job.endings import Blame, failed_ending, finished_in_process
 from ddlaunch.job.guard import exec_guard
 from ddlaunch.job.placement import (
     next_placement,
@@ -342,6 +343,8 @@ def end(
             return code
         if exit_code == 0:
             ending = Ending(policy.CAUSE_COMPLETED)
+        elif (finished := finished_in_process(current, exit_code)) is not None:
+            ending = finished
         else:
             index = current.attempt if current.attempt is not None else len(records) - 1
             blame = Blame(
@@ -368,7 +371,10 @@ def end(
     )
     if conclusion.restart:
         return RESTART_EXIT
-    return 0 if conclusion.requeued else exit_code
+    # A completed run's script exits 0 whatever srun said (a replaced rank's status): Slurm's
+    # state, and the --after RUN:ok of runs submitted after it, then say it completed.
+    completed = ending.cause == policy.CAUSE_COMPLETED
+    return 0 if conclusion.requeued or completed else exit_code
 
 
 def conclude_saved(

@@ -107,7 +107,7 @@ def describe(r: InProcessRestart) -> str:
     """One restart in one line: ``in-process restart 1: rank 2 on node2 crashed; standby
     pid 12345 took it; state from RAM (step 60); rejoined in 1.8 s``."""
     head = "in-process restart" + ("" if r.generation is None else f" {r.generation}")
-    parts = [f"{_who(r)} {_how(r.cause)}"]
+    parts = [f"{who_died(r)} {_how(r.cause)}"]
     if r.fell_back is not None:
         parts.append(f"fell back to ending the attempt: {r.fell_back}")
         return f"{head}: {'; '.join(parts)}"
@@ -120,7 +120,7 @@ def describe(r: InProcessRestart) -> str:
     return f"{head}: {'; '.join(parts)}"
 
 
-def _who(r: InProcessRestart) -> str:
+def who_died(r: InProcessRestart) -> str:
     """``rank 2 on node2``, ``ranks 2,3 on node2``, ``rank 2 on node2 and rank 9 on node3``."""
     if not r.ranks:
         return "a rank"
