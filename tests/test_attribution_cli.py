@@ -2,7 +2,8 @@
 whole outputs of the real CLI (``NO_COLOR=1``, a pipe or an 80-column terminal), run
 directories as the end hook leaves them. An attempt followed by another is history: the
 run's headline is its final state, earlier failures are in the attempts cell and per
-attempt."""
+attempt. A rank that an in-process restart replaced is a line under its attempt, not the
+run's failure."""
 
 from __future__ import annotations
 
@@ -258,3 +259,148 @@ def test_records_without_attribution_say_the_collateral_error_is_a_peers(
         f"FAILED rank 2 on node2: RuntimeError: {RESET} at mlp.py:80"
         " (a peer's error; the failing rank left no record)"
     )
+
+
+def in_process_restart(**more: Any) -> dict[str, Any]:
+    """Rank 3 on node2 crashed 30 s in; the standby pid 4242 on node2 took it, from its
+    peer's copy in RAM of step 60, and the ranks formed their new group 1.8 s later."""
+    return {
+        "time": T0 + 30,
+        "generation": 1,
+        "ranks": [3],
+        "hosts": ["node2"],
+        "cause": "crash",
+        "replacements": [{"rank": 3, "host": "node2", "pid": 4242}],
+        "rejoined_s": 1.84,
+        "resumed_from": 60,
+        "state_from": "ram",
+        "fell_back": None,
+        **more,
+    }
+
+
+RECOVERED = (
+    "  in-process restart 1: rank 3 on node2 crashed; standby pid 4242 took it; "
+    "state from RAM (step 60); rejoined in 1.8 s"
+)
+
+
+def crashed_rank_record(run: Path, when: float) -> None:
+    record = {"rank": 3, "host": "node2", "exception": "ValueError", "message": "bad batch"}
+    write_failure(run, 3, {**record, "job_id": "377", "attempt": 0, "time": when})
+
+
+def test_a_run_that_recovered_in_process_completed_with_each_restart_under_its_attempt(
+    tmp_path: Path,
+) -> None:
+    """srun said 137 (the crashed rank's), the end hook took in_process_done for a
+    completion: the run is COMPLETED with no failure headline, and the restart is a line
+    under its attempt, in a pipe as at a terminal."""
+    attempt = {
+        "attempt": 0,
+        "job_id": "377",
+        "restart_count": 0,
+        "nodes": "node[1-2]",
+        "start": T0,
+        "end": T0 + 120,
+        "cause": "completed",
+        "committed_step": 160,
+        "resumed_from": None,
+        "exit_code": 137,
+        "in_process_restarts": [in_process_restart()],
+        "in_process_done": T0 + 119,
+    }
+    run = make_run(
+        tmp_path / "runs",
+        "r",
+        "377",
+        T0,
+        attempts=[attempt],
+        outcome=("COMPLETED", "completed"),
+        ckpt=[160],
+    )
+    crashed_rank_record(run, T0 + 29)
+    out = (
+        "run  job  state      nodes      step  ckpt  attempts\n"
+        "r    377  COMPLETED  node[1-2]   160   160         1\n"
+        "attempt 0: job 377 on node[1-2] at 14:13:20 120s, from scratch -> completed "
+        "(committed 160)\n" + RECOVERED + "\n"
+    )
+    assert piped(tmp_path, COMPLETED_QUEUE, "status", "r") == out
+    assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status", "r") == out
+
+
+def test_a_running_run_shows_no_failure_its_ranks_recovered_from_in_process(
+    tmp_path: Path,
+) -> None:
+    """The crashed rank's failure record is handled by the in-process restart after it: no
+    FAILED headline while the ranks train on. A failure after the restart is news again."""
+    attempt = {
+        "attempt": 0,
+        "job_id": "377",
+        "restart_count": 0,
+        "nodes": "node[1-2]",
+        "start": T0,
+        "resumed_from": None,
+        "in_process_restarts": [in_process_restart()],
+    }
+    run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[attempt])
+    crashed_rank_record(run, T0 + 29)
+    queue = "377|RUNNING|None|node[1-2]\n"
+    assert piped(tmp_path, queue, "status", "r").splitlines() == [
+        "run  job  state    nodes      step  ckpt  attempts",
+        "r    377  RUNNING  node[1-2]     -     -         1",
+        "attempt 0: job 377 on node[1-2] at 14:13:20, from scratch -> running",
+        RECOVERED,
+    ]
+    crashed_rank_record(run, T0 + 90)
+    assert piped(tmp_path, queue, "status", "r").splitlines()[0] == (
+        "FAILED rank 3 on node2: ValueError: bad batch"
+    )
+
+
+def test_an_in_process_restart_that_fell_back_says_why_under_the_attempt_it_ended(
+    tmp_path: Path,
+) -> None:
+    """No standby was left on node2: the ranks left, the attempt ended as a crash and the
+    batch script restarted them in the allocation."""
+    fell_back = in_process_restart(
+        replacements=[],
+        rejoined_s=None,
+        resumed_from=None,
+        state_from=None,
+        fell_back="no standby left on node2 for rank 3",
+    )
+    first = {
+        "attempt": 0,
+        "job_id": "377",
+        "restart_count": 0,
+        "nodes": "node[1-2]",
+        "start": T0,
+        "end": T0 + 60,
+        "cause": "crash",
+        "committed_step": 60,
+        "resumed_from": None,
+        "exit_code": 1,
+        "culprit": "rank 3 on node2: ValueError: bad batch",
+        "in_process_restarts": [fell_back],
+    }
+    second = {
+        "attempt": 1,
+        "job_id": "377",
+        "restart_count": 0,
+        "relaunch": 1,
+        "in_allocation": True,
+        "nodes": "node[1-2]",
+        "start": T0 + 70,
+        "resumed_from": 60,
+    }
+    make_run(tmp_path / "runs", "r", "377", T0, attempts=[first, second])
+    assert piped(tmp_path, "377|RUNNING|None|node[1-2]\n", "status", "r").splitlines()[2:] == [
+        "attempt 0: job 377 on node[1-2] at 14:13:20 60s, from scratch -> crash (committed 60): "
+        "rank 3 on node2: ValueError: bad batch",
+        "  in-process restart 1: rank 3 on node2 crashed; fell back to ending the attempt: "
+        "no standby left on node2 for rank 3",
+        "attempt 1: job 377 (restart in the allocation) on node[1-2] at 14:14:30, "
+        "from step 60 -> running",
+    ]

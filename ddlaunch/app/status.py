@@ -27,6 +27,7 @@ from ddlaunch.store import group_state
 from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.failures import Failure, is_collateral
 from ddlaunch.store.group_state import GroupsState
+from ddlaunch.store.inprocess import InProcessRestart, describe, of_attempt
 
 if TYPE_CHECKING:  # the module itself is imported lazily (most polls show no staging)
     from ddlaunch.policy.staging import NodeStaging
@@ -91,6 +92,9 @@ class AttemptSummary(TypedDict):
     shrunk: NotRequired[str]  # fewer nodes than nodes.count (nodes.min)
     culprit: NotRequired[str]  # the rank that ended it, in words
     group_restarts: NotRequired[list[dict[str, object]]]  # replica groups restarted alone
+    # fault_tolerance.restart: in_process: each in-process restart, as the ranks wrote it
+    # (``in_process_line`` says one in words)
+    in_process_restarts: NotRequired[list[dict[str, object]]]
 
 
 @dataclass
@@ -217,6 +221,8 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[AttemptSummar
             item["culprit"] = culprit
         if rec.group_restarts:
             item["group_restarts"] = [dict(g) for g in rec.group_restarts]
+        if rec.in_process_restarts:
+            item["in_process_restarts"] = [dict(r) for r in rec.in_process_restarts]
         out.append(item)
     return out
 
@@ -417,9 +423,9 @@ def run_failure(info: RunInfo) -> str | None:
     latest = info.attempts[-1]
     if latest.is_open:
         # Still running: a rank that raised while its peers go on is news already, unless
-        # its replica group has been restarted since (the group's restart line says what
-        # failed, its culprit first; the run is not failing).
-        handled = _last_group_restart(latest)
+        # its replica group has been restarted since, or a standby took its place in process
+        # (the restart's line says what failed; the run is not failing).
+        handled = max(_last_group_restart(latest), _last_in_process_restart(latest))
         mine = [f for f in failures_of(latest, info.failures) if f.time > handled + CLOCK_SLACK_S]
         return mine[0].one_line() if mine else None
     return attempt_failure(latest, info.failures)
@@ -434,6 +440,18 @@ def _last_group_restart(record: AttemptRecord) -> float:
         if isinstance(when := g.get("time"), int | float) and not isinstance(when, bool)
     ]
     return max(times, default=float("-inf"))
+
+
+def _last_in_process_restart(record: AttemptRecord) -> float:
+    """When the attempt's ranks last recovered from a failure in process; minus infinity
+    when they never did (a fall-back is no recovery: the attempt is ending)."""
+    times = [r.time for r in of_attempt(record) if r.recovered and r.time is not None]
+    return max(times, default=float("-inf"))
+
+
+def in_process_line(entry: Mapping[str, object]) -> str:
+    """One ``in_process_restarts`` entry of an attempt's summary in words (``status RUN``)."""
+    return describe(InProcessRestart.from_mapping(entry))
 
 
 def staging_nodes(

@@ -138,7 +138,18 @@ def attempt_lines(row: Any) -> list[str]:
             text += ": " + "; ".join(why)
         lines.append(text)
         lines.extend(f"  {group_restart_line(g)}" for g in a.get("group_restarts") or ())
+        lines.extend(f"  {line}" for line in in_process_lines(a))
     return lines
+
+
+def in_process_lines(attempt: dict[str, Any]) -> list[str]:
+    """The attempt's in-process restarts, one line each (``app.status`` words them)."""
+    entries = attempt.get("in_process_restarts") or ()
+    if not entries:
+        return []
+    from ddlaunch.app.status import in_process_line
+
+    return [in_process_line(e) for e in entries]
 
 
 def group_restart_line(g: dict[str, Any]) -> str:
