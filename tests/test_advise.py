@@ -220,3 +220,22 @@ def test_a_replica_groups_restarts_are_failures_of_the_run() -> None:
         "--mttf-hours sets one)"
     )
     assert mttf({}, [AttemptRecord.from_json(attempt)], T0) is None
+
+
+def test_a_rank_replaced_in_process_is_a_failure_of_the_run() -> None:
+    """fault_tolerance.restart: in_process: a standby took a crashed rank and the attempt
+    went on: that is a failure of the run all the same. One that fell back ended its attempt,
+    which counts it (as a crash) once, not twice."""
+    from ddlaunch.app.advise import mttf
+    from ddlaunch.store.attempts import AttemptRecord
+
+    recovered = {"time": T0 + 600.0, "generation": 1, "ranks": [3], "hosts": ["node2"]}
+    fell_back = {**recovered, "time": T0 + 3000.0, "generation": 2, "fell_back": "no standby"}
+    first = {"attempt": 0, "start": T0, "end": T0 + 3000.0, "cause": "crash"}
+    first |= {"in_process_restarts": [recovered, fell_back]}
+    second = {"attempt": 1, "start": T0 + 3000.0, "end": T0 + 6000.0, "cause": "completed"}
+    second |= {"in_process_restarts": [{**recovered, "time": T0 + 4000.0}]}
+    records = [AttemptRecord.from_json(first), AttemptRecord.from_json(second)]
+    found = mttf({}, records, T0)
+    assert found is not None and found.value == 2000.0
+    assert found.source == "3 failures in 1.67 h of attempts (this run)"

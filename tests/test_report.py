@@ -446,3 +446,83 @@ def test_every_failure_is_drawn_each_attempts_and_those_a_resume_archived(
     events = [e for e in report.load_timeline(run).events if e.kind == "failure"]
     assert [e.time for e in events] == [T0 + 40, T0 + 140, T0 + 240]
     assert {e.label for e in events} == {"rank 1 on node1: RuntimeError"}
+
+
+# ------------------------------------------------------------ in-process restarts
+
+IN_PROCESS_RUN = {
+    "attempt": 0,
+    "job_id": "7",
+    "nodes": "node[1-2]",
+    "start": 0.0,
+    "end": 600.0,
+    "cause": "completed",
+    "exit_code": 137,
+    "in_process_done": 599.0,
+    "in_process_restarts": [
+        {
+            "time": 60.0, "generation": 1, "ranks": [3], "hosts": ["node2"], "cause": "crash",
+            "replacements": [{"rank": 3, "host": "node2", "pid": 4242}], "rejoined_s": 1.84,
+            "resumed_from": 60, "state_from": "ram", "fell_back": None,
+        },
+        {
+            "time": 300.0, "generation": 2, "ranks": [1], "hosts": ["node1"], "cause": "crash",
+            "replacements": [{"rank": 1, "host": "node1", "pid": 4250}], "rejoined_s": 2.5,
+            "resumed_from": 120, "state_from": "disk", "fell_back": None,
+        },
+    ],
+}  # fmt: skip
+FELL_BACK = {
+    "time": 30.0, "generation": 1, "ranks": [2], "hosts": ["node2"], "cause": "crash",
+    "fell_back": "no standby left on node2 for rank 2",
+}  # fmt: skip
+
+
+def test_the_in_process_restarts_are_a_table_counted_as_failures_recovered_from() -> None:
+    fell_back = {**IN_PROCESS_RUN, "attempt": 1, "start": 700.0, "end": 760.0}
+    fell_back |= {"cause": "crash", "in_process_restarts": [{**FELL_BACK, "time": 730.0}]}
+    t = report.build("ip", "COMPLETED", _attempts(IN_PROCESS_RUN, fell_back), [], [], [])
+    assert report.in_process_html(t) == (
+        "\n<h2>In-process restarts</h2><p>The ranks recovered in process from 2 failures; "
+        "1 fell back to ending its attempt.</p>"
+        "<table><tr><th>attempt</th><th>generation</th><th>time</th><th>cause</th>"
+        "<th>ranks</th><th>taken by</th><th>state from</th><th>resumed from step</th>"
+        "<th>rejoined after</th><th>then</th></tr>"
+        "<tr><td>0</td><td>1</td><td>+1.0 min</td><td style='color:#b71c1c'><b>crash</b></td>"
+        "<td>3 on node2</td><td>pid 4242 on node2 for rank 3</td>"
+        "<td>RAM (a peer&#x27;s copy for the standbys)</td><td>60</td><td>1.8 s</td>"
+        "<td>rejoined</td></tr>"
+        "<tr><td>0</td><td>2</td><td>+5.0 min</td><td style='color:#b71c1c'><b>crash</b></td>"
+        "<td>1 on node1</td><td>pid 4250 on node1 for rank 1</td><td>disk</td><td>120</td>"
+        "<td>2.5 s</td><td>rejoined</td></tr>"
+        "<tr><td>1</td><td>1</td><td>+12.2 min</td><td style='color:#b71c1c'><b>crash</b></td>"
+        "<td>2 on node2</td><td></td><td></td><td></td><td></td>"
+        "<td>fell back to ending the attempt: no standby left on node2 for rank 2</td></tr>"
+        "</table>"
+    )
+    # Each is a failure mark on the picture and a line of the failures' table.
+    assert [(e.time, e.kind) for e in t.events] == [
+        (60.0, "failure"),
+        (300.0, "failure"),
+        (730.0, "failure"),
+    ]
+    assert t.events[0].label == (
+        "in-process restart 1: rank 3 on node2 crashed; standby pid 4242 took it; "
+        "state from RAM (step 60); rejoined in 1.8 s"
+    )
+    assert [a.in_process for a in t.attempts] == [2, 0]
+    page = report.html_page(t, "AAAA")
+    assert "<p>Excluded nodes: none</p>\n<h2>In-process restarts</h2>" in page
+    # A run without any has no such section.
+    plain = report.build(
+        "r", "COMPLETED", _attempts({**GROUP_RUN, "group_restarts": None}), [], [], []
+    )
+    assert report.in_process_html(plain) == ""
+
+
+def test_report_draws_the_in_process_restarts(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from ddlaunch.app.report_figure import draw
+
+    draw(report.build("ip", "COMPLETED", _attempts(IN_PROCESS_RUN), [], [], []), tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -28,6 +28,7 @@ from ddlaunch.policy import requeue as causes
 from ddlaunch.store import attempts as attempts_store
 from ddlaunch.store import timings
 from ddlaunch.store.attempts import AttemptRecord
+from ddlaunch.store.inprocess import recovered_count
 from ddlaunch.store.rundir import checkpoint_source, read_config_tree
 from ddlaunch.store.timings import Timing
 
@@ -157,9 +158,11 @@ def mttf(tree: Mapping[str, Any], attempts: Sequence[AttemptRecord], now: float)
         return Measured(float(hours) * 3600.0, "fault_tolerance.mttf_hours")
     spent = sum(float(a.end or now) - a.start for a in attempts if a.start)
     # A replica group that failed and was restarted alone is a failure of the job's hardware
-    # or code as much as a whole attempt's end.
+    # or code as much as a whole attempt's end; so is a rank a standby replaced in process
+    # (one that fell back ended its attempt, whose cause counts it already).
     failed = sum(1 for a in attempts if a.cause in FAILURES)
     failed += sum(len(a.group_restarts or ()) for a in attempts)
+    failed += recovered_count(attempts)
     if not failed or spent <= 0:
         return None
     few = (

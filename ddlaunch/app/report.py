@@ -1,7 +1,8 @@
 """A run's history as plain data for ``ddlaunch report``.
 
 Attempts (start, end, nodes, cause, blamed nodes), checkpoint commits, rank failures, the
-replica groups' restarts (``app.report_groups``) and the step history (``health/steps.jsonl``,
+replica groups' restarts (``app.report_groups``), the in-process restarts
+(``app.report_inprocess``) and the step history (``health/steps.jsonl``,
 one sample per watchdog poll in which the step advanced, and ``timings.jsonl``, every save and
 each attempt's first step as the training code recorded them) become one
 ``Timeline`` (``build`` is pure; ``load_timeline`` reads the run
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.app import report_inprocess
 from ddlaunch.app.report_groups import GroupRestart, from_attempts
+from ddlaunch.app.report_inprocess import InProcessRow
 from ddlaunch.app.runs import read_run
 from ddlaunch.app.status import run_status
 from ddlaunch.app.status_poll import Target, poll
@@ -36,6 +39,7 @@ from ddlaunch.store import timings
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.failures import every_failure, is_collateral
+from ddlaunch.store.inprocess import describe, recovered_count
 from ddlaunch.store.rundir import checkpoint_source
 
 
@@ -56,6 +60,7 @@ class AttemptSpan:
     staging_detail: str = ""
     in_allocation: bool = False  # the batch script restarted the ranks: no requeue
     shrunk: str = ""  # on fewer nodes than nodes.count (nodes.min): the world size changed
+    in_process: int = 0  # failures its ranks recovered from in process (standbys took ranks)
 
     @property
     def how(self) -> str:
@@ -103,11 +108,13 @@ class Timeline:
     problems: list[str] = field(default_factory=list)  # records that could not be read
     group_restarts: list[GroupRestart] = field(default_factory=list)  # replica groups
     groups: int = 0  # replica groups: how many the job has (0: not in that mode, or unknown)
+    in_process: list[InProcessRow] = field(default_factory=list)  # restart: in_process
 
     @property
     def origin(self) -> float:
         times = [a.start for a in self.attempts] + [e.time for e in self.events]
         times += [t for t, _ in self.samples] + [g.time for g in self.group_restarts]
+        times += [r.time for r in self.in_process if r.time is not None]
         return min(times) if times else 0.0
 
 
@@ -134,6 +141,7 @@ def build(
     t.note = note
     t.group_restarts = from_attempts(attempts)
     t.groups = groups
+    t.in_process = report_inprocess.from_attempts(attempts)
     for rec in attempts:
         if rec.start is None:
             continue
@@ -154,6 +162,7 @@ def build(
                 staging_detail=phase_detail,
                 in_allocation=bool(rec.in_allocation),
                 shrunk=rec.shrunk or "",
+                in_process=recovered_count([rec]),
             )
         )
     for step, when in checkpoints:
@@ -168,6 +177,10 @@ def build(
             if f.get("collateral"):  # the rank failed because a peer did
                 label += " (after a peer failed)"
             t.events.append(Event(float(f["time"]), "failure", label))
+    # A rank a standby replaced is a failure too, and a killed one left no record of its own.
+    t.events += [
+        Event(r.time, "failure", describe(r.restart)) for r in t.in_process if r.time is not None
+    ]
     t.events.sort(key=lambda e: e.time)
     points = sorted(
         (
@@ -288,7 +301,7 @@ def html_page(t: Timeline, png_b64: str) -> str:
     )
     excluded = e(", ".join(t.excluded)) or "none"
     problems = "".join(f"<p><b>{e(p)}</b></p>" for p in t.problems)
-    group_table = group_restarts_html(t)
+    restart_tables = group_restarts_html(t) + in_process_html(t)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>ddlaunch report {e(t.run_id)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}
@@ -300,7 +313,7 @@ font-size:13px;text-align:left}}th{{background:#eee}}img{{max-width:100%}}</styl
 <h2>Attempts</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>start</th>
 <th>duration</th><th>cause</th><th>resumed from</th><th>committed</th><th>blamed</th>
 <th>data staging</th><th>detail</th></tr>{rows}</table>
-<p>Excluded nodes: {excluded}</p>{group_table}
+<p>Excluded nodes: {excluded}</p>{restart_tables}
 <h2>Checkpoints and failures</h2><table><tr><th>time</th><th>what</th><th>detail</th></tr>
 {events}</table>
 {problems}<h2>Latest preflight</h2><table><tr><th>node</th><th>verdict</th><th>checks</th></tr>
@@ -334,6 +347,38 @@ def group_restarts_html(t: Timeline) -> str:
         "<th>time</th><th>cause</th><th>culprit</th><th>nodes</th><th>then</th>"
         "<th>rejoined after</th><th>failed at step</th><th>rejoined at step</th>"
         f"<th>steps missed</th><th>healed from group</th></tr>{rows}</table>"
+    )
+
+
+def in_process_html(t: Timeline) -> str:
+    """The in-process restarts as a table (empty without any), under the sentence that
+    counts the failures the ranks recovered from: when, which ranks died, which standbys
+    took them, where the state came from, how long the ranks took to rejoin."""
+    if not t.in_process:
+        return ""
+    note = html.escape(report_inprocess.recovered_note(t.in_process))
+    rows = "".join(_in_process_row(row, t.origin) for row in t.in_process)
+    return (
+        f"\n<h2>In-process restarts</h2><p>{note}</p>"
+        "<table><tr><th>attempt</th><th>generation</th><th>time</th><th>cause</th>"
+        "<th>ranks</th><th>taken by</th><th>state from</th><th>resumed from step</th>"
+        f"<th>rejoined after</th><th>then</th></tr>{rows}</table>"
+    )
+
+
+def _in_process_row(row: InProcessRow, origin: float) -> str:
+    e = html.escape
+    r = row.restart
+    return (
+        f"<tr><td>{row.attempt}</td><td>{'' if r.generation is None else r.generation}</td>"
+        f"<td>{_fmt_time(r.time, origin)}</td>"
+        f"<td style='color:{color(r.cause)}'><b>{e(r.cause)}</b></td>"
+        f"<td>{e(report_inprocess.ranks_cell(r))}</td>"
+        f"<td>{e(report_inprocess.standbys_cell(r))}</td>"
+        f"<td>{e(report_inprocess.state_cell(r))}</td>"
+        f"<td>{'' if r.resumed_from is None else r.resumed_from}</td>"
+        f"<td>{'' if r.rejoined_s is None else f'{r.rejoined_s:.1f} s'}</td>"
+        f"<td>{e(report_inprocess.outcome_cell(r))}</td></tr>"
     )
 
 

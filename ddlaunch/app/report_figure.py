@@ -1,8 +1,8 @@
 """The picture of ``ddlaunch report`` (matplotlib, imported only here): two panels over one
 time axis (minutes since the first attempt). Above: attempts as bars (colour = how they
-ended, label = nodes and blame), with replica groups a lane per group whose bars are its
-restarts (from its failure to its return to the quorum; colour = cause), and checkpoint and
-failure marks; below, steps per second and the step reached."""
+ended, label = nodes, blame and in-process restarts), with replica groups a lane per group
+whose bars are its restarts (from its failure to its return to the quorum; colour = cause),
+and checkpoint and failure marks; below, steps per second and the step reached."""
 
 from __future__ import annotations
 
@@ -92,6 +92,8 @@ def _attempt_bars(ax: Any, t: Timeline, m: _Minutes) -> None:
             label += f" (blamed {','.join(a.blamed)})"
         if a.committed_step is not None:
             label += f", committed {a.committed_step}"
+        if a.in_process:
+            label += f", {a.in_process} in-process restart{'' if a.in_process == 1 else 's'}"
         if a.staging_s is not None:
             label += f", staging {a.staging_s:.1f} s"
         # Above the bar, from its start (from its end, leftwards, in the right half of the
