@@ -212,13 +212,112 @@ def test_deepspeed_tags_as_deepspeed_writes_them(deepspeed_dir: Path, tmp_path: 
     assert [d.name for d in doomed] == ["global_step30"]
 
 
-def test_torchtune_epochs_have_no_marker(tmp_path: Path) -> None:
+def recipe_state(root: Path, epochs_run: int) -> None:
+    """``recipe_state/recipe_state.pt`` as torchtune 0.6.1's checkpointer writes it at the end
+    of every epoch but the last (``torch.save`` of the recipe's training progress)."""
+    import torch
+
+    (root / "recipe_state").mkdir(exist_ok=True)
+    state = {
+        "optimizer": {"state": {0: {"step": torch.tensor(8.0), "exp_avg": torch.zeros(4)}}},
+        "seed": 0, "epochs_run": epochs_run, "total_epochs": 4, "max_steps_per_epoch": None,
+        "dataloader": {"_sampler_iter_yielded": 8},
+    }  # fmt: skip
+    torch.save(state, root / "recipe_state" / "recipe_state.pt")
+
+
+def tune_epochs(root: Path, epochs: int) -> None:
+    for n in range(epochs):
+        make(root, f"epoch_{n}", {"model-00001-of-00001.bin": "x"})
+    (root / "torchtune_config.yaml").write_text("epochs: 4\n")
+
+
+def test_torchtune_resumes_from_the_epoch_its_recipe_state_belongs_to(tmp_path: Path) -> None:
     layout = BUILTIN["torchtune"]
-    assert not layout.has_marker
-    make(tmp_path, "epoch_0", {"model-00001-of-00001.safetensors": "x"})
-    make(tmp_path, "epoch_1", {"model-00001-of-00001.safetensors": "x"})
-    make(tmp_path, "recipe_state", {"recipe_state.pt": "x"})
+    assert layout.has_marker
+    tune_epochs(tmp_path, 2)
+    assert chosen(tmp_path, "torchtune") is None  # epoch_1 saved, its recipe state not yet
+    assert {e.reason for e in adapters.scan(tmp_path, layout)} == {
+        "no recipe_state/recipe_state.pt"
+    }
+    recipe_state(tmp_path, 1)  # epochs_run 1: epoch_0's
+    assert chosen(tmp_path, "torchtune") == ("epoch_0", 0)
+    assert [(e.name, e.complete, e.reason) for e in adapters.scan(tmp_path, layout)] == [
+        ("epoch_0", True, ""),
+        ("epoch_1", False, "newer than recipe_state/recipe_state.pt"),
+    ]
+    # Restarted now: torchtune would load epoch_1's weights with epoch_0's optimizer and
+    # epochs_run; epoch_1 is moved out of the way (never deleted), whatever the end.
+    doomed = adapters.to_move_aside(tmp_path, layout, unclean_end=None)
+    assert [d.name for d in doomed] == ["epoch_1"]
+    recipe_state(tmp_path, 2)
     assert chosen(tmp_path, "torchtune") == ("epoch_1", 1)
+    assert adapters.to_move_aside(tmp_path, layout, unclean_end=float("inf")) == []
+    assert adapters.model_files(tmp_path / "epoch_1", tmp_path) == [
+        "epoch_1/model-00001-of-00001.bin"
+    ]
+
+
+def test_torchtune_recipe_state_cut_off_or_naming_a_missing_epoch_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    tune_epochs(tmp_path, 2)
+    recipe_state(tmp_path, 2)
+    path = tmp_path / "recipe_state" / "recipe_state.pt"
+    path.write_bytes(path.read_bytes()[:100])  # killed inside its torch.save
+    assert chosen(tmp_path, "torchtune") is None
+    (reason,) = {e.reason for e in adapters.scan(tmp_path, BUILTIN["torchtune"])}
+    assert reason.startswith("no recipe_state/recipe_state.pt that reads (not a complete")
+    # Nothing is moved for a person to sort out, as for a dangling pointer.
+    assert adapters.to_move_aside(tmp_path, BUILTIN["torchtune"], unclean_end=float("inf")) == []
+    recipe_state(tmp_path, 5)
+    assert chosen(tmp_path, "torchtune") is None
+    assert adapters.scan(tmp_path, BUILTIN["torchtune"])[0].reason == (
+        "recipe_state/recipe_state.pt names '5', missing"
+    )
+
+
+@pytest.fixture(scope="module")
+def torchtune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What torchtune 0.6.1's own recipe writes (tests/trainer_scripts/torchtune_cpu.py): one
+    process, 4 epochs of 16 steps of a 1-layer model (~10 s)."""
+    if importlib.util.find_spec("torchtune") is None:
+        pytest.skip("torchtune is not installed (scripts/test-all installs torchtune 0.6.1)")
+    root = tmp_path_factory.mktemp("torchtune")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        **{"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"},
+        **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
+    }
+    script = REPO / "tests" / "trainer_scripts" / "torchtune_cpu.py"
+    args = [str(root / "assets"), f"output_dir={root / 'out'}"]
+    subprocess.run(
+        [sys.executable, str(script), *args], env=env, cwd=root, check=True, capture_output=True
+    )
+    return root / "out"
+
+
+def test_torchtune_epochs_as_the_recipe_writes_them(torchtune_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    shutil.copytree(torchtune_dir, root)
+    assert sorted(p.name for p in root.iterdir()) == [
+        "epoch_0", "epoch_1", "epoch_2", "epoch_3", "recipe_state", "torchtune_config.yaml",
+    ]  # fmt: skip
+    assert sorted(p.name for p in (root / "epoch_3").iterdir()) == ["model-00001-of-00001.bin"]
+    layout = BUILTIN["torchtune"]
+    # The last epoch is saved without recipe state (epochs_run stays 3): epoch_2 is the
+    # newest to resume from, and the final weights are no resume point.
+    assert chosen(root, "torchtune") == ("epoch_2", 2)
+    assert [(e.name, e.complete) for e in adapters.scan(root, layout)] == [
+        ("epoch_0", True), ("epoch_1", True), ("epoch_2", True), ("epoch_3", False),
+    ]  # fmt: skip
+    # Cut off inside epoch 3: its own files were never written.
+    shutil.rmtree(root / "epoch_3")
+    assert adapters.to_move_aside(root, layout, unclean_end=float("inf")) == []
+    assert adapters.model_files(root / "epoch_2", root) == ["epoch_2/model-00001-of-00001.bin"]
 
 
 def test_model_files_are_the_shards_else_the_weights_relative_to_the_root(tmp_path: Path) -> None:
@@ -368,7 +467,8 @@ def test_partial_newest_is_moved_aside_never_deleted(tmp_path: Path) -> None:
 def test_without_a_marker_the_newest_is_suspect_only_after_an_unclean_end(
     tmp_path: Path,
 ) -> None:
-    layout = BUILTIN["torchtune"]
+    layout = Layout(pattern="epoch_*", step_regex=r"^epoch_([0-9]+)$")
+    assert not layout.has_marker
     make(tmp_path, "epoch_0", {"model.safetensors": "x"})
     newest = make(tmp_path, "epoch_1", {"model.safetensors": "x"})
     now = time.time()

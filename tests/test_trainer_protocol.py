@@ -80,29 +80,34 @@ def byo_run(tmp_path: Path, kind: str = "hf", **trainer: object) -> Path:
     return example_run_dir(tmp_path, *sets, made="checkpoints")
 
 
-def test_torchtune_resumes_with_the_newest_epochs_files_named_as_on_disk(tmp_path: Path) -> None:
+def test_torchtune_resumes_with_the_recipe_states_epoch_files_named_as_on_disk(
+    tmp_path: Path,
+) -> None:
     """torchtune 0.6.1 looks checkpointer.checkpoint_files up in output_dir, so
-    resume_from_checkpoint=True alone fails ("No file with name: model.pt found"); the newest
-    epoch's shards are named, replacing the files the script was given."""
+    resume_from_checkpoint=True alone fails ("No file with name: model.pt found"); the files
+    of the epoch recipe_state.pt belongs to (epochs_run 2: epoch_1) are named, as the recipe
+    wrote them, replacing the files the script was given. epoch_2, saved after it, lacks
+    its recipe state (being written): not resumed from."""
+    import torch
+
     run = byo_run(tmp_path, "torchtune")
     cfg = load_config(run / "config.yaml")
     root = checkpoint_source(run).root
-    for epoch in (0, 1):
+    for epoch in (0, 1, 2):
         (root / f"epoch_{epoch}").mkdir()
-        for shard in (1, 2):
-            (root / f"epoch_{epoch}" / f"model-0000{shard}-of-00002.bin").write_text("w")
+        (root / f"epoch_{epoch}" / "model-00001-of-00001.bin").write_text("w")
     (root / "recipe_state").mkdir()
-    (root / "recipe_state" / "recipe_state.pt").write_text("s")
+    torch.save({"epochs_run": 2, "seed": 0}, root / "recipe_state" / "recipe_state.pt")
     cfg = replace(
         cfg, launch=replace(cfg.launch, args=("checkpointer.checkpoint_files=[model.pt]",))
     )
     env: dict[str, str] = {}
     assert trainer_args(cfg, run, env) == [
         "resume_from_checkpoint=True",
-        "checkpointer.checkpoint_files="
-        "[epoch_1/model-00001-of-00002.bin,epoch_1/model-00002-of-00002.bin]",
+        "checkpointer.checkpoint_files=[epoch_1/model-00001-of-00001.bin]",
     ]
     assert env["DDLAUNCH_RESUME_STEP"] == "1"
+    assert env["DDLAUNCH_RESUME_CHECKPOINT"] == str(root / "epoch_1")
 
 
 def hf_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
@@ -337,8 +342,7 @@ def test_the_save_on_the_signal_is_concluded_at_once(
     [("hf", True), ("megatron", True), ("lightning", False), ("torchtune", False), ("dcp", False)],
 )
 def test_which_saves_end_the_attempt_at_once(tmp_path: Path, kind: str, concludes: bool) -> None:
-    """Lightning requeues itself; torchtune's checkpoints have no completeness marker (a new
-    directory may still be being written); dcp/torchtitan have no save-on-signal."""
+    """Lightning requeues itself; torchtune and dcp/torchtitan have no save-on-signal."""
     run = byo_run(tmp_path, kind)
     request = stopping.StopRequest(run, JOB, checkpoint_source(run), SlurmClient(FakeRunner()), 1)
     request.on_saved = print

@@ -15,11 +15,17 @@ weights), not merely that it ran. The combinatorics are in test_trainer_protocol
   checkpoint is complete (``latest`` names it) -> restarted in the allocation (progress made),
   the script resumes through its own ``engine.load_checkpoint`` from exactly that tag and
   finishes; final weights equal the uninterrupted run's.
+* torchtune 0.6.1's own recipe (``full_finetune_distributed.py``, FSDP2 over gloo, through
+  ``trainer_scripts/torchtune_cpu.py``), 2 nodes x 1 rank: the time limit's signal in its third
+  epoch -> TERM (torchtune has no save-on-signal), requeued, resumed from ``epoch_1`` (the
+  epoch its ``recipe_state.pt`` belongs to) with that epoch's files named; the steps of the
+  epoch that was cut short are trained again to the same losses, bit for bit.
 * A script that crashes before any checkpoint: not requeued, ``status`` says why.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -48,6 +54,8 @@ DS_SCRIPT = REPO / "ddlaunch" / "examples" / "deepspeed_train.py"
 STEPS = 80
 DS_STEPS = 40
 DS_ENV = {**OFFLINE, "DS_ACCELERATOR": "cpu"}
+TUNE_SCRIPT = REPO / "tests" / "trainer_scripts" / "torchtune_cpu.py"
+TUNE_STEPS_PER_EPOCH = 8  # 32 lines, 2 ranks, batch 2
 
 
 def trainer_config(tmp_path: Path, name: str, script: Path, args: list[str], **sections) -> Path:
@@ -294,6 +302,66 @@ def test_lightning_usr1_saves_hpc_checkpoint_and_requeues_exactly_once(
     # the step it trained to, where its last checkpoint's alone said `saved` when COMPLETED.
     row = json.loads(run_ddlaunch("status", run_dir.name, "--json", cwd=tmp_path).stdout)[0]
     assert (row["state"], row["step"]) == ("COMPLETED", 150), row
+
+
+def tune_losses(text: str) -> list[tuple[int, str]]:
+    """(step, loss) as torchtune's StdoutLogger prints them on rank 0."""
+    return [(int(s), loss) for s, loss in re.findall(r"Step (\d+) \| loss:(\S+)", text)]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchtune") is None,
+    reason="torchtune is not installed (scripts/test-all installs torchtune 0.6.1 and torchao)",
+)
+def test_torchtune_time_limit_requeues_and_resumes_from_the_recipe_states_epoch(
+    slurm_cluster, slurm_job_cleanup, tmp_path
+) -> None:
+    config = trainer_config(
+        tmp_path,
+        "tune-limit",
+        TUNE_SCRIPT,
+        ["{run_dir}/assets", "output_dir={checkpoint_dir}"],
+        trainer={"kind": "torchtune"},
+        launch={"env": {**OFFLINE, "TUNE_STEP_SLEEP": "0.2"}},
+    )
+    started = time.monotonic()
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    ckpt = run_dir / "checkpoints"
+    log = run_dir / "logs" / "rank-0.out"
+
+    def steps() -> int:
+        found = tune_losses(log.read_text()) if log.exists() else []
+        return found[-1][0] if found else 0
+
+    # Two epochs saved (epoch_1 and the recipe state that names it), the third under way.
+    wait_for(lambda: steps() >= 2 * TUNE_STEPS_PER_EPOCH + 3, 240, "step 19")
+    slurm_cluster.signal_job(job_id, "USR2", batch=True)  # what Slurm does at time - lead
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    print(f"submitted -> completed in {time.monotonic() - started:.1f} s")
+    first, second = attempts(run_dir)
+    assert (first["cause"], first["signal"], first["committed_step"]) == ("trainer stop", "none", 1)
+    assert first["decision"] == "requeue after trainer stop: committed step none -> 1"
+    assert (second["cause"], second["resumed_from"]) == ("completed", 1)
+    # The final epoch_3 is saved without recipe state: epoch_2 is the last one to resume from.
+    assert second["committed_step"] == 2
+    assert second["resume_checkpoint"] == str(ckpt / "epoch_1")
+    text = log.read_text()
+    resumed = (
+        "resume_from_checkpoint=True "
+        "checkpointer.checkpoint_files=[epoch_1/model-00001-of-00001.bin]"
+    )
+    assert resumed in text
+    before, after = text.split(resumed, 1)
+    cut_short, again = tune_losses(before), tune_losses(after)
+    # The second attempt starts at epoch 2's first step with the weights, optimizer and data
+    # order of the end of epoch 1: the steps the first attempt ran past epoch_1 (lost at the
+    # stop) come out with the same losses.
+    assert again[0][0] == 2 * TUNE_STEPS_PER_EPOCH + 1 and again[-1][0] == 4 * TUNE_STEPS_PER_EPOCH
+    lost = [s for s in cut_short if s[0] > 2 * TUNE_STEPS_PER_EPOCH]
+    assert len(lost) >= 3 and lost == again[: len(lost)]
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("epoch_")) == [
+        "epoch_0", "epoch_1", "epoch_2", "epoch_3",
+    ]  # fmt: skip
 
 
 def test_script_crashing_before_any_checkpoint_is_not_requeued(

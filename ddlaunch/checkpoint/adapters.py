@@ -11,7 +11,9 @@ runs. When that read fails the number in the file's name is used instead.
 Complete, per layout: the entry holds every ``requires`` file and no ``forbids`` file; with a
 ``pointer`` file, only the entry it names (or one older) counts, and a pointer naming an
 entry that is missing or incomplete leaves no complete checkpoint (the trainer would fail
-to load it: a person must look); with ``step_key``, the zip archive reads and holds the key;
+to load it: a person must look), a ``pointer_key`` pointer being a ``torch.save`` archive
+read the same way (torchtune's ``recipe_state/recipe_state.pt``, whose ``epochs_run`` N
+names ``epoch_<N-1>``); with ``step_key``, the zip archive reads and holds the key;
 with ``step_marker``, that JSON file names the same step.
 """
 
@@ -212,12 +214,12 @@ def scan(root: Path, layout: Layout) -> list[Found]:
 def _apply_pointer(root: Path, layout: Layout, found: list[Found]) -> list[Found]:
     if not layout.pointer:
         return found
-    try:
-        text = (root / layout.pointer).read_text(encoding="utf-8").strip()
-    except OSError:
-        return [_partial(f, f"no {layout.pointer}") for f in found]
-    if layout.pointer_holds == "step":
-        target = next((f for f in found if text.isdigit() and f.step == int(text)), None)
+    text, why = _pointer_text(root / layout.pointer, layout.pointer_key)
+    if text is None:
+        return [_partial(f, f"no {layout.pointer}{why}") for f in found]
+    if layout.pointer_holds in ("step", "count"):
+        wanted = int(text) - (layout.pointer_holds == "count") if text.isdigit() else None
+        target = next((f for f in found if wanted is not None and f.step == wanted), None)
     else:
         target = next((f for f in found if f.name == text), None)
     if target is None or not target.complete:
@@ -225,6 +227,21 @@ def _apply_pointer(root: Path, layout: Layout, found: list[Found]) -> list[Found
         return [_partial(f, why) if f.complete else f for f in found]
     newer = [f for f in found if f.order > target.order]
     return [_partial(f, f"newer than {layout.pointer}") if f in newer else f for f in found]
+
+
+def _pointer_text(path: Path, key: str | None) -> tuple[str | None, str]:
+    """What a pointer file holds, as text: the file's (stripped), or with ``key`` the value
+    of that key in the dict a ``torch.save`` archive holds (read without torch); else
+    ``(None, why)``: missing (``""``), or unreadable (a ``torch.save`` cut off mid-write)."""
+    try:
+        if key is None:
+            return path.read_text(encoding="utf-8").strip(), ""
+        if not path.is_file():
+            return None, ""
+    except OSError:
+        return None, ""
+    value, why = read_zip_key(path, key)
+    return (str(value), "") if value is not None else (None, f" that reads ({why})")
 
 
 def _partial(found: Found, why: str) -> Found:

@@ -65,7 +65,15 @@ class TrainerSpec:
         None, "File in checkpoint_dir that names the latest checkpoint (custom)."
     )
     pointer_holds: str | None = opt(
-        None, "What the pointer file holds: the entry's name or its step.", choices=("name", "step")
+        None,
+        "What the pointer holds: the entry's name, its step, or the count of entries finished "
+        "(it names step count - 1).",
+        choices=("name", "step", "count"),
+    )
+    pointer_key: str | None = opt(
+        None,
+        "The pointer is a torch.save (zip) file: key of the saved dict that holds what it "
+        "names, read without torch (custom).",
     )
     step_key: str | None = opt(
         None,

@@ -34,6 +34,7 @@ def _unused_rules(t: Any, kind: str, fail: Fail) -> None:
         "pattern",
         "step_regex",
         "pointer",
+        "pointer_key",
         "step_key",
     ):
         if getattr(t, key) is not None:
@@ -66,8 +67,12 @@ def _layout_rules(t: Any, kind: str, fail: Fail) -> None:
                     (*_T, "step_regex"),
                     "needs a group that captures the step, e.g. ^ckpt-([0-9]+)$",
                 )
-    if t.pointer_holds is not None and not trainers.resolve(kind, {"pointer": t.pointer}).pointer:
-        fail((*_T, "pointer_holds"), "needs trainer.pointer")
+    for key in ("pointer_holds", "pointer_key"):
+        if (
+            getattr(t, key) is not None
+            and not trainers.resolve(kind, {"pointer": t.pointer}).pointer
+        ):
+            fail((*_T, key), "needs trainer.pointer")
 
 
 def _resume_args_rule(values: tuple[str, ...], fail: Fail) -> None:

@@ -44,7 +44,10 @@ class Layout:
     requires: tuple[str, ...] = ()  # files an entry (a directory) must hold to be complete
     forbids: tuple[str, ...] = ()  # files whose presence means the entry is being written
     pointer: str | None = None  # file in the directory naming the latest checkpoint
-    pointer_holds: str = "name"  # what the pointer holds: the entry's "name" or its "step"
+    # What the pointer holds: the entry's "name", its "step", or the "count" of entries
+    # finished (torchtune's epochs_run: it names step count - 1).
+    pointer_holds: str = "name"
+    pointer_key: str | None = None  # a torch.save (zip) pointer: the saved dict's key to read
     step_key: str | None = None  # zip (torch.save) file: the pickled dict's key with the step
     step_marker: str | None = None  # JSON file in the entry whose "step" must match
     resume_args: tuple[str, ...] = ()  # added to launch.args when a checkpoint exists
@@ -106,11 +109,18 @@ BUILTIN: dict[str, Layout] = {
         pointer_holds="name",
     ),
     "torchtune": Layout(
-        pattern="*_*",
-        step_regex=r"^(?:epoch|step)_([0-9]+)$",
+        pattern="epoch_*",
+        step_regex=r"^epoch_([0-9]+)$",
+        # resume_from_checkpoint=True loads recipe_state/recipe_state.pt (the optimizer, the
+        # data loader, epochs_run), rewritten at the end of every epoch but the last, after
+        # epoch_<N>/'s weights: the epoch it belongs to (epochs_run - 1) is the one to resume
+        # from; a newer epoch_<N>/ is being written, or is the final one (no recipe state).
+        pointer="recipe_state/recipe_state.pt",
+        pointer_holds="count",
+        pointer_key="epochs_run",
         # torchtune looks the checkpoint files up in output_dir: alone, resume_from_checkpoint
-        # fails ("No file with name: model.pt found in <output_dir>", 0.6.1), so the newest
-        # entry's files are named as they are on disk.
+        # fails ("No file with name: model.pt found in <output_dir>", 0.6.1), so that epoch's
+        # files are named as they are on disk.
         resume_args=(
             "resume_from_checkpoint=True",
             "checkpointer.checkpoint_files={checkpoint_files}",
