@@ -54,13 +54,14 @@ from ddlaunch.config.schema import Config
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL, Ending, RetryBudget
+from ddlaunch.saving import memory
 from ddlaunch.saving.manager import CheckpointManager, CheckpointSaveError, TrainState
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, signal_save, timings
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
-from ddlaunch.worker import signals
+from ddlaunch.worker import inprocess, signals
 from ddlaunch.worker.distributed import init_distributed
 from ddlaunch.worker.heartbeat import Heartbeat
 from ddlaunch.worker.mesh import device_mesh
@@ -120,10 +121,25 @@ class Session:
         self._optimizer = optimizer
         self.replica: Replica | None = None
         identity = group_identity(config, os.environ)
-        if identity is None:
-            info = self.manager.load_latest(self.state)
-        else:
+        # fault_tolerance.restart: in_process: the last committed checkpoint is also kept in
+        # RAM (saving.memory), and a restart in this process restores from it.
+        self._in_process = ft.restart == "in_process" and identity is None
+        self._memory = self._in_process and ft.memory_checkpoint == "auto"
+        if self._memory and memory.sharded(self.state):
+            self._memory = False
+            if self.rank == 0:
+                print(
+                    "[ddlaunch] memory checkpoint off: the state holds sharded (DTensor) "
+                    "tensors; an in-process restart reads the checkpoint from disk",
+                    flush=True,
+                )
+        self.state_from: str | None = None  # after an in-process restart: "ram" or "disk"
+        if identity is not None:
             info = self._join_groups(identity, check_every)
+        elif self._in_process and inprocess.current().number > 0:
+            info = self._restore_in_process()
+        else:
+            info = self.manager.load_latest(self.state)
         self.start_step = info.step if info else 0
         self.resumed = info is not None
         self._last_progress = 0.0
@@ -139,7 +155,46 @@ class Session:
             where = f"step {self.start_step}" if info else "scratch"
             if self.replica is not None and self.replica.identity.restart:
                 where = "a live peer group's state (the group restarted)"
+            if self.state_from == memory.STATE_FROM_RAM:
+                where += " (state from RAM)"
             print(f"[ddlaunch] starting from {where}", flush=True)
+
+    def _restore_in_process(self) -> CheckpointInfo | None:
+        """After an in-process restart: the last committed checkpoint from the ranks' RAM
+        copies where they allow it (every rank together), else from disk; rank 0 records
+        the restart in the attempt."""
+        generation = inprocess.current()
+        disk = self.manager.latest_complete()
+        step = memory.restore(self.state, disk.step if disk else None) if self._memory else None
+        if step is not None and disk is not None:
+            self.manager.adopt(disk, self.state)
+            info: CheckpointInfo | None = disk
+            self.state_from = memory.STATE_FROM_RAM
+        else:
+            info = self.manager.load_latest(self.state)
+            self.state_from = memory.STATE_FROM_DISK
+        if self.rank == 0 and generation.plan is not None:
+            inprocess.record(
+                self.run_dir,
+                generation.plan,
+                resumed_from=info.step if info else None,
+                state_from=self.state_from,
+                formed=generation.formed,
+            )
+        return info
+
+    def _keep_in_memory(self, step: int) -> None:
+        """At a save: the RAM copies of this step (every rank together); they count once
+        the save commits (``_committed``)."""
+        if self._memory:
+            ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
+            self._memory = memory.capture(step, self.state, ranks_per_node)
+        self._committed()
+
+    def _committed(self) -> None:
+        last = self.manager.last_committed
+        if self._memory and last is not None:
+            memory.commit(last.step)
 
     def _join_groups(self, identity: GroupIdentity, check_every: int) -> CheckpointInfo | None:
         """Replica groups: the torchft Manager, with the Session's state as what a healing
@@ -275,6 +330,7 @@ class Session:
         # the current quorum (the same on every rank of a group).
         saver = replica is None or replica.is_saver()
         self._saving(self.manager.maybe_finish)
+        self._committed()
         if saver:
             self._report(step)
         if replica is not None:
@@ -316,6 +372,7 @@ class Session:
         waited = self.manager.staging_wait_s - self._staging_seen
         start, begun = time.time(), time.perf_counter()
         self.manager.save(step, self.state, {"step": step})
+        self._keep_in_memory(step)
         blocking = time.perf_counter() - begun
         self._staging_seen = self.manager.staging_wait_s
         if self.rank == 0:

@@ -52,6 +52,38 @@ class FaultToleranceSpec:
         "group heals from a live one); needs the ft extra (pip install 'ddlaunch[ft]').",
         choices=("job", "replica_groups"),
     )
+    restart: str = opt(
+        "process",
+        "How the ranks restart inside the allocation after a crash. process: every rank "
+        "stops and new processes start (torch import, process group, checkpoint read from "
+        "disk). in_process: the surviving ranks keep their processes, a standby process "
+        "already started on the dead rank's node takes its place, and all resume from the "
+        "last committed checkpoint held in RAM (each rank's own copy, and a peer's for the "
+        "replacement); anything that goes wrong falls back to the process restart. "
+        "Session code (launch.entrypoint) in mode: job only.",
+        choices=("process", "in_process"),
+    )
+    standbys_per_node: int = opt(
+        1,
+        "With restart: in_process, standby processes per node (torch imported, waiting): "
+        "each takes the place of one crashed rank of its node.",
+        range=(1, 64),
+    )
+    memory_checkpoint: str = opt(
+        "auto",
+        "With restart: in_process, keep the last committed checkpoint in RAM (this rank's "
+        "state and one peer's, on the next node). auto: on, unless the state holds sharded "
+        "(DTensor) tensors or two copies would not fit in the node's free memory, with a "
+        "line saying so; off: an in-process restart reads the checkpoint from disk.",
+        choices=("auto", "off"),
+    )
+    rejoin_timeout: int = opt(
+        60,
+        "With restart: in_process, seconds the ranks wait for each other (and for the "
+        "replacement) after a failure before they give up and fall back to the process "
+        "restart.",
+        range=(5, 3600),
+    )
     min_replica_groups: int = opt(
         1,
         "With mode: replica_groups, the fewest live groups training may go on with; fewer is "

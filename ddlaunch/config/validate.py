@@ -316,6 +316,7 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
         check_snapshot,
         _plan_rules,
         _replica_rules,
+        _restart_rules,
         check_kubernetes,
     ):
         check(cfg, b)
@@ -331,6 +332,29 @@ def _replica_rules(cfg: Config, b: _Builder) -> None:
     from ddlaunch.config.replica_rules import check_replica_groups
 
     check_replica_groups(cfg, b)
+
+
+def _restart_rules(cfg: Config, b: _Builder) -> None:
+    """``fault_tolerance.restart: in_process`` re-runs ``launch.entrypoint`` in the
+    surviving processes: it needs Session code, and a world that is the whole job."""
+    ft = cfg.fault_tolerance
+    if ft.restart != "in_process":
+        return
+    where = ("fault_tolerance", "restart")
+    if not cfg.launch.entrypoint:
+        b.fail(
+            where,
+            "in_process re-runs launch.entrypoint (Session code) in the surviving ranks; a "
+            "script, a module or another trainer restarts as new processes: use process",
+            others=[("launch",)],
+        )
+    if ft.mode != "job":
+        b.fail(
+            where,
+            "in_process is for mode: job; replica groups already restart a failed group "
+            "alone while the others train",
+            also=("fault_tolerance", "mode"),
+        )
 
 
 def _plan_rules(cfg: Config, b: _Builder) -> None:

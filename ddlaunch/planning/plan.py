@@ -166,6 +166,11 @@ class LaunchPlan:
     # launch.env_from_submit: names only, passed by `sbatch --export`; never their values.
     env_from_submit: tuple[str, ...] = ()
     rank_logs: str = "rank"  # planning.rank_logs: one log file per rank, or per node
+    # fault_tolerance.restart: in_process: the standby processes' step (srun, and what each
+    # task runs); empty otherwise.
+    standby_srun_argv: tuple[str, ...] = ()
+    standby_argv: tuple[str, ...] = ()
+    standbys_per_node: int = 0
 
     @property
     def script_path(self) -> str:
@@ -349,8 +354,11 @@ def make_plan(
         *(("--label",) if layout == NODE_LOGS else ("--unbuffered",)),
         # One failed rank ends the step. Not for replica groups: their supervisor ends a
         # failed group's step itself, at once (``job.groups.group_srun`` says why).
+        # Nor for the in-process restart: the survivors go on while a standby takes the
+        # dead rank's place.
         "--kill-on-bad-exit=0"
         if cfg.fault_tolerance.mode == "replica_groups"
+        or cfg.fault_tolerance.restart == "in_process"
         else "--kill-on-bad-exit=1",
         f"--ntasks-per-node={cfg.ranks_per_node}",
         *rank_logs,
@@ -411,7 +419,60 @@ def make_plan(
         **_notes(cfg),
         env_from_submit=tuple(passed),
         rank_logs=layout,
+        **_standbys(cfg, run, launch.prefix, launch.srun_args, array),
+        standbys_per_node=(
+            cfg.fault_tolerance.standbys_per_node
+            if cfg.fault_tolerance.restart == "in_process"
+            else 0
+        ),
     )
+
+
+def _standbys(
+    cfg: Config,
+    run: PurePosixPath,
+    prefix: tuple[str, ...],
+    container_args: tuple[str, ...],
+    array: ArraySpec | None,
+) -> dict[str, tuple[str, ...]]:
+    """The standby step of ``fault_tolerance.restart: in_process``: beside the ranks, on
+    their nodes, ``standbys_per_node`` processes each (``ddlaunch.worker.standby``), sharing
+    the ranks' resources (--overlap); their output in ``logs/standby-<node>-<task>``."""
+    ft = cfg.fault_tolerance
+    if ft.restart != "in_process":
+        return {}
+    logs = run / LOGS_DIR
+    output = (
+        ()
+        if array is not None
+        else (
+            f"--output={logs / 'standby-%N-%t.out'}",
+            f"--error={logs / 'standby-%N-%t.err'}",
+        )
+    )
+    # The task count, else srun takes the job's (the ranks'); a job with spares or nodes.min
+    # gives its step's nodes in the script.
+    count = () if cfg.elastic else (f"--nodes={cfg.nodes.count}",)
+    tasks = () if cfg.elastic else (f"--ntasks={cfg.nodes.count * ft.standbys_per_node}",)
+    srun = (
+        "srun",
+        "--overlap",
+        "--kill-on-bad-exit=0",
+        *count,
+        *tasks,
+        f"--ntasks-per-node={ft.standbys_per_node}",
+        *output,
+        *container_args,
+    )
+    command = (
+        *prefix,
+        cfg.launch.python,
+        "-u",
+        "-m",
+        "ddlaunch.worker.standby",
+        str(run / SUBMITIT_DIR),
+    )
+    return {"standby_srun_argv": srun, "standby_argv": command}
 
 
 def _container_mounts(

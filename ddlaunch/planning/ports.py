@@ -35,3 +35,11 @@ def master_port_for(job_id: str, restart_count: int = 0, relaunch: int = 0) -> i
     base = int.from_bytes(digest[:8], "big") % span
     ordinal = restart_count + relaunch * _RELAUNCH_SPACING
     return PORT_LOW + (base + ordinal * _PORT_STRIDE) % span
+
+
+def control_port_for(master_port: int) -> int:
+    """The port of an in-process restart's control store (``fault_tolerance.restart:
+    in_process``), beside the attempt's rendezvous port: the next one in the range. The
+    store outlives rank 0 (a standby process holds it), which the rendezvous store does
+    not."""
+    return PORT_LOW + (master_port - PORT_LOW + 1) % (PORT_HIGH - PORT_LOW)

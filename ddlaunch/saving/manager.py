@@ -271,6 +271,20 @@ class CheckpointManager:
         self.prepare_staging(state_dict)
         return info
 
+    def latest_complete(self) -> CheckpointInfo | None:
+        """The newest complete checkpoint on disk, as rank 0 finds it (the same on every
+        rank)."""
+        info: CheckpointInfo | None = self._agree.on_rank0(
+            lambda: layout.latest_complete(self.root)
+        )
+        return info
+
+    def adopt(self, info: CheckpointInfo, state_dict: dict[str, Any]) -> None:
+        """The state was restored from ``info``'s step by other means (its copy in RAM):
+        from here on it is the last committed checkpoint, as after ``load_latest``."""
+        self._last_save_step, self.last_committed = info.step, info
+        self.prepare_staging(state_dict)
+
     def prepare_staging(self, state_dict: dict[str, Any]) -> None:
         """Allocate (and touch) the async staging buffers now, at start-up, where a stall
         is free; otherwise the first async save pays for it (several times a warm save).

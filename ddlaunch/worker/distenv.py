@@ -30,6 +30,9 @@ LOCAL_MASTER_ADDR = "127.0.0.1"
 # An explicit port wins over the derived one. Deliberately not plain MASTER_PORT: sbatch
 # exports the submitting shell's environment, so a stale MASTER_PORT would leak into jobs.
 PORT_OVERRIDE_VAR = "DDLAUNCH_MASTER_PORT"
+# Set in a standby process that takes a dead rank's place (fault_tolerance.restart:
+# in_process): the process group generation it joins (worker.standby).
+REPLACEMENT_VAR = "DDLAUNCH_REPLACEMENT"
 # torchrun's default port: a pod's network namespace is its own, so nothing else listens there.
 POD_MASTER_PORT = 29500
 

@@ -115,3 +115,9 @@ def device_mesh(config: Config | None = None) -> DeviceMesh:
         mesh = init_device_mesh(device, plan.shape, mesh_dim_names=plan.names)
         _MESHES[plan.shape] = mesh
     return mesh
+
+
+def forget() -> None:
+    """Drop the meshes built so far: their groups are gone (an in-process restart), the
+    next ``device_mesh()`` builds the mesh anew over the new groups."""
+    _MESHES.clear()

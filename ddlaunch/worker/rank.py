@@ -33,6 +33,7 @@ from ddlaunch.store.failures import write_failure
 from ddlaunch.store.rundir import config_path
 from ddlaunch.worker import gate, signals, stage_node, trainer_beats
 from ddlaunch.worker.distenv import (
+    REPLACEMENT_VAR,
     DistEnv,
     choose_backend,
     from_environ,
@@ -93,6 +94,39 @@ def _resolve_entrypoint(spec: str) -> Callable[[Config], Any]:
     if not callable(fn):
         raise ValueError(f"launch.entrypoint {spec!r}: {module_name} has no callable {attr!r}")
     return fn
+
+
+def _in_process(
+    entry: Callable[[Config], Any],
+    cfg: Config,
+    run_dir: Path,
+    d: DistEnv,
+    host: str,
+    replacing: int,
+) -> Any:
+    """The entry point under the in-process restart (``worker.inprocess``): this rank's
+    place on the control store, then the entry point, called again after a peer's failure.
+    ``replacing``: the generation a standby joins as this rank (0: a rank as srun started
+    it)."""
+    from ddlaunch.planning.ports import control_port_for
+    from ddlaunch.worker import inprocess
+    from ddlaunch.worker.control import Control, RankPlace
+
+    control = Control(d.master_addr, control_port_for(d.master_port))
+    place = RankPlace(
+        rank=d.rank,
+        host=host,
+        pid=os.getpid(),
+        local_rank=d.local_rank,
+        node_rank=d.node_rank,
+        local_world=d.local_world_size,
+        num_nodes=d.num_nodes,
+        world=d.world_size,
+    )
+    ctx = inprocess.start(control, place, os.environ[BACKEND_VAR], run_dir, cfg, replacing)
+    if replacing:
+        inprocess.join_as_replacement(ctx, replacing)
+    return inprocess.run(lambda: entry(cfg), ctx)
 
 
 def _run_script(script: str, args: list[str]) -> None:
@@ -182,8 +216,14 @@ def run_rank(run_dir: str) -> dict[str, Any]:
     try:
         cfg = load_config(config_path(Path(run_dir)))
         _take_signals(cfg)
-        _before_first_step(cfg, Path(run_dir), d, host)
-        result = _train(cfg, Path(run_dir), d)
+        replacing = os.environ.get(REPLACEMENT_VAR)
+        if replacing:
+            # A standby taking a dead rank's place: its node was checked and staged for
+            # the rank it replaces; it joins the survivors' group, not the first one.
+            os.environ[BACKEND_VAR] = choose_backend(cfg.launch.backend, _setup_device(d))
+        else:
+            _before_first_step(cfg, Path(run_dir), d, host)
+        result = _train(cfg, Path(run_dir), d, host, int(replacing or 0))
     except gate.PreflightFailed as exc:
         # A node verdict, not a crash of this rank: the end hook acts on it.
         print(f"[ddlaunch] no training in this attempt: {exc.reason}", flush=True)
@@ -249,10 +289,13 @@ def _before_first_step(cfg: Config, run_dir: Path, d: DistEnv, host: str) -> Non
         gate.wait_for_attempt(run_dir, AttemptId.from_env(os.environ))
 
 
-def _train(cfg: Config, run_dir: Path, d: DistEnv) -> Any:
+def _train(cfg: Config, run_dir: Path, d: DistEnv, host: str, replacing: int = 0) -> Any:
     """The entry point's result, or None for a script or module (run as python would)."""
     if cfg.launch.entrypoint:
-        return _resolve_entrypoint(cfg.launch.entrypoint)(cfg)
+        entry = _resolve_entrypoint(cfg.launch.entrypoint)
+        if cfg.fault_tolerance.restart != "in_process":
+            return entry(cfg)
+        return _in_process(entry, cfg, run_dir, d, host, replacing)
     args = trainer_args(cfg, run_dir, os.environ)
     if d.rank == 0:
         print(f"[ddlaunch] rank runs: {describe(cfg, args)}", flush=True)

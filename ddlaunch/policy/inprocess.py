@@ -1,0 +1,108 @@
+"""The in-process restart's decisions (``fault_tolerance.restart: in_process``), pure.
+
+After a failure the surviving ranks arrive at the control store; the first to arrive
+decides, from what the store holds, which ranks are dead, which standby process takes each
+(one of its own node's: it has the node's devices and data), or why the restart cannot be
+done in process, in which case every rank leaves and the process restart follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A standby process that takes a dead rank: ``index`` numbers the standbys of
+    ``host``."""
+
+    rank: int
+    host: str
+    index: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """What the first survivor decided for generation ``generation`` (the new one)."""
+
+    generation: int
+    dead: tuple[int, ...]
+    hosts: tuple[str, ...]  # the dead ranks' hosts, in the same order
+    replacements: tuple[Replacement, ...] = ()
+    fallback: str | None = None  # why not in process; every rank then leaves
+    detected: float = 0.0  # when the failure was announced (unix time)
+
+    def replacement_of(self, rank: int) -> Replacement | None:
+        return next((r for r in self.replacements if r.rank == rank), None)
+
+
+@dataclass(frozen=True)
+class Standby:
+    host: str
+    index: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the store said when the first survivor decided."""
+
+    world: int
+    arrived: frozenset[int]
+    hosts: Mapping[int, str]  # every rank's host, as it registered at start
+    free: Sequence[Standby]  # the standbys not yet taken
+    restarts_done: int  # in-process restarts of this attempt before this one
+    max_restarts: int
+    detected: float = 0.0
+    taken: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+
+
+def plan_restart(s: Situation) -> RestartPlan:
+    """Dead: every rank that did not arrive. Each takes a free standby on its own host; a
+    dead rank with none (its node died, or its standbys were used), no dead rank at all, or
+    the restart budget spent: the process restart."""
+    generation = s.restarts_done + 1
+    dead = tuple(r for r in range(s.world) if r not in s.arrived)
+    hosts = tuple(s.hosts.get(r, "?") for r in dead)
+
+    def fallback(why: str) -> RestartPlan:
+        return RestartPlan(generation, dead, hosts, fallback=why, detected=s.detected)
+
+    if not dead:
+        return fallback("every rank is alive: the failure was not a dead rank's")
+    if s.restarts_done >= s.max_restarts:
+        return fallback(f"fault_tolerance.max_restarts ({s.max_restarts}) reached")
+    free = [sb for sb in s.free if (sb.host, sb.index) not in s.taken]
+    chosen: list[Replacement] = []
+    for rank, host in zip(dead, hosts, strict=True):
+        standby = next((sb for sb in free if sb.host == host), None)
+        if standby is None:
+            return fallback(f"no standby left on {host} for rank {rank}")
+        free.remove(standby)
+        chosen.append(Replacement(rank, host, standby.index, standby.pid))
+    return RestartPlan(generation, dead, hosts, tuple(chosen), detected=s.detected)
+
+
+def is_peer_failure(kind: str, message: str) -> bool:
+    """Whether an exception a rank caught says a peer (or the process group) failed, not
+    this rank's own code: torch's distributed errors, and the messages of gloo's and
+    NCCL's transports and of an aborted group."""
+    if kind in {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}:
+        return True
+    if kind != "RuntimeError":
+        return False
+    text = message.lower()
+    return any(
+        word in text
+        for word in (
+            "connection closed by peer",
+            "connection reset",
+            "/gloo/",
+            "nccl",
+            "abort",
+            "timed out",
+            "broken pipe",
+        )
+    )

@@ -1,0 +1,241 @@
+"""The last committed checkpoint in RAM, this rank's and one peer's
+(``fault_tolerance.restart: in_process``, ``memory_checkpoint: auto``).
+
+At each save, every rank serializes its state (the bytes a replacement would need) and
+sends them to its peer, the rank with the same local rank on the next node (``rank +
+ranks_per_node``, modulo the world), receiving its predecessor's in turn: a ring over the
+nodes, so that a dead node's ranks have their copies on a live one. The copies become the
+*committed* ones when the save commits on disk (``commit``), never before: a restart resumes
+from a step the disk holds too, so a later requeue agrees with it.
+
+After an in-process restart (``restore``), every rank of the new process group says which
+step it holds and whose copy: when every survivor holds its own copy of the latest complete
+checkpoint on disk and every replacement's copy is held by a survivor, the survivors load
+their own bytes and each holder sends its copy to the replacement (state from RAM);
+otherwise every rank reads the checkpoint from disk. Either way the result is the same
+state, bit for bit.
+
+The copies live in this module, not in a ``Session``: a restart builds a new ``Session``
+in the same process, and the copies must outlive the old one.
+
+Not for sharded (DTensor) state: its shards are resharded by DCP on a load, which a byte
+copy cannot do; ``auto`` is off there, with a line saying so.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
+
+STATE_FROM_RAM = "ram"
+STATE_FROM_DISK = "disk"
+# Two copies (own + peer) per rank must leave the node this share of its available memory.
+MEMORY_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Held:
+    """One step's copies: this rank's bytes and (``peer`` >= 0) rank ``peer``'s."""
+
+    step: int
+    own: torch.Tensor  # uint8
+    peer: int
+    peer_bytes: torch.Tensor | None
+
+
+_committed: Held | None = None
+_pending: Held | None = None
+_said_off = False
+
+
+def held() -> Held | None:
+    """The copies of the last committed checkpoint, if any (this process's)."""
+    return _committed
+
+
+def forget() -> None:
+    global _committed, _pending
+    _committed = _pending = None
+
+
+def peers(rank: int, world: int, ranks_per_node: int) -> tuple[int, int]:
+    """(the rank this one sends its copy to, the rank whose copy it keeps); -1 when the
+    world is one node (the copy would stay on the node it protects)."""
+    if world <= ranks_per_node:
+        return -1, -1
+    return (rank + ranks_per_node) % world, (rank - ranks_per_node) % world
+
+
+def serialize(state: Mapping[str, Any]) -> torch.Tensor:
+    plain = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+    buffer = io.BytesIO()
+    torch.save(plain, buffer)
+    return torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
+
+
+def deserialize(data: torch.Tensor) -> dict[str, Any]:
+    loaded: dict[str, Any] = torch.load(
+        io.BytesIO(data.numpy().tobytes()), weights_only=False, map_location="cpu"
+    )
+    return loaded
+
+
+def load_into(state: dict[str, Any], data: torch.Tensor) -> None:
+    """Put a copy back into the live state, as a load from disk would."""
+    for key, value in deserialize(data).items():
+        target = state.get(key)
+        if isinstance(target, Stateful):
+            target.load_state_dict(value)
+        elif isinstance(target, torch.Tensor):
+            target.copy_(value)
+        else:
+            state[key] = value
+
+
+def sharded(state: Mapping[str, Any]) -> bool:
+    """Whether the state holds DTensor shards (FSDP2, tensor parallel)."""
+    from torch.distributed.tensor import DTensor
+
+    def walk(value: Any) -> bool:
+        if isinstance(value, DTensor):
+            return True
+        if isinstance(value, Mapping):
+            return any(walk(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return any(walk(v) for v in value)
+        return False
+
+    return any(walk(v.state_dict() if isinstance(v, Stateful) else v) for v in state.values())
+
+
+def available_bytes() -> int | None:
+    """The node's available memory (Linux ``MemAvailable``), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def fits(size: int, local_ranks: int, available: int | None) -> bool:
+    """Whether two copies of ``size`` bytes per rank fit in the node's share."""
+    return available is None or 2 * size * local_ranks <= MEMORY_SHARE * available
+
+
+def _exchange(payload: torch.Tensor, to: int, frm: int) -> torch.Tensor:
+    """Send ``payload`` to ``to`` and receive ``frm``'s, sizes first (gloo: CPU tensors)."""
+    size_out = torch.tensor([payload.numel()], dtype=torch.int64)
+    size_in = torch.zeros(1, dtype=torch.int64)
+    ops = [dist.P2POp(dist.isend, size_out, to), dist.P2POp(dist.irecv, size_in, frm)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    received = torch.empty(int(size_in.item()), dtype=torch.uint8)
+    ops = [dist.P2POp(dist.isend, payload, to), dist.P2POp(dist.irecv, received, frm)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return received
+
+
+def capture(step: int, state: Mapping[str, Any], ranks_per_node: int) -> bool:
+    """At a save, on every rank together: this rank's copy, and the exchange with its peers.
+    Pending until ``commit(step)``. Returns False (on every rank: the decision is agreed)
+    when the copies would not fit, after rank 0 said so once."""
+    global _pending, _said_off
+    rank, world = dist.get_rank(), dist.get_world_size()
+    own = serialize(state)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or ranks_per_node)
+    ok = torch.tensor([1 if fits(own.numel(), local, available_bytes()) else 0])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not ok.item():
+        if rank == 0 and not _said_off:
+            print(
+                f"[ddlaunch] memory checkpoint off: two copies of {own.numel() / 2**20:.0f} MiB "
+                f"per rank do not fit in {MEMORY_SHARE:.0%} of the node's available memory; "
+                "an in-process restart reads the checkpoint from disk",
+                flush=True,
+            )
+        _said_off = True
+        forget()
+        return False
+    to, frm = peers(rank, world, ranks_per_node)
+    copy = _exchange(own, to, frm) if to >= 0 else None
+    _pending = Held(step, own, frm, copy)
+    return True
+
+
+def commit(step: int) -> None:
+    """The save of ``step`` committed on disk: its copies are the ones a restart uses."""
+    global _committed, _pending
+    if _pending is not None and _pending.step == step:
+        _committed, _pending = _pending, None
+
+
+def restore(state: dict[str, Any], disk_step: int | None) -> int | None:
+    """After an in-process restart, on every rank of the new group: the state from RAM when
+    the copies allow it (see the module's doc), returning the step; None when they do not
+    (every rank then loads from disk). ``disk_step``: the latest complete checkpoint's step,
+    as rank 0 found it (the same on every rank)."""
+    global _committed
+    mine = _committed
+    said = (mine.step, mine.peer if mine.peer_bytes is not None else -1) if mine else (-1, -1)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, said)
+    sources = plan_sources([(int(s), int(p)) for s, p in gathered], disk_step)
+    if sources is None:
+        return None
+    rank = dist.get_rank()
+    ops = []
+    incoming: torch.Tensor | None = None
+    if mine is not None and mine.peer_bytes is not None and rank in sources.values():
+        target = next(r for r, holder in sources.items() if holder == rank)
+        size = torch.tensor([mine.peer_bytes.numel()], dtype=torch.int64)
+        dist.send(size, target)
+        ops.append(dist.P2POp(dist.isend, mine.peer_bytes, target))
+    if rank in sources:
+        size_in = torch.zeros(1, dtype=torch.int64)
+        dist.recv(size_in, sources[rank])
+        incoming = torch.empty(int(size_in.item()), dtype=torch.uint8)
+        ops.append(dist.P2POp(dist.irecv, incoming, sources[rank]))
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    step = disk_step
+    assert step is not None
+    if incoming is not None:
+        load_into(state, incoming)
+        _committed = Held(step, incoming, -1, None)  # its peer's copy comes with the next save
+    else:
+        assert mine is not None
+        load_into(state, mine.own)
+    return step
+
+
+def plan_sources(said: list[tuple[int, int]], disk_step: int | None) -> dict[int, int] | None:
+    """Pure: who sends each replacement its copy (``{replacement: holder}``), or None when
+    the ranks must read from disk. ``said[r]``: (the step rank r holds, whose copy it holds,
+    -1 for none)."""
+    if disk_step is None:
+        return None
+    sources: dict[int, int] = {}
+    for rank, (step, _) in enumerate(said):
+        if step == disk_step:
+            continue
+        if step != -1:
+            return None  # a survivor holds another step than the disk's latest
+        holder = next(
+            (h for h, (s, peer) in enumerate(said) if peer == rank and s == disk_step), None
+        )
+        if holder is None:
+            return None
+        sources[rank] = holder
+    return sources

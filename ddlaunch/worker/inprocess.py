@@ -1,0 +1,341 @@
+"""The in-process restart (``fault_tolerance.restart: in_process``): the surviving ranks
+keep their processes when a peer dies.
+
+``run_rank`` calls the entry point through ``run``. When a peer dies, the ranks next to it
+in the process group see their collective fail (its connections closed); the first says so
+on the control store (``worker.control``), and every rank's monitor thread, waiting on that
+key, aborts its process groups, so that a rank blocked in a collective with live peers
+raises too, within milliseconds rather than a collective's timeout. Each survivor then:
+
+1. arrives at the control store; the first to arrive decides (``policy.inprocess``): the
+   dead ranks are those that did not arrive, each is taken by a standby process of its own
+   node (``worker.standby``: torch imported, waiting), and is told so;
+2. meets the others and the replacements in a new process group, on the control store
+   under the new generation's prefix;
+3. calls the entry point again: its ``Session`` restores the last committed checkpoint from
+   RAM (``saving.memory``), from disk where the copies do not allow it.
+
+Every wait is bounded (``fault_tolerance.rejoin_timeout``). Whatever fails on the way (no
+standby on the node, the restart budget spent, a replacement that does not come, the
+control store lost) ends in ``InProcessFallback``: the rank leaves with an error and the
+process restart of the allocation follows, as without ``in_process``. A rank whose own code
+raised (not a peer's failure) says so and leaves: a standby takes its place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from ddlaunch.policy.inprocess import RestartPlan, Situation, is_peer_failure, plan_restart
+from ddlaunch.store import attempts
+from ddlaunch.worker import connections
+from ddlaunch.worker.control import Assignment, Control, RankPlace
+from ddlaunch.worker.stops import StopRank
+
+T = TypeVar("T")
+
+# How long the first survivor waits for the others when more than one rank may be dead:
+# a live rank arrives once its step reaches a collective (the monitor aborted its groups).
+SETTLE_SHARE = 0.25
+SETTLE_MAX_S = 15.0
+
+
+class InProcessFallback(RuntimeError):
+    """The in-process restart cannot go on: this rank leaves, the process restart follows."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """This process's process group generation: 0 as started; n after n in-process
+    restarts. ``plan``: the restart that formed it; ``formed``: when its group formed."""
+
+    number: int = 0
+    plan: RestartPlan | None = None
+    formed: float = 0.0
+    replacement: bool = False  # this process is a standby that took a dead rank
+
+
+_generation = Generation()
+
+
+def current() -> Generation:
+    return _generation
+
+
+def abort_groups() -> None:
+    """Abort every process group of this process, so that a collective blocked in one
+    raises. Safe from another thread; the state is cleared by the main thread."""
+    from torch.distributed import distributed_c10d as c10d
+
+    for group in list(c10d._world.pg_names):
+        with contextlib.suppress(Exception):
+            group.abort()
+
+
+def clear_groups(exc: BaseException, addresses: frozenset[str], control_port: int) -> None:
+    """Main thread, after a failure: every group aborted and forgotten, its connections to
+    the job's nodes shut down (``worker.connections``: what ends the collectives the other
+    ranks are blocked in with this one), the cached mesh of the old groups dropped, and the
+    failed call's frames cleared (they hold the old model, optimizer and Session)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    from ddlaunch.worker import mesh
+
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            c10d._abort_process_group()
+    connections.shut_down(addresses, control_port)
+    mesh.forget()
+    seen: BaseException | None = exc
+    while seen is not None:
+        traceback.clear_frames(seen.__traceback__)
+        seen = seen.__cause__ or seen.__context__
+    gc.collect()
+
+
+class Monitor:
+    """A daemon thread that looks on the control store for a failure of the current
+    generation (every ``POLL_S``: a blocking wait would print torch's warning at each
+    timeout and when the store closes at the end). Then, until the main thread has taken
+    the failure up (``recovering``), every ``ABORT_EVERY_S``: it shuts down this process's
+    connections to the job's nodes (a gloo collective blocked on a live peer ends only so)
+    and aborts its groups (what NCCL's collectives need)."""
+
+    POLL_S = 0.5
+    ABORT_EVERY_S = 0.05
+
+    def __init__(self, control: Control, addresses: frozenset[str], generation: int) -> None:
+        self.control = control.another()
+        self.addresses = addresses
+        self.generation = generation
+        self.recovering = False
+        self.stopped = False
+        threading.Thread(target=self._run, name="ddlaunch-inprocess", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            g = self.generation
+            try:
+                seen = self.control.has(f"g{g}/failed")
+            except Exception:  # the store is gone: the attempt is over
+                return
+            if not seen:
+                time.sleep(self.POLL_S)
+                continue
+            while g == self.generation and not self.recovering and not self.stopped:
+                connections.shut_down(self.addresses, self.control.port)
+                abort_groups()
+                time.sleep(self.ABORT_EVERY_S)
+            while g == self.generation and not self.stopped:  # the next one forms
+                time.sleep(self.ABORT_EVERY_S)
+
+
+@dataclass
+class Context:
+    """What the restart loop needs."""
+
+    control: Control
+    monitor: Monitor
+    place: RankPlace
+    backend: str
+    run_dir: Path
+    rejoin_timeout: float
+    max_restarts: int
+    addresses: frozenset[str]  # the job's nodes' (connections.job_addresses)
+
+
+def start(
+    control: Control,
+    place: RankPlace,
+    backend: str,
+    run_dir: Path,
+    cfg: Any,
+    generation: int = 0,
+) -> Context:
+    """Register this rank's place and start its monitor, from ``generation`` (0 for a rank
+    srun started; the generation a standby joins as a replacement)."""
+    control.register_rank(place)
+    ft = cfg.fault_tolerance
+    addresses = connections.job_addresses(os.environ)
+    return Context(
+        control,
+        Monitor(control, addresses, generation),
+        place,
+        backend,
+        run_dir,
+        ft.rejoin_timeout,
+        ft.max_restarts,
+        addresses,
+    )
+
+
+def run(call: Callable[[], T], ctx: Context) -> T:
+    """``call()`` until it returns, restarting it in this process after a peer's failure."""
+    while True:
+        try:
+            result = call()
+        except (StopRank, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            _recover(exc, ctx)
+            continue
+        _finish(ctx)
+        return result
+
+
+def _finish(ctx: Context) -> None:
+    """This rank returned: its monitor stops; rank 0 tells the standbys to leave and, after
+    a restart, once every rank returned, records that the ranks finished (srun's status
+    counts the dead rank's)."""
+    ctx.monitor.stopped = True
+    if _generation.number > 0 and dist.is_initialized():
+        dist.barrier()
+    if ctx.place.rank != 0:
+        return
+    if _generation.number > 0:
+        attempts.update_open(ctx.run_dir, in_process_done=time.time())
+    with contextlib.suppress(Exception):
+        ctx.control.dismiss_standbys()
+
+
+def _recover(exc: Exception, ctx: Context) -> None:
+    global _generation
+    g, rank, control = _generation.number, ctx.place.rank, ctx.control
+    what = f"{type(exc).__name__}: {exc}"
+    try:
+        seen = control.failure(g)
+    except Exception as store_error:
+        raise InProcessFallback(f"control store unreachable: {store_error}") from exc
+    if seen is None and not is_peer_failure(type(exc).__name__, str(exc)):
+        # This rank's own error: it leaves (a standby takes its place); said first, so that
+        # the others stop waiting in their collectives at once.
+        with contextlib.suppress(Exception):
+            control.announce(g, rank, what)
+        raise exc
+    ctx.monitor.recovering = True
+    control.announce(g, rank, what)
+    first = control.failure(g) or {}
+    print(
+        f"[ddlaunch] rank {rank}: a peer failed ({str(first.get('what', what))[:160]}); "
+        "restarting in this process",
+        flush=True,
+    )
+    clear_groups(exc, ctx.addresses, control.port)
+    world = ctx.place.world
+    if control.arrive(g, rank) == 1:
+        _decide(ctx, g, float(first.get("time") or time.time()))
+    settle = min(SETTLE_MAX_S, ctx.rejoin_timeout * SETTLE_SHARE)
+    if not control.wait(f"g{g}/plan", settle + ctx.rejoin_timeout):
+        raise InProcessFallback("no decision came from the first survivor") from exc
+    plan = control.plan(g)
+    if plan.fallback:
+        raise InProcessFallback(plan.fallback) from exc
+    if rank in plan.dead:
+        raise InProcessFallback("this rank arrived after the others had given it up") from exc
+    form_group(ctx, plan.generation, world)
+    _generation = Generation(plan.generation, plan, time.time())
+    # The generation first: the monitor's loop of the old one must end, not abort the new.
+    ctx.monitor.generation = plan.generation
+    ctx.monitor.recovering = False
+
+
+def _decide(ctx: Context, g: int, detected: float) -> None:
+    """The first survivor: wait for the others, then decide and tell the standbys."""
+    control, world = ctx.control, ctx.place.world
+    deadline = time.monotonic() + min(SETTLE_MAX_S, ctx.rejoin_timeout * SETTLE_SHARE)
+    while control.add(f"g{g}/arrived", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    arrived = control.arrived(g, world)
+    places = {r: control.place_of(r) for r in range(world) if r not in arrived}
+    situation = Situation(
+        world=world,
+        arrived=arrived,
+        hosts={r: p.host for r, p in places.items() if p is not None},
+        free=control.standbys(),
+        restarts_done=g,
+        max_restarts=ctx.max_restarts,
+        detected=detected,
+    )
+    plan = plan_restart(situation)
+    for chosen in plan.replacements:
+        control.assign(chosen.host, chosen.index, Assignment(plan.generation, places[chosen.rank]))
+    control.publish(g, plan)
+    print(f"[ddlaunch] in-process restart {plan.generation}: {said(plan)}", flush=True)
+    if plan.fallback:
+        record(ctx.run_dir, plan, fell_back=plan.fallback)
+
+
+def said(plan: RestartPlan) -> str:
+    dead = ", ".join(f"rank {r} on {h}" for r, h in zip(plan.dead, plan.hosts, strict=True))
+    if plan.fallback:
+        return f"{dead or 'no rank'} failed; falling back to a process restart: {plan.fallback}"
+    taken = ", ".join(
+        f"standby pid {r.pid} on {r.host} takes rank {r.rank}" for r in plan.replacements
+    )
+    return f"{dead} failed; {taken}"
+
+
+def form_group(ctx: Context, generation: int, world: int) -> None:
+    """Meet every rank of ``generation`` (bounded: a replacement that died on its way is
+    not waited for), then form its process group on the control store."""
+    control, rank = ctx.control, ctx.place.rank
+    control.set(f"g{generation}/joined/{rank}", "1")
+    deadline = time.monotonic() + ctx.rejoin_timeout
+    for other in range(world):
+        left = deadline - time.monotonic()
+        if left <= 0 or not control.wait(f"g{generation}/joined/{other}", left):
+            raise InProcessFallback(f"rank {other} did not join generation {generation}")
+    dist.init_process_group(
+        backend=ctx.backend,
+        store=control.pg_store(generation),
+        rank=rank,
+        world_size=world,
+    )
+
+
+def join_as_replacement(ctx: Context, generation: int) -> None:
+    """A standby that took a dead rank: join the generation the survivors are forming."""
+    global _generation
+    plan = ctx.control.plan(generation - 1) if ctx.control.has(f"g{generation - 1}/plan") else None
+    form_group(ctx, generation, ctx.place.world)
+    _generation = Generation(generation, plan, time.time(), replacement=True)
+
+
+def record(
+    run_dir: Path,
+    plan: RestartPlan,
+    *,
+    resumed_from: int | None = None,
+    state_from: str | None = None,
+    formed: float | None = None,
+    fell_back: str | None = None,
+) -> None:
+    """The attempt's entry for this restart (rank 0 of the new generation, or the first
+    survivor of a fall-back)."""
+    entry = {
+        "time": plan.detected,
+        "generation": plan.generation,
+        "ranks": list(plan.dead),
+        "hosts": list(plan.hosts),
+        "cause": "crash",
+        "replacements": [{"rank": r.rank, "host": r.host, "pid": r.pid} for r in plan.replacements],
+        "rejoined_s": round(formed - plan.detected, 3) if formed else None,
+        "resumed_from": resumed_from,
+        "state_from": state_from,
+        "fell_back": fell_back,
+    }
+    with contextlib.suppress(OSError, ValueError):
+        opened = attempts.load(run_dir)[-1:]
+        before = list((opened[0].in_process_restarts if opened else None) or ())
+        attempts.update_open(run_dir, in_process_restarts=[*before, entry])

@@ -1,0 +1,85 @@
+"""The in-process restart on the real dev cluster (``fault_tolerance.restart: in_process``):
+what was kept, not only that it ran.
+
+The example MLP (2 nodes x 2 ranks, gloo, 300 steps, a checkpoint every 20); its data
+depends only on the global step, so a run restarted in process must end with parameters
+bit-identical to an uninterrupted one (the reference: 4 local ranks, the same code path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from support.devcluster import processes, wait_for
+from support.devcluster import run_ddlaunch as ddlaunch
+from support.slurm_runs import attempts, committed, mlp_config, result, submit
+
+from ddlaunch.config import load_config
+from ddlaunch.config.validate import to_plain
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+
+IN_PROCESS = {"restart": "in_process", "checkpoint_every_steps": 20, "keep_last": 0}
+
+
+@pytest.fixture(scope="module")
+def reference_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from ddlaunch.launch.local import run_local
+
+    tmp = tmp_path_factory.mktemp("reference")
+    cfg = load_config(mlp_config(tmp, "reference"))
+    run_dir = tmp / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
+    run_local(run_dir, cfg.world_size, timeout_s=300)
+    return str(json.loads((run_dir / "result.json").read_text())["param_sha256"])
+
+
+def _pids(run_dir: Path, module: bytes) -> dict[int, int]:
+    """{pid: rank} of a run's processes running ``module`` (srun's task id, SLURM_PROCID:
+    a standby's is its standby index until it takes a rank)."""
+    found = {}
+    for pid, argv, env in processes(f"DDLAUNCH_RUN_DIR={run_dir}"):
+        if not argv[0].endswith(b"srun") and any(module in arg for arg in argv):
+            procid = next((e for e in env if e.startswith(b"SLURM_PROCID=")), b"=-1")
+            found[pid] = int(procid.split(b"=")[1])
+    return found
+
+
+def test_a_killed_rank_is_replaced_by_a_standby_and_the_others_keep_their_processes(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    config = mlp_config(tmp_path, "inproc", params={"step_sleep": 0.15}, fault_tolerance=IN_PROCESS)
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    ranks = _pids(run_dir, b"ddlaunch.worker.task")
+    standbys = _pids(run_dir, b"ddlaunch.worker.standby")
+    assert len(ranks) == 4 and len(standbys) == 2, (ranks, standbys)
+    victim = next(pid for pid, rank in ranks.items() if rank == 3)
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    print(f"kill -> completed in {time.monotonic() - killed_at:.1f} s")
+    (only,) = attempts(run_dir)  # no process restart, no requeue
+    (restart,) = only["in_process_restarts"]
+    assert restart["ranks"] == [3] and restart["state_from"] == "ram", restart
+    (replacement,) = restart["replacements"]
+    assert replacement["pid"] in standbys  # a process that existed before the kill
+    assert restart["resumed_from"] >= 60 and restart["resumed_from"] % 20 == 0
+    assert only["cause"] == "completed"
+    res = result(run_dir)
+    assert res["param_sha256"] == reference_sha
+    # The survivors kept their processes: each of ranks 0-2 wrote its lines under its pid.
+    logs = {r: (run_dir / "logs" / f"rank-{r}.out").read_text() for r in range(4)}
+    for rank in ranks.values():
+        if rank != 3:
+            assert "restarting in this process" in logs[rank], logs[rank]
+    assert f"(pid {replacement['pid']}) takes rank 3" in logs[3]
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path)
+    assert "in-process restart 1" in status.stdout, status.stdout
