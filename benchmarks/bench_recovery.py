@@ -1,10 +1,12 @@
 """Recovery on the dev cluster, in one run.
 
 ``rank-crash`` (``--repeat N``): kill -9 one rank at step >= 60 and time the kill -> the first
-step after the restart (rank 0's ``timings.jsonl``: the next attempt's first finished step),
-with the default restart in the allocation beside the requeue path
-(``fault_tolerance.max_restarts: 0``), runs interleaved, medians and their ratio. Target:
-<= 10 s in the allocation.
+step after the restart (rank 0's ``timings.jsonl``: the first finished step after the kill),
+with the in-process restart (``fault_tolerance.restart: in_process``: the survivors keep their
+processes, a standby takes the dead rank, the state from RAM) beside the default restart in
+the allocation (new processes) and the requeue path (``fault_tolerance.max_restarts: 0``),
+runs interleaved, medians and their ratios. Targets: <= 3 s in process, <= 10 s in the
+allocation.
 
     flock /tmp/ddlaunch-devcluster.lock python benchmarks/bench_recovery.py rank-crash --repeat 3
 
@@ -92,15 +94,16 @@ def rank_pids(run: Path) -> list[int]:
     return sorted(pids)
 
 
-def first_steps(run: Path) -> dict[str, float]:
-    """attempt key -> time of its first finished step (``timings.jsonl``)."""
-    out = {}
+def first_steps(run: Path) -> list[float]:
+    """The times of every Session's first finished step (``timings.jsonl``): one per
+    attempt, and one per in-process restart within an attempt."""
+    out = []
     with contextlib.suppress(FileNotFoundError):
         for line in (run / "timings.jsonl").read_text().splitlines():
             with contextlib.suppress(ValueError):
                 rec = json.loads(line)
                 if rec.get("kind") == "first_step":
-                    out.setdefault(str(rec["attempt"]), float(rec["time"]))
+                    out.append(float(rec["time"]))
     return out
 
 
@@ -123,14 +126,19 @@ def save_stalls(run: Path) -> list[float]:
     return out
 
 
-def one_rank_crash(tmp: str, max_restarts: int) -> tuple[float, str, str, list[float]]:
+MODES = {
+    "in_process": "max_restarts: 3, restart: in_process",
+    "process": "max_restarts: 3",
+    "requeue": "max_restarts: 0",
+}
+
+
+def one_rank_crash(tmp: str, mode: str) -> tuple[float, str, str, list[float]]:
     """(kill -> first step after the retry in s, how the retry went, where the time went,
     save stalls)."""
-    cfg = Path(tmp) / f"crash-{max_restarts}.yaml"
+    cfg = Path(tmp) / f"crash-{mode}.yaml"
     cfg.write_text(
-        CONFIG.format(interval=INTERVAL).replace(
-            "keep_last: 0}", f"keep_last: 0, max_restarts: {max_restarts}}}"
-        )
+        CONFIG.format(interval=INTERVAL).replace("keep_last: 0}", f"keep_last: 0, {MODES[mode]}}}")
     )
     out = sh(sys.executable, "-m", "ddlaunch", "submit", str(cfg), "--run-root", tmp)
     job, run = out.split()[3], Path(tmp) / out.split()[1]
@@ -144,14 +152,21 @@ def one_rank_crash(tmp: str, max_restarts: int) -> tuple[float, str, str, list[f
         killed = time.time()
         os.kill(victim, signal.SIGKILL)
         while True:
-            later = {k: t for k, t in first_steps(run).items() if t > killed}
+            later = [t for t in first_steps(run) if t > killed]
             if later:
-                recovered = min(later.values()) - killed
+                recovered = min(later) - killed
                 break
             if (run / "outcome.json").exists() or time.time() - killed > 300:
                 raise SystemExit(f"no recovery: {(run / 'attempts.json').read_text()}")
             time.sleep(0.1)
         records = json.loads((run / "attempts.json").read_text())
+        inside = records[-1].get("in_process_restarts") or []
+        if inside:
+            entry = inside[-1]
+            lost = step_before - (entry.get("resumed_from") or 0)
+            how = f"in process, state from {entry.get('state_from')}"
+            phases = f"rejoined +{entry.get('rejoined_s')} s, {lost} steps recomputed"
+            return recovered, how, phases, save_stalls(run)
         how = "in the allocation" if records[-1].get("in_allocation") else "requeue"
         lost = step_before - (records[-1].get("resumed_from") or 0)
         # Where the time went: the failed attempt concluded (srun returned, the end hook
@@ -169,34 +184,40 @@ def one_rank_crash(tmp: str, max_restarts: int) -> tuple[float, str, str, list[f
 def rank_crash(repeat: int) -> None:
     os.environ.setdefault("SLURM_CONF", "/etc/ddlaunch-devcluster/slurm.conf")
     tmp = tempfile.mkdtemp(prefix="bench-recovery-", dir=str(Path.home()))
-    times: dict[int, list[float]] = {3: [], 0: []}
-    stalls: list[float] = []
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    stalls: dict[str, list[float]] = {mode: [] for mode in MODES}
     try:
         for i in range(repeat):
-            for restarts in (3, 0):
-                took, how, phases, stalled = one_rank_crash(tmp, restarts)
-                times[restarts].append(took)
-                stalls += stalled
+            for mode in MODES:
+                took, how, phases, stalled = one_rank_crash(tmp, mode)
+                times[mode].append(took)
+                stalls[mode] += stalled
                 print(
-                    f"run {i + 1} max_restarts={restarts}: kill -> first step {took:6.2f} s "
-                    f"({how}: {phases})",
+                    f"run {i + 1} {mode:10}: kill -> first step {took:6.2f} s ({how}: {phases})",
                     flush=True,
                 )
     finally:
         if os.environ.get("BENCH_KEEP") != "1":
             shutil.rmtree(tmp, True)
-    inside, requeue = statistics.median(times[3]), statistics.median(times[0])
+    fast, inside, requeue = (statistics.median(times[m]) for m in MODES)
     print(f"{'rank crash -> first step':34} median of {repeat}")
+    print(f"{'  in process':34} {fast:7.2f} s   target <= 3 s   {'OK' if fast <= 3 else 'SLOW'}")
     print(
         f"{'  restart in the allocation':34} {inside:7.2f} s   target <= 10 s  "
         f"{'OK' if inside <= 10 else 'SLOW'}"
     )
     print(f"{'  requeue (max_restarts: 0)':34} {requeue:7.2f} s")
+    print(f"{'  ratio in allocation / in process':34} {inside / fast:7.2f}x")
     print(f"{'  ratio requeue / in allocation':34} {requeue / inside:7.2f}x")
-    if stalls:
-        published_ettr(statistics.fmean(stalls), {"in the allocation": inside, "requeue": requeue})
-        for restart in (inside, requeue):
-            advised_vs_optimum(statistics.fmean(stalls), restart)
+    for mode in MODES:
+        if stalls[mode]:
+            print(f"{'  save stall, ' + mode:34} {statistics.fmean(stalls[mode]):7.3f} s (mean)")
+    every = [x for m in MODES for x in stalls[m]]
+    if every:
+        restarts = {"in process": fast, "in the allocation": inside, "requeue": requeue}
+        published_ettr(statistics.fmean(every), restarts)
+        for restart in (fast, inside, requeue):
+            advised_vs_optimum(statistics.fmean(every), restart)
 
 
 def published_ettr(save_s: float, restarts: dict[str, float]) -> None:

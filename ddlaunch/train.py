@@ -134,6 +134,7 @@ class Session:
                     flush=True,
                 )
         self.state_from: str | None = None  # after an in-process restart: "ram" or "disk"
+        self._copies: memory.MemoryCheckpoint | None = None
         if identity is not None:
             info = self._join_groups(identity, check_every)
         elif self._in_process and inprocess.current().number > 0:
@@ -187,14 +188,16 @@ class Session:
         """At a save: the RAM copies of this step (every rank together); they count once
         the save commits (``_committed``)."""
         if self._memory:
-            ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
-            self._memory = memory.capture(step, self.state, ranks_per_node)
+            if self._copies is None:
+                ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
+                self._copies = memory.MemoryCheckpoint(ranks_per_node)
+            self._memory = self._copies.capture(step, self.state)
         self._committed()
 
     def _committed(self) -> None:
         last = self.manager.last_committed
-        if self._memory and last is not None:
-            memory.commit(last.step)
+        if self._copies is not None and last is not None:
+            self._copies.commit(last.step)
 
     def _join_groups(self, identity: GroupIdentity, check_every: int) -> CheckpointInfo | None:
         """Replica groups: the torchft Manager, with the Session's state as what a healing
@@ -486,6 +489,8 @@ class Session:
             self._saving(lambda: self.manager.save(final_step, self.state, meta), final=True)
             self._saving(self.manager.wait, final=True)
         self.manager.close()
+        if self._copies is not None:
+            self._copies.close()
         if saver:
             self._report(final_step if final_step is not None else self.start_step, force=True)
         if self.replica is not None:

@@ -23,7 +23,8 @@ from support.slurm_runs import attempts, committed, mlp_config, result, submit
 from ddlaunch.config import load_config
 from ddlaunch.config.validate import to_plain
 
-pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+# One worker: the two runs share the reference run.
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.xdist_group("inprocess")]
 
 IN_PROCESS = {"restart": "in_process", "checkpoint_every_steps": 20, "keep_last": 0}
 
@@ -83,3 +84,37 @@ def test_a_killed_rank_is_replaced_by_a_standby_and_the_others_keep_their_proces
     assert f"(pid {replacement['pid']}) takes rank 3" in logs[3]
     status = ddlaunch("status", run_dir.name, cwd=tmp_path)
     assert "in-process restart 1" in status.stdout, status.stdout
+
+
+def test_a_replacement_that_dies_as_it_joins_falls_back_to_the_process_restart(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    ft = {**IN_PROCESS, "rejoin_timeout": 10}
+    config = mlp_config(tmp_path, "inproc-fb", params={"step_sleep": 0.15}, fault_tolerance=ft)
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    ranks = _pids(run_dir, b"ddlaunch.worker.task")
+    victim = next(pid for pid, rank in ranks.items() if rank == 3)
+    os.kill(victim, signal.SIGKILL)
+    logs = run_dir / "logs"
+
+    def taking() -> int | None:
+        for log in logs.glob("standby-*.out"):
+            for line in log.read_text().splitlines():
+                if "takes rank 3" in line:
+                    return int(line.split("(pid ")[1].split(")")[0])
+        return None
+
+    os.kill(wait_for(taking, 60, "a standby taking rank 3", poll=0.02), signal.SIGKILL)
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    first, second = attempts(run_dir)
+    (restart,) = first["in_process_restarts"]
+    assert restart["ranks"] == [3], restart
+    assert restart["fell_back"] == (
+        "rank 3 did not join the new process group within fault_tolerance.rejoin_timeout (10 s)"
+    )
+    assert first["cause"] == "crash" and second["in_allocation"] is True
+    assert second["resumed_from"] >= 60
+    assert result(run_dir)["param_sha256"] == reference_sha
+    said = (logs / "rank-0.out").read_text()
+    assert "no in-process restart (" in said and "the ranks restart as new processes" in said

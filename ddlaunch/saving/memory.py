@@ -24,9 +24,12 @@ copy cannot do; ``auto`` is off there, with a line saying so.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import io
 import os
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,17 +45,16 @@ MEMORY_SHARE = 0.5
 
 @dataclass(frozen=True)
 class Held:
-    """One step's copies: this rank's bytes and (``peer`` >= 0) rank ``peer``'s."""
+    """One step's copies: this rank's state (its tensors cloned to the CPU) and (``peer`` >=
+    0) rank ``peer``'s, as the bytes it sent."""
 
     step: int
-    own: torch.Tensor  # uint8
+    own: dict[str, Any]
     peer: int
     peer_bytes: torch.Tensor | None
 
 
 _committed: Held | None = None
-_pending: Held | None = None
-_said_off = False
 
 
 def held() -> Held | None:
@@ -61,8 +63,8 @@ def held() -> Held | None:
 
 
 def forget() -> None:
-    global _committed, _pending
-    _committed = _pending = None
+    global _committed
+    _committed = None
 
 
 def peers(rank: int, world: int, ranks_per_node: int) -> tuple[int, int]:
@@ -73,23 +75,47 @@ def peers(rank: int, world: int, ranks_per_node: int) -> tuple[int, int]:
     return (rank + ranks_per_node) % world, (rank - ranks_per_node) % world
 
 
-def serialize(state: Mapping[str, Any]) -> torch.Tensor:
-    plain = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, Mapping):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def snapshot(state: Mapping[str, Any]) -> dict[str, Any]:
+    """This rank's state as it is now, its tensors copied to the CPU (a memory copy)."""
+    return {k: _clone(v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
+
+
+def nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v) for v in value)
+    return 0
+
+
+def serialize(plain: Mapping[str, Any]) -> torch.Tensor:
     buffer = io.BytesIO()
-    torch.save(plain, buffer)
-    return torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
+    torch.save(dict(plain), buffer)
+    return torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
 
 
 def deserialize(data: torch.Tensor) -> dict[str, Any]:
     loaded: dict[str, Any] = torch.load(
-        io.BytesIO(data.numpy().tobytes()), weights_only=False, map_location="cpu"
+        io.BytesIO(data.numpy().data), weights_only=False, map_location="cpu"
     )
     return loaded
 
 
-def load_into(state: dict[str, Any], data: torch.Tensor) -> None:
+def load_into(state: dict[str, Any], plain: Mapping[str, Any]) -> None:
     """Put a copy back into the live state, as a load from disk would."""
-    for key, value in deserialize(data).items():
+    for key, value in plain.items():
         target = state.get(key)
         if isinstance(target, Stateful):
             target.load_state_dict(value)
@@ -132,52 +158,91 @@ def fits(size: int, local_ranks: int, available: int | None) -> bool:
     return available is None or 2 * size * local_ranks <= MEMORY_SHARE * available
 
 
-def _exchange(payload: torch.Tensor, to: int, frm: int) -> torch.Tensor:
+def _exchange(
+    payload: torch.Tensor, to: int, frm: int, group: dist.ProcessGroup | None
+) -> torch.Tensor:
     """Send ``payload`` to ``to`` and receive ``frm``'s, sizes first (gloo: CPU tensors)."""
     size_out = torch.tensor([payload.numel()], dtype=torch.int64)
     size_in = torch.zeros(1, dtype=torch.int64)
-    ops = [dist.P2POp(dist.isend, size_out, to), dist.P2POp(dist.irecv, size_in, frm)]
+    ops = [
+        dist.P2POp(dist.isend, size_out, to, group),
+        dist.P2POp(dist.irecv, size_in, frm, group),
+    ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     received = torch.empty(int(size_in.item()), dtype=torch.uint8)
-    ops = [dist.P2POp(dist.isend, payload, to), dist.P2POp(dist.irecv, received, frm)]
+    ops = [
+        dist.P2POp(dist.isend, payload, to, group),
+        dist.P2POp(dist.irecv, received, frm, group),
+    ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     return received
 
 
-def capture(step: int, state: Mapping[str, Any], ranks_per_node: int) -> bool:
-    """At a save, on every rank together: this rank's copy, and the exchange with its peers.
-    Pending until ``commit(step)``. Returns False (on every rank: the decision is agreed)
-    when the copies would not fit, after rank 0 said so once."""
-    global _pending, _said_off
-    rank, world = dist.get_rank(), dist.get_world_size()
-    own = serialize(state)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE") or ranks_per_node)
-    ok = torch.tensor([1 if fits(own.numel(), local, available_bytes()) else 0])
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if not ok.item():
-        if rank == 0 and not _said_off:
+class MemoryCheckpoint:
+    """A Session's side of the copies (one per process group generation: its exchange group
+    is one of the generation's). ``capture`` at every save, on every rank together;
+    ``commit`` at every step boundary."""
+
+    def __init__(self, ranks_per_node: int) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.to, self.frm = peers(self.rank, self.world, ranks_per_node)
+        self.local = int(os.environ.get("LOCAL_WORLD_SIZE") or ranks_per_node)
+        # The peer copies travel in the background, on a group of their own, beside the
+        # training loop's collectives.
+        self.group = dist.new_group(backend="gloo") if self.to >= 0 else None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ddlaunch-memory")
+        self.on: bool | None = None  # decided at the first capture (the state's size)
+        self.pending: tuple[int, Future[Held]] | None = None
+
+    def capture(self, step: int, state: Mapping[str, Any]) -> bool:
+        """This rank's copy now (a memory copy: the loop may go on changing the state);
+        the peers' copies on their way. Returns False on every rank when the copies do not
+        fit, after rank 0 said so."""
+        own = snapshot(state)
+        if self.on is None:
+            self.on = self._fits(nbytes(own))
+        if not self.on:
+            return False
+        if self.pending is not None:
+            with contextlib.suppress(Exception):
+                self.pending[1].result()
+        self.pending = (step, self.pool.submit(self._send, step, own))
+        return True
+
+    def _send(self, step: int, own: dict[str, Any]) -> Held:
+        if self.to < 0:
+            return Held(step, own, -1, None)
+        received = _exchange(serialize(own), self.to, self.frm, self.group)
+        return Held(step, own, self.frm, received)
+
+    def _fits(self, size: int) -> bool:
+        ok = torch.tensor([1 if fits(size, self.local, available_bytes()) else 0])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if not ok.item() and self.rank == 0:
             print(
-                f"[ddlaunch] memory checkpoint off: two copies of {own.numel() / 2**20:.0f} MiB "
+                f"[ddlaunch] memory checkpoint off: two copies of {size / 2**20:.0f} MiB "
                 f"per rank do not fit in {MEMORY_SHARE:.0%} of the node's available memory; "
                 "an in-process restart reads the checkpoint from disk",
                 flush=True,
             )
-        _said_off = True
-        forget()
-        return False
-    to, frm = peers(rank, world, ranks_per_node)
-    copy = _exchange(own, to, frm) if to >= 0 else None
-    _pending = Held(step, own, frm, copy)
-    return True
+        if not ok.item():
+            forget()
+        return bool(ok.item())
 
+    def commit(self, step: int) -> None:
+        """The save of ``step`` committed on disk: once its copies arrived, they are the
+        ones a restart uses (until then the previous ones stay)."""
+        global _committed
+        if self.pending is None or self.pending[0] != step or not self.pending[1].done():
+            return
+        future, self.pending = self.pending[1], None
+        if future.exception() is None:
+            _committed = future.result()
 
-def commit(step: int) -> None:
-    """The save of ``step`` committed on disk: its copies are the ones a restart uses."""
-    global _committed, _pending
-    if _pending is not None and _pending.step == step:
-        _committed, _pending = _pending, None
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def restore(state: dict[str, Any], disk_step: int | None) -> int | None:
@@ -212,8 +277,9 @@ def restore(state: dict[str, Any], disk_step: int | None) -> int | None:
     step = disk_step
     assert step is not None
     if incoming is not None:
-        load_into(state, incoming)
-        _committed = Held(step, incoming, -1, None)  # its peer's copy comes with the next save
+        plain = deserialize(incoming)
+        load_into(state, plain)
+        _committed = Held(step, plain, -1, None)  # its peer's copy comes with the next save
     else:
         assert mine is not None
         load_into(state, mine.own)

@@ -20,6 +20,14 @@ standby on the node, the restart budget spent, a replacement that does not come,
 control store lost) ends in ``InProcessFallback``: the rank leaves with an error and the
 process restart of the allocation follows, as without ``in_process``. A rank whose own code
 raised (not a peer's failure) says so and leaves: a standby takes its place.
+
+The feature's parts, in the places it spans: the rules (``config.validate``: Session code,
+job mode); the standby step and ``--kill-on-bad-exit=0`` (``planning.plan``, the script's
+launch part); in the ranks this module, ``worker.control``, ``worker.connections``,
+``worker.standby``, ``policy.inprocess`` (the decision), ``saving.memory`` (the state from
+RAM, used by ``train.Session``); the records (``store.inprocess``, the attempt's
+``in_process_restarts`` and ``in_process_done``); on the batch host the end hook's ending
+(``job.endings.finished_in_process``); ``status`` and ``report`` (``app.report_inprocess``).
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 
 from ddlaunch.policy.inprocess import RestartPlan, Situation, is_peer_failure, plan_restart
@@ -232,22 +242,49 @@ def _recover(exc: Exception, ctx: Context) -> None:
         flush=True,
     )
     clear_groups(exc, ctx.addresses, control.port)
-    world = ctx.place.world
-    if control.arrive(g, rank) == 1:
-        _decide(ctx, g, float(first.get("time") or time.time()))
-    settle = min(SETTLE_MAX_S, ctx.rejoin_timeout * SETTLE_SHARE)
-    if not control.wait(f"g{g}/plan", settle + ctx.rejoin_timeout):
-        raise InProcessFallback("no decision came from the first survivor") from exc
-    plan = control.plan(g)
-    if plan.fallback:
-        raise InProcessFallback(plan.fallback) from exc
-    if rank in plan.dead:
-        raise InProcessFallback("this rank arrived after the others had given it up") from exc
-    form_group(ctx, plan.generation, world)
+    deciding = control.arrive(g, rank) == 1
+    try:
+        plan = _rejoin(ctx, g, deciding, float(first.get("time") or time.time()))
+    except InProcessFallback as why:
+        print(
+            f"[ddlaunch] rank {rank}: no in-process restart ({why}); this rank leaves, and the "
+            "ranks restart as new processes",
+            flush=True,
+        )
+        raise why from exc
     _generation = Generation(plan.generation, plan, time.time())
     # The generation first: the monitor's loop of the old one must end, not abort the new.
     ctx.monitor.generation = plan.generation
     ctx.monitor.recovering = False
+
+
+def _rejoin(ctx: Context, g: int, deciding: bool, detected: float) -> RestartPlan:
+    """The survivors' way to the next generation: the decision (the first survivor's), then
+    the new group. A group the replacements do not join in time is recorded by the first
+    survivor (the decision it fell back from)."""
+    control, rank = ctx.control, ctx.place.rank
+    if deciding:
+        _decide(ctx, g, detected)
+    settle = min(SETTLE_MAX_S, ctx.rejoin_timeout * SETTLE_SHARE)
+    if not control.wait(f"g{g}/plan", settle + ctx.rejoin_timeout):
+        raise InProcessFallback("no decision came from the first survivor")
+    plan = control.plan(g)
+    if plan.fallback:
+        raise InProcessFallback(plan.fallback)
+    if rank in plan.dead:
+        raise InProcessFallback("this rank arrived after the others had given it up")
+    try:
+        form_group(ctx, plan.generation, ctx.place.world)
+    except InProcessFallback as why:
+        if deciding:
+            record(ctx.run_dir, plan, fell_back=str(why))
+        raise
+    except Exception as why:  # the group itself failed to form (a peer died in it)
+        reason = f"the new process group did not form: {type(why).__name__}: {why}"
+        if deciding:
+            record(ctx.run_dir, plan, fell_back=reason)
+        raise InProcessFallback(reason) from why
+    return plan
 
 
 def _decide(ctx: Context, g: int, detected: float) -> None:
@@ -289,19 +326,30 @@ def said(plan: RestartPlan) -> str:
 def form_group(ctx: Context, generation: int, world: int) -> None:
     """Meet every rank of ``generation`` (bounded: a replacement that died on its way is
     not waited for), then form its process group on the control store."""
+    from torch.distributed import distributed_c10d as c10d
+
     control, rank = ctx.control, ctx.place.rank
     control.set(f"g{generation}/joined/{rank}", "1")
     deadline = time.monotonic() + ctx.rejoin_timeout
     for other in range(world):
         left = deadline - time.monotonic()
         if left <= 0 or not control.wait(f"g{generation}/joined/{other}", left):
-            raise InProcessFallback(f"rank {other} did not join generation {generation}")
+            raise InProcessFallback(
+                f"rank {other} did not join the new process group within "
+                f"fault_tolerance.rejoin_timeout ({ctx.rejoin_timeout:g} s)"
+            )
+    # Bounded too: a replacement that died after it said it joined is not waited for
+    # longer than rejoin_timeout; the group's collectives then get torch's own timeout.
     dist.init_process_group(
         backend=ctx.backend,
         store=control.pg_store(generation),
         rank=rank,
         world_size=world,
+        timeout=timedelta(seconds=ctx.rejoin_timeout),
     )
+    with contextlib.suppress(Exception):
+        group = c10d._get_default_group()
+        group._get_backend(torch.device("cpu"))._set_default_timeout(c10d.default_pg_timeout)
 
 
 def join_as_replacement(ctx: Context, generation: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import sys
 import time
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args[0])
     run_dir = Path(os.environ.get("DDLAUNCH_RUN_DIR") or folder.parent)
     cfg = load_config(config_path(run_dir))
+    # Slurm sends the pre-timeout signal to every step's tasks: a standby has nothing to
+    # save (the ranks do), and dying of it would take the control store with it. TERM and
+    # INT still end it (the script stops the standbys with TERM after a fall-back).
+    names = {cfg.fault_tolerance.signal, os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"}
+    for name in names - {"TERM", "INT"}:
+        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
     # The warm part: what a new rank would spend its first seconds on.
     import torch.distributed  # noqa: F401
 

@@ -1,0 +1,196 @@
+"""The in-process restart's pure parts (``fault_tolerance.restart: in_process``): who is
+dead and which standby takes each, what counts as a peer's failure, whose RAM copy a
+replacement gets, the standby's new identity, the config's rules and the script's steps.
+The restart itself runs on the dev cluster (``test_inprocess_slurm.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddlaunch.config import load_config
+from ddlaunch.config.errors import ConfigError
+from ddlaunch.policy.inprocess import (
+    Replacement,
+    Situation,
+    Standby,
+    is_peer_failure,
+    plan_restart,
+)
+from ddlaunch.saving.memory import fits, peers, plan_sources
+from ddlaunch.worker.control import Assignment, RankPlace
+from ddlaunch.worker.distenv import from_environ
+from ddlaunch.worker.standby import take_place
+
+HOSTS = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+
+
+def situation(arrived: set[int], free: list[Standby], done: int = 0) -> Situation:
+    return Situation(
+        world=4,
+        arrived=frozenset(arrived),
+        hosts=HOSTS,
+        free=free,
+        restarts_done=done,
+        max_restarts=3,
+        detected=100.0,
+    )
+
+
+def test_each_dead_rank_takes_a_standby_of_its_own_node() -> None:
+    free = [Standby("node1", 0, 11), Standby("node2", 0, 21), Standby("node2", 1, 22)]
+    plan = plan_restart(situation({0, 1}, free))
+    assert plan.fallback is None
+    assert plan.dead == (2, 3) and plan.hosts == ("node2", "node2")
+    assert plan.replacements == (Replacement(2, "node2", 0, 21), Replacement(3, "node2", 1, 22))
+    assert plan.generation == 1 and plan.detected == 100.0
+
+
+@pytest.mark.parametrize(
+    ("arrived", "free", "done", "why"),
+    [
+        # A node's ranks died with its standby (the node died): no standby there.
+        ({0, 1}, [Standby("node1", 0, 11)], 0, "no standby left on node2 for rank 2"),
+        # Two ranks of a node, one standby: the second has none.
+        ({0, 1}, [Standby("node2", 0, 21)], 0, "no standby left on node2 for rank 3"),
+        ({0, 1, 2}, [Standby("node2", 0, 21)], 3, "fault_tolerance.max_restarts (3) reached"),
+        (
+            {0, 1, 2, 3},
+            [Standby("node2", 0, 21)],
+            0,
+            "every rank is alive: the failure was not a dead rank's",
+        ),
+    ],
+)
+def test_a_restart_that_cannot_be_done_in_process_says_why(
+    arrived: set[int], free: list[Standby], done: int, why: str
+) -> None:
+    plan = plan_restart(situation(arrived, free, done))
+    assert plan.fallback == why and plan.replacements == ()
+
+
+@pytest.mark.parametrize(
+    ("kind", "message", "peer"),
+    [
+        ("RuntimeError", "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer", True),
+        ("RuntimeError", "Read error [10.0.0.2]:431: Connection reset by peer", True),
+        ("DistBackendError", "NCCL communicator was aborted", True),
+        ("DistNetworkError", "anything", True),
+        ("RuntimeError", "CUDA out of memory", False),
+        ("ValueError", "connection closed by peer", False),  # the user's own error
+        ("KeyError", "'loss'", False),
+    ],
+)
+def test_a_peers_failure_is_told_from_a_ranks_own_error(
+    kind: str, message: str, peer: bool
+) -> None:
+    assert is_peer_failure(kind, message) is peer
+
+
+def test_the_ram_copies_go_round_the_nodes() -> None:
+    # 2 nodes x 2 ranks: each rank's copy is kept by the same local rank of the next node.
+    assert [peers(r, 4, 2) for r in range(4)] == [(2, 2), (3, 3), (0, 0), (1, 1)]
+    assert [peers(r, 6, 2)[0] for r in range(6)] == [2, 3, 4, 5, 0, 1]
+    assert peers(1, 2, 2) == (-1, -1)  # one node: no copy elsewhere
+
+
+@pytest.mark.parametrize(
+    ("said", "disk", "expected"),
+    [
+        # Rank 3 replaced; rank 1 holds its copy of step 60, the disk's latest.
+        ([(60, 2), (60, 3), (60, 0), (-1, -1)], 60, {3: 1}),
+        # Nobody replaced: every rank reloads its own copy.
+        ([(60, 2), (60, 3), (60, 0), (60, 1)], 60, {}),
+        # The holder died too (its replacement has nothing): from disk.
+        ([(60, 2), (-1, -1), (60, 0), (-1, -1)], 60, None),
+        # A survivor holds an older step than the disk's latest: from disk.
+        ([(40, 2), (60, 3), (60, 0), (-1, -1)], 60, None),
+        # No checkpoint yet: from disk (every rank starts from scratch).
+        ([(-1, -1)] * 4, None, None),
+    ],
+)
+def test_a_replacement_gets_its_copy_from_the_rank_that_holds_it(
+    said: list[tuple[int, int]], disk: int | None, expected: dict[int, int] | None
+) -> None:
+    assert plan_sources(said, disk) == expected
+
+
+def test_two_copies_must_fit_in_half_the_nodes_free_memory() -> None:
+    assert fits(1 << 30, 4, 16 << 30)
+    assert not fits(1 << 30, 4, 15 << 30)
+    assert fits(1 << 40, 8, None)  # unknown: kept (the line is said only when it is known)
+
+
+def test_a_standby_takes_the_dead_ranks_place_in_the_environment() -> None:
+    place = RankPlace(
+        rank=3,
+        host="node2",
+        pid=1,
+        local_rank=1,
+        node_rank=1,
+        local_world=2,
+        num_nodes=2,
+        world=4,
+    )
+    assert Assignment.from_json(Assignment(2, place).to_json()) == Assignment(2, place)
+    assert Assignment.from_json(Assignment(0, None).to_json()).place is None
+    # The standby step's own variables: one task per node, this one task 1 on node2.
+    env = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "SLURM_STEP_NODELIST": "node[1-2]",
+    }
+    take_place(place, 2, env)
+    d = from_environ(env)
+    assert (d.rank, d.local_rank, d.world_size, d.local_world_size) == (3, 1, 4, 2)
+    assert (d.node_rank, d.num_nodes, d.master_addr) == (1, 2, "node1")
+    assert env["DDLAUNCH_REPLACEMENT"] == "2"
+
+
+def _config(tmp_path: Path, **ft: object) -> Path:
+    cfg = {
+        "nodes": {"count": 2, "gpus_per_node": 2},
+        "launch": {"entrypoint": "ddlaunch.examples.mlp:main"},
+        "fault_tolerance": {"restart": "in_process", **ft},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_in_process_needs_session_code_in_job_mode(tmp_path: Path) -> None:
+    path = _config(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["launch"] = {"script": "train.py"}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "in_process re-runs launch.entrypoint (Session code)" in str(caught.value)
+
+
+def test_the_script_starts_one_standby_step_beside_the_ranks(tmp_path: Path) -> None:
+    from ddlaunch.planning.plan import make_plan
+    from ddlaunch.planning.render import render_script
+
+    cfg = load_config(_config(tmp_path, standbys_per_node=2))
+    plan = make_plan(cfg, run_id="r", run_dir=str(tmp_path / "r"), workdir=str(tmp_path))
+    script = render_script(plan)
+    (standby,) = [line for line in script.splitlines() if line.startswith("srun --overlap")]
+    assert "--nodes=2 --ntasks=4 --ntasks-per-node=2" in standby
+    assert "--kill-on-bad-exit=0" in standby
+    assert "-m ddlaunch.worker.standby" in script
+    ranks = [line for line in script.splitlines() if line.startswith("srun ") and line != standby]
+    assert ranks and all("--kill-on-bad-exit=0" in line for line in ranks)
+    # Without it: no standby step, and one failed rank ends the step.
+    plain = load_config(_config(tmp_path, restart="process"))
+    script = render_script(
+        make_plan(plain, run_id="r", run_dir=str(tmp_path / "r"), workdir=str(tmp_path))
+    )
+    assert "ddlaunch.worker.standby" not in script and "--kill-on-bad-exit=1" in script
