@@ -17,6 +17,7 @@ from ddlaunch.policy.inprocess import (
     Situation,
     Standby,
     is_peer_failure,
+    lost_hosts,
     plan_restart,
 )
 from ddlaunch.saving.memory import fits, peers, plan_sources
@@ -32,6 +33,7 @@ def situation(arrived: set[int], free: list[Standby], done: int = 0) -> Situatio
         world=4,
         arrived=frozenset(arrived),
         hosts=HOSTS,
+        per_host={r: 2 for r in HOSTS},
         free=free,
         restarts_done=done,
         max_restarts=3,
@@ -41,20 +43,51 @@ def situation(arrived: set[int], free: list[Standby], done: int = 0) -> Situatio
 
 def test_each_dead_rank_takes_a_standby_of_its_own_node() -> None:
     free = [Standby("node1", 0, 11), Standby("node2", 0, 21), Standby("node2", 1, 22)]
-    plan = plan_restart(situation({0, 1}, free))
+    plan = plan_restart(situation({0, 1, 2}, free))
     assert plan.fallback is None
-    assert plan.dead == (2, 3) and plan.hosts == ("node2", "node2")
-    assert plan.replacements == (Replacement(2, "node2", 0, 21), Replacement(3, "node2", 1, 22))
+    assert plan.dead == (3,) and plan.hosts == ("node2",)
+    assert plan.replacements == (Replacement(3, "node2", 0, 21),)
     assert plan.generation == 1 and plan.detected == 100.0
+    assert lost_hosts(plan) == ()
+
+
+def test_a_node_whose_ranks_all_died_moves_to_a_spare() -> None:
+    free = [
+        Standby("node1", 0, 11),
+        Standby("node2", 0, 21),  # registered, but died with its node
+        Standby("node3", 0, 31, spare=True),
+        Standby("node3", 1, 32, spare=True),
+    ]
+    plan = plan_restart(situation({0, 1}, free))
+    assert plan.fallback is None and plan.dead == (2, 3)
+    assert plan.replacements == (Replacement(2, "node3", 0, 31), Replacement(3, "node3", 1, 32))
+    assert lost_hosts(plan) == ("node2",)
+    # A crash beside live ranks never takes a spare's standby.
+    (only,) = plan_restart(situation({0, 1, 2}, free[2:])).dead
+    assert plan_restart(situation({0, 1, 2}, free[2:])).fallback == (
+        f"no standby left on node2 for rank {only}"
+    )
 
 
 @pytest.mark.parametrize(
     ("arrived", "free", "done", "why"),
     [
-        # A node's ranks died with its standby (the node died): no standby there.
-        ({0, 1}, [Standby("node1", 0, 11)], 0, "no standby left on node2 for rank 2"),
-        # Two ranks of a node, one standby: the second has none.
-        ({0, 1}, [Standby("node2", 0, 21)], 0, "no standby left on node2 for rank 3"),
+        # A node's ranks all died, no spare: the process restart (on a spare, or a requeue).
+        (
+            {0, 1},
+            [Standby("node1", 0, 11), Standby("node2", 0, 21)],
+            0,
+            "every rank of node2 died and no hot spare has 2 standby(s)",
+        ),
+        # A spare with fewer standbys than the node had ranks.
+        (
+            {0, 1},
+            [Standby("node3", 0, 31, spare=True)],
+            0,
+            "every rank of node2 died and no hot spare has 2 standby(s)",
+        ),
+        # Two ranks of two nodes died, one node has no standby left.
+        ({0, 3}, [Standby("node1", 0, 11)], 0, "no standby left on node2 for rank 2"),
         ({0, 1, 2}, [Standby("node2", 0, 21)], 3, "fault_tolerance.max_restarts (3) reached"),
         (
             {0, 1, 2, 3},

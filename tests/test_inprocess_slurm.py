@@ -118,3 +118,41 @@ def test_a_replacement_that_dies_as_it_joins_falls_back_to_the_process_restart(
     assert result(run_dir)["param_sha256"] == reference_sha
     said = (logs / "rank-0.out").read_text()
     assert "no in-process restart (" in said and "the ranks restart as new processes" in said
+
+
+def _on(pid: int, node: str) -> bool:
+    return f"SLURMD_NODENAME={node}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(
+        b"\0"
+    )
+
+
+def test_a_node_whose_ranks_all_die_moves_to_the_spares_standbys(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    """3 nodes allocated, 2 used: every ddlaunch process of the second node killed -9 (its
+    ranks and its standby) -> the spare's standbys take both ranks, state from the peers'
+    RAM copies on the first node."""
+    ft = {**IN_PROCESS, "spare_nodes": 1}
+    config = mlp_config(tmp_path, "inproc-spare", params={"step_sleep": 0.15}, fault_tolerance=ft)
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    opened = attempts(run_dir)[0]
+    used = slurm_cluster.hostnames(opened["nodes"])
+    (spare,) = opened["spares"]
+    victim = used[1]
+    ranks = _pids(run_dir, b"ddlaunch.worker.task")
+    standbys = _pids(run_dir, b"ddlaunch.worker.standby")
+    assert len(standbys) == 4, standbys  # one per working node, two on the spare
+    doomed = [pid for pid in [*ranks, *standbys] if _on(pid, victim)]
+    assert len(doomed) == 3, doomed
+    for pid in doomed:
+        os.kill(pid, signal.SIGKILL)
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    (only,) = attempts(run_dir)
+    (restart,) = only["in_process_restarts"]
+    assert restart["ranks"] == [2, 3] and restart["state_from"] == "ram", restart
+    assert {r["host"] for r in restart["replacements"]} == {spare}
+    assert {r["pid"] for r in restart["replacements"]} <= set(standbys)
+    assert result(run_dir)["param_sha256"] == reference_sha
+    excluded = json.loads((run_dir / "excluded_nodes.json").read_text())
+    assert excluded == [victim]

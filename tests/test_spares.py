@@ -203,7 +203,7 @@ def test_the_place_hook_prints_the_next_step_for_the_script(
     exclusions.add_excluded(run, ["node2"], "node failure")
     client = SlurmClient(FakeRunner({"sinfo": "node1|allocated\nnode2|down*\nnode3|allocated\n"}))
     assert print_placement(run, ENV, client, 2, None) == 0
-    assert capsys.readouterr().out == "node1,node3 2\n"
+    assert capsys.readouterr().out == "node1,node3 2 -\n"
     exclusions.add_excluded(run, ["node3"], "preflight")
     assert print_placement(run, ENV, client, 2, None) == 1
     assert capsys.readouterr().err == (

@@ -46,13 +46,14 @@ def next_placement(
 def print_placement(
     run_dir: Path, env: Mapping[str, str], client: SlurmClient, wanted: int, minimum: int | None
 ) -> int:
-    """``hooks place``: the next step's nodes and their count, one line for the batch script
-    (``node1,node3 2``); exit 1, saying why, when too few usable nodes are left."""
+    """``hooks place``: the next step's nodes, their count and the hot spares left (``-``
+    for none), one line for the batch script (``node1,node3 2 node4``); exit 1, saying why,
+    when too few usable nodes are left."""
     found, why = next_placement(run_dir, env, client, wanted, minimum)
     if found is None:
         print(f"[ddlaunch] no placement for the ranks: {why}", file=sys.stderr, flush=True)
         return 1
-    print(f"{','.join(found.nodes)} {len(found.nodes)}", flush=True)
+    print(f"{','.join(found.nodes)} {len(found.nodes)} {','.join(found.spares) or '-'}", flush=True)
     return 0
 
 

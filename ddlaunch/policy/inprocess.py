@@ -43,6 +43,7 @@ class Standby:
     host: str
     index: int
     pid: int
+    spare: bool = False  # on a hot spare node (no rank runs there)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class Situation:
 
     world: int
     arrived: frozenset[int]
-    hosts: Mapping[int, str]  # every rank's host, as it registered at start
+    hosts: Mapping[int, str]  # the dead ranks' hosts, as they registered at start
+    per_host: Mapping[int, int]  # the dead ranks' hosts' rank counts (their local world)
     free: Sequence[Standby]  # the standbys not yet taken
     restarts_done: int  # in-process restarts of this attempt before this one
     max_restarts: int
@@ -60,9 +62,11 @@ class Situation:
 
 
 def plan_restart(s: Situation) -> RestartPlan:
-    """Dead: every rank that did not arrive. Each takes a free standby on its own host; a
-    dead rank with none (its node died, or its standbys were used), no dead rank at all, or
-    the restart budget spent: the process restart."""
+    """Dead: every rank that did not arrive. A rank that died beside live ones on its node
+    takes a free standby of that node; a node whose ranks all died is lost with its
+    standbys: its ranks move together to a hot spare with standbys enough. None to be had
+    (no standby left, no spare), no dead rank at all, or the restart budget spent: the
+    process restart."""
     generation = s.restarts_done + 1
     dead = tuple(r for r in range(s.world) if r not in s.arrived)
     hosts = tuple(s.hosts.get(r, "?") for r in dead)
@@ -76,13 +80,44 @@ def plan_restart(s: Situation) -> RestartPlan:
         return fallback(f"fault_tolerance.max_restarts ({s.max_restarts}) reached")
     free = [sb for sb in s.free if (sb.host, sb.index) not in s.taken]
     chosen: list[Replacement] = []
-    for rank, host in zip(dead, hosts, strict=True):
-        standby = next((sb for sb in free if sb.host == host), None)
-        if standby is None:
-            return fallback(f"no standby left on {host} for rank {rank}")
-        free.remove(standby)
-        chosen.append(Replacement(rank, host, standby.index, standby.pid))
+    for host in dict.fromkeys(hosts):
+        ranks = [r for r, h in zip(dead, hosts, strict=True) if h == host]
+        lost = len(ranks) >= s.per_host.get(ranks[0], len(ranks) + 1)
+        if lost:
+            spare = _spare_for(free, len(ranks))
+            if spare is None:
+                return fallback(
+                    f"every rank of {host} died and no hot spare has {len(ranks)} standby(s)"
+                )
+            pool = [sb for sb in free if sb.host == spare]
+        else:
+            pool = [sb for sb in free if sb.host == host and not sb.spare]
+        for rank in ranks:
+            if not pool:
+                return fallback(f"no standby left on {host} for rank {rank}")
+            standby = pool.pop(0)
+            free.remove(standby)
+            chosen.append(Replacement(rank, standby.host, standby.index, standby.pid))
     return RestartPlan(generation, dead, hosts, tuple(chosen), detected=s.detected)
+
+
+def lost_hosts(plan: RestartPlan) -> tuple[str, ...]:
+    """The hosts whose ranks moved to another node (a spare): lost, for this run."""
+    moved = {h for r, h in zip(plan.dead, plan.hosts, strict=True) if _moved(plan, r, h)}
+    return tuple(sorted(moved))
+
+
+def _moved(plan: RestartPlan, rank: int, host: str) -> bool:
+    taken = plan.replacement_of(rank)
+    return taken is not None and taken.host != host
+
+
+def _spare_for(free: Sequence[Standby], count: int) -> str | None:
+    """The first spare host with ``count`` free standbys."""
+    for host in dict.fromkeys(sb.host for sb in free if sb.spare):
+        if sum(1 for sb in free if sb.host == host) >= count:
+            return host
+    return None
 
 
 def is_peer_failure(kind: str, message: str) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,8 +32,14 @@ from ddlaunch.policy.inprocess import Replacement, RestartPlan, Standby
 
 PREFIX = "ddlaunch/"
 CONNECT_TIMEOUT_S = 120.0
+# The control store's host where it is not the first node of a process's own step (the hot
+# spares' standbys: a step of their own); set by the batch script.
 CONTROL_ADDR_VAR = "DDLAUNCH_CONTROL_ADDR"
-CONTROL_PORT_VAR = "DDLAUNCH_CONTROL_PORT"
+SPARE_VAR = "DDLAUNCH_STANDBY_SPARE"  # set for the standbys on hot spare nodes
+
+
+def control_address(env: Mapping[str, str], first_node: str) -> str:
+    return env.get(CONTROL_ADDR_VAR) or first_node
 
 
 @dataclass(frozen=True)
@@ -131,9 +138,9 @@ class Control:
 
     # ------------------------------------------------------------------ standbys
 
-    def register_standby(self, host: str) -> int:
+    def register_standby(self, host: str, spare: bool = False) -> int:
         index = self.add(f"standby/{host}/count", 1) - 1
-        self.set(f"standby/{host}/{index}", str(os.getpid()))
+        self.set(f"standby/{host}/{index}", json.dumps({"pid": os.getpid(), "spare": spare}))
         hosts = self.add(f"standby-host/{host}", 1)
         if hosts == 1:  # the first standby of its host lists the host
             count = self.add("standby-hosts", 1)
@@ -146,7 +153,8 @@ class Control:
             host = self.get(f"standby-hosts/{h}")
             for i in range(self.add(f"standby/{host}/count", 0)):
                 if not self.has(f"standby/{host}/{i}/assign"):
-                    found.append(Standby(host, i, int(self.get(f"standby/{host}/{i}"))))
+                    said = json.loads(self.get(f"standby/{host}/{i}"))
+                    found.append(Standby(host, i, int(said["pid"]), bool(said["spare"])))
         return found
 
     def assign(self, host: str, index: int, assignment: Assignment) -> None:

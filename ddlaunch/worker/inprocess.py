@@ -47,8 +47,14 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ddlaunch.policy.inprocess import RestartPlan, Situation, is_peer_failure, plan_restart
-from ddlaunch.store import attempts
+from ddlaunch.policy.inprocess import (
+    RestartPlan,
+    Situation,
+    is_peer_failure,
+    lost_hosts,
+    plan_restart,
+)
+from ddlaunch.store import attempts, exclusions
 from ddlaunch.worker import connections
 from ddlaunch.worker.control import Assignment, Control, RankPlace
 from ddlaunch.worker.stops import StopRank
@@ -299,6 +305,7 @@ def _decide(ctx: Context, g: int, detected: float) -> None:
         world=world,
         arrived=arrived,
         hosts={r: p.host for r, p in places.items() if p is not None},
+        per_host={r: p.local_world for r, p in places.items() if p is not None},
         free=control.standbys(),
         restarts_done=g,
         max_restarts=ctx.max_restarts,
@@ -309,6 +316,13 @@ def _decide(ctx: Context, g: int, detected: float) -> None:
         control.assign(chosen.host, chosen.index, Assignment(plan.generation, places[chosen.rank]))
     control.publish(g, plan)
     print(f"[ddlaunch] in-process restart {plan.generation}: {said(plan)}", flush=True)
+    lost = lost_hosts(plan)
+    if lost:
+        # Kept out of this run's later steps, as a node failure the end hook found would be.
+        with contextlib.suppress(OSError):
+            exclusions.add_excluded(
+                ctx.run_dir, list(lost), "node failure: every rank died (moved to a spare)"
+            )
     if plan.fallback:
         record(ctx.run_dir, plan, fell_back=plan.fallback)
 

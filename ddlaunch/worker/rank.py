@@ -110,9 +110,9 @@ def _in_process(
     it)."""
     from ddlaunch.planning.ports import control_port_for
     from ddlaunch.worker import inprocess
-    from ddlaunch.worker.control import Control, RankPlace
+    from ddlaunch.worker.control import Control, RankPlace, control_address
 
-    control = Control(d.master_addr, control_port_for(d.master_port))
+    control = Control(control_address(os.environ, d.master_addr), control_port_for(d.master_port))
     place = RankPlace(
         rank=d.rank,
         host=host,

@@ -25,7 +25,13 @@ from pathlib import Path
 from ddlaunch.config import load_config
 from ddlaunch.planning.ports import control_port_for
 from ddlaunch.store.rundir import LOGS_DIR, config_path
-from ddlaunch.worker.control import Assignment, Control, RankPlace
+from ddlaunch.worker.control import (
+    SPARE_VAR,
+    Assignment,
+    Control,
+    RankPlace,
+    control_address,
+)
 from ddlaunch.worker.distenv import REPLACEMENT_VAR, from_environ
 
 WAIT_SLICE_S = 30.0
@@ -89,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             importlib.import_module(cfg.launch.entrypoint.partition(":")[0])
     d = from_environ(os.environ)
     host = socket.gethostname()
-    serve = os.environ.get("SLURM_PROCID") == "0"
-    control = Control(d.master_addr, control_port_for(d.master_port), serve=serve)
-    index = control.register_standby(host)
+    spare = bool(os.environ.get(SPARE_VAR))
+    serve = os.environ.get("SLURM_PROCID") == "0" and not spare
+    addr = control_address(os.environ, d.master_addr)
+    control = Control(addr, control_port_for(d.master_port), serve=serve)
+    index = control.register_standby(host, spare)
     print(f"[ddlaunch] standby {index} on {host} (pid {os.getpid()}): waiting", flush=True)
     key = f"standby/{host}/{index}/assign"
     while True:
