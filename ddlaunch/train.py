@@ -328,6 +328,8 @@ class Session:
 
     def _boundary(self, step: int, total: int) -> None:
         ft = self.config.fault_tolerance
+        if self._in_process:
+            inprocess.step_done()
         replica = self.replica
         # In replica groups one group writes the job's checkpoints and progress: rank 0 of
         # the current quorum (the same on every rank of a group).

@@ -61,10 +61,31 @@ from ddlaunch.worker.stops import StopRank
 
 T = TypeVar("T")
 
-# How long the first survivor waits for the others when more than one rank may be dead:
-# a live rank arrives once its step reaches a collective (the monitor aborted its groups).
+# The longest the first survivor waits for the others when more than one rank may be dead
+# (a share of rejoin_timeout, at most SETTLE_MAX_S).
 SETTLE_SHARE = 0.25
 SETTLE_MAX_S = 15.0
+
+
+# A live rank arrives once its step reaches a collective (its connections were shut down):
+# within a step's time of the failure. Without a step seen yet, this long.
+QUIET_MIN_S = 1.0
+_step_period = 0.0
+_step_seen_at: float | None = None
+
+
+def step_done() -> None:
+    """A step ended (``Session`` calls it at each boundary): how long steps take is how long
+    the first survivor waits for the others when more than one rank may be dead."""
+    global _step_period, _step_seen_at
+    now = time.monotonic()
+    if _step_seen_at is not None:
+        _step_period = now - _step_seen_at
+    _step_seen_at = now
+
+
+def quiet_period() -> float:
+    return max(QUIET_MIN_S, 2 * _step_period)
 
 
 class InProcessFallback(RuntimeError):
@@ -226,7 +247,7 @@ def _finish(ctx: Context) -> None:
 
 
 def _recover(exc: Exception, ctx: Context) -> None:
-    global _generation
+    global _generation, _step_seen_at
     g, rank, control = _generation.number, ctx.place.rank, ctx.control
     what = f"{type(exc).__name__}: {exc}"
     try:
@@ -259,6 +280,7 @@ def _recover(exc: Exception, ctx: Context) -> None:
         )
         raise why from exc
     _generation = Generation(plan.generation, plan, time.time())
+    _step_seen_at = None  # the restart is no step
     # The generation first: the monitor's loop of the old one must end, not abort the new.
     ctx.monitor.generation = plan.generation
     ctx.monitor.recovering = False
@@ -297,7 +319,16 @@ def _decide(ctx: Context, g: int, detected: float) -> None:
     """The first survivor: wait for the others, then decide and tell the standbys."""
     control, world = ctx.control, ctx.place.world
     deadline = time.monotonic() + min(SETTLE_MAX_S, ctx.rejoin_timeout * SETTLE_SHARE)
-    while control.add(f"g{g}/arrived", 0) < world - 1 and time.monotonic() < deadline:
+    quiet = quiet_period()
+    count, last_change = 0, time.monotonic()
+    while time.monotonic() < deadline:
+        now_count = control.add(f"g{g}/arrived", 0)
+        if now_count >= world - 1:
+            break  # one rank dead: everyone else is here
+        if now_count != count:
+            count, last_change = now_count, time.monotonic()
+        elif time.monotonic() - last_change >= quiet:
+            break  # more than one dead: nobody came for a while
         time.sleep(0.01)
     arrived = control.arrived(g, world)
     places = {r: control.place_of(r) for r in range(world) if r not in arrived}
