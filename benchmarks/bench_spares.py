@@ -15,7 +15,10 @@ until every node is idle. Targets: first step on the spare <= 20 s, detection <=
 times after attempt 0's first step (a later injection waits for the run to train again): at
 60 s kill -9 one rank, at 130 s kill every process of the second working node, at 200 s kill -9
 one rank. One run with recovery in the allocation (``spare_nodes: 1``, default
-``max_restarts``), one requeue-only (``max_restarts: 0``, no spare), same schedule.
+``max_restarts``), one requeue-only (``max_restarts: 0``, no spare), one with the in-process
+restart beside the spare (``restart: in_process``: the rank kills recover in process; the
+node kill, slurmd included, ends the step and falls back to the restart on the spare), same
+schedule.
 ETTR = steps completed x the median step time of the run's uninterrupted stretches (rank 0's
 save points of one attempt: every 20 steps) / the wall time from attempt 0's first step to
 the last step. Target >= 90 % in the allocation.
@@ -208,7 +211,7 @@ def one_node_death(tmp: Path, spare: bool, i: int, keep: bool) -> dict:
                 not_responding = now - killed
             if down is None and "DOWN" in state:
                 down = now - killed
-            later = [t for k, t in first_steps(run).items() if t > killed]
+            later = [t for t in first_steps(run) if t > killed]
             if later:
                 break
             if (run / "outcome.json").exists() or now - killed > 300:
@@ -351,12 +354,14 @@ def inject(run: Path, what: str, killed_nodes: list[str]) -> str:
 def training(run: Path, since: float) -> bool:
     """Whether an attempt had its first finished step after ``since`` (the run trains
     again after the last failure)."""
-    return any(t > since for t in first_steps(run).values())
+    return any(t > since for t in first_steps(run))
 
 
-def one_schedule(tmp: Path, spare: bool, steps: int, keep: bool) -> dict:
-    name = "sched-spare" if spare else "sched-requeue"
+def one_schedule(tmp: Path, spare: bool, steps: int, keep: bool, in_process: bool = False) -> dict:
+    name = "sched-inprocess" if in_process else "sched-spare" if spare else "sched-requeue"
     extra = ", spare_nodes: 1" if spare else ", max_restarts: 0"
+    if in_process:
+        extra += ", restart: in_process"
     job, run = submit(tmp, name, extra, steps, "00:15:00")
     dead: list[str] = []  # killed nodes not revived yet
     injected: list[tuple[float, str]] = []
@@ -367,7 +372,7 @@ def one_schedule(tmp: Path, spare: bool, steps: int, keep: bool) -> dict:
             if time.time() > deadline or (run / "outcome.json").exists():
                 raise SystemExit(f"{name}: no first step: {attempts(run)}")
             time.sleep(0.2)
-        t0 = min(first_steps(run).values())
+        t0 = min(first_steps(run))
         pending = list(SCHEDULE)
         last_fault = 0.0
         while not (run / "outcome.json").exists():
@@ -407,7 +412,7 @@ def one_schedule(tmp: Path, spare: bool, steps: int, keep: bool) -> dict:
         done_steps = steps - first[1]
         wall = end["time"] - t0
         recomputed = recomputed_steps(records, begun, injected, per_step)
-        starts = sorted(first_steps(run).values())
+        starts = sorted(first_steps(run))
         recovery = [min(t for t in starts if t > k) - k for k, _ in injected]
         print(
             f"  {name}: outcome {outcome.get('state')}, {len(records)} attempts "
@@ -457,7 +462,10 @@ def recomputed_steps(
     """Per failure: the step reached at the kill (the attempt's last timing point before it
     plus the steps since at the median step time) minus the step the next attempt resumed
     from."""
-    from ddlaunch.store.attempts import record_key
+    from ddlaunch.store.attempts import key_of
+
+    def record_key(r: dict) -> str:
+        return key_of(str(r.get("job_id")), r.get("restart_count") or 0, r.get("relaunch") or 0)
 
     out = []
     for killed, _ in injected:
@@ -477,12 +485,14 @@ def recomputed_steps(
 def schedule(steps: int, only: str) -> None:
     keep = os.environ.get("BENCH_KEEP") == "1"
     tmp = Path(tempfile.mkdtemp(prefix="bench-spares-", dir=str(Path.home())))
-    runs = {}
+    runs: dict[object, dict] = {}
     try:
         wait_idle()
         for spare in (True, False):
             if only in ("", "spare" if spare else "requeue"):
                 runs[spare] = one_schedule(tmp, spare, steps, keep)
+        if only in ("", "inprocess"):
+            runs["inprocess"] = one_schedule(tmp, True, steps, keep, in_process=True)
     finally:
         if not keep:
             shutil.rmtree(tmp, True)
@@ -490,7 +500,12 @@ def schedule(steps: int, only: str) -> None:
         f"ETTR under the failure schedule {', '.join(f'+{t:.0f} s {w}' for t, w in SCHEDULE)}"
         f", {steps} steps"
     )
-    for spare, label in ((True, "in the allocation (spare_nodes: 1)"), (False, "requeue only")):
+    labels = (
+        ("inprocess", "in process (restart: in_process)"),
+        (True, "in the allocation (spare_nodes: 1)"),
+        (False, "requeue only"),
+    )
+    for spare, label in labels:
         if spare not in runs:
             continue
         r = runs[spare]
@@ -500,6 +515,9 @@ def schedule(steps: int, only: str) -> None:
             f"{r['recomputed']} = {sum(r['recomputed'])}, kill -> next first step "
             f"{', '.join(f'{t:.1f}' for t in r['recovery'])} s"
         )
+    if "inprocess" in runs:
+        fast = runs["inprocess"]["ettr"]
+        print(f"  {'target >= 97 % in process':36} {'OK' if fast >= 0.97 else 'MISSED'}")
     if True in runs:
         inside = runs[True]["ettr"]
         ratio = (
@@ -521,13 +539,13 @@ def main() -> None:
         node_death(repeat)
     elif mode == ["schedule"]:
         steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 0
-        # --only spare|requeue: one of the two runs (a second sample of it).
+        # --only spare|requeue|inprocess: one of the runs (a second sample of it).
         only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
         schedule(steps or SCHEDULE_STEPS, only)
     else:
         raise SystemExit(
             "usage: bench_spares.py node-death [--repeat N]"
-            " | schedule [--steps N] [--only spare|requeue]"
+            " | schedule [--steps N] [--only spare|requeue|inprocess]"
         )
 
 

@@ -156,3 +156,32 @@ def test_a_node_whose_ranks_all_die_moves_to_the_spares_standbys(
     assert result(run_dir)["param_sha256"] == reference_sha
     excluded = json.loads((run_dir / "excluded_nodes.json").read_text())
     assert excluded == [victim]
+
+
+@pytest.mark.lane
+def test_a_node_that_dies_moves_to_the_spare_in_process(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    """The second working node killed outright (slurmd and every process of it): the
+    ranks' and the standbys' steps are --no-kill, so the survivors train on, the spare's
+    standbys take its ranks, and the watchdog, finding the dead node, leaves the step."""
+    ft = {**IN_PROCESS, "spare_nodes": 1}
+    config = mlp_config(tmp_path, "inproc-node", params={"step_sleep": 0.15}, fault_tolerance=ft)
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    opened = attempts(run_dir)[0]
+    victim = slurm_cluster.hostnames(opened["nodes"])[1]  # not the batch host
+    (spare,) = opened["spares"]
+    slurm_cluster.kill_node(victim)
+    try:
+        assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    finally:
+        slurm_cluster.revive_node(victim)
+    (only,) = attempts(run_dir)  # no restart with new processes
+    (restart,) = only["in_process_restarts"]
+    assert restart["ranks"] == [2, 3] and restart["state_from"] == "ram", restart
+    assert {r["host"] for r in restart["replacements"]} == {spare}
+    assert result(run_dir)["param_sha256"] == reference_sha
+    batch = next((run_dir / "logs").glob("batch-*.out")).read_text()
+    assert f"[ddlaunch watchdog] node failure: {victim} " in batch
+    assert "its ranks moved to a spare in process" in batch

@@ -44,7 +44,7 @@ from ddlaunch.job.watches import (
 from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.requeue import CAUSE_NODE_FAILURE
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import attempts
+from ddlaunch.store import attempts, exclusions
 from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.heartbeats import AttemptBeats, read_attempt
@@ -89,6 +89,7 @@ class _Watch:
     started: float
     state: analysis.StragglerState = field(default_factory=analysis.StragglerState)
     last_step: int | None = None
+    in_process: bool = False  # fault_tolerance.restart: in_process
 
     def beats(self) -> AttemptBeats:
         """This attempt's beats: a summary per node (its ranks decoded only on demand)."""
@@ -106,6 +107,15 @@ class _Watch:
         if not dead:
             return None
         into = f"({now - self.started:.0f} s into the attempt)"
+        if self.in_process and set(dead) <= set(exclusions.excluded(self.run_dir)):
+            # The in-process restart moved the node's ranks to a spare already (it excludes
+            # the node as it decides): the step trains on; ending it would undo that.
+            print(
+                f"[ddlaunch watchdog] node failure: {why} {into}; its ranks moved to a "
+                "spare in process",
+                flush=True,
+            )
+            return None
         if not nodes.act:
             # Said, not acted on: see NodeFailureWatch for why Slurm must requeue. Kept in
             # the attempt, so that the next start blames the node even if it is back by then.
@@ -173,10 +183,11 @@ def watch(
     nodes: NodeFailureWatch | None = None,
     limit: LimitWatch | None = None,
     stopped: Callable[[], bool] = lambda: False,
+    in_process: bool = False,
 ) -> analysis.Finding | None:
     """Poll until srun ends, ``stopped()`` says so (or ``max_polls``); the finding that
     ended the step, if any."""
-    w = _Watch(run_dir, attempt, thresholds, expected_ranks, client, clock())
+    w = _Watch(run_dir, attempt, thresholds, expected_ranks, client, clock(), in_process=in_process)
     gate = PreflightWatch(run_dir, attempt, preflight_timeout)
     polls = 0
     while (srun_pid is None or alive(srun_pid)) and not stopped():
@@ -257,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         limit=limit,
         sleep=stop.sleep,
         stopped=lambda: stop.received,
+        in_process=cfg.fault_tolerance.restart == "in_process",
     )
     return 0
 

@@ -454,10 +454,14 @@ def _standbys(
     # gives its step's nodes in the script.
     count = () if cfg.elastic else (f"--nodes={cfg.nodes.count}",)
     tasks = () if cfg.elastic else (f"--ntasks={cfg.nodes.count * ft.standbys_per_node}",)
+    # With hot spares the job is --no-kill; so must its standbys' step be, or Slurm ends it
+    # when one of its nodes dies (the control store with it).
+    keep = ("--no-kill",) if cfg.elastic else ()
     srun = (
         "srun",
         "--overlap",
         "--kill-on-bad-exit=0",
+        *keep,
         *count,
         *tasks,
         f"--ntasks-per-node={ft.standbys_per_node}",
