@@ -20,9 +20,7 @@ def _observed(tmp_path: Path, fits: bool) -> list[dict[str, Any]]:
     from memory_workers import phase_restore
 
     run_world(phase_restore, 4, str(tmp_path), fits, timeout=120)
-    return [
-        json.loads((tmp_path / f"restore-{fits}-rank{r}.json").read_text()) for r in range(4)
-    ]
+    return [json.loads((tmp_path / f"restore-{fits}-rank{r}.json").read_text()) for r in range(4)]
 
 
 def test_a_replacement_gets_its_own_state_from_its_peers_copy(tmp_path: Path) -> None:
