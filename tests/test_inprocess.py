@@ -219,6 +219,12 @@ def test_the_script_starts_one_standby_step_beside_the_ranks(tmp_path: Path) -> 
     assert "--nodes=2 --ntasks=4 --ntasks-per-node=2" in standby
     assert "--kill-on-bad-exit=0" in standby
     assert "-m ddlaunch.worker.standby" in script
+    # What it costs in memory, said where render shows it.
+    assert (
+        "# Memory on each node: 2 standby process(es) (torch imported: ~270 MiB each on CPU)\n"
+        "# and two copies of each rank's state in RAM (its own and a peer's: twice the "
+        "checkpoint's\n"
+    ) in script
     ranks = [line for line in script.splitlines() if line.startswith("srun ") and line != standby]
     assert ranks and all("--kill-on-bad-exit=0" in line for line in ranks)
     # Without it: no standby step, and one failed rank ends the step.

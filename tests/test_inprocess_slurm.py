@@ -65,6 +65,16 @@ def test_a_killed_rank_is_replaced_by_a_standby_and_the_others_keep_their_proces
     victim = next(pid for pid, rank in ranks.items() if rank == 3)
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
+    wait_for(
+        lambda: (attempts(run_dir)[-1].get("in_process_restarts") or [{}])[-1].get("state_from"),
+        60,
+        "the in-process restart's record",
+        poll=0.1,
+    )
+    # Training again, in the same processes: every survivor's pid still runs the rank.
+    for pid, rank in ranks.items():
+        if rank != 3:
+            assert b"ddlaunch.worker.task" in Path(f"/proc/{pid}/cmdline").read_bytes(), rank
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
     print(f"kill -> completed in {time.monotonic() - killed_at:.1f} s")
     (only,) = attempts(run_dir)  # no process restart, no requeue

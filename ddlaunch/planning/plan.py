@@ -171,6 +171,7 @@ class LaunchPlan:
     standby_srun_argv: tuple[str, ...] = ()
     standby_argv: tuple[str, ...] = ()
     standbys_per_node: int = 0
+    memory_checkpoint: bool = False  # fault_tolerance.memory_checkpoint: auto, in process
 
     @property
     def script_path(self) -> str:
@@ -425,6 +426,8 @@ def make_plan(
             if cfg.fault_tolerance.restart == "in_process"
             else 0
         ),
+        memory_checkpoint=cfg.fault_tolerance.restart == "in_process"
+        and cfg.fault_tolerance.memory_checkpoint == "auto",
     )
 
 
