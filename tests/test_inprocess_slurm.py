@@ -1,7 +1,7 @@
 """The in-process restart on the real dev cluster (``fault_tolerance.restart: in_process``):
 what was kept, not only that it ran.
 
-The example MLP (2 nodes x 2 ranks, gloo, 300 steps, a checkpoint every 20); its data
+The example MLP (2 nodes x 2 ranks, gloo, 120 steps, a checkpoint every 20); its data
 depends only on the global step, so a run restarted in process must end with parameters
 bit-identical to an uninterrupted one (the reference: 4 local ranks, the same code path).
 """
@@ -23,18 +23,19 @@ from support.slurm_runs import attempts, committed, mlp_config, result, submit
 from ddlaunch.config import load_config
 from ddlaunch.config.validate import to_plain
 
-# One worker: the two runs share the reference run.
-pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.xdist_group("inprocess")]
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
 IN_PROCESS = {"restart": "in_process", "checkpoint_every_steps": 20, "keep_last": 0}
+# Killed at a committed step >= 60: 60 steps are left to train after the restart.
+PARAMS = {"steps": 120, "step_sleep": 0.15}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference_sha(tmp_path_factory: pytest.TempPathFactory) -> str:
     from ddlaunch.launch.local import run_local
 
     tmp = tmp_path_factory.mktemp("reference")
-    cfg = load_config(mlp_config(tmp, "reference"))
+    cfg = load_config(mlp_config(tmp, "reference", params={"steps": PARAMS["steps"]}))
     run_dir = tmp / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
@@ -56,7 +57,7 @@ def _pids(run_dir: Path, module: bytes) -> dict[int, int]:
 def test_a_killed_rank_is_replaced_by_a_standby_and_the_others_keep_their_processes(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
-    config = mlp_config(tmp_path, "inproc", params={"step_sleep": 0.15}, fault_tolerance=IN_PROCESS)
+    config = mlp_config(tmp_path, "inproc", params=PARAMS, fault_tolerance=IN_PROCESS)
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
     ranks = _pids(run_dir, b"ddlaunch.worker.task")
@@ -100,7 +101,7 @@ def test_a_replacement_that_dies_as_it_joins_falls_back_to_the_process_restart(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
     ft = {**IN_PROCESS, "rejoin_timeout": 10}
-    config = mlp_config(tmp_path, "inproc-fb", params={"step_sleep": 0.15}, fault_tolerance=ft)
+    config = mlp_config(tmp_path, "inproc-fb", params=PARAMS, fault_tolerance=ft)
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
     ranks = _pids(run_dir, b"ddlaunch.worker.task")
@@ -143,7 +144,7 @@ def test_a_node_whose_ranks_all_die_moves_to_the_spares_standbys(
     ranks and its standby) -> the spare's standbys take both ranks, state from the peers'
     RAM copies on the first node."""
     ft = {**IN_PROCESS, "spare_nodes": 1}
-    config = mlp_config(tmp_path, "inproc-spare", params={"step_sleep": 0.15}, fault_tolerance=ft)
+    config = mlp_config(tmp_path, "inproc-spare", params=PARAMS, fault_tolerance=ft)
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
     opened = attempts(run_dir)[0]
@@ -176,7 +177,7 @@ def test_a_node_that_dies_moves_to_the_spare_in_process(
     ranks' and the standbys' steps are --no-kill, so the survivors train on, the spare's
     standbys take its ranks, and the watchdog, finding the dead node, leaves the step."""
     ft = {**IN_PROCESS, "spare_nodes": 1}
-    config = mlp_config(tmp_path, "inproc-node", params={"step_sleep": 0.15}, fault_tolerance=ft)
+    config = mlp_config(tmp_path, "inproc-node", params=PARAMS, fault_tolerance=ft)
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
     opened = attempts(run_dir)[0]
