@@ -193,6 +193,9 @@ def test_a_node_that_dies_moves_to_the_spare_in_process(
     assert restart["ranks"] == [2, 3] and restart["state_from"] == "ram", restart
     assert {r["host"] for r in restart["replacements"]} == {spare}
     assert result(run_dir)["param_sha256"] == reference_sha
+    # The watchdog may find the dead node before the run ends (or not, on a short run): if it
+    # does, it leaves the step to the ranks that moved.
     batch = next((run_dir / "logs").glob("batch-*.out")).read_text()
-    assert f"[ddlaunch watchdog] node failure: {victim} " in batch
-    assert "its ranks moved to a spare in process" in batch
+    assert "ended the step" not in batch
+    said = [line for line in batch.splitlines() if line.startswith("[ddlaunch watchdog]")]
+    assert all(line.endswith("its ranks moved to a spare in process") for line in said), said
