@@ -266,6 +266,42 @@ def test_the_watchdog_ends_the_step_of_a_dead_node_at_once_where_a_spare_waits(
     assert "[ddlaunch watchdog] ended the step; restarting without the node" in said
 
 
+def test_the_watchdog_leaves_a_step_whose_dead_nodes_ranks_moved_in_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fault_tolerance.restart: in_process: the first survivor excluded node2 as it moved
+    its ranks to a spare's standbys; the watchdog, finding node2 dead, leaves srun running."""
+    now = time.time()
+    runner = _node2_died(tmp_path, now)
+    exclusions.add_excluded(tmp_path, ["node2"], "node failure: every rank died")
+    srun = subprocess.Popen(["sleep", "60"])
+    attempt = AttemptId("7", 0, "7")
+    nodes = NodeFailureWatch(tmp_path, attempt, now - 60, 2, "node[1-2]", act=True)
+    try:
+        finding = watch(
+            tmp_path,
+            attempt=attempt,
+            thresholds=analysis.Thresholds(600, 10, 2.0, 300),
+            expected_ranks=4,
+            srun_pid=srun.pid,
+            client=SlurmClient(runner),
+            max_polls=3,
+            sleep=lambda s: None,
+            nodes=nodes,
+            in_process=True,
+        )
+        assert srun.poll() is None  # still running
+    finally:
+        srun.kill()
+        srun.wait()
+    assert finding is None
+    assert not (tmp_path / "health" / "verdict-7-0.json").exists()
+    said = capsys.readouterr().out
+    assert (
+        "[ddlaunch watchdog] node failure: node2 slurmd unreachable at 127.0.0.1"
+    ) in said and said.rstrip().endswith("its ranks moved to a spare in process")
+
+
 def _config(tmp_path: Path, **sections: dict) -> Path:
     cfg: dict = {
         "defaults": ["clusters/devcluster"],
