@@ -234,9 +234,11 @@ def _node2_died(run_dir: Path, now: float) -> FakeRunner:
     )
 
 
-def test_the_watchdog_ends_the_step_of_a_dead_node_at_once_where_a_spare_waits(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _watch_node2_dying(
+    tmp_path: Path, *, in_process: bool
+) -> tuple[analysis.Finding | None, int | None]:
+    """The watchdog of a job with a spare over a step (``sleep 60`` for srun) whose node2
+    died: its finding, and srun's exit status once it was over (None: still running)."""
     now = time.time()
     runner = _node2_died(tmp_path, now)
     srun = subprocess.Popen(["sleep", "60"])
@@ -253,11 +255,23 @@ def test_the_watchdog_ends_the_step_of_a_dead_node_at_once_where_a_spare_waits(
             max_polls=3,
             sleep=lambda s: None,
             nodes=nodes,
+            in_process=in_process,
         )
-        assert srun.wait(timeout=10) == -9  # srun killed: the script goes on at once
+        try:
+            ended: int | None = srun.wait(timeout=10 if not in_process else 0.5)
+        except subprocess.TimeoutExpired:
+            ended = None
     finally:
         srun.kill()
         srun.wait()
+    return finding, ended
+
+
+def test_the_watchdog_ends_the_step_of_a_dead_node_at_once_where_a_spare_waits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    finding, ended = _watch_node2_dying(tmp_path, in_process=False)
+    assert ended == -9  # srun killed: the script goes on at once
     assert finding is not None and (finding.cause, finding.nodes) == ("node failure", ("node2",))
     verdict = json.loads((tmp_path / "health" / "verdict-7-0.json").read_text())
     assert (verdict["cause"], verdict["nodes"]) == ("node failure", ["node2"])
@@ -271,29 +285,9 @@ def test_the_watchdog_leaves_a_step_whose_dead_nodes_ranks_moved_in_process(
 ) -> None:
     """fault_tolerance.restart: in_process: the first survivor excluded node2 as it moved
     its ranks to a spare's standbys; the watchdog, finding node2 dead, leaves srun running."""
-    now = time.time()
-    runner = _node2_died(tmp_path, now)
     exclusions.add_excluded(tmp_path, ["node2"], "node failure: every rank died")
-    srun = subprocess.Popen(["sleep", "60"])
-    attempt = AttemptId("7", 0, "7")
-    nodes = NodeFailureWatch(tmp_path, attempt, now - 60, 2, "node[1-2]", act=True)
-    try:
-        finding = watch(
-            tmp_path,
-            attempt=attempt,
-            thresholds=analysis.Thresholds(600, 10, 2.0, 300),
-            expected_ranks=4,
-            srun_pid=srun.pid,
-            client=SlurmClient(runner),
-            max_polls=3,
-            sleep=lambda s: None,
-            nodes=nodes,
-            in_process=True,
-        )
-        assert srun.poll() is None  # still running
-    finally:
-        srun.kill()
-        srun.wait()
+    finding, ended = _watch_node2_dying(tmp_path, in_process=True)
+    assert ended is None  # still running
     assert finding is None
     assert not (tmp_path / "health" / "verdict-7-0.json").exists()
     said = capsys.readouterr().out

@@ -9,7 +9,7 @@ done in process, in which case every rank leaves and the process restart follows
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,6 @@ class Situation:
     restarts_done: int  # in-process restarts of this attempt before this one
     max_restarts: int
     detected: float = 0.0
-    taken: frozenset[tuple[str, int]] = field(default_factory=frozenset)
 
 
 def plan_restart(s: Situation) -> RestartPlan:
@@ -78,7 +77,7 @@ def plan_restart(s: Situation) -> RestartPlan:
         return fallback("every rank is alive: the failure was not a dead rank's")
     if s.restarts_done >= s.max_restarts:
         return fallback(f"fault_tolerance.max_restarts ({s.max_restarts}) reached")
-    free = [sb for sb in s.free if (sb.host, sb.index) not in s.taken]
+    free = list(s.free)
     chosen: list[Replacement] = []
     for host in dict.fromkeys(hosts):
         ranks = [r for r, h in zip(dead, hosts, strict=True) if h == host]

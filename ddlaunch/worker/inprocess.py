@@ -100,7 +100,6 @@ class Generation:
     number: int = 0
     plan: RestartPlan | None = None
     formed: float = 0.0
-    replacement: bool = False  # this process is a standby that took a dead rank
 
 
 _generation = Generation()
@@ -402,7 +401,7 @@ def join_as_replacement(ctx: Context, generation: int) -> None:
     global _generation
     plan = ctx.control.plan(generation - 1) if ctx.control.has(f"g{generation - 1}/plan") else None
     form_group(ctx, generation, ctx.place.world)
-    _generation = Generation(generation, plan, time.time(), replacement=True)
+    _generation = Generation(generation, plan, time.time())
 
 
 def record(

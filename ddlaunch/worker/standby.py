@@ -33,6 +33,7 @@ from ddlaunch.worker.control import (
     control_address,
 )
 from ddlaunch.worker.distenv import REPLACEMENT_VAR, from_environ
+from ddlaunch.worker.task import append_output_to_rank_logs
 
 WAIT_SLICE_S = 30.0
 # The first node's standby holds the store: after the ranks dismissed it, it stays a
@@ -58,17 +59,8 @@ def take_place(place: RankPlace, generation: int, env: MutableMapping[str, str])
 def _to_rank_logs(run_dir: Path, rank: int) -> None:
     """From here on this process is rank ``rank``: its output goes to that rank's log (one
     file per rank; with one file per node the standby's own file keeps it)."""
-    out = run_dir / LOGS_DIR / f"rank-{rank}.out"
-    if not out.exists():
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for fd, stream in ((1, "out"), (2, "err")):
-        with contextlib.suppress(OSError):
-            path = run_dir / LOGS_DIR / f"rank-{rank}.{stream}"
-            target = os.open(path, os.O_WRONLY | os.O_APPEND)
-            os.dup2(target, fd)
-            os.close(target)
+    if (run_dir / LOGS_DIR / f"rank-{rank}.out").exists():
+        append_output_to_rank_logs(run_dir, rank)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,11 +141,17 @@ def redirect_group_logs(env: Mapping[str, str]) -> None:
     rank, run_dir = job_rank(env), env.get("DDLAUNCH_RUN_DIR")
     if rank is None or not run_dir:
         return
+    append_output_to_rank_logs(Path(run_dir), rank)
+
+
+def append_output_to_rank_logs(run_dir: Path, rank: int) -> None:
+    """From here on this process's stdout and stderr append to ``logs/rank-<rank>.out|.err``
+    (a replica group's rank; a standby that took a dead rank's place)."""
     sys.stdout.flush()
     sys.stderr.flush()
     for fd, stream in ((1, "out"), (2, "err")):
         with contextlib.suppress(OSError):
-            path = Path(run_dir) / LOGS_DIR / f"rank-{rank}.{stream}"
+            path = run_dir / LOGS_DIR / f"rank-{rank}.{stream}"
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(target, fd)
             os.close(target)
