@@ -2,12 +2,31 @@
 # Renders the dev cluster's config files. Sourced by scripts/devcluster; every function is pure:
 # it reads the settings variables below and prints a file on stdout, nothing else.
 #
-# Inputs (set by scripts/devcluster): NODES GPUS CORES MEM_MB MAX_ARRAY LANES, and the path constants
+# Inputs (set by scripts/devcluster): NODES GPUS CORES MEM_MB MAX_ARRAY LANES GPU_TYPES, and the path constants
 # CONF_DIR STATE_DIR LOG_DIR RUN_DIR MUNGE_SOCKET CTL_IP CTL_HOST CTLD_PORT DBD_PORT DB_NAME MARKER.
 
 # node_ip I: address of nodeI. 10.77.0.(10+I) gives the recipe's 10.77.0.11-19 for I<10 and
 # keeps working past 9 nodes (10.77.0.1N would turn into 10.77.0.110 for N=10).
 node_ip() { echo "10.77.0.$((10 + $1))"; }
+
+# gpu_type I: nodeI's GPU type (GPU_TYPES by the node's position in its lane), empty if untyped.
+gpu_type() {
+  [ -n "$GPU_TYPES" ] && [ "$GPUS" -gt 0 ] || return 0
+  local types
+  IFS=, read -r -a types <<<"$GPU_TYPES"
+  echo "${types[$((($1 - 1) % (NODES / LANES) % ${#types[@]}))]}"
+}
+
+# node_line I: nodeI's NodeName line; a typed GPU also becomes the node's feature (--constraint).
+node_line() {
+  local type
+  type=$(gpu_type "$1")
+  if [ -n "$type" ]; then
+    echo "NodeName=node$1 NodeAddr=$(node_ip "$1") Gres=gpu:$type:$GPUS Features=$type"
+  else
+    echo "NodeName=node$1 NodeAddr=$(node_ip "$1")"
+  fi
+}
 
 render_slurm_conf() {
   local gres="" i
@@ -76,7 +95,7 @@ MaxJobCount=100000
 MaxArraySize=$MAX_ARRAY
 NodeName=DEFAULT Sockets=1 CoresPerSocket=$CORES ThreadsPerCore=1 RealMemory=$MEM_MB$gres State=UNKNOWN
 EOF
-  for ((i = 1; i <= NODES; i++)); do echo "NodeName=node$i NodeAddr=$(node_ip "$i")"; done
+  for ((i = 1; i <= NODES; i++)); do node_line "$i"; done
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   # Lanes: disjoint partitions beside debug, one per fault-injection test that may run at once.
   local lane size=$((NODES / LANES))
@@ -95,9 +114,15 @@ $MARKER
 # (recipe pitfall 3).
 AutoDetect=off
 EOF
-  [ "$GPUS" -gt 0 ] &&
-    echo "NodeName=node[1-$NODES] Name=gpu File=$STATE_DIR/fakegpu/nvidia[0-$((GPUS - 1))]"
-  return 0
+  [ "$GPUS" -gt 0 ] || return 0
+  local files="$STATE_DIR/fakegpu/nvidia[0-$((GPUS - 1))]" i
+  if [ -z "$GPU_TYPES" ]; then
+    echo "NodeName=node[1-$NODES] Name=gpu File=$files"
+    return 0
+  fi
+  for ((i = 1; i <= NODES; i++)); do
+    echo "NodeName=node$i Name=gpu Type=$(gpu_type "$i") File=$files"
+  done
 }
 
 render_slurmdbd_conf() {
