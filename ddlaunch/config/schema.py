@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddlaunch.config.balance import BalanceSpec
+from ddlaunch.config.components import ComponentSpec
 from ddlaunch.config.fault_tolerance import FaultToleranceSpec, can_leave_out
 from ddlaunch.config.fields import PATTERNS, opt
 from ddlaunch.config.health import HealthSpec
@@ -421,8 +423,17 @@ class Config:
         default_factory=KubernetesSpec,
         metadata={"doc": "The Kubernetes target (render/submit --target kubernetes)."},
     )
+    balance: BalanceSpec = field(
+        default_factory=BalanceSpec,
+        metadata={"doc": "Splitting the global batch over unlike GPUs (by measured throughput)."},
+    )
     templates: TemplatesSpec = field(
         default_factory=TemplatesSpec, metadata={"doc": "Site template search path."}
+    )
+    components: tuple[ComponentSpec, ...] = opt(
+        [],
+        "A job over unlike nodes (a Slurm heterogeneous job): each component's nodes, and "
+        "its role (train: one world over every train component; service: its own program).",
     )
     sbatch: dict[str, Any] = opt(
         {}, "Extra sbatch directives the model does not know, as option: value (true for a flag)."

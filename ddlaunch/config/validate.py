@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from ddlaunch.config import trainer_rules
+from ddlaunch.config import components, trainer_rules
 from ddlaunch.config.container_rules import check_container, check_snapshot
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.fault_tolerance import FaultToleranceSpec
@@ -317,6 +317,8 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
         _plan_rules,
         _replica_rules,
         _restart_rules,
+        _balance_rules,
+        _component_rules,
         check_kubernetes,
     ):
         check(cfg, b)
@@ -354,6 +356,40 @@ def _restart_rules(cfg: Config, b: _Builder) -> None:
             "in_process is for mode: job; replica groups already restart a failed group "
             "alone while the others train",
             also=("fault_tolerance", "mode"),
+        )
+
+
+def _component_rules(cfg: Config, b: _Builder) -> None:
+    """``components:`` on their own and against the recovery modes they do not have yet."""
+    if not cfg.components:
+        return
+    for path, message in components.issues(cfg):
+        b.fail(path, message, reads=[("components",), ("nodes",)])
+
+
+def with_components(cfg: Config) -> Config:
+    """With train components, ``nodes.count`` and ``gpus_per_node`` are theirs: the training
+    world's size, which everything else (heartbeats, checkpoints, the plan) reads there."""
+    shape = components.train_shape(cfg)
+    if shape is None:
+        return cfg
+    count, gpus, tasks = shape
+    nodes = dataclasses.replace(cfg.nodes, count=count, gpus_per_node=gpus, tasks_per_node=tasks)
+    return dataclasses.replace(cfg, nodes=nodes)
+
+
+def _balance_rules(cfg: Config, b: _Builder) -> None:
+    """``balance:`` against the launch, the recovery mode and the world size (its module
+    is imported only for configs that set the section)."""
+    if cfg.balance.mode == "none" and cfg.balance.global_batch is None:
+        return
+    from ddlaunch.config import balance
+
+    for path, message in balance.issues(cfg):
+        b.fail(
+            path,
+            message,
+            reads=[("launch",), ("fault_tolerance", "mode"), ("nodes",)],
         )
 
 
@@ -486,7 +522,7 @@ def _sbatch_rules(cfg: Config, b: _Builder) -> None:
 def validate_tree(loaded: LoadedTree) -> Config:
     files = [s for s in loaded.sources if not s.startswith("--set")]
     builder = _Builder(loaded.locations, files[-1] if files else None)
-    cfg = builder.build(Config, loaded.tree, ())
+    cfg = with_components(builder.build(Config, loaded.tree, ()))
     field_issues = len(builder.issues)
     check_contradictions(cfg, builder)
     # A bad value fell back to its default, so a contradiction that involves that key is
