@@ -33,6 +33,14 @@ to, once its first step is yielded). The loop steps ``session.optimizer`` and ca
 ``session.average_gradients(model)`` (both do what the plain calls did in job mode), and
 picks its data by ``session.job_rank``; a loop that averages within its group only is
 stopped with ``ReplicaGroupsDiverged``. One group saves the checkpoints.
+
+``session.batch_share()`` is the number of samples this rank computes in the current step
+(``session.batch_offset()``: where they start in the step's global batch of
+``balance.global_batch``). With ``balance: by_throughput`` over train components of unlike
+speed, the shares follow each component's measured compute throughput after
+``balance.measure_steps`` steps (``ddlaunch.worker.balance``); ``average_gradients`` and
+``wrap_ddp`` then weight each rank's gradient by its share, so the step's gradient is the
+mean over the global batch.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
 from ddlaunch.worker import inprocess, signals
+from ddlaunch.worker.balance import Balancer
 from ddlaunch.worker.distributed import init_distributed
 from ddlaunch.worker.heartbeat import Heartbeat
 from ddlaunch.worker.mesh import device_mesh
@@ -143,6 +152,16 @@ class Session:
             info = self.manager.load_latest(self.state)
         self.start_step = info.step if info else 0
         self.resumed = info is not None
+        # balance: each rank's share of the global batch (by_throughput: measured, then
+        # balanced over the train components; ``batch_share``).
+        self._balance = Balancer(
+            config.balance,
+            rank=self.job_rank,
+            world=self.job_world,
+            run_dir=self.run_dir,
+            attempt=self.attempt.key,
+            start_step=self.start_step,
+        )
         self._last_progress = 0.0
         self._final_step: int | None = None
         self._first_step_seen = False
@@ -256,6 +275,11 @@ class Session:
         if self.replica is not None:
             self.replica.average(model)
             return
+        if self._balance.weighted:
+            # Unequal shares: each rank's mean gradient weighted by share / global_batch
+            # and summed, the mean over the global batch (``worker.balance``).
+            self._balance.average(model)
+            return
         world = dist.get_world_size()
         for param in model.parameters():
             if param.grad is not None:
@@ -267,7 +291,10 @@ class Session:
         job mode; torchft's (gradients averaged across the live groups) in replica groups,
         for one-rank groups; use ``average_gradients`` for larger groups."""
         if self.replica is None:
-            return torch.nn.parallel.DistributedDataParallel(model)
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            if self._balance.weighted:  # unequal shares: weighted by share, summed
+                self._balance.register(ddp)
+            return ddp
         if self.replica.group_world != 1:
             raise ValueError(
                 "wrap_ddp in replica groups averages across groups only: with more than one "
@@ -276,6 +303,19 @@ class Session:
         from torchft.ddp import DistributedDataParallel
 
         return DistributedDataParallel(self.replica.manager, model)
+
+    def batch_share(self) -> int:
+        """Samples this rank computes in the current step (its loss is their mean). With
+        ``balance: by_throughput``: equal shares while the components' speed is measured,
+        then shares proportional to it; they sum to ``balance.global_batch``. With ``balance:
+        none``: ``global_batch // world``. Also ``$DDLAUNCH_BATCH_SHARE``, set when it changes.
+        ValueError without ``balance.global_batch``."""
+        return self._balance.share()
+
+    def batch_offset(self) -> int:
+        """Where this rank's samples start in the step's global batch: the shares of the
+        ranks before it (its samples are ``offset .. offset + batch_share()``)."""
+        return self._balance.offset()
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -294,7 +334,9 @@ class Session:
     def _job_steps(self, total: int) -> Iterator[int]:
         step = self.start_step
         while step < total:
+            self._balance.begin(step)
             yield step
+            self._balance.end(step)
             step += 1
             self._boundary(step, total)
         self._final_step = total  # leaving the ``with`` block saves it
