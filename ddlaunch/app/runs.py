@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from ddlaunch.errors import UserError
 from ddlaunch.store import (
     attempts,
+    balance,
     exclusions,
     group_state,
     outcome,
@@ -30,6 +31,7 @@ from ddlaunch.store import (
     watchdog,
 )
 from ddlaunch.store.attempts import ATTEMPTS_FILE, AttemptRecord
+from ddlaunch.store.balance import BALANCE_FILE, BalanceRecord
 from ddlaunch.store.chain import AFTER_FILE, PredecessorRecord, read_after
 from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusable_failures
 from ddlaunch.store.layout import ARRAYS_DIR
@@ -268,6 +270,7 @@ class RunInfo:
     problems: list[str] = field(default_factory=list)  # "unreadable <record>: <reason>"
     groups: group_state.GroupsState | None = None  # replica groups: the supervisor's view
     after: list[PredecessorRecord] = field(default_factory=list)  # submit --after (after.json)
+    balance: BalanceRecord | None = None  # balance.json: the ranks' shares of the batch
 
     @property
     def job_id(self) -> str | None:
@@ -330,6 +333,8 @@ def read_run(
         info.groups = group_state.read_state(run_dir)
     if AFTER_FILE in present:
         info.after = read_after(run_dir)
+    found = rec.json(BALANCE_FILE, dict, None, balance.FIELDS)  # no open when absent
+    info.balance = None if not found else BalanceRecord.from_json(found)
     if CONFIG_FILE not in present and (present or run_dir.is_dir()):
         # A directory that does not exist is no damage: a sweep member that has not started
         # has none yet (its job ids come from the sweep's array records).

@@ -25,6 +25,7 @@ from ddlaunch.policy.requeue import CAUSE_CRASH, CAUSE_PREFLIGHT, HEALTH_CAUSES
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import group_state
 from ddlaunch.store.attempts import AttemptRecord
+from ddlaunch.store.balance import describe as describe_shares
 from ddlaunch.store.failures import Failure, is_collateral
 from ddlaunch.store.group_state import GroupsState
 from ddlaunch.store.inprocess import InProcessRestart, describe, of_attempt
@@ -120,6 +121,7 @@ class RunStatus:
     submitted: float | None = None
     members: dict[str, int] | None = None  # a sweep's row: members per state
     problems: list[str] = field(default_factory=list)  # records that could not be read
+    batch_shares: str | None = None  # balance.json in words (balance: by_throughput)
 
     def as_dict(self) -> dict[str, object]:
         # Shallow on purpose: the fields are plain data already, and dataclasses.asdict's deep
@@ -386,6 +388,7 @@ def run_status(
         snapshot=info.snapshot,
         staging=staging_nodes(info.staging),
         problems=list(info.problems),
+        batch_shares=describe_shares(info.balance),
     )
 
 

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from ddlaunch import fsutil
 from ddlaunch.policy.balance import ComponentShare, Shares
+from ddlaunch.policy.balance import describe as policy_describe
 from ddlaunch.store import records
 
 BALANCE_FILE = "balance.json"
@@ -115,3 +116,12 @@ def read(run_dir: Path) -> BalanceRecord | None:
         return None
     record = BalanceRecord.from_json(found)
     return record if record.shares() is not None else None
+
+
+def describe(found: BalanceRecord | None) -> str | None:
+    """The shares in one line for ``status``: ``fast 40/rank x4, slow 24/rank x4 (by
+    throughput: 2.1 vs 1.3 k samples/s)``; None without a usable record."""
+    parts = None if found is None else found.parts()
+    if parts is None:
+        return None
+    return policy_describe(Shares(tuple(p.part for p in parts)), [p.rate for p in parts])
