@@ -20,6 +20,7 @@ from ddlaunch.policy.balance import (
     format_components,
     parse_components,
     plain_share,
+    rate_text,
 )
 
 FAST_SLOW = (Component("fast", 4), Component("slow", 4))
@@ -71,6 +72,8 @@ def test_two_to_one_exact() -> None:
     assert describe(shares, [2100.0, 1300.0]) == (
         "fast 16/rank x4, slow 8/rank x4 (by throughput: 2.1 vs 1.3 k samples/s)"
     )
+    assert rate_text([196.2, 99.4]) == "196 vs 99 samples/s"
+    assert rate_text([2.5e6, 1.25e6]) == "2.5 vs 1.2 M samples/s"
 
 
 def test_remainder_goes_to_the_largest_fraction_then_the_lower_rank() -> None:

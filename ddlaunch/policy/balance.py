@@ -175,8 +175,8 @@ def rate_text(rates: Sequence[float]) -> str:
     """Rates in one unit: ``2.1 vs 1.3 k samples/s``."""
     top = max(rates, default=0.0)
     scale, unit = (1e6, "M ") if top >= 1e6 else (1e3, "k ") if top >= 1e3 else (1.0, "")
-    values = [r / scale for r in rates]
-    return " vs ".join(f"{v:.1f}" if v < 100 else f"{v:.0f}" for v in values) + f" {unit}samples/s"
+    digits = 1 if top / scale < 100 else 0
+    return " vs ".join(f"{r / scale:.{digits}f}" for r in rates) + f" {unit}samples/s"
 
 
 def describe(shares: Shares, rates: Sequence[float] | None = None) -> str:
