@@ -5,11 +5,15 @@ the real CLI, piped, against a stand-in Slurm; and the record read back without 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import pytest
+from support.fakes import fake_slurm_bin
 from support.rundirs import T0, make_run
 from support.standin_cli import ddlaunch
 
+import ddlaunch as api
 from ddlaunch.policy.balance import Component, by_throughput
 from ddlaunch.store import balance
 
@@ -17,7 +21,9 @@ RUNNING = {"attempt": 0, "job_id": "12", "nodes": "node[1-2]", "start": T0}
 COMPONENTS = (Component("fast", 4), Component("slow", 4))
 
 
-def test_status_of_one_run_shows_its_batch_shares(tmp_path: Path) -> None:
+def test_status_of_one_run_shows_its_batch_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = make_run(tmp_path / "runs", "r", "12", T0, attempts=[RUNNING])
     rates = [2100.0, 1260.0]
     balance.write(
@@ -44,6 +50,12 @@ def test_status_of_one_run_shows_its_batch_shares(tmp_path: Path) -> None:
     assert row["batch_shares"] == (
         "fast 40/rank x4, slow 24/rank x4 (by throughput: 2.1 vs 1.3 k samples/s)"
     )
+    # The Python API's value carries the same line.
+    bin_dir = fake_slurm_bin(tmp_path / "bin2", squeue="12|RUNNING|None|node[1-2]\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setenv("DDLAUNCH_MIN_POLL_S", "0")
+    assert api.Run("r").status().batch_shares == row["batch_shares"]
 
 
 def test_without_a_record_no_line_and_a_damaged_one_is_said(tmp_path: Path) -> None:

@@ -96,6 +96,9 @@ class RunStatus:
     """A sweep's summary row: its members per state."""
     problems: tuple[str, ...] = ()
     """Records of the run directory that could not be read, and why."""
+    batch_shares: str | None = None
+    """``balance: by_throughput``: the shares of the global batch its ranks train with, in
+    one line (``fast 40/rank x4, slow 24/rank x4 (by throughput: ...)``)."""
 
     @property
     def ended(self) -> bool:
@@ -132,6 +135,7 @@ class RunStatus:
             submitted=row.submitted,
             members=MappingProxyType(dict(row.members)) if row.members is not None else None,
             problems=tuple(row.problems),
+            batch_shares=row.batch_shares,
         )
 
 
