@@ -276,3 +276,36 @@ def after_dirs(config: Any) -> dict[str, Any]:
     }
     _out(f"after-{record['rank']}.json", record)
     return record
+
+
+def mlp_asking_a_service(config: Any) -> dict[str, Any]:
+    """The example MLP whose rank 0 asks the ``server`` component (its address from
+    ``DDLAUNCH_COMPONENT_SERVER_ADDR``, the port from ``params.port``) for its process id
+    before every step, waiting while it restarts, and appends ``<step> <pid>`` to
+    ``out/answers.txt``; every rank records its own pid once (``out/pid-<rank>.txt``)."""
+    import urllib.request
+
+    from ddlaunch.examples import mlp
+
+    rank = int(os.environ["RANK"])
+    out = Path(os.environ["DDLAUNCH_RUN_DIR"]) / "out"
+    out.mkdir(exist_ok=True)
+    (out / f"pid-{rank}.txt").open("a").write(f"{os.getpid()}\n")
+    url = f"http://{os.environ['DDLAUNCH_COMPONENT_SERVER_ADDR']}:{config.params['port']}/"
+    answers = (out / "answers.txt").open("a", buffering=1)
+
+    def on_step(step: int) -> None:
+        if rank != 0:
+            return
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as reply:
+                    answers.write(f"{step} {reply.read().decode()}\n")
+                    return
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    return mlp.main(config, on_step=on_step)

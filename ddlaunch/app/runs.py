@@ -33,6 +33,8 @@ from ddlaunch.store import (
 from ddlaunch.store.attempts import ATTEMPTS_FILE, AttemptRecord
 from ddlaunch.store.balance import BALANCE_FILE, BalanceRecord
 from ddlaunch.store.chain import AFTER_FILE, PredecessorRecord, read_after
+from ddlaunch.store.components import COMPONENTS_DIR, ServiceState
+from ddlaunch.store.components import read_all as read_services
 from ddlaunch.store.failures import FAILURES_DIR, Failure, read_failures, unusable_failures
 from ddlaunch.store.layout import ARRAYS_DIR
 from ddlaunch.store.members import ensure_member_dir, member_of
@@ -271,6 +273,7 @@ class RunInfo:
     groups: group_state.GroupsState | None = None  # replica groups: the supervisor's view
     after: list[PredecessorRecord] = field(default_factory=list)  # submit --after (after.json)
     balance: BalanceRecord | None = None  # balance.json: the ranks' shares of the batch
+    services: list[ServiceState] = field(default_factory=list)  # components: role service
 
     @property
     def job_id(self) -> str | None:
@@ -335,6 +338,9 @@ def read_run(
         info.after = read_after(run_dir)
     found = rec.json(BALANCE_FILE, dict, None, balance.FIELDS)  # no open when absent
     info.balance = None if not found else BalanceRecord.from_json(found)
+    if COMPONENTS_DIR in present:
+        info.services, problems = read_services(run_dir)
+        rec.problems += problems
     if CONFIG_FILE not in present and (present or run_dir.is_dir()):
         # A directory that does not exist is no damage: a sweep member that has not started
         # has none yet (its job ids come from the sweep's array records).

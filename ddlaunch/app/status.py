@@ -26,6 +26,7 @@ from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import group_state
 from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.balance import describe as describe_shares
+from ddlaunch.store.components import describe as describe_service
 from ddlaunch.store.failures import Failure, is_collateral
 from ddlaunch.store.group_state import GroupsState
 from ddlaunch.store.inprocess import InProcessRestart, describe, of_attempt
@@ -121,6 +122,7 @@ class RunStatus:
     submitted: float | None = None
     members: dict[str, int] | None = None  # a sweep's row: members per state
     problems: list[str] = field(default_factory=list)  # records that could not be read
+    services: list[str] = field(default_factory=list)  # components: each service in words
     batch_shares: str | None = None  # balance.json in words (balance: by_throughput)
 
     def as_dict(self) -> dict[str, object]:
@@ -388,6 +390,7 @@ def run_status(
         snapshot=info.snapshot,
         staging=staging_nodes(info.staging),
         problems=list(info.problems),
+        services=[describe_service(s) for s in info.services],
         batch_shares=describe_shares(info.balance),
     )
 

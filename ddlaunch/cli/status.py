@@ -198,6 +198,8 @@ def page(shown: Any, width: int | None) -> str:
         lines += textwrap.wrap(text, width) if width else [text]
     if follow:
         lines += attempt_lines(rows[0])
+    if len(rows) == 1 and rows[0].services:
+        lines += [f"service {line}" for line in rows[0].services]
     if len(rows) == 1 and rows[0].batch_shares:
         lines.append(f"batch shares: {rows[0].batch_shares}")
     return "\n".join(lines)

@@ -66,6 +66,15 @@ PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
         re.compile(r"^[a-z][a-z0-9-]*$"),
         "a long sbatch option name without dashes, e.g. comment or gres-flags",
     ),
+    "component_name": (
+        re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
+        "a name of letters, digits and _ starting with a letter (it becomes "
+        "DDLAUNCH_COMPONENT_<NAME>_NODES)",
+    ),
+    "gpu_type": (
+        re.compile(r"^[A-Za-z0-9_.-]+$"),
+        "a GPU type as the cluster's gres names it (letters, digits, _ . -), e.g. a100",
+    ),
     "data_name": (
         re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
         "a name of letters, digits and _ starting with a letter (it becomes DDLAUNCH_DATA_<NAME>)",

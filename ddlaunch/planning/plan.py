@@ -27,6 +27,7 @@ from ddlaunch.store.layout import ARRAYS_DIR, CHECKPOINTS_DIR, LOGS_DIR, SCRIPT_
 # ``render`` imports this module, and each module costs it start-up time (policy.chain alone
 # builds eight dataclasses).
 if TYPE_CHECKING:
+    from ddlaunch.planning.components import ComponentsPlan
     from ddlaunch.policy.chain import Edge
     from ddlaunch.slurm.partitions import PartitionFacts
 
@@ -172,6 +173,8 @@ class LaunchPlan:
     standby_argv: tuple[str, ...] = ()
     standbys_per_node: int = 0
     memory_checkpoint: bool = False  # fault_tolerance.memory_checkpoint: auto, in process
+    # components: (a heterogeneous job): the groups of the ranks' step and the services.
+    components: ComponentsPlan | None = None
 
     @property
     def script_path(self) -> str:
@@ -188,7 +191,19 @@ def sbatch_directives(
     cfg: Config, exclude: Sequence[str] = (), edges: Sequence[Edge] = ()
 ) -> list[tuple[str, str | None]]:
     """``#SBATCH`` options in a stable order; every value was validated as a Slurm token
-    (``edges``: ``--after``'s, made of a Slurm type and a job id sbatch printed)."""
+    (``edges``: ``--after``'s, made of a Slurm type and a job id sbatch printed). A
+    heterogeneous job (``components:``) has a block of node lines per component."""
+    out = _directives(cfg, exclude, edges)
+    if not cfg.components:
+        return out
+    from ddlaunch.planning.components import het_directives
+
+    return het_directives(cfg, out)
+
+
+def _directives(
+    cfg: Config, exclude: Sequence[str], edges: Sequence[Edge]
+) -> list[tuple[str, str | None]]:
     job, nodes, ft = cfg.job, cfg.nodes, cfg.fault_tolerance
     out: list[tuple[str, str | None]] = [("--job-name", job.name)]
     for flag, value in (
@@ -346,13 +361,19 @@ def make_plan(
         f"--chdir={ranks_dir}",
         script_path(run_dir, array),
     )
+    parts = _components(cfg, run)
+    if parts is not None and array is not None:
+        message = "a sweep of heterogeneous jobs is not supported yet: submit each member"
+        raise ConfigError([ConfigIssue("components", message)])
+    if parts is not None:
+        rank_logs = parts.train_srun_args
     srun_argv = (
         "srun",
         # One file per node: srun --label prefixes each line with its rank, and slurmstepd
         # reads the ranks' output from pipes, line by line (--unbuffered would give them a
         # pty and label every fragment a read returns). One file per rank: slurmstepd makes
         # the file itself each task's stdout, and --unbuffered changes nothing there.
-        *(("--label",) if layout == NODE_LOGS else ("--unbuffered",)),
+        *(("--label",) if layout == NODE_LOGS or parts else ("--unbuffered",)),
         # One failed rank ends the step. Not for replica groups: their supervisor ends a
         # failed group's step itself, at once (``job.groups.group_srun`` says why).
         # Nor for the in-process restart: the survivors go on while a standby takes the
@@ -376,6 +397,8 @@ def make_plan(
     if cfg.storage.scratch:
         ours["DDLAUNCH_SCRATCH"] = cfg.storage.scratch
     ours.update(after.env)
+    if parts is not None:
+        ours[parts.train_ranks_var] = parts.train_ranks
     in_container = cfg.container.runtime != "none"
     if in_container:
         ours[CONCLUDE_ON_HOST_VAR] = "1"
@@ -428,6 +451,7 @@ def make_plan(
         ),
         memory_checkpoint=cfg.fault_tolerance.restart == "in_process"
         and cfg.fault_tolerance.memory_checkpoint == "auto",
+        components=parts,
     )
 
 
@@ -480,6 +504,15 @@ def _standbys(
         str(run / SUBMITIT_DIR),
     )
     return {"standby_srun_argv": srun, "standby_argv": command}
+
+
+def _components(cfg: Config, run: PurePosixPath) -> ComponentsPlan | None:
+    """``planning.components``, imported only for a heterogeneous job."""
+    if not cfg.components:
+        return None
+    from ddlaunch.planning.components import plan_components
+
+    return plan_components(cfg, run)
 
 
 def _container_mounts(

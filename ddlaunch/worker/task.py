@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.config.components import TRAIN_COMPONENTS_VAR
 from ddlaunch.planning.group_env import GroupIdentity, job_rank
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import LOGS_DIR
@@ -137,8 +138,12 @@ def run(folder: Path, env: Mapping[str, str] = os.environ) -> Any:
 def redirect_group_logs(env: Mapping[str, str]) -> None:
     """A replica group's rank writes ``logs/rank-<job-wide rank>.out|.err`` itself: srun's
     ``%t`` numbers each group's step from 0, so srun's own files would collide (the
-    supervisor points srun at one file per group, for what is printed before this)."""
+    supervisor points srun at one file per group, for what is printed before this). So does
+    a rank of a heterogeneous job: there srun's ``%t`` is not the rank past the first
+    component (the plan points srun at one file per node)."""
     rank, run_dir = job_rank(env), env.get("DDLAUNCH_RUN_DIR")
+    if rank is None and env.get(TRAIN_COMPONENTS_VAR) and env.get("SLURM_PROCID"):
+        rank = int(env["SLURM_PROCID"])
     if rank is None or not run_dir:
         return
     append_output_to_rank_logs(Path(run_dir), rank)

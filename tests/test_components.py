@@ -1,0 +1,283 @@
+"""``components:`` (a heterogeneous job) without Slurm: the config's rules with their exact
+messages, the plan's ``#SBATCH`` blocks and steps, the rendered script, a service's
+supervisor with real processes, and ``status``'s line for a service."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.rundirs import T0, make_run
+from support.standin_cli import ddlaunch
+
+from ddlaunch.config import ConfigError, load_config
+from ddlaunch.job.components import Supervisor
+from ddlaunch.planning.plan import make_plan
+from ddlaunch.store import components as records
+
+BASE = (
+    "defaults: [clusters/devcluster]\n"
+    "job: {name: het, time: '00:10:00'}\n"
+    "nodes: {gpus_per_node: 4, mem: 64G}\n"
+    "launch: {entrypoint: 'm:f'}\n"
+)
+THREE = BASE + (
+    "components:\n"
+    "  - {name: fast, nodes: {count: 1, gpu_type: fast}}\n"
+    "  - {name: slow, nodes: {count: 2, gpu_type: slow, partition: old}}\n"
+    "  - name: server\n"
+    "    role: service\n"
+    "    nodes: {count: 1, gpus_per_node: 0}\n"
+    "    launch: {command: [python3, serve.py, --port, '8000'], env: {MODEL: tiny}}\n"
+)
+
+
+def _load(tmp_path: Path, text: str):  # type: ignore[no-untyped-def]
+    (tmp_path / "c.yaml").write_text(text)
+    return load_config(tmp_path / "c.yaml")
+
+
+def _errors(tmp_path: Path, text: str) -> list[str]:
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "bad.yaml")
+    return str(info.value).replace(str(tmp_path) + "/", "").splitlines()[1:]
+
+
+def test_the_train_components_make_the_training_world(tmp_path: Path) -> None:
+    cfg = _load(tmp_path, THREE)
+    # 1 fast + 2 slow nodes of 4 GPUs: 12 ranks; the service is not part of the world.
+    assert (cfg.nodes.count, cfg.nodes.gpus_per_node, cfg.world_size) == (3, 4, 12)
+    assert [c.role for c in cfg.components] == ["train", "train", "service"]
+
+
+def test_the_plan_has_a_block_per_component_and_one_step_over_the_train_groups(
+    tmp_path: Path,
+) -> None:
+    plan = make_plan(_load(tmp_path, THREE), run_id="r", run_dir="/runs/r", workdir="/w")
+    assert list(plan.directives) == [
+        ("--job-name", "het"),
+        ("--partition", "debug"),
+        ("--nodes", "1"),
+        ("--ntasks-per-node", "4"),
+        ("--gpus-per-node", "fast:4"),
+        ("--mem", "64G"),
+        ("--time", "00:10:00"),
+        ("--signal", "USR2@120"),
+        ("--requeue", None),
+        ("--open-mode", "append"),
+        ("hetjob", None),
+        ("--partition", "old"),
+        ("--nodes", "2"),
+        ("--ntasks-per-node", "4"),
+        ("--gpus-per-node", "slow:4"),
+        ("--mem", "64G"),
+        ("hetjob", None),
+        ("--partition", "debug"),
+        ("--nodes", "1"),
+        ("--ntasks-per-node", "1"),
+        ("--mem", "64G"),
+    ]
+    assert plan.srun_argv == (
+        "srun",
+        "--label",
+        "--kill-on-bad-exit=1",
+        "--ntasks-per-node=4",
+        "--het-group=0,1",
+        "--output=/runs/r/logs/node-%N.out",
+        "--error=/runs/r/logs/node-%N.err",
+    )
+    assert ("DDLAUNCH_TRAIN_COMPONENTS", "fast:4,slow:8") in plan.ddlaunch_env
+    parts = plan.components
+    assert parts is not None
+    (service,) = parts.services
+    assert (service.name, service.group, service.env) == ("server", 2, (("MODEL", "tiny"),))
+    assert service.srun_argv == (
+        "srun",
+        "--het-group=2",
+        "--kill-on-bad-exit=1",
+        "--output=/runs/r/logs/server-%N-%t.out",
+        "--error=/runs/r/logs/server-%N-%t.err",
+    )
+
+
+def test_the_rendered_script_is_valid_bash_and_tells_every_component_its_nodes(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "c.yaml").write_text(THREE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "render", str(tmp_path / "c.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "DDLAUNCH_RUN_ROOT": str(tmp_path / "runs")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert script.count("#SBATCH hetjob") == 2
+    for group, name in enumerate(("FAST", "SLOW", "SERVER")):
+        assert (
+            f'export DDLAUNCH_COMPONENT_{name}_NODES="$(scontrol show hostnames '
+            f'"$SLURM_JOB_NODELIST_HET_GROUP_{group}" | paste -sd, -)"'
+        ) in script
+        assert (
+            f'export DDLAUNCH_COMPONENT_{name}_ADDR="${{DDLAUNCH_COMPONENT_{name}_NODES%%,*}}"'
+        ) in script
+    assert (
+        'export DDLAUNCH_STEP_NODELIST="${DDLAUNCH_COMPONENT_FAST_NODES},'
+        '${DDLAUNCH_COMPONENT_SLOW_NODES}"'
+    ) in script
+    assert "  export MODEL=tiny\n" in script
+    assert "python3 -m ddlaunch.job.components server --max-restarts 3 -- \\" in script
+
+
+@pytest.mark.parametrize(
+    ("components", "message"),
+    [
+        (
+            "  - {name: a, role: service, launch: {command: [x]}}\n",
+            "  components: needs at least one component with role: train (bad.yaml:5)",
+        ),
+        (
+            "  - {name: a}\n  - {name: A}\n",
+            "  components.1.name: 'A' is component 0 already: both would be "
+            "DDLAUNCH_COMPONENT_A_NODES (bad.yaml:7)",
+        ),
+        (
+            "  - {name: a, nodes: {gpus_per_node: 4}}\n  - {name: b, nodes: {gpus_per_node: 8}}\n",
+            "  components: the train components must start as many ranks per node (ranks are "
+            "numbered node by node): a 4, b 8 (bad.yaml:5)",
+        ),
+        (
+            "  - {name: a}\n  - {name: s, role: service}\n",
+            "  components.1.launch.command: missing: a service runs launch.command (bad.yaml:7)",
+        ),
+        (
+            "  - {name: a, launch: {command: [x]}}\n",
+            "  components.0.launch: a train component runs the job's launch (its ranks join one "
+            "world); use role: service for a program of its own (bad.yaml:6)",
+        ),
+        (
+            "  - {name: a}\n  - {name: s, role: service, nodes: {gpu_type: a100}, "
+            "launch: {command: [x]}}\n",
+            "  components.1.nodes.gpu_type: is set but the service asks for no GPUs: set its "
+            "gpus_per_node (bad.yaml:7)",
+        ),
+        (
+            "  - {name: a-b}\n",
+            "  components.0.name: must be a name of letters, digits and _ starting with a letter "
+            "(it becomes DDLAUNCH_COMPONENT_<NAME>_NODES); got 'a-b' (bad.yaml:6)",
+        ),
+    ],
+)
+def test_bad_components_get_one_line_each(tmp_path: Path, components: str, message: str) -> None:
+    assert _errors(tmp_path, BASE + "components:\n" + components) == [message]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            "fault_tolerance: {spare_nodes: 1}\n",
+            "  fault_tolerance.spare_nodes: not with components: hot spares and nodes.min are "
+            "for one component; with components a failed node is excluded and the job requeued "
+            "(bad.yaml:8)",
+        ),
+        (
+            "fault_tolerance: {restart: in_process}\n",
+            "  fault_tolerance.restart: not with components: the in-process restart's standbys "
+            "run beside one component; use process (bad.yaml:8)",
+        ),
+    ],
+)
+def test_what_components_do_not_have_yet_is_refused(
+    tmp_path: Path, extra: str, message: str
+) -> None:
+    text = BASE + "components:\n  - {name: a}\n  - {name: b}\n" + extra
+    assert _errors(tmp_path, text) == [message]
+
+
+def _supervise(tmp_path: Path, script: str, max_restarts: int) -> tuple[int, list[str]]:
+    said: list[str] = []
+    sup = Supervisor(
+        "server",
+        ["sh", "-c", script],
+        max_restarts,
+        tmp_path,
+        sleep=lambda _: None,
+        say=said.append,
+    )
+    return sup.run(), said
+
+
+def test_a_failed_service_is_started_again_until_it_ends_well(tmp_path: Path) -> None:
+    # Fails on its first two starts (a count in a file), then ends with 0.
+    count = tmp_path / "starts"
+    script = f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; [ "$n" -ge 2 ]'
+    code, said = _supervise(tmp_path, script, max_restarts=3)
+    assert code == 0
+    assert said == [
+        "[ddlaunch] service server failed (exit 1): starting it again (restart 1 of 3); "
+        "the training goes on",
+        "[ddlaunch] service server failed (exit 1): starting it again (restart 2 of 3); "
+        "the training goes on",
+        "[ddlaunch] service server ended (exit 0)",
+    ]
+    state = records.read_all(tmp_path)[0][0]
+    assert (state.state, state.starts, state.restarts, state.last_exit) == ("ended", 3, 2, 0)
+
+
+def test_a_service_that_keeps_failing_is_left_stopped(tmp_path: Path) -> None:
+    code, said = _supervise(tmp_path, "exit 7", max_restarts=1)
+    assert code == 7
+    assert said[-1] == (
+        "[ddlaunch] service server failed (exit 7) after 1 restart(s), "
+        "fault_tolerance.max_restarts=1: left stopped; the training goes on"
+    )
+    (state,) = records.read_all(tmp_path)[0]
+    assert records.describe(state) == "server: failed (restarted 1 time, last exit 7)"
+
+
+def test_the_jobs_end_stops_the_service_without_a_restart(tmp_path: Path) -> None:
+    said: list[str] = []
+    sup = Supervisor("server", ["sleep", "30"], 3, tmp_path, say=said.append)
+    # Stop as soon as the service runs (the record says running).
+    original = sup._record
+
+    def record(state: str, starts: int, last_exit: int | None) -> None:
+        original(state, starts, last_exit)
+        if state == records.RUNNING:
+            sup.stopping = True
+
+    sup._record = record  # type: ignore[method-assign]
+    sup.spawn = lambda argv: _started_then_stopped(sup, argv)  # type: ignore[assignment]
+    assert sup.run() == 0
+    assert said == []
+    (state,) = records.read_all(tmp_path)[0]
+    assert (state.state, state.starts) == ("stopped", 1)
+
+
+def _started_then_stopped(sup: Supervisor, argv):  # type: ignore[no-untyped-def]
+    child = subprocess.Popen(argv)
+    sup.child = child
+    sup.stop()  # what the batch script's TERM does
+    return child
+
+
+def test_status_of_one_run_says_each_service(tmp_path: Path) -> None:
+    running = {"attempt": 0, "job_id": "12", "nodes": "node[1-2]", "start": T0}
+    run = make_run(tmp_path / "runs", "r", "12", T0, attempts=[running])
+    records.write(run, records.ServiceState("server", records.RUNNING, 2, 137, T0 + 5))
+    proc = ddlaunch(
+        tmp_path, "status", "r", squeue="12|RUNNING|None|node[1-2]\n", env={"TZ": "UTC"}
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.splitlines() == [
+        "run  job  state    nodes      step  ckpt  attempts",
+        "r    12   RUNNING  node[1-2]     -     -         1",
+        "attempt 0: job 12 on node[1-2] at 14:13:20, from scratch -> running",
+        "service server: running (restarted 1 time, last exit 137)",
+    ]

@@ -1,0 +1,154 @@
+"""Heterogeneous jobs (``components:``) on the real dev cluster, whose first node has
+``gpu:fast`` and the others ``gpu:slow`` (scripts/devcluster DDL_DEVCLUSTER_GPU_TYPES): one
+training world over unlike nodes, and a service beside the ranks that restarts alone."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from support.devcluster import run_ddlaunch as ddlaunch
+from support.slurm_runs import TESTS, attempts, result, submit
+
+pytestmark = pytest.mark.slurm
+
+STEPS = 60
+RANK_LINE = re.compile(r"\[ddlaunch\] rank (\d+)/(\d+) local \d+ host (\S+)")
+
+
+def _config(tmp_path: Path, name: str, components: list[dict] | None, **params: object) -> Path:
+    cfg: dict = {
+        "defaults": ["clusters/devcluster"],
+        "job": {"name": name, "time": "00:10:00"},
+        "nodes": {"count": 2, "gpus_per_node": 1, "cpus_per_task": 1},
+        "launch": {"workdir": str(TESTS), "backend": "gloo"},
+        "health": {"preflight": False},
+        "fault_tolerance": {"checkpoint_every_steps": 20, "keep_last": 0},
+        "params": {"steps": STEPS, "lr": 0.05, "batch_size": 64, "seed": 0, **params},
+    }
+    cfg["launch"]["entrypoint"] = str(params.pop("entrypoint", "ddlaunch.examples.mlp:main"))
+    cfg["params"].pop("entrypoint", None)
+    if components is not None:
+        cfg["components"] = components
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _features(env: dict[str, str]) -> dict[str, str]:
+    """Each node's features (its GPU type on the dev cluster)."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N %f"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def _rank_hosts(run_dir: Path) -> dict[int, str]:
+    hosts = {}
+    for path in (run_dir / "logs").glob("rank-*.out"):
+        for rank, _, host in RANK_LINE.findall(path.read_text()):
+            hosts[int(rank)] = host
+    return hosts
+
+
+def test_train_components_are_one_world_over_unlike_nodes(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    het = _config(
+        tmp_path,
+        "t-het",
+        [
+            {"name": "fast", "nodes": {"count": 1, "gpu_type": "fast"}},
+            {"name": "slow", "nodes": {"count": 1, "gpu_type": "slow"}},
+        ],
+    )
+    plain = _config(tmp_path, "t-het-ref", None)
+    het_job, het_dir = submit(het, tmp_path, slurm_job_cleanup)
+    ref_job, ref_dir = submit(plain, tmp_path, slurm_job_cleanup)
+    for job in (het_job, ref_job):
+        assert slurm_cluster.wait_job_state(job, "COMPLETED", timeout=240) == "COMPLETED"
+    # Rank 0 on the fast node, rank 1 on a slow one: one world of two ranks, numbered
+    # component by component, each told the other's nodes.
+    features = _features(slurm_cluster.env)
+    hosts = _rank_hosts(het_dir)
+    assert sorted(hosts) == [0, 1]
+    assert features[hosts[0]] == "fast" and features[hosts[1]] == "slow"
+    script = (het_dir / "job.sbatch").read_text()
+    assert "#SBATCH hetjob" in script and "--het-group=0,1" in script
+    # The same training as on two like nodes, to the bit (gloo on CPU sums in a fixed order).
+    assert result(het_dir)["param_sha256"] == result(ref_dir)["param_sha256"]
+    assert result(het_dir)["world_size"] == 2
+    [attempt] = attempts(het_dir)
+    assert attempt["nodes"] == f"{hosts[0]},{hosts[1]}"
+
+
+def test_a_service_runs_beside_the_ranks_and_restarts_alone(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    port = 18431
+    config = _config(
+        tmp_path,
+        "t-svc",
+        [
+            {"name": "train", "nodes": {"count": 1}},
+            {
+                "name": "server",
+                "role": "service",
+                "nodes": {"count": 1, "gpus_per_node": 0},
+                "launch": {
+                    "command": ["python3", "-u", "trainer_scripts/pid_server.py", "--port", port]
+                },
+            },
+        ],
+        entrypoint="launch_entrypoints:mlp_asking_a_service",
+        port=port,
+        steps=150,
+        step_sleep=0.1,
+    )
+    job, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    out = run_dir / "out"
+    first = _wait_for(lambda: sorted(out.glob("server-*")), timeout=120)
+    answers = out / "answers.txt"
+    _wait_for(lambda: answers.is_file() and len(answers.read_text().splitlines()) >= 10, 60)
+    server_pid = int(first[0].name.split("-")[1])
+    os.kill(server_pid, signal.SIGKILL)
+    assert slurm_cluster.wait_job_state(job, "COMPLETED", timeout=240) == "COMPLETED"
+
+    # The server came back as a new process on its node; the ranks never restarted.
+    servers = sorted(int(p.name.split("-")[1]) for p in out.glob("server-*"))
+    assert len(servers) == 2 and server_pid in servers
+    answered = {int(line.split()[1]) for line in answers.read_text().splitlines()}
+    assert answered == set(servers)
+    [attempt] = attempts(run_dir)
+    assert attempt["cause"] == "completed"
+    assert len((out / "pid-0.txt").read_text().split()) == 1
+    assert result(run_dir)["steps"] == 150
+    # The trainer found the server through the environment, on the service's own node.
+    server_host = first[0].read_text().split(":")[0]
+    assert server_host not in attempt["nodes"].split(",")
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[-1] == (
+        "service server: stopped (restarted 1 time, last exit 137)"
+    )
+    batch = next((run_dir / "logs").glob("batch-*.out")).read_text()
+    assert (
+        "[ddlaunch] service server failed (exit 137): starting it again (restart 1 of 3); "
+        "the training goes on"
+    ) in batch
+
+
+def _wait_for(probe, timeout: float):  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s")
