@@ -389,3 +389,13 @@ def test_a_replica_groups_handled_failure_is_no_headline_while_the_groups_train(
     assert run_failure(read_run(run)) == (
         "rank 0 on node2: RuntimeError: Connection closed by peer"
     )
+
+
+def test_a_heterogeneous_job_is_one_row_under_its_leaders_id() -> None:
+    rows = queue.parse_text((R22 / "squeue-hetjob.txt").read_text())
+    assert rows == {"6094": queue.QueueRow("6094", "RUNNING", "None", "node10,node11,node12")}
+    done = queue.parse_sacct((R22 / "sacct-hetjob.txt").read_text())
+    assert done == {
+        "6074": queue.QueueRow("6074", "COMPLETED", "None", "node7,node8,node9"),
+        "6092": queue.QueueRow("6092", "CANCELLED", "BeginTime", "node10,node12"),
+    }

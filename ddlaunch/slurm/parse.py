@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ddlaunch.errors import UserError
 
@@ -50,8 +50,25 @@ def parse_squeue(stdout: str) -> dict[str, QueueRow]:
         if len(parts) != 4:
             continue
         job_id, state, reason, nodes = parts
-        rows[job_id] = QueueRow(job_id, state, reason, nodes)
+        add_row(rows, QueueRow(job_id, state, reason, nodes))
     return rows
+
+
+def add_row(rows: dict[str, QueueRow], row: QueueRow) -> None:
+    """Add one line of squeue or sacct. A heterogeneous job has a line per component,
+    ``L+0``, ``L+1``, ...: they are one job, known by its leader's id ``L`` (what sbatch
+    printed), in its first component's state, on every component's nodes. Another line for
+    the same id (sacct: a requeued job's next start) replaces the row."""
+    leader, plus, offset = row.job_id.partition("+")
+    if not plus:
+        rows[row.job_id] = row
+        return
+    known = rows.get(leader)
+    if offset == "0" or known is None:
+        rows[leader] = replace(row, job_id=leader)
+    elif row.nodes and row.nodes not in ("(null)", "None"):
+        nodes = ",".join(n for n in (known.nodes, row.nodes) if n and n not in ("(null)", "None"))
+        rows[leader] = replace(known, nodes=nodes)
 
 
 def parse_scontrol_show_job(stdout: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ddlaunch.slurm.parse import SQUEUE_FORMAT, QueueRow, parse_squeue, parse_task_list
+from ddlaunch.slurm.parse import SQUEUE_FORMAT, QueueRow, add_row, parse_squeue, parse_task_list
 from ddlaunch.slurm.version import version_tuple
 
 TEXT = "text"
@@ -129,7 +129,7 @@ def parse_sacct(stdout: str) -> dict[str, QueueRow]:
         if len(parts) < 4 or not parts[0]:
             continue
         job_id, state, nodes, reason = parts[:4]
-        rows[job_id] = QueueRow(job_id, state.split()[0] if state else "", reason, nodes)
+        add_row(rows, QueueRow(job_id, state.split()[0] if state else "", reason, nodes))
     return rows
 
 
