@@ -122,3 +122,21 @@ def test_without_a_global_batch_batch_share_says_what_to_set(tmp_path: Path) -> 
         BalanceSpec(global_batch=10), rank=3, world=4, run_dir=tmp_path, attempt="0", start_step=0
     )
     assert (sized.share(), sized.offset(), sized.weighted) == (2, 6, False)
+
+
+def test_the_components_variable_matters_only_when_balancing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddlaunch.worker.balance import Balancer
+
+    monkeypatch.setenv("DDLAUNCH_TRAIN_COMPONENTS", "fast:1,slow:1")  # a world of 2, not 4
+    plain = Balancer(
+        BalanceSpec(global_batch=8), rank=0, world=4, run_dir=tmp_path, attempt="0", start_step=0
+    )
+    assert plain.share() == 2
+    spec = BalanceSpec(mode="by_throughput", global_batch=8)
+    with pytest.raises(ValueError) as info:
+        Balancer(spec, rank=0, world=4, run_dir=tmp_path, attempt="0", start_step=0)
+    assert str(info.value) == (
+        "DDLAUNCH_TRAIN_COMPONENTS='fast:1,slow:1' counts 2 ranks, the world has 4"
+    )

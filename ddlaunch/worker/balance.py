@@ -56,9 +56,10 @@ class Balancer:
         self.run_dir, self.attempt = run_dir, attempt
         self.global_batch = spec.global_batch
         self.by_throughput = spec.mode == BY_THROUGHPUT
-        self.components = policy.parse_components(
-            os.environ.get(policy.TRAIN_COMPONENTS_VAR), world
-        )
+        # The components matter to by_throughput alone: a variable that does not fit the
+        # world fails such a run at its start, and never one that does not balance.
+        text = os.environ.get(policy.TRAIN_COMPONENTS_VAR) if self.by_throughput else None
+        self.components = policy.parse_components(text, world)
         self.component = policy.component_index(self.components, rank)
         self.shares: policy.Shares | None = None
         self.rates: tuple[float, ...] | None = None
