@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-TRAIN_COMPONENTS_VAR = "DDLAUNCH_TRAIN_COMPONENTS"
+from ddlaunch.config.components import TRAIN_COMPONENTS_VAR
+
 BATCH_SHARE_VAR = "DDLAUNCH_BATCH_SHARE"
 ALL = "all"  # the one component's name when the launcher names none
 
