@@ -281,3 +281,47 @@ def test_status_of_one_run_says_each_service(tmp_path: Path) -> None:
         "attempt 0: job 12 on node[1-2] at 14:13:20, from scratch -> running",
         "service server: running (restarted 1 time, last exit 137)",
     ]
+
+
+def test_doctor_checks_every_component_with_one_task_per_node(tmp_path: Path) -> None:
+    from ddlaunch.app.doctor import doctor_directives
+
+    plan = make_plan(_load(tmp_path, THREE), run_id="r", run_dir="/runs/r", workdir="/w")
+    assert doctor_directives(plan.directives, nodes=None, nodelist=[], minutes=3) == [
+        ("--job-name", "ddlaunch-doctor"),
+        ("--partition", "debug"),
+        ("--nodes", "1"),
+        ("--gpus-per-node", "fast:4"),
+        ("--mem", "64G"),
+        ("--ntasks-per-node", "1"),
+        ("--time", "3"),
+        ("--no-requeue", None),
+        ("hetjob", None),
+        ("--partition", "old"),
+        ("--nodes", "2"),
+        ("--gpus-per-node", "slow:4"),
+        ("--mem", "64G"),
+        ("--ntasks-per-node", "1"),
+        ("hetjob", None),
+        ("--partition", "debug"),
+        ("--nodes", "1"),
+        ("--mem", "64G"),
+        ("--ntasks-per-node", "1"),
+    ]
+
+
+def test_each_node_expects_its_own_components_gpus(tmp_path: Path) -> None:
+    from ddlaunch.health.checks import expected_gpus
+
+    cfg = _load(tmp_path, THREE)
+    # What Slurm 22.05 gives every task of a step over a heterogeneous job (recorded).
+    env = {
+        "SLURM_HET_SIZE": "3",
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "node1",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "node[2-3]",
+        "SLURM_JOB_NODELIST_HET_GROUP_2": "node4",
+        "SLURM_GPUS_PER_NODE_HET_GROUP_0": "fast:2",
+        "SLURM_GPUS_PER_NODE_HET_GROUP_1": "slow:4",
+    }
+    assert [expected_gpus(cfg, env, f"node{i}") for i in (1, 2, 3, 4)] == [2, 4, 4, 0]
+    assert expected_gpus(cfg, {}, "node1") == 4  # one component: nodes.gpus_per_node

@@ -152,3 +152,39 @@ def _wait_for(probe, timeout: float):  # type: ignore[no-untyped-def]
             return found
         time.sleep(0.2)
     raise AssertionError(f"not within {timeout} s")
+
+
+def test_doctor_checks_every_components_nodes(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    config = _config(
+        tmp_path,
+        "t-het-doctor",
+        [
+            {"name": "fast", "nodes": {"count": 1, "gpu_type": "fast"}},
+            {"name": "slow", "nodes": {"count": 1, "gpu_type": "slow"}},
+            {
+                "name": "server",
+                "role": "service",
+                "nodes": {"count": 1, "gpus_per_node": 0},
+                "launch": {"command": ["true"]},
+            },
+        ],
+    )
+    proc = ddlaunch("doctor", str(config), "--timeout", "240", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {
+        line.split()[0]: line
+        for line in proc.stdout.splitlines()
+        if line.startswith("node") and " ok " in line
+    }
+    features = _features(slurm_cluster.env)
+    # Three nodes, one per component, each judged by its own component's GPUs.
+    assert len(rows) == 3
+    assert sorted(features[n] for n in rows) == ["fast", "slow", "slow"]
+    by_type = {features[n]: line for n, line in rows.items()}
+    assert "  1 assigned by Slurm (nvidia-smi absent" in by_type["fast"]
+    assert "  no GPUs requested  " in rows[sorted(rows)[-1]] or any(
+        "  no GPUs requested  " in line for line in rows.values()
+    )
+    assert sum("  1 assigned by Slurm" in line for line in rows.values()) == 2

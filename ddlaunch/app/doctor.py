@@ -49,6 +49,8 @@ def doctor_directives(
     nodelist: Sequence[str],
     minutes: int,
 ) -> list[tuple[str, str | None]]:
+    if (HETJOB, None) in plan_directives:
+        return _het_directives(plan_directives, minutes)
     out: list[tuple[str, str | None]] = []
     for flag, value in plan_directives:
         if flag in _DROP or (flag == "--exclude" and nodelist):
@@ -63,6 +65,26 @@ def doctor_directives(
     out += [("--ntasks-per-node", "1"), ("--time", str(minutes)), ("--no-requeue", None)]
     if nodelist:
         out.append(("--nodelist", ",".join(nodelist)))
+    return out
+
+
+HETJOB = "hetjob"  # the line between two components' blocks (planning.components)
+
+
+def _het_directives(
+    plan_directives: Sequence[tuple[str, str | None]], minutes: int
+) -> list[tuple[str, str | None]]:
+    """A config with ``components:``: every component's nodes are checked, one task on
+    each; the job's own lines (time, no requeue) in the first block."""
+    blocks: list[list[tuple[str, str | None]]] = [[]]
+    for flag, value in plan_directives:
+        if flag == HETJOB:
+            blocks.append([])
+        elif flag not in _DROP:
+            blocks[-1].append((flag, "ddlaunch-doctor" if flag == "--job-name" else value))
+    out = [*blocks[0], ("--ntasks-per-node", "1"), ("--time", str(minutes)), ("--no-requeue", None)]
+    for block in blocks[1:]:
+        out += [(HETJOB, None), *block, ("--ntasks-per-node", "1")]
     return out
 
 
@@ -174,6 +196,11 @@ def run_doctor(
         tell(f"checking against the config of my latest run, {Path(source).parent.name}")
     prepared = prepare(source, overrides)
     cfg, plan = prepared.config, prepared.plan
+    if cfg.components and (names or count):
+        raise UserError(
+            "--nodes and --nodelist check one set of nodes; a config with components is "
+            "checked on every component's nodes as it would run: leave them out"
+        )
     if facts is not None:
         # The doctor's job asks for what it checks: --nodes or --nodelist exactly (none of
         # the config's hot spares), else the nodes the config's job would hold.

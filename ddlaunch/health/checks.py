@@ -23,6 +23,7 @@ from ddlaunch.planning.staging import node_path
 from ddlaunch.policy import fabric as fabric_check
 from ddlaunch.policy import preflight as v
 from ddlaunch.runner import Runner
+from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.store.layout import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
@@ -102,6 +103,23 @@ def checked_paths(cfg: Config, run_dir: Path, env: Mapping[str, str]) -> list[tu
     return paths
 
 
+def expected_gpus(cfg: Config, env: Mapping[str, str], host: str | None = None) -> int:
+    """The GPUs this node should have: ``nodes.gpus_per_node``, or in a heterogeneous job
+    (``components:``) its own component's, which may differ (a service without GPUs; the
+    train components all have the configured count): Slurm tells every task each group's
+    nodes and GPUs per node (``SLURM_JOB_NODELIST_HET_GROUP_<k>``,
+    ``SLURM_GPUS_PER_NODE_HET_GROUP_<k>`` as ``[type:]count``, absent: none)."""
+    size = env.get("SLURM_HET_SIZE", "")
+    if not size.isdigit():
+        return cfg.nodes.gpus_per_node
+    host = host or socket.gethostname()
+    for group in range(int(size)):
+        if host in expand_hostlist(env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{group}", "")):
+            count = env.get(f"SLURM_GPUS_PER_NODE_HET_GROUP_{group}", "0").rpartition(":")[2]
+            return int(count) if count.isdigit() else 0
+    return cfg.nodes.gpus_per_node
+
+
 def node_checks(
     cfg: Config, run_dir: Path, env: Mapping[str, str], runner: Runner, inject: Mapping[str, object]
 ) -> tuple[list[v.Check], dict[str, object]]:
@@ -114,7 +132,7 @@ def node_checks(
         assigned = int(_number(inject["gpus"]))
         smi_count = min(smi_count, assigned) if smi_count is not None else None
     facts["gpus"] = {"assigned": assigned, "nvidia_smi": smi_count, "error": smi_error}
-    checks = [v.gpu_check(cfg.nodes.gpus_per_node, assigned, smi_count, smi_error)]
+    checks = [v.gpu_check(expected_gpus(cfg, env), assigned, smi_count, smi_error)]
     for label, path in checked_paths(cfg, run_dir, env):
         free, error = free_gb(path)
         if "free_gb" in inject:
