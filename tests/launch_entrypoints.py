@@ -309,3 +309,49 @@ def mlp_asking_a_service(config: Any) -> dict[str, Any]:
                 time.sleep(0.2)
 
     return mlp.main(config, on_step=on_step)
+
+
+def balanced_linear(config: Any) -> dict[str, Any]:
+    """A linear model trained on ``balance.global_batch`` samples a step, each rank on its
+    ``session.batch_share()``, sleeping ``params.sleep_per_sample[<its component>]`` seconds
+    per sample (the speed of its GPU type, modelled). Every rank appends its step times to
+    ``out/steps-<rank>.json``; rank 0 writes the final weights to ``out/weights.json``."""
+    import torch
+    import torch.distributed as dist
+    from balance_workers import flat, global_batch_at, new_model
+    from torch import nn
+
+    from ddlaunch.policy.balance import TRAIN_COMPONENTS_VAR, component_index, parse_components
+    from ddlaunch.train import Session
+    from ddlaunch.worker.distributed import init_distributed
+
+    torch.set_num_threads(1)
+    init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    components = parse_components(os.environ.get(TRAIN_COMPONENTS_VAR), world)
+    delay = float(
+        config.params["sleep_per_sample"][components[component_index(components, rank)].name]
+    )
+    model = new_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    times: list[float] = []
+    shares: list[int] = []
+    with Session(config, model, opt) as session:
+        started = time.perf_counter()
+        for step in session.steps(int(config.params["steps"])):
+            share, offset = session.batch_share(), session.batch_offset()
+            x, y = global_batch_at(step, config.balance.global_batch)
+            x, y = x[offset : offset + share], y[offset : offset + share]
+            opt.zero_grad()
+            time.sleep(delay * share)
+            nn.functional.mse_loss(model(x), y).backward()
+            session.average_gradients(model)
+            opt.step()
+            now = time.perf_counter()
+            times.append(now - started)
+            shares.append(share)
+            started = now
+    _out(f"steps-{rank}.json", {"step_s": times, "shares": shares})
+    if rank == 0:
+        _out("weights.json", {"weights": flat(model)})
+    return {"rank": rank}

@@ -4,9 +4,11 @@ training world over unlike nodes, and a service beside the ranks that restarts a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -188,3 +190,59 @@ def test_doctor_checks_every_components_nodes(
         "  no GPUs requested  " in line for line in rows.values()
     )
     assert sum("  1 assigned by Slurm" in line for line in rows.values()) == 2
+
+
+def test_balance_by_throughput_gives_the_slow_component_less_and_the_steps_get_faster(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    # One rank on the fast node, one on a slow one, the slow one twice as slow per sample:
+    # with equal shares (16 + 16) a step waits for the slow rank (16 x 10 ms); balanced,
+    # the shares go to about 21 + 11 and a step takes about 11 x 10 ms: ~1.45x (ideal 1.5x).
+    steps, measure = 40, 5
+    components = [
+        {"name": "fast", "nodes": {"count": 1, "gpu_type": "fast"}},
+        {"name": "slow", "nodes": {"count": 1, "gpu_type": "slow"}},
+    ]
+    runs = {}
+    for mode in ("none", "by_throughput"):
+        config = _config(
+            tmp_path,
+            f"t-bal-{mode}",
+            components,
+            entrypoint="launch_entrypoints:balanced_linear",
+            steps=steps,
+            sleep_per_sample={"fast": 0.005, "slow": 0.010},
+        )
+        data = yaml.safe_load(config.read_text())
+        data["balance"] = {"mode": mode, "global_batch": 32, "measure_steps": measure}
+        data["fault_tolerance"]["checkpoint_every_steps"] = 100
+        config.write_text(yaml.safe_dump(data))
+        runs[mode] = submit(config, tmp_path, slurm_job_cleanup)
+    for job, _ in runs.values():
+        assert slurm_cluster.wait_job_state(job, "COMPLETED", timeout=240) == "COMPLETED"
+
+    def steps_of(run_dir: Path, rank: int) -> dict:
+        return json.loads((run_dir / "out" / f"steps-{rank}.json").read_text())
+
+    plain, balanced = runs["none"][1], runs["by_throughput"][1]
+    assert steps_of(plain, 0)["shares"] == [16] * steps
+    fast, slow = steps_of(balanced, 0)["shares"], steps_of(balanced, 1)["shares"]
+    assert fast[:measure] == slow[:measure] == [16] * measure
+    assert fast[-1] > 16 > slow[-1] and fast[-1] + slow[-1] == 32
+    # Step time after the switch (the first steps after it left out), rank 0's view.
+    after = slice(measure + 5, steps)
+    mean = {
+        mode: statistics.mean(steps_of(run_dir, 0)["step_s"][after])
+        for mode, (_, run_dir) in runs.items()
+    }
+    assert mean["none"] / mean["by_throughput"] >= 1.3, mean
+    # The same training either way: every step's gradient is the whole global batch's.
+    weights = [
+        json.loads((run_dir / "out" / "weights.json").read_text())["weights"]
+        for _, run_dir in runs.values()
+    ]
+    assert weights[0] == pytest.approx(weights[1], abs=1e-12)
+    status = ddlaunch("status", balanced.name, cwd=tmp_path)
+    assert status.stdout.splitlines()[-1].startswith(
+        f"batch shares: fast {fast[-1]}/rank x1, slow {slow[-1]}/rank x1 (by throughput: "
+    ), status.stdout
