@@ -325,3 +325,36 @@ def test_each_node_expects_its_own_components_gpus(tmp_path: Path) -> None:
     }
     assert [expected_gpus(cfg, env, f"node{i}") for i in (1, 2, 3, 4)] == [2, 4, 4, 0]
     assert expected_gpus(cfg, {}, "node1") == 4  # one component: nodes.gpus_per_node
+
+
+def test_srun_numbers_a_heterogeneous_steps_tasks_per_component() -> None:
+    from ddlaunch.job.attribution import first_ranks
+    from ddlaunch.policy.attribution import parse_step_log
+
+    # A real batch log: rank 1 (the slow component's first rank, on node11) SIGKILLed; srun
+    # says "node11: task 0".
+    text = (Path(__file__).parent / "fixtures/slurm-22.05/hetjob-kill.out").read_text()
+    env = {
+        "DDLAUNCH_TRAIN_COMPONENTS": "fast:1,slow:1",
+        "DDLAUNCH_WORLD_SIZE": "2",
+        "DDLAUNCH_COMPONENT_FAST_NODES": "node10",
+        "DDLAUNCH_COMPONENT_SLOW_NODES": "node11",
+    }
+    first = first_ranks(env)
+    assert first == {"node10": 0, "node11": 1}
+    ends = {
+        (e.rank, e.host, e.signal, e.exit_code, e.teardown)
+        for e in parse_step_log(text, first).ends
+    }
+    assert ends == {(1, "node11", "SIGKILL", None, False), (0, "node10", None, 1, True)}
+    # Two components of 4 ranks on 2 nodes each: the second's nodes start at rank 8.
+    env = {
+        "DDLAUNCH_TRAIN_COMPONENTS": "a:8,b:8",
+        "DDLAUNCH_WORLD_SIZE": "16",
+        "DDLAUNCH_COMPONENT_A_NODES": "n1,n2",
+        "DDLAUNCH_COMPONENT_B_NODES": "n3,n4",
+    }
+    assert first_ranks(env) == {"n1": 0, "n2": 0, "n3": 8, "n4": 8}
+    line = "srun: error: n4: tasks 4-7: Killed"
+    assert [e.rank for e in parse_step_log(line, first_ranks(env)).ends] == [12, 13, 14, 15]
+    assert first_ranks({"DDLAUNCH_WORLD_SIZE": "4"}) is None  # one component

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.devcluster import processes
 from support.devcluster import run_ddlaunch as ddlaunch
-from support.slurm_runs import TESTS, attempts, result, submit
+from support.slurm_runs import TESTS, attempts, committed, result, submit
 
 pytestmark = pytest.mark.slurm
 
@@ -69,25 +70,40 @@ def test_train_components_are_one_world_over_unlike_nodes(
             {"name": "fast", "nodes": {"count": 1, "gpu_type": "fast"}},
             {"name": "slow", "nodes": {"count": 1, "gpu_type": "slow"}},
         ],
+        step_sleep=0.05,
     )
     plain = _config(tmp_path, "t-het-ref", None)
     het_job, het_dir = submit(het, tmp_path, slurm_job_cleanup)
     ref_job, ref_dir = submit(plain, tmp_path, slurm_job_cleanup)
+    # A failure in one component restarts the world: the slow component's rank is killed
+    # once step 20 is committed.
+    _wait_for(lambda: committed(het_dir) >= 20, timeout=180)
+    [victim] = [
+        pid
+        for pid, _, environ in processes(f"DDLAUNCH_RUN_DIR={het_dir}")
+        if b"SLURM_PROCID=1" in environ and pid in slurm_cluster.rank_pids(het_dir)
+    ]
+    os.kill(victim, signal.SIGKILL)
     for job in (het_job, ref_job):
         assert slurm_cluster.wait_job_state(job, "COMPLETED", timeout=240) == "COMPLETED"
     # Rank 0 on the fast node, rank 1 on a slow one: one world of two ranks, numbered
-    # component by component, each told the other's nodes.
+    # component by component.
     features = _features(slurm_cluster.env)
     hosts = _rank_hosts(het_dir)
     assert sorted(hosts) == [0, 1]
     assert features[hosts[0]] == "fast" and features[hosts[1]] == "slow"
     script = (het_dir / "job.sbatch").read_text()
     assert "#SBATCH hetjob" in script and "--het-group=0,1" in script
-    # The same training as on two like nodes, to the bit (gloo on CPU sums in a fixed order).
+    # srun numbers the tasks per component ("task 0" on the slow node): the culprit is still
+    # rank 1, and both ranks restarted in the allocation from the committed step.
+    first, second = attempts(het_dir)
+    assert first["culprit"] == f"rank 1 on {hosts[1]} killed by SIGKILL"
+    assert first["nodes"] == second["nodes"] == f"{hosts[0]},{hosts[1]}"
+    assert second["resumed_from"] >= 20 and second["cause"] == "completed"
+    # The same training as on two like nodes without a failure, to the bit (gloo on CPU
+    # sums in a fixed order; the resume restores every state).
     assert result(het_dir)["param_sha256"] == result(ref_dir)["param_sha256"]
     assert result(het_dir)["world_size"] == 2
-    [attempt] = attempts(het_dir)
-    assert attempt["nodes"] == f"{hosts[0]},{hosts[1]}"
 
 
 def test_a_service_runs_beside_the_ranks_and_restarts_alone(

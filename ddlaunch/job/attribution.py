@@ -33,11 +33,13 @@ this host (its pid, from its heartbeat, in ``/dev/kmsg`` where that is readable)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from ddlaunch.config.components import TRAIN_COMPONENTS_VAR, env_prefix
 from ddlaunch.config.schema import StorageSpec
 from ddlaunch.policy import attribution as policy
+from ddlaunch.policy.balance import parse_components
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.labels import rank_lines
 from ddlaunch.store import attempts, heartbeats
@@ -131,9 +133,26 @@ def read_step(
         return policy.StepLog()
     offset = recorded_offset(run_dir, index)
     size = log_size(log)
+    first = first_ranks(os.environ)
     if offset is not None and size is not None and offset <= size:
-        return policy.parse_step_lines(_lines_from(log, offset))
-    return policy.parse_step_log(attempt_part(_tail(log, LOG_TAIL_BYTES), index))
+        return policy.parse_step_lines(_lines_from(log, offset), first)
+    return policy.parse_step_log(attempt_part(_tail(log, LOG_TAIL_BYTES), index), first)
+
+
+def first_ranks(env: Mapping[str, str]) -> dict[str, int] | None:
+    """A heterogeneous job's (``components:``) host -> first rank of its component, from
+    what the batch script exported (``DDLAUNCH_TRAIN_COMPONENTS`` and each component's
+    ``DDLAUNCH_COMPONENT_<NAME>_NODES``); None for a job of one component, or when they do not
+    agree with the world size (srun's task numbers are then taken as they are)."""
+    value = env.get(TRAIN_COMPONENTS_VAR)
+    if not value:
+        return None
+    try:
+        parts = parse_components(value, int(env.get("DDLAUNCH_WORLD_SIZE", "0")))
+    except ValueError:
+        return None
+    nodes = [env.get(f"{env_prefix(c.name)}_NODES", "").split(",") for c in parts]
+    return policy.component_first_ranks([(c.ranks, n) for c, n in zip(parts, nodes, strict=True)])
 
 
 def read_step_safely(run_dir: Path, attempt: AttemptId, index: int) -> policy.StepLog | None:

@@ -178,14 +178,32 @@ def _task_ends(
     ]
 
 
-def parse_step_log(text: str) -> StepLog:
+def parse_step_log(text: str, first_ranks: Mapping[str, int] | None = None) -> StepLog:
     """srun's and slurmstepd's lines in (a batch log's part of one attempt)."""
-    return parse_step_lines(text.splitlines())
+    return parse_step_lines(text.splitlines(), first_ranks)
 
 
-def parse_step_lines(lines: Iterable[str]) -> StepLog:
+def component_first_ranks(
+    components: Sequence[tuple[int, Sequence[str]]],
+) -> dict[str, int]:
+    """A heterogeneous job's step numbers its tasks per component in srun's reports
+    ("node11: task 0: Killed" is the second component's first task), while the ranks are
+    numbered across the components: host -> the first rank of its component, from each train
+    component's rank count and nodes, in rank order."""
+    out: dict[str, int] = {}
+    first = 0
+    for ranks, hosts in components:
+        for host in hosts:
+            out.setdefault(host, first)
+        first += ranks
+    return out
+
+
+def parse_step_lines(lines: Iterable[str], first_ranks: Mapping[str, int] | None = None) -> StepLog:
     """``parse_step_log`` over lines as they are read (a batch log streamed from the
-    attempt's offset): one pass, linear in the lines, at 16,000 task reports as at 4."""
+    attempt's offset): one pass, linear in the lines, at 16,000 task reports as at 4.
+    ``first_ranks``: a heterogeneous job's (``component_first_ranks``), whose srun reports
+    number the tasks per component."""
     ends: list[TaskEnd] = []
     seen: set[int] = set()
     teardown = False
@@ -201,6 +219,9 @@ def parse_step_lines(lines: Iterable[str]) -> StepLog:
             more = _task_ends(
                 host, found["tasks"], found["how"], len(ends), teardown, unstarted.get(host)
             )
+            if first_ranks:
+                shift = first_ranks.get(host, 0)
+                more = [replace(end, rank=end.rank + shift) for end in more]
             # A rank ended by srun's teardown reports only that; its first report stands.
             for end in more:
                 if end.rank not in seen:
