@@ -2,7 +2,8 @@
 
 Attempts (start, end, nodes, cause, blamed nodes), checkpoint commits, rank failures, the
 replica groups' restarts (``app.report_groups``), the in-process restarts
-(``app.report_inprocess``) and the step history (``health/steps.jsonl``,
+(``app.report_inprocess``), a heterogeneous job's components (``app.report_components``: a
+lane each) and the step history (``health/steps.jsonl``,
 one sample per watchdog poll in which the step advanced, and ``timings.jsonl``, every save and
 each attempt's first step as the training code recorded them) become one
 ``Timeline`` (``build`` is pure; ``load_timeline`` reads the run
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlaunch.app import report_inprocess
+from ddlaunch.app import report_components, report_inprocess
 from ddlaunch.app.report_groups import GroupRestart, from_attempts
 from ddlaunch.app.report_inprocess import InProcessRow
 from ddlaunch.app.runs import read_run
@@ -109,12 +110,14 @@ class Timeline:
     group_restarts: list[GroupRestart] = field(default_factory=list)  # replica groups
     groups: int = 0  # replica groups: how many the job has (0: not in that mode, or unknown)
     in_process: list[InProcessRow] = field(default_factory=list)  # restart: in_process
+    components: report_components.Components | None = None  # components: a lane each
 
     @property
     def origin(self) -> float:
         times = [a.start for a in self.attempts] + [e.time for e in self.events]
         times += [t for t, _ in self.samples] + [g.time for g in self.group_restarts]
         times += [r.time for r in self.in_process if r.time is not None]
+        times += report_components.times(self.components)
         return min(times) if times else 0.0
 
 
@@ -302,6 +305,7 @@ def html_page(t: Timeline, png_b64: str) -> str:
     excluded = e(", ".join(t.excluded)) or "none"
     problems = "".join(f"<p><b>{e(p)}</b></p>" for p in t.problems)
     restart_tables = group_restarts_html(t) + in_process_html(t)
+    restart_tables += report_components.components_html(t.components, o)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>ddlaunch report {e(t.run_id)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}
@@ -483,4 +487,5 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         saves=[(step, when) for when, step, kind in timed if kind == timings.SAVE],
     )
     timeline.problems = list(info.problems)
+    timeline.components = report_components.load(run_dir, info.services)
     return timeline

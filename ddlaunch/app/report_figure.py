@@ -2,13 +2,16 @@
 time axis (minutes since the first attempt). Above: attempts as bars (colour = how they
 ended, label = nodes, blame and in-process restarts), with replica groups a lane per group
 whose bars are its restarts (from its failure to its return to the quorum; colour = cause),
-and checkpoint and failure marks; below, steps per second and the step reached."""
+with components a lane per component (a train component's ranks, nodes and pace over its
+attempts; a service's starts, coloured by how each ended, failures marked), and checkpoint
+and failure marks; below, steps per second and the step reached."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from ddlaunch.app import report_components as parts
 from ddlaunch.app.report import Event, Timeline, color, split_series, throughput
 from ddlaunch.app.report_groups import bars, lanes
 from ddlaunch.errors import UserError
@@ -24,7 +27,7 @@ def draw(t: Timeline, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = max(len(t.attempts) + len(lanes(t.group_restarts, t.groups)), 1)
+    rows = max(_first_mark_row(t), 1)
     fig, (ax, bx) = plt.subplots(
         2,
         1,
@@ -36,6 +39,7 @@ def draw(t: Timeline, path: Path) -> None:
     minutes = _Minutes(t.origin)
     _attempt_bars(ax, t, minutes)
     _group_lanes(ax, t, minutes)
+    _component_lanes(ax, t, minutes)
     _rows(ax, t)
     _marks(ax, t, minutes)
     _legend(ax, t)
@@ -54,6 +58,7 @@ def x_limits(t: Timeline) -> tuple[float, float]:
     m = _Minutes(t.origin)
     ends = [m(a.end or a.start) for a in t.attempts] + [m(e.time) for e in t.events]
     ends += [m(g.back or g.time) for g in t.group_restarts]
+    ends += [m(x) for x in parts.times(t.components)]
     xmax = max([*ends, *(m(x) for x, _ in t.samples), 0.1])
     return -0.02 * xmax, 1.03 * xmax
 
@@ -125,11 +130,62 @@ def _group_lanes(ax: Any, t: Timeline, m: _Minutes) -> None:
         ax.text(x, y - 0.26, bar.label, va="bottom", ha=ha, fontsize=7)
 
 
+def _component_lanes(ax: Any, t: Timeline, m: _Minutes) -> None:
+    """A lane per component under the groups' lanes: a train component spans each attempt,
+    labelled with its ranks, nodes and pace; a service has a bar per start (from its start
+    to its end; colour = how it ended), a cross where one failed."""
+    c = t.components
+    if c is None:
+        return
+    first = len(t.attempts) + len(lanes(t.group_restarts, t.groups))
+    high = x_limits(t)[1]
+    for i, lane in enumerate(c.train):
+        y = first + i
+        for a in t.attempts:
+            end = a.end if a.end is not None else a.start
+            ax.barh(y, max(m(end) - m(a.start), 0.02), left=m(a.start), height=0.3, color="#c5cae9")
+        x = m(t.attempts[0].start) if t.attempts else 0.0
+        ax.text(x, y - 0.2, lane.label(), va="bottom", ha="left", fontsize=7)
+    now = max([a.end for a in t.attempts if a.end is not None] or [0.0]) or None
+    for j, service in enumerate(c.services):
+        y = first + len(c.train) + j
+        for bar in parts.service_bars(service, now):
+            ax.barh(
+                y,
+                max(m(bar.end) - m(bar.start), 0.02),
+                left=m(bar.start),
+                height=0.45,
+                color=parts.BAR_COLORS[bar.how],
+            )
+            if bar.how != parts.ENDED:
+                right = m(bar.start) > 0.55 * high
+                x, ha = (m(bar.end), "right") if right else (m(bar.start), "left")
+                ax.text(x, y - 0.26, bar.label, va="bottom", ha=ha, fontsize=7)
+        failed = [r.end for r in parts.failures(service) if r.end is not None]
+        if failed:
+            ax.scatter(
+                [m(x) for x in failed],
+                [y] * len(failed),
+                marker="X",
+                color="#b71c1c",
+                s=40,
+                zorder=4,
+            )
+
+
+def _first_mark_row(t: Timeline) -> int:
+    """The marks' row: under the attempts, the groups' lanes and the components' lanes."""
+    drawn = len(lanes(t.group_restarts, t.groups))
+    return len(t.attempts) + drawn + (len(t.components.lanes) if t.components else 0)
+
+
 def _rows(ax: Any, t: Timeline) -> None:
-    """The row labels: attempts, the groups' lanes, then the marks' row."""
+    """The row labels: attempts, the groups' lanes, the components' lanes, then the marks'
+    row."""
     drawn = lanes(t.group_restarts, t.groups)
-    ckpt_row = len(t.attempts) + len(drawn)
+    ckpt_row = _first_mark_row(t)
     labels = [f"attempt {a.attempt}" for a in t.attempts] + [f"group {g}" for g in drawn]
+    labels += t.components.lanes if t.components else []
     ax.set_yticks([*range(ckpt_row), ckpt_row])
     ax.set_yticklabels([*labels, "checkpoints / failures"])
     ax.set_ylim(ckpt_row + 0.6, -0.9)  # inverted: attempt 0 on top, room for its label
@@ -139,7 +195,7 @@ def _rows(ax: Any, t: Timeline) -> None:
 def _marks(ax: Any, t: Timeline, m: _Minutes) -> None:
     """Checkpoints (labelled with their step) and failures on the row below the attempts
     (and the groups' lanes)."""
-    row = len(t.attempts) + len(lanes(t.group_restarts, t.groups))
+    row = _first_mark_row(t)
     cks = [e for e in t.events if e.kind == "checkpoint"]
     pruned = [e for e in t.events if e.kind == "save"]
     fails = [e for e in t.events if e.kind == "failure"]

@@ -50,11 +50,25 @@ def tell_waiting(w: Waiting) -> None:
     show_default=True,
     help="Seconds to wait for the jobs to stop (the ranks save first); 0: do not wait.",
 )
-def command(runs: tuple[str, ...], wait_s: float) -> None:
+@click.option(
+    "--component",
+    metavar="NAME",
+    help="Stop only this service component of RUN (a heterogeneous job); the job goes on.",
+)
+def command(runs: tuple[str, ...], wait_s: float, component: str | None) -> None:
     """Cancel RUNs (ids, id prefixes, SWEEP/<i> or run directories) and SWEEPs (every member
     that has not ended). All are looked up first: an unknown one cancels nothing. The run
     directory is kept, so `ddlaunch resume` can continue from the latest complete
-    checkpoint; a run that has ended is left alone."""
+    checkpoint; a run that has ended is left alone. With --component, stop one service of
+    one RUN's components instead: its supervisor ends it and does not start it again, and
+    the training goes on."""
+    if component is not None:
+        if len(runs) != 1:
+            raise click.UsageError("--component stops a service of one RUN: name one run")
+        from ddlaunch.app.cancel_component import cancel_component
+
+        click.echo(cancel_component(runs[0], component))
+        return
     from ddlaunch.app.cancel import cancel
 
     for line in cancel(runs, wait_s=wait_s, waiting=tell_waiting):

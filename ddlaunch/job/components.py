@@ -5,9 +5,12 @@ The batch script starts one supervisor per ``role: service`` component, before t
 It runs the service's step; when the step fails while the job goes on, it starts it again,
 on the same nodes, up to ``fault_tolerance.max_restarts`` times, and leaves the ranks alone
 (a service is not the training: its failure costs its own restart, not the world's). Each
-start and end is written to ``components/<name>.json`` (``store.components``) for ``status``,
-and said in the batch log. The batch script stops the supervisors when the job ends (TERM):
-the step is ended and the record says ``stopped``.
+start and end is written to ``components/<name>.json`` (``store.components``) for ``status``
+and ``report`` (its state and the history of its starts), and said in the batch log. The
+batch script stops the supervisors when the job ends (TERM): the step is ended and the record
+says ``stopped``. So it does when ``ddlaunch cancel RUN --component NAME`` asks
+(``components/<name>.stop``, looked for every ``STOP_POLL_S`` while the service runs or
+waits to restart): the record says ``stopped`` by the cancel, and the job goes on.
 """
 
 from __future__ import annotations
@@ -19,18 +22,25 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from ddlaunch.store.components import (
+    CANCELLED,
     ENDED,
     FAILED,
     RESTARTING,
     RUNNING,
+    STOP_POLL_S,
     STOPPED,
+    ServiceRun,
     ServiceState,
+    read_one,
+    read_stop_request,
+    with_end,
+    with_run,
     write,
 )
 
@@ -46,8 +56,12 @@ class Supervisor:
     spawn: Callable[[Sequence[str]], subprocess.Popen[bytes]] = subprocess.Popen
     sleep: Callable[[float], Any] = time.sleep
     say: Callable[[str], Any] = print
+    job_id: str | None = None  # the job it runs in: a stop request names one
+    poll_s: float = STOP_POLL_S
     stopping: bool = False
+    reason: str = ""  # why it stops, when not for the job's end
     child: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    state: ServiceState | None = field(default=None, repr=False)  # as last recorded
 
     def stop(self) -> None:
         """The job ends: end the service's step (srun passes TERM on to its tasks)."""
@@ -55,13 +69,70 @@ class Supervisor:
         if self.child is not None and self.child.poll() is None:
             self.child.terminate()
 
+    def asked_to_stop(self) -> bool:
+        """Whether ``ddlaunch cancel --component`` asked to stop the service in this job
+        (a request for another job, one before a resume, is not for this one)."""
+        try:
+            request = read_stop_request(self.run_dir, self.name)
+        except OSError:
+            return False
+        if request is None:
+            return False
+        return not (request.job_id and self.job_id and request.job_id != self.job_id)
+
+    def _cancel_if_asked(self) -> None:
+        if not self.stopping and self.asked_to_stop():
+            self.reason = CANCELLED
+            self.say(
+                f"[ddlaunch] service {self.name}: stopping it, as ddlaunch cancel --component "
+                "asked; the training goes on"
+            )
+            self.stop()
+
+    def _wait(self, child: subprocess.Popen[bytes]) -> int:
+        """The step's exit status, looking for a stop request every ``poll_s``."""
+        while True:
+            try:
+                return child.wait(timeout=self.poll_s)
+            except subprocess.TimeoutExpired:
+                self._cancel_if_asked()
+
+    def _pause(self) -> None:
+        """The pause before a restart, looking for a stop request."""
+        self._cancel_if_asked()
+        waited = 0.0
+        while waited < RESTART_PAUSE_S and not self.stopping:
+            step = min(self.poll_s, RESTART_PAUSE_S - waited)
+            self.sleep(step)
+            waited += step
+            self._cancel_if_asked()
+
     def run(self) -> int:
         starts, last_exit = 0, None
+        try:
+            found = read_one(self.run_dir, self.name)
+        except OSError:
+            found = None
+        # The history goes on over the run's jobs (a requeue, a resume): its lane in report.
+        self.state = ServiceState(
+            self.name,
+            RUNNING,
+            0,
+            history=found.history if found else (),
+            earlier=found.earlier if found else 0,
+            job_id=self.job_id,
+        )
+        self._cancel_if_asked()
+        if self.stopping:  # asked before it started: it is not started at all
+            self._record(STOPPED, starts, last_exit)
+            return 0
         while True:
             starts += 1
+            self.state = with_run(self.state, ServiceRun(time.time()))
             self._record(RUNNING, starts, last_exit)
             self.child = self.spawn(self.argv)
-            last_exit = self.child.wait()
+            last_exit = self._wait(self.child)
+            self.state = with_end(self.state, time.time(), last_exit)
             if self.stopping:
                 self._record(STOPPED, starts, last_exit)
                 return 0
@@ -82,14 +153,24 @@ class Supervisor:
                 f"[ddlaunch] service {self.name} failed (exit {last_exit}): starting it again "
                 f"(restart {starts} of {self.max_restarts}); the training goes on"
             )
-            self.sleep(RESTART_PAUSE_S)
+            self._pause()
             if self.stopping:
                 self._record(STOPPED, starts, last_exit)
                 return 0
 
     def _record(self, state: str, starts: int, last_exit: int | None) -> None:
+        base = self.state or ServiceState(self.name, state, starts, job_id=self.job_id)
+        reason = self.reason if state == STOPPED else ""
+        self.state = replace(
+            base,
+            state=state,
+            starts=starts,
+            last_exit=last_exit,
+            time=time.time(),
+            reason=reason,
+        )
         try:
-            write(self.run_dir, ServiceState(self.name, state, starts, last_exit, time.time()))
+            write(self.run_dir, self.state)
         except OSError as exc:  # the record is for status; the service matters more
             self.say(f"[ddlaunch] warning: could not record service {self.name}: {exc}")
 
@@ -116,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         options.max_restarts,
         Path(run_dir),
         say=lambda s: print(s, flush=True),
+        job_id=os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
     )
 
     def on_term(signum: int, frame: FrameType | None) -> None:
