@@ -358,3 +358,22 @@ def test_srun_numbers_a_heterogeneous_steps_tasks_per_component() -> None:
     line = "srun: error: n4: tasks 4-7: Killed"
     assert [e.rank for e in parse_step_log(line, first_ranks(env)).ends] == [12, 13, 14, 15]
     assert first_ranks({"DDLAUNCH_WORLD_SIZE": "4"}) is None  # one component
+
+
+def test_every_component_must_fit_its_partition_before_submit(tmp_path: Path) -> None:
+    from ddlaunch.planning.feasibility import problems
+    from ddlaunch.slurm.partitions import PartitionFacts
+
+    debug = PartitionFacts("debug", ("n1", "n2", "n3"), (4, 4, 4), (8, 8, 8), default=True)
+    old = PartitionFacts("old", ("o1",), (2,), (8,))
+    cfg = _load(tmp_path, THREE)
+    # fast: 1 node of 4 GPUs in debug; slow: 2 of 4 in old (1 node of 2 GPUs); the service:
+    # 1 node in debug.
+    assert problems(cfg, [debug, old], {}) == [
+        "components.1 (slow): nodes.gpus_per_node: 4 GPUs per node, but the nodes of "
+        "partition old have at most 2"
+    ]
+    crowded = _load(tmp_path, THREE.replace("partition: old", "partition: debug"))
+    assert problems(crowded, [debug, old], {}) == [
+        "components: 1 (fast) + 2 (slow) + 1 (server) = 4 nodes in partition debug, which has 3"
+    ]

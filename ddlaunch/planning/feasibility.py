@@ -11,6 +11,7 @@ and why it is excluded. The facts come from one ``sinfo`` call (``slurm.partitio
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import parse_duration
@@ -116,6 +117,8 @@ def problems(
     ``job.partition`` is unset, so the job is checked against the partition it will run in."""
     if not partitions:
         return []  # not probed: nothing to say
+    if cfg.components:
+        return _component_problems(cfg, partitions, excluded, env_partition)
     wanted, key = cfg.job.partition, "job.partition"
     if wanted is None and env_partition:
         wanted, key = env_partition, "SBATCH_PARTITION (job.partition unset)"
@@ -134,4 +137,50 @@ def problems(
         out.append(f"nodes.exclude: {', '.join(unknown)}: no such node in the cluster")
     if not out:
         out += _enough_nodes(cfg, part, excluded)
+    return out
+
+
+def _component_problems(
+    cfg: Config,
+    partitions: Sequence[PartitionFacts],
+    excluded: Mapping[str, str],
+    env_partition: str | None,
+) -> list[str]:
+    """A heterogeneous job starts only when every component can: each is checked as a job
+    of its own nodes in its own partition (its lines prefixed with the component), and the
+    components that share a partition must fit in it together (no node serves two)."""
+    from ddlaunch.config.components import TRAIN, ranks_per_node
+
+    out: list[str] = []
+    default_gpus = cfg.nodes.gpus_per_node
+    shared: dict[str, list[tuple[str, int]]] = {}
+    for i, comp in enumerate(cfg.components):
+        train = comp.role == TRAIN
+        gpus = ranks_per_node(comp, default_gpus) if train else comp.nodes.gpus_per_node or 0
+        nodes = replace(
+            cfg.nodes,
+            count=comp.nodes.count,
+            gpus_per_node=gpus if train else 0,
+            tasks_per_node=None if gpus and train else comp.nodes.tasks_per_node or 1,
+        )
+        job = replace(cfg.job, partition=comp.nodes.partition or cfg.job.partition)
+        alone = replace(cfg, nodes=nodes, job=job, components=())
+        if not train:  # a service asks for its GPUs as a count, not one rank per GPU
+            alone = replace(alone, nodes=replace(alone.nodes, gpus_per_node=gpus))
+        out += [
+            f"components.{i} ({comp.name}): {line}"
+            for line in problems(alone, partitions, excluded, env_partition)
+        ]
+        name = job.partition or env_partition or ""
+        shared.setdefault(name, []).append((comp.name, comp.nodes.count))
+    for name, members in shared.items():
+        part = find_partition(partitions, name or None)
+        total = sum(count for _, count in members)
+        if part is None or len(members) < 2 or total <= len(part.nodes):
+            continue
+        listed = " + ".join(f"{count} ({comp})" for comp, count in members)
+        out.append(
+            f"components: {listed} = {total} nodes in partition {part.name}, which has "
+            f"{len(part.nodes)}"
+        )
     return out
