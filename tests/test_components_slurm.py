@@ -262,3 +262,65 @@ def test_balance_by_throughput_gives_the_slow_component_less_and_the_steps_get_f
     assert status.stdout.splitlines()[-1].startswith(
         f"batch shares: fast {fast[-1]}/rank x1, slow {slow[-1]}/rank x1 (by throughput: "
     ), status.stdout
+
+
+def test_cancel_of_a_service_stops_it_and_the_training_completes(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    port = 18432
+    config = _config(
+        tmp_path,
+        "t-svc-cancel",
+        [
+            {"name": "train", "nodes": {"count": 1}},
+            {
+                "name": "server",
+                "role": "service",
+                "nodes": {"count": 1, "gpus_per_node": 0},
+                "launch": {
+                    "command": ["python3", "-u", "trainer_scripts/pid_server.py", "--port", port]
+                },
+            },
+        ],
+        steps=300,
+        step_sleep=0.1,
+    )
+    job, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    out = run_dir / "out"
+    (first,) = _wait_for(lambda: sorted(out.glob("server-*")), timeout=120)
+    server_pid = int(first.name.split("-")[1])
+    asked = ddlaunch("cancel", run_dir.name, "--component", "server", cwd=tmp_path)
+    assert (asked.returncode, asked.stderr) == (0, ""), asked.stderr
+    assert asked.stdout == (
+        f"{run_dir.name}: asked the supervisor of service server in job {job} to stop it; it "
+        "looks every 1 s, ends the service's step and records it stopped, without starting it "
+        f"again; the training goes on (`ddlaunch status {run_dir.name}` says when)\n"
+    )
+    record = run_dir / "components" / "server.json"
+    _wait_for(lambda: '"state": "stopped"' in record.read_text(), timeout=30)
+    _wait_for(lambda: not Path(f"/proc/{server_pid}").exists(), timeout=30)
+    # The ranks train on while the job keeps running: the service's step only was ended.
+    assert slurm_cluster.wait_job_state(job, "COMPLETED", timeout=240) == "COMPLETED"
+    [attempt] = attempts(run_dir)
+    assert attempt["cause"] == "completed"
+    assert result(run_dir)["steps"] == 300
+    assert [p.name for p in out.glob("server-*")] == [first.name]  # never started again
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert re.fullmatch(
+        r"service server: stopped by ddlaunch cancel --component \(last exit -?\d+\)",
+        status.stdout.splitlines()[-1],
+    ), status.stdout
+    batch = next((run_dir / "logs").glob("batch-*.out")).read_text()
+    assert (
+        "[ddlaunch] service server: stopping it, as ddlaunch cancel --component asked; "
+        "the training goes on"
+    ) in batch
+    # The report draws the train component's rank on its node from its heartbeats, and the
+    # service's one start, stopped.
+    report = ddlaunch("report", run_dir.name, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    page = (run_dir / "report" / "report.html").read_text()
+    rank_host = _rank_hosts(run_dir)[0]
+    assert f"<tr><td>train</td><td>0</td><td>1 node: {rank_host}</td>" in page
+    assert "<b>stopped by cancel</b>" in page
