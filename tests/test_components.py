@@ -377,3 +377,32 @@ def test_every_component_must_fit_its_partition_before_submit(tmp_path: Path) ->
     assert problems(crowded, [debug, old], {}) == [
         "components: 1 (fast) + 2 (slow) + 1 (server) = 4 nodes in partition debug, which has 3"
     ]
+
+
+def test_set_reaches_into_a_components_item(tmp_path: Path) -> None:
+    from ddlaunch.config.load import load_tree
+    from ddlaunch.config.validate import validate_tree
+
+    (tmp_path / "c.yaml").write_text(THREE)
+    loaded = load_tree(
+        tmp_path / "c.yaml",
+        ["components.1.nodes.count=3", "components.2.launch.command=[python3, other.py]"],
+    )
+    cfg = validate_tree(loaded)
+    assert cfg.components[1].nodes.count == 3 and cfg.nodes.count == 4
+    assert cfg.components[2].launch.command == ("python3", "other.py")
+    # An error below a --set item names the --set.
+    with pytest.raises(ConfigError) as info:
+        validate_tree(load_tree(tmp_path / "c.yaml", ["components.0.nodes.count=0"]))
+    assert str(info.value).splitlines()[1:] == [
+        "  components.0.nodes.count: must be 1..100000, got 0 (--set components.0.nodes.count=0)"
+    ]
+    for key, message in [
+        ("components.3.nodes.count=2", "components.3: components is a list of 3 item(s)"),
+        ("components.x.name=a", "components.x: components is a list of 3 item(s)"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            load_tree(tmp_path / "c.yaml", [key])
+        assert str(info.value).splitlines()[1] == (
+            f"  {message}: write components.N with N from 0 to 2 (--set {key})"
+        )

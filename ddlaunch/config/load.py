@@ -353,11 +353,18 @@ def _origin(item: str, origin: str | Mapping[str, str] | None) -> str:
 
 def _set_path(loaded: LoadedTree, path: KeyPath, value: object, where: str) -> ConfigIssue | None:
     """Set ``path`` to ``value``, creating the mappings on the way, and record ``where`` for
-    what this sets or creates; the issue when a key on the way holds something else."""
-    node = loaded.tree
+    what this sets or creates; the issue when a key on the way holds something else. A
+    number after a list names one of its items (``components.1.nodes.count``)."""
+    node: dict[str, object] | list[object] = loaded.tree
     for i, part in enumerate(path[:-1]):
-        child = node.get(part)
-        if child is None:
+        if isinstance(node, list):
+            index = _index(node, path, i)
+            if isinstance(index, ConfigIssue):
+                return ConfigIssue(index.path, index.message, where)
+            child: object = node[index]
+        else:
+            child = node.get(part)
+        if child is None and isinstance(node, dict):
             if part not in node:
                 # This --set creates the mapping: a key below it that the schema does not
                 # know (``--set nodez.count=1``) is this --set's, not the file's. One the
@@ -368,11 +375,39 @@ def _set_path(loaded: LoadedTree, path: KeyPath, value: object, where: str) -> C
             node = fresh
         elif isinstance(child, dict):
             node = child
+        elif isinstance(child, list):
+            found = _index(child, path, i + 1)
+            if isinstance(found, ConfigIssue):
+                return ConfigIssue(found.path, found.message, where)
+            node = child
         else:
             return ConfigIssue(
                 ".".join(path[: i + 1]), "is not a mapping, so it has no sub-keys", where
             )
-    node[path[-1]] = value
+    if isinstance(node, list):
+        index = _index(node, path, len(path) - 1)
+        if isinstance(index, ConfigIssue):
+            return ConfigIssue(index.path, index.message, where)
+        node[index] = value
+    else:
+        node[path[-1]] = value
+    _own(loaded, path, value, where)
+    return None
+
+
+def _index(items: list[object], path: KeyPath, i: int) -> int | ConfigIssue:
+    """``path[i]`` as an index of ``items`` (the list at ``path[:i]``)."""
+    part, listed = path[i], ".".join(path[:i])
+    if part.isdigit() and int(part) < len(items):
+        return int(part)
+    return ConfigIssue(
+        ".".join(path[: i + 1]),
+        f"{listed} is a list of {len(items)} item(s): write {listed}.N with N from 0 to "
+        f"{len(items) - 1}",
+    )
+
+
+def _own(loaded: LoadedTree, path: KeyPath, value: object, where: str) -> None:
     # The override owns this key and everything below it.
     for known in [p for p in loaded.locations if p[: len(path)] == path]:
         del loaded.locations[known]
@@ -380,7 +415,6 @@ def _set_path(loaded: LoadedTree, path: KeyPath, value: object, where: str) -> C
     if isinstance(value, dict):
         for sub in value:
             loaded.locations[(*path, str(sub))] = where
-    return None
 
 
 def apply_overrides(
