@@ -406,3 +406,19 @@ def test_set_reaches_into_a_components_item(tmp_path: Path) -> None:
         assert str(info.value).splitlines()[1] == (
             f"  {message}: write components.N with N from 0 to 2 (--set {key})"
         )
+
+
+def test_a_pipeline_would_span_unlike_nodes_and_is_refused(tmp_path: Path) -> None:
+    text = (
+        BASE
+        + "parallel: {pp: 2}\n"
+        + "components:\n  - {name: a, nodes: {count: 1}}\n  - {name: b, nodes: {count: 1}}\n"
+    )
+    assert _errors(tmp_path, text) == [
+        "  parallel.pp: a pp group of 2 ranks (ranks 0..4) would span components a and b, and "
+        "a model's parts are to run on one kind of node: use pp: 1 (a pipeline's stages span "
+        "every rank) (bad.yaml:5)"
+    ]
+    # Data parallel over both components, tensor parallel inside each node: accepted.
+    (tmp_path / "ok.yaml").write_text(text.replace("{pp: 2}", "{tp: 4, dp_shard: 2}"))
+    assert load_config(tmp_path / "ok.yaml").world_size == 8

@@ -143,6 +143,60 @@ def issues(cfg: Any) -> list[Issue]:
             )
         )
     out += _unsupported(cfg)
+    if cfg.parallel.configured and not out:
+        out += _straddling(cfg, [(c.name, c.nodes.count * shapes[c.name]) for c in train])
+    return out
+
+
+# The dimensions whose groups run a model's parts together (and so at the pace of their
+# slowest rank, over the links between them): each group must be on one kind of node. The
+# data-parallel dimensions span the components: that is what components train over.
+MODEL_DIMS = ("tp", "cp", "pp")
+
+
+def _straddling(cfg: Any, ranks: list[tuple[str, int]]) -> list[Issue]:
+    """A tensor-, context- or pipeline-parallel group of the ``parallel:`` plan whose ranks
+    are in two components (ranks are numbered component by component)."""
+    from ddlaunch.config import parallel  # only for a plan
+
+    degrees, problems = parallel.resolve(cfg.parallel, parallel.layout_of(cfg))
+    if degrees is None or problems:
+        return []  # the plan's own rules say what is wrong with it
+    bounds, first = [], 0
+    for name, count in ranks:
+        bounds.append((first, first + count, name))
+        first += count
+
+    def component(rank: int) -> str:
+        return next(name for low, high, name in bounds if low <= rank < high)
+
+    out: list[Issue] = []
+    for dim in MODEL_DIMS:
+        size = getattr(degrees, dim)
+        stride = 1
+        for inner in reversed(parallel.DIMS[parallel.DIMS.index(dim) + 1 :]):
+            stride *= getattr(degrees, inner)
+        for start in range(0, degrees.world, stride * size):
+            for offset in range(stride):
+                low, high = start + offset, start + offset + (size - 1) * stride
+                if component(low) != component(high):
+                    fix = (
+                        "use pp: 1 (a pipeline's stages span every rank)"
+                        if stride * size == degrees.world
+                        else f"make each train component's ranks a multiple of {stride * size}"
+                    )
+                    out.append(
+                        (
+                            ("parallel", dim),
+                            f"a {dim} group of {size} ranks (ranks {low}..{high}) would span "
+                            f"components {component(low)} and {component(high)}, and a "
+                            f"model's parts are to run on one kind of node: {fix}",
+                        )
+                    )
+                    break
+            else:
+                continue
+            break
     return out
 
 
