@@ -187,9 +187,7 @@ def request_stop(run_dir: Path, name: str, job_id: str | None) -> StopRequest:
 def read_stop_request(run_dir: Path, name: str) -> StopRequest | None:
     """The service's stop request; None without one (or one that cannot be used: the
     supervisor does not stop a service on a damaged file)."""
-    path = stop_request_path(run_dir, name)
-    if not path.exists():
-        return None
+    path = stop_request_path(run_dir, name)  # one open a poll, none to stat it first
     value, problem = load_json(path, dict, name=f"{COMPONENTS_DIR}/{path.name}")
     if problem is not None or not isinstance(value, dict):
         return None
