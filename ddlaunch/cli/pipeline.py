@@ -8,7 +8,7 @@ import shlex
 
 import click
 
-from ddlaunch.cli.options import force_option
+from ddlaunch.cli.options import force_option, target_option
 from ddlaunch.cli.snapshot import echo_progress
 
 
@@ -22,7 +22,8 @@ from ddlaunch.cli.snapshot import echo_progress
 )
 @click.option("--run-root", help="Create the pipeline's and its stages' directories here.")
 @force_option
-def command(file: str, dry_run: bool, run_root: str | None, force: bool) -> None:
+@target_option
+def command(file: str, dry_run: bool, run_root: str | None, force: bool, target: str) -> None:
     """Submit the stages of pipeline FILE: each stage is a run of its own, submitted
     after the runs of the stages it names in after: (as `submit --after`).
 
@@ -43,7 +44,8 @@ def command(file: str, dry_run: bool, run_root: str | None, force: bool) -> None
     directory in $DDLAUNCH_AFTER_<STAGE>_DIR (eval: $DDLAUNCH_AFTER_TRAIN_DIR). Every
     stage's config is checked before the first sbatch. `ddlaunch status PIPELINE` shows
     its stages, `ddlaunch cancel PIPELINE` cancels them, and `ddlaunch resume` of a stage
-    moves its dependents onto the new job.
+    moves its dependents onto the new job. Slurm only: --target kubernetes is refused
+    (Kubernetes has no wait of one JobSet for another).
     """
     from ddlaunch.pipelines.submit import (
         Checked,
@@ -54,7 +56,7 @@ def command(file: str, dry_run: bool, run_root: str | None, force: bool) -> None
     )
 
     steps = submit_pipeline(
-        file, dry_run=dry_run, run_root=run_root, force=force, workdir=os.getcwd()
+        file, dry_run=dry_run, run_root=run_root, force=force, workdir=os.getcwd(), target=target
     )
     width = 0  # the stage names' (Started says it)
     with contextlib.closing(steps):

@@ -81,6 +81,12 @@ class KubernetesSpec:
         "The extended resource that counts GPUs (amd.com/gpu on AMD nodes); "
         "nodes.gpus_per_node of it per pod.",
     )
+    gpu_type_label: str = opt(
+        "nvidia.com/gpu.product",
+        "The node label a component's nodes.gpu_type selects (components: a nodeSelector "
+        "<label>: <gpu_type> on that component's pods); the default is GPU feature "
+        "discovery's, whose values read like NVIDIA-H100-80GB-HBM3.",
+    )
     rdma: dict[str, str] = opt(
         {},
         "RDMA device resources per pod, e.g. rdma/rdma_shared_device_a: 1 or "

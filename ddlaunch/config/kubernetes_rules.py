@@ -86,6 +86,12 @@ def _check_names(cfg: Config, b: Collector) -> None:
             ("kubernetes", "gpu_resource"),
             f"must be an extended resource name such as nvidia.com/gpu, got {k.gpu_resource!r}",
         )
+    if not QUALIFIED.match(k.gpu_type_label):
+        b.fail(
+            ("kubernetes", "gpu_type_label"),
+            f"must be a Kubernetes label key such as nvidia.com/gpu.product, got "
+            f"{k.gpu_type_label!r}",
+        )
 
 
 def _check_resources(cfg: Config, b: Collector) -> None:

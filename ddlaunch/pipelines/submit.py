@@ -95,6 +95,17 @@ def check_stages(spec: PipelineSpec) -> None:
         raise UserError("\n".join(["invalid pipeline: a stage's config does not load", *lines]))
 
 
+# Kubernetes has no dependency between JobSets: a JobSet's dependsOn orders the replicated
+# jobs inside one JobSet (one predecessor, Ready or Complete), and the stages are runs of
+# their own (their own run directory, attempts, requeues and resume), with :any edges too.
+KUBERNETES_REFUSED = (
+    "a pipeline runs on Slurm only: its stages wait for each other as Slurm jobs (sbatch "
+    "--dependency), and Kubernetes has no wait of one JobSet for another (a JobSet's "
+    "dependsOn orders the replicated jobs inside one JobSet); submit each stage with "
+    "ddlaunch submit --target kubernetes once the stages it waits for are done"
+)
+
+
 def submit_pipeline(
     file: str | Path,
     *,
@@ -102,7 +113,10 @@ def submit_pipeline(
     run_root: str | None,
     force: bool,
     workdir: str,
+    target: str = "slurm",
 ) -> Generator[PipelineEvent, None, None]:
+    if target != "slurm":
+        raise UserError(KUBERNETES_REFUSED)
     spec = parse_pipeline_file(file)
     check_stages(spec)
     if dry_run:

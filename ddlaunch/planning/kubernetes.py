@@ -21,7 +21,8 @@ purpose, is the one exception, as in the batch script, run by ``bash -c`` before
 
 The parts of the Kubernetes backend, by where they run (the import rules place them; this is
 their index): ``config.kubernetes`` and ``config.kubernetes_rules`` (the section and its
-rules), this module with ``planning.kubernetes_pod`` and ``planning.pod_env`` (the objects),
+rules), this module with ``planning.kubernetes_pod`` and ``planning.pod_env`` (the objects;
+``planning.kubernetes_components``: a replicated job per component of ``components:``),
 ``app.kubernetes`` (render and submit), ``job.pod`` (each pod's entry), ``policy.pod_exit``
 and ``store.pods`` (the leader's conclusion as every pod's exit code), ``worker.distenv``
 (the ranks' torchrun variables).
@@ -74,6 +75,8 @@ class KubernetesPlan:
     kind: str
     namespace: str | None
     documents: tuple[JSONObject, ...]
+    # The replicated job of node 0 (``components:``: the first train component's).
+    leader_job: str = REPLICATED_JOB
 
     @property
     def manifest_path(self) -> str:
@@ -81,24 +84,25 @@ class KubernetesPlan:
 
     @property
     def master_addr(self) -> str:
-        return master_addr(self.kind, self.name)
+        return master_addr(self.kind, self.name, self.leader_job)
 
 
-def object_name(run_id: str) -> str:
-    """A DNS-1035 label for the run's objects, short enough for the pods' hostnames."""
+def object_name(run_id: str, limit: int = NAME_MAX) -> str:
+    """A DNS-1035 label for the run's objects, short enough for the pods' hostnames
+    (``limit``: shorter where a component's replicated job has a long name)."""
     name = _NOT_NAME.sub("-", run_id.lower()).strip("-") or "run"
     if not name[0].isalpha():
         name = f"ddl-{name}"
-    if len(name) > NAME_MAX:
+    if len(name) > limit:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
-        name = f"{name[: NAME_MAX - 11].rstrip('-')}-{digest}"
+        name = f"{name[: limit - 11].rstrip('-')}-{digest}"
     return name
 
 
-def master_addr(kind: str, name: str) -> str:
+def master_addr(kind: str, name: str, replicated_job: str = REPLICATED_JOB) -> str:
     if kind == "pytorchjob":
         return f"{name}-master-0"  # the training operator's headless service of the Master
-    return f"{name}-{REPLICATED_JOB}-0-0.{name}"  # JobSet: <pod hostname>.<subdomain>
+    return f"{name}-{replicated_job}-0-0.{name}"  # JobSet: <pod hostname>.<subdomain>
 
 
 def _reference(image: str) -> str:
@@ -164,7 +168,14 @@ def _field(name: str, path: str) -> JSONObject:
 
 
 def pod_env_list(
-    cfg: Config, *, kind: str, name: str, run_id: str, run_dir: str, pythonpath: str | None
+    cfg: Config,
+    *,
+    kind: str,
+    name: str,
+    run_id: str,
+    run_dir: str,
+    pythonpath: str | None,
+    leader_job: str = REPLICATED_JOB,
 ) -> list[JSONObject]:
     """The container's environment: ddlaunch's, the pod's place, fabric, launch.env, tracking."""
     run = PurePosixPath(run_dir)
@@ -185,7 +196,7 @@ def pod_env_list(
         _env(pod_env.JOB_VAR, name),
         _env(pod_env.NODES_VAR, str(cfg.nodes.count)),
         _env(pod_env.RANKS_PER_NODE_VAR, str(cfg.ranks_per_node)),
-        _env(pod_env.MASTER_ADDR_VAR, master_addr(kind, name)),
+        _env(pod_env.MASTER_ADDR_VAR, master_addr(kind, name, leader_job)),
         _env("DDLAUNCH_MASTER_PORT", str(cfg.kubernetes.master_port)),
         _field(pod_env.NODE_NAME_VAR, "spec.nodeName"),
     ]
@@ -240,7 +251,7 @@ def _metadata(cfg: Config, name: str, run_id: str) -> JSONObject:
     return meta
 
 
-def _template(
+def pod_template(
     cfg: Config,
     kind: str,
     main: JSONObject,
@@ -268,9 +279,9 @@ def _template(
     return template
 
 
-def _jobset(cfg: Config, meta: JSONObject, template: JSONObject) -> JSONObject:
-    n, name = cfg.nodes.count, meta["name"]
-    job_spec: JSONObject = {
+def train_job(n: int, template: JSONObject) -> JSONObject:
+    """The Job of ``n`` training pods: Indexed, failed by any pod's failure."""
+    return {
         "parallelism": n,
         "completions": n,
         "completionMode": "Indexed",
@@ -290,24 +301,33 @@ def _jobset(cfg: Config, meta: JSONObject, template: JSONObject) -> JSONObject:
         },
         "template": template,
     }
+
+
+def network(name: str) -> JSONObject:
+    # Pod hostnames resolve behind the headless service before the pods are ready.
+    return {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True}
+
+
+def stop_rule(targets: list[str] | None = None) -> JSONObject:
+    """STOP_EXIT fails a training Job through its podFailurePolicy: no restart."""
+    rule: JSONObject = {
+        "name": "ddlaunchStop",
+        "action": "FailJobSet",
+        "onJobFailureReasons": ["PodFailurePolicy"],
+    }
+    if targets:
+        rule["targetReplicatedJobs"] = list(targets)
+    return rule
+
+
+def _jobset(cfg: Config, meta: JSONObject, template: JSONObject) -> JSONObject:
+    n, name = cfg.nodes.count, str(meta["name"])
     spec: JSONObject = {
-        # Pod hostnames resolve behind the headless service before the pods are ready.
-        "network": {
-            "enableDNSHostnames": True,
-            "subdomain": name,
-            "publishNotReadyAddresses": True,
-        },
-        "failurePolicy": {
-            "maxRestarts": cfg.fault_tolerance.max_requeues,
-            "rules": [
-                {
-                    "name": "ddlaunchStop",
-                    "action": "FailJobSet",
-                    "onJobFailureReasons": ["PodFailurePolicy"],
-                }
-            ],
-        },
-        "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job_spec}}],
+        "network": network(name),
+        "failurePolicy": {"maxRestarts": cfg.fault_tolerance.max_requeues, "rules": [stop_rule()]},
+        "replicatedJobs": [
+            {"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": train_job(n, template)}}
+        ],
     }
     return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": meta, "spec": spec}
 
@@ -328,8 +348,8 @@ def _pytorchjob(
     return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob", "metadata": meta, "spec": spec}
 
 
-def _podgroup(cfg: Config, name: str) -> JSONObject:
-    spec: JSONObject = {"minMember": cfg.nodes.count}
+def podgroup(cfg: Config, name: str, pods: int) -> JSONObject:
+    spec: JSONObject = {"minMember": pods}
     if cfg.kubernetes.gang_timeout:
         spec["scheduleTimeoutSeconds"] = cfg.kubernetes.gang_timeout
     meta: JSONObject = {"name": name}
@@ -369,18 +389,33 @@ def make_kubernetes_plan(
     """The objects of one run: [PodGroup,] JobSet or PyTorchJob. ``run_as``: the (uid, gid)
     the pods run as, the owner of the run directory (decided at the edge)."""
     code = code or CodePaths()
-    kind, name = cfg.kubernetes.kind, object_name(run_id)
+    limit, component_issues = _component_checks(cfg)
+    kind, name = cfg.kubernetes.kind, object_name(run_id, limit)
     checkpoints = cfg.storage.checkpoint_dir or str(PurePosixPath(run_dir) / CHECKPOINTS_DIR)
     # Every problem of the target at once: the user fixes them in one pass.
     problem = _image_problem(cfg)
     issues = [ConfigIssue("container.image", problem)] if problem else []
     issues += _check_storage(cfg, run_dir, checkpoints) + _slurm_only(cfg)
+    issues += component_issues
     if issues:
         raise ConfigError(issues)
     image = _reference(cfg.container.image or "")
     pythonpath, workdir = _code(cfg, code)
     scratch = cfg.storage.scratch
     own_scratch = scratch if scratch and not _covering(cfg, scratch) else None
+    if cfg.components:
+        objects, leader = _components_documents(
+            cfg, name, run_id, run_dir, image, pythonpath, workdir, own_scratch, run_as
+        )
+        return KubernetesPlan(
+            run_id=run_id,
+            run_dir=run_dir,
+            name=name,
+            kind=kind,
+            namespace=cfg.kubernetes.namespace,
+            documents=tuple(objects),
+            leader_job=leader,
+        )
     volumes, mounts = kubernetes_pod.volumes(cfg, own_scratch)
     env = pod_env_list(
         cfg, kind=kind, name=name, run_id=run_id, run_dir=run_dir, pythonpath=pythonpath
@@ -401,13 +436,13 @@ def make_kubernetes_plan(
     meta = _metadata(cfg, name, run_id)
     docs: list[JSONObject] = []
     if cfg.kubernetes.gang == "coscheduling":
-        docs.append(_podgroup(cfg, name))
+        docs.append(podgroup(cfg, name, cfg.nodes.count))
     if kind == "jobset":
-        docs.append(_jobset(cfg, meta, _template(cfg, kind, main([]), volumes, name, run_as)))
+        docs.append(_jobset(cfg, meta, pod_template(cfg, kind, main([]), volumes, name, run_as)))
     else:
         offsets = (_env(pod_env.NODE_OFFSET_VAR, "0"), _env(pod_env.NODE_OFFSET_VAR, "1"))
         master, worker = (
-            _template(cfg, kind, main([offset]), volumes, name, run_as) for offset in offsets
+            pod_template(cfg, kind, main([offset]), volumes, name, run_as) for offset in offsets
         )
         docs.append(_pytorchjob(cfg, meta, master, worker))
     return KubernetesPlan(
@@ -418,6 +453,38 @@ def make_kubernetes_plan(
         namespace=cfg.kubernetes.namespace,
         documents=tuple(docs),
     )
+
+
+def _component_checks(cfg: Config) -> tuple[int, list[ConfigIssue]]:
+    """The longest object name, and the target's refusals, of a run with ``components:``
+    (``planning.kubernetes_components``, imported only for one)."""
+    if not cfg.components:
+        return NAME_MAX, []
+    from ddlaunch.planning import kubernetes_components as parts
+
+    return parts.name_limit(cfg, NAME_MAX), parts.issues(cfg)
+
+
+def _components_documents(
+    cfg: Config,
+    name: str,
+    run_id: str,
+    run_dir: str,
+    image: str,
+    pythonpath: str | None,
+    workdir: str | None,
+    scratch: str | None,
+    run_as: tuple[int, int] | None,
+) -> tuple[list[JSONObject], str]:
+    """[PodGroup,] the JobSet of a run with ``components:``, and node 0's replicated job."""
+    from ddlaunch.planning import kubernetes_components as parts
+
+    base = parts.PodBase(name, run_id, run_dir, image, pythonpath, workdir, scratch, run_as)
+    docs: list[JSONObject] = []
+    if cfg.kubernetes.gang == "coscheduling":
+        docs.append(podgroup(cfg, name, parts.pod_count(cfg)))
+    docs.append(parts.jobset(cfg, _metadata(cfg, name, run_id), base))
+    return docs, parts.leader_job(cfg)
 
 
 _DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

@@ -148,13 +148,16 @@ def container(
     env: Sequence[JSONObject],
     mounts: Sequence[JSONObject],
     workdir: str | None,
-    port_name: str,
+    port_name: str | None,
 ) -> JSONObject:
+    """``port_name``: the rendezvous port's (None: a service's pod, whose ports are its
+    command's business)."""
     out: JSONObject = {"name": name, "image": image, "command": list(command)}
     if workdir:
         out["workingDir"] = workdir
     out["env"] = list(env)
-    out["ports"] = [{"name": port_name, "containerPort": cfg.kubernetes.master_port}]
+    if port_name:
+        out["ports"] = [{"name": port_name, "containerPort": cfg.kubernetes.master_port}]
     out["resources"] = resources(cfg)
     out["volumeMounts"] = list(mounts)
     if cfg.kubernetes.rdma:

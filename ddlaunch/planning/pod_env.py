@@ -4,6 +4,13 @@ The manifest (``planning.kubernetes``) sets them, some through the downward API 
 completion index, the JobSet's restart attempt, the PyTorchJob's replica index); the pod entry
 (``job.pod``) adds the local rank of each process it starts; the ranks read them back through
 ``worker.distenv``. One module names them all, so the three cannot disagree.
+
+A pod's node index is its Job's completion index plus ``NODE_OFFSET_VAR``: 1 for a
+PyTorchJob's Workers (the Master is node 0), and with ``components:`` the nodes of the train
+components before the pod's own (each train component is a replicated job of its own whose
+completion indexes start at 0). The train components start as many ranks per node (validated),
+so the node offset makes the ranks one world numbered component by component, as Slurm's
+``--het-group`` step does: rank = (offset + completion index) x ranks per node + local rank.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ JOB_VAR = KUBERNETES_JOB_VAR  # the JobSet's or PyTorchJob's name
 RESTART_VAR = KUBERNETES_RESTART_VAR  # the attempt (JobSet: its restart-attempt annotation)
 KIND_VAR = "DDLAUNCH_K8S_KIND"  # jobset | pytorchjob
 NODE_INDEX_VAR = "DDLAUNCH_K8S_NODE_INDEX"  # the Job completion index / the replica index
-NODE_OFFSET_VAR = "DDLAUNCH_K8S_NODE_OFFSET"  # PyTorchJob: 0 for the Master, 1 for Workers
+NODE_OFFSET_VAR = "DDLAUNCH_K8S_NODE_OFFSET"  # PyTorchJob Workers: 1; a component: its offset
+COMPONENT_VAR = "DDLAUNCH_K8S_COMPONENT"  # components: the train component of the pod
 NODES_VAR = "DDLAUNCH_K8S_NODES"
 RANKS_PER_NODE_VAR = "DDLAUNCH_K8S_RANKS_PER_NODE"
 LOCAL_RANK_VAR = "DDLAUNCH_K8S_LOCAL_RANK"  # set by the pod entry for each rank it starts
@@ -48,6 +56,7 @@ class PodIdentity:
     master: str
     job: str
     kind: str
+    component: str = ""  # components: the pod's train component
 
     @property
     def leader(self) -> bool:
@@ -69,4 +78,5 @@ class PodIdentity:
             master=master,
             job=env.get(JOB_VAR, ""),
             kind=env.get(KIND_VAR, "jobset"),
+            component=env.get(COMPONENT_VAR, ""),
         )
