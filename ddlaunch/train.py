@@ -150,6 +150,9 @@ class Session:
             info = self._restore_in_process()
         else:
             info = self.manager.load_latest(self.state)
+        if self._memory:  # the RAM copies' buffers now (every rank together), not at a save
+            self._copies = memory.MemoryCheckpoint(_ranks_per_node())
+            self._memory = self._copies.prepare(self.state)
         self.start_step = info.step if info else 0
         self.resumed = info is not None
         # balance: each rank's share of the global batch (by_throughput: measured, then
@@ -208,9 +211,9 @@ class Session:
         the save commits (``_committed``)."""
         if self._memory:
             if self._copies is None:
-                ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
-                self._copies = memory.MemoryCheckpoint(ranks_per_node)
-            self._memory = self._copies.capture(step, self.state)
+                self._copies = memory.MemoryCheckpoint(_ranks_per_node())
+            # Async saves: copied from the save's staged copy, off the loop's thread.
+            self._memory = self._copies.capture(step, self.state, self.manager.copy_staged)
         self._committed()
 
     def _committed(self) -> None:
@@ -568,6 +571,10 @@ class _ManagerState(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.manager.load_state_dict(state_dict)
+
+
+def _ranks_per_node() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
 
 
 def _check_due(replica: Replica, step: int, total: int, every_steps: int | None) -> bool:

@@ -476,6 +476,64 @@ def _session_save_failures(rank: int, world: int, root: Path, rec: _Recorder) ->
         FileSystemWriter.write_data = original  # type: ignore[method-assign]
 
 
+def _session_staging(rank: int, world: int, root: Path, rec: _Recorder) -> None:
+    """A fresh run's Session with async saves (Adam): the staging buffers exist once the
+    Session has started, and its saves copy into them (the same memory); a second Session
+    on the run resumes from disk, trains on and saves a checkpoint that holds exactly its
+    weights and optimizer state."""
+    import os
+    from dataclasses import replace
+
+    from ddlaunch.config.schema import Config
+    from ddlaunch.saving import CheckpointManager, TrainState
+    from ddlaunch.train import Session
+
+    os.environ["DDLAUNCH_RUN_DIR"] = str(root)
+    os.environ["DDLAUNCH_CHECKPOINT_DIR"] = str(root / "ckpt")
+    base = Config()
+    cfg = replace(
+        base,
+        fault_tolerance=replace(
+            base.fault_tolerance, checkpoint_every_steps=2, keep_last=0, async_save=True
+        ),
+    )
+
+    def buffers(session: Session) -> list[int]:
+        stager = session.manager._stager
+        assert stager is not None
+        return sorted(t.untyped_storage().data_ptr() for t in stager.tensors())
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with Session(cfg, model, opt) as session:
+        started = buffers(session)
+        rec["session.staging.at_start"] = len(started)
+        for step in session.steps(4):
+            _train_step(model, opt, seed=step)
+        last = session.manager.last_committed
+        rec["session.staging.saved_step"] = session.manager.pending_step or (
+            last.step if last else None
+        )
+        rec["session.staging.same_buffers"] = buffers(session) == started
+    _barrier()
+    model = nn.Linear(8, 2)  # a new process would start from other weights
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with Session(cfg, model, opt) as session:
+        rec["session.staging.resumed_at"] = session.start_step
+        for step in session.steps(7):
+            _train_step(model, opt, seed=step)
+    _barrier()
+    fresh = nn.Linear(8, 2)
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.01)
+    with CheckpointManager(root / "ckpt", keep_last=0) as manager:
+        info = manager.load_latest({"train": TrainState(fresh, fresh_opt)})
+    rec["session.staging.loaded_step"] = info.step if info else None
+    rec["session.staging.weights_equal"] = _equal_nested(
+        model.state_dict(), fresh.state_dict()
+    ) and _equal_nested(opt.state_dict()["state"], fresh_opt.state_dict()["state"])
+
+
 def phase_world4(rank: int, world: int, out: str) -> None:
     """World size 4: a bit-identical round trip, and the source of the reshard test."""
     out_path = Path(out)
@@ -498,3 +556,7 @@ def phase_world2(rank: int, world: int, out: str) -> None:
         _session_save_failures(rank, world, out_path / "session", rec)
     except Exception as exc:
         rec["session.error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        _session_staging(rank, world, out_path / "staging", rec)
+    except Exception as exc:
+        rec["session.staging.error"] = f"{type(exc).__name__}: {exc}"

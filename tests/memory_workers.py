@@ -65,3 +65,82 @@ def phase_restore(rank: int, world: int, out: str, fits: bool) -> None:
         )
     )
     copies.close()
+
+
+def _ptrs(tensors) -> list[int]:  # type: ignore[no-untyped-def]
+    return sorted(t.untyped_storage().data_ptr() for t in tensors)
+
+
+def _values(copy) -> list[list[float]]:  # type: ignore[no-untyped-def]
+    from ddlaunch.saving.cpu_copy import _tensors
+
+    return [t.flatten().tolist() for t in _tensors(copy)]
+
+
+def phase_slots(rank: int, world: int, out: str, async_save: bool) -> None:
+    """The own copies' two slots: allocated by prepare, reused by every save (the same
+    buffers), the committed copy untouched by the next save until it commits, and by
+    training after a restore from it; a new Session's copies (after an in-process restart)
+    take the committed copy over as one of their slots. With ``async_save``, the copy is
+    made from the save's staged copy (CheckpointManager.copy_staged)."""
+    import torch
+
+    from ddlaunch.saving import memory
+    from ddlaunch.saving.cpu_copy import _tensors
+    from ddlaunch.saving.manager import CheckpointManager
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(RANKS_PER_NODE)
+    memory.forget()
+    model, state = _state(rank)
+    opt = state["train"].optimizers[0]
+    manager = CheckpointManager(Path(out, f"ckpt-{async_save}"), keep_last=0, async_save=async_save)
+    manager.load_latest(state)  # a fresh run: prepares the staging buffers
+    copies = memory.MemoryCheckpoint(RANKS_PER_NODE)
+    seen: dict[str, object] = {"prepared": copies.prepare(state)}
+    slots = [_ptrs(slot.tensors()) for slot in copies.slots]
+    staging = _ptrs(manager._stager.tensors()) if manager._stager else []
+    expected: dict[int, list[list[float]]] = {}
+
+    def train(seed: int) -> None:
+        torch.manual_seed(seed)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+
+    def save(step: int) -> None:
+        manager.save(step, state)
+        copies.capture(step, state, manager.copy_staged)
+        expected[step] = _values(memory.plain_state(state))  # the state at the save
+        manager.wait()
+        assert copies.pending is not None
+        copies.pending[1].result()
+
+    save(10)
+    copies.commit(10)
+    train(1)
+    save(20)  # not committed in RAM yet: the committed copy must still be step 10's
+    seen["committed_kept_during_next_save"] = _values(memory.held().own) == expected[10]  # type: ignore[union-attr]
+    copies.commit(20)
+    seen["committed_is_20"] = _values(memory.held().own) == expected[20]  # type: ignore[union-attr]
+    train(2)
+    save(30)
+    copies.commit(30)
+    seen["same_buffers"] = [_ptrs(slot.tensors()) for slot in copies.slots] == slots
+    seen["staging_reused"] = (
+        _ptrs(manager._stager.tensors()) == staging if manager._stager else None
+    )
+    # An in-process restart: every rank from its own copy, then training goes on.
+    train(3)
+    step = memory.restore(state, 30)
+    seen["restored"] = step
+    seen["restored_equal"] = _values(memory.plain_state(state)) == expected[30]
+    train(4)
+    seen["committed_untouched_by_training"] = _values(memory.held().own) == expected[30]  # type: ignore[union-attr]
+    committed = _ptrs(_tensors(memory.held().own))  # type: ignore[union-attr]
+    after = memory.MemoryCheckpoint(RANKS_PER_NODE)  # the next Session's
+    after.prepare(state)
+    seen["restart_adopts_committed"] = _ptrs(after.slots[0].tensors()) == committed
+    Path(out, f"slots-{async_save}-rank{rank}.json").write_text(json.dumps(seen))
+    after.close()
+    copies.close()
+    manager.close()

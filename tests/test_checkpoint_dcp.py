@@ -228,3 +228,18 @@ def test_session_stops_or_continues_after_a_failed_save(observed: dict[str, Any]
         assert obs["session.continue.raised"] is None
         assert obs["session.continue.reached"] == 7
         assert obs["session.continue.committed"] == [2, 6, 8]
+
+
+def test_session_stages_into_buffers_allocated_at_start(observed: dict[str, Any]) -> None:
+    for obs in observed["w2"]:
+        assert "session.staging.error" not in obs, obs["session.staging.error"]
+        # Allocated when the Session started (a fresh run), and the first save (step 2)
+        # copied into that same memory: no allocation at a save.
+        assert obs["session.staging.at_start"] > 0
+        assert obs["session.staging.saved_step"] == 2
+        assert obs["session.staging.same_buffers"] is True
+        # After a restart from disk, the saves (6, then 7 at the end) hold the weights and
+        # the optimizer state the run had.
+        assert obs["session.staging.resumed_at"] == 4
+        assert obs["session.staging.loaded_step"] == 7
+        assert obs["session.staging.weights_equal"] is True

@@ -42,3 +42,28 @@ def test_copies_that_would_not_fit_are_turned_off_with_a_line(tmp_path: Path) ->
         "reads the checkpoint from disk\n"
     )
     assert [s["said"] for s in seen[1:]] == ["", "", ""]
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_the_own_copies_reuse_two_slots_allocated_at_start(
+    tmp_path: Path, async_save: bool
+) -> None:
+    from ckpt_dist import run_world
+    from memory_workers import phase_slots
+
+    run_world(phase_slots, 4, str(tmp_path), async_save, timeout=120)
+    for rank in range(4):
+        seen = json.loads((tmp_path / f"slots-{async_save}-rank{rank}.json").read_text())
+        assert seen["prepared"] is True
+        # Three saves, and every copy went into the buffers prepare allocated (and the
+        # async saves' staging buffers are the ones load_latest prepared).
+        assert seen["same_buffers"] is True, rank
+        assert seen["staging_reused"] is (True if async_save else None)
+        # The committed copy holds its step until the next save commits, and training
+        # after a restore from it does not change it.
+        assert seen["committed_kept_during_next_save"] is True
+        assert seen["committed_is_20"] is True
+        assert seen["restored"] == 30 and seen["restored_equal"] is True
+        assert seen["committed_untouched_by_training"] is True
+        # The next Session's copies take the committed copy over: one set allocated.
+        assert seen["restart_adopts_committed"] is True

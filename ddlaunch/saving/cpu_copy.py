@@ -17,6 +17,11 @@ copy overlaps the next forward/backward.
 
 The cache is reused by the next save, so the caller must not stage again while a previous
 staged copy is still being written (CheckpointManager finishes the pending save first).
+Others may read a staged copy on the staging thread (``after_copy``: the in-process
+restart's memory checkpoint copies it from there); stage() waits for those reads before it
+overwrites the cache.
+
+``CpuCopy`` is the same reuse for a synchronous copy: one set of buffers, allocated once.
 """
 
 from __future__ import annotations
@@ -154,6 +159,46 @@ class _Filler:
             self.deferred.append((src, dst))
 
 
+class CpuCopy:
+    """One CPU copy of a state dict whose buffers survive from one copy to the next: they
+    are allocated by the first ``copy`` (or taken over by ``adopt``) and again only when
+    the state's tensor layout changes. Not thread-safe: one copy at a time."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+        self._layout: list[tuple[Any, ...]] | None = None
+        self.copied: dict[str, Any] | None = None  # what the last copy() returned
+
+    def adopt(self, copied: dict[str, Any]) -> None:
+        """Use ``copied`` (a copy made by another CpuCopy, or loaded) as the buffers."""
+        self._cache, self._layout, self.copied = copied, _layout(copied), copied
+
+    def copy(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict`` copied into the buffers (the returned dict's tensors are them)."""
+        layout = _layout(state_dict)
+        if self._cache is None or layout != self._layout:
+            self._cache = self.copied = None  # free the old buffers before allocating
+            self._cache = _empty_like_on_cpu(state_dict, False)
+            self._layout = layout
+        with torch.no_grad():
+            self.copied = _Filler(lambda _: False).fill(state_dict, self._cache)
+        return self.copied
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The buffers (tests: where the copies go)."""
+        return _tensors(self._cache)
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj.to_local() if isinstance(obj, DTensor) else obj]
+    if isinstance(obj, dict):
+        return [t for value in obj.values() for t in _tensors(value)]
+    if isinstance(obj, list | tuple):
+        return [t for value in obj for t in _tensors(value)]
+    return []
+
+
 def copy_pairs(pairs: list[CopyPair]) -> None:
     """Run deferred copies (in the staging thread; grad mode is per thread)."""
     with torch.no_grad():
@@ -169,12 +214,23 @@ class ReusableCpuStager:
         self._cache: dict[str, Any] | None = None
         self._layout: list[tuple[Any, ...]] | None = None
         self._thread: ThreadPoolExecutor | None = None
+        self._copying: Future[BaseException | None] | None = None  # the last deferred copy
+        self._readers: list[Future[Any]] = []  # after_copy() jobs that read the cache
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The staging buffers (tests: that a save reuses them)."""
+        return _tensors(self._cache)
 
     def stage(
         self, state_dict: dict[str, Any], defer: Callable[[torch.Tensor], bool] | None = None
     ) -> StagedState:
         """Copy ``state_dict`` into the cache, except the tensors ``defer`` picks: those are
-        listed in ``StagedState.deferred`` for start_deferred() (or copy_pairs) to copy later."""
+        listed in ``StagedState.deferred`` for start_deferred() (or copy_pairs) to copy later.
+        Waits first for the reads of the previous staged copy (after_copy)."""
+        readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.exception()  # the reader's own caller reports its outcome
+        self._copying = None
         layout = _layout(state_dict)
         if self._cache is None or layout != self._layout:
             self._cache = None  # free the old buffers before allocating new ones
@@ -199,7 +255,26 @@ class ReusableCpuStager:
         copies. The future never raises: it holds the copy's exception, if any, so that
         the caller decides how to report it."""
         assert self._thread is not None, "stage() first"
-        return self._thread.submit(_run_copies, staged)
+        self._copying = self._thread.submit(_run_copies, staged)
+        return self._copying
+
+    def after_copy(self, staged: StagedState, read: Callable[[dict[str, Any]], Any]) -> Future[Any]:
+        """``read(staged.state_dict)`` on the staging thread, once the staged copy is
+        complete (the thread runs its jobs in order, after start_deferred's copy); the
+        future raises the copy's error instead when that failed. The next stage() waits
+        for it before overwriting the cache."""
+        assert self._thread is not None, "stage() first"
+        copying = self._copying
+
+        def job() -> Any:
+            error = copying.result() if copying is not None else None
+            if error is not None:
+                raise error
+            return read(staged.state_dict)
+
+        future = self._thread.submit(job)
+        self._readers.append(future)
+        return future
 
     def close(self) -> None:
         if self._thread is not None:

@@ -73,6 +73,7 @@ from ddlaunch.saving.agreement import (
 )
 from ddlaunch.saving.cpu_copy import HandOff, ReusableCpuStager, StagedState, storage_key
 from ddlaunch.saving.state import TrainState
+from ddlaunch.saving.writer import ShardWriter
 
 __all__ = ["CheckpointError", "CheckpointManager", "CheckpointSaveError", "TrainState"]
 
@@ -140,6 +141,7 @@ class CheckpointManager:
         self._staging: Future[BaseException | None] | None = None
         self._hooks: dict[int, Any] = {}
         self.staging_wait_s = 0.0  # total time the hooks and boundaries waited (benchmarks)
+        self._last_staged: StagedState | None = None  # what the last save() staged
         self._pending: _Pending | None = None
         self._closed = False
         self.last_committed: CheckpointInfo | None = None
@@ -196,6 +198,7 @@ class CheckpointManager:
         meta = dict(metadata or {})
         json.dumps(meta)  # fail here, on the caller's rank, before any collective
         self.wait()  # one save in flight at a time: it also frees the staging buffers
+        self._last_staged = None
         path = self.root / layout.step_dir_name(step)
         # Async: stage first (local), so that the background copy runs during the
         # collectives below. Wasted, but harmless, in the rare case of a skipped step.
@@ -218,7 +221,18 @@ class CheckpointManager:
         assert staged is not None
         future = self._start_write(staged, step, path)
         self._pending = _Pending(step, path, future, meta, self._staging)
+        assert isinstance(staged, StagedState)
+        self._last_staged = staged
         return None
+
+    def copy_staged(self, read: Callable[[dict[str, Any]], Any]) -> Future[Any] | None:
+        """``read(staged)`` on the last async save's staged copy of the state, once it is
+        complete, on the staging thread (local, not a collective); None when the last
+        save() staged nothing (a sync manager, a skipped step). The staged copy holds the
+        saved step until the next save() or prepare_staging(), which wait for ``read``."""
+        if self._stager is None or self._last_staged is None:
+            return None
+        return self._stager.after_copy(self._last_staged, read)
 
     def maybe_finish(self) -> CheckpointInfo | None:
         """Commit a pending async save if every rank's write has finished.
@@ -290,6 +304,7 @@ class CheckpointManager:
         is free; otherwise the first async save pays for it (several times a warm save).
         Local, not a collective; a no-op for sync managers."""
         if self._stager is not None:
+            self._last_staged = None
             self._stager.stage(_without_stateful(state_dict))
 
     def close(self) -> None:
@@ -323,7 +338,7 @@ class CheckpointManager:
         """Remove the step hooks and free the staging buffers (a running copy keeps its own
         references; the hooks must not outlive the manager, or a later step would wait on
         a manager that is gone)."""
-        self._staging = None
+        self._staging = self._last_staged = None
         for handle in self._hooks.values():
             handle.remove()
         self._hooks.clear()
@@ -333,10 +348,9 @@ class CheckpointManager:
     # ---------------------------------------------------------------- internals
 
     def _writer(self, path: Path) -> dcp.FileSystemWriter:
-        # sync_files: fsync each shard and .metadata; the marker must mean "durable".
-        # overwrite=False: _prepare_dir emptied the directory; a .metadata found there now
-        # means a second writer, and failing beats mixing two checkpoints.
-        return dcp.FileSystemWriter(path, sync_files=True, overwrite=False)
+        # Every file fsynced, overwrite refused (_prepare_dir emptied the directory), the
+        # shards without zip CRC32s (writer.py says why).
+        return ShardWriter(path)
 
     def _stage(self, state_dict: dict[str, Any]) -> StagedState | BaseException:
         """Copy the state into the staging buffers and start the background copy of the

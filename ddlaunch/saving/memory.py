@@ -20,6 +20,23 @@ in the same process, and the copies must outlive the old one.
 
 Not for sharded (DTensor) state: its shards are resharded by DCP on a load, which a byte
 copy cannot do; ``auto`` is off there, with a line saying so.
+
+Where the own copy lives. Two sets of CPU buffers per rank (``CpuCopy`` slots), allocated
+and touched when the Session starts (``prepare``), never at a save: the committed copy
+must stay untouched until the next save commits (a restart in between resumes from it),
+so the next save's copy goes to the other set. A save copies into the slot that does not
+hold the committed copy; after an in-process restart the committed copy itself becomes
+one of the new Session's two slots, so a restart allocates one set, not two.
+
+With async saves the async save's staging buffers (``cpu_copy.ReusableCpuStager``) hold
+the same state, but they cannot be the committed copy as well: they must hold step N
+only until the next save starts, when that save stages step N+k over them, while step
+N's committed copy must survive until N+k commits. So the own copy is copied *from* the
+staging buffers, on the staging thread once the background copy is done
+(``CheckpointManager.copy_staged``), instead of from the live state on the training
+loop's thread: the save's stall gains nothing, and the next save's staging waits for
+that copy first. With sync saves the copy from the live state is made inside the save,
+into the warm slot.
 """
 
 from __future__ import annotations
@@ -28,7 +45,7 @@ import contextlib
 import copy
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +53,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
+
+from ddlaunch.saving.cpu_copy import CpuCopy
+from ddlaunch.saving.state import TrainState
 
 STATE_FROM_RAM = "ram"
 STATE_FROM_DISK = "disk"
@@ -85,9 +105,9 @@ def _clone(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def snapshot(state: Mapping[str, Any]) -> dict[str, Any]:
-    """This rank's state as it is now, its tensors copied to the CPU (a memory copy)."""
-    return {k: _clone(v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
+def plain_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The state with its ``Stateful`` entries replaced by their state dicts (not copied)."""
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
 
 
 def nbytes(value: Any) -> int:
@@ -114,15 +134,25 @@ def deserialize(data: torch.Tensor) -> dict[str, Any]:
 
 
 def load_into(state: dict[str, Any], plain: Mapping[str, Any]) -> None:
-    """Put a copy back into the live state, as a load from disk would."""
+    """Put a copy back into the live state, as a load from disk would. The live state gets
+    tensors of its own: an optimizer's ``load_state_dict`` keeps the tensors it is given
+    (same dtype and device), and training would then change the committed copy in place."""
     for key, value in plain.items():
         target = state.get(key)
         if isinstance(target, Stateful):
-            target.load_state_dict(value)
+            target.load_state_dict(_for_loading(target, value))
         elif isinstance(target, torch.Tensor):
             target.copy_(value)
         else:
-            state[key] = value
+            state[key] = _clone(value)
+
+
+def _for_loading(target: Stateful, value: Any) -> Any:
+    # A TrainState copies the model's entries into the parameters: only the rest (the
+    # optimizers' state) needs tensors of its own.
+    if isinstance(target, TrainState) and isinstance(value, Mapping) and "model" in value:
+        return {k: v if k == "model" else _clone(v) for k, v in value.items()}
+    return _clone(value)
 
 
 def sharded(state: Mapping[str, Any]) -> bool:
@@ -180,10 +210,15 @@ def _exchange(
     return received
 
 
+# Runs a function on the last async save's staged copy, on the staging thread, once that
+# copy is complete (``CheckpointManager.copy_staged``); None when there is none.
+FromStaging = Callable[[Callable[[dict[str, Any]], Any]], "Future[Any] | None"]
+
+
 class MemoryCheckpoint:
     """A Session's side of the copies (one per process group generation: its exchange group
-    is one of the generation's). ``capture`` at every save, on every rank together;
-    ``commit`` at every step boundary."""
+    is one of the generation's). ``prepare`` when the Session starts, ``capture`` at every
+    save, on every rank together; ``commit`` at every step boundary."""
 
     def __init__(self, ranks_per_node: int) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -193,25 +228,59 @@ class MemoryCheckpoint:
         # training loop's collectives.
         self.group = dist.new_group(backend="gloo") if self.to >= 0 else None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ddlaunch-memory")
-        self.on: bool | None = None  # decided at the first capture (the state's size)
+        self.on: bool | None = None  # decided by prepare (the state's size)
         self.pending: tuple[int, Future[Held]] | None = None
+        self.slots = (CpuCopy(), CpuCopy())  # the own copies' buffers (see the module doc)
 
-    def capture(self, step: int, state: Mapping[str, Any]) -> bool:
-        """This rank's copy now (a memory copy: the loop may go on changing the state);
-        the peers' copies on their way. Returns False on every rank when the copies do not
-        fit, after rank 0 said so."""
-        own = snapshot(state)
+    def prepare(self, state: Mapping[str, Any]) -> bool:
+        """When the Session starts, on every rank together: decide whether two copies fit
+        (False on every rank when not, after rank 0 said so), then allocate and touch the
+        slots, one of them the committed copy of a restart when there is one."""
+        plain = plain_state(state)
         if self.on is None:
-            self.on = self._fits(nbytes(own))
+            self.on = self._fits(nbytes(plain))
+        if not self.on:
+            return False
+        mine = held()
+        if mine is not None and self.slots[0].copied is None:
+            self.slots[0].adopt(mine.own)  # reused if its layout still matches the state's
+        for slot in self.slots:
+            if slot.copied is None or not _is_committed(slot.copied):
+                slot.copy(plain)  # allocates and first-touches (the copy itself is unused)
+        return True
+
+    def capture(
+        self, step: int, state: Mapping[str, Any], from_staging: FromStaging | None = None
+    ) -> bool:
+        """This rank's copy of the state as it is now (the loop may go on changing it
+        afterwards); the peers' copies on their way. With ``from_staging`` (async saves),
+        the copy is made from the save's staged copy on the staging thread, and the loop
+        does not wait for it. Returns False on every rank when the copies do not fit."""
+        if self.on is None:
+            self.prepare(state)
         if not self.on:
             return False
         if self.pending is not None:
+            # Its copy may be in the slot this capture is about to fill (when it was never
+            # committed); normally it arrived long ago.
             with contextlib.suppress(Exception):
                 self.pending[1].result()
-        self.pending = (step, self.pool.submit(self._send, step, own))
+            self.pending = None
+        slot = self._free_slot()
+        copied = from_staging(slot.copy) if from_staging is not None else None
+        if copied is None:
+            done: Future[dict[str, Any]] = Future()
+            done.set_result(slot.copy(plain_state(state)))
+            copied = done
+        self.pending = (step, self.pool.submit(self._send, step, copied))
         return True
 
-    def _send(self, step: int, own: dict[str, Any]) -> Held:
+    def _free_slot(self) -> CpuCopy:
+        """The slot that does not hold the committed copy."""
+        return next(slot for slot in self.slots if not _is_committed(slot.copied))
+
+    def _send(self, step: int, copied: Future[dict[str, Any]]) -> Held:
+        own = copied.result()  # raises when the staged copy failed: nothing is committed
         if self.to < 0:
             return Held(step, own, -1, None)
         received = _exchange(serialize(own), self.to, self.frm, self.group)
@@ -243,6 +312,10 @@ class MemoryCheckpoint:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _is_committed(copy: dict[str, Any] | None) -> bool:
+    return copy is not None and _committed is not None and copy is _committed.own
 
 
 def restore(state: dict[str, Any], disk_step: int | None) -> int | None:
