@@ -29,8 +29,11 @@ def reference_lines(cls: type, prefix: str = "") -> list[str]:
             continue
         item = typing.get_args(hints[f.name])[:1]
         if item and isinstance(item[0], type) and dataclasses.is_dataclass(item[0]):
-            lines.append(f"  {key} (list of mappings, default []): {doc}")  # storage.stage
-            lines += reference_lines(item[0], f"{key}[].")
+            # storage.stage under its section; components at the top, a heading whose
+            # items' keys (their sections' headings too) are indented under it.
+            lines.append(f"{'  ' if prefix else ''}{key} (list of mappings, default []): {doc}")
+            items = reference_lines(item[0], f"{key}[].")
+            lines += [line if line.startswith("  ") else f"  {line}" for line in items]
             continue
         default: Any = f.default
         if default is dataclasses.MISSING and callable(f.default_factory):

@@ -379,6 +379,11 @@ class TemplatesSpec:
 class Config:
     job: JobSpec = field(default_factory=JobSpec, metadata={"doc": "Slurm job settings."})
     nodes: NodesSpec = field(default_factory=NodesSpec, metadata={"doc": "What to allocate."})
+    components: tuple[ComponentSpec, ...] = opt(
+        [],
+        "A job over unlike nodes (a Slurm heterogeneous job): each component's nodes, and "
+        "its role (train: one world over every train component; service: its own program).",
+    )
     cluster: ClusterSpec = field(
         default_factory=ClusterSpec, metadata={"doc": "Facts about the cluster (usually a preset)."}
     )
@@ -429,11 +434,6 @@ class Config:
     )
     templates: TemplatesSpec = field(
         default_factory=TemplatesSpec, metadata={"doc": "Site template search path."}
-    )
-    components: tuple[ComponentSpec, ...] = opt(
-        [],
-        "A job over unlike nodes (a Slurm heterogeneous job): each component's nodes, and "
-        "its role (train: one world over every train component; service: its own program).",
     )
     sbatch: dict[str, Any] = opt(
         {}, "Extra sbatch directives the model does not know, as option: value (true for a flag)."

@@ -24,7 +24,9 @@ from typing import Any
 
 import ddlaunch.store
 from ddlaunch.store import (
+    balance,
     chain,
+    components,
     exclusions,
     failures,
     group_state,
@@ -39,6 +41,7 @@ from ddlaunch.store import (
     submission,
     watchdog,
 )
+from ddlaunch.policy.balance import Component, by_throughput
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.layout import HISTORY_DIR, LOCK_FILE, MANIFEST_FILE
 from ddlaunch.store.snapshots import SNAPSHOTS_DIR, SnapshotRecord, write_snapshot
@@ -131,6 +134,19 @@ def _complete(run: Path, root: Path) -> None:
     chain.add_dependent(run, chain.DependentRecord(run_id="dep", run_dir=str(root / "dep")))
     view = group_state.GroupView(1, ("node2",), group_state.HEALING, 1)
     group_state.write_state(run, group_state.GroupsState(JOB, 0, 0, 4.0, (view,)))
+    # what a heterogeneous job adds (components:): a service's record and a stop request,
+    # the batch shares of balance: by_throughput
+    run_ = components.ServiceRun(start=3.0, end=4.0, exit=137)
+    service = components.ServiceState(
+        "server", components.RUNNING, 2, 137, 4.0, history=(run_, components.ServiceRun(4.5))
+    )
+    components.write(run, service)
+    components.request_stop(run, "server", JOB)
+    parts = (Component("fast", 1), Component("slow", 1))
+    shares = by_throughput(parts, [2.0, 1.0], 32)
+    balance.write(
+        run, shares, [2.0, 1.0], global_batch=32, step=5, measured_steps=[1, 2], attempt="9-0"
+    )
     (run / HISTORY_DIR).mkdir(exist_ok=True)
     shutil.copy2(run / "config.yaml", run / HISTORY_DIR / "20260101-000000-config.yaml")
 
