@@ -16,15 +16,19 @@ times after attempt 0's first step (a later injection waits for the run to train
 60 s kill -9 one rank, at 130 s kill every process of the second working node, at 200 s kill -9
 one rank. One run with recovery in the allocation (``spare_nodes: 1``, default
 ``max_restarts``), one requeue-only (``max_restarts: 0``, no spare), one with the in-process
-restart beside the spare (``restart: in_process``: the rank kills recover in process; the
-node kill, slurmd included, ends the step and falls back to the restart on the spare), same
-schedule.
+restart beside the spare (``restart: in_process``, ``standbys_per_node: 1``: each rank kill
+is taken by its node's standby, which forks the rank and waits again; the node kill, slurmd
+included, moves the node's ranks to the spare's standbys), same schedule.
 ETTR = steps completed x the median step time of the run's uninterrupted stretches (rank 0's
 save points of one attempt: every 20 steps) / the wall time from attempt 0's first step to
 the last step. Target >= 90 % in the allocation.
 
     flock /tmp/ddlaunch-devcluster.lock python benchmarks/bench_spares.py schedule
+    SBATCH_PARTITION=lane3 python benchmarks/bench_spares.py schedule --only spare,inprocess
 
+On a dev cluster shared with others, ``SBATCH_PARTITION`` keeps the runs in one lane: only its
+nodes are waited for, and only the nodes the benchmark killed are revived
+(``scripts/devcluster revive NODE``).
 Each run gets its own bad-node list (``DDLAUNCH_BAD_NODES``), so a node blamed here stays off
 no later submission. ``BENCH_KEEP=1`` keeps the run directories (logs, attempts.json).
 """
@@ -104,6 +108,7 @@ def working_victim(run: Path) -> tuple[str, dict]:
 
 def kill_node(node: str) -> int:
     """SIGKILL every process in the node's network namespace (slurmd, slurmstepd, ranks)."""
+    KILLED.add(node)
     killed = 0
     for pid in sh("ip", "netns", "pids", f"ddl-{node}").split():
         with contextlib.suppress(ProcessLookupError):
@@ -112,9 +117,23 @@ def kill_node(node: str) -> int:
     return killed
 
 
-def revive() -> None:
-    """``scripts/devcluster up``: restarts dead slurmd's and resumes DOWN nodes."""
-    subprocess.run([str(DEVCLUSTER), "up"], check=False, capture_output=True, timeout=180)
+def revive(nodes: list[str]) -> None:
+    """``scripts/devcluster revive NODE...``: restarts the slurmd of the nodes this benchmark
+    killed and resumes them; no other node is touched (the cluster is shared)."""
+    if nodes:
+        subprocess.run(
+            [str(DEVCLUSTER), "revive", *nodes], check=False, capture_output=True, timeout=180
+        )
+
+
+KILLED: set[str] = set()  # the nodes this benchmark killed, revived when found down
+
+
+def lane_nodes() -> list[str]:
+    """The nodes of the partition the runs go to (``SBATCH_PARTITION``, e.g. a lane of the
+    dev cluster), else every node."""
+    part = os.environ.get("SBATCH_PARTITION")
+    return sh("sinfo", "-h", "-N", *(["-p", part] if part else []), "-o", "%N").split()
 
 
 def wait_gone(job: str, timeout: float = 120) -> None:
@@ -129,15 +148,15 @@ def wait_gone(job: str, timeout: float = 120) -> None:
 
 
 def wait_idle(timeout: float = 180) -> None:
-    """Until every node is IDLE (a killed node revived, the job's epilogs done)."""
-    nodes = sh("sinfo", "-h", "-N", "-o", "%N").split()
+    """Until every node of the runs' partition is IDLE (a node this benchmark killed
+    revived, the job's epilogs done)."""
+    nodes = lane_nodes()
     deadline = time.time() + timeout
     while time.time() < deadline:
         states = {n: node_state(n) for n in nodes}
         if all(s == "IDLE" for s in states.values()):
             return
-        if any("DOWN" in s or "DRAIN" in s for s in states.values()):
-            revive()
+        revive([n for n, s in states.items() if n in KILLED and ("DOWN" in s or "DRAIN" in s)])
         time.sleep(1)
     raise SystemExit(f"nodes not idle after {timeout:.0f} s: {states}")
 
@@ -145,7 +164,7 @@ def wait_idle(timeout: float = 180) -> None:
 def finish(run: Path, job: str, keep: bool) -> None:
     stop_run(run, job)
     wait_gone(job)
-    revive()
+    revive(sorted(KILLED))
     wait_idle()
     if not keep:
         shutil.rmtree(run, True)
@@ -381,14 +400,21 @@ def one_schedule(tmp: Path, spare: bool, steps: int, keep: bool, in_process: boo
                 raise SystemExit(f"{name}: not done after 20 min: {attempts(run)}")
             # A killed node back once Slurm declared it DOWN and the run trains again: the
             # requeued attempt's start hook blames (and excludes) the node only if it is
-            # still down then; later failures need 2 live nodes besides it.
+            # still down then; later failures need 2 live nodes besides it. Not in process:
+            # there the ranks' step that named the node runs on, and a node whose slurmd
+            # registers again without the step makes slurmctld cancel the whole step
+            # (measured: STEP CANCELLED on the live nodes 0.02 s after the revived slurmd
+            # started); the later failures kill ranks only, and the node is revived after.
             if (
                 dead
+                and not in_process
                 and reviving is None
                 and training(run, last_fault)
                 and "DOWN" in node_state(dead[0])
             ):
-                reviving = subprocess.Popen([str(DEVCLUSTER), "up"], stdout=subprocess.DEVNULL)
+                reviving = subprocess.Popen(
+                    [str(DEVCLUSTER), "revive", dead[0]], stdout=subprocess.DEVNULL
+                )
             if reviving is not None and reviving.poll() is not None:
                 reviving, dead = None, dead[1:]
             if pending and now - t0 >= pending[0][0] and training(run, last_fault):
@@ -488,10 +514,11 @@ def schedule(steps: int, only: str) -> None:
     runs: dict[object, dict] = {}
     try:
         wait_idle()
+        chosen = set(only.split(",")) if only else {"spare", "requeue", "inprocess"}
         for spare in (True, False):
-            if only in ("", "spare" if spare else "requeue"):
+            if ("spare" if spare else "requeue") in chosen:
                 runs[spare] = one_schedule(tmp, spare, steps, keep)
-        if only in ("", "inprocess"):
+        if "inprocess" in chosen:
             runs["inprocess"] = one_schedule(tmp, True, steps, keep, in_process=True)
     finally:
         if not keep:
@@ -539,13 +566,14 @@ def main() -> None:
         node_death(repeat)
     elif mode == ["schedule"]:
         steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 0
-        # --only spare|requeue|inprocess: one of the runs (a second sample of it).
+        # --only spare|requeue|inprocess, or several with commas: those runs (in that order:
+        # spare, requeue, inprocess).
         only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
         schedule(steps or SCHEDULE_STEPS, only)
     else:
         raise SystemExit(
             "usage: bench_spares.py node-death [--repeat N]"
-            " | schedule [--steps N] [--only spare|requeue|inprocess]"
+            " | schedule [--steps N] [--only spare,requeue,inprocess]"
         )
 
 

@@ -19,8 +19,10 @@ from support.rundirs import T0, make_run, settle
 import ddlaunch
 from ddlaunch.app.prepare import prepare
 from ddlaunch.config.validate import to_plain
-from ddlaunch.store import outcome, progress
+from ddlaunch.store import outcome, progress, standbys
+from ddlaunch.store.inprocess import InProcessRestart, Replacement
 from ddlaunch.store.rundir import RunDir
+from ddlaunch.store.standbys import StandbyBook, TakenStandby, Tally
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,15 +44,35 @@ def slurm_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Two runs under the test's run root and the squeue that knows their jobs."""
     root = tmp_path / "runs"
     monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(root))
-    make_run(
+    # Running with restart: in_process: rank 3 crashed and a standby of node2 took it.
+    restart = {
+        "time": T0 + 3,
+        "generation": 1,
+        "ranks": [3],
+        "hosts": ["node2"],
+        "cause": "crash",
+        "replacements": [{"rank": 3, "host": "node2", "pid": 4242, "rank_pid": 4250}],
+        "rejoined_s": 0.4,
+        "resumed_from": 30,
+        "state_from": "ram",
+        "fell_back": None,
+    }
+    running = {"attempt": 0, "job_id": "377", "restart_count": 0, "nodes": "node[1-2]"}
+    alpha = make_run(
         root,
         "alpha-1",
         "377",
         T0,
-        attempts=[{"attempt": 0, "job_id": "377", "nodes": "node1", "start": T0}],
+        attempts=[{**running, "start": T0, "in_process_restarts": [restart]}],
         progress=(40, T0 + 5),
         ckpt=[30],
     )
+    tally = Tally("377-0")
+    tally.registered("node1", spare=False)
+    tally.registered("node2", spare=False)
+    tally.took(TakenStandby(3, "node2", 1, 4242, 4250))
+    tally.registered("node2", spare=False)
+    standbys.write(alpha, tally.book(T0 + 4))
     crashed = {
         "attempt": 0,
         "job_id": "378",
@@ -98,6 +120,10 @@ def same_as_json(value: ddlaunch.RunStatus, row: dict) -> None:
     for attempt, item in zip(value.history, row["history"], strict=True):
         for key, expected in item.items():
             got = getattr(attempt, key)
+            if key == "in_process_restarts":  # typed: the same entries, parsed
+                expected = [InProcessRestart.from_mapping(e) for e in expected]
+            if key == "standbys":
+                expected = StandbyBook.from_mapping(expected)
             assert (list(got) if isinstance(got, tuple) else got) == expected, key
 
 
@@ -118,6 +144,13 @@ def test_run_by_prefix_has_the_status_that_status_json_prints(
         "RUNNING", 40, 30, False
     )  # fmt: skip
     assert (completed.state, completed.checkpoint, completed.attempts) == ("COMPLETED", 100, 2)
+    (restart,) = running.history[0].in_process_restarts
+    assert restart.ranks == (3,) and restart.state_from == "ram"
+    assert restart.replacements == (Replacement(3, "node2", 4242, 4250),)
+    book = running.history[0].standbys
+    assert book is not None and book.waiting == 2 and book.taken_count == 1
+    assert "in_process_restarts" in printed[0]["history"][0]
+    assert "standbys" in printed[0]["history"][0]
     assert completed.history[0].culprit == "rank 1 on node2 killed by SIGKILL"
     assert completed.history[0].blamed == ("node2",)
     assert completed.detail == "completed at step 100"

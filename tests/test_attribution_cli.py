@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from support.fakes import fake_slurm_bin
-from support.rundirs import T0, make_run
+from support.rundirs import T0, make_run, write_attempts
 
+from ddlaunch.store import outcome, standbys
 from ddlaunch.store.failures import write_failure
+from ddlaunch.store.standbys import TakenStandby, Tally
 
 RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"
 KILLED = "rank 1 on node1 killed by SIGKILL"
@@ -356,6 +358,101 @@ def test_a_running_run_shows_no_failure_its_ranks_recovered_from_in_process(
     crashed_rank_record(run, T0 + 90)
     assert piped(tmp_path, queue, "status", "r").splitlines()[0] == (
         "FAILED rank 3 on node2: ValueError: bad batch"
+    )
+
+
+def standby_books(run: Path, *events: tuple[str, ...]) -> None:
+    """``standbys.json`` as the control store's holder writes it, from its events:
+    ``("waiting", host)``, ``("spare", host)``, ``("took", host, rank, pid, rank_pid)``,
+    ``("lost", host)``."""
+    tally = Tally("377-0")
+    for kind, host, *more in events:
+        if kind in ("waiting", "spare"):
+            tally.registered(host, spare=kind == "spare")
+        elif kind == "took":
+            rank, pid, rank_pid = map(int, more)
+            tally.took(TakenStandby(rank, host, 1, pid, rank_pid))
+        else:
+            tally.lost_host(host)
+    standbys.write(run, tally.book(T0 + 31))
+
+
+def test_a_running_in_process_run_shows_its_standbys_under_the_attempt(tmp_path: Path) -> None:
+    """standbys_per_node: 1 on two nodes; rank 3's standby on node2 took it (forking pid
+    4250 for the rank) and waits again: two waiting, one taken. Once the attempt ended, its
+    standbys are no more, and the line is gone."""
+    attempt = {
+        "attempt": 0,
+        "job_id": "377",
+        "restart_count": 0,
+        "nodes": "node[1-2]",
+        "start": T0,
+        "resumed_from": None,
+        "in_process_restarts": [
+            in_process_restart(
+                replacements=[{"rank": 3, "host": "node2", "pid": 4242, "rank_pid": 4250}]
+            )
+        ],
+    }
+    run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[attempt])
+    standby_books(
+        run,
+        ("waiting", "node1"),
+        ("waiting", "node2"),
+        ("took", "node2", "3", "4242", "4250"),
+        ("waiting", "node2"),
+    )
+    queue = "377|RUNNING|None|node[1-2]\n"
+    assert piped(tmp_path, queue, "status", "r") == (
+        "run  job  state    nodes      step  ckpt  attempts\n"
+        "r    377  RUNNING  node[1-2]     -     -         1\n"
+        "attempt 0: job 377 on node[1-2] at 14:13:20, from scratch -> running\n"
+        "  in-process restart 1: rank 3 on node2 crashed; standby pid 4242 took it, as pid "
+        "4250; state from RAM (step 60); rejoined in 1.8 s\n"
+        "  standbys: 2 waiting, 1 on each of node[1-2]; taken: rank 3 on node2 (in-process "
+        "restart 1, pid 4250)\n"
+    )
+    ended = {**attempt, "end": T0 + 120, "cause": "completed", "committed_step": 160}
+    write_attempts(run, [ended])
+    outcome.write_outcome(run, "COMPLETED", "completed")
+    shown = piped(tmp_path, COMPLETED_QUEUE, "status", "r")
+    assert "standbys:" not in shown and "in-process restart 1" in shown, shown
+
+
+def test_a_node_lost_with_its_standby_and_a_spares_standbys_that_took_its_ranks(
+    tmp_path: Path,
+) -> None:
+    """Every process of node2 killed: its ranks moved to the spare node3, whose two standbys
+    took them and wait again as node3's own; node2's standby is gone with it."""
+    attempt = {
+        "attempt": 0,
+        "job_id": "377",
+        "restart_count": 0,
+        "nodes": "node[1-2]",
+        "start": T0,
+        "resumed_from": None,
+    }
+    run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[attempt])
+    before = (("waiting", "node1"), ("waiting", "node2"), ("spare", "node3"), ("spare", "node3"))
+    standby_books(run, *before)
+    queue = "377|RUNNING|None|node[1-3]\n"
+    lines = piped(tmp_path, queue, "status", "r").splitlines()
+    assert lines[2:] == [
+        "attempt 0: job 377 on node[1-2] at 14:13:20, from scratch -> running",
+        "  standbys: 4 waiting, 1 on each of node[1-2], 2 on spare node3",
+    ]
+    standby_books(
+        run,
+        *before,
+        ("lost", "node2"),
+        ("took", "node3", "2", "31", "41"),
+        ("took", "node3", "3", "32", "42"),
+        ("waiting", "node3"),
+        ("waiting", "node3"),
+    )
+    assert piped(tmp_path, queue, "status", "r").splitlines()[3] == (
+        "  standbys: 3 waiting, 1 on node1, 2 on node3; node2 lost; taken: rank 2 on node3 "
+        "(in-process restart 1, pid 41), rank 3 on node3 (in-process restart 1, pid 42)"
     )
 
 

@@ -83,6 +83,7 @@ def test_a_killed_rank_is_replaced_by_a_standby_and_the_others_keep_their_proces
     assert restart["ranks"] == [3] and restart["state_from"] == "ram", restart
     (replacement,) = restart["replacements"]
     assert replacement["pid"] in standbys  # a process that existed before the kill
+    assert replacement["rank_pid"] not in standbys  # the process it forked for the rank
     assert restart["resumed_from"] >= 60 and restart["resumed_from"] % 20 == 0
     assert only["cause"] == "completed"
     res = result(run_dir)
@@ -110,10 +111,12 @@ def test_a_replacement_that_dies_as_it_joins_falls_back_to_the_process_restart(
     logs = run_dir / "logs"
 
     def taking() -> int | None:
+        """The process the standby forked to run rank 3 (``... takes rank 3 (generation 1)
+        in pid N``)."""
         for log in logs.glob("standby-*.out"):
             for line in log.read_text().splitlines():
                 if "takes rank 3" in line:
-                    return int(line.split("(pid ")[1].split(")")[0])
+                    return int(line.rsplit(" in pid ", 1)[1])
         return None
 
     os.kill(wait_for(taking, 60, "a standby taking rank 3", poll=0.02), signal.SIGKILL)
@@ -129,6 +132,60 @@ def test_a_replacement_that_dies_as_it_joins_falls_back_to_the_process_restart(
     assert result(run_dir)["param_sha256"] == reference_sha
     said = (logs / "rank-0.out").read_text()
     assert "no in-process restart (" in said and "the ranks restart as new processes" in said
+
+
+def _parent(pid: int) -> int:
+    """A process's parent, from /proc (the rank's own line: ``PPid:``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("PPid:")).split()[1])
+
+
+def test_a_second_and_a_third_failure_on_the_same_node_are_restarted_in_process(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    """standbys_per_node: 1. Rank 3 on node2 killed -9, then the process that took it, then
+    the one that took that: the node's one standby took it each time (it forks the rank and
+    waits again), so all three are restarted in process, in one attempt, and the books say
+    the node still has its standby."""
+    config = mlp_config(tmp_path, "inproc-3x", params=PARAMS, fault_tolerance=IN_PROCESS)
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 20, 180, "a committed step >= 20")
+    ranks = _pids(run_dir, b"ddlaunch.worker.task")
+    standbys = _pids(run_dir, b"ddlaunch.worker.standby")
+    assert len(ranks) == 4 and len(standbys) == 2, (ranks, standbys)
+    victim = next(pid for pid, rank in ranks.items() if rank == 3)
+    killed = []
+    for n in (1, 2, 3):
+        os.kill(victim, signal.SIGKILL)
+        killed.append(victim)
+
+        def recorded(n: int = n) -> dict | None:
+            done = attempts(run_dir)[-1].get("in_process_restarts") or []
+            return done[n - 1] if len(done) >= n and done[n - 1].get("state_from") else None
+
+        restart = wait_for(recorded, 60, f"in-process restart {n}'s record", poll=0.1)
+        (taken,) = restart["replacements"]
+        assert taken["pid"] in standbys and _parent(taken["rank_pid"]) == taken["pid"], taken
+        victim = taken["rank_pid"]  # the next failure: the process that runs rank 3 now
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    (only,) = attempts(run_dir)  # no process restart, no requeue
+    restarts = only["in_process_restarts"]
+    assert [r["generation"] for r in restarts] == [1, 2, 3]
+    assert all(r["ranks"] == [3] and r["fell_back"] is None for r in restarts), restarts
+    # rank 3's node's one standby took it each time, in a new process each time
+    (node,) = {h for r in restarts for h in r["hosts"]}
+    assert {r["replacements"][0]["host"] for r in restarts} == {node}
+    assert len({r["replacements"][0]["pid"] for r in restarts}) == 1
+    rank_pids = [r["replacements"][0]["rank_pid"] for r in restarts]
+    assert rank_pids == [*killed[1:], rank_pids[-1]] and len(set(rank_pids)) == 3, rank_pids
+    assert only["cause"] == "completed"
+    assert result(run_dir)["param_sha256"] == reference_sha
+    # The books: one record for the job, the node's standby waiting again, three taken.
+    books = json.loads((run_dir / "standbys.json").read_text())
+    assert books["taken_count"] == 3 and [t["rank"] for t in books["taken"]] == [3, 3, 3]
+    assert sorted((n["host"], n["waiting"]) for n in books["nodes"]) == [
+        (n, 1) for n in slurm_cluster.hostnames(only["nodes"])
+    ], books
 
 
 def _on(pid: int, node: str) -> bool:

@@ -467,7 +467,8 @@ IN_PROCESS_RUN = {
         },
         {
             "time": 300.0, "generation": 2, "ranks": [1], "hosts": ["node1"], "cause": "crash",
-            "replacements": [{"rank": 1, "host": "node1", "pid": 4250}], "rejoined_s": 2.5,
+            "replacements": [{"rank": 1, "host": "node1", "pid": 4250, "rank_pid": 4260}],
+            "rejoined_s": 2.5,
             "resumed_from": 120, "state_from": "disk", "fell_back": None,
         },
     ],
@@ -493,7 +494,8 @@ def test_the_in_process_restarts_are_a_table_counted_as_failures_recovered_from(
         "<td>RAM (a peer&#x27;s copy for the standbys)</td><td>60</td><td>1.8 s</td>"
         "<td>rejoined</td></tr>"
         "<tr><td>0</td><td>2</td><td>+5.0 min</td><td style='color:#b71c1c'><b>crash</b></td>"
-        "<td>1 on node1</td><td>pid 4250 on node1 for rank 1</td><td>disk</td><td>120</td>"
+        "<td>1 on node1</td><td>pid 4250 on node1 for rank 1, as pid 4260</td><td>disk</td>"
+        "<td>120</td>"
         "<td>2.5 s</td><td>rejoined</td></tr>"
         "<tr><td>1</td><td>1</td><td>+12.2 min</td><td style='color:#b71c1c'><b>crash</b></td>"
         "<td>2 on node2</td><td></td><td></td><td></td><td></td>"

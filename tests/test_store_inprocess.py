@@ -52,6 +52,26 @@ def test_an_entry_as_the_ranks_write_it() -> None:
     )
 
 
+def test_the_process_a_standby_forked_for_the_rank_is_said_beside_it() -> None:
+    """The standby stays and waits again; the rank runs in the process it forked."""
+    forked = [{"rank": 2, "host": "node2", "pid": 12345, "rank_pid": 12360}]
+    r = InProcessRestart.from_mapping({**ENTRY, "replacements": forked})
+    assert r.replacements == (Replacement(2, "node2", 12345, 12360),)
+    assert describe(r) == (
+        "in-process restart 1: rank 2 on node2 crashed; standby pid 12345 took it, as pid "
+        "12360; state from RAM (step 60); rejoined in 1.8 s"
+    )
+    two = [
+        {"rank": 2, "host": "node3", "pid": 31, "rank_pid": 41},
+        {"rank": 3, "host": "node3", "pid": 32, "rank_pid": 42},
+    ]
+    moved = {**ENTRY, "ranks": [2, 3], "hosts": ["node2", "node2"], "replacements": two}
+    assert describe(InProcessRestart.from_mapping(moved)) == (
+        "in-process restart 1: ranks 2,3 on node2 crashed; standbys pid 31 on node3, pid 32 "
+        "on node3 took them, as pids 41, 42; state from RAM (step 60); rejoined in 1.8 s"
+    )
+
+
 def test_a_fall_back_says_why_and_nothing_of_a_rejoin() -> None:
     entry = {**ENTRY, "replacements": [], "rejoined_s": None, "resumed_from": None}
     entry |= {"state_from": None, "fell_back": "no standby left"}

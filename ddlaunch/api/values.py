@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ddlaunch.app.status import RunStatus as Row
+    from ddlaunch.store.inprocess import InProcessRestart
+    from ddlaunch.store.standbys import StandbyBook
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +49,13 @@ class Attempt:
     """A restart inside the same allocation (a new srun step, no requeue)."""
     shrunk: str | None = None
     """Set when it ran on fewer nodes than ``nodes.count`` (``nodes.min``)."""
+    in_process_restarts: tuple[InProcessRestart, ...] = ()
+    """``fault_tolerance.restart: in_process``: each rank failure the ranks met in their
+    own processes, in order (the dead ranks, the standbys that took them, where the state
+    came from, or why it fell back)."""
+    standbys: StandbyBook | None = None
+    """While it runs with ``restart: in_process``: its standbys, how many wait on each node
+    and which took a rank (``standbys.json``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +149,10 @@ class RunStatus:
 
 
 def _attempt(item: Mapping[str, Any]) -> Attempt:
+    from ddlaunch.store.inprocess import InProcessRestart
+    from ddlaunch.store.standbys import StandbyBook
+
+    book = item.get("standbys")
     return Attempt(
         attempt=item.get("attempt"),
         job_id=item.get("job_id"),
@@ -154,6 +167,10 @@ def _attempt(item: Mapping[str, Any]) -> Attempt:
         culprit=item.get("culprit"),
         in_allocation=bool(item.get("in_allocation")),
         shrunk=item.get("shrunk"),
+        in_process_restarts=tuple(
+            InProcessRestart.from_mapping(e) for e in item.get("in_process_restarts") or ()
+        ),
+        standbys=StandbyBook.from_mapping(book) if isinstance(book, Mapping) else None,
     )
 
 

@@ -59,13 +59,15 @@ def ranks_cell(r: InProcessRestart) -> str:
 
 
 def standbys_cell(r: InProcessRestart) -> str:
-    """``pid 4242 on node2 for rank 3``: each standby that took a rank."""
+    """``pid 4242 on node2 for rank 3, as pid 4250``: each standby that took a rank, and the
+    process it forked to run it."""
     out = []
     for s in r.replacements:
         who = f"pid {s.pid}" if s.pid is not None else "a standby"
         where = f" on {s.host}" if s.host else ""
         rank = f" for rank {s.rank}" if s.rank is not None else ""
-        out.append(who + where + rank)
+        forked = f", as pid {s.rank_pid}" if s.rank_pid is not None else ""
+        out.append(who + where + rank + forked)
     return ", ".join(out)
 
 

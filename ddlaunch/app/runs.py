@@ -53,6 +53,8 @@ from ddlaunch.store.rundir import (
 )
 from ddlaunch.store.snapshots import SNAPSHOT_FILE
 from ddlaunch.store.staging import NodeStaging
+from ddlaunch.store.standbys import STANDBYS_FILE, StandbyBook
+from ddlaunch.store.standbys import read as read_standbys
 from ddlaunch.store.status_cache import Final, Queued, StatusCache
 from ddlaunch.store.submission import Intent, Submission
 from ddlaunch.store.sweep_cancels import is_cancelled
@@ -271,6 +273,7 @@ class RunInfo:
     mtime_ns: int | None = None  # the directory's, when read through RunReader
     problems: list[str] = field(default_factory=list)  # "unreadable <record>: <reason>"
     groups: group_state.GroupsState | None = None  # replica groups: the supervisor's view
+    standbys: StandbyBook | None = None  # restart: in_process: the standbys (standbys.json)
     after: list[PredecessorRecord] = field(default_factory=list)  # submit --after (after.json)
     balance: BalanceRecord | None = None  # balance.json: the ranks' shares of the batch
     services: list[ServiceState] = field(default_factory=list)  # components: role service
@@ -334,6 +337,8 @@ def read_run(
         info.staging = latest_staging(run_dir, info.attempts, rec.problems)
     if group_state.GROUPS_DIR in present:
         info.groups = group_state.read_state(run_dir)
+    if STANDBYS_FILE in present:
+        info.standbys = read_standbys(run_dir)
     if AFTER_FILE in present:
         info.after = read_after(run_dir)
     found = rec.json(BALANCE_FILE, dict, None, balance.FIELDS)  # no open when absent

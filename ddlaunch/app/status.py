@@ -30,6 +30,7 @@ from ddlaunch.store.components import describe as describe_service
 from ddlaunch.store.failures import Failure, is_collateral
 from ddlaunch.store.group_state import GroupsState
 from ddlaunch.store.inprocess import InProcessRestart, describe, of_attempt
+from ddlaunch.store.standbys import StandbyBook, hosts_by_count
 
 if TYPE_CHECKING:  # the module itself is imported lazily (most polls show no staging)
     from ddlaunch.policy.staging import NodeStaging
@@ -97,6 +98,8 @@ class AttemptSummary(TypedDict):
     # fault_tolerance.restart: in_process: each in-process restart, as the ranks wrote it
     # (``in_process_line`` says one in words)
     in_process_restarts: NotRequired[list[dict[str, object]]]
+    # ... and its standbys while it runs (``standbys.json``; ``standbys_line`` says them)
+    standbys: NotRequired[dict[str, object]]
 
 
 @dataclass
@@ -131,6 +134,8 @@ class RunStatus:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+# The taken standbys ``standbys_line`` says, the latest (the others are counted).
+SHOWN_TAKEN = 4
 CLOCK_SLACK_S = 5.0  # the ranks' clocks are other nodes' clocks
 
 
@@ -194,6 +199,7 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[AttemptSummar
     attempt nobody closed (the job was killed before its end hook) of a run that is over
     ends as the run did."""
     out = []
+    book = info.standbys if state in ACTIVE_STATES else None  # a run that ended has none
     for rec in info.attempts:
         cause = rec.cause
         if not cause:
@@ -227,6 +233,8 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[AttemptSummar
             item["group_restarts"] = [dict(g) for g in rec.group_restarts]
         if rec.in_process_restarts:
             item["in_process_restarts"] = [dict(r) for r in rec.in_process_restarts]
+        if book is not None and rec.is_open and book.attempt == rec.key:
+            item["standbys"] = book.as_dict()  # waiting now: an attempt that ended has none
         out.append(item)
     return out
 
@@ -458,6 +466,42 @@ def _last_in_process_restart(record: AttemptRecord) -> float:
 def in_process_line(entry: Mapping[str, object]) -> str:
     """One ``in_process_restarts`` entry of an attempt's summary in words (``status RUN``)."""
     return describe(InProcessRestart.from_mapping(entry))
+
+
+def standbys_line(data: Mapping[str, object]) -> str:
+    """An attempt's standbys (``standbys.json``) in one line: ``standbys: 3 waiting, 1 on
+    node1, 2 on node3; node2 lost; taken: rank 2 on node3 (in-process restart 1, pid 41)``.
+    The nodes are grouped by count and written as Slurm writes a node list, and the latest
+    ``SHOWN_TAKEN`` taken standbys are said (the others counted), so that the line stays
+    short at 2,000 nodes."""
+    from ddlaunch.slurm.hostlist import compress_hostlist
+
+    book = StandbyBook.from_mapping(data)
+    if book is None:
+        return "standbys: (unreadable record)"
+    groups, empty = [], []
+    for waiting, spare, hosts in hosts_by_count(book):
+        where = ("spare " if spare else "") + compress_hostlist(hosts)
+        if waiting == 0:
+            empty.append(where)
+        else:
+            groups.append(f"{waiting} on {'each of ' if len(hosts) > 1 else ''}{where}")
+    parts = [f"standbys: {book.waiting} waiting" + (", " + ", ".join(groups) if groups else "")]
+    if empty:
+        parts.append(f"none left on {', '.join(empty)}")
+    lost = [n.host for n in book.nodes if n.lost]
+    if lost:
+        parts.append(f"{compress_hostlist(lost)} lost")
+    shown = book.taken[-SHOWN_TAKEN:]
+    if shown:
+        taken = ", ".join(
+            f"rank {t.rank} on {t.host} (in-process restart {t.generation}"
+            + (f", pid {t.rank_pid})" if t.rank_pid is not None else ")")
+            for t in shown
+        )
+        earlier = book.taken_count - len(shown)
+        parts.append(f"taken: {taken}" + (f" and {earlier} earlier" if earlier > 0 else ""))
+    return "; ".join(parts)
 
 
 def staging_nodes(

@@ -139,6 +139,10 @@ def attempt_lines(row: Any) -> list[str]:
         lines.append(text)
         lines.extend(f"  {group_restart_line(g)}" for g in a.get("group_restarts") or ())
         lines.extend(f"  {line}" for line in in_process_lines(a))
+        if a.get("standbys"):
+            from ddlaunch.app.status import standbys_line
+
+            lines.append(f"  {standbys_line(a['standbys'])}")
     return lines
 
 

@@ -28,15 +28,22 @@ _STATE_WORDS = {STATE_RAM: "RAM", STATE_DISK: "disk"}
 
 @dataclass(frozen=True)
 class Replacement:
-    """A standby process that took a dead rank."""
+    """A standby process that took a dead rank: ``pid`` the standby's (it waits again),
+    ``rank_pid`` the process it forked to run the rank (None in records written before)."""
 
     rank: int | None
     host: str
     pid: int | None
+    rank_pid: int | None = None
 
     @classmethod
     def from_mapping(cls, entry: Mapping[str, Any]) -> Replacement:
-        return cls(whole(entry.get("rank")), text(entry.get("host")) or "", whole(entry.get("pid")))
+        return cls(
+            whole(entry.get("rank")),
+            text(entry.get("host")) or "",
+            whole(entry.get("pid")),
+            whole(entry.get("rank_pid")),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,8 +144,9 @@ def _how(cause: str) -> str:
 
 
 def _standbys(r: InProcessRestart) -> str:
-    """``standby pid 12345 took it``; a standby on another host than the rank it took is
-    said with its host."""
+    """``standby pid 12345 took it, as pid 12360`` (the standby stays; the rank runs in the
+    process it forked); a standby on another host than the rank it took is said with its
+    host."""
     died_on = dict(zip(r.ranks, r.hosts, strict=False))
     names = []
     for s in r.replacements:
@@ -149,7 +157,9 @@ def _standbys(r: InProcessRestart) -> str:
     one = len(r.replacements) == 1
     said = ", ".join(n for n in names if n)
     who = ("standby" if one else "standbys") + (f" {said}" if said else "")
-    return f"{who} took {'it' if one else 'them'}"
+    forked = [str(s.rank_pid) for s in r.replacements if s.rank_pid is not None]
+    running = f", as pid{'' if len(forked) == 1 else 's'} {', '.join(forked)}" if forked else ""
+    return f"{who} took {'it' if one else 'them'}{running}"
 
 
 def _state(r: InProcessRestart) -> str:

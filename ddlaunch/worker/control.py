@@ -8,6 +8,8 @@ included: the rendezvous store of ``MASTER_PORT`` lives in rank 0. What it holds
   which a replacement takes over;
 * ``standby/<host>/count`` and ``standby/<host>/<i>``: the standbys of each node;
   ``standby/<host>/<i>/assign``: what the standby is told (a rank to take, or to leave);
+* ``standby-events`` and ``standby-events/<n>``: the standbys' changes in order (one waits,
+  one took a rank, a node was lost), which the holder folds into ``standbys.json``;
 * ``g<n>/failed``: a failure in generation n was seen (the monitors abort their groups);
   ``g<n>/arrived`` and ``g<n>/alive/<r>``: the survivors; ``g<n>/plan``: the decision;
 * ``g<n+1>/pg/``: the prefix under which generation n+1 forms its process group.
@@ -36,6 +38,10 @@ CONNECT_TIMEOUT_S = 120.0
 # spares' standbys: a step of their own); set by the batch script.
 CONTROL_ADDR_VAR = "DDLAUNCH_CONTROL_ADDR"
 SPARE_VAR = "DDLAUNCH_STANDBY_SPARE"  # set for the standbys on hot spare nodes
+# The standbys' changes, numbered (``Control.event``): what the holder's books fold.
+EVENTS = "standby-events"
+EVENT_WAITING, EVENT_TOOK, EVENT_LOST = "waiting", "took", "lost"
+EVENT_WAIT_S = 2.0
 
 
 def control_address(env: Mapping[str, str], first_node: str) -> str:
@@ -145,7 +151,25 @@ class Control:
         if hosts == 1:  # the first standby of its host lists the host
             count = self.add("standby-hosts", 1)
             self.set(f"standby-hosts/{count - 1}", host)
+        self.event({"kind": EVENT_WAITING, "host": host, "spare": spare})
         return index
+
+    # ------------------------------------------------------------------ the books
+
+    def event(self, what: dict[str, Any]) -> None:
+        """One change of the standbys, for the holder's books (``standbys.json``)."""
+        n = self.add(EVENTS, 1) - 1
+        self.set(f"{EVENTS}/{n}", json.dumps(what))
+
+    def events(self, start: int) -> tuple[list[dict[str, Any]], int]:
+        """The events from number ``start`` on, and the number after the last. An event
+        whose writer died between its number and its text is skipped."""
+        end = self.add(EVENTS, 0)
+        out = []
+        for n in range(start, end):
+            if self.wait(f"{EVENTS}/{n}", EVENT_WAIT_S):
+                out.append(json.loads(self.get(f"{EVENTS}/{n}")))
+        return out, end
 
     def standbys(self) -> list[Standby]:
         found: list[Standby] = []

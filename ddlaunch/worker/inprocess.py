@@ -38,8 +38,8 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,7 +56,7 @@ from ddlaunch.policy.inprocess import (
 )
 from ddlaunch.store import attempts, exclusions
 from ddlaunch.worker import connections
-from ddlaunch.worker.control import Assignment, Control, RankPlace
+from ddlaunch.worker.control import EVENT_LOST, Assignment, Control, RankPlace
 from ddlaunch.worker.stops import StopRank
 
 T = TypeVar("T")
@@ -95,11 +95,13 @@ class InProcessFallback(RuntimeError):
 @dataclass(frozen=True)
 class Generation:
     """This process's process group generation: 0 as started; n after n in-process
-    restarts. ``plan``: the restart that formed it; ``formed``: when its group formed."""
+    restarts. ``plan``: the restart that formed it; ``formed``: when its group formed;
+    ``rank_pids``: the processes the standbys forked to run the ranks they took."""
 
     number: int = 0
     plan: RestartPlan | None = None
     formed: float = 0.0
+    rank_pids: Mapping[int, int] = field(default_factory=dict)  # each replacement's process
 
 
 _generation = Generation()
@@ -278,7 +280,7 @@ def _recover(exc: Exception, ctx: Context) -> None:
             flush=True,
         )
         raise why from exc
-    _generation = Generation(plan.generation, plan, time.time())
+    _generation = Generation(plan.generation, plan, time.time(), _rank_pids(control, plan))
     _step_seen_at = None  # the restart is no step
     # The generation first: the monitor's loop of the old one must end, not abort the new.
     ctx.monitor.generation = plan.generation
@@ -347,6 +349,9 @@ def _decide(ctx: Context, g: int, detected: float) -> None:
     control.publish(g, plan)
     print(f"[ddlaunch] in-process restart {plan.generation}: {said(plan)}", flush=True)
     lost = lost_hosts(plan)
+    for host in lost:  # its standbys died with it (the holder's books say so)
+        with contextlib.suppress(Exception):
+            control.event({"kind": EVENT_LOST, "host": host})
     if lost:
         # Kept out of this run's later steps, as a node failure the end hook found would be.
         with contextlib.suppress(OSError):
@@ -401,7 +406,19 @@ def join_as_replacement(ctx: Context, generation: int) -> None:
     global _generation
     plan = ctx.control.plan(generation - 1) if ctx.control.has(f"g{generation - 1}/plan") else None
     form_group(ctx, generation, ctx.place.world)
-    _generation = Generation(generation, plan, time.time())
+    pids = _rank_pids(ctx.control, plan) if plan is not None else {}
+    _generation = Generation(generation, plan, time.time(), pids)
+
+
+def _rank_pids(control: Control, plan: RestartPlan) -> dict[int, int]:
+    """The replacements' own processes, as each registered its place (before it joined)."""
+    out = {}
+    for r in plan.replacements:
+        with contextlib.suppress(Exception):
+            place = control.place_of(r.rank)
+            if place is not None:
+                out[r.rank] = place.pid
+    return out
 
 
 def record(
@@ -415,13 +432,22 @@ def record(
 ) -> None:
     """The attempt's entry for this restart (rank 0 of the new generation, or the first
     survivor of a fall-back)."""
+    pids = _generation.rank_pids if _generation.plan is plan else {}
     entry = {
         "time": plan.detected,
         "generation": plan.generation,
         "ranks": list(plan.dead),
         "hosts": list(plan.hosts),
         "cause": "crash",
-        "replacements": [{"rank": r.rank, "host": r.host, "pid": r.pid} for r in plan.replacements],
+        "replacements": [
+            {
+                "rank": r.rank,
+                "host": r.host,
+                "pid": r.pid,
+                "rank_pid": pids.get(r.rank),
+            }
+            for r in plan.replacements
+        ],
         "rejoined_s": round(formed - plan.detected, 3) if formed else None,
         "resumed_from": resumed_from,
         "state_from": state_from,
