@@ -127,7 +127,7 @@ def test_the_rendered_script_is_valid_bash_and_tells_every_component_its_nodes(
             f'export DDLAUNCH_COMPONENT_{name}_ADDR="${{DDLAUNCH_COMPONENT_{name}_NODES%%,*}}"'
         ) in script
     assert (
-        'export DDLAUNCH_STEP_NODELIST="${DDLAUNCH_COMPONENT_FAST_NODES},'
+        'export DDLAUNCH_TRAIN_NODELIST="${DDLAUNCH_COMPONENT_FAST_NODES},'
         '${DDLAUNCH_COMPONENT_SLOW_NODES}"'
     ) in script
     assert "  export MODEL=tiny\n" in script
@@ -422,3 +422,26 @@ def test_a_pipeline_would_span_unlike_nodes_and_is_refused(tmp_path: Path) -> No
     # Data parallel over both components, tensor parallel inside each node: accepted.
     (tmp_path / "ok.yaml").write_text(text.replace("{pp: 2}", "{tp: 4, dp_shard: 2}"))
     assert load_config(tmp_path / "ok.yaml").world_size == 8
+
+
+def test_replica_groups_each_run_in_one_component(tmp_path: Path) -> None:
+    from ddlaunch.job.groups import group_srun
+
+    groups = "parallel: {dp_replicate: 2}\nfault_tolerance: {mode: replica_groups}\n"
+    text = BASE + groups + "components:\n  - {name: a, nodes: {count: 1}}\n"
+    ok = _load(tmp_path, text + "  - {name: b, nodes: {count: 1}}\n")
+    assert ok.nodes.count == 2
+    assert _errors(tmp_path, text + "  - {name: b, nodes: {count: 3}}\n") == [
+        "  parallel.dp_replicate: 2 replica groups of 2 node(s) each would span components "
+        "(a has 1, b has 3 node(s)): make each train component's nodes a multiple of 2, so "
+        "that a group runs and restarts in one component (bad.yaml:5)"
+    ]
+    # A group's step runs in its own component: the script's --het-group names them all.
+    srun = ["srun", "--label", "--kill-on-bad-exit=1", "--het-group=0,1", "--output=/l/x.out"]
+    assert group_srun(srun, Path("/l"), 1, het_group=1) == [
+        "srun",
+        "--label",
+        "--kill-on-bad-exit=0",
+        "--het-group=1",
+        "--output=/l/x.out",
+    ]

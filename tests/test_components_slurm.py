@@ -324,3 +324,58 @@ def test_cancel_of_a_service_stops_it_and_the_training_completes(
     rank_host = _rank_hosts(run_dir)[0]
     assert f"<tr><td>train</td><td>0</td><td>1 node: {rank_host}</td>" in page
     assert "<b>stopped by cancel</b>" in page
+
+
+def test_replica_groups_one_per_component_restart_alone(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    # Two replica groups, one on the fast node and one on a slow node: the slow group's
+    # rank killed, that group restarts alone in its own component while the other trains on.
+    config = _config(
+        tmp_path,
+        "t-het-groups",
+        [
+            {"name": "fast", "nodes": {"count": 1, "gpu_type": "fast"}},
+            {"name": "slow", "nodes": {"count": 1, "gpu_type": "slow"}},
+        ],
+        entrypoint="launch_entrypoints:mlp_step_times",
+        steps=200,
+        step_sleep=0.1,
+        pace_s=0.3,
+    )
+    data = yaml.safe_load(config.read_text())
+    data["parallel"] = {"dp_replicate": 2}
+    data["fault_tolerance"]["mode"] = "replica_groups"
+    data["health"]["heartbeat_interval"] = 1.0
+    config.write_text(yaml.safe_dump(data))
+    job, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    out = run_dir / "out"
+
+    def steps_of(rank: int) -> int:
+        path = out / f"steps-{rank}.txt"
+        lines = path.read_text().split() if path.exists() else []
+        return int(lines[-1]) if lines else -1
+
+    _wait_for(lambda: steps_of(1) >= 40, timeout=240)
+    pids = {r: int((out / f"pid-{r}.txt").read_text().split()[-1]) for r in (0, 1)}
+    (out / "pace").touch()  # group 0 must not finish while group 1 is away
+    os.kill(pids[1], signal.SIGKILL)
+    _wait_for(
+        lambda: any(
+            g.get("rejoined_step") is not None
+            for a in attempts(run_dir)
+            for g in a.get("group_restarts") or ()
+        ),
+        timeout=180,
+    )
+    (out / "pace").unlink()
+    assert slurm_cluster.wait_job_state(job, "COMPLETED", timeout=300) == "COMPLETED"
+    features = _features(slurm_cluster.env)
+    [attempt] = attempts(run_dir)
+    (entry,) = attempt["group_restarts"]
+    assert entry["group"] == 1 and entry["decision"] == "restart"
+    # Its own node, in the slow component; group 0 kept its process.
+    assert entry["new_nodes"] == entry["nodes"] and features[entry["nodes"][0]] == "slow"
+    assert (out / "pid-0.txt").read_text().split() == [str(pids[0])]
+    assert len((out / "pid-1.txt").read_text().split()) == 2
+    assert result(run_dir)["steps"] == 200

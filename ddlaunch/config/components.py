@@ -145,7 +145,35 @@ def issues(cfg: Any) -> list[Issue]:
     out += _unsupported(cfg)
     if cfg.parallel.configured and not out:
         out += _straddling(cfg, [(c.name, c.nodes.count * shapes[c.name]) for c in train])
+    if cfg.fault_tolerance.mode == "replica_groups" and not out:
+        out += _groups_straddling(cfg, train)
     return out
+
+
+def _groups_straddling(cfg: Any, train: list[ComponentSpec]) -> list[Issue]:
+    """Replica groups are cut from the train nodes in order, ``nodes.count / groups`` whole
+    nodes each: each group must lie in one component, where its step runs (a group restarts
+    alone, on its component's nodes)."""
+    from ddlaunch.config import parallel  # only for replica groups
+
+    degrees, problems = parallel.resolve(cfg.parallel, parallel.layout_of(cfg))
+    if degrees is None or problems or degrees.dp_replicate < 2:
+        return []  # the replica-group rules say what is wrong
+    per_group = cfg.nodes.count // degrees.dp_replicate
+    if per_group < 1 or cfg.nodes.count % degrees.dp_replicate:
+        return []
+    odd = [c for c in train if c.nodes.count % per_group]
+    if not odd:
+        return []
+    listed = ", ".join(f"{c.name} has {c.nodes.count}" for c in odd)
+    return [
+        (
+            ("parallel", "dp_replicate"),
+            f"{degrees.dp_replicate} replica groups of {per_group} node(s) each would span "
+            f"components ({listed} node(s)): make each train component's nodes a multiple of "
+            f"{per_group}, so that a group runs and restarts in one component",
+        )
+    ]
 
 
 # The dimensions whose groups run a model's parts together (and so at the pace of their
@@ -253,11 +281,6 @@ def _unsupported(cfg: Any) -> list[Issue]:
             ("fault_tolerance", "spare_nodes"),
             "hot spares and nodes.min are for one component; with components a failed "
             "node is excluded and the job requeued",
-        ),
-        (
-            ft.mode == "replica_groups",
-            ("fault_tolerance", "mode"),
-            "replica groups span one component's nodes; with components use mode: job",
         ),
         (
             ft.restart == "in_process",

@@ -23,7 +23,7 @@ from ddlaunch.planning.staging import node_path
 from ddlaunch.policy import fabric as fabric_check
 from ddlaunch.policy import preflight as v
 from ddlaunch.runner import Runner
-from ddlaunch.slurm.hostlist import expand_hostlist
+from ddlaunch.slurm.parse import het_group_of
 from ddlaunch.store.layout import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
@@ -109,15 +109,11 @@ def expected_gpus(cfg: Config, env: Mapping[str, str], host: str | None = None) 
     train components all have the configured count): Slurm tells every task each group's
     nodes and GPUs per node (``SLURM_JOB_NODELIST_HET_GROUP_<k>``,
     ``SLURM_GPUS_PER_NODE_HET_GROUP_<k>`` as ``[type:]count``, absent: none)."""
-    size = env.get("SLURM_HET_SIZE", "")
-    if not size.isdigit():
+    group = het_group_of(env, host or socket.gethostname())
+    if group is None:
         return cfg.nodes.gpus_per_node
-    host = host or socket.gethostname()
-    for group in range(int(size)):
-        if host in expand_hostlist(env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{group}", "")):
-            count = env.get(f"SLURM_GPUS_PER_NODE_HET_GROUP_{group}", "0").rpartition(":")[2]
-            return int(count) if count.isdigit() else 0
-    return cfg.nodes.gpus_per_node
+    count = env.get(f"SLURM_GPUS_PER_NODE_HET_GROUP_{group}", "0").rpartition(":")[2]
+    return int(count) if count.isdigit() else 0
 
 
 def node_checks(

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.job.blame import bad_nodes, expand, probe_all
-from ddlaunch.job.placement import step_nodelist
+from ddlaunch.job.placement import allocation, step_nodelist
 from ddlaunch.job.watchdog import poll_period
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.planning.ports import master_port_for
@@ -74,6 +74,7 @@ from ddlaunch.policy import groups as policy
 from ddlaunch.policy import heartbeats as analysis
 from ddlaunch.policy.groups import GroupState
 from ddlaunch.slurm.client import SlurmClient, scancel_argv
+from ddlaunch.slurm.parse import het_group_of
 from ddlaunch.store import attempts, badnodes, exclusions, group_state, groups, heartbeats
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
@@ -214,7 +215,7 @@ class Supervisor:
         with contextlib.suppress(OSError):
             g.log_offset = g.srun_log.stat().st_size
         argv = [
-            *group_srun(s.srun, logs, g.state.group),
+            *group_srun(s.srun, logs, g.state.group, het_group_of(self.env, nodes[0])),
             f"--job-name={step_name(g.state.group, restart)}",
             "--overlap",
             f"--nodes={k}",
@@ -785,7 +786,9 @@ class Supervisor:
             time.sleep(POLL_S)
 
 
-def group_srun(srun: Sequence[str], logs: Path, group: int) -> list[str]:
+def group_srun(
+    srun: Sequence[str], logs: Path, group: int, het_group: int | None = None
+) -> list[str]:
     """srun's argv for one group's step: the rank logs (``rank-%t``: numbered from 0 in
     every group's step) pointed at one file per group, each rank then writing its own
     job-wide named log (``worker.task.redirect_group_logs``); and srun's own end of the step
@@ -796,9 +799,13 @@ def group_srun(srun: Sequence[str], logs: Path, group: int) -> list[str]:
     after 4.71 s with KillWait=5, the other task gone 5.0 s after the kill; without, 0.01 s
     and 0.3 s). The other groups' quorum waits for the failed group's manager that long.
     The rendered script says so already; set here too, since the supervisor's prompt end of a
-    failed group depends on it whatever script started it."""
+    failed group depends on it whatever script started it. In a heterogeneous job
+    (``components:``) a group's nodes are in one component, ``het_group``: its step runs there
+    (the script's ``--het-group`` names every train component)."""
     out = []
     for arg in srun:
+        if arg.startswith("--het-group=") and het_group is not None:
+            arg = f"--het-group={het_group}"
         for flag, stream in (("--output=", "out"), ("--error=", "err")):
             if arg.startswith(flag) and "%t" in arg:
                 arg = f"{flag}{logs / f'group-{group}.{stream}'}"
@@ -976,7 +983,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         settings,
         run_dir,
         attempt,
-        expand(env.get("SLURM_JOB_NODELIST", "")) or nodes,
+        expand(allocation(env)) or nodes,
         SlurmClient(),
         env,
         [Group(GroupState(i, c), i * per_group) for i, c in enumerate(cut)],

@@ -20,6 +20,16 @@ from ddlaunch.store import exclusions
 STEP_NODES_VAR = "DDLAUNCH_STEP_NODELIST"
 
 
+# Set by the batch script of a heterogeneous job (components:): the train components' nodes,
+# which are the ranks' allocation (SLURM_JOB_NODELIST names the first component's only).
+TRAIN_NODES_VAR = "DDLAUNCH_TRAIN_NODELIST"
+
+
+def allocation(env: Mapping[str, str]) -> str:
+    """The nodes the ranks may run on: the job's, or a heterogeneous job's train nodes."""
+    return env.get(TRAIN_NODES_VAR) or env.get("SLURM_JOB_NODELIST", "")
+
+
 def step_nodelist(env: Mapping[str, str]) -> str:
     """The nodes this attempt's ranks run on: the step's, else the whole allocation's."""
     return env.get(STEP_NODES_VAR) or env.get("SLURM_JOB_NODELIST", "")
@@ -37,10 +47,10 @@ def next_placement(
     run_dir: Path, env: Mapping[str, str], client: SlurmClient, wanted: int, minimum: int | None
 ) -> tuple[Placement | None, str]:
     """(placement, why none) for the next step, from the job's node list."""
-    allocation = expand(env.get("SLURM_JOB_NODELIST", ""))
-    bad = unusable(run_dir, allocation, client)
-    found = place(allocation, bad, wanted, minimum)
-    return found, "" if found else describe_shortage(allocation, bad, wanted, minimum)
+    nodes = expand(allocation(env))
+    bad = unusable(run_dir, nodes, client)
+    found = place(nodes, bad, wanted, minimum)
+    return found, "" if found else describe_shortage(nodes, bad, wanted, minimum)
 
 
 def print_placement(
@@ -72,8 +82,8 @@ def placement_fields(
     left_out = set(used) | set(exclusions.excluded(run_dir))
     world = len(used) * ranks_per_node
     fields: dict[str, object] = {
-        "allocation": env.get("SLURM_JOB_NODELIST", ""),
-        "spares": [n for n in expand(env.get("SLURM_JOB_NODELIST", "")) if n not in left_out],
+        "allocation": allocation(env),
+        "spares": [n for n in expand(allocation(env)) if n not in left_out],
         "world_size": world,
     }
     if len(used) < wanted:

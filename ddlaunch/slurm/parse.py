@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ddlaunch.errors import UserError
+from ddlaunch.slurm.hostlist import expand_hostlist
 
 
 def parse_sbatch_parsable(stdout: str) -> str:
@@ -117,6 +118,19 @@ def node_is_down(state: str) -> bool:
     """Slurm declared the node down or failed (after SlurmdTimeout): not merely slow to answer
     (``mixed*``, not responding), which a stalled but living node is too."""
     return state.rstrip("*+~#!%$@^-").lower() in ("down", "fail", "failing")
+
+
+def het_group_of(environ: Mapping[str, str], host: str) -> int | None:
+    """In a heterogeneous job, the component (``--het-group`` index) ``host`` belongs to,
+    from what Slurm tells every process of the job (``SLURM_HET_SIZE``,
+    ``SLURM_JOB_NODELIST_HET_GROUP_<k>``); None outside one, or for a host of none."""
+    size = environ.get("SLURM_HET_SIZE", "")
+    if not size.isdigit():
+        return None
+    for group in range(int(size)):
+        if host in expand_hostlist(environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{group}", "")):
+            return group
+    return None
 
 
 def requeue_target(environ: Mapping[str, str]) -> str:

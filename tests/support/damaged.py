@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import ddlaunch.store
+from ddlaunch.policy.balance import Component, by_throughput
 from ddlaunch.store import (
     balance,
     chain,
@@ -41,7 +42,6 @@ from ddlaunch.store import (
     submission,
     watchdog,
 )
-from ddlaunch.policy.balance import Component, by_throughput
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.layout import HISTORY_DIR, LOCK_FILE, MANIFEST_FILE
 from ddlaunch.store.snapshots import SNAPSHOTS_DIR, SnapshotRecord, write_snapshot
