@@ -38,6 +38,7 @@ from ddlaunch.store import (
     preflight,
     signal_save,
     staging,
+    standbys,
     stops,
     submission,
     watchdog,
@@ -147,6 +148,15 @@ def _complete(run: Path, root: Path) -> None:
     balance.write(
         run, shares, [2.0, 1.0], global_batch=32, step=5, measured_steps=[1, 2], attempt="9-0"
     )
+    # what an in-process restart adds: the standbys of the attempt
+    book = standbys.StandbyBook(
+        attempt=f"{JOB}-0",
+        time=4.0,
+        nodes=(standbys.NodeStandbys("node1", 1), standbys.NodeStandbys("node3", 2, spare=True)),
+        taken=(standbys.TakenStandby(1, "node1", 1, pid=4242, rank_pid=4250),),
+        taken_count=1,
+    )
+    standbys.write(run, book)
     (run / HISTORY_DIR).mkdir(exist_ok=True)
     shutil.copy2(run / "config.yaml", run / HISTORY_DIR / "20260101-000000-config.yaml")
 
