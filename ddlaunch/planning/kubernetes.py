@@ -21,7 +21,8 @@ purpose, is the one exception, as in the batch script, run by ``bash -c`` before
 
 The parts of the Kubernetes backend, by where they run (the import rules place them; this is
 their index): ``config.kubernetes`` and ``config.kubernetes_rules`` (the section and its
-rules), this module with ``planning.kubernetes_pod`` and ``planning.pod_env`` (the objects;
+rules), this module with ``planning.kubernetes_jobs`` (their pieces), ``planning.kubernetes_pod``
+and ``planning.pod_env`` (the objects;
 ``planning.kubernetes_components``: a replicated job per component of ``components:``),
 ``app.kubernetes`` (render and submit), ``job.pod`` (each pod's entry), ``policy.pod_exit``
 and ``store.pods`` (the leader's conclusion as every pod's exit code), ``worker.distenv``
@@ -41,25 +42,27 @@ import yaml
 from ddlaunch.config.container_rules import image_problem
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.schema import Config
-from ddlaunch.planning import fabric, kubernetes_pod, pod_env
-from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
+from ddlaunch.planning import kubernetes_pod, pod_env
+from ddlaunch.planning.kubernetes_jobs import (
+    CONTAINER,
+    JOBSET_API,
+    PODGROUP_API,
+    PYTORCHJOB_API,
+    QUEUE_LABEL,
+    REPLICATED_JOB,
+    _env,
+    entry_command,
+    master_addr,
+    network,
+    pod_env_list,
+    pod_template,
+    stop_rule,
+    train_job,
+)
 from ddlaunch.planning.kubernetes_pod import JSONObject
 from ddlaunch.planning.plan import CodePaths
-from ddlaunch.planning.tracking import tracking_env
-from ddlaunch.policy.pod_exit import STOP_EXIT
 from ddlaunch.store.layout import CHECKPOINTS_DIR, MANIFEST_FILE
 
-JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-PYTORCHJOB_API = "kubeflow.org/v1"
-PODGROUP_API = "scheduling.x-k8s.io/v1alpha1"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-PODGROUP_LABEL = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins' Coscheduling
-REPLICATED_JOB = "node"  # JobSet pod hostnames: <name>-node-0-<index>
-CONTAINER = {"jobset": "trainer", "pytorchjob": "pytorch"}  # the operator wants "pytorch"
-# The downward API fields a pod learns its place from.
-COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-RESTART_ATTEMPT = "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
-REPLICA_INDEX = "metadata.labels['training.kubeflow.org/replica-index']"
 # A pod's hostname is <name>-node-0-<index> (JobSet) or <name>-worker-<index> (PyTorchJob),
 # at most 63 characters; Service names must start with a letter.
 NAME_MAX = 40
@@ -97,12 +100,6 @@ def object_name(run_id: str, limit: int = NAME_MAX) -> str:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
         name = f"{name[: limit - 11].rstrip('-')}-{digest}"
     return name
-
-
-def master_addr(kind: str, name: str, replicated_job: str = REPLICATED_JOB) -> str:
-    if kind == "pytorchjob":
-        return f"{name}-master-0"  # the training operator's headless service of the Master
-    return f"{name}-{replicated_job}-0-0.{name}"  # JobSet: <pod hostname>.<subdomain>
 
 
 def _reference(image: str) -> str:
@@ -159,71 +156,6 @@ def _check_storage(cfg: Config, run_dir: str, checkpoints: str) -> list[ConfigIs
     return issues
 
 
-def _env(name: str, value: str) -> JSONObject:
-    return {"name": name, "value": value}
-
-
-def _field(name: str, path: str) -> JSONObject:
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
-def pod_env_list(
-    cfg: Config,
-    *,
-    kind: str,
-    name: str,
-    run_id: str,
-    run_dir: str,
-    pythonpath: str | None,
-    leader_job: str = REPLICATED_JOB,
-) -> list[JSONObject]:
-    """The container's environment: ddlaunch's, the pod's place, fabric, launch.env, tracking."""
-    run = PurePosixPath(run_dir)
-    out = [
-        _env("DDLAUNCH_RUN_DIR", run_dir),
-        _env("DDLAUNCH_RUN_ID", run_id),
-        _env("DDLAUNCH_WORLD_SIZE", str(cfg.world_size)),
-        _env("DDLAUNCH_CHECKPOINT_DIR", cfg.storage.checkpoint_dir or str(run / CHECKPOINTS_DIR)),
-    ]
-    if cfg.storage.scratch:
-        out.append(_env("DDLAUNCH_SCRATCH", cfg.storage.scratch))
-    # The leader pod concludes a signal save (train.Session leaves it a record).
-    out.append(_env(CONCLUDE_ON_HOST_VAR, "1"))
-    out += [
-        _env("SUBMITIT_EXECUTOR", pod_env.EXECUTOR),
-        _env("SUBMITIT_PREEMPT_SIGNAL", cfg.fault_tolerance.signal),
-        _env(pod_env.KIND_VAR, kind),
-        _env(pod_env.JOB_VAR, name),
-        _env(pod_env.NODES_VAR, str(cfg.nodes.count)),
-        _env(pod_env.RANKS_PER_NODE_VAR, str(cfg.ranks_per_node)),
-        _env(pod_env.MASTER_ADDR_VAR, master_addr(kind, name, leader_job)),
-        _env("DDLAUNCH_MASTER_PORT", str(cfg.kubernetes.master_port)),
-        _field(pod_env.NODE_NAME_VAR, "spec.nodeName"),
-    ]
-    if kind == "jobset":
-        out.append(_field(pod_env.NODE_INDEX_VAR, COMPLETION_INDEX))
-        out.append(_field(pod_env.RESTART_VAR, RESTART_ATTEMPT))
-    else:
-        out.append(_field(pod_env.NODE_INDEX_VAR, REPLICA_INDEX))
-    if pythonpath:
-        out.append(_env("PYTHONPATH", pythonpath))
-    env = fabric.fabric_env(cfg)
-    out += [_env(k, v) for k, v in env.items() if k not in cfg.launch.env]
-    out += [_env(k, v) for k, v in cfg.launch.env.items()]
-    out += [_env(k, v) for k, v in tracking_env(cfg, run_id)]
-    return out
-
-
-def entry_command(cfg: Config) -> list[str]:
-    """The container's argv: the pod entry; ``launch.setup`` lines (shell code by definition)
-    run first through ``bash -c``, the entry's argv passed as arguments, never as text."""
-    entry = [cfg.launch.python, "-u", "-m", "ddlaunch.job.pod"]
-    if not cfg.launch.setup:
-        return entry
-    script = "\n".join([*cfg.launch.setup, 'exec "$@"'])
-    return ["/bin/bash", "-c", script, "ddlaunch-setup", *entry]
-
-
 def _code(cfg: Config, code: CodePaths) -> tuple[str | None, str | None]:
     """(PYTHONPATH, workingDir): the snapshot and this ddlaunch when a volume holds them."""
     paths = [p for p in (code.snapshot, code.ddlaunch_root) if p and _covering(cfg, p)]
@@ -233,10 +165,6 @@ def _code(cfg: Config, code: CodePaths) -> tuple[str | None, str | None]:
     if ranks_dir and _covering(cfg, ranks_dir):
         workdir = ranks_dir
     return pythonpath, workdir
-
-
-def _labels(cfg: Config, name: str) -> dict[str, str]:
-    return {PODGROUP_LABEL: name} if cfg.kubernetes.gang == "coscheduling" else {}
 
 
 def _metadata(cfg: Config, name: str, run_id: str) -> JSONObject:
@@ -249,75 +177,6 @@ def _metadata(cfg: Config, name: str, run_id: str) -> JSONObject:
     meta["labels"] = labels
     meta["annotations"] = {"ddlaunch/run-id": run_id}
     return meta
-
-
-def pod_template(
-    cfg: Config,
-    kind: str,
-    main: JSONObject,
-    volumes: list[JSONObject],
-    name: str,
-    run_as: tuple[int, int] | None,
-) -> JSONObject:
-    same_job = (
-        {"jobset.sigs.k8s.io/jobset-name": name}
-        if kind == "jobset"
-        else {"training.kubeflow.org/job-name": name}
-    )
-    spec = kubernetes_pod.pod_spec(
-        cfg,
-        main=main,
-        volumes_=volumes,
-        same_job=same_job,
-        restart_policy="Never" if kind == "jobset" else None,
-        run_as=run_as,
-    )
-    template: JSONObject = {"spec": spec}
-    labels = _labels(cfg, name)
-    if labels:
-        template = {"metadata": {"labels": labels}, **template}
-    return template
-
-
-def train_job(n: int, template: JSONObject) -> JSONObject:
-    """The Job of ``n`` training pods: Indexed, failed by any pod's failure."""
-    return {
-        "parallelism": n,
-        "completions": n,
-        "completionMode": "Indexed",
-        # Any pod failure ends the Job, and the JobSet restarts every pod (a gang).
-        "backoffLimit": 0,
-        "podFailurePolicy": {
-            "rules": [
-                {
-                    "action": "FailJob",
-                    "onExitCodes": {
-                        "containerName": CONTAINER["jobset"],
-                        "operator": "In",
-                        "values": [STOP_EXIT],
-                    },
-                }
-            ]
-        },
-        "template": template,
-    }
-
-
-def network(name: str) -> JSONObject:
-    # Pod hostnames resolve behind the headless service before the pods are ready.
-    return {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True}
-
-
-def stop_rule(targets: list[str] | None = None) -> JSONObject:
-    """STOP_EXIT fails a training Job through its podFailurePolicy: no restart."""
-    rule: JSONObject = {
-        "name": "ddlaunchStop",
-        "action": "FailJobSet",
-        "onJobFailureReasons": ["PodFailurePolicy"],
-    }
-    if targets:
-        rule["targetReplicatedJobs"] = list(targets)
-    return rule
 
 
 def _jobset(cfg: Config, meta: JSONObject, template: JSONObject) -> JSONObject:

@@ -46,7 +46,7 @@ from ddlaunch.config.components import (
 from ddlaunch.config.errors import ConfigIssue
 from ddlaunch.config.kubernetes_rules import LABEL_VALUE
 from ddlaunch.config.schema import Config
-from ddlaunch.planning import kubernetes, kubernetes_pod, pod_env
+from ddlaunch.planning import kubernetes_jobs, kubernetes_pod, pod_env
 from ddlaunch.planning.kubernetes_pod import JSONObject
 
 HOSTNAME_MAX = 63  # a pod's hostname is a DNS label
@@ -246,7 +246,7 @@ def _env(pairs: list[tuple[str, str]]) -> list[JSONObject]:
 def _train_job(cfg: Config, comp: ComponentSpec, job: ComponentJob, base: PodBase) -> JSONObject:
     view = component_config(cfg, comp)
     # The world's shape (nodes, ranks per node, world size) is the whole config's.
-    env = kubernetes.pod_env_list(
+    env = kubernetes_jobs.pod_env_list(
         cfg,
         kind="jobset",
         name=base.name,
@@ -265,16 +265,16 @@ def _train_job(cfg: Config, comp: ComponentSpec, job: ComponentJob, base: PodBas
     volumes, mounts = kubernetes_pod.volumes(view, base.scratch)
     main = kubernetes_pod.container(
         view,
-        name=kubernetes.CONTAINER["jobset"],
+        name=kubernetes_jobs.CONTAINER["jobset"],
         image=base.image,
-        command=kubernetes.entry_command(cfg),
+        command=kubernetes_jobs.entry_command(cfg),
         env=env,
         mounts=mounts,
         workdir=base.workdir,
         port_name="rendezvous",
     )
-    template = kubernetes.pod_template(view, "jobset", main, volumes, base.name, base.run_as)
-    return kubernetes.train_job(comp.nodes.count, template)
+    template = kubernetes_jobs.pod_template(view, "jobset", main, volumes, base.name, base.run_as)
+    return kubernetes_jobs.train_job(comp.nodes.count, template)
 
 
 def _service_job(cfg: Config, comp: ComponentSpec, job: ComponentJob, base: PodBase) -> JSONObject:
@@ -296,7 +296,7 @@ def _service_job(cfg: Config, comp: ComponentSpec, job: ComponentJob, base: PodB
         workdir=base.workdir,
         port_name=None,
     )
-    template = kubernetes.pod_template(view, "jobset", main, volumes, base.name, base.run_as)
+    template = kubernetes_jobs.pod_template(view, "jobset", main, volumes, base.name, base.run_as)
     n = comp.nodes.count
     return {
         "parallelism": n,
@@ -317,19 +317,24 @@ def jobset(cfg: Config, meta: JSONObject, base: PodBase) -> JSONObject:
         make = _train_job if job.role == TRAIN else _service_job
         job_spec = make(cfg, comp, job, base)
         replicated.append({"name": job.rjob, "replicas": 1, "template": {"spec": job_spec}})
-    rules: list[JSONObject] = [kubernetes.stop_rule(train)]
+    rules: list[JSONObject] = [kubernetes_jobs.stop_rule(train)]
     if services:
         # Reached only when a service failed more than max_restarts times.
         rules.append(
             {"name": SERVICE_RULE, "action": "RestartJobSet", "targetReplicatedJobs": services}
         )
     spec: JSONObject = {
-        "network": kubernetes.network(base.name),
+        "network": kubernetes_jobs.network(base.name),
         "successPolicy": {"operator": "All", "targetReplicatedJobs": train},
         "failurePolicy": {"maxRestarts": cfg.fault_tolerance.max_requeues, "rules": rules},
         "replicatedJobs": replicated,
     }
-    return {"apiVersion": kubernetes.JOBSET_API, "kind": "JobSet", "metadata": meta, "spec": spec}
+    return {
+        "apiVersion": kubernetes_jobs.JOBSET_API,
+        "kind": "JobSet",
+        "metadata": meta,
+        "spec": spec,
+    }
 
 
 def leader_job(cfg: Config) -> str:
