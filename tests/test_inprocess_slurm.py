@@ -188,6 +188,42 @@ def test_a_second_and_a_third_failure_on_the_same_node_are_restarted_in_process(
     ], books
 
 
+def test_every_original_rank_replaced_in_turn_the_run_completes_in_one_attempt(
+    slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
+) -> None:
+    """Ranks 0, 1, 2, 3 killed -9 one after another, each taken by its node's standby: once
+    the last original task died, the ranks' srun step has ended, yet the ranks the standbys
+    forked train on in the standbys' step. The batch script waits for them: one attempt, every
+    restart in process, the weights of an uninterrupted run."""
+    ft = {**IN_PROCESS, "max_restarts": 4}
+    config = mlp_config(tmp_path, "inproc-all", params=PARAMS, fault_tolerance=ft)
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 20, 180, "a committed step >= 20")
+    ranks = _pids(run_dir, b"ddlaunch.worker.task")
+    assert len(ranks) == 4, ranks
+    for n, rank in enumerate((0, 1, 2, 3), start=1):
+        os.kill(next(pid for pid, r in ranks.items() if r == rank), signal.SIGKILL)
+
+        def recorded(n: int = n) -> dict | None:
+            done = attempts(run_dir)[-1].get("in_process_restarts") or []
+            return done[n - 1] if len(done) >= n and done[n - 1].get("state_from") else None
+
+        restart = wait_for(recorded, 60, f"in-process restart {n}'s record", poll=0.1)
+        assert restart["ranks"] == [rank], restart
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    (only,) = attempts(run_dir)  # no process restart, no requeue
+    restarts = only["in_process_restarts"]
+    assert [r["ranks"] for r in restarts] == [[0], [1], [2], [3]], restarts
+    assert all(r["fell_back"] is None and r["replacements"] for r in restarts), restarts
+    assert only["cause"] == "completed" and only["in_process_done"]
+    assert result(run_dir)["param_sha256"] == reference_sha
+    # The batch log says the wait, once.
+    batch = next((run_dir / "logs").glob("batch-*.out")).read_text()
+    (line,) = [x for x in batch.splitlines() if "waited" in x]
+    assert "(4 in-process restarts) trained on" in line, line
+    assert line.endswith("until the ranks finished"), line
+
+
 def _on(pid: int, node: str) -> bool:
     return f"SLURMD_NODENAME={node}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(
         b"\0"

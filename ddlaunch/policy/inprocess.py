@@ -140,3 +140,35 @@ def is_peer_failure(kind: str, message: str) -> bool:
             "broken pipe",
         )
     )
+
+
+# After the ranks' srun step ended (``fault_tolerance.restart: in_process``): why the batch
+# script does not wait (any longer) for the ranks that standbys' children run.
+OUTLIVE_DONE = "the ranks finished"
+OUTLIVE_CLOSED = "the attempt was concluded"
+OUTLIVE_FELL_BACK = "an in-process restart fell back to the process restart"
+OUTLIVE_NONE_REPLACED = "no standby took a rank in this attempt"
+OUTLIVE_STANDBYS_ENDED = "the standbys' step ended"
+
+
+def outlive(
+    *, replaced: bool, done: bool, closed: bool, fell_back: bool, standbys: bool
+) -> str | None:
+    """The ranks' srun step ended: it ends when its last original task does, although the
+    ranks that standbys took may still train in the standbys' step. None: wait on (a standby
+    took a rank in this attempt, the ranks have not finished, no restart fell back, the
+    standbys' step runs); else why not. ``done``: rank 0 saw every rank return
+    (``in_process_done``); ``closed``: the attempt has no open record; ``fell_back``: an
+    in-process restart ended the ranks; ``standbys``: a standbys' step still runs. (A hang
+    of the replacements is the watchdog's rule, applied beside this.)"""
+    if done:
+        return OUTLIVE_DONE
+    if closed:
+        return OUTLIVE_CLOSED
+    if fell_back:
+        return OUTLIVE_FELL_BACK
+    if not replaced:
+        return OUTLIVE_NONE_REPLACED
+    if not standbys:
+        return OUTLIVE_STANDBYS_ENDED
+    return None
