@@ -1,9 +1,9 @@
 """CPU staging for asynchronous saves, with buffers reused from one checkpoint to the next.
 
-``dcp.async_save`` writes a CPU copy of the state while the training loop goes on updating
-the original. DCP's default stager allocates a fresh copy every time, and first-touching
-that memory costs about 10x the copy itself (0.4 s vs 0.03 s for 256 MiB on our test
-machine). Its caching variant (``cache_staged_state_dict=True``) pins memory, which raises
+An async save writes a CPU copy of the state (``dcp.save`` on the manager's writer thread)
+while the training loop goes on updating the original. DCP's default stager allocates a
+fresh copy every time, and first-touching that memory costs about 10x the copy itself (0.4 s
+vs 0.03 s for 256 MiB on our test machine). Its caching variant (``cache_staged_state_dict=True``) pins memory, which raises
 on CPU-only torch builds. So ddlaunch keeps its own cache: pinned when CUDA is present (fast
 device-to-host copies), plain otherwise, rebuilt whenever the state's tensor layout changes
 (e.g. optimizer state appears after the first step).
@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
 # (source, destination): a copy into the cache that stage() left to the background thread.
@@ -293,29 +292,3 @@ def _run_copies(staged: StagedState) -> BaseException | None:
     except Exception as exc:
         return exc
     return None
-
-
-class HandOff(AsyncStager):
-    """An AsyncStager for state staged by ddlaunch: hands DCP's writer thread the staged
-    dict once ``ready`` (the deferred copies) is done, whatever its outcome: a copy failure
-    is reported at the commit instead, so this rank still takes part in DCP's collectives
-    and no other rank is left waiting in them."""
-
-    _synchronize_after_execute = False
-
-    def __init__(self, staged: dict[str, Any], ready: Future[Any] | None = None) -> None:
-        self._staged = staged
-        self._ready = ready
-
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
-        if self._ready is None:
-            return self._staged
-        handed: Future[dict[str, Any]] = Future()
-        self._ready.add_done_callback(lambda _: handed.set_result(self._staged))
-        return handed
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

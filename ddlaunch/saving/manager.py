@@ -5,9 +5,10 @@ The protocol, for step N (every rank calls save(); it is a collective):
 1. Rank 0 looks at ``step-N``: committed already -> every rank skips (a committed checkpoint
    is never rewritten); a stale uncommitted directory -> rank 0 removes it first. Rank 0
    broadcasts the decision so all ranks act on the same view of a shared file system.
-2. Every rank writes its own shard with ``dcp.save`` (sync) or stages a CPU copy and hands
-   it to ``dcp.async_save`` (async: the training loop continues while a thread writes).
-   FileSystemWriter(sync_files=True) fsyncs each shard and ``.metadata``.
+2. Every rank writes its own shard with ``dcp.save`` (sync), or (async) stages a CPU copy
+   and hands it to the manager's writer thread, which runs steps 1 and 2 while the
+   training loop continues: save() itself waits for no other rank. ShardWriter
+   (writer.py) fsyncs each shard and ``.metadata``.
 3. When the write has finished on every rank (at once for sync; for async at the next
    save(), maybe_finish() or wait()), the ranks all-gather which ranks failed. Only if none
    did does rank 0 write the commit marker (atomic rename, fsync). A failure anywhere
@@ -27,8 +28,8 @@ Process groups. DCP's planning runs object collectives; for async saves they run
 background thread. Collectives issued from two threads on one process group may interleave
 differently on different ranks and hang, so the manager creates its own gloo groups: one for
 DCP (possibly used by the thread) and, with async saves, another for the main thread's
-agreement collectives. Gloo also gives ``async_save`` the CPU backend it requires (it asserts
-``cpu`` in the group's device types), whether training runs on gloo or nccl. Creating the
+agreement collectives. Gloo also gives DCP's collectives on the writer thread a CPU backend
+(the staged state is on the CPU), whether training runs on gloo or nccl. Creating the
 groups is itself a collective: construct the manager on every rank of ``process_group``.
 
 A training loop::
@@ -51,7 +52,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ from ddlaunch.saving.agreement import (
     CheckpointSaveError,
     marker_failed,
 )
-from ddlaunch.saving.cpu_copy import HandOff, ReusableCpuStager, StagedState, storage_key
+from ddlaunch.saving.cpu_copy import ReusableCpuStager, StagedState, storage_key
 from ddlaunch.saving.state import TrainState
 from ddlaunch.saving.writer import ShardWriter
 
@@ -135,6 +136,13 @@ class CheckpointManager:
         self.world_size = dist.get_world_size(self._ctl_pg)
         self._agree = Agreement(self._ctl_pg, self.rank, self.world_size, str(self.root))
         self._stager = ReusableCpuStager() if async_save else None
+        # Async saves: the writer thread runs steps 1 and 2 of the protocol (its collectives
+        # on the DCP group, with an Agreement of its own), so save() itself is local.
+        self._writer_thread: ThreadPoolExecutor | None = None
+        if async_save:
+            self._dcp_agree = Agreement(self._dcp_pg, self.rank, self.world_size, str(self.root))
+            self._writer_thread = ThreadPoolExecutor(1, thread_name_prefix="ddlaunch-writer")
+            self._writer_thread.submit(lambda: None)  # started now, not inside a save
         self.overlap_staging = overlap_staging
         # The background copy of optimizer-owned tensors, and the step pre-hooks that wait
         # for it (one per optimizer, by id; removed at close).
@@ -200,30 +208,31 @@ class CheckpointManager:
         self.wait()  # one save in flight at a time: it also frees the staging buffers
         self._last_staged = None
         path = self.root / layout.step_dir_name(step)
-        # Async: stage first (local), so that the background copy runs during the
-        # collectives below. Wasted, but harmless, in the rare case of a skipped step.
-        staged = self._stage(state_dict) if self.async_save else None
+        if self.async_save:
+            # Stage (local), then leave everything collective to the writer thread: the
+            # loop waits for no other rank here. A skipped step is wasted staging, rarely.
+            staged = self._stage(state_dict)
+            self._last_save_step, self._last_save_time = step, time.time()
+            assert self._writer_thread is not None
+            future = self._writer_thread.submit(
+                self._write_async, staged, self._staging, step, path
+            )
+            self._pending = _Pending(step, path, future, meta, self._staging)
+            if isinstance(staged, StagedState):
+                self._last_staged = staged
+            return None
         if self._agree.on_rank0(lambda: self._prepare_dir(step, path)) == _SKIP:
             log.warning("step %d is committed already; not saving it again", step)
             return None
         self._last_save_step, self._last_save_time = step, time.time()
-        if not self.async_save:
-            future: Future[Any] = Future()
-            try:
-                future.set_result(
-                    dcp.save(
-                        state_dict, storage_writer=self._writer(path), process_group=self._dcp_pg
-                    )
-                )
-            except _SAVE_ERRORS as exc:  # reported to all ranks by _commit
-                future.set_exception(exc)
-            return self._commit(_Pending(step, path, future, meta))
-        assert staged is not None
-        future = self._start_write(staged, step, path)
-        self._pending = _Pending(step, path, future, meta, self._staging)
-        assert isinstance(staged, StagedState)
-        self._last_staged = staged
-        return None
+        future = Future()
+        try:
+            future.set_result(
+                dcp.save(state_dict, storage_writer=self._writer(path), process_group=self._dcp_pg)
+            )
+        except _SAVE_ERRORS as exc:  # reported to all ranks by _commit
+            future.set_exception(exc)
+        return self._commit(_Pending(step, path, future, meta))
 
     def copy_staged(self, read: Callable[[dict[str, Any]], Any]) -> Future[Any] | None:
         """``read(staged)`` on the last async save's staged copy of the state, once it is
@@ -344,6 +353,9 @@ class CheckpointManager:
         self._hooks.clear()
         if self._stager is not None:
             self._stager.close()
+        if self._writer_thread is not None:
+            self._writer_thread.shutdown(wait=False)  # a running write keeps its references
+            self._writer_thread = None
 
     # ---------------------------------------------------------------- internals
 
@@ -366,26 +378,28 @@ class CheckpointManager:
             self._staging = self._stager.start_deferred(staged)
         return staged
 
-    def _start_write(
-        self, staged: StagedState | BaseException, step: int, path: Path
-    ) -> Future[Any]:
-        """Agree that every rank staged, then start DCP's writer thread, which begins once
-        the background copy is done."""
+    def _write_async(
+        self,
+        staged: StagedState | BaseException,
+        staging: Future[BaseException | None] | None,
+        step: int,
+        path: Path,
+    ) -> Any:
+        """On the writer thread, every rank together: steps 1 and 2 of the protocol for an
+        async save; returns DCP's metadata, or _SKIP for a committed step."""
+        if self._dcp_agree.on_rank0(lambda: self._prepare_dir(step, path)) == _SKIP:
+            log.warning("step %d is committed already; not saving it again", step)
+            return _SKIP
         # Agree before any rank enters DCP's collectives: a rank that failed to stage would
-        # otherwise leave the others' writer threads blocked until the collective timeout.
+        # otherwise leave the others blocked in them until the collective timeout.
         error = staged if isinstance(staged, BaseException) else None
-        self._agree.raise_unless_all(error is None, "staging", step, error)
+        self._dcp_agree.raise_unless_all(error is None, "staging", step, error)
         assert isinstance(staged, StagedState)
+        if staging is not None:
+            staging.result()  # the background copy; its error is reported by the commit
         writer = self._writer(path)
         writer.per_thread_copy_ahead = 0  # the state is on the CPU already
-        response = dcp.async_save(
-            staged.state_dict,
-            storage_writer=writer,
-            process_group=self._dcp_pg,
-            async_stager=HandOff(staged.state_dict, self._staging),
-        )
-        # A staging Future makes DCP answer with an AsyncSaveResponse; without one, a Future.
-        return response if isinstance(response, Future) else response.upload_completion
+        return dcp.save(staged.state_dict, storage_writer=writer, process_group=self._dcp_pg)
 
     def _guard_optimizers(self, state_dict: dict[str, Any]) -> Callable[[torch.Tensor], bool]:
         """Hook the optimizers of the TrainState entries to wait for the background copy;
@@ -403,14 +417,19 @@ class CheckpointManager:
         owned.discard(0)  # empty tensors: nothing to copy, and their key is shared
         return lambda tensor: storage_key(tensor) in owned
 
-    def _commit(self, pending: _Pending) -> CheckpointInfo:
-        """Steps 3 and 4 of the protocol for a write that was started on every rank."""
+    def _commit(self, pending: _Pending) -> CheckpointInfo | None:
+        """Steps 3 and 4 of the protocol for a write that was started on every rank (None:
+        an async save of a committed step, skipped on every rank)."""
         error: BaseException | None = None
         metadata = None
         try:
             metadata = pending.future.result()
+        except CheckpointSaveError:
+            raise  # agreed on every rank already, by the writer thread
         except _SAVE_ERRORS as exc:
             error = exc
+        if metadata is _SKIP:
+            return None
         if error is None and pending.staging is not None:
             # DCP wrote whatever the buffers held: a failed copy must not be committed.
             error = pending.staging.result()
