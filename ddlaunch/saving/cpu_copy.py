@@ -3,10 +3,11 @@
 An async save writes a CPU copy of the state (``dcp.save`` on the manager's writer thread)
 while the training loop goes on updating the original. DCP's default stager allocates a
 fresh copy every time, and first-touching that memory costs about 10x the copy itself (0.4 s
-vs 0.03 s for 256 MiB on our test machine). Its caching variant (``cache_staged_state_dict=True``) pins memory, which raises
-on CPU-only torch builds. So ddlaunch keeps its own cache: pinned when CUDA is present (fast
-device-to-host copies), plain otherwise, rebuilt whenever the state's tensor layout changes
-(e.g. optimizer state appears after the first step).
+vs 0.03 s for 256 MiB on our test machine). Its caching variant
+(``cache_staged_state_dict=True``) pins memory, which raises on CPU-only torch builds. So
+ddlaunch keeps its own cache: pinned when CUDA is present (fast device-to-host copies), plain
+otherwise, rebuilt whenever the state's tensor layout changes (e.g. optimizer state appears
+after the first step).
 
 Copying into the cache was the whole visible stall of an async save (0.11-0.17 s of a 2.4 s
 sync save for 1 GiB on 4 ranks), so the copy may be split in two (``defer``): tensors that
