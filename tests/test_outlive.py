@@ -183,3 +183,58 @@ def test_in_process_scripts_wait_for_the_replacements_after_srun(tmp_path: Path)
         helper = script.index('-m ddlaunch.job.outlive --exit-code "$status"')
         assert wait < helper < script.index("-m ddlaunch.job.hooks end")
         assert ("spare_standby_pid:+--standby-pid" in script) == bool(spares)
+
+
+def test_replacements_that_hang_get_the_watchdogs_verdict_and_their_steps_end(
+    tmp_path: Path, capsys
+) -> None:
+    """The watchdog left with srun: its rule goes on during the wait, and its verdict ends
+    the job's steps (the standbys' with the ranks they run) for the end hook."""
+    import json
+    import os
+
+    from support.fakes import FakeRunner
+    from support.rundirs import write_beat
+
+    from ddlaunch.runner import CommandResult
+    from ddlaunch.slurm.client import SlurmClient
+
+    steps = (Path(__file__).parent / "fixtures" / "slurm-22.05" / "squeue-steps.txt").read_text()
+    runner = FakeRunner({"squeue": CommandResult(("squeue",), 0, steps, "")})
+    attempt = AttemptId("377", 1, "377")
+    record = attempts.new_record(0, attempt, nodes="a,b", host="a", resumed_from=None)
+    attempts.save(tmp_path, [record.updated(in_process_restarts=[_restart(1)])])
+    clock = Clock()
+    for rank, (host, waiting) in enumerate([("a", True), ("b", False)]):
+        write_beat(
+            tmp_path,
+            rank=rank,
+            host=host,
+            job_id="377",
+            restart=1,
+            step=40,
+            step_wall=clock.now - 5,  # the last step; no other comes
+            beat=clock.now + 1000,  # the writer threads beat on
+            started=clock.now - 30,
+            state="running",
+            waiting=waiting,
+            where="x.py:1 in f",
+        )
+    code = outlive(
+        tmp_path,
+        attempt,
+        0,
+        [os.getpid()],
+        thresholds=THRESHOLDS,
+        expected_ranks=2,
+        client=SlurmClient(runner),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert code == 1  # srun's 0 is not the run's: it did not finish
+    verdict = json.loads((tmp_path / "health" / "verdict-377-1.json").read_text())
+    assert verdict["cause"] == "hang" and verdict["nodes"] == ["b"]
+    assert ["scancel", "--signal=KILL", "377.1"] in runner.calls
+    err = capsys.readouterr().err
+    assert "waited" in err and "until hang: " in err, err
+    assert THRESHOLDS.hang_timeout - 5 <= clock.slept <= THRESHOLDS.hang_timeout + 10
