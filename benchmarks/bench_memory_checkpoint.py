@@ -86,6 +86,7 @@ def rank_main(
     copies = memory.MemoryCheckpoint(RANKS_PER_NODE)
     if hasattr(copies, "prepare"):  # the Session allocates the copies' buffers at start
         copies.prepare(state)
+        copies.agree(state)  # and, at a fresh start, agrees that they fit
     # The copy from the async save's staged copy (where this version has it).
     extra = {"from_staging": manager.copy_staged} if hasattr(manager, "copy_staged") else {}
     saves, captures, arrived, from_ram, from_disk = [], [], [], [], []

@@ -150,9 +150,11 @@ class Session:
             info = self._restore_in_process()
         else:
             info = self.manager.load_latest(self.state)
-        if self._memory:  # the RAM copies' buffers now (every rank together), not at a save
+        if self._memory:  # the RAM copies' buffers now, not at a save
             self._copies = memory.MemoryCheckpoint(_ranks_per_node())
-            self._memory = self._copies.prepare(self.state)
+            self._copies.prepare(self.state)  # local
+            if self.state_from is None:  # a fresh start, not an in-process restart
+                self._memory = self._copies.agree(self.state)  # every rank together
         self.start_step = info.step if info else 0
         self.resumed = info is not None
         # balance: each rank's share of the global batch (by_throughput: measured, then

@@ -225,21 +225,22 @@ class MemoryCheckpoint:
         self.to, self.frm = peers(self.rank, self.world, ranks_per_node)
         self.local = int(os.environ.get("LOCAL_WORLD_SIZE") or ranks_per_node)
         # The peer copies travel in the background, on a group of their own, beside the
-        # training loop's collectives.
-        self.group = dist.new_group(backend="gloo") if self.to >= 0 else None
+        # training loop's collectives; created with the decision whether the copies fit
+        # (``agree``: at a fresh start, or by the first capture after an in-process restart,
+        # whose ranks meet a second failure soonest in the Session's start).
+        self.group: dist.ProcessGroup | None = None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ddlaunch-memory")
-        self.on: bool | None = None  # decided by prepare (the state's size)
+        self.on: bool | None = None  # decided by the first capture, on every rank together
         self.pending: tuple[int, Future[Held]] | None = None
         self.slots = (CpuCopy(), CpuCopy())  # the own copies' buffers (see the module doc)
 
     def prepare(self, state: Mapping[str, Any]) -> bool:
-        """When the Session starts, on every rank together: decide whether two copies fit
-        (False on every rank when not, after rank 0 said so), then allocate and touch the
-        slots, one of them the committed copy of a restart when there is one."""
+        """When the Session starts (local, not a collective): allocate and touch the slots,
+        one of them the committed copy of a restart when there is one, where two copies fit
+        in this node's share of memory (False when not: the first capture then turns the
+        copies off on every rank)."""
         plain = plain_state(state)
-        if self.on is None:
-            self.on = self._fits(nbytes(plain))
-        if not self.on:
+        if self.on is False or not fits(nbytes(plain), self.local, available_bytes()):
             return False
         mine = held()
         if mine is not None and self.slots[0].copied is None:
@@ -256,9 +257,7 @@ class MemoryCheckpoint:
         afterwards); the peers' copies on their way. With ``from_staging`` (async saves),
         the copy is made from the save's staged copy on the staging thread, and the loop
         does not wait for it. Returns False on every rank when the copies do not fit."""
-        if self.on is None:
-            self.prepare(state)
-        if not self.on:
+        if not self.agree(state):
             return False
         if self.pending is not None:
             # Its copy may be in the slot this capture is about to fill (when it was never
@@ -274,6 +273,17 @@ class MemoryCheckpoint:
             copied = done
         self.pending = (step, self.pool.submit(self._send, step, copied))
         return True
+
+    def agree(self, state: Mapping[str, Any]) -> bool:
+        """On every rank together, once: whether two copies fit on every node (rank 0 says
+        so when not), and the exchange group; False on every rank when not."""
+        if self.on is None:
+            self.on = self._fits(nbytes(plain_state(state)))
+            if self.on and self.to >= 0:
+                self.group = dist.new_group(backend="gloo")
+            if not self.on:
+                self.slots = (CpuCopy(), CpuCopy())  # their buffers freed
+        return self.on
 
     def _free_slot(self) -> CpuCopy:
         """The slot that does not hold the committed copy."""
