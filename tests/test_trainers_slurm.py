@@ -15,6 +15,10 @@ weights), not merely that it ran. The combinatorics are in test_trainer_protocol
   checkpoint is complete (``latest`` names it) -> restarted in the allocation (progress made),
   the script resumes through its own ``engine.load_checkpoint`` from exactly that tag and
   finishes; final weights equal the uninterrupted run's.
+* DeepSpeed, 2 nodes x 1 rank: the time limit's signal after its second checkpoint -> TERM
+  (DeepSpeed has no save-on-signal: the steps since ``latest`` are lost), requeued, the script
+  resumes from the tag ``latest`` names, ``status`` shows the steps; final weights equal the
+  uninterrupted run's.
 * torchtune 0.6.1's own recipe (``full_finetune_distributed.py``, FSDP2 over gloo, through
   ``trainer_scripts/torchtune_cpu.py``), 2 nodes x 1 rank: the time limit's signal in its third
   epoch -> TERM (torchtune has no save-on-signal), requeued, resumed from ``epoch_1`` (the
@@ -307,6 +311,50 @@ def test_lightning_usr1_saves_hpc_checkpoint_and_requeues_exactly_once(
 def tune_losses(text: str) -> list[tuple[int, str]]:
     """(step, loss) as torchtune's StdoutLogger prints them on rank 0."""
     return [(int(s), loss) for s, loss in re.findall(r"Step (\d+) \| loss:(\S+)", text)]
+
+
+def test_deepspeed_time_limit_requeues_and_resumes_from_latest(
+    slurm_cluster, slurm_job_cleanup, tmp_path, ds_reference
+) -> None:
+    config = trainer_config(
+        tmp_path,
+        "ds-limit",
+        DS_SCRIPT,
+        ds_args(0.3),
+        trainer={"kind": "deepspeed"},
+        launch={"env": DS_ENV},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    script = (run_dir / "job.sbatch").read_text()
+    assert "#SBATCH --signal=B:USR2@120" in script and "trap ddlaunch_stop USR2" in script
+    latest = run_dir / "checkpoints" / "latest"
+    wait_for(
+        lambda: (
+            latest.is_file() and latest.read_text() == "global_step20" and rank0_step(run_dir) > 22
+        ),
+        240,
+        "global_step20 complete",
+        poll=0.1,
+    )
+    slurm_cluster.signal_job(job_id, "USR2", batch=True)  # what Slurm does at time - lead
+    assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
+    first, second = attempts(run_dir)
+    saved = first["committed_step"]
+    # No save on a signal: TERM at once, and the run goes on from the last tag it saved.
+    assert (first["cause"], first["signal"]) == ("trainer stop", "none") and saved in (20, 30)
+    assert first["decision"] == f"requeue after trainer stop: committed step none -> {saved}"
+    assert (second["cause"], second["resumed_from"]) == ("completed", saved)
+    assert second["resume_checkpoint"] == str(run_dir / "checkpoints" / f"global_step{saved}")
+    steps = rank_steps((run_dir / "logs" / "rank-0.out").read_text())
+    # The second attempt's first step is the last saved + 1 the log holds.
+    again = len(steps) - 1 - steps[::-1].index(saved + 1)
+    assert steps[again:] == list(range(saved + 1, DS_STEPS + 1))
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["start_step"] == saved and result["global_step"] == DS_STEPS
+    assert result["weights_sha256"] == ds_reference["weights_sha256"]
+    status = run_ddlaunch("status", run_dir.name, "--json", cwd=tmp_path)
+    row = json.loads(status.stdout)[0]
+    assert (row["state"], row["checkpoint_step"], row["attempts"]) == ("COMPLETED", DS_STEPS, 2)
 
 
 @pytest.mark.skipif(
