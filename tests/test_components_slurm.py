@@ -44,6 +44,20 @@ def _config(tmp_path: Path, name: str, components: list[dict] | None, **params: 
     return path
 
 
+def _train_and_server(port: int) -> list[dict]:
+    """A train component of one node and a service of one node: the pid server on ``port``."""
+    command = ["python3", "-u", "trainer_scripts/pid_server.py", "--port", port]
+    return [
+        {"name": "train", "nodes": {"count": 1}},
+        {
+            "name": "server",
+            "role": "service",
+            "nodes": {"count": 1, "gpus_per_node": 0},
+            "launch": {"command": command},
+        },
+    ]
+
+
 def _features(env: dict[str, str]) -> dict[str, str]:
     """Each node's features (its GPU type on the dev cluster)."""
     out = subprocess.run(
@@ -113,17 +127,7 @@ def test_a_service_runs_beside_the_ranks_and_restarts_alone(
     config = _config(
         tmp_path,
         "t-svc",
-        [
-            {"name": "train", "nodes": {"count": 1}},
-            {
-                "name": "server",
-                "role": "service",
-                "nodes": {"count": 1, "gpus_per_node": 0},
-                "launch": {
-                    "command": ["python3", "-u", "trainer_scripts/pid_server.py", "--port", port]
-                },
-            },
-        ],
+        _train_and_server(port),
         entrypoint="launch_entrypoints:mlp_asking_a_service",
         port=port,
         steps=150,
@@ -271,17 +275,7 @@ def test_cancel_of_a_service_stops_it_and_the_training_completes(
     config = _config(
         tmp_path,
         "t-svc-cancel",
-        [
-            {"name": "train", "nodes": {"count": 1}},
-            {
-                "name": "server",
-                "role": "service",
-                "nodes": {"count": 1, "gpus_per_node": 0},
-                "launch": {
-                    "command": ["python3", "-u", "trainer_scripts/pid_server.py", "--port", port]
-                },
-            },
-        ],
+        _train_and_server(port),
         steps=300,
         step_sleep=0.1,
     )
