@@ -487,7 +487,7 @@ def recomputed_steps(
 ) -> list[int]:
     """Per failure: the step reached at the kill (the attempt's last timing point before it
     plus the steps since at the median step time) minus the step the next attempt resumed
-    from."""
+    from, or the in-process restart that followed the kill."""
     from ddlaunch.store.attempts import key_of
 
     def record_key(r: dict) -> str:
@@ -497,14 +497,21 @@ def recomputed_steps(
     for killed, _ in injected:
         ran = [r for r in records if r["start"] < killed and r.get("end", killed) >= killed]
         after = [r for r in records if r["start"] > killed]
-        if not ran or not after:
+        in_process = [
+            r
+            for a in ran
+            for r in a.get("in_process_restarts") or ()
+            if r.get("time", 0) >= killed and r.get("resumed_from") is not None
+        ]
+        if not ran or not (after or in_process):
             continue
         before = [p for p in points.get(record_key(ran[-1]), []) if p[0] <= killed]
         if not before:
             continue
         t, s = before[-1]
         reached = s + int((killed - t) / per_step)
-        out.append(reached - (after[0].get("resumed_from") or 0))
+        resumed = in_process[0] if in_process else after[0]
+        out.append(reached - (resumed.get("resumed_from") or 0))
     return out
 
 

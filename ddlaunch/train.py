@@ -146,17 +146,19 @@ class Session:
         self._copies: memory.MemoryCheckpoint | None = None
         if identity is not None:
             info = self._join_groups(identity, check_every)
+            start = info.step if info else None
         elif self._in_process and inprocess.current().number > 0:
-            info = self._restore_in_process()
+            start = self._restore_in_process()
         else:
             info = self.manager.load_latest(self.state)
+            start = info.step if info else None
         if self._memory:  # the RAM copies' buffers now, not at a save
             self._copies = memory.MemoryCheckpoint(_ranks_per_node())
             self._copies.prepare(self.state)  # local
             if self.state_from is None:  # a fresh start, not an in-process restart
                 self._memory = self._copies.agree(self.state)  # every rank together
-        self.start_step = info.step if info else 0
-        self.resumed = info is not None
+        self.start_step = start if start is not None else 0
+        self.resumed = start is not None
         # balance: each rank's share of the global batch (by_throughput: measured, then
         # balanced over the train components; ``batch_share``).
         self._balance = Balancer(
@@ -177,51 +179,54 @@ class Session:
             self.run_dir, self.job_rank, config.health.heartbeat_interval, self.attempt
         ).start()
         if self.rank == 0:
-            where = f"step {self.start_step}" if info else "scratch"
+            where = f"step {self.start_step}" if self.resumed else "scratch"
             if self.replica is not None and self.replica.identity.restart:
                 where = "a live peer group's state (the group restarted)"
             if self.state_from == memory.STATE_FROM_RAM:
                 where += " (state from RAM)"
             print(f"[ddlaunch] starting from {where}", flush=True)
 
-    def _restore_in_process(self) -> CheckpointInfo | None:
-        """After an in-process restart: the last committed checkpoint from the ranks' RAM
-        copies where they allow it (every rank together), else from disk; rank 0 records
-        the restart in the attempt."""
+    def _restore_in_process(self) -> int | None:
+        """After an in-process restart: the newest step the ranks' RAM copies allow (every
+        rank together; it may be newer than the disk's latest checkpoint, from a memory
+        point), else the latest complete checkpoint from disk; rank 0 records the restart in
+        the attempt. Returns the step resumed from (None: from scratch)."""
         generation = inprocess.current()
         disk = self.manager.latest_complete()
         step = memory.restore(self.state, disk.step if disk else None) if self._memory else None
-        if step is not None and disk is not None:
-            self.manager.adopt(disk, self.state)
-            info: CheckpointInfo | None = disk
+        if step is not None:
+            if disk is not None:  # the checkpoint the next save follows, as after a load
+                self.manager.adopt(disk, self.state)
+            else:
+                self.manager.prepare_staging(self.state)
             self.state_from = memory.STATE_FROM_RAM
         else:
             info = self.manager.load_latest(self.state)
+            step = info.step if info else None
             self.state_from = memory.STATE_FROM_DISK
         if self.rank == 0 and generation.plan is not None:
             inprocess.record(
                 self.run_dir,
                 generation.plan,
-                resumed_from=info.step if info else None,
+                resumed_from=step,
                 state_from=self.state_from,
                 formed=generation.formed,
             )
-        return info
+        return step
 
-    def _keep_in_memory(self, step: int) -> None:
-        """At a save: the RAM copies of this step (every rank together); they count once
-        the save commits (``_committed``)."""
+    def _keep_in_memory(self, step: int, saved: bool = True) -> None:
+        """At a save (``saved``) or a memory point: the RAM copies of this step (every rank
+        together); a restart may use them once they are complete (``_promote_copies``)."""
         if self._memory:
             if self._copies is None:
                 self._copies = memory.MemoryCheckpoint(_ranks_per_node())
             # Async saves: copied from the save's staged copy, off the loop's thread.
-            self._memory = self._copies.capture(step, self.state, self.manager.copy_staged)
-        self._committed()
+            staged = self.manager.copy_staged if saved else None
+            self._memory = self._copies.capture(step, self.state, staged)
 
-    def _committed(self) -> None:
-        last = self.manager.last_committed
-        if self._copies is not None and last is not None:
-            self._copies.commit(last.step)
+    def _promote_copies(self) -> None:
+        if self._copies is not None:
+            self._copies.promote()
 
     def _join_groups(self, identity: GroupIdentity, check_every: int) -> CheckpointInfo | None:
         """Replica groups: the torchft Manager, with the Session's state as what a healing
@@ -382,7 +387,7 @@ class Session:
         # the current quorum (the same on every rank of a group).
         saver = replica is None or replica.is_saver()
         self._saving(self.manager.maybe_finish)
-        self._committed()
+        self._promote_copies()
         if saver:
             self._report(step)
         if replica is not None:
@@ -417,6 +422,13 @@ class Session:
             step, every_steps=ft.checkpoint_every_steps, every_minutes=ft.checkpoint_every_minutes
         ):
             self._saving(lambda: self._timed_save(step))
+        elif (
+            step < total
+            and self._memory
+            and memory.memory_point(step, ft.memory_every_steps)
+            and self.manager.everywhere(memory.MemoryCheckpoint.settled())
+        ):
+            self._keep_in_memory(step, saved=False)
 
     def _timed_save(self, step: int) -> None:
         """Save, and (rank 0) record what it cost the training loop: the blocking part, and

@@ -47,7 +47,7 @@ def phase_restore(rank: int, world: int, out: str, fits: bool) -> None:
         kept = copies.capture(20, state)
     if copies.pending is not None:
         copies.pending[1].result()
-    copies.commit(20)
+    copies.promote()
     expected = _flat(original)
     if rank == 1:
         memory.forget()
@@ -116,15 +116,15 @@ def phase_slots(rank: int, world: int, out: str, async_save: bool) -> None:
         copies.pending[1].result()
 
     save(10)
-    copies.commit(10)
+    copies.promote()
     train(1)
     save(20)  # not committed in RAM yet: the committed copy must still be step 10's
     seen["committed_kept_during_next_save"] = _values(memory.held().own) == expected[10]  # type: ignore[union-attr]
-    copies.commit(20)
+    copies.promote()
     seen["committed_is_20"] = _values(memory.held().own) == expected[20]  # type: ignore[union-attr]
     train(2)
     save(30)
-    copies.commit(30)
+    copies.promote()
     seen["same_buffers"] = [_ptrs(slot.tensors()) for slot in copies.slots] == slots
     seen["staging_reused"] = (
         _ptrs(manager._stager.tensors()) == staging if manager._stager else None
@@ -144,3 +144,40 @@ def phase_slots(rank: int, world: int, out: str, async_save: bool) -> None:
     after.close()
     copies.close()
     manager.close()
+
+
+def phase_memory_point(rank: int, world: int, out: str) -> None:
+    """Copies at a save (step 20, on disk) and at a memory point (step 25, in RAM only),
+    training between them; then rank 1 is replaced and the world restores with the disk's
+    latest at 20. Observed: the step restored and whether each rank's state is its state of
+    step 25, bit for bit (rank 1's from rank 3's RAM)."""
+    import torch
+
+    from ddlaunch.saving import memory
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(RANKS_PER_NODE)
+    memory.forget()
+    model, state = _state(rank)
+    opt = state["train"].optimizers[0]
+    copies = memory.MemoryCheckpoint(RANKS_PER_NODE)
+    copies.prepare(state)
+    for step in (20, 25):
+        torch.manual_seed(rank * 100 + step)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+        copies.capture(step, state)
+        copies.promote()  # no-op while the transfer is on its way
+    expected = _values(memory.plain_state(state))
+    if rank == 1:
+        memory.forget()
+        model, state = _state(100)  # the replacement's fresh model
+    else:
+        with torch.no_grad():  # the survivors trained on past step 25 before the failure
+            for p in model.parameters():
+                p.add_(1.0)
+    step = memory.restore(state, 20)
+    Path(out, f"point-rank{rank}.json").write_text(
+        json.dumps({"step": step, "same": _values(memory.plain_state(state)) == expected})
+    )
+    copies.close()

@@ -20,7 +20,7 @@ from ddlaunch.policy.inprocess import (
     lost_hosts,
     plan_restart,
 )
-from ddlaunch.saving.memory import fits, peers, plan_sources
+from ddlaunch.saving.memory import fits, memory_point, peers, plan_sources
 from ddlaunch.worker.control import Assignment, RankPlace
 from ddlaunch.worker.distenv import from_environ
 from ddlaunch.worker.standby import take_place
@@ -133,21 +133,41 @@ def test_the_ram_copies_go_round_the_nodes() -> None:
     ("said", "disk", "expected"),
     [
         # Rank 3 replaced; rank 1 holds its copy of step 60, the disk's latest.
-        ([(60, 2), (60, 3), (60, 0), (-1, -1)], 60, {3: 1}),
+        ([[(60, 2)], [(60, 3)], [(60, 0)], []], 60, (60, {3: 1})),
         # Nobody replaced: every rank reloads its own copy.
-        ([(60, 2), (60, 3), (60, 0), (60, 1)], 60, {}),
+        ([[(60, 2)], [(60, 3)], [(60, 0)], [(60, 1)]], 60, (60, {})),
         # The holder died too (its replacement has nothing): from disk.
-        ([(60, 2), (-1, -1), (60, 0), (-1, -1)], 60, None),
-        # A survivor holds an older step than the disk's latest: from disk.
-        ([(40, 2), (60, 3), (60, 0), (-1, -1)], 60, None),
-        # No checkpoint yet: from disk (every rank starts from scratch).
-        ([(-1, -1)] * 4, None, None),
+        ([[(60, 2)], [], [(60, 0)], []], 60, None),
+        # A survivor holds an older step than the disk's latest, and nobody its copy of
+        # the disk's step: from disk.
+        ([[(40, 2)], [(60, 3)], [(60, 1)], []], 60, None),
+        # ... but when its peer holds its copy of that step, it gets it from there.
+        ([[(40, 2)], [(60, 3)], [(60, 0)], []], 60, (60, {0: 2, 3: 1})),
+        # No checkpoint yet, no copy: from disk (every rank starts from scratch).
+        ([[]] * 4, None, None),
+        # A memory point (65) newer than the disk's latest (60): from RAM.
+        ([[(60, 2), (65, 2)], [(60, 3), (65, 3)], [(60, 0), (65, 0)], []], 60, (65, {3: 1})),
+        # Before the first save: copies of memory points only.
+        ([[(5, 2)], [(5, 3)], [(5, 0)], []], None, (5, {3: 1})),
+        # Rank 1's transfer of step 65 was on its way at the failure (it holds 60 and its
+        # peer copy of 60 only): the step every rank can have is 60.
+        ([[(60, 2), (65, 2)], [(60, 3)], [(60, 0), (65, 0)], []], 60, (60, {3: 1})),
+        # A survivor that holds only the older step gets the newer one from its holder: its
+        # own copy of 65 went out before the failure.
+        ([[(60, 2), (65, 2)], [(60, 3), (65, 3)], [(60, 0)], [(60, 1), (65, 1)]], 60, (65, {2: 0})),
     ],
 )
-def test_a_replacement_gets_its_copy_from_the_rank_that_holds_it(
-    said: list[tuple[int, int]], disk: int | None, expected: dict[int, int] | None
+def test_the_newest_step_every_rank_can_have_is_restored_from_ram(
+    said: list[list[tuple[int, int]]],
+    disk: int | None,
+    expected: tuple[int, dict[int, int]] | None,
 ) -> None:
     assert plan_sources(said, disk) == expected
+
+
+def test_memory_points_are_every_nth_step_and_never_the_first() -> None:
+    assert [s for s in range(21) if memory_point(s, 5)] == [5, 10, 15, 20]
+    assert not any(memory_point(s, 0) for s in range(21))  # 0: at saves only
 
 
 def test_two_copies_must_fit_in_half_the_nodes_free_memory() -> None:

@@ -22,6 +22,7 @@ from support.slurm_runs import attempts, committed, mlp_config, result, submit
 
 from ddlaunch.config import load_config
 from ddlaunch.config.validate import to_plain
+from ddlaunch.store.heartbeats import read_heartbeats
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -54,16 +55,33 @@ def _pids(run_dir: Path, module: bytes) -> dict[int, int]:
     return found
 
 
+def _beat_step(run_dir: Path) -> int:
+    """Rank 0's step as its last heartbeat says (-1 before the first)."""
+    steps = [b.get("step") for b in read_heartbeats(run_dir) if b.get("rank") == 0]
+    return max((s for s in steps if isinstance(s, int)), default=-1)
+
+
 def test_a_killed_rank_is_replaced_by_a_standby_and_the_others_keep_their_processes(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
-    config = mlp_config(tmp_path, "inproc", params=PARAMS, fault_tolerance=IN_PROCESS)
+    # Heartbeats every 0.5 s: the test reads rank 0's step from them.
+    config = mlp_config(
+        tmp_path,
+        "inproc",
+        params=PARAMS,
+        fault_tolerance=IN_PROCESS,
+        health={"heartbeat_interval": 0.5},
+    )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
+    # Killed 10-19 steps past a save (rank 0's heartbeat says 10-13; it lags the step by up
+    # to two intervals): the memory point 5 or 10 steps past the save is newer than the disk.
+    wait_for(lambda: 10 <= _beat_step(run_dir) % 20 <= 13, 60, "a step past a save", poll=0.05)
     ranks = _pids(run_dir, b"ddlaunch.worker.task")
     standbys = _pids(run_dir, b"ddlaunch.worker.standby")
     assert len(ranks) == 4 and len(standbys) == 2, (ranks, standbys)
     victim = next(pid for pid, rank in ranks.items() if rank == 3)
+    on_disk = committed(run_dir)
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     wait_for(
@@ -84,7 +102,9 @@ def test_a_killed_rank_is_replaced_by_a_standby_and_the_others_keep_their_proces
     (replacement,) = restart["replacements"]
     assert replacement["pid"] in standbys  # a process that existed before the kill
     assert replacement["rank_pid"] not in standbys  # the process it forked for the rank
-    assert restart["resumed_from"] >= 60 and restart["resumed_from"] % 20 == 0
+    # From a memory point (every 5 steps) newer than the disk's latest checkpoint: fewer
+    # steps trained again than since the save.
+    assert restart["resumed_from"] > on_disk and restart["resumed_from"] % 5 == 0, on_disk
     assert only["cause"] == "completed"
     res = result(run_dir)
     assert res["param_sha256"] == reference_sha

@@ -67,3 +67,15 @@ def test_the_own_copies_reuse_two_slots_allocated_at_start(
         assert seen["committed_untouched_by_training"] is True
         # The next Session's copies take the committed copy over: one set allocated.
         assert seen["restart_adopts_committed"] is True
+
+
+def test_a_restart_resumes_from_a_memory_point_newer_than_the_disk(tmp_path: Path) -> None:
+    from ckpt_dist import run_world
+    from memory_workers import phase_memory_point
+
+    run_world(phase_memory_point, 4, str(tmp_path), timeout=120)
+    seen = [json.loads((tmp_path / f"point-rank{r}.json").read_text()) for r in range(4)]
+    # Step 25 was copied to RAM only (the disk's latest is 20): every rank resumes from it,
+    # the replacement (rank 1) from rank 3's copy, each with its own state of step 25.
+    assert [s["step"] for s in seen] == [25, 25, 25, 25]
+    assert [s["same"] for s in seen] == [True] * 4

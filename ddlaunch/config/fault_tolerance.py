@@ -77,6 +77,16 @@ class FaultToleranceSpec:
         "line saying so; off: an in-process restart reads the checkpoint from disk.",
         choices=("auto", "off"),
     )
+    memory_every_steps: int = opt(
+        5,
+        "With restart: in_process and memory_checkpoint: auto, also copy the state to RAM "
+        "(this rank's and its peer's) every this many steps between saves: an in-process "
+        "restart resumes from the newest copy every rank holds, so it trains again only "
+        "the steps since then, not those since the last save. Each copy costs a copy of "
+        "the rank's state into buffers kept from the start and a transfer to the peer in "
+        "the background. 0: copies at saves only.",
+        range=(0, 10**6),
+    )
     rejoin_timeout: int = opt(
         60,
         "With restart: in_process, seconds the ranks wait for each other (and for the "

@@ -96,6 +96,12 @@ class Agreement:
             raise CheckpointError(f"rank 0 failed under {self.where}: {box[1]}")
         return box[0]
 
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank (one small all-reduce)."""
+        mine = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=self._ctl_pg)
+        return bool(mine.item())
+
     def gather_flags(self, flag: bool) -> list[bool]:
         mine = torch.tensor([int(flag)], dtype=torch.int32)
         everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]

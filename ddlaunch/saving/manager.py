@@ -184,6 +184,11 @@ class CheckpointManager:
             return due
         return any(self._agree.gather_flags(due))
 
+    def everywhere(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank: a collective on the manager's control group,
+        on the training loop's thread (every rank calls it at the same point)."""
+        return self._agree.all_true(flag)
+
     def save(
         self,
         step: int,

@@ -1,19 +1,29 @@
-"""The last committed checkpoint in RAM, this rank's and one peer's
+"""The state of recent steps in RAM, this rank's and one peer's
 (``fault_tolerance.restart: in_process``, ``memory_checkpoint: auto``).
 
-At each save, every rank serializes its state (the bytes a replacement would need) and
-sends them to its peer, the rank with the same local rank on the next node (``rank +
-ranks_per_node``, modulo the world), receiving its predecessor's in turn: a ring over the
-nodes, so that a dead node's ranks have their copies on a live one. The copies become the
-*committed* ones when the save commits on disk (``commit``), never before: a restart resumes
-from a step the disk holds too, so a later requeue agrees with it.
+At each save, and at every ``memory_every_steps``-th step between saves (a *memory point*),
+every rank copies its state and sends the serialized bytes (what a replacement would need)
+to its peer, the rank with the same local rank on the next node (``rank + ranks_per_node``,
+modulo the world), receiving its predecessor's in turn: a ring over the nodes, so that a
+dead node's ranks have their copies on a live one. The copies travel in the background; a
+rank's copies of a step are *complete* once its own copy is made and its predecessor's has
+arrived (``promote``). Memory points are more frequent than disk saves because they cost a
+copy into buffers allocated at start and a transfer beside the training, not a write to
+shared storage: an in-process restart then recomputes the steps since the last memory
+point, not since the last save. The disk stays the source for requeues and whole-job
+restarts; a restart in process may resume from a newer step than the disk holds.
+
+Each rank keeps its two latest complete steps (``_committed`` and ``_previous``): the ranks
+do not finish their transfers at the same moment, so at a failure one rank may hold step N
+complete while another still has N's transfer on its way (the failure then ends it); the
+older step is what they both hold.
 
 After an in-process restart (``restore``), every rank of the new process group says which
-step it holds and whose copy: when every survivor holds its own copy of the latest complete
-checkpoint on disk and every replacement's copy is held by a survivor, the survivors load
-their own bytes and each holder sends its copy to the replacement (state from RAM);
-otherwise every rank reads the checkpoint from disk. Either way the result is the same
-state, bit for bit.
+steps it holds complete and whose copy it holds for each; the newest step, not older than
+the disk's latest, for which every rank either holds its own copy or a survivor holds its
+peer copy is restored: the survivors load their own bytes and each holder sends its copy to
+the rank that lacks it (a replacement). Where no step qualifies every rank reads the
+checkpoint from disk. Either way the result is the same state, bit for bit.
 
 The copies live in this module, not in a ``Session``: a restart builds a new ``Session``
 in the same process, and the copies must outlive the old one.
@@ -22,10 +32,11 @@ Not for sharded (DTensor) state: its shards are resharded by DCP on a load, whic
 copy cannot do; ``auto`` is off there, with a line saying so.
 
 Where the own copy lives. Two sets of CPU buffers per rank (``CpuCopy`` slots), allocated
-and touched when the Session starts (``prepare``), never at a save: the committed copy
-must stay untouched until the next save commits (a restart in between resumes from it),
-so the next save's copy goes to the other set. A save copies into the slot that does not
-hold the committed copy; after an in-process restart the committed copy itself becomes
+and touched when the Session starts (``prepare``), never at a save: the newest complete
+copy must stay untouched until the next one is complete (a restart in between resumes from
+it), so the next copy goes to the other set, over the older complete step's copy (dropped
+then: the newest is complete on this rank, and every rank waits for its newest transfer
+before it starts the next). After an in-process restart the restored copy itself becomes
 one of the new Session's two slots, so a restart allocates one set, not two.
 
 With async saves the async save's staging buffers (``cpu_copy.ReusableCpuStager``) hold
@@ -74,17 +85,54 @@ class Held:
     peer_bytes: torch.Tensor | None
 
 
+# This process's copies (they outlive a Session: see the module doc). ``_committed``: the
+# newest step whose copies are complete here; ``_previous``: the one before it; ``_pending``:
+# the step whose copies are on their way.
 _committed: Held | None = None
+_previous: Held | None = None
+_pending: tuple[int, Future[Held]] | None = None
+# How long a restart waits for a transfer that was on its way at the failure: the failure
+# closed its connections, so it ends at once unless it was complete.
+SETTLE_S = 2.0
 
 
 def held() -> Held | None:
-    """The copies of the last committed checkpoint, if any (this process's)."""
+    """The newest complete copies, if any (this process's)."""
     return _committed
 
 
+def kept() -> list[Held]:
+    """The complete copies a restart may use, oldest first."""
+    return [h for h in (_previous, _committed) if h is not None]
+
+
 def forget() -> None:
-    global _committed
-    _committed = None
+    global _committed, _previous, _pending
+    _committed = _previous = _pending = None
+
+
+def promote(wait: float = 0.0) -> None:
+    """The pending copies, once they are complete (waiting at most ``wait`` seconds), become
+    the newest complete ones; the newest become the previous. A transfer that failed leaves
+    the complete copies as they were."""
+    global _committed, _previous, _pending
+    if _pending is None:
+        return
+    future = _pending[1]
+    if not future.done() and wait > 0:
+        with contextlib.suppress(Exception):
+            future.result(timeout=wait)
+    if not future.done():
+        return
+    _pending = None
+    if future.exception() is None:
+        _previous, _committed = _committed, future.result()
+
+
+def memory_point(step: int, every: int) -> bool:
+    """Whether ``step`` is a memory point (``fault_tolerance.memory_every_steps``; 0: the
+    copies are taken at saves only). The same answer on every rank: no collective."""
+    return every > 0 and step > 0 and step % every == 0
 
 
 def peers(rank: int, world: int, ranks_per_node: int) -> tuple[int, int]:
@@ -218,7 +266,7 @@ FromStaging = Callable[[Callable[[dict[str, Any]], Any]], "Future[Any] | None"]
 class MemoryCheckpoint:
     """A Session's side of the copies (one per process group generation: its exchange group
     is one of the generation's). ``prepare`` when the Session starts, ``capture`` at every
-    save, on every rank together; ``commit`` at every step boundary."""
+    save and memory point, on every rank together; ``promote`` at every step boundary."""
 
     def __init__(self, ranks_per_node: int) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -231,7 +279,6 @@ class MemoryCheckpoint:
         self.group: dist.ProcessGroup | None = None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ddlaunch-memory")
         self.on: bool | None = None  # decided by the first capture, on every rank together
-        self.pending: tuple[int, Future[Held]] | None = None
         self.slots = (CpuCopy(), CpuCopy())  # the own copies' buffers (see the module doc)
 
     def prepare(self, state: Mapping[str, Any]) -> bool:
@@ -257,22 +304,33 @@ class MemoryCheckpoint:
         afterwards); the peers' copies on their way. With ``from_staging`` (async saves),
         the copy is made from the save's staged copy on the staging thread, and the loop
         does not wait for it. Returns False on every rank when the copies do not fit."""
+        global _previous, _pending
         if not self.agree(state):
             return False
-        if self.pending is not None:
-            # Its copy may be in the slot this capture is about to fill (when it was never
-            # committed); normally it arrived long ago.
+        if _pending is not None:
+            # Its copy may be in the slot this capture is about to fill (when it never became
+            # complete); normally it arrived long ago. Every rank waits here, so when a rank
+            # drops its older complete step below, its peers hold the newer one complete too
+            # (or a failure ended the transfer, and the restart falls back to the older).
             with contextlib.suppress(Exception):
-                self.pending[1].result()
-            self.pending = None
+                _pending[1].result()
+            promote()
+            _pending = None
         slot = self._free_slot()
+        if _previous is not None and _previous.own is slot.copied:
+            _previous = None  # its own copy is overwritten next
         copied = from_staging(slot.copy) if from_staging is not None else None
         if copied is None:
             done: Future[dict[str, Any]] = Future()
             done.set_result(slot.copy(plain_state(state)))
             copied = done
-        self.pending = (step, self.pool.submit(self._send, step, copied))
+        _pending = (step, self.pool.submit(self._send, step, copied))
         return True
+
+    @property
+    def pending(self) -> tuple[int, Future[Held]] | None:
+        """The step whose copies are on their way, and its transfer."""
+        return _pending
 
     def agree(self, state: Mapping[str, Any]) -> bool:
         """On every rank together, once: whether two copies fit on every node (rank 0 says
@@ -310,15 +368,17 @@ class MemoryCheckpoint:
             forget()
         return bool(ok.item())
 
-    def commit(self, step: int) -> None:
-        """The save of ``step`` committed on disk: once its copies arrived, they are the
-        ones a restart uses (until then the previous ones stay)."""
-        global _committed
-        if self.pending is None or self.pending[0] != step or not self.pending[1].done():
-            return
-        future, self.pending = self.pending[1], None
-        if future.exception() is None:
-            _committed = future.result()
+    def promote(self) -> None:
+        """At a step boundary: the pending copies, if they arrived, become the newest
+        complete ones (local, never waits)."""
+        promote()
+
+    @staticmethod
+    def settled() -> bool:
+        """Whether no transfer is on its way here. A memory point where one still is on any
+        rank is skipped by every rank (``Session``), so a slow transfer (a large state, a
+        busy network) makes the copies rarer instead of stalling the loop."""
+        return _pending is None or _pending[1].done()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -330,25 +390,30 @@ def _is_committed(copy: dict[str, Any] | None) -> bool:
 
 def restore(state: dict[str, Any], disk_step: int | None) -> int | None:
     """After an in-process restart, on every rank of the new group: the state from RAM when
-    the copies allow it (see the module's doc), returning the step; None when they do not
+    the copies allow it (see the module's doc), returning its step; None when they do not
     (every rank then loads from disk). ``disk_step``: the latest complete checkpoint's step,
     as rank 0 found it (the same on every rank)."""
-    global _committed
-    mine = _committed
-    said = (mine.step, mine.peer if mine.peer_bytes is not None else -1) if mine else (-1, -1)
+    global _committed, _previous, _pending
+    promote(wait=SETTLE_S)  # a transfer on its way at the failure: complete, or ended by it
+    _pending = None  # one that is neither holds a group of the old generation: dropped
+    mine = kept()
+    said = [(h.step, h.peer if h.peer_bytes is not None else -1) for h in mine]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, said)
-    sources = plan_sources([(int(s), int(p)) for s, p in gathered], disk_step)
-    if sources is None:
+    plan = plan_sources([[(int(s), int(p)) for s, p in c] for c in gathered], disk_step)
+    if plan is None:
         return None
+    step, sources = plan
     rank = dist.get_rank()
+    at_step = next((h for h in mine if h.step == step), None)
     ops = []
     incoming: torch.Tensor | None = None
-    if mine is not None and mine.peer_bytes is not None and rank in sources.values():
+    if rank in sources.values():
         target = next(r for r, holder in sources.items() if holder == rank)
-        size = torch.tensor([mine.peer_bytes.numel()], dtype=torch.int64)
+        assert at_step is not None and at_step.peer_bytes is not None
+        size = torch.tensor([at_step.peer_bytes.numel()], dtype=torch.int64)
         dist.send(size, target)
-        ops.append(dist.P2POp(dist.isend, mine.peer_bytes, target))
+        ops.append(dist.P2POp(dist.isend, at_step.peer_bytes, target))
     if rank in sources:
         size_in = torch.zeros(1, dtype=torch.int64)
         dist.recv(size_in, sources[rank])
@@ -357,34 +422,39 @@ def restore(state: dict[str, Any], disk_step: int | None) -> int | None:
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    step = disk_step
-    assert step is not None
     if incoming is not None:
         plain = deserialize(incoming)
         load_into(state, plain)
-        _committed = Held(step, plain, -1, None)  # its peer's copy comes with the next save
+        _committed = Held(step, plain, -1, None)  # its peer's copy comes with the next capture
     else:
-        assert mine is not None
-        load_into(state, mine.own)
+        assert at_step is not None
+        load_into(state, at_step.own)
+        _committed = at_step
+    _previous = None
     return step
 
 
-def plan_sources(said: list[tuple[int, int]], disk_step: int | None) -> dict[int, int] | None:
-    """Pure: who sends each replacement its copy (``{replacement: holder}``), or None when
-    the ranks must read from disk. ``said[r]``: (the step rank r holds, whose copy it holds,
-    -1 for none)."""
-    if disk_step is None:
-        return None
-    sources: dict[int, int] = {}
-    for rank, (step, _) in enumerate(said):
-        if step == disk_step:
-            continue
-        if step != -1:
-            return None  # a survivor holds another step than the disk's latest
-        holder = next(
-            (h for h, (s, peer) in enumerate(said) if peer == rank and s == disk_step), None
-        )
-        if holder is None:
-            return None
-        sources[rank] = holder
-    return sources
+def plan_sources(
+    said: list[list[tuple[int, int]]], disk_step: int | None
+) -> tuple[int, dict[int, int]] | None:
+    """Pure: the step to restore from RAM and who sends each rank that lacks its own copy
+    of it its peer copy (``{rank: holder}``), or None when the ranks must read from disk.
+    ``said[r]``: the complete copies rank r holds, each (its step, whose peer copy it holds
+    for that step, -1 for none); a replacement holds none. The newest step not older than
+    the disk's latest that every rank can have wins."""
+    steps = sorted(
+        {s for held in said for s, _ in held if disk_step is None or s >= disk_step},
+        reverse=True,
+    )
+    for step in steps:
+        sources: dict[int, int] = {}
+        for rank, held in enumerate(said):
+            if any(s == step for s, _ in held):
+                continue
+            holder = next((h for h, c in enumerate(said) if (step, rank) in c), None)
+            if holder is None:
+                break
+            sources[rank] = holder
+        else:
+            return step, sources
+    return None
