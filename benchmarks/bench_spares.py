@@ -26,6 +26,16 @@ the last step. Target >= 90 % in the allocation.
     flock /tmp/ddlaunch-devcluster.lock python benchmarks/bench_spares.py schedule
     SBATCH_PARTITION=lane3 python benchmarks/bench_spares.py schedule --only spare,inprocess
 
+``overhead`` (``--repeat N``, ``--steps S``): what the in-process restart costs a run that
+never fails: the same MLP for S steps (default 600) with the default restart (new
+processes), with ``restart: in_process`` (standbys, the state copied to RAM every
+``memory_every_steps`` = 5 steps and at each save, the peer copies in the background), and
+with ``restart: in_process, memory_every_steps: 0`` (copies at saves only); runs
+interleaved, each one's median step time between rank 0's save points, medians over the
+rounds and their ratios to the default's. Target: <= 3 % slower per step.
+
+    SBATCH_PARTITION=lane3 python benchmarks/bench_spares.py overhead --repeat 2
+
 On a dev cluster shared with others, ``SBATCH_PARTITION`` keeps the runs in one lane: only its
 nodes are waited for, and only the nodes the benchmark killed are revived
 (``scripts/devcluster revive NODE``).
@@ -515,6 +525,47 @@ def recomputed_steps(
     return out
 
 
+OVERHEAD_SIDES = (
+    ("restart: process (default)", ""),
+    ("restart: in_process", ", restart: in_process"),
+    ("in_process, memory_every_steps: 0", ", restart: in_process, memory_every_steps: 0"),
+)
+
+
+def overhead(repeat: int, steps: int) -> None:
+    keep = os.environ.get("BENCH_KEEP") == "1"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-", dir=str(Path.home())))
+    per_step: dict[str, list[float]] = {label: [] for label, _ in OVERHEAD_SIDES}
+    try:
+        wait_idle()
+        for i, (label, extra) in itertools.product(range(repeat), OVERHEAD_SIDES):
+            name = f"overhead-{OVERHEAD_SIDES.index((label, extra))}-{i}"
+            job, run = submit(tmp, name, extra, steps, "00:10:00")
+            try:
+                deadline = time.time() + 600
+                while not (run / "outcome.json").exists():
+                    if time.time() > deadline:
+                        raise SystemExit(f"{name}: not done after 10 min: {attempts(run)}")
+                    time.sleep(0.5)
+                state = json.loads((run / "outcome.json").read_text()).get("state")
+                if state != "COMPLETED" or len(attempts(run)) != 1:
+                    raise SystemExit(f"{name}: {state}, {attempts(run)}")
+                per_step[label].append(statistics.median(step_times(run)))
+                print(f"  {label:36} round {i + 1}: {per_step[label][-1]:.4f} s a step", flush=True)
+            finally:
+                finish(run, job, keep)
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, True)
+    base = statistics.median(per_step[OVERHEAD_SIDES[0][0]])
+    print(f"Per-step time with no failure, {steps} steps, median of {repeat} runs")
+    for label, _ in OVERHEAD_SIDES:
+        mid = statistics.median(per_step[label])
+        print(f"  {label:36} {mid:.4f} s a step  {mid / base:.3f}x  ({per_step[label]})")
+    worst = max(statistics.median(v) for v in per_step.values()) / base
+    print(f"  {'target <= 3 % slower':36} {'OK' if worst <= 1.03 else 'MISSED'}")
+
+
 def schedule(steps: int, only: str) -> None:
     keep = os.environ.get("BENCH_KEEP") == "1"
     tmp = Path(tempfile.mkdtemp(prefix="bench-spares-", dir=str(Path.home())))
@@ -577,10 +628,15 @@ def main() -> None:
         # spare, requeue, inprocess).
         only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
         schedule(steps or SCHEDULE_STEPS, only)
+    elif mode == ["overhead"]:
+        repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 2
+        steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 600
+        overhead(repeat, steps)
     else:
         raise SystemExit(
             "usage: bench_spares.py node-death [--repeat N]"
             " | schedule [--steps N] [--only spare,requeue,inprocess]"
+            " | overhead [--repeat N] [--steps N]"
         )
 
 
