@@ -170,9 +170,10 @@ def test_memory_points_are_every_nth_step_and_never_the_first() -> None:
     assert not any(memory_point(s, 0) for s in range(21))  # 0: at saves only
 
 
-def test_two_copies_must_fit_in_half_the_nodes_free_memory() -> None:
-    assert fits(1 << 30, 4, 16 << 30)
-    assert not fits(1 << 30, 4, 15 << 30)
+def test_four_copies_must_fit_in_half_the_nodes_free_memory() -> None:
+    # Each rank's own state of its two latest steps and its peer's of the same two.
+    assert fits(1 << 30, 4, 32 << 30)
+    assert not fits(1 << 30, 4, 31 << 30)
     assert fits(1 << 40, 8, None)  # unknown: kept (the line is said only when it is known)
 
 
@@ -242,8 +243,11 @@ def test_the_script_starts_one_standby_step_beside_the_ranks(tmp_path: Path) -> 
     # What it costs in memory, said where render shows it.
     assert (
         "# Memory on each node: 2 standby process(es) (torch imported: ~270 MiB each on CPU)\n"
-        "# and two copies of each rank's state in RAM (its own and a peer's: twice the "
-        "checkpoint's\n"
+        "# and up to four copies of each rank's state in RAM (its own and a peer's, of the two "
+        "latest\n# copies: four times the checkpoint's share per rank), turned off with a line "
+        "in rank 0's log\n# when they would not fit in half the node's available memory\n"
+        "# (fault_tolerance.memory_checkpoint: auto). A copy is taken at each save and every\n"
+        "# 5 steps (memory_every_steps).\n"
     ) in script
     ranks = [line for line in script.splitlines() if line.startswith("srun ") and line != standby]
     assert ranks and all("--kill-on-bad-exit=0" in line for line in ranks)

@@ -36,7 +36,7 @@ def test_copies_that_would_not_fit_are_turned_off_with_a_line(tmp_path: Path) ->
     seen = _observed(tmp_path, fits=False)
     assert [s["kept"] for s in seen] == [False] * 4
     assert [s["step"] for s in seen] == [None] * 4  # every rank reads the disk instead
-    assert seen[0]["said"].startswith("[ddlaunch] memory checkpoint off: two copies of 0 MiB ")
+    assert seen[0]["said"].startswith("[ddlaunch] memory checkpoint off: 4 copies of 0 MiB ")
     assert seen[0]["said"].endswith(
         "per rank do not fit in 50% of the node's available memory; an in-process restart "
         "reads the checkpoint from disk\n"

@@ -71,10 +71,11 @@ class FaultToleranceSpec:
     )
     memory_checkpoint: str = opt(
         "auto",
-        "With restart: in_process, keep the last committed checkpoint in RAM (this rank's "
-        "state and one peer's, on the next node). auto: on, unless the state holds sharded "
-        "(DTensor) tensors or two copies would not fit in the node's free memory, with a "
-        "line saying so; off: an in-process restart reads the checkpoint from disk.",
+        "With restart: in_process, keep the state of recent steps in RAM (this rank's and "
+        "one peer's, on the next node; see memory_every_steps). auto: on, unless the state "
+        "holds sharded (DTensor) tensors or four copies per rank (its own and its peer's, of "
+        "the two latest steps) would not fit in half the node's free memory, with a line "
+        "saying so; off: an in-process restart reads the checkpoint from disk.",
         choices=("auto", "off"),
     )
     memory_every_steps: int = opt(

@@ -173,6 +173,7 @@ class LaunchPlan:
     standby_argv: tuple[str, ...] = ()
     standbys_per_node: int = 0
     memory_checkpoint: bool = False  # fault_tolerance.memory_checkpoint: auto, in process
+    memory_every_steps: int = 0  # fault_tolerance.memory_every_steps (0: at saves only)
     # components: (a heterogeneous job): the groups of the ranks' step and the services.
     components: ComponentsPlan | None = None
 
@@ -451,6 +452,7 @@ def make_plan(
         ),
         memory_checkpoint=cfg.fault_tolerance.restart == "in_process"
         and cfg.fault_tolerance.memory_checkpoint == "auto",
+        memory_every_steps=cfg.fault_tolerance.memory_every_steps,
         components=parts,
     )
 

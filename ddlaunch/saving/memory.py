@@ -70,7 +70,10 @@ from ddlaunch.saving.state import TrainState
 
 STATE_FROM_RAM = "ram"
 STATE_FROM_DISK = "disk"
-# Two copies (own + peer) per rank must leave the node this share of its available memory.
+# The copies a rank holds at most: its own state of its two latest complete steps (two
+# buffer sets) and its peer's serialized state of the same two steps.
+COPIES = 4
+# The copies of every rank of a node must fit in this share of its available memory.
 MEMORY_SHARE = 0.5
 
 
@@ -232,8 +235,8 @@ def available_bytes() -> int | None:
 
 
 def fits(size: int, local_ranks: int, available: int | None) -> bool:
-    """Whether two copies of ``size`` bytes per rank fit in the node's share."""
-    return available is None or 2 * size * local_ranks <= MEMORY_SHARE * available
+    """Whether ``COPIES`` copies of ``size`` bytes per rank fit in the node's share."""
+    return available is None or COPIES * size * local_ranks <= MEMORY_SHARE * available
 
 
 def _exchange(
@@ -283,7 +286,7 @@ class MemoryCheckpoint:
 
     def prepare(self, state: Mapping[str, Any]) -> bool:
         """When the Session starts (local, not a collective): allocate and touch the slots,
-        one of them the committed copy of a restart when there is one, where two copies fit
+        one of them the committed copy of a restart when there is one, where the copies fit
         in this node's share of memory (False when not: the first capture then turns the
         copies off on every rank)."""
         plain = plain_state(state)
@@ -333,7 +336,7 @@ class MemoryCheckpoint:
         return _pending
 
     def agree(self, state: Mapping[str, Any]) -> bool:
-        """On every rank together, once: whether two copies fit on every node (rank 0 says
+        """On every rank together, once: whether the copies fit on every node (rank 0 says
         so when not), and the exchange group; False on every rank when not."""
         if self.on is None:
             self.on = self._fits(nbytes(plain_state(state)))
@@ -359,7 +362,7 @@ class MemoryCheckpoint:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         if not ok.item() and self.rank == 0:
             print(
-                f"[ddlaunch] memory checkpoint off: two copies of {size / 2**20:.0f} MiB "
+                f"[ddlaunch] memory checkpoint off: {COPIES} copies of {size / 2**20:.0f} MiB "
                 f"per rank do not fit in {MEMORY_SHARE:.0%} of the node's available memory; "
                 "an in-process restart reads the checkpoint from disk",
                 flush=True,
