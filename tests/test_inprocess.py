@@ -1,10 +1,13 @@
 """The in-process restart's pure parts (``fault_tolerance.restart: in_process``): who is
 dead and which standby takes each, what counts as a peer's failure, whose RAM copy a
-replacement gets, the standby's new identity, the config's rules and the script's steps.
-The restart itself runs on the dev cluster (``test_inprocess_slurm.py``)."""
+replacement gets, the standby's new identity, the config's rules and the script's steps;
+and, in a process of its own, that an aborted default group is freed. The restart itself
+runs on the dev cluster (``test_inprocess_slurm.py``)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -257,3 +260,39 @@ def test_the_script_starts_one_standby_step_beside_the_ranks(tmp_path: Path) -> 
         make_plan(plain, run_id="r", run_dir=str(tmp_path / "r"), workdir=str(tmp_path))
     )
     assert "ddlaunch.worker.standby" not in script and "--kill-on-bad-exit=1" in script
+
+
+_RELEASE_PROBE = """
+import gc, os, sys
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+import torch.distributed.nn.functional  # binds group.WORLD into its defaults
+from ddlaunch.worker.inprocess import release_default_group
+old = c10d._world.default_pg
+threads = len(os.listdir("/proc/self/task"))
+if sys.argv[2] == "release":
+    release_default_group(old)
+c10d._abort_process_group()
+del old
+gc.collect()
+print(threads - len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.parametrize(("how", "freed"), [("release", True), ("keep", False)])
+def test_an_aborted_default_group_is_freed_with_its_threads(
+    tmp_path: Path, how: str, freed: bool
+) -> None:
+    # A gloo group that stays alive after its sockets were shut down spins a core in its
+    # device loop; torch.distributed.nn.functional's defaults kept the old generation's.
+    pytest.importorskip("torch")
+    out = subprocess.run(
+        [sys.executable, "-c", _RELEASE_PROBE, str(tmp_path / "store"), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    ended = int(out.stdout.split()[-1])
+    assert (ended >= 3) is freed, out.stdout  # the device loop and the group's workers

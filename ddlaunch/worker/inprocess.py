@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 import threading
 import time
 import traceback
@@ -131,6 +132,7 @@ def clear_groups(exc: BaseException, addresses: frozenset[str], control_port: in
     from ddlaunch.worker import mesh
 
     if dist.is_initialized():
+        release_default_group(c10d._world.default_pg)
         with contextlib.suppress(Exception):
             c10d._abort_process_group()
     connections.shut_down(addresses, control_port)
@@ -140,6 +142,25 @@ def clear_groups(exc: BaseException, addresses: frozenset[str], control_port: in
         traceback.clear_frames(seen.__traceback__)
         seen = seen.__cause__ or seen.__context__
     gc.collect()
+
+
+def release_default_group(group: object) -> None:
+    """Drop the references to the default group that torch keeps outside its registry, so
+    that the aborted group is freed: ``torch.distributed.nn.functional`` binds
+    ``group.WORLD`` as the default argument of its collectives when it is imported (DCP
+    imports it at the first save), and those defaults would keep the old generation's group
+    alive for good. A gloo group kept alive after its connections were shut down costs a
+    core: its device loop thread spins on the closed sockets' hang-up events (measured on
+    the dev cluster: every survivor's step 7 % slower after the first in-process restart).
+    The defaults become None, which the collectives read as the default group, whichever
+    generation's it is."""
+    functional = sys.modules.get("torch.distributed.nn.functional")
+    if functional is None or group is None:
+        return
+    for value in vars(functional).values():
+        defaults = getattr(value, "__defaults__", None)
+        if defaults and any(d is group for d in defaults):
+            value.__defaults__ = tuple(None if d is group else d for d in defaults)
 
 
 class Monitor:
