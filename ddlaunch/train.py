@@ -226,7 +226,7 @@ class Session:
 
     def _promote_copies(self) -> None:
         if self._copies is not None:
-            self._copies.promote()
+            memory.promote()  # local, never waits
 
     def _join_groups(self, identity: GroupIdentity, check_every: int) -> CheckpointInfo | None:
         """Replica groups: the torchft Manager, with the Session's state as what a healing
@@ -426,7 +426,7 @@ class Session:
             step < total
             and self._memory
             and memory.memory_point(step, ft.memory_every_steps)
-            and self.manager.everywhere(memory.MemoryCheckpoint.settled())
+            and self.manager.everywhere(memory.settled())
         ):
             self._keep_in_memory(step, saved=False)
 

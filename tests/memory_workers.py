@@ -47,7 +47,7 @@ def phase_restore(rank: int, world: int, out: str, fits: bool) -> None:
         kept = copies.capture(20, state)
     if copies.pending is not None:
         copies.pending[1].result()
-    copies.promote()
+    memory.promote()
     expected = _flat(original)
     if rank == 1:
         memory.forget()
@@ -116,15 +116,15 @@ def phase_slots(rank: int, world: int, out: str, async_save: bool) -> None:
         copies.pending[1].result()
 
     save(10)
-    copies.promote()
+    memory.promote()
     train(1)
     save(20)  # not committed in RAM yet: the committed copy must still be step 10's
     seen["committed_kept_during_next_save"] = _values(memory.held().own) == expected[10]  # type: ignore[union-attr]
-    copies.promote()
+    memory.promote()
     seen["committed_is_20"] = _values(memory.held().own) == expected[20]  # type: ignore[union-attr]
     train(2)
     save(30)
-    copies.promote()
+    memory.promote()
     seen["same_buffers"] = [_ptrs(slot.tensors()) for slot in copies.slots] == slots
     seen["staging_reused"] = (
         _ptrs(manager._stager.tensors()) == staging if manager._stager else None
@@ -167,7 +167,7 @@ def phase_memory_point(rank: int, world: int, out: str) -> None:
             p.grad = torch.randn_like(p)
         opt.step()
         copies.capture(step, state)
-        copies.promote()  # no-op while the transfer is on its way
+        memory.promote()  # no-op while the transfer is on its way
     expected = _values(memory.plain_state(state))
     if rank == 1:
         memory.forget()

@@ -223,6 +223,23 @@ def test_hf_rank_killed_while_writing_a_checkpoint_resumes_from_the_complete_one
     assert result["weights_sha256"] == hf_reference["weights_sha256"]
 
 
+def _wait_for_global_step20(run_dir: Path, past: int) -> None:
+    """Until `latest` names global_step20 and rank 0 has trained past step ``past``.
+    DeepSpeed's rank 0 writes `latest` before the save's last barrier (not after the other
+    ranks' optimizer shards): a step after the tag's, every rank has finished writing it."""
+    latest = run_dir / "checkpoints" / "latest"
+    wait_for(
+        lambda: (
+            latest.is_file()
+            and latest.read_text() == "global_step20"
+            and rank0_step(run_dir) > past
+        ),
+        240,
+        "global_step20 complete",
+        poll=0.1,
+    )
+
+
 def test_deepspeed_rank_killed_after_a_checkpoint_resumes_from_that_tag(
     slurm_cluster, slurm_job_cleanup, tmp_path, ds_reference
 ) -> None:
@@ -238,17 +255,7 @@ def test_deepspeed_rank_killed_after_a_checkpoint_resumes_from_that_tag(
     )
     started = time.monotonic()
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    latest = run_dir / "checkpoints" / "latest"
-    # DeepSpeed's rank 0 writes `latest` before the save's last barrier (not after the other
-    # ranks' optimizer shards): a step after the tag's, every rank has finished writing it.
-    wait_for(
-        lambda: (
-            latest.is_file() and latest.read_text() == "global_step20" and rank0_step(run_dir) > 20
-        ),
-        240,
-        "global_step20 complete",
-        poll=0.1,
-    )
+    _wait_for_global_step20(run_dir, past=20)
     pid = int((run_dir / "out" / "pid-1").read_text())  # the first attempt's rank 1
     os.kill(pid, signal.SIGKILL)  # kill -9, between checkpoints
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
@@ -327,15 +334,7 @@ def test_deepspeed_time_limit_requeues_and_resumes_from_latest(
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     script = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --signal=B:USR2@120" in script and "trap ddlaunch_stop USR2" in script
-    latest = run_dir / "checkpoints" / "latest"
-    wait_for(
-        lambda: (
-            latest.is_file() and latest.read_text() == "global_step20" and rank0_step(run_dir) > 22
-        ),
-        240,
-        "global_step20 complete",
-        poll=0.1,
-    )
+    _wait_for_global_step20(run_dir, past=22)
     slurm_cluster.signal_job(job_id, "USR2", batch=True)  # what Slurm does at time - lead
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
     first, second = attempts(run_dir)

@@ -132,6 +132,13 @@ def promote(wait: float = 0.0) -> None:
         _previous, _committed = _committed, future.result()
 
 
+def settled() -> bool:
+    """Whether no transfer is on its way here. A memory point where one still is on any rank
+    is skipped by every rank (``Session``), so a slow transfer (a large state, a busy
+    network) makes the copies rarer instead of stalling the loop."""
+    return _pending is None or _pending[1].done()
+
+
 def memory_point(step: int, every: int) -> bool:
     """Whether ``step`` is a memory point (``fault_tolerance.memory_every_steps``; 0: the
     copies are taken at saves only). The same answer on every rank: no collective."""
@@ -269,7 +276,8 @@ FromStaging = Callable[[Callable[[dict[str, Any]], Any]], "Future[Any] | None"]
 class MemoryCheckpoint:
     """A Session's side of the copies (one per process group generation: its exchange group
     is one of the generation's). ``prepare`` when the Session starts, ``capture`` at every
-    save and memory point, on every rank together; ``promote`` at every step boundary."""
+    save and memory point, on every rank together; the module's ``promote`` at every step
+    boundary."""
 
     def __init__(self, ranks_per_node: int) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -317,8 +325,7 @@ class MemoryCheckpoint:
             # (or a failure ended the transfer, and the restart falls back to the older).
             with contextlib.suppress(Exception):
                 _pending[1].result()
-            promote()
-            _pending = None
+            promote()  # done now: complete, or failed and dropped
         slot = self._free_slot()
         if _previous is not None and _previous.own is slot.copied:
             _previous = None  # its own copy is overwritten next
@@ -370,18 +377,6 @@ class MemoryCheckpoint:
         if not ok.item():
             forget()
         return bool(ok.item())
-
-    def promote(self) -> None:
-        """At a step boundary: the pending copies, if they arrived, become the newest
-        complete ones (local, never waits)."""
-        promote()
-
-    @staticmethod
-    def settled() -> bool:
-        """Whether no transfer is on its way here. A memory point where one still is on any
-        rank is skipped by every rank (``Session``), so a slow transfer (a large state, a
-        busy network) makes the copies rarer instead of stalling the loop."""
-        return _pending is None or _pending[1].done()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
