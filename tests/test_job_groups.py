@@ -604,3 +604,20 @@ def test_a_group_still_healing_when_another_finishes_is_ended_and_given_up(
     state = group_state.read_state(tmp_path)
     assert state is not None
     assert [v.state for v in state.groups] == [group_state.FINISHED, group_state.GIVEN_UP]
+
+
+def test_the_lighthouse_listens_without_torch(tmp_path: Path) -> None:
+    """torchft's own command imports torch before the lighthouse listens (seconds, and on a
+    loaded batch host more than the supervisor waited); ours loads the Rust extension alone."""
+    pytest.importorskip("torchft")
+    log = tmp_path / "lighthouse.log"
+    proc, address = groups.start_lighthouse(1, log, "batch")
+    try:
+        assert address.startswith("http://batch:")
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "_torchft" in maps  # the real lighthouse
+        assert "libtorch" not in maps  # and no torch library loaded
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert "Lighthouse listening on: http://" in log.read_text()

@@ -83,6 +83,19 @@ def last_step(run_dir: Path, rank: int) -> int:
     return times[-1][1] if times else -1
 
 
+def reached(run_dir: Path, rank: int, step: int) -> bool:
+    """Whether ``rank`` has finished ``step``; a run that ended first fails the wait at once,
+    with its conclusion (a job failed at its start otherwise costs the whole wait)."""
+    if last_step(run_dir, rank) >= step:
+        return True
+    outcome = run_dir / "outcome.json"
+    if outcome.exists():
+        raise AssertionError(
+            f"the run ended before rank {rank}'s step {step}: {outcome.read_text()}"
+        )
+    return False
+
+
 def group_restarts(run_dir: Path) -> list[dict]:
     return [g for a in attempts(run_dir) for g in a.get("group_restarts") or ()]
 
@@ -118,7 +131,7 @@ def test_a_killed_rank_restarts_its_group_only(
 ) -> None:
     config = groups_config(tmp_path, "rg-rank")
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    wait_for(lambda: last_step(run_dir, 2) >= 60, 240, "group 1 at step 60")
+    wait_for(lambda: reached(run_dir, 2, 60), 240, "group 1 at step 60")
     survivors = group_pids(run_dir, 0)
     victims = group_pids(run_dir, 2)
     assert len(survivors) == 2 and len(victims) == 2, (survivors, victims)
@@ -175,7 +188,7 @@ def test_a_dead_node_moves_its_group_to_the_spare(
     os.environ["DDLAUNCH_BAD_NODES"] = str(tmp_path / "bad-nodes.json")
     config = groups_config(tmp_path, "rg-node", spare_nodes=1)
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    wait_for(lambda: last_step(run_dir, 2) >= 60, 240, "group 1 at step 60")
+    wait_for(lambda: reached(run_dir, 2, 60), 240, "group 1 at step 60")
     first = attempts(run_dir)[0]
     victim = slurm_cluster.hostnames(first["nodes"])[1]
     survivors = group_pids(run_dir, 0)
@@ -220,7 +233,7 @@ def test_a_frozen_rank_restarts_its_group_for_a_hang_and_only_that_group(
         health={"preflight": False, "heartbeat_interval": 1.0, "hang_timeout": HANG_TIMEOUT},
     )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    wait_for(lambda: last_step(run_dir, 2) >= 60, 240, "group 1 at step 60")
+    wait_for(lambda: reached(run_dir, 2, 60), 240, "group 1 at step 60")
     survivors = group_pids(run_dir, 0)
     victims = group_pids(run_dir, 2)
     assert len(survivors) == 2 and len(victims) == 2, (survivors, victims)
@@ -278,7 +291,7 @@ def test_both_groups_killed_restart_the_job_from_the_checkpoint(
 ) -> None:
     config = groups_config(tmp_path, "rg-both", max_restarts=0)
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    wait_for(lambda: last_step(run_dir, 0) >= 60, 240, "step 60")
+    wait_for(lambda: reached(run_dir, 0, 60), 240, "step 60")
     # Every rank at once, as a whole-job failure: no group is left to heal from.
     for pid in group_pids(run_dir, 0) | group_pids(run_dir, 2):
         os.kill(pid, signal.SIGKILL)
@@ -294,7 +307,7 @@ def test_both_groups_killed_restart_the_job_from_the_checkpoint(
 def lighthouse_pid(run_dir: Path) -> int | None:
     for pid, argv, _ in processes(run_dir):
         cmdline = b"\0".join(argv)
-        if b"torchft_lighthouse" in cmdline and b"--min_replicas" in cmdline:
+        if b"job/lighthouse.py" in cmdline and b"--min_replicas" in cmdline:
             return pid
     return None
 
@@ -304,7 +317,7 @@ def test_a_lost_lighthouse_restarts_the_whole_job(
 ) -> None:
     config = groups_config(tmp_path, "rg-lighthouse")
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    wait_for(lambda: last_step(run_dir, 0) >= 60, 240, "step 60")
+    wait_for(lambda: reached(run_dir, 0, 60), 240, "step 60")
     pid = lighthouse_pid(run_dir)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
@@ -322,7 +335,7 @@ def test_the_time_limit_signal_saves_once_and_requeues(
 ) -> None:
     config = groups_config(tmp_path, "rg-signal")
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
-    wait_for(lambda: last_step(run_dir, 0) >= 60, 240, "step 60")
+    wait_for(lambda: reached(run_dir, 0, 60), 240, "step 60")
     slurm_cluster.signal_job(job_id, "USR2")
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=360) == "COMPLETED"
     runs = attempts(run_dir)

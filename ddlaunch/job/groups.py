@@ -1,9 +1,10 @@
 """The replica groups' supervisor (batch host, torch-free): ``python -m ddlaunch.job.groups``.
 
 With ``fault_tolerance.mode: replica_groups`` the batch script runs this in place of its one
-srun step. It starts the torchft lighthouse on the batch host, then one srun step per
-replica group on that group's nodes (each its own torch.distributed world; the groups meet
-per step through the lighthouse and torchft's Manager), and watches them:
+srun step. It starts the torchft lighthouse on the batch host (without torch:
+``ddlaunch.job.lighthouse``), then one srun step per replica group on that group's nodes
+(each its own torch.distributed world; the groups meet per step through the lighthouse and
+torchft's Manager), and watches them:
 
 * a group whose step fails (a rank crashed or was killed: srun reports the task's end and
   the supervisor kills the step's other tasks at once, srun's own --kill-on-bad-exit being
@@ -89,7 +90,13 @@ POLL_S = 0.2
 GRACE_S = 2.0
 PROBE_EVERY_S = 1.0
 PROBE_ALWAYS_NODES = 64
-LIGHTHOUSE_UP_S = 15.0
+# How long the lighthouse may take to listen while its process lives. It listens in about
+# 0.1 s (ddlaunch.job.lighthouse: no torch); the margin is for a batch host whose cores are
+# busy, where a start-up is many times slower and not a failure.
+LIGHTHOUSE_UP_S = 60.0
+# torchft's lighthouse without torch, run by this interpreter (the one that has ddlaunch and,
+# with its ft extra, torchft).
+LIGHTHOUSE_SCRIPT = Path(__file__).with_name("lighthouse.py")
 # Survivors drop a dead group from the quorum after this long without its manager's
 # heartbeat (torchft's default is 5000 ms): the survivors' stall per failure is about this
 # plus a step. The managers beat every 100 ms from torchft's native server threads, which
@@ -154,7 +161,6 @@ class Settings:
     bad_node_ttl_hours: float
     srun: tuple[str, ...]
     worker: tuple[str, ...]
-    lighthouse: str = "torchft_lighthouse"
     hang_timeout: float = 0.0  # health.hang_timeout; 0: no verdicts (health.watchdog off)
     heartbeat_interval: float = 10.0
     straggler_factor: float = math.inf  # health.straggler_factor; inf: no straggler verdict
@@ -885,13 +891,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_lighthouse(
-    binary: str, min_groups: int, log: Path, host: str
-) -> tuple[subprocess.Popen[bytes], str]:
+def start_lighthouse(min_groups: int, log: Path, host: str) -> tuple[subprocess.Popen[bytes], str]:
     """The torchft lighthouse on this host, up and listening; (process, its address)."""
     port = free_port()
     argv = [
-        binary,
+        sys.executable,
+        str(LIGHTHOUSE_SCRIPT),
         "--min_replicas",
         str(min_groups),
         "--quorum_tick_ms",
@@ -927,7 +932,6 @@ def parse_args(argv: Sequence[str]) -> Settings:
     parser.add_argument("--heal-timeout", type=float, default=600.0)
     parser.add_argument("--stale-after", type=float, default=35.0)
     parser.add_argument("--bad-node-ttl-hours", type=float, default=24.0)
-    parser.add_argument("--lighthouse", default="torchft_lighthouse")
     parser.add_argument("--hang-timeout", type=float, default=0.0)
     parser.add_argument("--heartbeat-interval", type=float, default=10.0)
     parser.add_argument("--straggler-factor", type=float, default=math.inf)
@@ -950,7 +954,6 @@ def parse_args(argv: Sequence[str]) -> Settings:
         bad_node_ttl_hours=args.bad_node_ttl_hours,
         srun=tuple(rest[:cut]),
         worker=tuple(rest[cut + 1 :]),
-        lighthouse=args.lighthouse,
         hang_timeout=args.hang_timeout,
         heartbeat_interval=args.heartbeat_interval,
         straggler_factor=args.straggler_factor,
@@ -972,7 +975,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     host = env.get("SLURMD_NODENAME") or socket.gethostname()
     try:
         lighthouse, address = start_lighthouse(
-            settings.lighthouse, settings.min_groups, run_dir / LOGS_DIR / "lighthouse.log", host
+            settings.min_groups, run_dir / LOGS_DIR / "lighthouse.log", host
         )
     except (OSError, RuntimeError) as exc:
         say(f"error: could not start the torchft lighthouse: {exc}")
