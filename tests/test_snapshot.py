@@ -53,6 +53,27 @@ def test_git_snapshot_holds_tracked_files_with_uncommitted_changes_once(tmp_path
     )  # the work tree and index are untouched
 
 
+def test_a_changed_tree_is_snapshotted_while_another_git_holds_the_index_lock(
+    tmp_path: Path,
+) -> None:
+    """Two submits at once from one changed work tree took the same index lock in `git stash
+    create`, and one failed; the snapshot now never takes it (an index.lock left here, as any
+    other git process holds it, made this a failure before)."""
+    repo = git_repo(tmp_path / "repo")
+    (repo / "train.py").write_text("VERSION = 2\n")
+    lock = repo / ".git" / "index.lock"
+    lock.write_bytes(b"held")
+    snap = take(load_config(config(tmp_path)), tmp_path / "runs", repo, SubprocessRunner())
+    assert snap is not None and snap.created
+    assert (snap.path / "train.py").read_text() == "VERSION = 2\n"
+    assert lock.read_bytes() == b"held"  # not ours to take or remove
+    lock.unlink()
+    status = subprocess.run(
+        ["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True
+    )
+    assert status.stdout == " M train.py\n"  # the index is untouched
+
+
 def test_copy_snapshot_leaves_out_ignored_names_and_the_run_root(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "__pycache__").mkdir(parents=True)
