@@ -50,8 +50,13 @@ def test_unreachable_is_told_from_a_refusal() -> None:
         refused.sbatch(["sbatch", "x.sh"])
     assert not isinstance(no.value, SlurmUnreachable)
     slow = SlurmClient(FakeRunner({("sbatch",): timed_out}), timeout=7)
-    with pytest.raises(SlurmUnreachable, match=r"^sbatch \(no answer within 7 s\) failed"):
+    with pytest.raises(SlurmUnreachable) as info:
         slow.sbatch(["sbatch", "x.sh"])
+    assert str(info.value) == (
+        "sbatch (no answer within 7 s) failed (exit 124): sbatch: timed out after 60s; Slurm "
+        "may queue the job all the same once its controller answers: look for one running "
+        "x.sh in `squeue --me -o '%i %o'` before submitting again"
+    )
 
 
 def test_the_timeout_of_every_slurm_command_is_configurable(monkeypatch) -> None:  # type: ignore[no-untyped-def]

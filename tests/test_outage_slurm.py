@@ -99,6 +99,12 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             assert proc.returncode == 2 and took < 8, (took, proc.stderr)
             assert "sbatch (no answer within 2 s) failed" in proc.stderr, proc.stderr
             (refused,) = (tmp_path / "runs").glob("t-refused-*")
+            # The request was sent, so the job may exist after all; the error says so.
+            script = refused / "job.sbatch"
+            assert (
+                f"Slurm may queue the job all the same once its controller answers: look for "
+                f"one running {script} in `squeue --me -o '%i %o'` before submitting again"
+            ) in proc.stderr, proc.stderr
             intent = json.loads((refused / "intent.json").read_text())
             assert intent["state"] == "failed"
             assert intent["error"].startswith("sbatch (no answer within 2 s) failed (exit 124)")
@@ -125,6 +131,12 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             # while it answers, because slurmstepd reports a step that ended during an outage
             # again only 60 s later (a wait hard-coded in Slurm), and the requeue waits for it.
             slurm_cluster.resume_controller()
+            # ... and it does: the resumed controller read the request and queued the job
+            # (cancelled here: it would take the nodes the requeue below needs).
+            stray = wait_for(
+                lambda: queued_running(slurm_cluster, script), 30, "the refused job in squeue"
+            )
+            slurm_cluster.cancel(stray)
             shell = slurm_cluster.batch_shell_pid(job_id)
             os.kill(shell, signal.SIGSTOP)
             try:
@@ -163,6 +175,12 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
     assert any("scontrol requeue" in e for e in requeue["errors"]), requeue
     assert runs[1]["resumed_from"] >= 40
     assert result(run_dir)["start_step"] == runs[1]["resumed_from"]
+
+
+def queued_running(cluster, script: Path) -> list[str]:  # type: ignore[no-untyped-def]
+    """The ids of the queued jobs whose batch script is ``script``."""
+    out = cluster.slurm("squeue", "-h", "-o", "%i %o", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.endswith(f" {script}")]
 
 
 def _batch_log(run_dir: Path) -> str:

@@ -49,11 +49,12 @@ _UNREACHABLE = re.compile(
 class SlurmError(UserError):
     """A Slurm command failed; ``detail`` is its last line of output."""
 
-    def __init__(self, what: str, result: CommandResult) -> None:
+    def __init__(self, what: str, result: CommandResult, after: str = "") -> None:
         lines = (result.stderr or result.stdout).strip().splitlines()
         self.detail = lines[-1].strip() if lines else f"exit {result.returncode}"
         self.result = result
-        super().__init__(f"{what} failed (exit {result.returncode}): {self.detail}")
+        message = f"{what} failed (exit {result.returncode}): {self.detail}"
+        super().__init__(f"{message}; {after}" if after else message)
 
 
 class SlurmUnreachable(SlurmError):
@@ -152,7 +153,16 @@ class SlurmClient:
         result = self._run(argv, new_session=True)
         if not result.ok:
             if result.returncode == TIMED_OUT:
-                raise SlurmUnreachable(f"sbatch (no answer within {self.timeout:.0f} s)", result)
+                # Sent and not answered, unlike a refused connection: a controller that was
+                # slow, not down, reads the request once it answers again and queues the job
+                # (measured: a stopped slurmctld, resumed, queued the job this call gave up on).
+                raise SlurmUnreachable(
+                    f"sbatch (no answer within {self.timeout:.0f} s)",
+                    result,
+                    "Slurm may queue the job all the same once its controller answers: look "
+                    f"for one running {argv[-1]} in `squeue --me -o '%i %o'` before submitting "
+                    "again",
+                )
             raise failure("sbatch", result)
         return parse_sbatch_parsable(result.stdout)
 
