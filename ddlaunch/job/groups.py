@@ -90,9 +90,9 @@ POLL_S = 0.2
 GRACE_S = 2.0
 PROBE_EVERY_S = 1.0
 PROBE_ALWAYS_NODES = 64
-# How long the lighthouse may take to listen while its process lives. It listens in about
-# 0.1 s (ddlaunch.job.lighthouse: no torch); the margin is for a batch host whose cores are
-# busy, where a start-up is many times slower and not a failure.
+# How long the lighthouse may take to listen while its process lives. It starts in 0.12-0.16 s
+# (ddlaunch.job.lighthouse: no torch); the margin is for a batch host whose cores are busy,
+# where a start-up is many times slower and not a failure.
 LIGHTHOUSE_UP_S = 60.0
 # torchft's lighthouse without torch, run by this interpreter (the one that has ddlaunch and,
 # with its ft extra, torchft).

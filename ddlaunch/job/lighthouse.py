@@ -3,12 +3,13 @@
 options.
 
 torchft's ``torchft_lighthouse`` command imports ``torchft._torchft`` the usual way, which
-runs ``torchft/__init__.py`` and so imports torch: about 3 s of start-up on an idle 2-core
-node before the lighthouse listens, and more than the supervisor's patience on a loaded one
-(seen: 15 s passed with nothing listening, and the whole job failed at its start). The
-lighthouse itself is Rust in that extension module, which links no torch library; loaded from
-its file, without the package's ``__init__``, it listens in about 0.1 s, and the batch host
-keeps its rule of never importing torch.
+runs ``torchft/__init__.py`` and so imports torch: 2.4-2.6 s of start-up on an idle 2-core
+node (``time torchft_lighthouse --help``) before the lighthouse listens, and more than the
+supervisor's patience on a loaded one (seen: 15 s passed with nothing listening, and the whole
+job failed at its start). The lighthouse itself is Rust in that extension module, which links
+no torch library; loaded from its file, without the package's ``__init__``, it starts in
+0.12-0.16 s (``time python3 ddlaunch/job/lighthouse.py --help``), and the batch host keeps
+its rule of never importing torch.
 
 Run by path rather than with ``-m``: the lighthouse parses the process's own argument vector
 after dropping its first entry (the interpreter), and takes the next as its program name, so
