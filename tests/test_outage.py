@@ -28,7 +28,10 @@ KILLED = {
     "(connect failure)",
     "requeue": "Unexpected message received for job 1",
 }
-STOPPED = {"squeue": "slurm_load_jobs error: Socket timed out on send/recv operation"}
+STOPPED = {
+    "squeue": "slurm_load_jobs error: Socket timed out on send/recv operation",
+    "sbatch": "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+}
 
 
 def timed_out(argv: tuple[str, ...]) -> CommandResult:
@@ -57,6 +60,19 @@ def test_unreachable_is_told_from_a_refusal() -> None:
         "may queue the job all the same once its controller answers: look for one running "
         "x.sh in `squeue --me -o '%i %o'` before submitting again"
     )
+    # sbatch's own timeout (MessageTimeout, shorter than ours by default) says the same.
+    late = SlurmClient(FakeRunner({("sbatch",): failed(STOPPED["sbatch"])}))
+    with pytest.raises(SlurmUnreachable) as info:
+        late.sbatch(["sbatch", "x.sh"])
+    assert str(info.value) == (
+        f"sbatch failed (exit 1): {STOPPED['sbatch']}; Slurm may queue the job all the same "
+        "once its controller answers: look for one running x.sh in `squeue --me -o '%i %o'` "
+        "before submitting again"
+    )
+    down = SlurmClient(FakeRunner({("sbatch",): failed(KILLED["sbatch"])}))
+    with pytest.raises(SlurmUnreachable) as info:
+        down.sbatch(["sbatch", "x.sh"])
+    assert "may queue" not in str(info.value)  # never connected: nothing was sent
 
 
 def test_the_timeout_of_every_slurm_command_is_configurable(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -45,6 +45,9 @@ _UNREACHABLE = re.compile(
     re.IGNORECASE,
 )
 
+# Of those, the ones that say a request was sent and its answer never came.
+_UNANSWERED = re.compile(r"Socket timed out|Zero Bytes were transmitted", re.IGNORECASE)
+
 
 class SlurmError(UserError):
     """A Slurm command failed; ``detail`` is its last line of output."""
@@ -151,20 +154,22 @@ class SlurmClient:
         """Run a complete sbatch argv (from the plan); return the job id. In a session of
         its own: a Ctrl-C at the terminal must not kill it halfway (the caller defers it)."""
         result = self._run(argv, new_session=True)
-        if not result.ok:
-            if result.returncode == TIMED_OUT:
-                # Sent and not answered, unlike a refused connection: a controller that was
-                # slow, not down, reads the request once it answers again and queues the job
-                # (measured: a stopped slurmctld, resumed, queued the job this call gave up on).
-                raise SlurmUnreachable(
-                    f"sbatch (no answer within {self.timeout:.0f} s)",
-                    result,
-                    "Slurm may queue the job all the same once its controller answers: look "
-                    f"for one running {argv[-1]} in `squeue --me -o '%i %o'` before submitting "
-                    "again",
-                )
-            raise failure("sbatch", result)
-        return parse_sbatch_parsable(result.stdout)
+        if result.ok:
+            return parse_sbatch_parsable(result.stdout)
+        # Sent and not answered (our timeout, or sbatch's own after MessageTimeout), unlike a
+        # refused connection: a controller that was slow, not down, reads the request once it
+        # answers again and queues the job. Measured on the dev cluster with slurmctld stopped
+        # and resumed: both ways, the job this call gave up on was queued and ran.
+        maybe_queued = (
+            "Slurm may queue the job all the same once its controller answers: look for one "
+            f"running {argv[-1]} in `squeue --me -o '%i %o'` before submitting again"
+        )
+        if result.returncode == TIMED_OUT:
+            what = f"sbatch (no answer within {self.timeout:.0f} s)"
+            raise SlurmUnreachable(what, result, maybe_queued)
+        if _UNANSWERED.search(result.stderr):
+            raise SlurmUnreachable("sbatch", result, maybe_queued)
+        raise failure("sbatch", result)
 
     def cancel(self, job_ids: Iterable[str], signal: str | None = None) -> None:
         ids = list(job_ids)
