@@ -102,7 +102,7 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             # The request was sent, so the job may exist after all; the error says so.
             script = refused / "job.sbatch"
             assert (
-                f"Slurm may queue the job all the same once its controller answers: look for "
+                "Slurm may queue the job all the same once its controller answers: look for "
                 f"one running {script} in `squeue --me -o '%i %o'` before submitting again"
             ) in proc.stderr, proc.stderr
             intent = json.loads((refused / "intent.json").read_text())
@@ -134,7 +134,7 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             # ... and it does: the resumed controller read the request and queued the job
             # (cancelled here: it would take the nodes the requeue below needs).
             stray = wait_for(
-                lambda: queued_running(slurm_cluster, script), 30, "the refused job in squeue"
+                lambda: queued_with_script(slurm_cluster, script), 30, "the refused job in squeue"
             )
             slurm_cluster.cancel(stray)
             shell = slurm_cluster.batch_shell_pid(job_id)
@@ -177,7 +177,7 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
     assert result(run_dir)["start_step"] == runs[1]["resumed_from"]
 
 
-def queued_running(cluster, script: Path) -> list[str]:  # type: ignore[no-untyped-def]
+def queued_with_script(cluster, script: Path) -> list[str]:  # type: ignore[no-untyped-def]
     """The ids of the queued jobs whose batch script is ``script``."""
     out = cluster.slurm("squeue", "-h", "-o", "%i %o", check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.endswith(f" {script}")]
