@@ -76,9 +76,12 @@ def _git(runner: Runner, cwd: Path, *args: str) -> str | None:
     return result.stdout.strip() if result.ok else None
 
 
-def _git_tree(runner: Runner, workdir: Path, top: str) -> tuple[Path, str] | None:
+def _git_tree(
+    runner: Runner, workdir: Path, top: str, gitdir: Path | None
+) -> tuple[Path, str] | None:
     """(work tree top level, tree hash of the tracked files with uncommitted changes).
-    ``top``: the work tree's top level, as ``take`` found it."""
+    ``top``, ``gitdir``: the work tree's top level and its git directory, as ``take`` found
+    them."""
     # HEAD's tree, which is also the test for a first commit: the snapshot of a clean tree
     # costs no git command more (render runs these on every call).
     head = _git(runner, workdir, "rev-parse", "--verify", "-q", "HEAD^{tree}")
@@ -87,7 +90,7 @@ def _git_tree(runner: Runner, workdir: Path, top: str) -> tuple[Path, str] | Non
     # `git stash create` commits the index and work tree without touching either (and prints
     # nothing when there is no change). It fails on unmerged paths: then the snapshot would
     # silently lack the changes, so that is an error.
-    stash = _stash_create(runner, workdir)
+    stash = _stash_create(runner, workdir, gitdir)
     if not stash.ok:
         said = (stash.stderr.strip() or stash.stdout.strip() or "no message").splitlines()[-1]
         raise UserError(
@@ -99,14 +102,13 @@ def _git_tree(runner: Runner, workdir: Path, top: str) -> tuple[Path, str] | Non
     return (Path(top), tree) if tree else None
 
 
-def _stash_create(runner: Runner, workdir: Path) -> CommandResult:
+def _stash_create(runner: Runner, workdir: Path, gitdir: Path | None) -> CommandResult:
     """``git stash create`` on a private copy of the index. It refreshes the index it reads
     and writes it back under the index's lock, so two submits from one changed work tree at
     once (a script's, a sweep beside a submit, an editor's git) failed on each other's lock:
     measured, 1 to 3 of 4 concurrent ``git stash create`` in a changed tree failed, some with
     no message at all. The copy's refresh is thrown away; the commit it makes is the same."""
-    gitdir = _git(runner, workdir, "rev-parse", "--absolute-git-dir")
-    index = Path(gitdir) / "index" if gitdir else None
+    index = gitdir / "index" if gitdir else None
     argv = ["git", "stash", "create"]
     if index is None or not index.is_file():
         # No index file (or no git dir found): git's own, since an absent index file would
@@ -291,15 +293,23 @@ def take(
     """The snapshot of ``workdir`` for ``cfg`` (None for launch.snapshot none); stored under
     ``run_root`` unless ``store`` is false (``render``: its path, nothing written)."""
     started = time.monotonic()
-    # The work tree's top level, asked once: auto needs it to choose, git to snapshot.
+    # The work tree's top level and git directory, asked once (rev-parse prints them in
+    # that order): auto needs the top level to choose, git both to snapshot.
     asks_git = cfg.launch.snapshot in ("auto", "git")
-    top = _git(runner, workdir, "rev-parse", "--show-toplevel") if asks_git else None
+    where = (
+        _git(runner, workdir, "rev-parse", "--show-toplevel", "--absolute-git-dir")
+        if asks_git
+        else None
+    )
+    lines = where.splitlines() if where else []
+    top = lines[0] if lines else None
+    gitdir = Path(lines[1]) if len(lines) > 1 else None
     kind = kind_for(cfg, top)
     if kind == "none":
         return None
     root = run_root / SNAPSHOTS_DIR
     if kind == "git":
-        found = _git_tree(runner, workdir, top) if top else None
+        found = _git_tree(runner, workdir, top, gitdir) if top else None
         if found is None:
             raise UserError(
                 f"launch.snapshot is git but {workdir} is not in a git work tree with a commit "
