@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.hf_runs import MAX_STEPS, TIMEOUT_S, finished, hf_run, start, tails
+from support.hf_runs import MAX_STEPS, hf_run
+from support.local_runs import TIMEOUT_S, finished, start, tails
 
-from ddlaunch.worker import hf_stop
+from ddlaunch.worker import hf_stop, rank_agreement
 
 
 def logged_step(run: Path) -> int:
@@ -156,8 +157,8 @@ def test_several_ranks_save_at_the_agreed_step_end_once(
         reduced.append(flag)
         return flag or others[0]
 
-    monkeypatch.setattr(hf_stop, "_several_ranks", lambda: True)
-    monkeypatch.setattr(hf_stop, "_any_rank", any_rank)
+    monkeypatch.setattr(rank_agreement, "several_ranks", lambda: True)
+    monkeypatch.setattr(rank_agreement, "any_rank", any_rank)
     cb = callback()
     cb.jit_manager = manager = FakeManager(requested=True)
     state, control = TrainerState(global_step=7), TrainerControl()

@@ -221,7 +221,24 @@ def test_a_tree_git_cannot_stash_is_an_error_not_a_snapshot_without_the_changes(
         take(load_config(config(tmp_path)), tmp_path / "runs", repo, SubprocessRunner())
     assert str(info.value) == (
         f"launch.snapshot git: `git stash create` failed in {repo}: Cannot save the current "
-        "index state (unmerged paths? resolve them, or use launch.snapshot: copy or none)"
+        "index state (unmerged paths, or paths added with `git add -N`? resolve or `git add` "
+        "them, or use launch.snapshot: copy or none)"
+    )
+
+
+def test_a_path_added_with_intent_to_add_is_named_in_the_error(tmp_path: Path) -> None:
+    """git 2.39's `git stash create` refuses a tree with a `git add -N` path; the error names
+    the path (git's own line) and what to do, where it had said "unmerged paths?" only."""
+    repo = git_repo(tmp_path / "repo")
+    (repo / "new.py").write_text("NEW = 1\n")
+    subprocess.run(["git", "-C", str(repo), "add", "-N", "new.py"], check=True)
+    with pytest.raises(UserError) as info:
+        take(load_config(config(tmp_path)), tmp_path / "runs", repo, SubprocessRunner())
+    assert str(info.value) == (
+        f"launch.snapshot git: `git stash create` failed in {repo}: error: Entry 'new.py' not "
+        "uptodate. Cannot merge.; Cannot save the current worktree state (unmerged paths, or "
+        "paths added with `git add -N`? resolve or `git add` them, or use launch.snapshot: "
+        "copy or none)"
     )
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.hf_runs import finished, hf_run, start
+from support.hf_runs import hf_run
+from support.local_runs import finished, start
 
 from ddlaunch.config import Config, load_config, to_plain
 from ddlaunch.store.heartbeats import read_heartbeats

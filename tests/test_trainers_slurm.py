@@ -283,10 +283,12 @@ def test_deepspeed_rank_killed_after_a_checkpoint_resumes_from_that_tag(
 def test_lightning_usr1_saves_hpc_checkpoint_and_requeues_exactly_once(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
-    # Lightning saves inside its signal handler, on every rank, wherever the signal finds
-    # it: with a rank inside a collective (the gradients' all-reduce) and the other in the
-    # save's barrier, the save deadlocks (seen once in four runs with 0.1 s of idle time per
-    # step). Most of each step here is idle time, as a GPU step is for the CPU.
+    # Lightning saves inside its signal handler, on each rank wherever the signal finds it;
+    # with a rank inside the gradients' all-reduce and the other in the save's barrier, that
+    # deadlocked here (tests/FLAKES.md). The ranks' agreed stop step (worker.lightning_stop)
+    # moves the save to a batch end every rank reaches; test_lightning_agreed_stop.py makes
+    # the disagreement certain. Most of each step here is idle time, as a GPU step is for the
+    # CPU.
     args = [
         "--root", "{checkpoint_dir}", "--max_steps", "150", "--nodes", "2", "--devices", "1",
         "--step_sleep", "0.3", "--result", "{run_dir}/result.json",

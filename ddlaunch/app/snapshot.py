@@ -88,14 +88,18 @@ def _git_tree(
     if head is None:
         return None  # no commit yet
     # `git stash create` commits the index and work tree without touching either (and prints
-    # nothing when there is no change). It fails on unmerged paths: then the snapshot would
-    # silently lack the changes, so that is an error.
+    # nothing when there is no change). It fails on unmerged paths, and on paths added with
+    # `git add -N` (git 2.39): then the snapshot would silently lack the changes, so that is
+    # an error, with git's own words.
     stash = _stash_create(runner, workdir, gitdir)
     if not stash.ok:
-        said = (stash.stderr.strip() or stash.stdout.strip() or "no message").splitlines()[-1]
+        lines = (stash.stderr.strip() or stash.stdout.strip() or "no message").splitlines()
+        # The last line says what failed; git's first "error:" line, where there is one, why.
+        said = "; ".join([*[x for x in lines[:-1] if x.startswith("error:")][:1], lines[-1]])
         raise UserError(
             f"launch.snapshot git: `git stash create` failed in {top}: {said} (unmerged "
-            "paths? resolve them, or use launch.snapshot: copy or none)"
+            "paths, or paths added with `git add -N`? resolve or `git add` them, or use "
+            "launch.snapshot: copy or none)"
         )
     commit = stash.stdout.strip()
     tree = _git(runner, workdir, "rev-parse", f"{commit}^{{tree}}") if commit else head

@@ -100,7 +100,8 @@ class StopRequest:
                 self.terminate("saved, still running" if overdue else "no save within the lead")
                 stopped_at = now
             elif stopped_at is not None and not killed and now - stopped_at > KILL_AFTER_S:
-                # Hung (Lightning's save in its signal handler can deadlock in a collective)
+                # Hung (a trainer's save that deadlocks in a collective: HF's and Lightning's did
+                # before the ranks agreed on the step, worker.hf_stop and lightning_stop)
                 # or ignoring TERM: end the step so the end hook still decides in time.
                 ended = end_step(self.attempt.job_id, self.client)
                 print(f"[ddlaunch] killed step(s) {', '.join(ended)}: still alive after TERM")

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ddlaunch.worker import rank_agreement
+
 _Hook = Callable[..., Any]
 
 
@@ -50,7 +52,7 @@ def _mid_step(original: _Hook) -> _Hook:
     def hook(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Mid-step, no rank of several saves: the others may be inside the step's
         collectives (the gradient all-reduce)."""
-        if not _several_ranks():
+        if not rank_agreement.several_ranks():
             return original(self, args, state, control, **kwargs)
         return None
 
@@ -60,7 +62,7 @@ def _mid_step(original: _Hook) -> _Hook:
 def _at_a_boundary(original: _Hook) -> _Hook:
     def hook(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """A collective when several ranks run: every rank calls it at the same step end."""
-        if not _several_ranks():
+        if not rank_agreement.several_ranks():
             return original(self, args, state, control, **kwargs)
         manager = self.jit_manager
         if manager is None:
@@ -69,7 +71,7 @@ def _at_a_boundary(original: _Hook) -> _Hook:
         # end): no second save, and no all-reduce (no rank makes one here).
         if getattr(self, "_ddlaunch_saved_at", None) == state.global_step:
             return None
-        if not _any_rank(bool(manager.is_checkpoint_requested)):
+        if not rank_agreement.any_rank(bool(manager.is_checkpoint_requested)):
             return None
         control.should_save = False
         control.should_training_stop = True
@@ -78,21 +80,3 @@ def _at_a_boundary(original: _Hook) -> _Hook:
         return None
 
     return hook
-
-
-def _several_ranks() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _any_rank(flag: bool) -> bool:
-    """Whether ``flag`` holds on any rank (every rank calls this at the same step end)."""
-    import torch
-    import torch.distributed as dist
-
-    on_gpu = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())

@@ -303,6 +303,10 @@ def _train(cfg: Config, run_dir: Path, d: DistEnv, host: str, replacing: int = 0
         from ddlaunch.worker.hf_stop import agree_on_the_stop_step
 
         agree_on_the_stop_step()  # every rank saves at the same step on the stop signal
+    elif cfg.trainer_kind == "lightning":
+        from ddlaunch.worker import lightning_stop
+
+        lightning_stop.agree_on_the_stop_step()  # the same, for Lightning's USR1 save
     if not (cfg.launch.script or cfg.launch.module):
         raise ValueError("the config sets none of launch.entrypoint, script, module")
     # The trainer's steps as heartbeats (hf, lightning): status, the watchdog, the report.

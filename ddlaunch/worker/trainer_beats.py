@@ -35,6 +35,7 @@ from typing import Any
 
 from ddlaunch.config.schema import Config
 from ddlaunch.store.attempts import AttemptId
+from ddlaunch.worker import lightning_trainers
 from ddlaunch.worker.heartbeat import Heartbeat
 
 # The one heartbeat of this process; the hooks, installed once, feed whichever is current.
@@ -86,12 +87,9 @@ def _hook_lightning() -> bool:
         import lightning.pytorch as pl
     except ImportError:
         return False
-    trainer: Any = getattr(pl, "Trainer", None)
     callback: Any = getattr(pl, "Callback", None)
-    if trainer is None or callback is None:
+    if callback is None:
         return False
-    if getattr(trainer, "_ddlaunch_beats", False):
-        return True
 
     class Beats(callback):
         """ddlaunch's heartbeat: a step per optimizer step, progress per validation batch."""
@@ -102,20 +100,7 @@ def _hook_lightning() -> bool:
         def on_validation_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             _progress()
 
-    init = trainer.__init__
-
-    # wraps: the signature stays the Trainer's own for what reads it (LightningCLI builds its
-    # command line from it).
-    @functools.wraps(init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        callbacks = getattr(self, "callbacks", None)
-        if isinstance(callbacks, list):
-            callbacks.append(Beats())
-
-    trainer.__init__ = __init__
-    trainer._ddlaunch_beats = True
-    return True
+    return lightning_trainers.add_to_every_trainer("beats", Beats)
 
 
 HOOKS: dict[str, Callable[[], bool]] = {"hf": _hook_hf, "lightning": _hook_lightning}
