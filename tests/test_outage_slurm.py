@@ -2,7 +2,8 @@
 then dies and is restarted by ``scripts/devcluster up``.
 
 While it hangs: ``submit`` fails within ``$DDLAUNCH_SLURM_TIMEOUT`` and records the intent
-as failed with the reason; ``status`` shows every run from its directory with "Slurm
+as failed with the reason (the job Slurm queued all the same is adopted by the run when it
+starts, at the end); ``status`` shows every run from its directory with "Slurm
 unreachable (...)"; ``status --watch`` keeps polling. Then the job's ranks die and the
 controller with them: the end hook retries ``scontrol requeue`` until the restarted
 controller answers, the attempt record says so, and the run resumes and completes.
@@ -132,11 +133,12 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             # again only 60 s later (a wait hard-coded in Slurm), and the requeue waits for it.
             slurm_cluster.resume_controller()
             # ... and it does: the resumed controller read the request and queued the job
-            # (cancelled here: it would take the nodes the requeue below needs).
+            # (held here until the end: it would take the nodes the requeue below needs).
             stray = wait_for(
                 lambda: queued_with_script(slurm_cluster, script), 30, "the refused job in squeue"
             )
-            slurm_cluster.cancel(stray)
+            slurm_job_cleanup.extend(stray)
+            slurm_cluster.slurm("scontrol", "hold", *stray, check=False)
             shell = slurm_cluster.batch_shell_pid(job_id)
             os.kill(shell, signal.SIGSTOP)
             try:
@@ -175,6 +177,30 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
     assert any("scontrol requeue" in e for e in requeue["errors"]), requeue
     assert runs[1]["resumed_from"] >= 40
     assert result(run_dir)["start_step"] == runs[1]["resumed_from"]
+
+    # The refused run's job, released, starts in its run directory: the run takes it as its
+    # own (job.adoption), and status follows that job to its end.
+    (adopted,) = stray
+    slurm_cluster.slurm("scontrol", "release", adopted, check=False)
+    assert slurm_cluster.wait_job_state(adopted, "COMPLETED", timeout=180) == "COMPLETED"
+    intent = json.loads((refused / "intent.json").read_text())
+    assert (intent["state"], intent["job_id"]) == ("submitted", adopted), intent
+    assert intent["note"].startswith(f"job {adopted} adopted at its start: its sbatch had failed")
+    batch = (refused / "logs" / f"batch-{adopted}.out").read_text()
+    assert (
+        f"[ddlaunch] job {adopted} is this run's: its submit was recorded as failed (sbatch "
+        "had no answer), and Slurm queued it all the same"
+    ) in batch, batch
+    status = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "status", refused.name, "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    (row,) = json.loads(status.stdout)
+    assert (row["state"], row["job_id"]) == ("COMPLETED", adopted), row
 
 
 def queued_with_script(cluster, script: Path) -> list[str]:  # type: ignore[no-untyped-def]

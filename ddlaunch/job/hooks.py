@@ -32,6 +32,7 @@ from ddlaunch.config.schema import Config, StorageSpec
 from ddlaunch.config.trainers import is_byo
 from ddlaunch.config.validate import load_config
 from ddlaunch.job import stop as stopping
+from ddlaunch.job.adoption import adopt
 from ddlaunch.job.attribution import batch_log, log_size
 from ddlaunch.job.blame import bad_nodes, expand
 from ddlaunch.job.endings import Blame, failed_ending, finished_in_process
@@ -424,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
         # does it unless Python was not usable before launch.setup): a no-op when done.
 
         start_task(run_dir)
+    elif args.hook == "start":
+        adopted = adopt(run_dir, attempt.job_id, os.environ)
+        if adopted:
+            print(adopted, flush=True)
     # One short process, one decision: with the controller down, go to what matters.
     client = SlurmClient(skip_reads_when_down=True)
     if args.hook == "start":
