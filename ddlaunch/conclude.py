@@ -140,11 +140,20 @@ def requeued_meanwhile(client: Requeuer | None, job: str, restart: int | None) -
 
 def _requeue(run_dir: Path, client: Requeuer, job: str, nodes: Sequence[str]) -> str | None:
     """Requeue ``job``; the attempt records what it took when Slurm did not answer at once.
-    Returns None, or why the job could not be requeued."""
-    done = requeue_excluding(client, job, nodes)
-    if done.retries.errors or not done.done:
-        record = done.retries.record()
-        attempts.update_last(run_dir, requeue={**record, "done": done.done})
+    Returns None, or why the job could not be requeued.
+
+    A requeue that gets through tears the batch step down at once, and its SIGTERM reaches
+    this hook: ignored until the record is written (SIGKILL comes only after KillWait). Seen
+    on the dev cluster under load: the hook died between the requeue and the record, and the
+    attempt kept no trace of the tries it had taken."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        done = requeue_excluding(client, job, nodes)
+        if done.retries.errors or not done.done:
+            record = done.retries.record()
+            attempts.update_last(run_dir, requeue={**record, "done": done.done})
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if done.done:
         return None
     tries = f" after {done.retries.tries} tries in {done.retries.elapsed_s:.0f} s"

@@ -6,6 +6,8 @@ and a requeue is retried with backoff and recorded."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -176,6 +178,41 @@ def test_requeue_is_retried_until_the_controller_answers_and_recorded(
     assert requeue["done"] is True and requeue["tries"] == 3
     assert requeue["errors"][0] == f"scontrol requeue 7 failed (exit 1): {KILLED['requeue']}"
     assert not (run / "outcome.json").exists()
+
+
+def test_the_tries_are_recorded_although_the_requeue_sends_this_hook_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requeue that gets through tears the batch step down, and Slurm's SIGTERM reaches
+    the end hook at once: the record of the tries must be written all the same (the hook
+    died first once on the dev cluster, under load). Here SIGTERM arrives with the answer,
+    and this process's handler stands for the hook's death."""
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    run = _open_attempt(tmp_path)
+
+    def died(signum: int, frame: object) -> None:
+        raise SystemExit("killed by SIGTERM before the record")
+
+    before = signal.signal(signal.SIGTERM, died)
+    try:
+        answers = iter([failed(KILLED["requeue"]), None])
+
+        def requeue(argv: list[str]) -> object:
+            if (answer := next(answers)) is not None:
+                return answer
+            os.kill(os.getpid(), signal.SIGTERM)  # the teardown, as the requeue returns
+            return ok()
+
+        runner = FakeRunner({("scontrol", "requeue"): requeue})
+        done = conclude(
+            run, Ending("crash", 40), RetryBudget(max_requeues=3), SlurmClient(runner), job="7"
+        )
+        assert signal.getsignal(signal.SIGTERM) is died  # the hook's own, back again
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert done.requeued
+    (record,) = attempt_json(run)
+    assert record["requeue"]["done"] is True and record["requeue"]["tries"] == 2
 
 
 def test_a_requeue_that_never_gets_through_stops_the_run_with_the_reason(
