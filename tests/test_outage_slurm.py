@@ -83,6 +83,7 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
         slurm_cluster.pause_controller()
         try:
             quick = {**env, "DDLAUNCH_SLURM_TIMEOUT": "2"}
+            held = {**quick, "SBATCH_HOLD": "1"}  # sbatch's --hold, from its environment
             other = write_config(
                 tmp_path, "t-refused", {"entrypoint": "launch_entrypoints:world_info"}
             )
@@ -90,7 +91,7 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             proc = subprocess.run(
                 [sys.executable, "-m", "ddlaunch", "submit", str(other)],
                 cwd=tmp_path,
-                env=quick,
+                env=held,
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -133,12 +134,12 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             # again only 60 s later (a wait hard-coded in Slurm), and the requeue waits for it.
             slurm_cluster.resume_controller()
             # ... and it does: the resumed controller read the request and queued the job
-            # (held here until the end: it would take the nodes the requeue below needs).
+            # (held until the end, SBATCH_HOLD: it would take the nodes the requeue below
+            # needs).
             stray = wait_for(
                 lambda: queued_with_script(slurm_cluster, script), 30, "the refused job in squeue"
             )
             slurm_job_cleanup.extend(stray)
-            slurm_cluster.slurm("scontrol", "hold", *stray, check=False)
             shell = slurm_cluster.batch_shell_pid(job_id)
             os.kill(shell, signal.SIGSTOP)
             try:
