@@ -61,7 +61,7 @@ def agree_on_the_stop_step() -> bool:
 
 
 def _recorder(save_and_requeue: Any) -> Any:
-    """The handler Lightning installs in place of its own."""
+    """What Lightning's signal handler calls in place of its save-and-requeue."""
 
     def record(self: Any, signum: int, frame: FrameType | None) -> None:
         """In the signal handler: with several ranks, remember the signal for the next batch
@@ -93,6 +93,7 @@ def _agreeing_callback(base: Any, save_and_requeue: Any) -> Any:
                 return
             own = getattr(trainer, "_signal_connector", None)
             signum = getattr(own, _SIGNAL, None)
+            # The all-reduce first: every rank makes it, whatever it holds.
             if not rank_agreement.any_rank(signum is not None) or own is None:
                 return
             self.saved = True
