@@ -15,27 +15,15 @@ one complete checkpoint, at the step the ranks stopped at, written by both ranks
 from __future__ import annotations
 
 import json
-import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.hf_runs import MAX_STEPS, hf_run
-from support.local_runs import TIMEOUT_S, finished, start, tails
+from support.local_runs import finished, signal_while_training, start
 
 from ddlaunch.worker import hf_stop, rank_agreement
-
-
-def logged_step(run: Path) -> int:
-    """The last step rank 0 logged (the example prints ``step N`` on rank 0)."""
-    try:
-        lines = (run / "logs" / "rank-0.out").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    steps = [int(line.split()[1]) for line in lines if line.startswith("step ")]
-    return max(steps, default=0)
 
 
 @pytest.mark.parametrize(
@@ -47,19 +35,8 @@ def test_every_rank_saves_the_jit_checkpoint_at_the_same_step(
     tmp_path: Path, world_size: int, delays: dict[int, float]
 ) -> None:
     run = hf_run(tmp_path)
-    started = time.monotonic()
     thread, outcome = start(run, world_size)
-    # Training under way on every rank (a DDP step needs both): the JIT handler is installed.
-    while logged_step(run) < 3 and thread.is_alive():
-        assert time.monotonic() - started < TIMEOUT_S, "training never started:\n" + tails(run)
-        time.sleep(0.05)
-    assert thread.is_alive(), f"the run ended before the signal: {outcome}\n{tails(run)}"
-    signalled_at = logged_step(run)
-    pids = {r: int((run / "out" / f"pid-{r}").read_text()) for r in range(world_size)}
-    sent = time.monotonic()
-    for rank, delay in sorted(delays.items(), key=lambda item: item[1]):
-        time.sleep(max(0.0, sent + delay - time.monotonic()))
-        os.kill(pids[rank], signal.SIGTERM)
+    signalled_at = signal_while_training(run, (thread, outcome), delays, signal.SIGTERM, 3)
     finished(run, thread, outcome)
 
     checkpoints = sorted(p.name for p in (tmp_path / "ckpts").glob("checkpoint-*"))

@@ -19,13 +19,12 @@ import dataclasses
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from support.local_runs import finished, start, tails
+from support.local_runs import finished, signal_while_training, start
 
 from ddlaunch.config import Config, load_config, to_plain
 
@@ -62,16 +61,6 @@ def pl_run(tmp_path: Path, world_size: int) -> Path:
     return run
 
 
-def logged_step(run: Path) -> int:
-    """The last step rank 0 logged (the example prints ``step N`` on rank 0)."""
-    try:
-        lines = (run / "logs" / "rank-0.out").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    steps = [int(line.split()[1]) for line in lines if line.startswith("step ")]
-    return max(steps, default=0)
-
-
 @pytest.mark.parametrize(
     ("world_size", "delays"),
     [(2, {1: 0.0}), (2, {0: 0.0, 1: 1.5}), (1, {0: 0.0})],
@@ -81,19 +70,10 @@ def test_every_rank_saves_lightnings_hpc_checkpoint_at_the_same_step_and_requeue
     tmp_path: Path, world_size: int, delays: dict[int, float]
 ) -> None:
     run = pl_run(tmp_path, world_size)
-    started = time.monotonic()
     thread, outcome = start(run, world_size, TIMEOUT_S)
-    # Training under way on every rank (a DDP step needs both): Lightning's handler is in.
-    while logged_step(run) < 5 and thread.is_alive():
-        assert time.monotonic() - started < TIMEOUT_S, "training never started:\n" + tails(run)
-        time.sleep(0.05)
-    assert thread.is_alive(), f"the run ended before the signal: {outcome}\n{tails(run)}"
-    signalled_at = logged_step(run)
-    pids = {r: int((run / "out" / f"pid-{r}").read_text()) for r in range(world_size)}
-    sent = time.monotonic()
-    for rank, delay in sorted(delays.items(), key=lambda item: item[1]):
-        time.sleep(max(0.0, sent + delay - time.monotonic()))
-        os.kill(pids[rank], signal.SIGUSR1)
+    signalled_at = signal_while_training(
+        run, (thread, outcome), delays, signal.SIGUSR1, 5, TIMEOUT_S
+    )
     finished(run, thread, outcome, TIMEOUT_S)
 
     assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == ["hpc_ckpt_1.ckpt"]

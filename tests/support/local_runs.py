@@ -1,10 +1,13 @@
 """A run directory's ranks through the local runner (real rank processes, gloo on 127.0.0.1,
-CPU): ``run_local`` started in a thread, so that a test can signal the ranks while they train,
-and the check that it ended with every rank stopped."""
+CPU): ``run_local`` started in a thread, a stop signal sent to chosen ranks while they train
+(the example scripts print ``step N`` on rank 0, and ``trainer_scripts/example_with_pid.py``
+leaves each rank's pid), and the check that it ended with every rank stopped."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -51,3 +54,39 @@ def finished(
             f"a collective mismatch\n{tails(run)}"
         )
     assert not isinstance(outcome[0], BaseException), outcome[0]
+
+
+def logged_step(run: Path) -> int:
+    """The last step rank 0 logged (the example prints ``step N`` on rank 0)."""
+    try:
+        lines = (run / "logs" / "rank-0.out").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [int(line.split()[1]) for line in lines if line.startswith("step ")]
+    return max(steps, default=0)
+
+
+def signal_while_training(
+    run: Path,
+    run_thread: tuple,
+    delays: dict[int, float],
+    signum: int,
+    past_step: int,
+    timeout_s: float = TIMEOUT_S,
+) -> int:
+    """Once rank 0 has logged ``past_step`` (training under way on every rank: a DDP step
+    needs them all, so the trainer's handler is in), send ``signum`` to each rank in
+    ``delays`` that many seconds apart; the step rank 0 had logged when it began."""
+    thread, outcome = run_thread
+    started = time.monotonic()
+    while logged_step(run) < past_step and thread.is_alive():
+        assert time.monotonic() - started < timeout_s, "training never started:\n" + tails(run)
+        time.sleep(0.05)
+    assert thread.is_alive(), f"the run ended before the signal: {outcome}\n{tails(run)}"
+    signalled_at = logged_step(run)
+    pids = {r: int((run / "out" / f"pid-{r}").read_text()) for r in delays}
+    sent = time.monotonic()
+    for rank, delay in sorted(delays.items(), key=lambda item: item[1]):
+        time.sleep(max(0.0, sent + delay - time.monotonic()))
+        os.kill(pids[rank], signum)
+    return signalled_at
