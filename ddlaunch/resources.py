@@ -1,8 +1,8 @@
-"""Locate the shipped templates/ and configs/ folders.
+"""Locate the templates and presets ddlaunch ships as package data.
 
-In a source checkout (or an editable install) they are the top-level folders beside the
-package; a regular install maps them into the package as ``ddlaunch/templates`` and
-``ddlaunch/configs`` (see ``package_dir`` in setup.cfg).
+``ddlaunch/templates/`` (the sbatch template and its partials) and ``ddlaunch/configs/`` (the
+cluster presets, examples and sweeps) sit inside the package, in a checkout as in an installed
+wheel, so that the tree the tests run is the tree users install.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 @cache
 def _find(name: str) -> Path:
-    for candidate in (_PACKAGE_DIR / name, _PACKAGE_DIR.parent / name):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(f"ddlaunch installation is missing its {name}/ folder")
+    candidate = _PACKAGE_DIR / name
+    if not candidate.is_dir():
+        # A broken install (or a container that mounts the Python modules only).
+        raise FileNotFoundError(f"ddlaunch installation is missing its {name}/ folder")
+    return candidate
 
 
 def templates_dir() -> Path:

@@ -337,9 +337,8 @@ def test_sweep_file_errors_name_the_file_line(tmp_path: Path) -> None:
 def test_presets_list_the_shipped_sweep_and_every_example(tmp_path: Path) -> None:
     proc = ddlaunch(tmp_path, "presets")
     names = [line.split()[0] for line in proc.stdout.splitlines()]
-    shipped = sorted(
-        str(p.relative_to(REPO / "configs").with_suffix("")) for p in REPO.glob("configs/**/*.yaml")
-    )
+    root = REPO / "ddlaunch" / "configs"
+    shipped = sorted(str(p.relative_to(root).with_suffix("")) for p in root.glob("**/*.yaml"))
     assert names == shipped and "sweeps/mlp-lr" in names
     line = next(x for x in proc.stdout.splitlines() if x.startswith("sweeps/mlp-lr"))
     assert "sweep file (ddlaunch sweep sweeps/mlp-lr): " in line

@@ -450,7 +450,7 @@ nested: {a: {b: [x, {c: 1}]}}
 
 @pytest.mark.parametrize(
     "source",
-    [EDGE_SCALARS, *sorted(str(p) for p in (REPO / "configs").rglob("*.yaml"))],
+    [EDGE_SCALARS, *sorted(str(p) for p in (REPO / "ddlaunch" / "configs").rglob("*.yaml"))],
     ids=lambda s: "edge-scalars" if "\n" in s else Path(s).relative_to(REPO).as_posix(),
 )
 def test_libyaml_and_python_parsers_agree(source: str) -> None:

@@ -8,7 +8,7 @@ non-blank line before the fence (invisible on the site):
 
     <!-- docs-test: config -->             ```yaml: a whole config, loaded as it stands
     <!-- docs-test: fragment BASE -->      ```yaml: merged onto preset BASE, not examples/mlp
-    <!-- docs-test: sweep -->              ```yaml: a sweep file, next to configs/examples/
+    <!-- docs-test: sweep -->              ```yaml: a sweep file, next to the shipped examples/
     <!-- docs-test: compile-only: WHY -->  ```python: compiled, not run, for the reason WHY
     <!-- docs-test: run-lines A-B: WHY --> ```python: lines A..B run, the rest compiled only
     <!-- docs-test: skip: WHY -->          any block: not checkable, for the reason WHY
@@ -141,7 +141,7 @@ def test_yaml_block_loads(block: Block, tmp_path: Path) -> None:
     if marker == "sweep":
         # The sweep's base is a path relative to the file: put the file where the shipped
         # sweeps live, beside the shipped examples.
-        (tmp_path / "examples").symlink_to(REPO / "configs" / "examples")
+        (tmp_path / "examples").symlink_to(REPO / "ddlaunch" / "configs" / "examples")
         (tmp_path / "sweeps").mkdir()
         path = tmp_path / "sweeps" / "block.yaml"
         path.write_text(block.text)

@@ -190,7 +190,7 @@ def test_a_stage_whose_config_does_not_load_submits_nothing(cli: Cli) -> None:
 
 def test_a_dry_run_checks_everything_and_prints_the_order(cli: Cli) -> None:
     proc = cli("pipeline", "chain.yaml", "--dry-run")
-    mlp = Path(__file__).parent.parent / "configs" / "examples" / "mlp.yaml"
+    mlp = Path(__file__).parent.parent / "ddlaunch" / "configs" / "examples" / "mlp.yaml"
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         0,
         "pipeline train-eval: 3 stages, submitted in this order\n"

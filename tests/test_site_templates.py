@@ -1,8 +1,8 @@
 """Site templates as the guide "Cluster presets and site templates"
 (docs/how-to/presets-templates.md) describes them: `templates.search_path` searched before
 `$DDLAUNCH_TEMPLATE_PATH`, both before the built-in templates, one partial overridden by
-`templates/site-example/`, and a missing template one clear error, worded as the page quotes
-it; and the documentation's config reference holding every key."""
+`ddlaunch/templates/site-example/`, and a missing template one clear error, worded as the page
+quotes it; and the documentation's config reference holding every key."""
 
 from __future__ import annotations
 
@@ -18,16 +18,16 @@ from ddlaunch.cli.reference import reference_lines
 from ddlaunch.config.schema import Config
 
 REPO = Path(__file__).resolve().parent.parent
-SITE = REPO / "templates" / "site-example"
+SITE = REPO / "ddlaunch" / "templates" / "site-example"
 PAGE = (REPO / "docs" / "how-to" / "presets-templates.md").read_text()
 
 
 def test_the_page_names_the_site_example_and_the_search_order() -> None:
-    assert "`templates/site-example/` overrides only `partials/setup.sh.j2`" in PAGE
+    assert "`ddlaunch/templates/site-example/` overrides only `partials/setup.sh.j2`" in PAGE
     templates = sorted(str(p.relative_to(SITE)) for p in SITE.rglob("*.j2"))
     assert templates == ["partials/setup.sh.j2"]
     assert "`templates.search_path` (config) and then `$DDLAUNCH_TEMPLATE_PATH`" in PAGE
-    assert "--set 'templates.search_path=[templates/site-example]'" in PAGE
+    assert "--set 'templates.search_path=[ddlaunch/templates/site-example]'" in PAGE
 
 
 def test_config_search_path_overrides_one_partial() -> None:

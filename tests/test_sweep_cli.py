@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_dry_run_prints_members_scripts_and_argv_without_torch(tmp_path: Path) -> None:
-    sweep = REPO / "configs" / "sweeps" / "mlp-lr.yaml"
+    sweep = REPO / "ddlaunch" / "configs" / "sweeps" / "mlp-lr.yaml"
     proc = subprocess.run(
         [sys.executable, "-c", NO_TORCH_PROBE.format(argv=["sweep", str(sweep), "--dry-run"])],
         capture_output=True,
@@ -80,15 +80,14 @@ def _dry_run_job_names(tmp_path: Path, sweep: Path) -> list[str]:
 
 def test_the_array_job_is_named_after_the_sweep(tmp_path: Path) -> None:
     # mlp-lr.yaml says name: mlp-lr; its base's job.name is mlp-example.
-    names = _dry_run_job_names(tmp_path, REPO / "configs" / "sweeps" / "mlp-lr.yaml")
+    names = _dry_run_job_names(tmp_path, REPO / "ddlaunch" / "configs" / "sweeps" / "mlp-lr.yaml")
     assert names == ["#SBATCH --job-name=mlp-lr"]
 
 
 def test_a_sweep_without_a_name_keeps_the_base_job_name(tmp_path: Path) -> None:
     sweep = tmp_path / "lr.yaml"
-    sweep.write_text(
-        f"base: {REPO / 'configs' / 'examples' / 'mlp.yaml'}\ngrid:\n  params.lr: [1, 2]\n"
-    )
+    base = REPO / "ddlaunch" / "configs" / "examples" / "mlp.yaml"
+    sweep.write_text(f"base: {base}\ngrid:\n  params.lr: [1, 2]\n")
     assert _dry_run_job_names(tmp_path, sweep) == ["#SBATCH --job-name=mlp-example"]
 
 

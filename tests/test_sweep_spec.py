@@ -90,7 +90,7 @@ def test_missing_base_duplicates_and_no_axis_are_refused(tmp_path: Path, base: P
 
 
 def test_shipped_sweeps_parse_and_validate(tmp_path: Path) -> None:
-    for path in sorted((REPO / "configs" / "sweeps").glob("*.yaml")):
+    for path in sorted((REPO / "ddlaunch" / "configs" / "sweeps").glob("*.yaml")):
         spec = parse_sweep_file(path)
         prepared = prepare_sweep(spec, workdir="/w", run_root=str(tmp_path), sweep_id="s")
         assert len(prepared.members) == spec.size > 1
