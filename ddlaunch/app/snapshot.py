@@ -111,7 +111,12 @@ def _stash_create(runner: Runner, workdir: Path, gitdir: Path | None) -> Command
     and writes it back under the index's lock, so two submits from one changed work tree at
     once (a script's, a sweep beside a submit, an editor's git) failed on each other's lock:
     measured, 1 to 3 of 4 concurrent ``git stash create`` in a changed tree failed, some with
-    no message at all. The copy's refresh is thrown away; the commit it makes is the same."""
+    no message at all. The copy's refresh is thrown away; the commit it makes is the same.
+
+    The copy keeps the index's mtime (``copy2``): git tells an edit that left a file's stat
+    data unchanged (within one clock tick of the index write) only by the entry being
+    "racily clean", its mtime not older than the index file's. A copy with a new mtime made
+    such entries look clean, and the snapshot held the committed file instead of the edit."""
     index = gitdir / "index" if gitdir else None
     argv = ["git", "stash", "create"]
     if index is None or not index.is_file():
@@ -120,7 +125,7 @@ def _stash_create(runner: Runner, workdir: Path, gitdir: Path | None) -> Command
         return runner.run(argv, cwd=str(workdir), timeout=120)
     with tempfile.TemporaryDirectory(prefix="ddlaunch-index-") as private:
         copy = Path(private) / "index"
-        shutil.copyfile(index, copy)
+        shutil.copy2(index, copy)
         return runner.run(argv, cwd=str(workdir), env={"GIT_INDEX_FILE": str(copy)}, timeout=120)
 
 
