@@ -32,6 +32,8 @@ from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddlaunch.app import own_package
+from ddlaunch.app.own_package import OwnPackage
 from ddlaunch.config.schema import Config
 from ddlaunch.errors import UserError
 from ddlaunch.runner import CommandResult, Runner
@@ -53,6 +55,9 @@ class Snapshot:
     files: int | None = None
     seconds: float = 0.0
     untracked: tuple[str, ...] = ()  # git: files not in the snapshot (not ignored, not added)
+    # A ddlaunch/ package of the work tree the ranks would import (app.own_package): kept
+    # when developing ddlaunch, else left out of the snapshot.
+    own: OwnPackage | None = None
 
     def record(self) -> SnapshotRecord:
         from ddlaunch.store.snapshots import SnapshotRecord
@@ -325,19 +330,27 @@ def take(
                 "(use launch.snapshot: copy or none)"
             )
         source, tree = found
-        snap_id = f"git-{tree[:20]}"
+        own = own_package.find(source, workdir)
+        snap_id = f"git-{tree[:20]}{_without(own)}"
         others = _git(runner, source, "ls-files", "--others", "--exclude-standard")
         untracked = tuple((others or "").splitlines())
         _check_entry(cfg, workdir, source, tree, untracked, runner)
 
+        # Pathspecs that leave out a ddlaunch/ package the ranks must not import.
+        left_out = [f":(exclude){p}" for p in own.left_out] if own else []
+        pathspecs = ["--", ".", *left_out] if left_out else []
+
         def fill(tmp: Path) -> None:
-            script = 'git archive --format=tar "$1" | tar -x -C "$2"'
-            result = runner.run(["sh", "-c", script, "sh", tree, str(tmp)], cwd=str(source))
+            script = 'dest=$1; shift; git archive --format=tar "$@" | tar -x -C "$dest"'
+            argv = ["sh", "-c", script, "sh", str(tmp), tree, *pathspecs]
+            result = runner.run(argv, cwd=str(source))
             if not result.ok:
                 raise OSError(f"git archive failed: {result.stderr.strip()}")
     else:
         source, untracked = workdir, ()
+        own = own_package.find(source, workdir)
         skip = {run_root.resolve(), root.resolve()}
+        skip |= {(source / p).resolve() for p in (own.left_out if own else ())}
         files = _walk(source, cfg.launch.snapshot_ignore, skip)
         snap_id = f"copy-{_copy_id(source, files)}"
 
@@ -357,7 +370,18 @@ def take(
         count if created else None,
         time.monotonic() - started,
         untracked,
+        own,
     )
+
+
+def _without(own: OwnPackage | None) -> str:
+    """The id's suffix for a git snapshot that leaves packages out: the same tree without
+    them is other content."""
+    if own is None or not own.left_out:
+        return ""
+    import hashlib
+
+    return "-without-" + hashlib.sha256("\0".join(own.left_out).encode()).hexdigest()[:8]
 
 
 def live_entrypoint_warning(cfg: Config, snapshot: Snapshot | None) -> str | None:

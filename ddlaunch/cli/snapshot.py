@@ -12,8 +12,9 @@ if TYPE_CHECKING:
 
 
 def report_snapshot(cfg: Config, snap: Snapshot | None, *, stored: bool) -> None:
-    """One line on stderr about the code the ranks will run, and a warning if the entry
-    point's package lives outside the snapshot."""
+    """One line on stderr about the code the ranks will run, a line on a ddlaunch/ package
+    of the work tree (kept or left out), and a warning if the entry point's package lives
+    outside the snapshot."""
     from ddlaunch.app.snapshot import live_entrypoint_warning
 
     if snap is None:
@@ -33,6 +34,8 @@ def report_snapshot(cfg: Config, snap: Snapshot | None, *, stored: bool) -> None
             "git add them to include them",
             err=True,
         )
+    if snap.own is not None:
+        click.echo(snap.own.line(), err=True)
     warning = live_entrypoint_warning(cfg, snap)
     if warning:
         click.echo(f"warning: {warning}", err=True)
