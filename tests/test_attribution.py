@@ -21,6 +21,7 @@ from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store.attempts import AttemptId
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm-22.05"
+FIXTURES_26 = Path(__file__).parent / "fixtures" / "slurm-26.05"
 RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"
 # A peer's error as gloo raised it on the dev cluster (job 1550).
 GLOO_CLOSED = (
@@ -174,6 +175,109 @@ def test_a_rank_whose_program_never_ran_says_why() -> None:
         "rank 0 on node1 could not start (execve(): /nonexistent/apptainer: No such file or "
         "directory)"
     )
+
+
+# slurmstepd's notes of a step whose program never ran, in each form: 22.05's (the cancel from
+# srun-deaths.out, the execve() line of the test above, both recorded on the dev cluster) and
+# 26.05's (both lines of tests/fixtures/slurm-26.05/stepd-task-failure.txt). Each: the
+# execve() line, the cancel, the node and the program's error as the user must read it.
+STEPD_22 = (
+    "slurmstepd-node1: error: execve(): /nonexistent/apptainer: No such file or directory",
+    next(line for line in fixture("srun-deaths.out").splitlines() if "*** STEP" in line),
+)
+STEPD_26 = tuple(
+    next(
+        line
+        for line in (FIXTURES_26 / "stepd-task-failure.txt").read_text().splitlines()
+        if k in line
+    )
+    for k in ("execve()", "*** STEP")
+)
+STEPD_FORMS = [
+    pytest.param(
+        STEPD_22,
+        "node1",
+        "execve(): /nonexistent/apptainer: No such file or directory",
+        "1545.1 ON node1 CANCELLED AT 2026-12-01T12:05:41",
+        id="22.05",
+    ),
+    pytest.param(
+        STEPD_26,
+        "node",
+        "execve(): /nonexistent/python: No such file or directory",
+        "15.1 ON node CANCELLED AT 2026-12-07T08:23:33 DUE TO TASK FAILURE",
+        id="26.05",
+    ),
+]
+
+
+@pytest.mark.parametrize(("stepd", "host", "execve", "cancelled"), STEPD_FORMS)
+def test_slurmstepd_lines_are_read_in_either_form(
+    stepd: tuple[str, str], host: str, execve: str, cancelled: str
+) -> None:
+    """#48: 26.05 dropped the ``slurmstepd-NODE:`` prefix for ``[timestamp] error:``. The
+    lines in the order their timestamps give (execve() first), srun's report between them in
+    the shape recorded on 22.05."""
+    failed, cancel = stepd
+    log = policy.parse_step_log(
+        f"{failed}\nsrun: error: {host}: task 0: Exited with exit code 2\n{cancel}\n"
+    )
+    assert log.cancelled == cancelled
+    assert [c.text for c in policy.rank_causes(log, [])] == [
+        f"rank 0 on {host} could not start ({execve})"
+    ]
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        pytest.param("slurmstepd: error: ", id="22.05"),
+        # 26.05's prefix (the recorded lines') before the message 22.05 prints: composed, no
+        # OOM was provoked on 26.05 to record one.
+        pytest.param("[2026-12-07T08:23:33.640] error: ", id="26.05"),
+    ],
+)
+def test_the_oom_events_are_counted_in_either_form(prefix: str) -> None:
+    message = (
+        "Detected 1 oom-kill event(s) in StepId=5.0. Some of your processes may have been "
+        "killed by the cgroup out-of-memory handler."
+    )
+    assert policy.parse_step_log(f"{prefix}{message}\n").oom_events == 1
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # A rank's own lines that say "error:" around slurmstepd's words: none is its note.
+        "[rank0]: error: execve(): /nonexistent/python: No such file or directory",
+        "INFO [2026-12-07T08:23:33.612] error: execve(): /bin/x: No such file or directory",
+        "[2026-12-07T08:23:33.612] error: CUDA error: out of memory",
+        "[2026-12-07 08:23:33] error: *** STEP 15.1 ON node CANCELLED AT 2026-12-07T08:23:33 ***",
+        "[2026-12-07T08:23:33.612] warning: Detected 3 oom-kill event(s) in StepId=5.0.",
+    ],
+)
+def test_a_ranks_own_error_line_is_not_taken_for_slurmstepds(line: str) -> None:
+    log = policy.parse_step_log(f"{line}\nsrun: error: node: task 0: Exited with exit code 2\n")
+    assert (log.cancelled, log.oom_events) == (None, 0)
+    assert [e.how() for e in log.ends] == ["exited with exit code 2 without a Python exception"]
+    assert policy.stderr_not_started(line) is None
+
+
+def test_a_line_that_names_no_node_is_given_only_to_the_tasks_it_can_be() -> None:
+    """One 26.05 execve() line (one task never ran) and two exits with code 2: which of the
+    two never ran the batch log cannot tell, so neither is said to have."""
+    failed = STEPD_26[0]
+    log = policy.parse_step_log(
+        f"{failed}\nsrun: error: node1: task 0: Exited with exit code 2\n"
+        "srun: error: node2: task 1: Exited with exit code 2\n"
+    )
+    assert [e.not_started for e in log.ends] == [None, None]
+    both = policy.parse_step_log(
+        f"{failed}\n{failed}\nsrun: error: node: tasks 0-1: Exited with exit code 2\n"
+    )
+    assert [e.not_started for e in both.ends] == [
+        "execve(): /nonexistent/python: No such file or directory"
+    ] * 2
 
 
 # ------------------------------------------------------------------ ranking combinatorics
@@ -433,6 +537,61 @@ def test_without_its_start_line_an_attempt_starts_after_the_requeue_note() -> No
 def test_attribution_never_costs_the_attempt_its_conclusion(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(collect, "attribute", lambda *a, **k: 1 / 0)
     assert collect.attribute_safely(tmp_path, AttemptId("9", 0, "9"), 0, None) == {}
+
+
+@pytest.mark.parametrize("layout", ["rank", "node"])
+@pytest.mark.parametrize(("stepd", "host", "execve", "cancelled"), STEPD_FORMS)
+def test_a_rank_that_never_ran_is_named_from_its_own_stderr(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
+    stepd: tuple[str, str],
+    host: str,
+    execve: str,
+    cancelled: str,
+) -> None:
+    """#48: with a log file per rank (or per node) slurmstepd's execve() error is in the
+    rank's stderr, and the batch log has only srun's report of its exit. Only the files of
+    the ranks srun named outside the teardown are read."""
+    run = tmp_path / "run"
+    logs = run / "logs"
+    logs.mkdir(parents=True)
+    (logs / "batch-15.out").write_text(
+        f"[ddlaunch] attempt 0 on {host}, resuming from scratch\n"
+        f"srun: error: {host}: task 0: Exited with exit code 2\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=15.1\n"
+        f"srun: error: {host}: task 1: Exited with exit code 2\n"
+    )
+    failed = stepd[0]
+    if layout == "rank":
+        for rank in (0, 1):
+            (logs / f"rank-{rank}.err").write_text(f"{failed}\n")
+    else:  # srun --label: each line of the node's file starts with its rank
+        (logs / f"node-{host}.err").write_text(f"0: {failed}\n1: {failed}\n")
+    read: list[int] = []
+    tail = collect.rank_err_tail
+
+    def spy(run_dir: Path, rank: int, where: str) -> str:
+        read.append(rank)
+        return tail(run_dir, rank, where)
+
+    monkeypatch.setattr(collect, "rank_err_tail", spy)
+    client = SlurmClient(FakeRunner({"sacct": ""}))
+    got = collect.attribute(run, AttemptId("15", 0, "15"), 0, client)
+    assert got["culprit"] == f"rank 0 on {host} could not start ({execve})"
+    ended = got["ranks_ended"]
+    assert isinstance(ended, list)
+    assert ended[0] == {
+        "rank": 0, "host": host, "exit_code": 2, "not_started": execve
+    }  # fmt: skip
+    assert read == [0]  # rank 1 was ended by the teardown: its file is not opened
+    # A rank's stderr is appended across attempts: once the rank printed after the line (its
+    # program ran in a later attempt), the line is no longer that attempt's cause.
+    usage = "usage: train.py [-h] [--lr LR]"
+    with open(logs / ("rank-0.err" if layout == "rank" else f"node-{host}.err"), "a") as err:
+        err.write(f"{usage}\n" if layout == "rank" else f"0: {usage}\n")
+    got = collect.attribute(run, AttemptId("15", 0, "15"), 0, client)
+    assert got["culprit"] == f"rank 0 on {host} exited with exit code 2 without a Python exception"
 
 
 # The kernel's OOM killer's words (mm/oom_kill.c's format; no OOM was provoked on the

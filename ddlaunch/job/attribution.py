@@ -25,7 +25,9 @@ start hook recorded, ``log_offset``, so that 16,000 per-task lines are all read,
 culprit's first; a record without it, from an older ddlaunch, gets the last
 ``LOG_TAIL_BYTES``), the ranks' failure records of this
 attempt, the end of a silent rank's stderr (its own file, or its labelled lines in its
-node's, ``storage.rank_logs``), the kernel's OOM note for a rank SIGKILLed on
+node's, ``storage.rank_logs``: a C++ abort after a peer's error, and slurmstepd's
+``execve()`` error of a rank whose program never ran, which goes there and not into the
+batch log), the kernel's OOM note for a rank SIGKILLed on
 this host (its pid, from its heartbeat, in ``/dev/kmsg`` where that is readable), and
 ``sacct -j JOB``.
 """
@@ -264,6 +266,11 @@ def attribute(
         for e in step.ends
         if e.rank not in recorded and not e.teardown
     }
+    # With a log file per rank or per node (every layout ddlaunch writes), slurmstepd's
+    # execve() error goes into the task's stderr, not the batch log: a rank that never ran
+    # is found in the tails just read. No file is opened for it: only the ranks srun named
+    # outside the teardown are read at all (at 16,000 ranks with one killed, one file).
+    step = policy.with_stderr_notes(step, tails)
     steps = accounting(client, attempt)
     causes = policy.rank_causes(step, raised, tails, steps)
     out: dict[str, object] = {

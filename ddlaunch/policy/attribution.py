@@ -73,14 +73,26 @@ _TEARDOWN = re.compile(
     r"^srun: (.*: )?(Job step aborted|Terminating (StepId=|job step)|"
     r"forcing job termination|Force Terminated)"
 )
-# slurmstepd's words for a cancelled step and for the cgroup OOM killer.
-# (22.05 names the node: "slurmstepd-node1: error: *** STEP 12.1 ON node1 CANCELLED AT ...")
-_STEP_CANCELLED = re.compile(r"slurmstepd(-\S+)?: error: \*\*\* (STEP|JOB) (?P<what>.+?) \*\*\*")
-_OOM = re.compile(r"slurmstepd(-\S+)?: error: Detected (?P<n>\d+) oom[-_ ]kill event")
+# slurmstepd's own notes, in two forms, told apart by the line's shape (never by a version):
+# up to 24.11 prefixed with its name, the node in it or not
+#   "slurmstepd-node1: error: *** STEP 12.1 ON node1 CANCELLED AT ... ***" (22.05, recorded)
+#   "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=5.0. ..."
+# and from 26.05 with a timestamp instead, naming no node (recorded on 26.05.5):
+#   "[2026-12-07T08:23:33.612] error: execve(): /nonexistent/python: No such file or directory"
+# The timestamp form is anchored at the line's start, and only the message shapes below are
+# read after either prefix: a rank's own line that says "error:" is never taken for one.
+_STEPD_NOTE = re.compile(
+    r"(?:slurmstepd(?:-(?P<host>\S+))?: |^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\] )"
+    r"error: (?P<what>.+?)\s*$"
+)
+# A cancelled step or job ("... DUE TO TASK FAILURE" on 26.05, "DUE TO JOB REQUEUE"), and
+# the cgroup OOM killer's events.
+_STEP_CANCELLED = re.compile(r"^\*\*\* (STEP|JOB) (?P<what>.+?) \*\*\*")
+_OOM = re.compile(r"^Detected (?P<n>\d+) oom[-_ ]kill event")
 # A task whose program could not be run at all (a container runtime missing on the node, a
-# wrong interpreter path); recorded from 22.05, one line per task before srun's report:
-# "slurmstepd-node1: error: execve(): apptainer: No such file or directory".
-_EXECVE = re.compile(r"slurmstepd-(?P<host>\S+): error: (?P<what>execve\(\): .+?)\s*$")
+# wrong interpreter path): one line per task, written to the task's own stderr before srun
+# reports its exit ("execve(): apptainer: No such file or directory").
+_EXECVE = re.compile(r"^execve\(\): .+")
 
 # Messages and exception types of ranks that failed only because a peer died or hung in a
 # collective (gloo's and NCCL's words, torch.distributed's store and watchdog).
@@ -209,38 +221,102 @@ def parse_step_lines(lines: Iterable[str], first_ranks: Mapping[str, int] | None
     teardown = False
     cancelled, oom = None, 0
     unstarted: dict[str, str] = {}  # host -> the first execve() error slurmstepd reported there
+    anywhere: list[str] = []  # execve() errors that name no node (26.05's form)
     for raw in lines:
         line = raw.strip()
-        if "srun" not in line and "slurmstepd" not in line:
-            continue  # every pattern below names one of them: the ranks' output is skipped
+        if not line.startswith(("srun:", "[")) and "slurmstepd" not in line:
+            continue  # no pattern below can match: the ranks' output is skipped
         found = _TASK_END.match(line)
         if found:
             host = found["host"]
             more = _task_ends(
                 host, found["tasks"], found["how"], len(ends), teardown, unstarted.get(host)
             )
-            if first_ranks:
-                shift = first_ranks.get(host, 0)
-                more = [replace(end, rank=end.rank + shift) for end in more]
-            # A rank ended by srun's teardown reports only that; its first report stands.
-            for end in more:
-                if end.rank not in seen:
-                    seen.add(end.rank)
-                    ends.append(end)
+            _add_ends(ends, seen, more, first_ranks.get(host, 0) if first_ranks else 0)
             continue
         if _TEARDOWN.match(line):
             teardown = True
-        step = _STEP_CANCELLED.search(line)
+            continue
+        note = _STEPD_NOTE.search(line)
+        if note is None:
+            continue
+        what = note["what"]
+        step = _STEP_CANCELLED.match(what)
         if step and cancelled is None:
             cancelled = step["what"]
             teardown = True
-        events = _OOM.search(line)
+        events = _OOM.match(what)
         if events:
             oom += int(events["n"])
-        failed = _EXECVE.search(line)
-        if failed:
-            unstarted.setdefault(failed["host"], failed["what"])
-    return StepLog(tuple(ends), cancelled, oom)
+        if _EXECVE.match(what):
+            if note["host"]:
+                unstarted.setdefault(note["host"], what)
+            else:
+                anywhere.append(what)
+    return StepLog(_not_started_anywhere(ends, anywhere), cancelled, oom)
+
+
+def _add_ends(ends: list[TaskEnd], seen: set[int], more: list[TaskEnd], shift: int) -> None:
+    """``more`` (one srun report's tasks, numbered from ``shift``: a heterogeneous job's
+    component's first rank) appended to ``ends``. A rank ended by srun's teardown reports
+    only that; its first report stands."""
+    for end in more:
+        if shift:
+            end = replace(end, rank=end.rank + shift)
+        if end.rank not in seen:
+            seen.add(end.rank)
+            ends.append(end)
+
+
+def _not_started_anywhere(ends: list[TaskEnd], anywhere: Sequence[str]) -> tuple[TaskEnd, ...]:
+    """``ends`` with the execve() errors that name no node (26.05's form, or 24.11's
+    ``slurmstepd: error:``) given to the ends they can be. Each such line is one task that
+    never ran, and srun reports such a task with an exit code; but the line does not say
+    which task, and a rank that ran can exit with the same code (argparse exits 2, as a
+    missing program does). So only when there are as many lines as ends with an exit code
+    and no cause yet, and the lines agree, are they all the tasks that never ran; else the
+    log cannot tell, and the rank's own stderr may (``with_stderr_notes``)."""
+    bare = [i for i, e in enumerate(ends) if e.exit_code is not None and e.not_started is None]
+    if not bare or len(bare) > len(anywhere) or len(set(anywhere)) != 1:
+        return tuple(ends)
+    out = list(ends)
+    for i in bare:
+        out[i] = replace(out[i], not_started=anywhere[0])
+    return tuple(out)
+
+
+def stderr_not_started(tail: str) -> str | None:
+    """slurmstepd's execve() error in the end of a rank's own stderr (its file, or its lines
+    of its node's, labels removed), in either form: the rank's program never ran. Only when
+    nothing the rank printed follows it: a task that could not start prints nothing after
+    it, and a rank's stderr is appended across attempts, so an earlier attempt's line
+    followed by this attempt's output is not this attempt's cause."""
+    found = None
+    for raw in tail.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        note = _STEPD_NOTE.search(line)
+        if note is None:
+            found = None  # the rank's own output: its program ran after that line
+        elif _EXECVE.match(note["what"]):
+            found = note["what"]
+    return found
+
+
+def with_stderr_notes(log: StepLog, tails: Mapping[int, str]) -> StepLog:
+    """``log`` with the execve() errors found in the ranks' own stderr (``tails``: rank ->
+    the end of its stderr) for the ends srun reported with an exit code and the batch log
+    gave no cause: with one log file per rank (or per node) slurmstepd writes the line
+    there, into the task's stderr, not into the batch log."""
+    ends = []
+    for end in log.ends:
+        if end.exit_code is not None and end.not_started is None and end.rank in tails:
+            why = stderr_not_started(tails[end.rank])
+            if why is not None:
+                end = replace(end, not_started=why)
+        ends.append(end)
+    return replace(log, ends=tuple(ends))
 
 
 def torn_down(log: StepLog, recorded: Collection[int] = ()) -> frozenset[int]:
