@@ -517,6 +517,49 @@ def _sbatch_rules(cfg: Config, b: _Builder) -> None:
             # sbatch reads #SBATCH lines itself; quotes and control characters there
             # cannot be made inert by shell quoting.
             b.fail(path, "must not contain quotes, backslashes, $, ` or control characters")
+    _gres_gpu_rule(cfg, b)
+
+
+def _gpus_per_node_asked(cfg: Config) -> tuple[int, KeyPath]:
+    """The GPUs per node ddlaunch itself asks for (``--gpus-per-node``) in the block of
+    ``#SBATCH`` lines that the ``sbatch:`` entries join, and the key that says so: the job's
+    (``planning.plan``), or a heterogeneous job's first component's, whose block the job-wide
+    lines follow (``planning.components``: a service asks only for what it names)."""
+    if not cfg.components:
+        return cfg.nodes.gpus_per_node, ("nodes", "gpus_per_node")
+    first = cfg.components[0]
+    own = ("components", "0", "nodes", "gpus_per_node")
+    if first.role != components.TRAIN:
+        return first.nodes.gpus_per_node or 0, own
+    gpus = components.gpus_of(first, cfg.nodes.gpus_per_node)
+    return gpus, own if first.nodes.gpus_per_node is not None else ("nodes", "gpus_per_node")
+
+
+def _gres_gpu_rule(cfg: Config, b: _Builder) -> None:
+    """``sbatch.gres`` naming ``gpu`` beside the ``--gpus-per-node`` ddlaunch writes: both ask
+    for the node's GPUs, and from 26.05 sbatch refuses the two together ("--gpus-per-node
+    and --gres=gpu are mutually exclusive"; older versions took both). Without GPUs asked
+    (``gpus_per_node: 0``, a CPU job) there is no --gpus-per-node and the gres stands."""
+    value = cfg.sbatch.get("gres")
+    if not isinstance(value, str):
+        return
+    gpus, key = _gpus_per_node_asked(cfg)
+    if not gpus:
+        return
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    # "gpu", "gpu:4", "gpu:a100:4" (and the "gres/gpu:4" spelling): the name before the colon.
+    named = [e for e in entries if e.split(":", 1)[0].removeprefix("gres/") == "gpu"]
+    if not named:
+        return
+    rest = [e for e in entries if e not in named]
+    todo = f"keep only its other entries (gres: {','.join(rest)})" if rest else "drop sbatch.gres"
+    b.fail(
+        ("sbatch", "gres"),
+        f"names {','.join(named)}, and {'.'.join(key)}={gpus} asks for the node's GPUs too "
+        "(ddlaunch writes --gpus-per-node): Slurm 26.05's sbatch refuses --gres=gpu beside "
+        f"--gpus-per-node; {todo}",
+        also=key,
+    )
 
 
 def validate_tree(loaded: LoadedTree) -> Config:
