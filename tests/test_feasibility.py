@@ -48,6 +48,30 @@ def test_parse_recorded_sinfo() -> None:
     ]
 
 
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_parse_the_recorded_sinfo_of_every_release(release: str) -> None:
+    """Each recording's cluster: partition ``debug`` (default, no limits) over three nodes of
+    4 GPUs and 8 CPUs; ``ddltest``, created for the recording over the first two, with
+    MaxNodes=1 and MaxTime=30 (the node names differ: node1..3 on 22.05, ddlnode1..3 on the
+    chroot recordings)."""
+    recording = R22.parent / f"slurm-{release}"
+    (debug,) = parse_sinfo_partitions((recording / "sinfo-partitions.txt").read_text())
+    nodes = debug.nodes
+    assert (debug.name, debug.default, len(nodes)) == ("debug", True, 3)
+    assert debug.gpus == (4, 4, 4) and debug.cpus == (8, 8, 8)
+    assert debug.max_nodes is None and debug.max_time_s is None
+    limits = parse_sinfo_partitions((recording / "sinfo-partitions-limits.txt").read_text())
+    assert sorted(p.name for p in limits) == ["ddltest", "debug"]
+    test = next(p for p in limits if p.name == "ddltest")
+    assert (test.nodes, test.max_nodes, test.max_time_s, test.default) == (
+        nodes[:2],
+        1,
+        1800,
+        False,
+    )
+    assert test.gpus == (4, 4) and test.cpus == (8, 8)
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -308,12 +332,14 @@ def test_env_from_submit_needs_the_variables_here() -> None:
     ]
 
 
-def test_facts_fixture_files_are_the_recorded_command() -> None:
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_facts_fixture_files_are_the_recorded_command(release: str) -> None:
     import shlex
 
     from ddlaunch.slurm.partitions import SINFO_ARGV
 
-    assert (R22 / "sinfo-partitions.argv").read_text().strip() == shlex.join(SINFO_ARGV)
+    argv = R22.parent / f"slurm-{release}" / "sinfo-partitions.argv"
+    assert argv.read_text().strip() == shlex.join(SINFO_ARGV)
 
 
 def test_a_container_this_host_cannot_see_is_warned_of(

@@ -1,11 +1,13 @@
-"""``status``: parsers on recorded real Slurm output (22.05) and the hand-written newer JSON
-shape, the one-call-per-poll query with an injected runner, the join with the run directory,
-sweeps, and no torch on the way."""
+"""``status``: parsers on recorded real Slurm output of every release ddlaunch claims (22.05
+from the dev cluster; 24.11 and 26.05 from ``scripts/slurm-chroot``), the one-call-per-poll
+query with an injected runner, the join with the run directory, sweeps, and no torch on the
+way."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,14 +22,30 @@ from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.slurm.parse import NO_NODES
+from ddlaunch.slurm.version import version_tuple
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 R22 = FIX / "slurm-22.05"
-R23 = FIX / "slurm-23.11-handwritten"
+RECORDED = [pytest.param(FIX / f"slurm-{v}", id=v) for v in ("22.05", "24.11", "26.05")]
 
 
 def ok(text: str) -> CommandResult:
     return CommandResult(("x",), 0, text, "")
+
+
+def job_ids(recording: Path, name: str) -> list[str]:
+    """The ``-j`` list of the command a recording's ``NAME.argv`` holds."""
+    argv = shlex.split((recording / f"{name}.argv").read_text())
+    return argv[argv.index("-j") + 1].split(",")
+
+
+def status_jobs(recording: Path) -> tuple[str, str, str, str, list[str]]:
+    """The jobs of a recording's status query, in its ``-j`` order (see each README): a and b,
+    requeued once and running again; a held 4-task array; a finished job; and (24.11 on) a
+    job pending for resources."""
+    a, b, array, done, *pending = job_ids(recording, "squeue-status")
+    return a, b, array, done, pending
 
 
 # ------------------------------------------------------------------ parsers
@@ -40,6 +58,23 @@ def test_text_form_of_22_05() -> None:
     assert [rows[f"380_{i}"].reason for i in range(4)] == ["JobHeldUser"] * 4
 
 
+@pytest.mark.parametrize("recording", RECORDED)
+def test_text_form_of_every_release(recording: Path) -> None:
+    a, b, array, done, pending = status_jobs(recording)
+    rows = queue.parse_text((recording / "squeue-status.txt").read_text())
+    tasks = [f"{array}_{i}" for i in range(4)]
+    assert sorted(rows) == sorted([a, b, done, *pending, *tasks])
+    assert rows[a].state == rows[b].state == "RUNNING" and rows[a].nodes and rows[b].nodes
+    assert rows[done].state == "COMPLETED"  # ended, still kept by the controller (-t all)
+    assert {(rows[t].state, rows[t].reason, rows[t].nodes) for t in tasks} == {
+        ("PENDING", "JobHeldUser", "")
+    }
+    assert [(rows[p].state, rows[p].reason) for p in pending] == [("PENDING", "Resources")] * len(
+        pending
+    )
+    assert {fold_state(r.state) for r in rows.values()} == {"RUNNING", "PENDING", "COMPLETED"}
+
+
 def test_json_22_05_string_state_and_collapsed_array() -> None:
     rows = queue.parse_json((R22 / "squeue.json").read_text())
     assert rows["378"].state == "RUNNING" and rows["378"].restarts == 1
@@ -47,25 +82,51 @@ def test_json_22_05_string_state_and_collapsed_array() -> None:
     assert rows["381"].nodes == "node1"
 
 
-def test_json_newer_shape_list_state_and_number_objects() -> None:
-    rows = queue.parse_json((R23 / "squeue.json").read_text())
-    assert rows["390"].state == "PENDING" and fold_state(rows["390"].state) == "PENDING"
-    assert rows["400_2"].state == "RUNNING" and rows["400_2"].nodes == "node3"
-    assert rows["377"].restarts == 1
-    # Both releases describe the same jobs alike.
-    old = queue.parse_json((R22 / "squeue.json").read_text())
-    assert {k: r.state for k, r in old.items()} == {k: r.state for k, r in rows.items() if k in old}
+@pytest.mark.parametrize("recording", RECORDED)
+def test_json_shape_of_every_release(recording: Path) -> None:
+    """What the recordings say: ``job_state`` a string in 22.05 and a list from 23.11 on
+    (24.11, 26.05), numbers plain in 22.05 and ``{"set", "infinite", "number"}`` objects
+    later; the meta block names the release (``Slurm`` in 22.05, ``slurm`` later)."""
+    data = json.loads((recording / "squeue.json").read_text())
+    meta = data["meta"].get("Slurm") or data["meta"]["slurm"]
+    newer = version_tuple(meta["release"]) >= (23, 11)  # type: ignore[operator]
+    assert recording.name == f"slurm-{meta['release'].rsplit('.', 1)[0]}"
+    for job in data["jobs"]:
+        assert isinstance(job["job_state"], list) == newer, job["job_state"]
+        assert isinstance(job["array_job_id"], dict) == newer
 
 
-def test_json_filters_to_the_wanted_jobs() -> None:
-    rows = queue.parse_json((R22 / "squeue.json").read_text(), ["377", "380_2"])
-    assert sorted(rows) == ["377", "380_0", "380_1", "380_2", "380_3"]  # array by base id
+@pytest.mark.parametrize("recording", RECORDED)
+def test_json_form_reads_what_the_text_form_reads(recording: Path) -> None:
+    a, b, _, done, pending = status_jobs(recording)
+    rows = queue.parse_json((recording / "squeue.json").read_text())
+    text = queue.parse_text((recording / "squeue-status.txt").read_text())
+    assert {k: (r.state, r.reason, r.nodes) for k, r in rows.items()} == {
+        k: (r.state, r.reason, r.nodes) for k, r in text.items()
+    }
+    assert rows[a].restarts == rows[b].restarts == 1  # requeued once
+    assert rows[done].restarts == 0 and {rows[p].restarts for p in pending} <= {0}
 
 
-def test_sacct_and_steps() -> None:
-    rows = queue.parse_sacct((R22 / "sacct.txt").read_text())
-    assert rows["381"].state == "COMPLETED" and rows["377"].reason == "BeginTime"
-    assert queue.parse_steps((R22 / "squeue-steps.txt").read_text()) == ["377.1"]
+@pytest.mark.parametrize("recording", RECORDED)
+def test_json_filters_to_the_wanted_jobs(recording: Path) -> None:
+    a, _, array, _, _ = status_jobs(recording)
+    rows = queue.parse_json((recording / "squeue.json").read_text(), [a, f"{array}_2"])
+    assert sorted(rows) == sorted([a, *(f"{array}_{i}" for i in range(4))])  # array by base id
+
+
+@pytest.mark.parametrize("recording", RECORDED)
+def test_sacct_and_steps(recording: Path) -> None:
+    a, b, array, done, pending = status_jobs(recording)
+    assert job_ids(recording, "sacct") == [a, b, array, done, *pending]
+    rows = queue.parse_sacct((recording / "sacct.txt").read_text())
+    assert rows[done].state == "COMPLETED"
+    # sacct keeps the requeue's reason for a job running again
+    assert {(rows[j].state, rows[j].reason) for j in (a, b)} == {("RUNNING", "BeginTime")}
+    assert rows[f"{array}_[0-3]"].state == "PENDING"  # sacct does not expand a pending array
+    assert [rows[p].state for p in pending] == ["PENDING"] * len(pending)
+    # squeue -h -s -j A -o %i: step 0 ended, step 1 running; the batch step left out
+    assert queue.parse_steps((recording / "squeue-steps.txt").read_text()) == [f"{a}.1"]
 
 
 def test_query_ids_collapse_arrays() -> None:
@@ -73,6 +134,15 @@ def test_query_ids_collapse_arrays() -> None:
     assert queue.query_ids(ids) == ["7", "8_3", "500"]
     argv = queue.squeue_argv(ids)
     assert argv[:6] == ["squeue", "-h", "-r", "-t", "all", "-j"] and argv[6] == "7,8_3,500"
+
+
+@pytest.mark.parametrize("recording", RECORDED)
+def test_the_recorded_commands_are_the_status_query(recording: Path) -> None:
+    a, b, array, done, pending = status_jobs(recording)
+    ids = [a, b, array, done, *pending]
+    argv = shlex.split((recording / "squeue-status.argv").read_text())
+    assert argv == queue.squeue_argv(ids)
+    assert shlex.split((recording / "sacct.argv").read_text()) == queue.sacct_argv(ids)
 
 
 def test_form_choice_by_measurement() -> None:
@@ -83,11 +153,16 @@ def test_form_choice_by_measurement() -> None:
     assert queue.squeue_argv(["1"], queue.JSON)[:2] == ["squeue", "--json"]
 
 
-def test_client_tolerates_forgotten_jobs_and_disabled_accounting() -> None:
-    err = (R22 / "squeue-invalid.err").read_text()
+@pytest.mark.parametrize("recording", RECORDED)
+def test_client_tolerates_forgotten_jobs_and_disabled_accounting(recording: Path) -> None:
+    # squeue -j of a job the controller forgot: exit 1 and this message (every release)
+    err = (recording / "squeue-invalid.err").read_text()
+    assert err == "slurm_load_jobs error: Invalid job id specified\n"
+    code = recording / "squeue-invalid.rc"
+    rc = int(code.read_text()) if code.exists() else 1  # 22.05: exit 1, as its README says
     runner = FakeRunner(
         {
-            "squeue": CommandResult(("squeue",), 1, "", err),
+            "squeue": CommandResult(("squeue",), rc, "", err),
             "sacct": CommandResult(("sacct",), 1, "", "Slurm accounting storage is disabled\n"),
         }
     )
@@ -399,3 +474,35 @@ def test_a_heterogeneous_job_is_one_row_under_its_leaders_id() -> None:
         "6074": queue.QueueRow("6074", "COMPLETED", "None", "node7,node8,node9"),
         "6092": queue.QueueRow("6092", "CANCELLED", "BeginTime", "node10,node12"),
     }
+
+
+def component_nodes(text: str, leader: str, column: int) -> list[str]:
+    """The node column of each ``LEADER+K`` line, in order."""
+    return [ln.split("|")[column] for ln in text.splitlines() if ln.startswith(f"{leader}+")]
+
+
+@pytest.mark.parametrize("recording", RECORDED)
+def test_heterogeneous_jobs_of_every_release(recording: Path) -> None:
+    """squeue: one running three-component job; sacct: one that completed on three
+    components and one cancelled after a requeue (on 24.11 and 26.05 while pending again, so
+    it never got nodes: sacct prints ``None assigned`` on each component's line, which the
+    row keeps once, not joined three times)."""
+    text = (recording / "squeue-hetjob.txt").read_text()
+    (running,) = job_ids(recording, "squeue-hetjob")
+    rows = queue.parse_text(text)
+    assert rows == {
+        running: queue.QueueRow(
+            running, "RUNNING", "None", ",".join(component_nodes(text, running, 3))
+        )
+    }
+    assert len(component_nodes(text, running, 3)) == 3
+    text = (recording / "sacct-hetjob.txt").read_text()
+    done, cancelled = job_ids(recording, "sacct-hetjob")
+    rows = queue.parse_sacct(text)
+    assert sorted(rows) == sorted([done, cancelled])
+    assert rows[done].state == "COMPLETED"
+    assert rows[done].nodes == ",".join(component_nodes(text, done, 2))
+    assert rows[cancelled].state == "CANCELLED"  # "CANCELLED by 0"
+    got = [n for n in component_nodes(text, cancelled, 2) if n not in NO_NODES]
+    assert rows[cancelled].nodes == (",".join(got) or component_nodes(text, cancelled, 2)[0])
+    assert rows[cancelled].nodes.count("None assigned") <= 1

@@ -55,11 +55,17 @@ def parse_squeue(stdout: str) -> dict[str, QueueRow]:
     return rows
 
 
+# What squeue (``(null)``) and sacct (``None assigned``; ``None`` on some releases) print in
+# the node column of a job that has no nodes.
+NO_NODES = ("", "(null)", "None", "None assigned")
+
+
 def add_row(rows: dict[str, QueueRow], row: QueueRow) -> None:
     """Add one line of squeue or sacct. A heterogeneous job has a line per component,
     ``L+0``, ``L+1``, ...: they are one job, known by its leader's id ``L`` (what sbatch
-    printed), in its first component's state, on every component's nodes. Another line for
-    the same id (sacct: a requeued job's next start) replaces the row."""
+    printed), in its first component's state, on every component's nodes (a job that never
+    got any keeps the first component's ``None assigned``, once). Another line for the same
+    id (sacct: a requeued job's next start) replaces the row."""
     leader, plus, offset = row.job_id.partition("+")
     if not plus:
         rows[row.job_id] = row
@@ -67,8 +73,8 @@ def add_row(rows: dict[str, QueueRow], row: QueueRow) -> None:
     known = rows.get(leader)
     if offset == "0" or known is None:
         rows[leader] = replace(row, job_id=leader)
-    elif row.nodes and row.nodes not in ("(null)", "None"):
-        nodes = ",".join(n for n in (known.nodes, row.nodes) if n and n not in ("(null)", "None"))
+    elif row.nodes not in NO_NODES:
+        nodes = ",".join(n for n in (known.nodes, row.nodes) if n not in NO_NODES)
         rows[leader] = replace(known, nodes=nodes)
 
 
