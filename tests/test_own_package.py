@@ -82,3 +82,17 @@ def test_copy_snapshot_of_a_tree_with_another_ddlaunch_leaves_it_out(tmp_path: P
     assert snap is not None and snap.own is not None and snap.own.left_out == ("ddlaunch",)
     assert (snap.path / "pkg" / "model.py").is_file()
     assert not (snap.path / "ddlaunch").exists()
+
+
+def test_a_start_directory_holding_another_ddlaunch_is_warned_of(tmp_path: Path) -> None:
+    """The batch script starts where submit runs, and ``python3 -m ddlaunch.job.hooks``
+    imports from there first: no snapshot can leave that package out."""
+    assert own_package.in_start_directory(tmp_path, running=Path("/site/ddlaunch")) is None
+    _package(tmp_path / "ddlaunch")
+    assert own_package.in_start_directory(tmp_path, running=Path("/site/ddlaunch")) == (
+        f"{tmp_path}/ddlaunch is a ddlaunch package, not the ddlaunch that submits "
+        f"(/site/ddlaunch): the job starts in {tmp_path} and its Python would import that one "
+        "first; submit from another directory"
+    )
+    # Developing ddlaunch: the package there is the one submitting.
+    assert own_package.in_start_directory(tmp_path, running=tmp_path / "ddlaunch") is None

@@ -177,3 +177,29 @@ def test_a_work_tree_holding_a_ddlaunch_package_does_not_shadow_the_installed_on
     assert line in proc.stderr.splitlines(), proc.stderr
     (run_dir,) = (d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
     assert json.loads((run_dir / "result.json").read_text())["steps"] == 40
+
+
+def test_a_ddlaunch_package_where_the_job_starts_is_warned_of(
+    built: Shipped, tmp_path: Path
+) -> None:
+    """No snapshot can leave out a package of the directory the job starts in (the batch
+    script's, or local ranks' without a snapshot): submit says so."""
+    (tmp_path / "ddlaunch").mkdir()
+    (tmp_path / "ddlaunch" / "__init__.py").write_text("raise ImportError('shadowed')\n")
+    argv = ["submit", "examples/mlp", "--local", "--dry-run", "--set", "launch.snapshot=none"]
+    proc = subprocess.run(
+        [str(built.ddlaunch), *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=built.env(tmp_path / "runs"),
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    installed = next(built.venv.glob("lib/python3*/site-packages/ddlaunch"))
+    assert (
+        f"warning: {tmp_path}/ddlaunch is a ddlaunch package, not the ddlaunch that submits "
+        f"({installed}): the job starts in {tmp_path} and its Python would import that one "
+        "first; submit from another directory"
+    ) in proc.stderr.splitlines(), proc.stderr

@@ -10,6 +10,11 @@ The rule: the snapshot keeps such a package only when the ddlaunch that submits 
 tree's (an editable install or a checkout on ``$PYTHONPATH``: someone developing ddlaunch);
 otherwise the snapshot leaves it out and the ranks import the installed ddlaunch. Either way
 submit says so in one line.
+
+The batch script itself starts in the directory sbatch ran from, and its hooks
+(``python3 -m ddlaunch.job.hooks``) put that directory first on ``sys.path``: a ``ddlaunch/``
+package there that is not the one submitting would run them, which no snapshot can change.
+Submit warns of it (``in_start_directory``).
 """
 
 from __future__ import annotations
@@ -71,3 +76,20 @@ def find(source: Path, workdir: Path, running: Path | None = None) -> OwnPackage
     if not found:
         return None
     return OwnPackage(found, here.resolve().is_relative_to(top), here.resolve())
+
+
+def in_start_directory(directory: Path, running: Path | None = None) -> str | None:
+    """A warning when ``directory`` (where submit runs: the batch script's, or a local run's
+    ranks', working directory) holds a ``ddlaunch`` package other than the one that
+    submits; None otherwise."""
+    package = directory / PACKAGE
+    if not (package / "__init__.py").is_file():
+        return None
+    here = (Path(resources.package_root()) / PACKAGE if running is None else running).resolve()
+    if package.resolve() == here:
+        return None  # developing ddlaunch: this very package submits
+    return (
+        f"{package} is a ddlaunch package, not the ddlaunch that submits ({here}): the job "
+        f"starts in {directory} and its Python would import that one first; submit from "
+        "another directory"
+    )

@@ -13,6 +13,7 @@ from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddlaunch.app import own_package
 from ddlaunch.app.events import (
     Accepted,
     CodeSnapshot,
@@ -88,7 +89,7 @@ def submit_run(
             )
 
         submission = prepare()
-        for line in submission.warnings:
+        for line in [*submission.warnings, *_start_directory(submission, here, workdir)]:
             yield Warned(line)
         prepared, exclude = submission.prepared, submission.excluded
         if exclude:
@@ -112,6 +113,15 @@ def submit_run(
             yield Warned(line)
     # The predecessors' locks are let go before the caller follows the run (--follow).
     yield Accepted(done.run_id, done.run_dir, done.job_id)
+
+
+def _start_directory(submission: Submission, here: bool, workdir: str) -> list[str]:
+    """The batch script starts where sbatch runs, and local ranks without a snapshot start
+    there too: a ddlaunch package there other than the submitting one is warned of."""
+    if here and submission.prepared.snapshot is not None:
+        return []
+    shadow = own_package.in_start_directory(Path(workdir))
+    return [shadow] if shadow is not None else []
 
 
 def _after_refs(after: Sequence[str], here: bool, local: bool) -> list[chain.AfterRef]:
