@@ -287,3 +287,22 @@ def test_dependents_added_at_once_are_all_kept(tmp_path: Path) -> None:
     assert sorted(d.run_id or "" for d in read_dependents(train)) == sorted(
         f"e{i}" for i in range(40)
     )
+
+
+def test_after_finds_its_predecessor_under_the_run_root_given(cli: Cli) -> None:
+    """``--run-root DIR`` is where both runs live: ``--after RUN`` looks for RUN there, not
+    only under ``$DDLAUNCH_RUN_ROOT`` (the environment names another root here)."""
+    other = cli.tmp / "other-root"
+    cli.answer(sbatch="500\n")
+    first = cli("submit", "examples/mlp", "--set", "job.name=train", "--run-root", str(other))
+    assert first.returncode == 0, first.stderr
+    (train,) = [p for p in other.glob("train-*") if p.is_dir()]
+    cli.answer(squeue="500|RUNNING|None|node1\n", sbatch="501\n")
+    proc = cli(
+        "submit", "examples/mlp", "--set", "job.name=eval", "--run-root", str(other),
+        "--after", train.name,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (evals,) = [p for p in other.glob("eval-*") if p.is_dir()]
+    assert "\n#SBATCH --dependency=afterok:500\n" in (evals / "job.sbatch").read_text()
+    assert not cli.root.exists() or not list(cli.root.glob("eval-*"))

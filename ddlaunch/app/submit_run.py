@@ -72,7 +72,8 @@ def submit_run(
     for line in warnings:
         yield Warned(line)
     with contextlib.ExitStack() as held:
-        chained = _chained(refs, held, lock=not dry_run)
+        root = Path(run_root) if run_root else None
+        chained = _chained(refs, held, lock=not dry_run, root=root)
         for line in chained.notes if chained is not None else ():
             yield Noted(line)
 
@@ -142,16 +143,17 @@ def _record(chained: Chained | None, run_id: str, run_dir: Path) -> list[str]:
 
 
 def _chained(
-    refs: Sequence[chain.AfterRef], held: contextlib.ExitStack, *, lock: bool
+    refs: Sequence[chain.AfterRef], held: contextlib.ExitStack, *, lock: bool, root: Path | None
 ) -> Chained | None:
     """The predecessors, each one's dependents lock held in ``held`` (``lock``: not for a
-    dry run, which writes nothing) until the new run is recorded as its dependent."""
+    dry run, which writes nothing) until the new run is recorded as its dependent; looked
+    for under ``root`` (``--run-root``, where the new run goes too), else the default."""
     if not refs:
         return None
     from ddlaunch.app.chain import holding, locate, resolve
     from ddlaunch.slurm.client import SlurmClient
 
-    paths = [locate(ref) for ref in refs]
+    paths = [locate(ref, root) for ref in refs]
     if lock:
         held.enter_context(holding(paths))
     return resolve(refs, paths, SlurmClient())
