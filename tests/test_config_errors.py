@@ -188,13 +188,31 @@ CASES = [
         "name_injection",
         "job:\n  name: a;b\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  job.name: must be letters, digits and _ . + - (not starting with . or -; it becomes part of the run directory's name); got 'a;b' (bad.yaml:2)",
+        "  job.name: must be ASCII letters, digits and _ . + - (not starting with . or -; it becomes part of the run directory's name); got 'a;b' (bad.yaml:2)",
+    ),
+    (
+        "name_not_ascii",
+        "job:\n  name: ü-run\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  job.name: must be ASCII letters, digits and _ . + - (not starting with . or -; it becomes part of the run directory's name); got 'ü-run' (bad.yaml:2)",
+    ),
+    (
+        "empty_file",
+        "# nothing yet\n",
+        [],
+        "  (top level): the file is empty: a config needs at least launch.entrypoint, launch.script or launch.module (`ddlaunch presets` lists examples) (bad.yaml)",
+    ),
+    (
+        "list_item_override",
+        "launch:\n  entrypoint: m:f\n",
+        ["launch.args[3]=x"],
+        "  launch.args[3]: a list's items cannot be set one by one; set the whole list, e.g. --set 'launch.args=[a, b]' (--set launch.args[3]=x)",
     ),
     (
         "name_is_a_path",
         "job:\n  name: ../../etc/x\nlaunch:\n  entrypoint: m:f\n",
         [],
-        "  job.name: must be letters, digits and _ . + - (not starting with . or -; it becomes part of the run directory's name); got '../../etc/x' (bad.yaml:2)",
+        "  job.name: must be ASCII letters, digits and _ . + - (not starting with . or -; it becomes part of the run directory's name); got '../../etc/x' (bad.yaml:2)",
     ),
     (
         "mail_type",

@@ -86,7 +86,7 @@ def test_every_problem_is_named_with_its_line_at_once(tmp_path: Path) -> None:
     )
     assert problems(path) == [
         "colour: unknown key (expected one of: name, stages) (chain.yaml:2)",
-        "name: expected a name of letters, digits and _ . + - (not starting with . or -), "
+        "name: expected a name of ASCII letters, digits and _ . + - (not starting with . or -), "
         "at most 200 characters (chain.yaml:1)",
         "stages.train.config: no config 'nosuch.yaml' (looked next to this file and among "
         "the presets) (chain.yaml:5)",

@@ -13,11 +13,11 @@ from typing import Any, TypedDict
 PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
     "slurm_token": (
         re.compile(r"^[A-Za-z0-9_.:+@=,/%-]+$"),
-        "letters, digits and _ . : + @ = , / % -",
+        "ASCII letters, digits and _ . : + @ = , / % -",
     ),
     "name": (
         re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$"),
-        "letters, digits and _ . + - (not starting with . or -; it becomes part of the run "
+        "ASCII letters, digits and _ . + - (not starting with . or -; it becomes part of the run "
         "directory's name)",
     ),
     "constraint": (

@@ -442,6 +442,18 @@ def apply_overrides(
             problem = getattr(exc, "problem", None) or "invalid YAML"
             issues.append(ConfigIssue(key, f"value is not valid YAML: {problem}", where))
             continue
+        if "[" in key:
+            # A list is one value: its items are not keys.
+            head = key.split("[", 1)[0]
+            issues.append(
+                ConfigIssue(
+                    key,
+                    f"a list's items cannot be set one by one; set the whole list, e.g. "
+                    f"--set '{head}=[a, b]'",
+                    where,
+                )
+            )
+            continue
         path = tuple(key.split("."))
         drop_replaced(loaded, [path], keep=set_here)
         set_here.append(path)
@@ -481,5 +493,17 @@ def load_tree(config: str | Path, overrides: Sequence[str] = ()) -> LoadedTree:
         )
     loaded = LoadedTree()
     _load_file_with_defaults(path, loaded, [])
+    if not loaded.tree and not overrides:
+        # Said as it is, not as the launch section it lacks among everything else.
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "",
+                    "the file is empty: a config needs at least launch.entrypoint, "
+                    "launch.script or launch.module (`ddlaunch presets` lists examples)",
+                    display_path(path),
+                )
+            ]
+        )
     apply_overrides(loaded, overrides)
     return loaded

@@ -51,7 +51,7 @@ def new_run_id(job_name: str, now: float | None = None) -> str:
 # no "/", no leading "." or "-", nothing sbatch expands in --output (%) or a shell treats
 # specially.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$")
-SAFE_NAME_EXPECTED = "letters, digits and _ . + - (not starting with . or -), at most 200"
+SAFE_NAME_EXPECTED = "ASCII letters, digits and _ . + - (not starting with . or -), at most 200"
 
 
 def check_safe_name(name: str, what: str) -> str:

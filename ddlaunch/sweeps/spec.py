@@ -323,7 +323,7 @@ class _Parser:
     def name(self, tree: Mapping[str, object]) -> str | None:
         name = tree.get("name")
         if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
-            self.fail("must be letters, digits, '.', '_' or '-' (at most 64)", "name")
+            self.fail("must be ASCII letters, digits, '.', '_' or '-' (at most 64)", "name")
         return name if isinstance(name, str) else None  # one that is not fails the file
 
     def grid_axes(self, tree: Mapping[str, object]) -> list[tuple[Point, ...]]:
