@@ -12,6 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+# The exit status of a command that is not on PATH (a shell's 127).
+NOT_FOUND = 127
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -82,7 +85,7 @@ class SubprocessRunner:
                 start_new_session=new_session,
             )
         except FileNotFoundError:
-            return CommandResult(tuple(argv), 127, "", f"{argv[0]}: command not found")
+            return CommandResult(tuple(argv), NOT_FOUND, "", f"{argv[0]}: command not found")
         except subprocess.TimeoutExpired:
             return CommandResult(tuple(argv), 124, "", f"{argv[0]}: timed out after {timeout}s")
         return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)

@@ -10,8 +10,11 @@ release before it, and says so in CHANGELOG.md's upgrade notes.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,28 @@ def test_the_version_is_the_changelogs_newest_release() -> None:
     assert versions[0] == ddlaunch.__version__, (versions, ddlaunch.__version__)
     assert len(set(versions)) == len(versions), versions
     assert re.fullmatch(r"\d+\.\d+\.\d+", ddlaunch.__version__)
+
+
+def test_status_of_a_run_directory_where_no_slurm_is_installed(run: Path) -> None:
+    """A run directory read on a host without Slurm's commands (copied off the cluster):
+    ``status`` shows what the directory knows and says why Slurm was not asked, instead of
+    failing on the missing squeue."""
+    env = {
+        **os.environ,
+        "PATH": str(run.parent / "no-commands-here"),
+        "DDLAUNCH_RUN_ROOT": str(run.parent),
+        "COLUMNS": "200",
+        "NO_COLOR": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddlaunch", "status"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=run.parent,
+        check=False,
+    )
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    row = proc.stdout.splitlines()[1]
+    assert row.split()[:7] == [RUN_ID, "2", "COMPLETED", "node[1-2]", "80", "80", "2"], row
+    assert "no Slurm here (squeue: command not found)" in row, row

@@ -18,6 +18,7 @@ from typing import Any
 
 from ddlaunch.app.pipeline_status import find_pipeline, group_pipelines, stage_targets
 from ddlaunch.app.runs import (
+    RunInfo,
     RunReader,
     ambiguous_prefix,
     complete_member_info,
@@ -36,8 +37,10 @@ from ddlaunch.app.status import (
     settled,
 )
 from ddlaunch.errors import UserError
+from ddlaunch.runner import NOT_FOUND
 from ddlaunch.slurm import queue
-from ddlaunch.slurm.client import JobRows, SlurmClient, SlurmUnreachable
+from ddlaunch.slurm.client import JobRows, SlurmClient, SlurmError, SlurmUnreachable
+from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import sweeps
 from ddlaunch.store.members import member_of
 from ddlaunch.store.rundir import config_path, default_run_root, is_run_dir
@@ -86,15 +89,7 @@ def poll(
         from ddlaunch.app.chain_status import waiting_jobs
 
         job_ids = sorted({*job_ids, *waiting_jobs(chained)})
-    unreachable = ""
-    try:
-        queue = client.status_rows(job_ids, form) if job_ids else {}
-        gone = [
-            i.job_id for i in live if i.job_id and i.job_id not in queue and needs_accounting(i)
-        ]
-        accounted = client.accounting_rows(gone) if gone else {}
-    except SlurmUnreachable as exc:  # the run directories still say what they know
-        queue, accounted, unreachable = {}, {}, f"Slurm unreachable ({exc.detail})"
+    queue, accounted, unreachable = _ask(client, live, job_ids, form)
     now = time.time() if now is None else now
     rows = []
     for info, target in zip(infos, targets, strict=True):
@@ -114,6 +109,27 @@ def poll(
         rows.append(row)
     reader.save()
     return rows
+
+
+def _ask(
+    client: JobRows, live: Sequence[RunInfo], job_ids: Sequence[str], form: str
+) -> tuple[dict[str, QueueRow], dict[str, QueueRow], str]:
+    """(squeue's rows, sacct's rows, why Slurm could not be asked or ""): the one squeue
+    call, and the one sacct for the jobs the controller forgot."""
+    try:
+        queue = client.status_rows(job_ids, form) if job_ids else {}
+        gone = [
+            i.job_id for i in live if i.job_id and i.job_id not in queue and needs_accounting(i)
+        ]
+        return queue, client.accounting_rows(gone) if gone else {}, ""
+    except SlurmUnreachable as exc:  # the run directories still say what they know
+        return {}, {}, f"Slurm unreachable ({exc.detail})"
+    except SlurmError as exc:
+        if exc.result.returncode != NOT_FOUND:
+            raise
+        # No Slurm commands on this host (a run directory copied off the cluster, say): the
+        # run directories say what they know, as while the controller is down.
+        return {}, {}, f"no Slurm here ({exc.detail})"
 
 
 def resolve(
