@@ -30,6 +30,11 @@ def configs_dir() -> Path:
     return _find("configs")
 
 
+def package_dir() -> Path:
+    """The directory of the ``ddlaunch`` package that runs now."""
+    return _PACKAGE_DIR
+
+
 def package_root() -> str:
     """The directory holding the ``ddlaunch`` package that runs now (a checkout or
     site-packages): a container or a pod gets this very ddlaunch on its PYTHONPATH."""

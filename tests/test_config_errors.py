@@ -14,6 +14,10 @@ from ddlaunch.config import ConfigError, load_config
 REPO = Path(__file__).resolve().parents[1]
 
 # (case id, bad.yaml text, --set overrides, expected message lines after the header)
+GRES_WHY = (
+    "(ddlaunch writes --gpus-per-node): Slurm 26.05's sbatch refuses --gres=gpu beside "
+    "--gpus-per-node"
+)
 CASES = [
     (
         "unknown_key_suggest",
@@ -363,6 +367,44 @@ CASES = [
         "job:\n  time: soon\nnodes:\n  count: 0\nfabric:\n  kind: tcp\nlaunch:\n  entrypoint: m:f\n",
         [],
         "  job.time: must be a Slurm duration (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), got 'soon' (bad.yaml:2)\n  nodes.count: must be 1..100000, got 0 (bad.yaml:4)\n  fabric.kind: must be one of auto, ib, roce, efa, slingshot, ethernet, got 'tcp' (bad.yaml:6)",
+    ),
+    # sbatch.gres naming gpu beside the --gpus-per-node ddlaunch writes (Slurm 26.05 refuses both).
+    (
+        "gres_gpu_only",
+        "nodes:\n  gpus_per_node: 4\nlaunch:\n  entrypoint: m:f\nsbatch:\n  gres: gpu:4\n",
+        [],
+        "  sbatch.gres: names gpu:4, and nodes.gpus_per_node=4 asks for the node's GPUs too "
+        f"{GRES_WHY}; drop sbatch.gres (bad.yaml:6; bad.yaml:2)",
+    ),
+    (
+        "gres_gpu_beside_other_gres",
+        "nodes:\n  gpus_per_node: 8\nlaunch:\n  entrypoint: m:f\nsbatch:\n  gres: nvme:1,gpu:a100:8\n",
+        [],
+        "  sbatch.gres: names gpu:a100:8, and nodes.gpus_per_node=8 asks for the node's GPUs "
+        f"too {GRES_WHY}; keep only its other entries (gres: nvme:1) (bad.yaml:6; bad.yaml:2)",
+    ),
+    (
+        "gres_gpu_from_a_set",
+        "nodes:\n  gpus_per_node: 2\nlaunch:\n  entrypoint: m:f\n",
+        ["sbatch.gres=gpu"],
+        "  sbatch.gres: names gpu, and nodes.gpus_per_node=2 asks for the node's GPUs too "
+        f"{GRES_WHY}; drop sbatch.gres (--set sbatch.gres=gpu; bad.yaml:2)",
+    ),
+    (
+        "gres_preset_gpus",
+        "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 1\nlaunch:\n  entrypoint: m:f\n"
+        "sbatch:\n  gres: gres/gpu:1\n",
+        [],
+        "  sbatch.gres: names gres/gpu:1, and nodes.gpus_per_node=1 asks for the node's GPUs "
+        f"too {GRES_WHY}; drop sbatch.gres (bad.yaml:7; bad.yaml:3)",
+    ),
+    (
+        "gres_first_component_train",
+        "launch:\n  entrypoint: m:f\ncomponents:\n  - name: a\n    nodes: {count: 1, gpus_per_node: 2}\n"
+        "sbatch:\n  gres: gpu:2\n",
+        [],
+        "  sbatch.gres: names gpu:2, and components.0.nodes.gpus_per_node=2 asks for the "
+        f"node's GPUs too {GRES_WHY}; drop sbatch.gres (bad.yaml:7)",
     ),
 ]
 

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.shipped import REPO, Shipped, tree_files
+from support.shipped import REPO, Shipped, tree_files, work_tree_with_another_ddlaunch
 
 import ddlaunch
 
@@ -90,34 +90,18 @@ def test_every_module_imports_with_the_declared_dependencies_alone(
 ) -> None:
     """In the fresh venv (the wheel, its dependencies and the ft extra, nothing else), every
     module imports but the examples of trainers a user installs on purpose."""
-    proc = subprocess.run(
-        [str(built.python), "-c", IMPORT_EVERY_MODULE],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=built.env(tmp_path / "runs"),
-        check=False,
-        timeout=300,
-    )
+    proc = built.run(["python", "-c", IMPORT_EVERY_MODULE], tmp_path, tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout.splitlines()[-1])
     assert found["file"].startswith(str(built.venv)), found["file"]
     assert found["missing"] == TRAINER_EXAMPLES
-    check = subprocess.run(
-        [str(built.python), "-m", "pip", "check"], capture_output=True, text=True, check=False
-    )
+    check = built.run(["python", "-m", "pip", "check"], tmp_path, tmp_path / "runs")
     assert check.returncode == 0, check.stdout
 
 
 def test_the_version_is_the_packages(built: Shipped, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [str(built.ddlaunch), "--version"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=built.env(tmp_path / "runs"),
-        check=True,
-    )
+    proc = built.run(["ddlaunch", "--version"], tmp_path, tmp_path / "runs")
+    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"ddlaunch, version {ddlaunch.__version__}"
     assert built.wheel.name.startswith(f"ddlaunch-{ddlaunch.__version__}-")
 
@@ -129,15 +113,7 @@ def test_the_readmes_first_command_trains_from_elsewhere(built: Shipped, tmp_pat
     assert "pip install torch==2.13.0 && pip install . && ddlaunch submit examples/mlp --local" in (
         readme
     )
-    proc = subprocess.run(
-        [str(built.ddlaunch), "submit", "examples/mlp", "--local"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=built.env(tmp_path / "runs"),
-        check=False,
-        timeout=600,
-    )
+    proc = built.run(["ddlaunch", "submit", "examples/mlp", "--local"], tmp_path, tmp_path / "runs")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     result = json.loads((run_dir / "result.json").read_text())
@@ -151,28 +127,13 @@ def test_a_work_tree_holding_a_ddlaunch_package_does_not_shadow_the_installed_on
     """Submitted from a git work tree that holds a ``ddlaunch/`` package (a checkout, say)
     with the installed ddlaunch: the snapshot leaves that package out, says so in one line,
     and the ranks train on the installed package (the tree's would fail every import)."""
-    tree = tmp_path / "tree"
-    (tree / "ddlaunch").mkdir(parents=True)
-    (tree / "ddlaunch" / "__init__.py").write_text("raise ImportError('the work tree ddlaunch')\n")
-    (tree / "notes.md").write_text("a project\n")
-    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", "-C", str(tree)]
-    subprocess.run(["git", "init", "-q", str(tree)], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "a tree with a ddlaunch package"], check=True)
-    proc = subprocess.run(
-        [str(built.ddlaunch), "submit", "examples/mlp", "--local", "--set", "params.steps=40"],
-        capture_output=True,
-        text=True,
-        cwd=tree,
-        env=built.env(tmp_path / "runs"),
-        check=False,
-        timeout=600,
-    )
+    tree = work_tree_with_another_ddlaunch(tmp_path / "tree")
+    argv = ["ddlaunch", "submit", "examples/mlp", "--local", "--set", "params.steps=40"]
+    proc = built.run(argv, tree, tmp_path / "runs")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    installed = next(built.venv.glob("lib/python3*/site-packages/ddlaunch"))
     line = (
         "note: the snapshot leaves out ddlaunch/: the ranks import the ddlaunch that submits "
-        f"({installed})"
+        f"({built.package})"
     )
     assert line in proc.stderr.splitlines(), proc.stderr
     (run_dir,) = (d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
@@ -186,20 +147,11 @@ def test_a_ddlaunch_package_where_the_job_starts_is_warned_of(
     script's, or local ranks' without a snapshot): submit says so."""
     (tmp_path / "ddlaunch").mkdir()
     (tmp_path / "ddlaunch" / "__init__.py").write_text("raise ImportError('shadowed')\n")
-    argv = ["submit", "examples/mlp", "--local", "--dry-run", "--set", "launch.snapshot=none"]
-    proc = subprocess.run(
-        [str(built.ddlaunch), *argv],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=built.env(tmp_path / "runs"),
-        check=False,
-        timeout=120,
-    )
+    argv = ["ddlaunch", "submit", "examples/mlp", "--local", "--dry-run"]
+    proc = built.run([*argv, "--set", "launch.snapshot=none"], tmp_path, tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr
-    installed = next(built.venv.glob("lib/python3*/site-packages/ddlaunch"))
     assert (
         f"warning: {tmp_path}/ddlaunch is a ddlaunch package, not the ddlaunch that submits "
-        f"({installed}): the job starts in {tmp_path} and its Python would import that one "
+        f"({built.package}): the job starts in {tmp_path} and its Python would import that one "
         "first; submit from another directory"
     ) in proc.stderr.splitlines(), proc.stderr

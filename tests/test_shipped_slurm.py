@@ -15,18 +15,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import yaml
-from support.devcluster import DevCluster, processes, wait_for
-from support.shipped import Shipped, shipped
+from support.devcluster import processes, wait_for
+from support.shipped import Shipped, shipped, work_tree_with_another_ddlaunch
 from support.slurm_runs import attempts, committed, job_of, mlp_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
-
-POISON = "raise ImportError('the work tree ddlaunch: the checkout shadowed the installed one')\n"
 
 
 @pytest.fixture(scope="module")
@@ -37,30 +35,13 @@ def built() -> Shipped:
 @pytest.fixture
 def here(tmp_path: Path) -> Path:
     """``train/`` of a git work tree whose top holds a poisoned ``ddlaunch/`` package."""
-    tree = tmp_path / "tree"
-    (tree / "ddlaunch").mkdir(parents=True)
-    (tree / "ddlaunch" / "__init__.py").write_text(POISON)
-    (tree / "train").mkdir()
-    (tree / "train" / "README").write_text("the project's training code\n")
-    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", "-C", str(tree)]
-    subprocess.run(["git", "init", "-q", str(tree)], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "a project holding a ddlaunch package"], check=True)
-    return tree / "train"
+    return work_tree_with_another_ddlaunch(tmp_path / "tree") / "train"
 
 
-def _cli(
-    built: Shipped, here: Path, *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(built.ddlaunch), *args],
-        cwd=here,
-        env=built.env(here / "runs", DDLAUNCH_BAD_NODES=str(here / "bad-nodes.json")),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=timeout,
-    )
+def _cli(built: Shipped, here: Path, *argv: str, timeout: float = 120) -> CompletedProcess:
+    """The venv's ``argv`` in ``here``, its runs under ``here/runs``, a bad-node list of its own."""
+    bad = str(here / "bad-nodes.json")
+    return built.run(argv, here, here / "runs", timeout, DDLAUNCH_BAD_NODES=bad)
 
 
 def _config(here: Path, name: str, **kwargs: object) -> Path:
@@ -73,24 +54,25 @@ def _config(here: Path, name: str, **kwargs: object) -> Path:
 
 
 def _submit(built: Shipped, here: Path, config: Path, cleanup: list[str]) -> tuple[str, Path]:
-    proc = _cli(built, here, "submit", config.name)
+    proc = _cli(built, here, "ddlaunch", "submit", config.name)
     assert proc.returncode == 0, proc.stderr
     run_id, job_id = job_of(proc.stdout)
     cleanup.append(job_id)
-    installed = next(built.venv.glob("lib/python3*/site-packages/ddlaunch"))
     assert (
         "note: the snapshot leaves out ddlaunch/: the ranks import the ddlaunch that submits "
-        f"({installed})"
+        f"({built.package})"
     ) in proc.stderr.splitlines(), proc.stderr
     return job_id, here / "runs" / run_id
 
 
-def _rank_pid(run_dir: Path, rank: int) -> int:
-    for pid in DevCluster.rank_pids(run_dir):
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if f"SLURM_PROCID={rank}".encode() in environ:
+def _rank_pid(run_dir: Path, entry: str) -> int:
+    """A rank process of the run (not its srun) whose environment holds ``entry``: its rank
+    (``SLURM_PROCID=N``), or its replica group (``DDLAUNCH_GROUP_RANK_OFFSET=N``)."""
+    wanted = entry.encode()
+    for pid, argv, environ in processes(f"DDLAUNCH_RUN_DIR={run_dir}"):
+        if b"python" in argv[0] and b"ddlaunch.worker.task" in argv and wanted in environ:
             return pid
-    raise AssertionError(f"no process of rank {rank} for {run_dir}")
+    raise AssertionError(f"no rank process with {entry} for {run_dir}")
 
 
 def _result(run_dir: Path) -> dict:
@@ -104,7 +86,7 @@ def test_a_run_trains_on_the_installed_package_and_status_follows_it(
     job_id, run_dir = _submit(built, here, config, slurm_job_cleanup)
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=240) == "COMPLETED"
     assert _result(run_dir)["steps"] == 60 and _result(run_dir)["world_size"] == 4
-    status = _cli(built, here, "status", run_dir.name, "--json")
+    status = _cli(built, here, "ddlaunch", "status", run_dir.name, "--json")
     assert status.returncode == 0, status.stderr
     (row,) = json.loads(status.stdout)
     assert (row["run_id"], row["state"]) == (run_dir.name, "COMPLETED"), status.stdout
@@ -116,7 +98,7 @@ def test_a_killed_rank_restarts_in_the_allocation(
     config = _config(here, "shipped-crash", params={"steps": 120, "step_sleep": 0.1})
     job_id, run_dir = _submit(built, here, config, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 40, 240, "a committed step >= 40")
-    os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    os.kill(_rank_pid(run_dir, "SLURM_PROCID=1"), signal.SIGKILL)
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
     first, second = attempts(run_dir)
     assert (first["cause"], second["cause"]) == ("crash", "completed"), (first, second)
@@ -149,8 +131,8 @@ def test_a_killed_rank_is_restarted_in_process(
     )
     job_id, run_dir = _submit(built, here, config, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 40, 240, "a committed step >= 40")
-    survivors = [_rank_pid(run_dir, r) for r in (0, 1, 2)]
-    os.kill(_rank_pid(run_dir, 3), signal.SIGKILL)
+    survivors = [_rank_pid(run_dir, f"SLURM_PROCID={r}") for r in (0, 1, 2)]
+    os.kill(_rank_pid(run_dir, "SLURM_PROCID=3"), signal.SIGKILL)
     wait_for(
         lambda: (attempts(run_dir)[-1].get("in_process_restarts") or [{}])[-1].get("state_from"),
         120,
@@ -178,21 +160,12 @@ def test_replica_groups_restart_only_the_killed_group(
     )
     job_id, run_dir = _submit(built, here, config, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 20, 240, "a committed step >= 20")
-    os.kill(_rank_pid_in_group(run_dir, offset=2), signal.SIGKILL)
+    os.kill(_rank_pid(run_dir, "DDLAUNCH_GROUP_RANK_OFFSET=2"), signal.SIGKILL)
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=360) == "COMPLETED"
     (only,) = attempts(run_dir)  # the job itself never restarted
     restarts = only.get("group_restarts") or []
     assert [r["group"] for r in restarts] == [1], restarts
     assert _result(run_dir)["steps"] == 150
-
-
-def _rank_pid_in_group(run_dir: Path, offset: int) -> int:
-    """A rank process of the replica group whose job-wide ranks start at ``offset``."""
-    group = f"DDLAUNCH_GROUP_RANK_OFFSET={offset}".encode()
-    for pid, argv, environ in processes(f"DDLAUNCH_RUN_DIR={run_dir}"):
-        if b"python" in argv[0] and b"ddlaunch.worker.task" in argv and group in environ:
-            return pid
-    raise AssertionError(f"no rank process of the group at {offset} for {run_dir}")
 
 
 def test_a_sweep_and_a_pipeline_run_to_their_end(
@@ -201,12 +174,12 @@ def test_a_sweep_and_a_pipeline_run_to_their_end(
     base = _config(here, "shipped-base", params={"steps": 30})
     grid = {"base": base.name, "grid": {"params.lr": [0.05, 0.1]}}
     (here / "lr.yaml").write_text(yaml.safe_dump(grid))
-    sweep = _cli(built, here, "sweep", "lr.yaml")
+    sweep = _cli(built, here, "ddlaunch", "sweep", "lr.yaml")
     assert sweep.returncode == 0, sweep.stderr
     sweep_dir = Path(sweep.stdout.splitlines()[1].split(": ", 1)[1])
     stages = {"train": {"config": base.name}, "again": {"config": base.name, "after": "train"}}
     (here / "chain.yaml").write_text(yaml.safe_dump({"name": "shipped-pl", "stages": stages}))
-    pipeline = _cli(built, here, "pipeline", "chain.yaml")
+    pipeline = _cli(built, here, "ddlaunch", "pipeline", "chain.yaml")
     assert pipeline.returncode == 0, pipeline.stderr
     stage_jobs = [line.split()[5] for line in pipeline.stdout.splitlines()[2:]]
     assert len(stage_jobs) == 2, pipeline.stdout
@@ -215,7 +188,7 @@ def test_a_sweep_and_a_pipeline_run_to_their_end(
         assert slurm_cluster.wait_job_state(job, "COMPLETED", timeout=360) == "COMPLETED"
 
     def members() -> list[dict]:
-        said = _cli(built, here, "sweep", "status", str(sweep_dir), "--json")
+        said = _cli(built, here, "ddlaunch", "sweep", "status", str(sweep_dir), "--json")
         assert said.returncode == 0, said.stderr
         rows = json.loads(said.stdout)["members"]
         return rows if all(m["state"] == "COMPLETED" for m in rows) else []
@@ -237,15 +210,7 @@ def test_the_python_api_submits_and_waits(
     built: Shipped, here: Path, slurm_cluster, slurm_job_cleanup
 ) -> None:
     config = _config(here, "shipped-api", params={"steps": 30})
-    proc = subprocess.run(
-        [str(built.python), "-c", PYTHON_API, config.name],
-        cwd=here,
-        env=built.env(here / "runs", DDLAUNCH_BAD_NODES=str(here / "bad-nodes.json")),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=400,
-    )
+    proc = _cli(built, here, "python", "-c", PYTHON_API, config.name, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = json.loads(proc.stdout.splitlines()[-1])
     assert said["module"].startswith(str(built.venv)), said

@@ -57,35 +57,33 @@ class OwnPackage:
         )
 
 
-def _relative(path: Path, top: Path) -> str:
-    return path.relative_to(top).as_posix()
+def _holds_package(directory: Path) -> bool:
+    return (directory / PACKAGE / "__init__.py").is_file()
 
 
 def find(source: Path, workdir: Path, running: Path | None = None) -> OwnPackage | None:
     """The ``ddlaunch`` packages of the work tree ``source`` that the ranks, started in
     ``workdir`` (inside it), would import; None where it holds none."""
     top = source.resolve()
-    here = Path(resources.package_root()) / PACKAGE if running is None else running
+    here = (running or resources.package_dir()).resolve()
     # Where the ranks look, in order: their working directory, then the snapshot's top.
     places = dict.fromkeys([workdir.resolve(), top])
     found = tuple(
-        _relative(place / PACKAGE, top)
+        (place / PACKAGE).relative_to(top).as_posix()
         for place in places
-        if (place / PACKAGE / "__init__.py").is_file() and place.is_relative_to(top)
+        if place.is_relative_to(top) and _holds_package(place)
     )
-    if not found:
-        return None
-    return OwnPackage(found, here.resolve().is_relative_to(top), here.resolve())
+    return OwnPackage(found, here.is_relative_to(top), here) if found else None
 
 
 def in_start_directory(directory: Path, running: Path | None = None) -> str | None:
     """A warning when ``directory`` (where submit runs: the batch script's, or a local run's
     ranks', working directory) holds a ``ddlaunch`` package other than the one that
     submits; None otherwise."""
-    package = directory / PACKAGE
-    if not (package / "__init__.py").is_file():
+    if not _holds_package(directory):
         return None
-    here = (Path(resources.package_root()) / PACKAGE if running is None else running).resolve()
+    package = directory / PACKAGE
+    here = (running or resources.package_dir()).resolve()
     if package.resolve() == here:
         return None  # developing ddlaunch: this very package submits
     return (

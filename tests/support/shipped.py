@@ -24,8 +24,11 @@ import subprocess
 import sys
 import tempfile
 import venv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from support.git_repos import GIT
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(tempfile.gettempdir()) / "ddlaunch-shipped"
@@ -47,12 +50,24 @@ class Shipped:
         return self.venv / "bin"
 
     @property
-    def python(self) -> Path:
-        return self.bin / "python"
+    def package(self) -> Path:
+        """The installed ``ddlaunch`` package (what ``submit`` names as the one that submits)."""
+        return next(self.venv.glob("lib/python3*/site-packages/ddlaunch"))
 
-    @property
-    def ddlaunch(self) -> Path:
-        return self.bin / "ddlaunch"
+    def run(
+        self, argv: Sequence[str], cwd: Path, run_root: Path, timeout: float = 600, **extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` (its first word a command of the venv's bin) in ``cwd``, as a user with
+        the venv activated runs it (``env``); never raises for its exit status."""
+        return subprocess.run(
+            [str(self.bin / argv[0]), *argv[1:]],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=self.env(run_root, **extra),
+            check=False,
+            timeout=timeout,
+        )
 
     def env(self, run_root: Path, **extra: str) -> dict[str, str]:
         """A user's shell with the venv activated: its bin first on PATH (so ``python3`` on
@@ -64,6 +79,22 @@ class Shipped:
         env["DDLAUNCH_RUN_ROOT"] = str(run_root)
         env.update(extra)
         return env
+
+
+def work_tree_with_another_ddlaunch(path: Path) -> Path:
+    """A git work tree at ``path`` whose top holds a ``ddlaunch/`` package that fails every
+    import (a checkout of ddlaunch, say), and a ``train/`` folder to submit from: a process that
+    imports that package instead of the installed ddlaunch fails at once."""
+    (path / "ddlaunch").mkdir(parents=True)
+    (path / "ddlaunch" / "__init__.py").write_text(
+        "raise ImportError('the work tree ddlaunch: it shadowed the installed one')\n"
+    )
+    (path / "train").mkdir()
+    (path / "train" / "README").write_text("the project's training code\n")
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run([*GIT, "-C", str(path), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(path), "commit", "-qm", "a project"], check=True)
+    return path
 
 
 def tree_files(repo: Path = REPO) -> list[str]:
