@@ -83,15 +83,19 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
         slurm_cluster.pause_controller()
         try:
             quick = {**env, "DDLAUNCH_SLURM_TIMEOUT": "2"}
-            held = {**quick, "SBATCH_HOLD": "1"}  # sbatch's --hold, from its environment
+            # Held (#SBATCH --hold) until the end: it would take the nodes the requeue below
+            # needs.
             other = write_config(
-                tmp_path, "t-refused", {"entrypoint": "launch_entrypoints:world_info"}
+                tmp_path,
+                "t-refused",
+                {"entrypoint": "launch_entrypoints:world_info"},
+                sbatch={"hold": True},
             )
             started = time.monotonic()
             proc = subprocess.run(
                 [sys.executable, "-m", "ddlaunch", "submit", str(other)],
                 cwd=tmp_path,
-                env=held,
+                env=quick,
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -133,13 +137,16 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
             # while it answers, because slurmstepd reports a step that ended during an outage
             # again only 60 s later (a wait hard-coded in Slurm), and the requeue waits for it.
             slurm_cluster.resume_controller()
-            # ... and it does: the resumed controller read the request and queued the job
-            # (held until the end, SBATCH_HOLD: it would take the nodes the requeue below
-            # needs).
+            # ... and it does: the resumed controller read the request and queued the job,
+            # held as its script says.
             stray = wait_for(
                 lambda: queued_with_script(slurm_cluster, script), 30, "the refused job in squeue"
             )
             slurm_job_cleanup.extend(stray)
+            assert slurm_cluster.job_field(stray[0], "Reason") == "JobHeldUser"
+            # The controller is killed below: once it has written the job down, as a
+            # controller that queued a job long before its crash has.
+            slurm_cluster.save_job_state(stray[0])
             shell = slurm_cluster.batch_shell_pid(job_id)
             os.kill(shell, signal.SIGSTOP)
             try:
@@ -182,7 +189,7 @@ def test_controller_outage_during_a_job(slurm_cluster, slurm_job_cleanup, tmp_pa
     # The refused run's job, released, starts in its run directory: the run takes it as its
     # own (job.adoption), and status follows that job to its end.
     (adopted,) = stray
-    slurm_cluster.slurm("scontrol", "release", adopted, check=False)
+    slurm_cluster.slurm("scontrol", "release", adopted)
     assert slurm_cluster.wait_job_state(adopted, "COMPLETED", timeout=180) == "COMPLETED"
     intent = json.loads((refused / "intent.json").read_text())
     assert (intent["state"], intent["job_id"]) == ("submitted", adopted), intent
