@@ -181,9 +181,8 @@ def test_a_stage_whose_config_does_not_load_submits_nothing(cli: Cli) -> None:
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         2,
         "",
-        "error: invalid pipeline: a stage's config does not load\n"
-        "stage export (chain.yaml:9), config examples/mlp:\n"
-        "  nodes.count: expected an integer, got str 'x' (chain.yaml:12)\n",
+        "error: invalid pipeline file (1 error):\n"
+        "  stages.export: nodes.count: expected an integer, got str 'x' (chain.yaml:12)\n",
     )
     assert cli.calls("sbatch", "squeue") == [] and not cli.root.exists()
 
@@ -204,3 +203,71 @@ def test_a_dry_run_checks_everything_and_prints_the_order(cli: Cli) -> None:
         "",
     )
     assert cli.calls("sbatch", "squeue", "sinfo") == [] and not cli.root.exists()
+
+
+def test_every_mistake_of_the_file_is_reported_in_one_error(cli: Cli) -> None:
+    (cli.tmp / "chain.yaml").write_text(
+        "name: train-eval\n"
+        "stages:\n"
+        "  train:\n"
+        "    config: examples/mlp\n"
+        "    set: {params.steps: 40}\n"
+        "    retries: 2\n"
+        "  eval:\n"
+        "    config: examples/mlp\n"
+        "    set: {nodes.count: x}\n"
+        "    after: [train, ghost]\n"
+        "  a:\n"
+        "    config: examples/mlp\n"
+        "    after: b\n"
+        "  b:\n"
+        "    config: examples/mlp\n"
+        "    after: a\n"
+    )
+    for dry_run in ([], ["--dry-run"]):
+        proc = cli("pipeline", "chain.yaml", "--set", "params.lr=0.1", *dry_run)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (
+            2,
+            "",
+            "error: invalid pipeline file (4 errors):\n"
+            "  stages.train.retries: unknown key (expected one of: config, set, after) "
+            "(chain.yaml:6)\n"
+            "  stages.eval.after: no stage 'ghost' (stages: train, eval, a, b) (chain.yaml:10)\n"
+            "  stages: the after: edges make a cycle among a, b (chain.yaml:2)\n"
+            "  stages.eval: nodes.count: expected an integer, got str 'x' (chain.yaml:9)\n",
+        ), dry_run
+    assert cli.calls("sbatch", "squeue") == [] and not cli.root.exists()
+
+
+def test_set_applies_to_every_stage_after_its_own_set(cli: Cli) -> None:
+    sets = ("--set", "params.steps=7", "--set", "params.lr=0.1")
+    proc = cli("pipeline", "chain.yaml", "--dry-run", *sets)
+    mlp = (
+        Path(__file__).parent.parent / "ddlaunch" / "configs" / "examples" / "mlp.yaml"
+    ).resolve()
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0,
+        "pipeline train-eval: 3 stages, submitted in this order\n"
+        f"stage train: {mlp} --set job.name=train --set params.steps=40 --set params.steps=7 "
+        "--set params.lr=0.1\n"
+        "  after: -\n"
+        f"stage eval: {mlp} --set job.name=eval --set params.steps=7 --set params.lr=0.1\n"
+        "  after: train:ok\n"
+        f"stage export: {mlp} --set job.name=export --set params.steps=7 --set params.lr=0.1\n"
+        "  after: train:any\n"
+        "# nothing submitted (--dry-run)\n",
+        "",
+    )
+    # Submitted: the command line wins over a stage's own set: (train's params.steps: 40).
+    cli.number_jobs(500)
+    cli.answer(squeue="500|PENDING|Priority|\n")
+    assert cli("pipeline", "chain.yaml", *sets).returncode == 0
+    for name in ("train", "eval", "export"):
+        resolved = (one(cli.root, name) / "config.yaml").read_text()
+        assert "  steps: 7\n" in resolved and "  lr: 0.1\n" in resolved, name
+    record = json.loads((one(cli.root, "train-eval") / "pipeline.json").read_text())
+    assert [s["overrides"] for s in record["stages"]] == [
+        ["job.name=train", "params.steps=40", "params.steps=7", "params.lr=0.1"],
+        ["job.name=eval", "params.steps=7", "params.lr=0.1"],
+        ["job.name=export", "params.steps=7", "params.lr=0.1"],
+    ]

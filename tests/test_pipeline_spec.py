@@ -148,3 +148,64 @@ def test_the_order_keeps_the_files_order_where_the_edges_allow(tmp_path: Path) -
     stages = parse_pipeline_file(path).stages
     assert [s.name for s in stages] == ["a", "b", "c", "d"]
     assert topological(stages) == (list(stages), [])
+
+
+def test_a_cycle_is_reported_with_the_files_other_mistakes(tmp_path: Path) -> None:
+    # A stage left out for its own mistake (no config, a bad name) is still a stage to
+    # wait for: its dependents make no cycle of it.
+    path = write(
+        tmp_path,
+        "stages:\n"
+        "  prep: {config: nosuch.yaml}\n"
+        "  train: {config: examples/mlp, after: prep, retries: 2}\n"
+        "  eval: {config: examples/mlp, after: [train, ghost]}\n"
+        "  a: {config: examples/mlp, after: b}\n"
+        "  b: {config: examples/mlp, after: a}\n",
+    )
+    assert problems(path) == [
+        "stages.prep.config: no config 'nosuch.yaml' (looked next to this file and among "
+        "the presets) (chain.yaml:2)",
+        "stages.train.retries: unknown key (expected one of: config, set, after) (chain.yaml:3)",
+        "stages.eval.after: no stage 'ghost' (stages: prep, train, eval, a, b) (chain.yaml:4)",
+        "stages: the after: edges make a cycle among a, b (chain.yaml:1)",
+    ]
+
+
+def test_set_from_the_command_line_comes_after_each_stages_own(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "stages:\n"
+        "  train:\n"
+        "    config: examples/mlp\n"
+        "    set: {params.steps: 40, params.lr: 0.01}\n"
+        "  eval: {config: examples/mlp, after: train}\n",
+    )
+    spec = parse_pipeline_file(path, ["params.steps=7", "nodes.count=1"])
+    train, evals = spec.stages
+    assert train.overrides == (
+        "job.name=train",
+        "params.steps=40",
+        "params.lr=0.01",
+        "params.steps=7",
+        "nodes.count=1",
+    )
+    assert evals.overrides == ("job.name=eval", "params.steps=7", "nodes.count=1")
+    assert dict(train.origins)["params.steps=7"] == "--set params.steps=7"
+    assert dict(train.origins)["params.steps=40"] == "chain.yaml:4"
+
+
+def test_a_bad_set_from_the_command_line_is_named_once_with_the_files_mistakes(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "stages:\n  train: {config: examples/mlp, after: ghost}\n")
+    with pytest.raises(PipelineFileError) as caught:
+        parse_pipeline_file(path, ["steps", "params.lr=[1", "job.name=x", "params.steps=7"])
+    assert str(caught.value) == (
+        "invalid pipeline file (4 errors):\n"
+        "  steps: expected --set key.path=value, e.g. nodes.count=4 (--set steps)\n"
+        "  params.lr: the value is not valid YAML: '[1' (--set params.lr=[1)\n"
+        "  job.name: every stage's job.name is its stage's name, which its dependents' "
+        "$DDLAUNCH_AFTER_<STAGE>_DIR is named after; give a stage another one in its set: "
+        "(--set job.name=x)\n"
+        "  stages.train.after: no stage 'ghost' (stages: train) (chain.yaml:2)"
+    )

@@ -8,12 +8,13 @@ import shlex
 
 import click
 
-from ddlaunch.cli.options import force_option, target_option
+from ddlaunch.cli.options import force_option, set_option, target_option
 from ddlaunch.cli.snapshot import echo_progress
 
 
 @click.command("pipeline")
 @click.argument("file", metavar="FILE", type=click.Path(dir_okay=False))
+@set_option
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -23,7 +24,14 @@ from ddlaunch.cli.snapshot import echo_progress
 @click.option("--run-root", help="Create the pipeline's and its stages' directories here.")
 @force_option
 @target_option
-def command(file: str, dry_run: bool, run_root: str | None, force: bool, target: str) -> None:
+def command(
+    file: str,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+    run_root: str | None,
+    force: bool,
+    target: str,
+) -> None:
     """Submit the stages of pipeline FILE: each stage is a run of its own, submitted
     after the runs of the stages it names in after: (as `submit --after`).
 
@@ -41,10 +49,12 @@ def command(file: str, dry_run: bool, run_root: str | None, force: bool, target:
             after: [train]
 
     A stage's run gets the stage's name as job.name, so a dependent's ranks find its run
-    directory in $DDLAUNCH_AFTER_<STAGE>_DIR (eval: $DDLAUNCH_AFTER_TRAIN_DIR). Every
-    stage's config is checked before the first sbatch. `ddlaunch status PIPELINE` shows
-    its stages, `ddlaunch cancel PIPELINE` cancels them, and `ddlaunch resume` of a stage
-    moves its dependents onto the new job. Slurm only: --target kubernetes is refused
+    directory in $DDLAUNCH_AFTER_<STAGE>_DIR (eval: $DDLAUNCH_AFTER_TRAIN_DIR). `--set`
+    applies to every stage's config, after the stage's own set: (the command line wins);
+    it may not set job.name. The file and every stage's config are checked before the
+    first sbatch, all their mistakes reported in one error. `ddlaunch status PIPELINE`
+    shows its stages, `ddlaunch cancel PIPELINE` cancels them, and `ddlaunch resume` of a
+    stage moves its dependents onto the new job. Slurm only: --target kubernetes is refused
     (Kubernetes has no wait of one JobSet for another).
     """
     from ddlaunch.pipelines.submit import (
@@ -56,7 +66,13 @@ def command(file: str, dry_run: bool, run_root: str | None, force: bool, target:
     )
 
     steps = submit_pipeline(
-        file, dry_run=dry_run, run_root=run_root, force=force, workdir=os.getcwd(), target=target
+        file,
+        dry_run=dry_run,
+        run_root=run_root,
+        force=force,
+        workdir=os.getcwd(),
+        target=target,
+        overrides=overrides,
     )
     width = 0  # the stage names' (Started says it)
     with contextlib.closing(steps):

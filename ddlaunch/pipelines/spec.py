@@ -13,13 +13,15 @@ between them, read with every problem's file:line before anything is submitted.
         after: train            # STAGE[:ok|:any|:started], or a list of them
 
 A stage's run gets ``job.name`` = the stage's name (unless its ``set:`` says otherwise),
-so that its dependents find its run directory in ``$DDLAUNCH_AFTER_<STAGE>_DIR``.
+so that its dependents find its run directory in ``$DDLAUNCH_AFTER_<STAGE>_DIR``. The
+command line's ``--set`` applies to every stage after the stage's own ``set:`` (the command
+line wins, as it does over a config file); it may not set ``job.name``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +79,7 @@ class Stage:
     after: tuple[Edge, ...]
     where: str  # file:line of the stage
     origins: tuple[tuple[str, str], ...] = ()  # override text -> the file:line that set it
+    config_where: str = ""  # file:line of its config:, for a config problem with no line
 
     @property
     def env(self) -> str:
@@ -99,6 +102,34 @@ class _Reader:
         self.path = path
         self.locations = locations
         self.issues: list[ConfigIssue] = []
+
+    def command_line(self, extra_set: Sequence[str]) -> list[str]:
+        """The ``--set`` texts that every stage gets, each mistake named once here (not
+        once per stage)."""
+        out = []
+        for text in extra_set:
+            key, sep, value = text.partition("=")
+            key, where = key.strip(), f"--set {text}"
+            if not sep or not _KEY.match(key):
+                message = "expected --set key.path=value, e.g. nodes.count=4"
+                self.issues.append(ConfigIssue(key, message, where))
+                continue
+            try:
+                parse_yaml_value(value)
+            except yaml.YAMLError:
+                message = f"the value is not valid YAML: {value!r}"
+                self.issues.append(ConfigIssue(key, message, where))
+                continue
+            if key == "job.name":
+                message = (
+                    "every stage's job.name is its stage's name, which its dependents' "
+                    "$DDLAUNCH_AFTER_<STAGE>_DIR is named after; give a stage another one in "
+                    "its set:"
+                )
+                self.issues.append(ConfigIssue(key, message, where))
+                continue
+            out.append(text)
+        return out
 
     def where(self, *path: str) -> str:
         for end in range(len(path), 0, -1):
@@ -191,38 +222,60 @@ class _Reader:
         return raw, found.absolute()
 
 
-def topological(stages: Sequence[Stage]) -> tuple[list[Stage], list[str]]:
-    """The stages, each after its predecessors (the file's order otherwise); and, where
-    the edges make a cycle, the stages on it."""
-    done: list[Stage] = []
+def ordered(graph: Mapping[str, Iterable[str]]) -> tuple[list[str], list[str]]:
+    """The names of ``graph`` (each to the names it waits for), each after those it waits
+    for (the given order otherwise); and, where the edges make a cycle, the names left (on
+    it, or waiting for it). A name that is not in ``graph`` is waited for by no one."""
+    done: list[str] = []
     placed: set[str] = set()
-    left = list(stages)
+    left = {name: [n for n in waits if n in graph] for name, waits in graph.items()}
     while left:
-        ready = [s for s in left if all(e.stage in placed for e in s.after)]
+        ready = [name for name, waits in left.items() if all(n in placed for n in waits)]
         if not ready:
-            return done, [s.name for s in left]
-        first = ready[0]
-        done.append(first)
-        placed.add(first.name)
-        left.remove(first)
+            return done, list(left)
+        done.append(ready[0])
+        placed.add(ready[0])
+        del left[ready[0]]
     return done, []
 
 
-def parse_pipeline_file(path: str | Path) -> PipelineSpec:
-    """Read and check a pipeline file: every problem at once, each with its file:line."""
+def topological(stages: Sequence[Stage]) -> tuple[list[Stage], list[str]]:
+    """The stages, each after its predecessors (the file's order otherwise); and, where
+    the edges make a cycle, the stages on it."""
+    done, cycle = ordered({s.name: [e.stage for e in s.after] for s in stages})
+    return [next(s for s in stages if s.name == name) for name in done], cycle
+
+
+def parse_pipeline_file(path: str | Path, extra_set: Sequence[str] = ()) -> PipelineSpec:
+    """Read and check a pipeline file: every problem at once, each with its file:line.
+    ``extra_set`` (the command line's ``--set``) applies to every stage, after its own."""
+    spec, issues = read_pipeline_file(path, extra_set)
+    if issues:
+        raise PipelineFileError(issues)
+    return spec
+
+
+def read_pipeline_file(
+    path: str | Path, extra_set: Sequence[str] = ()
+) -> tuple[PipelineSpec, list[ConfigIssue]]:
+    """The pipeline of file ``path``, with the stages that could be read, and every problem
+    of the file (none: the spec is whole). A mistake leaves out its stage, never the
+    problems of the others: they are all reported in one error."""
     path = Path(path)
     tree, locations = read_yaml_file(path)
     r = _Reader(path, locations)
     r.unknown(tree, TOP_KEYS)
     name = r.name(tree)
+    common = r.command_line(extra_set)
     raw = tree.get("stages")
     if not isinstance(raw, dict) or not raw:
         r.fail(
             "expected a mapping of stage names to stages, e.g. train: {config: t.yaml}", "stages"
         )
-        raise PipelineFileError(r.issues)
+        return PipelineSpec(path, name, ()), r.issues
     names = [str(n) for n in raw]
     stages: list[Stage] = []
+    graph: dict[str, list[str]] = {}  # every stage read, even one left out, to its edges
     for stage_name, body in raw.items():
         where = r.where("stages", str(stage_name))
         if not isinstance(stage_name, str) or not _STAGE_NAME.match(stage_name):
@@ -240,22 +293,38 @@ def parse_pipeline_file(path: str | Path) -> PipelineSpec:
         found = r.config(body.get("config"), stage_name)
         sets = r.overrides(body.get("set", []), "stages", stage_name, "set")
         edges = r.edges(body.get("after", []), names, stage_name)
+        graph[stage_name] = [e.stage for e in edges]
         if found is None:
             continue
         named = any(text.partition("=")[0] == "job.name" for text, _ in sets)
-        pairs = sets if named else [(f"job.name={stage_name}", where), *sets]
+        own = sets if named else [(f"job.name={stage_name}", where), *sets]
+        # The command line's last: it wins (its origin too, where a set: has the same text).
+        pairs = [*own, *((text, f"--set {text}") for text in common)]
         overrides = tuple(text for text, _ in pairs)
         stages.append(
-            Stage(stage_name, found[0], found[1], overrides, tuple(edges), where, tuple(pairs))
+            Stage(
+                stage_name,
+                found[0],
+                found[1],
+                overrides,
+                tuple(edges),
+                where,
+                tuple(pairs),
+                r.where("stages", stage_name, "config"),
+            )
         )
     envs: dict[str, str] = {}
-    for s in stages:
-        if s.env in envs:
-            r.fail(f"stages {envs[s.env]} and {s.name} would both set {s.env}", "stages", s.name)
-        envs.setdefault(s.env, s.name)
-    ordered, cycle = topological(stages)
-    if cycle and not r.issues:
+    for stage_name in graph:
+        env = chain.env_name(stage_name)
+        if env in envs:
+            r.fail(
+                f"stages {envs[env]} and {stage_name} would both set {env}", "stages", stage_name
+            )
+        envs.setdefault(env, stage_name)
+    order, cycle = ordered(graph)
+    if cycle:
         r.fail(f"the after: edges make a cycle among {', '.join(cycle)}", "stages")
-    if r.issues:
-        raise PipelineFileError(r.issues)
-    return PipelineSpec(path, name, tuple(ordered))
+    # Each stage after its predecessors; on a cycle (an error), the file's order.
+    rank = {stage_name: i for i, stage_name in enumerate(order if not cycle else graph)}
+    stages.sort(key=lambda s: rank[s.name])
+    return PipelineSpec(path, name, tuple(stages)), r.issues

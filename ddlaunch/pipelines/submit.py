@@ -3,7 +3,8 @@ predecessors' runs (``submit --after``), the pipeline's record written before th
 sbatch and after each one.
 
 Every stage's config is loaded and checked before anything is submitted, so a typo in the
-last stage submits nothing. A stage that is refused at its submission (its partition
+last stage submits nothing; the file's mistakes and those of every stage's config are
+reported together, in one error. A stage that is refused at its submission (its partition
 check, sbatch) stops the pipeline there: the stages already submitted stay queued, and the
 error names them, the ones left out and how to cancel them.
 """
@@ -20,11 +21,12 @@ from pathlib import Path
 
 from ddlaunch.app import events
 from ddlaunch.app.submit_run import sbatch_missing, submit_run
-from ddlaunch.config.errors import ConfigError
+from ddlaunch.config import slurm_target
+from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.load import apply_overrides, load_tree
 from ddlaunch.config.validate import validate_tree
 from ddlaunch.errors import UserError
-from ddlaunch.pipelines.spec import PipelineSpec, Stage, parse_pipeline_file
+from ddlaunch.pipelines.spec import PipelineFileError, PipelineSpec, Stage, read_pipeline_file
 from ddlaunch.slurm.client import SlurmError
 from ddlaunch.store.pipelines import (
     PIPELINE_COPY,
@@ -80,19 +82,42 @@ PipelineEvent = (
 )
 
 
-def check_stages(spec: PipelineSpec) -> None:
-    """Load and check every stage's config with its ``set:``: all problems at once."""
-    lines = []
+def stage_issues(spec: PipelineSpec) -> list[ConfigIssue]:
+    """Every problem of every stage's config with its overrides, each under its stage
+    (``stages.eval: nodes.count: ...``) with the file:line (or ``--set``) that set it."""
+    issues = []
     for stage in spec.stages:
         try:
             loaded = load_tree(stage.config_path)
             apply_overrides(loaded, stage.overrides, dict(stage.origins))
-            validate_tree(loaded)
+            slurm_target.check(validate_tree(loaded))  # a stage is a Slurm job
         except ConfigError as exc:
-            lines.append(f"stage {stage.name} ({stage.where}), config {stage.config}:")
-            lines += [f"  {issue}" for issue in exc.issues]
-    if lines:
-        raise UserError("\n".join(["invalid pipeline: a stage's config does not load", *lines]))
+            issues += [
+                ConfigIssue(
+                    f"stages.{stage.name}",
+                    f"{issue.path or '(top level)'}: {issue.message}",
+                    issue.where or stage.config_where or stage.where,
+                )
+                for issue in exc.issues
+            ]
+    return issues
+
+
+def check_stages(spec: PipelineSpec) -> None:
+    """Load and check every stage's config with its overrides: all problems at once."""
+    issues = stage_issues(spec)
+    if issues:
+        raise PipelineFileError(issues)
+
+
+def check_pipeline(file: str | Path, overrides: Sequence[str] = ()) -> PipelineSpec:
+    """Read pipeline ``file`` (``overrides``: the command line's ``--set``, for every stage)
+    and check every stage's config: the file's mistakes and the configs' in one error."""
+    spec, issues = read_pipeline_file(file, overrides)
+    issues += stage_issues(spec)
+    if issues:
+        raise PipelineFileError(issues)
+    return spec
 
 
 # Kubernetes has no dependency between JobSets: a JobSet's dependsOn orders the replicated
@@ -114,11 +139,13 @@ def submit_pipeline(
     force: bool,
     workdir: str,
     target: str = "slurm",
+    overrides: Sequence[str] = (),
 ) -> Generator[PipelineEvent, None, None]:
+    """Check the file and every stage's config (``overrides``, the command line's
+    ``--set``, apply to every stage after its own ``set:``), then submit the stages."""
     if target != "slurm":
         raise UserError(KUBERNETES_REFUSED)
-    spec = parse_pipeline_file(file)
-    check_stages(spec)
+    spec = check_pipeline(file, overrides)
     if dry_run:
         yield Checked(spec.name, len(spec.stages))
         for stage in spec.stages:
