@@ -159,6 +159,30 @@ def test_advise_says_what_it_lacks(tmp_path) -> None:
     )
 
 
+def test_advise_after_a_cancel_names_the_save_it_leaves_out(tmp_path) -> None:
+    """Issue #51: a run cancelled before its first periodic save has one save, the one on the
+    stop signal, which has no cost to measure: advise says so rather than "no save yet"."""
+    from support.rundirs import make_run
+
+    attempts = [{"attempt": 0, "job_id": "5", "restart_count": 0, "start": T0,
+                 "end": T0 + 400.0, "cause": "cancelled"}]  # fmt: skip
+    run = make_run(
+        tmp_path, "r3", "5", T0, attempts=attempts, cancel=True,
+        outcome=("CANCELLED", "cancelled, saved step 766"),
+    )  # fmt: skip
+    # What Session code writes on the stop signal (``_note_save``): when, not what it cost.
+    timings.append(run, timings.SAVE, step=766, time=T0 + 390.0, reason="signal",
+                   attempt="5-0")  # fmt: skip
+    proc = advise_cli(tmp_path, "r3")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: run r3 measured no periodic checkpoint save yet: timings.jsonl has 1 save "
+        "(step 766, on the stop signal), which advise leaves out: a save on a stop signal or "
+        "at the last step blocks the loop by design, so it says nothing of what a periodic "
+        "save costs\n"
+    )
+
+
 def test_advise_on_a_trainer_that_records_no_save_says_so(tmp_path) -> None:
     # An HF Trainer run with 2 complete checkpoints (and one it left incomplete): the saves
     # happened, ddlaunch just cannot time them.

@@ -377,6 +377,20 @@ def test_a_local_run_and_its_resume_from_python(
     assert capfd.readouterr() == ("", "")
 
 
+def test_a_sweep_member_past_the_last_says_how_many_members_there_are(tmp_path: Path) -> None:
+    """Issue #51: ``Sweep.member(9)`` of a 4-member sweep names the members, as
+    ``ddlaunch logs SWEEP/9`` does, instead of a missing run directory."""
+    from support.rundirs import started_sweep
+
+    started_sweep(tmp_path, "lr-sweep", ["a", "b", "c", "d"])
+    sweep = ddlaunch.Sweep("lr-sweep", run_root=tmp_path)
+    assert sweep.member(3).dir == tmp_path / "lr-sweep" / "members" / "3"
+    for index in (4, 9, -1):
+        with pytest.raises(ddlaunch.UserError) as caught:
+            sweep.member(index)
+        assert str(caught.value) == f"sweep lr-sweep has no member {index} (members 0-3)"
+
+
 def test_a_sweep_has_the_status_that_sweep_status_json_prints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -411,7 +425,11 @@ def test_a_sweep_has_the_status_that_sweep_status_json_prints(
             assert getattr(member, name) == row[name], name
     assert status.members[0].metric == 0.5 and not status.ended
     assert (status.count("PENDING"), sweep.member(1).job_id) == (1, "374_1")
-    with pytest.raises(ddlaunch.UserError, match="no run"):
+    with pytest.raises(ddlaunch.UserError) as caught:
         sweep.member(2)  # not started: no run directory yet
+    assert str(caught.value) == (
+        "member 2 of sweep sw has not started: it has no run directory yet "
+        "(ddlaunch sweep status sw)"
+    )
     nothing = sweep.resubmit(failed=True)
     assert nothing.arrays == () and nothing == sweep

@@ -278,6 +278,38 @@ def test_render_shows_the_exclusion_submit_adds(tmp_path: Path) -> None:
     assert "\n#SBATCH --exclude=node2\n" in dry.stdout
 
 
+def test_render_and_submit_say_a_job_asks_for_no_gpus_on_gpu_nodes(tmp_path: Path) -> None:
+    """Issue #51: `nodes.gpus_per_node=0` on a GPU cluster's preset makes a CPU job; render
+    and submit say so (the script itself is the CPU job's, unchanged)."""
+    from ddlaunch.app.prepare import prepare
+
+    warned = (
+        "warning: nodes.gpus_per_node is 0: the job asks for no GPUs and runs 1 rank per node "
+        "on CPUs (nodes.tasks_per_node unset), though a node of 'devcluster' has 4 GPUs"
+    )
+    zero = ("--set", "nodes.gpus_per_node=0")
+    proc = ddlaunch(tmp_path, "render", "examples/mlp", *zero, "--run-id", "r")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [warned]
+    assert "#SBATCH --gpus-per-node" not in proc.stdout
+    dry = ddlaunch(tmp_path, "submit", "examples/mlp", *zero, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stderr.splitlines()[-1] == warned
+    three = ["nodes.gpus_per_node=0", "nodes.tasks_per_node=3"]
+    assert prepare("examples/mlp", three, run_id="r").plan.warnings == (
+        "nodes.gpus_per_node is 0: the job asks for no GPUs and runs 3 ranks per node on CPUs "
+        "(nodes.tasks_per_node=3), though a node of 'devcluster' has 4 GPUs",
+    )
+    # A CPU cluster by design, a job that asks for GPUs, or one whose sbatch: gres gets
+    # them: nothing said.
+    for sets in (
+        [*three, "cluster.gpus_per_node=0"],
+        [],
+        ["nodes.gpus_per_node=0", "nodes.tasks_per_node=4", "sbatch.gres=gpu:4"],
+    ):
+        assert prepare("examples/mlp", sets, run_id="r").plan.warnings == (), sets
+
+
 # ----------------------------------------------------------------------------- configs
 
 

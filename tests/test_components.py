@@ -425,7 +425,7 @@ def test_a_pipeline_would_span_unlike_nodes_and_is_refused(tmp_path: Path) -> No
 
 
 def test_replica_groups_each_run_in_one_component(tmp_path: Path) -> None:
-    from ddlaunch.job.groups import group_srun
+    from ddlaunch.job.group_steps import group_srun
 
     groups = "parallel: {dp_replicate: 2}\nfault_tolerance: {mode: replica_groups}\n"
     text = BASE + groups + "components:\n  - {name: a, nodes: {count: 1}}\n"

@@ -177,6 +177,18 @@ CASES = [
         "  sbatch.time: is set by ddlaunch; use job.time instead (bad.yaml:4)",
     ),
     (
+        "fabric_env_name",
+        "fabric:\n  env:\n    1BAD: x\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  fabric.env.1BAD: must be an environment variable name (letters, digits, _; not starting with a digit) (bad.yaml:3)",
+    ),
+    (
+        "segment_without_slurm_version",
+        "topology:\n  segment: 2\nnodes:\n  count: 4\ncluster:\n  topology_plugin: block\nlaunch:\n  entrypoint: m:f\n",
+        [],
+        "  topology.segment: --segment needs Slurm >= 24.05; set cluster.slurm_version so it can be checked (bad.yaml:2)",
+    ),
+    (
         "sbatch_quote",
         "launch:\n  entrypoint: m:f\nsbatch:\n  comment: it's\n",
         [],

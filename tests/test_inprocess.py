@@ -268,7 +268,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
 import torch.distributed.nn.functional  # binds group.WORLD into its defaults
-from ddlaunch.worker.inprocess import release_default_group
+from ddlaunch.worker.torch_internals import release_default_group
 old = c10d._world.default_pg
 threads = len(os.listdir("/proc/self/task"))
 if sys.argv[2] == "release":

@@ -6,6 +6,7 @@ on the dev cluster: tests/test_replica_groups_slurm.py)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import subprocess
 import sys
@@ -15,33 +16,56 @@ from pathlib import Path
 import pytest
 from support.fakes import FakeRunner
 
-from ddlaunch.job import groups
+from ddlaunch.job import group_settings, group_steps, groups
 from ddlaunch.planning.group_env import GroupIdentity, job_rank
-from ddlaunch.policy.groups import GroupState
+from ddlaunch.policy.groups import GroupState, Phase, StepEnd
+from ddlaunch.policy.heartbeats import Thresholds
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, group_state
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
+from ddlaunch.store.group_restarts import GroupRestart
 
 
 def test_the_command_line_splits_srun_from_the_worker() -> None:
-    s = groups.parse_args(
+    srun, worker = group_settings.split_command(
         [
-            "--groups", "2", "--ranks-per-node", "4", "--min-groups", "1",
             "--", "srun", "--unbuffered", "--output=/r/logs/rank-%t.out",
-            groups.WORKER_MARK, "python3", "-m", "ddlaunch.worker.task", "/r/submitit",
+            group_settings.WORKER_MARK, "python3", "-m", "ddlaunch.worker.task", "/r/submitit",
         ]
     )  # fmt: skip
-    assert (s.groups, s.ranks_per_node, s.min_groups) == (2, 4, 1)
-    assert s.srun == ("srun", "--unbuffered", "--output=/r/logs/rank-%t.out")
-    assert s.worker == ("python3", "-m", "ddlaunch.worker.task", "/r/submitit")
+    assert srun == ("srun", "--unbuffered", "--output=/r/logs/rank-%t.out")
+    assert worker == ("python3", "-m", "ddlaunch.worker.task", "/r/submitit")
 
 
-def test_a_command_line_without_the_worker_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        groups.parse_args(["--groups", "2", "--ranks-per-node", "1", "--", "srun"])
-    assert f"needs SRUN... {groups.WORKER_MARK} WORKER..." in capsys.readouterr().err
+def test_a_command_line_without_the_worker_is_refused() -> None:
+    with pytest.raises(SystemExit) as refused:
+        group_settings.split_command(["--", "srun"])
+    assert f"needs SRUN... {group_settings.WORKER_MARK} WORKER..." in str(refused.value)
+
+
+def test_the_settings_are_the_run_configs(tmp_path: Path) -> None:
+    """The script gives the supervisor its srun and worker commands only: every setting
+    is the run's config, read from the run directory (the schema's defaults included)."""
+    from ddlaunch.config import load_config
+    from ddlaunch.policy.heartbeats import Thresholds
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "nodes: {count: 4, gpus_per_node: 2}\n"
+        "launch: {entrypoint: ddlaunch.examples.mlp:main, backend: gloo}\n"
+        "parallel: {dp_replicate: 2}\n"
+        "health: {hang_timeout: 90, watchdog: false}\n"
+        "fault_tolerance: {mode: replica_groups, min_replica_groups: 1, heal_timeout: 120}\n"
+    )
+    cfg = load_config(path)
+    s = group_settings.Settings.of_run(tmp_path, ("srun",), ("w",))
+    assert (s.groups, s.ranks_per_node, s.min_groups, s.heal_timeout) == (2, 2, 1, 120)
+    assert s.max_restarts == cfg.fault_tolerance.max_restarts
+    assert s.thresholds == Thresholds.of(cfg.health) and s.thresholds.hang_timeout == 90
+    assert not s.watch  # health.watchdog off: no hang or straggler verdict
+    assert (s.srun, s.worker) == (("srun",), ("w",))
 
 
 def test_each_group_step_logs_to_its_own_files_and_is_ended_by_the_supervisor() -> None:
@@ -52,7 +76,7 @@ def test_each_group_step_logs_to_its_own_files_and_is_ended_by_the_supervisor() 
         "--kill-on-bad-exit=1",
         "--x=1",
     ]
-    assert groups.group_srun(srun, Path("/r/logs"), 1) == [
+    assert group_steps.group_srun(srun, Path("/r/logs"), 1) == [
         "srun",
         "--output=/r/logs/group-1.out",
         "--error=/r/logs/group-1.err",
@@ -78,11 +102,11 @@ def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Pa
     open_attempt(tmp_path)
     groups.record_restart(
         tmp_path,
-        {"group": 1, "restart": 0, "cause": "node node2 died", "failed_at_step": 60},
+        GroupRestart(group=1, restart=0, cause="node node2 died", failed_at_step=60),
     )
     groups.record_rejoin(tmp_path, 1, 0, 63, True, 4.25, source=0)
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
-    assert dict(entry) == {
+    assert entry.to_json() == {
         "group": 1,
         "restart": 0,
         "cause": "node node2 died",
@@ -93,6 +117,21 @@ def test_a_group_restart_and_its_rejoin_are_recorded_in_the_attempt(tmp_path: Pa
         "steps_missed": 3,
         "healed_from": 0,
     }
+
+
+def test_a_group_restart_entry_is_typed_and_rewritten_as_read() -> None:
+    """Every reader gets the typed entry; keys of another version, nulls and whole numbers
+    come back as they were, and a mistyped field reads as not known."""
+    raw = {
+        "group": 1, "restart": 0, "time": 5, "exit_code": None, "causes": [],
+        "nodes": ["node2"], "healed": True, "later_key": {"a": 1},
+    }  # fmt: skip
+    entry = GroupRestart.from_json(raw)
+    assert (entry.group, entry.time, entry.exit_code, entry.nodes) == (1, 5, None, ("node2",))
+    assert entry.to_json() == raw
+    back = entry.rejoined(9, True, 1.23456, source=0)
+    assert (back.rejoined_step, back.rejoin_s, back.healed_from, back.back) == (9, 1.235, 0, 6.235)
+    assert GroupRestart.from_json({"group": "one", "time": 5.0}).group is None
 
 
 def test_the_group_restart_line_names_the_group_it_healed_from() -> None:
@@ -202,6 +241,28 @@ def test_status_says_which_groups_train() -> None:
 SRUN = (sys.executable, "-c", "import time; time.sleep(300)")
 
 
+def settings(
+    count: int = 2,
+    ranks_per_node: int = 2,
+    *,
+    max_restarts: int = 3,
+    heal_timeout: float = 600,
+    srun: tuple[str, ...] = SRUN,
+    worker: tuple[str, ...] = (),
+    hang_timeout: float = 0,
+    straggler_factor: float = 2.0,
+    straggler_patience: float = 300,
+) -> group_settings.Settings:
+    """The supervisor's settings (heartbeats every second: stale after 8 s); ``hang_timeout``
+    0: no hang or straggler verdicts, as with ``health.watchdog`` off."""
+    return group_settings.Settings(
+        groups=count, ranks_per_node=ranks_per_node, min_groups=1, max_restarts=max_restarts,
+        heal_timeout=heal_timeout, bad_node_ttl_hours=0,
+        thresholds=Thresholds(hang_timeout or 600, 1, straggler_factor, straggler_patience),
+        watch=hang_timeout > 0, srun=srun, worker=worker,
+    )  # fmt: skip
+
+
 class Slurm:
     """The controller's side, for the fake runner: the job's steps by name; cancelling one
     ends its srun (as Slurm's killing of the step's tasks makes srun return)."""
@@ -237,7 +298,7 @@ class Recording(groups.Supervisor):
         super().start_group(g)
         assert g.proc is not None
         step = f"77.{len(self.slurm.procs)}"
-        self.slurm.steps[step] = groups.step_name(g.state.group, g.state.restarts)
+        self.slurm.steps[step] = group_steps.step_name(g.state.group, g.state.restarts)
         self.slurm.procs[step] = g.proc
         mine = f"ddlaunch-group-{g.state.group}-"
         old = [
@@ -268,13 +329,8 @@ def rank_beat(rank: int, host: str, started: float, step_wall: float, at: float)
 def two_groups(tmp_path: Path, slurm: Slurm, now: list[float]) -> Recording:
     """A supervisor of 2 groups of 1 node x 2 ranks, both started at ``now[0]``."""
     open_attempt(tmp_path)
-    settings = groups.Settings(
-        groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
-        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
-        hang_timeout=30, heartbeat_interval=1,
-    )  # fmt: skip
     sup = Recording(
-        settings,
+        settings(hang_timeout=30),
         tmp_path,
         AttemptId("77", 0),
         ["node1", "node2"],
@@ -302,16 +358,17 @@ def test_a_failed_groups_other_tasks_are_killed_with_one_slurm_call(tmp_path: Pa
     sup = two_groups(tmp_path, slurm, now)
     calls = sup.client.runner.calls  # type: ignore[attr-defined]
     try:
-        sup.learn_step_ids(1000.5)  # srun has not made the steps yet
+        steps = [g.step for g in sup.groups if g.step is not None]
+        sup.steps.learn_ids(steps, 1000.5)  # srun has not made the steps yet
         assert calls == []
-        sup.learn_step_ids(1001.5)
+        sup.steps.learn_ids(steps, 1001.5)
         assert [c[0] for c in calls] == ["squeue"]
-        assert [g.step_ids for g in sup.groups] == [("77.0",), ("77.1",)]
-        sup.learn_step_ids(1003.0)  # every id known: no call
+        assert [s.ids for s in steps] == [("77.0",), ("77.1",)]
+        sup.steps.learn_ids(steps, 1003.0)  # every id known: no call
         assert len(calls) == 1
-        g1 = sup.groups[1]
+        g1 = steps[1]
         now[0] = 1010.0
-        sup.kill_the_rest(g1)
+        sup.steps.kill_the_rest(g1, 1)
         deadline = time.monotonic() + 10
         while not g1.rest_killed and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -339,9 +396,11 @@ def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path
     frozen = rank_beat(3, "node2", 1001, 1002, 1003)
     node_beats(tmp_path, "node2", [rank_beat(2, "node2", 1001, 1002, 1041.5), frozen], 1041.5)
     sup.changed = 1001.0
-    assert sup.watch_hangs(now[0]) is None
+    assert sup.watch_health(now[0]) is None
     (g0, g1) = sup.groups
-    assert g1.ended_why.startswith("hang: ") and g0.ended_why == ""
+    assert g0.step is not None and g0.step.end is None
+    assert g1.step is not None and g1.step.end is not None
+    assert g1.step.end.why.startswith("hang: ")
     assert sup.on_failure(g1, g1.proc.poll() if g1.proc else None) is None
 
     # Cancel (while its srun still ran), the step gone, then the restart: in that order.
@@ -355,18 +414,25 @@ def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path
     assert survivor.poll() is None and g0.proc is survivor  # group 0 untouched
     assert g1.state.restarts == 1 and g1.proc is not None and g1.proc.poll() is None
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
-    assert {k: entry[k] for k in ("group", "cause", "nodes", "blamed", "decision")} == {
-        "group": 1,
-        "cause": "hang",
-        "nodes": ["node2"],
-        "blamed": ["node2"],
-        "decision": "restart",
-    }
-    assert entry["culprit"] == (
+    assert (entry.group, entry.cause, entry.nodes, entry.blamed, entry.decision) == (
+        1,
+        "hang",
+        ("node2",),
+        ("node2",),
+        "restart",
+    )
+    assert entry.culprit == (
         "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped "
         "(process frozen)"
     )
-    assert entry["new_nodes"] == ["node2"]
+    assert entry.new_nodes == ("node2",)
+    # On disk, the keys every version wrote.
+    (raw,) = json.loads((tmp_path / "attempts.json").read_text())[-1]["group_restarts"]
+    assert sorted(raw) == sorted([
+        "group", "restart", "time", "up_s", "cause", "culprit", "causes", "nodes",
+        "exit_code", "decision", "why", "new_nodes", "blamed", "failed_at_step",
+    ])  # fmt: skip
+    assert raw["exit_code"] == -signal.SIGTERM and raw["up_s"] == 42.0  # the fake scancel
     # The same read of the heartbeats gave status and report the step history.
     (sample,) = watchdog_records.read_samples(tmp_path)
     assert (sample.time, sample.step, sample.job_id) == (1042.0, 40, "77")
@@ -383,17 +449,16 @@ def test_the_steps_are_found_by_name() -> None:
         "ddlaunch-group-0-0": ["77.0"],
         "ddlaunch-group-1-1": ["77.3"],
     }
-    assert groups.step_name(1, 1) == "ddlaunch-group-1-1"
+    assert group_steps.step_name(1, 1) == "ddlaunch-group-1-1"
 
 
 def test_each_group_step_is_named_for_its_group_and_restart(tmp_path: Path) -> None:
-    settings = groups.Settings(
-        groups=1, ranks_per_node=1, min_groups=1, max_restarts=0, heal_timeout=60,
-        stale_after=8, bad_node_ttl_hours=0,
+    named = settings(
+        1, 1, max_restarts=0, heal_timeout=60,
         srun=(sys.executable, "-c", "import sys; print(sys.argv[1:])"), worker=("w",),
     )  # fmt: skip
     sup = groups.Supervisor(
-        settings, tmp_path, AttemptId("77", 0), ["n1"], SlurmClient(FakeRunner()), {},
+        named, tmp_path, AttemptId("77", 0), ["n1"], SlurmClient(FakeRunner()), {},
         [groups.Group(GroupState(0, ("n1",), restarts=2), 0)], "http://batch:1",
     )  # fmt: skip
     (g,) = sup.groups
@@ -424,12 +489,9 @@ def test_a_dead_nodes_group_step_is_cancelled_aside_and_srun_killed(tmp_path: Pa
             return CommandResult(tuple(argv), 0, "", "")
         return None
 
-    settings = groups.Settings(
-        groups=1, ranks_per_node=1, min_groups=1, max_restarts=1, heal_timeout=60,
-        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
-    )  # fmt: skip
     sup = groups.Supervisor(
-        settings, tmp_path, AttemptId("77", 0), ["node1", "node2"],
+        settings(1, 1, max_restarts=1, heal_timeout=60), tmp_path, AttemptId("77", 0),
+        ["node1", "node2"],
         SlurmClient(FakeRunner(on_run=answer)), {},
         [groups.Group(GroupState(0, ("node1", "node2")), 0)], "http://batch:1",
     )  # fmt: skip
@@ -437,26 +499,21 @@ def test_a_dead_nodes_group_step_is_cancelled_aside_and_srun_killed(tmp_path: Pa
     sup.start_group(g)
     assert g.proc is not None
     srun.append(g.proc)
-    g.dead, g.ended_why = ("node2",), "node node2 died"
     began = time.monotonic()
-    sup.end_step(g)
+    sup.end_group(g, StepEnd("node node2 died", dead=("node2",)))
     took = time.monotonic() - began
     assert g.proc.returncode == -signal.SIGKILL
     assert seen == [("squeue", True), ("scancel --signal=KILL 77.4", True)]
-    assert groups.CANCEL_WAIT_S <= took < groups.CANCEL_WAIT_S + 2.0, took
+    assert group_steps.CANCEL_WAIT_S <= took < group_steps.CANCEL_WAIT_S + 2.0, took
 
 
 def test_groups_failing_in_the_same_poll_fail_the_job_not_restart_from_nothing(
     tmp_path: Path,
 ) -> None:
     open_attempt(tmp_path)
-    settings = groups.Settings(
-        groups=2, ranks_per_node=1, min_groups=1, max_restarts=3, heal_timeout=60,
-        stale_after=8, bad_node_ttl_hours=0,
-        srun=(sys.executable, "-c", "raise SystemExit(1)"), worker=(),
-    )  # fmt: skip
+    failing = settings(2, 1, heal_timeout=60, srun=(sys.executable, "-c", "raise SystemExit(1)"))
     sup = groups.Supervisor(
-        settings, tmp_path, AttemptId("77", 0), ["node1", "node2"],
+        failing, tmp_path, AttemptId("77", 0), ["node1", "node2"],
         SlurmClient(FakeRunner()), {},
         [groups.Group(GroupState(0, ("node1",)), 0), groups.Group(GroupState(1, ("node2",)), 1)],
         "http://batch:1",
@@ -471,18 +528,13 @@ def test_groups_failing_in_the_same_poll_fail_the_job_not_restart_from_nothing(
     sup.start_group = start_and_end  # type: ignore[method-assign]
     assert sup.run(None) == groups.WHOLE_JOB_FAILED
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
-    assert (entry["group"], entry["decision"]) == (0, "fail_job")
-    assert entry["cause"] == "its step exited with code 1"
+    assert (entry.group, entry.decision) == (0, "fail_job")
+    assert entry.cause == "its step exited with code 1"
 
 
 def straggler_supervisor(tmp_path: Path, slurm: Slurm, allocation: list[str]) -> Recording:
-    settings = groups.Settings(
-        groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
-        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
-        hang_timeout=600, heartbeat_interval=1, straggler_factor=2.0, straggler_patience=10,
-    )  # fmt: skip
     sup = Recording(
-        settings, tmp_path, AttemptId("77", 0), allocation,
+        settings(hang_timeout=600, straggler_patience=10), tmp_path, AttemptId("77", 0), allocation,
         SlurmClient(FakeRunner(on_run=slurm.answer)), {},
         [groups.Group(GroupState(0, ("node1",)), 0), groups.Group(GroupState(1, ("node2",)), 2)],
         "http://batch:1", clock=time.time,
@@ -510,23 +562,24 @@ def test_a_straggling_node_moves_its_group_to_the_spare(tmp_path: Path) -> None:
     busy_beats(tmp_path, "node1", (0, 1), 0.1)
     busy_beats(tmp_path, "node2", (2, 3), 0.5)
     now = time.time()
-    assert sup.watch_hangs(now) is None  # slow since now: patience 10 s
-    assert all(g.ended_why == "" for g in sup.groups)
-    sup.last_hang_check = float("-inf")
-    assert sup.watch_hangs(now + 11) is None
+    assert sup.watch_health(now) is None  # slow since now: patience 10 s
+    assert not any(g.ending for g in sup.groups)
+    sup.watch.last_check = float("-inf")
+    assert sup.watch_health(now + 11) is None
     (g0, g1) = sup.groups
-    assert g1.ended_why.startswith("straggler: node2 busy 0.500 s/step = 5.0x")
-    assert g0.ended_why == "" and g0.proc is not None and g0.proc.poll() is None
+    assert g1.step is not None and g1.step.end is not None
+    assert g1.step.end.why.startswith("straggler: node2 busy 0.500 s/step = 5.0x")
+    assert not g0.ending and g0.proc is not None and g0.proc.poll() is None
     assert sup.on_failure(g1, g1.proc.poll() if g1.proc else None) is None
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
-    assert {k: entry[k] for k in ("group", "cause", "blamed", "nodes", "new_nodes")} == {
-        "group": 1,
-        "cause": "straggler",
-        "blamed": ["node2"],
-        "nodes": ["node2"],
-        "new_nodes": ["node3"],
-    }
-    assert entry["why"] == "restart group 1 on node3 (node2 -> node3)"
+    assert (entry.group, entry.cause, entry.blamed, entry.nodes, entry.new_nodes) == (
+        1,
+        "straggler",
+        ("node2",),
+        ("node2",),
+        ("node3",),
+    )
+    assert entry.why == "restart group 1 on node3 (node2 -> node3)"
     assert ("scancel", "77.1", True) in slurm.events
     from ddlaunch.store import exclusions
 
@@ -544,9 +597,9 @@ def test_a_straggler_without_a_spare_is_said_once_and_trains_on(
     busy_beats(tmp_path, "node2", (2, 3), 0.5)
     now = time.time()
     for later in (0, 11, 12):
-        sup.last_hang_check = float("-inf")
-        assert sup.watch_hangs(now + later) is None
-    assert all(g.ended_why == "" and g.proc and g.proc.poll() is None for g in sup.groups)
+        sup.watch.last_check = float("-inf")
+        assert sup.watch_health(now + later) is None
+    assert all(not g.ending and g.proc and g.proc.poll() is None for g in sup.groups)
     said = [line for line in capsys.readouterr().out.splitlines() if "trains on" in line]
     assert said == [
         "[ddlaunch groups] group 1: node2 busy 0.500 s/step = 5.0x the other nodes' median for "
@@ -563,41 +616,38 @@ def test_a_group_still_healing_when_another_finishes_is_ended_and_given_up(
 
     open_attempt(tmp_path)
     slurm = Slurm()
-    settings = groups.Settings(
-        groups=2, ranks_per_node=2, min_groups=1, max_restarts=3, heal_timeout=600,
-        stale_after=8, bad_node_ttl_hours=0, srun=SRUN, worker=(),
-    )  # fmt: skip
     g0 = groups.Group(GroupState(0, ("node1",)), 0)
-    g1 = groups.Group(GroupState(1, ("node3",), restarts=1), 2)  # its restart, on the spare
+    # Its restart, on the spare:
+    g1 = groups.Group(GroupState(1, ("node3",), restarts=1, phase=Phase.HEALING), 2)
     sup = Recording(
-        settings, tmp_path, AttemptId("77", 0), ["node1", "node2", "node3"],
+        settings(), tmp_path, AttemptId("77", 0), ["node1", "node2", "node3"],
         SlurmClient(FakeRunner(on_run=slurm.answer)), {}, [g0, g1], "http://batch:1",
     )  # fmt: skip
     sup.slurm = slurm
     groups.record_restart(
-        tmp_path, {"group": 1, "restart": 0, "cause": "node node2 died", "decision": "restart",
-                   "nodes": ["node2"], "new_nodes": ["node3"]},
+        tmp_path, GroupRestart(group=1, restart=0, cause="node node2 died", decision="restart",
+                               nodes=("node2",), new_nodes=("node3",)),
     )  # fmt: skip
     for g in sup.groups:
         sup.start_group(g)
-    assert not g1.state.rejoined
+    assert g1.state.phase is Phase.HEALING
     # Group 0's ranks all finish (its srun exits 0) before group 1 has healed.
-    assert g0.proc is not None
-    g0.proc.kill()
-    g0.proc.wait()
-    g0.proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    g0.proc.wait()
+    assert g0.step is not None
+    g0.step.proc.kill()
+    g0.step.proc.wait()
+    g0.step.proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    g0.step.proc.wait()
     assert sup.poll_group(g0, time.time(), []) is None
 
-    assert g0.state.done
-    assert g1.state.given_up and not g1.state.running
+    assert g0.state.phase is Phase.FINISHED
+    assert g1.state.phase is Phase.GIVEN_UP and not g1.state.running
     assert ("scancel", "77.1", True) in slurm.events  # its step cancelled while it ran
     assert g1.proc is not None and g1.proc.poll() is not None
     assert sup.poll_group(g1, time.time(), []) is None  # no failure, no restart
     assert g1.state.restarts == 1
     (entry,) = attempts.load(tmp_path)[-1].group_restarts or ()
-    assert entry["ended"] == "group 0 finished training before it rejoined"
-    assert group_restart_line(dict(entry)) == (
+    assert entry.ended == "group 0 finished training before it rejoined"
+    assert group_restart_line(entry.to_json()) == (
         "group 1 failed: node node2 died; restarted on node3; ended: group 0 finished "
         "training before it rejoined"
     )

@@ -8,13 +8,13 @@ import pytest
 
 from ddlaunch.policy import groups as policy
 from ddlaunch.policy import heartbeats as analysis
-from ddlaunch.policy.groups import GroupState
+from ddlaunch.policy.groups import TRANSITIONS, GroupState, Phase
 
 
-def two(restarts: int = 0, rejoined: bool = True) -> list[GroupState]:
+def two(restarts: int = 0, phase: Phase = Phase.TRAINING) -> list[GroupState]:
     return [
         GroupState(0, ("node1",)),
-        GroupState(1, ("node2",), restarts=restarts, rejoined=rejoined),
+        GroupState(1, ("node2",), restarts=restarts, phase=phase),
     ]
 
 
@@ -63,26 +63,28 @@ def test_max_restarts_counts_per_group() -> None:
 
 
 def test_the_progress_guard_gives_up_a_group_that_never_rejoined() -> None:
-    d = decide(two(restarts=1, rejoined=False))
+    d = decide(two(restarts=1, phase=Phase.HEALING))
     assert d.action == policy.GIVE_UP
     assert "its last restart never rejoined the other groups" in d.reason
     # Its first start failing before it joined is still worth one restart.
-    assert decide(two(restarts=0, rejoined=False)).action == policy.RESTART
+    assert decide(two(restarts=0)).action == policy.RESTART
+    # A restart that rejoined and failed later is restarted again.
+    assert decide(two(restarts=1)).action == policy.RESTART
 
 
 def test_a_given_up_or_failed_peer_is_not_live() -> None:
-    groups = [GroupState(0, ("node1",), given_up=True, running=False), GroupState(1, ("node2",))]
+    groups = [GroupState(0, ("node1",), phase=Phase.GIVEN_UP), GroupState(1, ("node2",))]
     d = decide(groups, unusable={"node2"})
     assert d.action == policy.FAIL_JOB  # no live group would be left
     # A finished group counts as live: its ranks completed the run.
-    done = [GroupState(0, ("node1",), running=False, done=True), GroupState(1, ("node2",))]
+    done = [GroupState(0, ("node1",), phase=Phase.FINISHED), GroupState(1, ("node2",))]
     assert decide(done, unusable={"node2"}).action == policy.GIVE_UP
 
 
 def test_spares_are_the_nodes_no_live_group_holds() -> None:
     groups = [
         GroupState(0, ("n1", "n2")),
-        GroupState(1, ("n3", "n4"), given_up=True, running=False),
+        GroupState(1, ("n3", "n4"), phase=Phase.GIVEN_UP),
     ]
     assert policy.free_nodes(["n1", "n2", "n3", "n4", "n5"], groups, {"n5"}) == ["n3", "n4"]
 
@@ -213,8 +215,8 @@ def test_a_group_with_no_group_left_to_heal_from_fails_the_job() -> None:
     # Both failed together (the other's step ended too), or the other is restarting itself:
     # a restart would heal from nothing and train on from step 0.
     for other in (
-        GroupState(0, ("node1",), running=False),
-        GroupState(0, ("node1",), restarts=1, rejoined=False),
+        GroupState(0, ("node1",), phase=Phase.FAILED),
+        GroupState(0, ("node1",), restarts=1, phase=Phase.HEALING),
     ):
         d = decide([other, GroupState(1, ("node2",))])
         assert d.action == policy.FAIL_JOB
@@ -225,7 +227,7 @@ def test_a_group_with_no_group_left_to_heal_from_fails_the_job() -> None:
 
 
 def test_a_group_failing_after_the_others_finished_is_given_up() -> None:
-    d = decide([GroupState(0, ("node1",), running=False, done=True), GroupState(1, ("node2",))])
+    d = decide([GroupState(0, ("node1",), phase=Phase.FINISHED), GroupState(1, ("node2",))])
     assert (d.action, d.reason) == (
         policy.GIVE_UP,
         "group 1 is given up: the other groups finished training",
@@ -233,14 +235,16 @@ def test_a_group_failing_after_the_others_finished_is_given_up() -> None:
 
 
 def test_a_finished_group_makes_the_groups_still_healing_too_late() -> None:
-    healing = GroupState(1, ("node3",), restarts=1, rejoined=False)
+    healing = GroupState(1, ("node3",), restarts=1, phase=Phase.HEALING)
     training = GroupState(2, ("node4",))
-    done = GroupState(0, ("node1",), running=False, done=True)
+    done = GroupState(0, ("node1",), phase=Phase.FINISHED)
     assert policy.too_late([done, healing, training]) == [1]
     # Nothing finished yet: the healing group may still rejoin.
     assert policy.too_late([GroupState(0, ("node1",)), healing]) == []
     # A group given up already is not ended twice.
-    assert policy.too_late([done, replace(healing, given_up=True)]) == []
+    assert policy.too_late([done, healing.to(Phase.GIVEN_UP)]) == []
+    # Nor one whose step failed in the same poll (its failure decides it).
+    assert policy.too_late([done, healing.to(Phase.FAILED)]) == []
 
 
 def test_a_collective_across_groups_outlasts_the_hang_verdict() -> None:
@@ -272,3 +276,59 @@ def test_every_wait_a_hung_group_prolongs_outlasts_the_hang_verdict() -> None:
     assert replica_timeouts(Thresholds(600, 10.0, 2.0, 300), False, 600) == ReplicaTimeouts(
         collective=30.0, operation=30.0, quorum=600
     )
+
+
+# ------------------------------------------------------------ a group's life (its Phase)
+
+
+def test_a_first_start_trains_and_finishes() -> None:
+    g = GroupState(0, ("node1",))
+    assert (g.phase, g.running, g.live) == (Phase.TRAINING, True, True)
+    done = g.to(Phase.FINISHED)
+    assert (done.running, done.live) == (False, True)
+
+
+def test_a_training_group_fails_then_restarts_healing_on_its_new_nodes() -> None:
+    failed = GroupState(0, ("node1",)).to(Phase.FAILED)
+    assert (failed.running, failed.live) == (False, False)
+    back = failed.restarted(("node3",))
+    assert back == GroupState(0, ("node3",), restarts=1, phase=Phase.HEALING)
+    assert back.running and back.live
+
+
+def test_a_failed_group_is_given_up() -> None:
+    given_up = GroupState(0, ("node1",)).to(Phase.FAILED).to(Phase.GIVEN_UP)
+    assert (given_up.running, given_up.live) == (False, False)
+
+
+def test_a_healing_group_rejoins_fails_finishes_or_is_given_up() -> None:
+    healing = GroupState(0, ("node1",), restarts=1, phase=Phase.HEALING)
+    assert healing.to(Phase.TRAINING).phase is Phase.TRAINING  # it rejoined
+    assert healing.to(Phase.FAILED).phase is Phase.FAILED  # failed again (or no heal in time)
+    assert healing.to(Phase.FINISHED).phase is Phase.FINISHED  # finished before it was seen back
+    assert healing.to(Phase.GIVEN_UP).phase is Phase.GIVEN_UP  # a peer finished first
+
+
+def test_every_move_outside_the_transitions_is_refused() -> None:
+    allowed = {
+        (Phase.TRAINING, Phase.FAILED),
+        (Phase.TRAINING, Phase.FINISHED),
+        (Phase.HEALING, Phase.TRAINING),
+        (Phase.HEALING, Phase.FAILED),
+        (Phase.HEALING, Phase.FINISHED),
+        (Phase.HEALING, Phase.GIVEN_UP),
+        (Phase.FAILED, Phase.HEALING),
+        (Phase.FAILED, Phase.GIVEN_UP),
+    }
+    assert {(a, b) for a, moves in TRANSITIONS.items() for b in moves} == allowed
+    for a in Phase:
+        for b in Phase:
+            g = GroupState(0, ("node1",), restarts=1, phase=a)
+            if (a, b) in allowed:
+                assert g.to(b).phase is b
+            else:
+                with pytest.raises(ValueError, match=f"no move from {a.value} to {b.value}"):
+                    g.to(b)
+    # Finished and given up are final; a training group is never restarted without failing.
+    with pytest.raises(ValueError):
+        GroupState(0, ("node1",)).restarted(("node2",))

@@ -63,6 +63,30 @@ def test_config_path_wins_over_env(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "# mine" in script and "module load" not in script
 
 
+def test_a_site_overrides_one_launch_mode(tmp_path: Path) -> None:
+    """Each launch mode is a partial of its own: a site replaces one mode's attempt loop and
+    the others, and the rest of the launch part, stay built in."""
+    mine = tmp_path / "partials"
+    mine.mkdir()
+    (mine / "mode_plain.sh.j2").write_text("# site attempt loop: {{ plan.mode }}\n")
+    script = prepare(
+        "examples/mlp",
+        [f"templates.search_path=[{tmp_path}]"],
+        run_id="t",
+        run_root="/runs",
+        workdir="/w",
+    ).script
+    assert script.endswith("export DDLAUNCH_RELAUNCH=0\n# site attempt loop: plain\n")
+    spares = prepare(
+        "examples/mlp",
+        [f"templates.search_path=[{tmp_path}]", "fault_tolerance.spare_nodes=1"],
+        run_id="t",
+        run_root="/runs",
+        workdir="/w",
+    ).script
+    assert "site attempt loop" not in spares and "ddlaunch.job.hooks place" in spares
+
+
 def test_missing_template_is_a_clean_error(tmp_path: Path) -> None:
     proc = subprocess.run(
         [

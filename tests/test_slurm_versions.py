@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from ddlaunch.config.slurm_release import version_tuple
 from ddlaunch.job.attribution import first_ranks
 from ddlaunch.policy import attribution as policy
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.parse import parse_node_addresses
-from ddlaunch.slurm.version import version_tuple
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 RELEASES = ("22.05", "24.11", "26.05")

@@ -17,13 +17,14 @@ from support.fakes import FakeRunner
 from support.import_probes import NO_TORCH_PROBE
 from support.rundirs import hand_run
 
-from ddlaunch.app.status import fold_state, group_sweeps, run_status
+from ddlaunch.app.status import fold_state, run_status
 from ddlaunch.app.status_poll import Target, poll
+from ddlaunch.app.sweep_rows import group_sweeps
+from ddlaunch.config.slurm_release import version_tuple
 from ddlaunch.runner import CommandResult
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.parse import NO_NODES
-from ddlaunch.slurm.version import version_tuple
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 R22 = FIX / "slurm-22.05"

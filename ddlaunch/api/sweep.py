@@ -121,11 +121,13 @@ class Sweep:
         )
 
     def member(self, index: int) -> Run:
-        """Member ``index`` as a ``Run`` (``UserError`` until it has started: a member's run
-        directory is made at its first start)."""
+        """Member ``index`` (from 0, as ``members``) as a ``Run``. ``UserError``: the sweep has
+        no such member, or it has not started yet (a member's run directory is made at its
+        first start)."""
         from ddlaunch.api.run import Run
+        from ddlaunch.app.runs import sweep_member
 
-        return Run(self._dir / "members" / str(index))
+        return Run._at(sweep_member(self._dir, index))
 
     def status(self) -> SweepStatus:
         """Every member's state, as ``ddlaunch sweep status SWEEP --json``."""

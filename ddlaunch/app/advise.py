@@ -178,8 +178,29 @@ def mttf(tree: Mapping[str, Any], attempts: Sequence[AttemptRecord], now: float)
     )
 
 
-def no_save_measured(run_dir: Path) -> str:
-    """Why there is no save cost to advise on: none yet, or a trainer that does not say."""
+# The saves that are no periodic one (``timings``' ``reason``), as the output names them.
+UNMEASURED = {"signal": "on the stop signal", "final": "at the last step"}
+
+
+def _unmeasured(record: Timing) -> str:
+    at = f"step {record.step}" if record.step is not None else "a step not recorded"
+    return f"{at}, {UNMEASURED.get(str(record.reason), 'with no cost recorded')}"
+
+
+def no_save_measured(run_dir: Path, records: Sequence[Timing] = ()) -> str:
+    """Why there is no save cost to advise on: none yet, only saves that are no periodic
+    one (``records``: the run's timings; a run cancelled before its first periodic save has
+    the save on the stop signal only), or a trainer that does not say."""
+    unmeasured = [r for r in records if r.kind == timings.SAVE]
+    if unmeasured:
+        n = len(unmeasured)
+        return (
+            f"run {run_dir.name} measured no periodic checkpoint save yet: "
+            f"{timings.TIMINGS_FILE} has {n} save{'' if n == 1 else 's'} "
+            f"({'; '.join(_unmeasured(r) for r in unmeasured)}), which advise leaves out: a "
+            "save on a stop signal or at the last step blocks the loop by design, so it says "
+            "nothing of what a periodic save costs"
+        )
     try:
         source = checkpoint_source(run_dir)
     except UserError:  # the config is damaged (status says so): the general answer
@@ -207,7 +228,7 @@ def advise_run(
     name = run_dir.name
     save = save_cost(records)
     if save is None:
-        raise UserError(no_save_measured(run_dir))
+        raise UserError(no_save_measured(run_dir, records))
     spaced = spacing(records)
     if spaced is None:
         raise UserError(

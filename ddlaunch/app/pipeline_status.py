@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddlaunch.app.status import RunStatus, sweep_state
+from ddlaunch.app.status import RunStatus
+from ddlaunch.app.sweep_rows import sweep_state
 from ddlaunch.errors import UserError
 from ddlaunch.store.pipelines import PipelineRecord, is_pipeline_dir, read_pipeline
 from ddlaunch.store.rundir import is_run_dir

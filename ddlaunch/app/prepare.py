@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ddlaunch import resources
 from ddlaunch.app.snapshot import Snapshot, take
+from ddlaunch.config import slurm_target
 from ddlaunch.config.load import load_tree
 from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import validate_tree
@@ -102,6 +103,8 @@ def prepare_config(
     after: After | None = None,
 ) -> Prepared:
     cfg = absolute_trainer_dir(cfg)
+    # Validated as a config by the caller; here as a Slurm job, before anything is planned.
+    slurm_target.check(cfg)
     run_id = check_safe_name(run_id, "--run-id") if run_id else new_run_id(cfg.job.name)
     code = code or CodePaths()
     if cfg.container.runtime != "none" and code.ddlaunch_root is None:

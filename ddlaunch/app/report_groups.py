@@ -1,15 +1,17 @@
 """The replica groups' restarts for ``ddlaunch report`` (``fault_tolerance.mode:
-replica_groups``), pure: each attempt's ``group_restarts`` entries (written by the batch
-host's group supervisor, ``ddlaunch.job.groups``) as typed rows, and the bars of the
-picture's lane per group (the time each restart kept its group out of the quorum).
+replica_groups``), pure: each attempt's ``group_restarts`` entries (``store.group_restarts``,
+written by the batch host's group supervisor, ``ddlaunch.job.groups``) as the report's rows,
+and the bars of the picture's lane per group (the time each restart kept its group out of
+the quorum).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from ddlaunch.policy.groups import FAIL_JOB, GIVE_UP, RESTART
+from ddlaunch.store import group_restarts as records
 from ddlaunch.store.attempts import AttemptRecord
 
 
@@ -38,39 +40,25 @@ class GroupRestart:
         return None if self.rejoin_s is None else self.time + self.rejoin_s
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    return float(value) if ok else None
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    return tuple(str(n) for n in value) if isinstance(value, list | tuple) else ()
-
-
-def from_entry(attempt: int, entry: Mapping[str, Any]) -> GroupRestart | None:
-    """One ``group_restarts`` entry; None when it lacks its group or its time."""
-    group, when = _int(entry.get("group")), _num(entry.get("time"))
-    if group is None or when is None:
+def from_entry(attempt: int, entry: records.GroupRestart) -> GroupRestart | None:
+    """One ``group_restarts`` entry as a row; None when it lacks its group or its time."""
+    if entry.group is None or entry.time is None:
         return None
     return GroupRestart(
         attempt=attempt,
-        group=group,
-        time=when,
-        cause=str(entry.get("cause") or "?"),
-        culprit=str(entry.get("culprit") or ""),
-        decision=str(entry.get("decision") or ""),
-        why=str(entry.get("why") or ""),
-        nodes=_names(entry.get("nodes")),
-        new_nodes=_names(entry.get("new_nodes")),
-        failed_at_step=_int(entry.get("failed_at_step")),
-        rejoined_step=_int(entry.get("rejoined_step")),
-        rejoin_s=_num(entry.get("rejoin_s")),
-        steps_missed=_int(entry.get("steps_missed")),
-        healed_from=_int(entry.get("healed_from")),
+        group=entry.group,
+        time=float(entry.time),
+        cause=entry.cause or "?",
+        culprit=entry.culprit or "",
+        decision=entry.decision or "",
+        why=entry.why or "",
+        nodes=entry.nodes or (),
+        new_nodes=entry.new_nodes or (),
+        failed_at_step=entry.failed_at_step,
+        rejoined_step=entry.rejoined_step,
+        rejoin_s=None if entry.rejoin_s is None else float(entry.rejoin_s),
+        steps_missed=entry.steps_missed,
+        healed_from=entry.healed_from,
     )
 
 
@@ -87,7 +75,7 @@ def from_attempts(attempts: Sequence[AttemptRecord]) -> list[GroupRestart]:
 
 
 # A restart's decision other than "restart" (policy.groups), as a bar's label says it.
-OUTCOMES = {"give_up": "given up", "fail_job": "the job failed"}
+OUTCOMES = {GIVE_UP: "given up", FAIL_JOB: "the job failed"}
 
 
 @dataclass(frozen=True)
@@ -112,7 +100,7 @@ def bars(
         back = r.back
         end = back if back is not None else attempt_ends.get(r.attempt) or r.time
         label = f"{r.cause}"
-        if r.decision == "restart" and back is not None:
+        if r.decision == RESTART and back is not None:
             label += f", back in {r.rejoin_s:.1f} s"
             if r.healed_from is not None:
                 label += f" from group {r.healed_from}"

@@ -203,14 +203,29 @@ def _not_a_run(ref: str, root: Path) -> None:
     member = member_path(ref, root)
     if member is None:
         return
-    sweep_dir, index = member.parent.parent, int(member.name)
+    _no_member_run(member.parent.parent, int(member.name))
+
+
+def _no_member_run(sweep_dir: Path, index: int) -> NoReturn:
+    """Why member ``index`` of the sweep in ``sweep_dir`` has no run directory: it has not
+    started, or the sweep has no such member."""
     count = len(member_overrides(read_members(sweep_dir)))
-    if index < count:
+    if 0 <= index < count:
         raise UserError(
             f"member {index} of sweep {sweep_dir.name} has not started: it has no run "
             f"directory yet (ddlaunch sweep status {sweep_dir.name})"
         )
     raise UserError(f"sweep {sweep_dir.name} has no member {index} (members 0-{count - 1})")
+
+
+def sweep_member(sweep_dir: Path, index: int) -> Path:
+    """The run directory of member ``index`` of the sweep in ``sweep_dir`` (members are
+    numbered from 0, as ``SWEEP/<i>``); ``UserError`` as ``SWEEP/<i>`` gets it where there is
+    none."""
+    path = sweep_dir.absolute() / MEMBERS_DIR / str(index)
+    if index >= 0 and is_run_dir(path):
+        return path
+    _no_member_run(sweep_dir, index)
 
 
 def find_member(ref: str, root: Path | None = None) -> Path | None:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from ddlaunch.app.runs import (
@@ -28,6 +26,9 @@ from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.balance import describe as describe_shares
 from ddlaunch.store.components import describe as describe_service
 from ddlaunch.store.failures import Failure, is_collateral
+from ddlaunch.store.group_restarts import GroupRestart
+from ddlaunch.store.group_restarts import describe as describe_group_restart
+from ddlaunch.store.group_restarts import last_time as last_group_restart
 from ddlaunch.store.group_state import GroupsState
 from ddlaunch.store.inprocess import InProcessRestart, describe, of_attempt
 from ddlaunch.store.standbys import StandbyBook, hosts_by_count
@@ -230,9 +231,9 @@ def attempt_history(info: RunInfo, state: str = "RUNNING") -> list[AttemptSummar
         if culprit:
             item["culprit"] = culprit
         if rec.group_restarts:
-            item["group_restarts"] = [dict(g) for g in rec.group_restarts]
+            item["group_restarts"] = [g.to_json() for g in rec.group_restarts]
         if rec.in_process_restarts:
-            item["in_process_restarts"] = [dict(r) for r in rec.in_process_restarts]
+            item["in_process_restarts"] = [r.to_json() for r in rec.in_process_restarts]
         if book is not None and rec.is_open and book.attempt == rec.key:
             item["standbys"] = book.as_dict()  # waiting now: an attempt that ended has none
         out.append(item)
@@ -448,12 +449,7 @@ def run_failure(info: RunInfo) -> str | None:
 def _last_group_restart(record: AttemptRecord) -> float:
     """When the attempt's replica-group supervisor last handled a group's failure (a restart
     or a group given up); minus infinity when none did."""
-    times = [
-        float(when)
-        for g in record.group_restarts or ()
-        if isinstance(when := g.get("time"), int | float) and not isinstance(when, bool)
-    ]
-    return max(times, default=float("-inf"))
+    return last_group_restart(record.group_restarts or ())
 
 
 def _last_in_process_restart(record: AttemptRecord) -> float:
@@ -461,6 +457,11 @@ def _last_in_process_restart(record: AttemptRecord) -> float:
     when they never did (a fall-back is no recovery: the attempt is ending)."""
     times = [r.time for r in of_attempt(record) if r.recovered and r.time is not None]
     return max(times, default=float("-inf"))
+
+
+def group_restart_line(entry: Mapping[str, object]) -> str:
+    """One ``group_restarts`` entry of an attempt's summary in words (``status RUN``)."""
+    return describe_group_restart(GroupRestart.from_json(entry))
 
 
 def in_process_line(entry: Mapping[str, object]) -> str:
@@ -536,67 +537,6 @@ def needs_accounting(info: RunInfo) -> bool:
     conclusion did (``outcome.json``). A result file does not: the job may have been
     cancelled between the training's last step and its end."""
     return bool(info.job_id) and info.outcome is None
-
-
-def group_sweeps(rows: Sequence[RunStatus]) -> list[RunStatus]:
-    """Overview form: one row per sweep (its members per state), runs unchanged, in the
-    order they were submitted (a sweep: its first member's submission)."""
-    out: list[RunStatus] = []
-    seen: dict[str, list[RunStatus]] = {}
-    for row in rows:
-        sweep_id = row.run_id.split("/")[0] if "/" in row.run_id else None
-        if sweep_id is None:
-            out.append(row)
-            continue
-        if sweep_id not in seen:
-            seen[sweep_id] = []
-            out.append(RunStatus(sweep_id, "", None, "", "", "", None, None, 0, None, None))
-        seen[sweep_id].append(row)
-    for i, row in enumerate(out):
-        if row.run_id in seen and row.path == "":
-            out[i] = sweep_row(row.run_id, seen[row.run_id])
-    return by_submission(out)
-
-
-def by_submission(rows: Sequence[RunStatus]) -> list[RunStatus]:
-    """Oldest first, the newest next to the prompt; runs without a time first."""
-    return sorted(rows, key=lambda r: (r.submitted is not None, r.submitted or 0.0))
-
-
-# A sweep's one state: the liveliest of its members', else how all of them ended.
-_SWEEP_PRECEDENCE = ("RUNNING", "PENDING", "SUSPENDED")
-
-
-def sweep_state(counts: Counter[str]) -> str:
-    for state in _SWEEP_PRECEDENCE:
-        if counts.get(state):
-            return state
-    if len(counts) == 1:
-        return next(iter(counts))
-    unfinished = [(n, s) for s, n in counts.items() if s != "COMPLETED"]
-    return max(unfinished)[1] if unfinished else "COMPLETED"
-
-
-def sweep_row(sweep_id: str, members: Sequence[RunStatus]) -> RunStatus:
-    counts = Counter(m.state for m in members)
-    jobs = sorted({(m.job_id or "").split("_")[0] for m in members if m.job_id})
-    times = [m.submitted for m in members if m.submitted is not None]
-    shown = ", ".join(f"{n} {s}" for s, n in counts.most_common())
-    return RunStatus(
-        run_id=sweep_id,
-        path=str(Path(members[0].path).parent.parent) if members else "",
-        job_id=",".join(jobs) or None,
-        state=sweep_state(counts) if members else "UNKNOWN",
-        nodes="",
-        reason="",
-        step=None,
-        checkpoint_step=None,
-        attempts=None,
-        failure=None,
-        detail=f"sweep of {len(members)}: {shown} (ddlaunch status {sweep_id})",
-        submitted=min(times) if times else None,
-        members=dict(counts.most_common()),
-    )
 
 
 def min_poll_interval() -> float:

@@ -31,11 +31,11 @@ from ddlaunch.app.status import (
     ACTIVE_STATES,
     NoScheduler,
     RunStatus,
-    group_sweeps,
     needs_accounting,
     run_status,
     settled,
 )
+from ddlaunch.app.sweep_rows import group_sweeps
 from ddlaunch.errors import UserError
 from ddlaunch.runner import NOT_FOUND
 from ddlaunch.slurm import queue

@@ -157,29 +157,10 @@ def in_process_lines(attempt: dict[str, Any]) -> list[str]:
 
 
 def group_restart_line(g: dict[str, Any]) -> str:
-    """One replica group's failure inside an attempt: what failed, what was decided, how
-    it rejoined."""
-    up = f" after {g['up_s']:.0f}s" if isinstance(g.get("up_s"), (int, float)) else ""
-    text = f"group {g.get('group')} failed{up}: {g.get('cause') or '?'}"
-    if g.get("culprit") and g.get("culprit") != g.get("cause"):
-        text += f" ({g['culprit']})"
-    decision = g.get("decision")
-    if decision == "restart":
-        nodes = ",".join(g.get("new_nodes") or ())
-        text += f"; restarted on {nodes}"
-        if g.get("rejoined_step") is not None:
-            source = g.get("healed_from")
-            healed = f", healed from group {source}" if source is not None else ""
-            text += (
-                f"; rejoined at step {g['rejoined_step']} in {g.get('rejoin_s', 0):.1f}s{healed}"
-            )
-            if g.get("steps_missed") is not None:
-                text += f", {g['steps_missed']} steps missed"
-        elif g.get("ended"):
-            text += f"; ended: {g['ended']}"
-    elif g.get("why"):
-        text += f"; {g['why']}"
-    return text
+    """One replica group's failure inside an attempt (``app.status`` words it)."""
+    from ddlaunch.app.status import group_restart_line as line
+
+    return line(g)
 
 
 def page(shown: Any, width: int | None) -> str:

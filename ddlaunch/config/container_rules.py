@@ -116,7 +116,7 @@ def check_container(cfg: Config, b: Collector) -> None:
     c = cfg.container
     if c.runtime == "none":
         # An image alone is what the kubernetes target runs; on Slurm it needs a runtime
-        # (the Slurm planner says so: ``planning.plan.make_plan``).
+        # (``config.slurm_target`` says so).
         return
     if not c.image:
         # The runtime asked for the image: its origin (a --set, say) is named, not the file

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ddlaunch.errors import UserError
 
@@ -31,3 +32,16 @@ class ConfigError(UserError):
         lines = [f"invalid config ({len(self.issues)} {noun}):"]
         lines += [f"  {issue}" for issue in self.issues]
         super().__init__("\n".join(lines))
+
+
+def describe_value(value: Any) -> str:
+    """``value`` as an error message names what was found instead of what was expected."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"

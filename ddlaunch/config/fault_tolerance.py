@@ -33,8 +33,13 @@ class FaultToleranceSpec:
     )
     max_restarts: int = opt(
         3,
-        "Most restarts of one run inside its allocation (a new srun step, no requeue) after a "
-        "crash or a hang with no node to blame; each must have advanced the step.",
+        "Most restarts inside the allocation (no requeue); each must have advanced the step. "
+        "It caps, each on its own: restart: process, the new srun steps of one run after a "
+        "crash, a hang with no node to blame or a failed preflight replaced by a spare; "
+        "restart: in_process, the in-process restarts of one attempt (then the ranks restart "
+        "as new processes); mode: replica_groups, the restarts of each replica group; "
+        "services (components), the restarts of each service; on Kubernetes, the Job's "
+        "backoffLimit.",
         range=(0, 1000),
     )
     spare_nodes: int = opt(

@@ -18,11 +18,13 @@ from typing import Any, cast
 
 from ddlaunch.config import components, trainer_rules
 from ddlaunch.config.container_rules import check_container, check_snapshot
-from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.config.errors import ConfigError, ConfigIssue, describe_value
 from ddlaunch.config.fault_tolerance import FaultToleranceSpec
 from ddlaunch.config.fields import FieldMeta
 from ddlaunch.config.kubernetes_rules import check_kubernetes
 from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
+from ddlaunch.config.placement_rules import check_placement
+from ddlaunch.config.sbatch_rules import check_sbatch
 from ddlaunch.config.schema import PATTERNS, Config
 
 _MAIL_TYPES = {
@@ -44,33 +46,6 @@ _DURATION_FORMS = re.compile(
     r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
     r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<only>\d+))$"
 )
-# Options that the schema owns: setting them through the escape hatch would fight the
-# rendered script, so the error names the key to use instead.
-_RESERVED_SBATCH = {
-    "job-name": "job.name",
-    "partition": "job.partition",
-    "account": "job.account",
-    "qos": "job.qos",
-    "time": "job.time",
-    "nodes": "nodes.count",
-    "ntasks-per-node": "nodes.gpus_per_node / nodes.tasks_per_node",
-    "gpus-per-node": "nodes.gpus_per_node",
-    "cpus-per-task": "nodes.cpus_per_task",
-    "output": "(ddlaunch writes logs to the run dir)",
-    "error": "(ddlaunch writes logs to the run dir)",
-    "signal": "fault_tolerance.signal",
-    "requeue": "job.requeue",
-    "no-requeue": "job.requeue",
-    "open-mode": "(always append)",
-    "array": "a sweep file",
-    "exclude": "nodes.exclude",
-    "nodelist": "nodes.nodelist",
-    "mem": "nodes.mem",
-    "mem-per-cpu": "nodes.mem_per_cpu",
-    "mem-per-gpu": "nodes.mem_per_gpu",
-    "chdir": "launch.workdir",
-    "dependency": "job.dependency",
-}
 
 
 def _close_matches(word: str, candidates: Sequence[str], n: int, cutoff: float) -> list[str]:
@@ -95,18 +70,6 @@ def parse_duration(text: str) -> int | None:
     if "h" in g:
         return g["h"] * 3600 + g["m"] * 60 + g["s"]
     return g["d"] * 86400 + g["dh"] * 3600 + g.get("dm", 0) * 60 + g.get("ds", 0)
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{type(value).__name__} {value!r}"
 
 
 @functools.cache
@@ -169,7 +132,7 @@ class _Builder:
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            self.fail(path, f"expected a mapping of keys, got {_describe(data)}")
+            self.fail(path, f"expected a mapping of keys, got {describe_value(data)}")
             data = {}
         hints = _type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -204,7 +167,7 @@ class _Builder:
         origin = typing.get_origin(tp)
         if origin in (list, tuple):
             if not isinstance(value, list):
-                self.fail(path, f"expected a list (write [a, b]), got {_describe(value)}")
+                self.fail(path, f"expected a list (write [a, b]), got {describe_value(value)}")
                 return _INVALID
             item = args[0]
             if isinstance(item, type) and dataclasses.is_dataclass(item):  # storage.stage
@@ -213,7 +176,7 @@ class _Builder:
             return _INVALID if _INVALID in items else tuple(items)
         if origin is dict:
             if not isinstance(value, dict):
-                self.fail(path, f"expected a mapping, got {_describe(value)}")
+                self.fail(path, f"expected a mapping, got {describe_value(value)}")
                 return _INVALID
             if args[1] is Any:
                 return dict(value)
@@ -224,21 +187,21 @@ class _Builder:
     def scalar(self, tp: type, value: Any, path: KeyPath, meta: FieldMeta) -> Any:
         if tp is bool:
             if not isinstance(value, bool):
-                self.fail(path, f"expected true or false, got {_describe(value)}")
+                self.fail(path, f"expected true or false, got {describe_value(value)}")
                 return _INVALID
             return value
         if tp is int:
             if isinstance(value, bool) or not isinstance(value, int):
-                self.fail(path, f"expected an integer, got {_describe(value)}")
+                self.fail(path, f"expected an integer, got {describe_value(value)}")
                 return _INVALID
         elif tp is float:
             if isinstance(value, bool) or not isinstance(value, int | float):
-                self.fail(path, f"expected a number, got {_describe(value)}")
+                self.fail(path, f"expected a number, got {describe_value(value)}")
                 return _INVALID
             value = float(value)
         elif tp is str:
             if isinstance(value, bool) or not isinstance(value, str | int | float):
-                self.fail(path, f"expected a string, got {_describe(value)}")
+                self.fail(path, f"expected a string, got {describe_value(value)}")
                 return _INVALID
             value = str(value)
             if "\x00" in value:
@@ -311,9 +274,10 @@ def check_contradictions(cfg: Config, b: _Builder) -> None:
         _node_rules,
         _launch_rules,
         _trainer_rules,
-        _sbatch_rules,
+        check_sbatch,
         check_container,
         check_snapshot,
+        check_placement,
         _plan_rules,
         _replica_rules,
         _restart_rules,
@@ -499,67 +463,6 @@ def _launch_rules(cfg: Config, b: _Builder) -> None:
 
 def _trainer_rules(cfg: Config, b: _Builder) -> None:
     trainer_rules.check(cfg, b.fail)
-
-
-def _sbatch_rules(cfg: Config, b: _Builder) -> None:
-    opt_pattern, opt_expected = PATTERNS["sbatch_option"]
-    for option, value in cfg.sbatch.items():
-        path = ("sbatch", str(option))
-        if not opt_pattern.match(str(option)):
-            b.fail(path, f"must be {opt_expected}")
-        elif option in _RESERVED_SBATCH:
-            b.fail(path, f"is set by ddlaunch; use {_RESERVED_SBATCH[option]} instead")
-        elif isinstance(value, bool) or value is None:
-            continue
-        elif not isinstance(value, str | int | float):
-            b.fail(path, f"expected a string, number or true, got {_describe(value)}")
-        elif re.search(r"[\x00-\x1f\x7f'\"\\`$]", str(value)):
-            # sbatch reads #SBATCH lines itself; quotes and control characters there
-            # cannot be made inert by shell quoting.
-            b.fail(path, "must not contain quotes, backslashes, $, ` or control characters")
-    _gres_gpu_rule(cfg, b)
-
-
-def _gpus_per_node_asked(cfg: Config) -> tuple[int, KeyPath]:
-    """The GPUs per node ddlaunch itself asks for (``--gpus-per-node``) in the block of
-    ``#SBATCH`` lines that the ``sbatch:`` entries join, and the key that says so: the job's
-    (``planning.plan``), or a heterogeneous job's first component's, whose block the job-wide
-    lines follow (``planning.components``: a service asks only for what it names)."""
-    if not cfg.components:
-        return cfg.nodes.gpus_per_node, ("nodes", "gpus_per_node")
-    first = cfg.components[0]
-    own = ("components", "0", "nodes", "gpus_per_node")
-    if first.role != components.TRAIN:
-        return first.nodes.gpus_per_node or 0, own
-    gpus = components.gpus_of(first, cfg.nodes.gpus_per_node)
-    return gpus, own if first.nodes.gpus_per_node is not None else ("nodes", "gpus_per_node")
-
-
-def _gres_gpu_rule(cfg: Config, b: _Builder) -> None:
-    """``sbatch.gres`` naming ``gpu`` beside the ``--gpus-per-node`` ddlaunch writes: both ask
-    for the node's GPUs, and from 26.05 sbatch refuses the two together ("--gpus-per-node
-    and --gres=gpu are mutually exclusive"; older versions took both). Without GPUs asked
-    (``gpus_per_node: 0``, a CPU job) there is no --gpus-per-node and the gres stands."""
-    value = cfg.sbatch.get("gres")
-    if not isinstance(value, str):
-        return
-    gpus, key = _gpus_per_node_asked(cfg)
-    if not gpus:
-        return
-    entries = [e.strip() for e in value.split(",") if e.strip()]
-    # "gpu", "gpu:4", "gpu:a100:4" (and the "gres/gpu:4" spelling): the name before the colon.
-    named = [e for e in entries if e.split(":", 1)[0].removeprefix("gres/") == "gpu"]
-    if not named:
-        return
-    rest = [e for e in entries if e not in named]
-    todo = f"keep only its other entries (gres: {','.join(rest)})" if rest else "drop sbatch.gres"
-    b.fail(
-        ("sbatch", "gres"),
-        f"names {','.join(named)}, and {'.'.join(key)}={gpus} asks for the node's GPUs too "
-        "(ddlaunch writes --gpus-per-node): Slurm 26.05's sbatch refuses --gres=gpu beside "
-        f"--gpus-per-node; {todo}",
-        also=key,
-    )
 
 
 def validate_tree(loaded: LoadedTree) -> Config:

@@ -6,7 +6,11 @@ At 2,000 nodes this stays a handful of Slurm calls whatever the number of suspec
 sinfo for every node's state, one ``scontrol show config`` for slurmd's port, one
 ``scontrol show node`` for every suspect's address; the TCP probes run in parallel
 (``PROBE_THREADS`` at a time, each bounded by its own timeout). Ranks srun reported as ended
-by the step's teardown say nothing about their node and make none a suspect."""
+by the step's teardown say nothing about their node and make none a suspect.
+
+``dead_nodes`` is the node-death check the replica-group supervisor runs on a group's
+nodes; ``blame_nodes`` runs its two halves (Slurm's states, then slurmd probes) on an
+attempt's suspects."""
 
 from __future__ import annotations
 
@@ -67,6 +71,36 @@ def probe_all(addresses: Sequence[str], port: int, timeout: float = 3.0) -> list
         return list(pool.map(lambda a: slurmd_reachable(a, port, timeout), addresses))
 
 
+def unreachable(client: SlurmClient, nodes: Sequence[str], timeout: float = 3.0) -> dict[str, str]:
+    """The nodes whose slurmd does not answer, each with the address probed
+    (``address:port``): one ``scontrol show config`` for the port, one ``scontrol show
+    node`` for the addresses, the probes in parallel. None probed when there are no nodes
+    or Slurm names no port."""
+    port = client.slurmd_port() if nodes else None
+    if not port:
+        return {}
+    known = client.node_addresses(list(nodes))
+    addresses = [known.get(node) or node for node in nodes]
+    found = probe_all(addresses, port, timeout)
+    return {
+        node: f"{address}:{port}"
+        for node, address, up in zip(nodes, addresses, found, strict=True)
+        if not up
+    }
+
+
+def dead_nodes(client: SlurmClient, nodes: Sequence[str], timeout: float = 3.0) -> list[str]:
+    """The node-death check: the nodes Slurm reports bad, and the others whose slurmd does
+    not answer (``unreachable``). A failed state query counts no node bad (the probes
+    still run): the replica-group supervisor asks every second, and one slow answer of
+    slurmctld must not end a group."""
+    try:
+        bad = set(bad_nodes(client.node_states(list(nodes))))
+    except Exception:
+        bad = set()
+    return sorted(bad | set(unreachable(client, [n for n in nodes if n not in bad], timeout)))
+
+
 def blame_nodes(
     run_dir: Path,
     nodes: Sequence[str],
@@ -87,11 +121,6 @@ def blame_nodes(
     spared = torn_down(step, recorded) if step is not None else frozenset()
     silent = (r for r in range(len(nodes) * ranks_per_node) if r not in recorded)
     suspects = sorted({nodes[r // ranks_per_node] for r in silent if r not in spared} - set(bad))
-    port = client.slurmd_port() if suspects else None
-    if port:
-        known = client.node_addresses(suspects)
-        addresses = [known.get(node) or node for node in suspects]
-        for node, address, up in zip(suspects, addresses, probe_all(addresses, port), strict=True):
-            if not up:
-                bad[node] = f"{node} slurmd unreachable at {address}:{port}"
+    for node, where in unreachable(client, suspects).items():
+        bad[node] = f"{node} slurmd unreachable at {where}"
     return sorted(bad), ", ".join(bad[n] for n in sorted(bad))

@@ -151,12 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
         h = load_config(config_path(run_dir)).health
-        thresholds = analysis.Thresholds(
-            hang_timeout=h.hang_timeout,
-            heartbeat_interval=h.heartbeat_interval,
-            straggler_factor=h.straggler_factor,
-            straggler_patience=h.straggler_patience,
-        )
+        thresholds = analysis.Thresholds.of(h)
         world = os.environ.get("DDLAUNCH_WORLD_SIZE", "")
         return outlive(
             run_dir,

@@ -233,12 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(os.environ["DDLAUNCH_RUN_DIR"])
     cfg = load_config(config_path(run_dir))
     h = cfg.health
-    thresholds = analysis.Thresholds(
-        hang_timeout=h.hang_timeout,
-        heartbeat_interval=h.heartbeat_interval,
-        straggler_factor=h.straggler_factor,
-        straggler_patience=h.straggler_patience,
-    )
+    thresholds = analysis.Thresholds.of(h)
     world = os.environ.get("DDLAUNCH_WORLD_SIZE", "")
     attempt = AttemptId.from_env(os.environ)
     client = SlurmClient()

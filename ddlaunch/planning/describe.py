@@ -42,21 +42,30 @@ def _gbps(value: float) -> str:
     return f"{value:.4g} Gbit/s"
 
 
-def warnings(cfg: Config) -> list[str]:
-    """Plans that are valid but slow (tp or cp across PCIe), or that leave a check out."""
+def described(cfg: Config) -> tuple[list[str], list[str]]:
+    """(the script's comment lines, the warnings), the parallelism plan placed once: what
+    ``planning.about`` asks for the first time a plan's notes or warnings are shown."""
+    plan = parallel_plan(cfg) if cfg.parallel.configured else None
+    found = warnings(cfg, plan)
+    return [*parallel_lines(cfg, plan, found), *staging_lines(cfg)], found
+
+
+def warnings(cfg: Config, plan: ParallelPlan | None = None) -> list[str]:
+    """Plans that are valid but slow (tp or cp across PCIe), or that leave a check out
+    (``plan``: ``cfg``'s parallelism plan, when the caller placed it already)."""
     out = []
     if cfg.fault_tolerance.mode == "replica_groups" and cfg.health.preflight:
         out.append(
             "health.preflight is not run with fault_tolerance.mode: replica_groups (not built "
             "yet for groups started apart); the groups' supervisor probes their nodes instead"
         )
-    return out + _pcie_warnings(cfg)
+    return out + _pcie_warnings(cfg, plan)
 
 
-def _pcie_warnings(cfg: Config) -> list[str]:
+def _pcie_warnings(cfg: Config, plan: ParallelPlan | None) -> list[str]:
     if not cfg.parallel.configured or cfg.topology.interconnect != "pcie":
         return []
-    plan = parallel_plan(cfg)
+    plan = plan or parallel_plan(cfg)
     bw = commcost.intra_node(cfg)
     nominal = cfg.parallel.intra_node_gbps is None
     source = commcost.INTRA["pcie"][1] if nominal else bw.source
@@ -153,11 +162,14 @@ def _cost_lines(plan: ParallelPlan, cfg: Config) -> list[str]:
     return lines
 
 
-def parallel_lines(cfg: Config) -> list[str]:
-    """The placement and the estimate; nothing unless ``parallel:`` sets a degree."""
+def parallel_lines(
+    cfg: Config, plan: ParallelPlan | None = None, found: list[str] | None = None
+) -> list[str]:
+    """The placement and the estimate; nothing unless ``parallel:`` sets a degree
+    (``plan``, ``found``: ``cfg``'s parallelism plan and warnings, when worked out already)."""
     if not cfg.parallel.configured:
         return []
-    plan = parallel_plan(cfg)
+    plan = plan or parallel_plan(cfg)
     d = plan.degrees
     unit = "GPUs" if cfg.nodes.gpus_per_node else "ranks"
     shape = ", ".join(f"{n} {s}" for n, s in zip(plan.names, plan.shape, strict=True))
@@ -176,7 +188,8 @@ def parallel_lines(cfg: Config) -> list[str]:
     else:
         placement = [f"device_mesh() dims, outermost first: {shape}", order, *_dims_lines(plan)]
     lines = [head, *placement, *_node_lines(plan, replicas), *_cost_lines(plan, cfg)]
-    return lines + [f"warning: {w}" for w in warnings(cfg)]
+    found = warnings(cfg, plan) if found is None else found
+    return lines + [f"warning: {w}" for w in found]
 
 
 def _node_range(nodes: range) -> str:

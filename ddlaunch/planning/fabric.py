@@ -1,7 +1,8 @@
 """Network fabric profiles -> the environment block for NCCL, libfabric and gloo (pure).
 
 One profile per ``fabric.kind``. Every default names its source; the order of the block is
-stable (bootstrap interface, fabric profile, site extras from ``fabric.env``, GPU P2P) so
+stable (bootstrap interface, fabric profile, site extras from ``fabric.env``, whose names
+validation checked: ``config.placement_rules``, GPU P2P) so
 golden renders stay put. User-set ``launch.env`` always wins: the planner drops every key
 of this block that the user set (see ``plan.make_plan``).
 
@@ -20,8 +21,7 @@ Sources, by short name in the comments below:
 
 from __future__ import annotations
 
-from ddlaunch.config.errors import ConfigError, ConfigIssue
-from ddlaunch.config.schema import PATTERNS, Config
+from ddlaunch.config.schema import Config
 from ddlaunch.planning import topology
 
 # aws-ofi-nccl registers itself with NCCL under this network name.
@@ -121,19 +121,8 @@ _PROFILES = {
 }
 
 
-def _check_extra_names(cfg: Config) -> None:
-    """fabric.env names reach ``export NAME=...`` unquoted, so they must be plain names."""
-    pattern, expected = PATTERNS["env_name"]
-    bad = [name for name in cfg.fabric.env if not pattern.match(name)]
-    if bad:
-        raise ConfigError(
-            [ConfigIssue(f"fabric.env.{name}", f"must be {expected}") for name in bad]
-        )
-
-
 def fabric_env(cfg: Config) -> dict[str, str]:
     """Environment block for the configured fabric and GPU topology, in a stable order."""
-    _check_extra_names(cfg)
     fab = cfg.fabric
     env: dict[str, str] = {}
     if fab.interface:

@@ -8,20 +8,14 @@ Three outputs, each only where the cluster preset declares what makes it valid:
   ``TaskPlugin=task/none`` with fake GPUs, where ``--cpu-bind`` is ignored with a warning and
   ``--gpu-bind`` has no GPU affinity to work with;
 * ``#SBATCH`` placement options (``placement_directives``), version-gated on
-  ``cluster.slurm_version``: an option the cluster's Slurm lacks is a config error naming the
-  version, never a script that sbatch rejects later.
+  ``cluster.slurm_version`` by validation (``config.placement_rules``): an option the
+  cluster's Slurm lacks is a config error naming the version, never a script that sbatch
+  rejects later.
 """
 
 from __future__ import annotations
 
-from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.schema import Config
-from ddlaunch.slurm.version import release, version_tuple
-
-# sbatch --segment: added in Slurm 24.05 for the topology/block plugin (which itself arrived
-# in 23.11 without segments). Sources: Slurm 24.05 release notes; sbatch(1) "--segment";
-# slurm.schedmd.com/topology.html "topology/block".
-SEGMENT_SINCE = (24, 5)
 
 # NCCL_P2P_LEVEL per GPU interconnect (NCCL environment variable docs, NCCL_P2P_LEVEL: LOC,
 # NVL, PIX, PXB, PHB, SYS = the longest path over which P2P is still used).
@@ -114,49 +108,6 @@ def placement_directives(cfg: Config) -> list[tuple[str, str | None]]:
         wait = f"@{topo.switch_wait}" if topo.switch_wait else ""
         out.append(("--switches", f"{topo.switches}{wait}"))
     if topo.segment:
-        issues = _segment_issues(cfg)
-        if issues:
-            raise ConfigError(issues)
+        # Validation checked it against the preset's Slurm (``config.placement_rules``).
         out.append(("--segment", str(topo.segment)))
     return out
-
-
-def _segment_issues(cfg: Config) -> list[ConfigIssue]:
-    topo, cluster = cfg.topology, cfg.cluster
-    issues: list[ConfigIssue] = []
-    version = version_tuple(cluster.slurm_version)
-    wanted = release(SEGMENT_SINCE)
-    if version is None:
-        issues.append(
-            ConfigIssue(
-                "topology.segment",
-                f"--segment needs Slurm >= {wanted}; set cluster.slurm_version so it can be "
-                "checked",
-            )
-        )
-    elif version < SEGMENT_SINCE:
-        issues.append(
-            ConfigIssue(
-                "topology.segment",
-                f"--segment needs Slurm >= {wanted} with topology/block, but cluster "
-                f"{cluster.name!r} runs Slurm {cluster.slurm_version} (cluster.slurm_version)",
-            )
-        )
-    if cluster.topology_plugin != "block":
-        plugin = cluster.topology_plugin or "not set"
-        issues.append(
-            ConfigIssue(
-                "topology.segment",
-                "--segment only works with TopologyPlugin=topology/block; "
-                f"cluster.topology_plugin is {plugin}",
-            )
-        )
-    if topo.segment and cfg.nodes.count % topo.segment:
-        issues.append(
-            ConfigIssue(
-                "topology.segment",
-                f"nodes.count={cfg.nodes.count} is not a multiple of the segment size "
-                f"{topo.segment}",
-            )
-        )
-    return issues

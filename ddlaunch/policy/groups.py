@@ -21,6 +21,10 @@ The rules, in order:
   (``too_late``): the groups train in lockstep, so the training is done, and a group coming
   back now would find no one to heal from and start over from step 0.
 
+A group's life is one ``Phase`` with explicit moves (``TRANSITIONS``): training, healing
+(restarted, not back in the quorum), failed (its step ended, the decision pending), finished
+or given up. ``StepEnd`` is a watch's verdict that a running group's step must end.
+
 ``hung_groups`` is the hang verdict per group: the watchdog's rule
 (``policy.heartbeats.detect_hang``) on each group's own heartbeats, and which of the stalled
 groups hang themselves rather than wait for a hung peer (its docstring).
@@ -28,8 +32,9 @@ groups hang themselves rather than wait for a hung peer (its docstring).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
 
 from ddlaunch.policy.heartbeats import CAUSE_HANG, Finding, Thresholds
 
@@ -38,21 +43,59 @@ GIVE_UP = "give_up"
 FAIL_JOB = "fail_job"
 
 
+class Phase(Enum):
+    """Where a replica group is in its life (``TRANSITIONS``: the moves allowed)."""
+
+    TRAINING = "training"  # its step runs and it is in the quorum (a first start: from the outset)
+    HEALING = "healing"  # restarted: its step runs, not back in the quorum yet
+    FAILED = "failed"  # its step ended in failure; what becomes of it is not decided yet
+    FINISHED = "finished"  # its step ended with every rank finished
+    GIVEN_UP = "given up"  # no step any more in this attempt
+
+
+# A group's life, every move it can make. A failed group restarts (healing) or is given
+# up; a healing one rejoins, fails again, finishes, or is given up when a peer finished
+# first (``too_late``); finished and given up are final.
+TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
+    Phase.TRAINING: frozenset({Phase.FAILED, Phase.FINISHED}),
+    Phase.HEALING: frozenset({Phase.TRAINING, Phase.FAILED, Phase.FINISHED, Phase.GIVEN_UP}),
+    Phase.FAILED: frozenset({Phase.HEALING, Phase.GIVEN_UP}),
+    Phase.FINISHED: frozenset(),
+    Phase.GIVEN_UP: frozenset(),
+}
+
+
 @dataclass(frozen=True)
 class GroupState:
-    """One replica group as the supervisor knows it."""
+    """One replica group as the supervisor knows it: its nodes, its restarts in this
+    attempt and its ``Phase``; each move is a new value (``to``)."""
 
     group: int
     nodes: tuple[str, ...]
     restarts: int = 0  # restarts of this group in this attempt
-    running: bool = True  # its step is running (or it is being restarted)
-    done: bool = False  # its step ended with every rank finished
-    given_up: bool = False
-    rejoined: bool = True  # since its last (re)start it healed and committed a step
+    phase: Phase = Phase.TRAINING
 
     @property
     def live(self) -> bool:
-        return not self.given_up and (self.running or self.done)
+        return self.phase in (Phase.TRAINING, Phase.HEALING, Phase.FINISHED)
+
+    @property
+    def running(self) -> bool:
+        """Its step runs (training or healing)."""
+        return self.phase in (Phase.TRAINING, Phase.HEALING)
+
+    def to(self, phase: Phase) -> GroupState:
+        """This group moved to ``phase``; a move ``TRANSITIONS`` does not allow is a bug of
+        the supervisor's."""
+        if phase not in TRANSITIONS[self.phase]:
+            raise ValueError(
+                f"group {self.group}: no move from {self.phase.value} to {phase.value}"
+            )
+        return replace(self, phase=phase)
+
+    def restarted(self, nodes: tuple[str, ...]) -> GroupState:
+        """A failed group started again on ``nodes``: healing, one restart more."""
+        return replace(self.to(Phase.HEALING), nodes=nodes, restarts=self.restarts + 1)
 
 
 @dataclass(frozen=True)
@@ -63,11 +106,27 @@ class GroupDecision:
     replaced: tuple[tuple[str, str], ...] = ()  # (left-out node, the spare in its place)
 
 
+@dataclass(frozen=True)
+class StepEnd:
+    """A watch's verdict that a running group's step must end (the supervisor ends it and
+    then handles the group as failed). ``why``: said in the batch log, and the recorded
+    cause where no verdict names one; ``cause`` and ``detail``: a verdict's (``hang``,
+    ``straggler``), the record's cause and culprit; ``blamed``: the nodes the verdict names;
+    ``avoid``: nodes the restart must leave out (a straggler); ``dead``: nodes found dead."""
+
+    why: str
+    cause: str = ""
+    detail: str = ""
+    blamed: tuple[str, ...] = ()
+    avoid: tuple[str, ...] = ()
+    dead: tuple[str, ...] = ()
+
+
 def free_nodes(
     allocation: Sequence[str], groups: Sequence[GroupState], unusable: set[str]
 ) -> list[str]:
     """The allocation's usable nodes no live group holds, in allocation order: the spares."""
-    held = {n for g in groups if not g.given_up for n in g.nodes}
+    held = {n for g in groups if g.phase is not Phase.GIVEN_UP for n in g.nodes}
     return [n for n in allocation if n not in held and n not in unusable]
 
 
@@ -92,21 +151,20 @@ def decide(
     max_restarts: int,
     min_groups: int,
 ) -> GroupDecision:
-    """What to do with ``failed`` (one of ``groups``, whose step just ended in failure)."""
+    """What to do with ``failed``, the group as it was when its step ended in failure
+    (training or healing); ``groups``: every group, the failed one included."""
     others_live = sum(1 for g in groups if g.group != failed.group and g.live)
     # The groups a restarted one can heal from: training, and in the quorum since their start.
-    sources = sum(
-        1 for g in groups if g.group != failed.group and g.live and g.running and g.rejoined
-    )
+    sources = sum(1 for g in groups if g.group != failed.group and g.phase is Phase.TRAINING)
     placed = restart_nodes(failed, unusable, spares)
     if placed is None:
         lost = ", ".join(sorted(n for n in failed.nodes if n in unusable))
         why = f"no spare node left for {lost}"
     elif failed.restarts >= max_restarts:
         why = f"it used its fault_tolerance.max_restarts ({max_restarts})"
-    elif failed.restarts > 0 and not failed.rejoined:
+    elif failed.restarts > 0 and failed.phase is Phase.HEALING:
         why = "its last restart never rejoined the other groups"
-    elif sources == 0 and any(g.done for g in groups if g.group != failed.group):
+    elif sources == 0 and any(g.phase is Phase.FINISHED for g in groups if g.group != failed.group):
         return GroupDecision(
             GIVE_UP, f"group {failed.group} is given up: the other groups finished training"
         )
@@ -135,9 +193,9 @@ def decide(
 def too_late(groups: Sequence[GroupState]) -> list[int]:
     """The restarted groups still healing once some group finished training: they can no
     longer rejoin (the module's last rule), so they are ended and given up, not failed."""
-    if not any(g.done for g in groups):
+    if not any(g.phase is Phase.FINISHED for g in groups):
         return []
-    return [g.group for g in groups if g.running and not g.rejoined and not g.given_up]
+    return [g.group for g in groups if g.phase is Phase.HEALING]
 
 
 def group_nodes(nodes: Sequence[str], groups: int) -> list[tuple[str, ...]]:

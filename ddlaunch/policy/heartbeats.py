@@ -30,6 +30,7 @@ import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddlaunch.config.health import HealthSpec
 from ddlaunch.policy.beats import Beat, NodeSummary, by_node
 from ddlaunch.policy.beats import current_beats as current_beats  # the callers' old name
 
@@ -46,6 +47,16 @@ class Thresholds:
     heartbeat_interval: float
     straggler_factor: float
     straggler_patience: float
+
+    @classmethod
+    def of(cls, health: HealthSpec) -> Thresholds:
+        """The config's ``health`` limits: the one place they become thresholds."""
+        return cls(
+            hang_timeout=health.hang_timeout,
+            heartbeat_interval=health.heartbeat_interval,
+            straggler_factor=health.straggler_factor,
+            straggler_patience=health.straggler_patience,
+        )
 
     @property
     def stale_after(self) -> float:

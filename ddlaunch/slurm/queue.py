@@ -19,8 +19,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from ddlaunch.config.slurm_release import version_tuple
 from ddlaunch.slurm.parse import SQUEUE_FORMAT, QueueRow, add_row, parse_squeue, parse_task_list
-from ddlaunch.slurm.version import version_tuple
 
 TEXT = "text"
 JSON = "json"

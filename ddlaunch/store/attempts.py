@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 from ddlaunch import fsutil
 from ddlaunch.store import records
+from ddlaunch.store.group_restarts import GROUP_RESTARTS, GroupRestart
+from ddlaunch.store.inprocess import RESTARTS, InProcessRestart
 from ddlaunch.store.layout import KUBERNETES_JOB_VAR, KUBERNETES_RESTART_VAR
 from ddlaunch.store.records import BOOL, INT, NUMBER, OBJECTS, STRINGS, TEXT
 
@@ -59,13 +61,13 @@ FIELDS = {
     "preflight": OBJECTS,  # the preflight verdicts per node
     "checkpoint_errors": OBJECTS,  # saves that failed while training went on
     # fault_tolerance.mode: replica_groups: each group restarted alone in this attempt
-    # (``job.groups``: group, cause, culprit, nodes, the decision).
-    "group_restarts": OBJECTS,
+    # (each a ``store.group_restarts.GroupRestart``: group, cause, culprit, nodes, the decision).
+    "group_restarts": GROUP_RESTARTS,
     # fault_tolerance.restart: in_process: each in-process restart in this attempt, written by
-    # the ranks (``store.inprocess`` reads an entry), and when rank 0 saw every rank of the
+    # the ranks (each a ``store.inprocess.InProcessRestart``), and when rank 0 saw every rank of the
     # last generation return from the training function (the end hook then knows that
     # srun's nonzero status is a replaced rank's, not the run's).
-    "in_process_restarts": OBJECTS,
+    "in_process_restarts": RESTARTS,
     "in_process_done": NUMBER,
 }
 
@@ -107,8 +109,8 @@ class AttemptRecord(records.Record):
     resume_checkpoint: str | None = None
     preflight: tuple[Mapping[str, Any], ...] | None = None
     checkpoint_errors: tuple[Mapping[str, Any], ...] | None = None
-    group_restarts: tuple[Mapping[str, Any], ...] | None = None
-    in_process_restarts: tuple[Mapping[str, Any], ...] | None = None
+    group_restarts: tuple[GroupRestart, ...] | None = None
+    in_process_restarts: tuple[InProcessRestart, ...] | None = None
     in_process_done: float | None = None
 
     @property

@@ -5,19 +5,20 @@ append one entry per restart to the open attempt's ``in_process_restarts``
 (``attempts.update_open``); rank 0 sets ``in_process_done`` when every rank of the last
 generation returned from the training function.
 
-Here: ``InProcessRestart``, one entry read without trusting it (a missing or mistyped key is
-"not known"), and ``describe``, the entry in one line for ``status`` and ``report``.
-Torch-free, no Slurm calls.
+Here: ``InProcessRestart``, the one typed entry: what the ranks write (``to_json``), and
+what every reader gets, read without trusting it (a missing or mistyped key is "not known");
+``RESTARTS``, the attempt record's field of them (``AttemptRecord.in_process_restarts``); and
+``describe``, the entry in one line for ``status`` and ``report``. Torch-free, no Slurm
+calls; it imports no other record module (``store.attempts`` imports it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from ddlaunch.store.attempts import AttemptRecord
-from ddlaunch.store.records import number, text, whole
+from ddlaunch.store.records import number, text, typed_objects, whole
 
 CAUSE_CRASH = "crash"
 # Where the ranks took the state they resumed from (``state_from``).
@@ -29,12 +30,14 @@ _STATE_WORDS = {STATE_RAM: "RAM", STATE_DISK: "disk"}
 @dataclass(frozen=True)
 class Replacement:
     """A standby process that took a dead rank: ``pid`` the standby's (it waits again),
-    ``rank_pid`` the process it forked to run the rank (None in records written before)."""
+    ``rank_pid`` the process it forked to run the rank (None in records written before).
+    ``written``: the object it was read from, if any (see ``InProcessRestart``)."""
 
     rank: int | None
     host: str
     pid: int | None
     rank_pid: int | None = None
+    written: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_mapping(cls, entry: Mapping[str, Any]) -> Replacement:
@@ -43,7 +46,13 @@ class Replacement:
             text(entry.get("host")) or "",
             whole(entry.get("pid")),
             whole(entry.get("rank_pid")),
+            written=entry,
         )
+
+    def to_json(self) -> dict[str, Any]:
+        if self.written is not None:
+            return dict(self.written)
+        return {"rank": self.rank, "host": self.host, "pid": self.pid, "rank_pid": self.rank_pid}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +62,12 @@ class InProcessRestart:
     died and their hosts, in the same order; ``rejoined_s``: failure detected -> new process
     group formed; ``resumed_from``: the step resumed from; ``state_from``: ``STATE_RAM`` or
     ``STATE_DISK``; ``fell_back``: why the restart could not be done in process (the ranks
-    then left, and the attempt ended as any crash does)."""
+    then left, and the attempt ended as any crash does).
+
+    ``written``: the JSON object an entry was read from, which ``to_json`` gives back as it
+    was (a rewrite of the attempt record keeps the keys and nulls another version wrote, byte
+    for byte); None for an entry made here, which ``to_json`` writes whole, every key the
+    ranks have always written. Not compared: two entries with the same facts are equal."""
 
     time: float | None = None
     generation: int | None = None
@@ -65,6 +79,7 @@ class InProcessRestart:
     resumed_from: int | None = None
     state_from: str | None = None
     fell_back: str | None = None
+    written: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_mapping(cls, entry: Mapping[str, Any]) -> InProcessRestart:
@@ -86,7 +101,25 @@ class InProcessRestart:
             resumed_from=whole(entry.get("resumed_from")),
             state_from=text(entry.get("state_from")),
             fell_back=text(entry.get("fell_back")),
+            written=entry,
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as the attempt record holds it (``in_process_restarts``)."""
+        if self.written is not None:
+            return dict(self.written)
+        return {
+            "time": self.time,
+            "generation": self.generation,
+            "ranks": list(self.ranks),
+            "hosts": list(self.hosts),
+            "cause": self.cause,
+            "replacements": [r.to_json() for r in self.replacements],
+            "rejoined_s": self.rejoined_s,
+            "resumed_from": self.resumed_from,
+            "state_from": self.state_from,
+            "fell_back": self.fell_back,
+        }
 
     @property
     def recovered(self) -> bool:
@@ -95,16 +128,28 @@ class InProcessRestart:
         return self.fell_back is None
 
 
+# ``AttemptRecord.in_process_restarts``'s kind: each entry typed as read, written back as read.
+RESTARTS = typed_objects(InProcessRestart.from_mapping, InProcessRestart.to_json)
+
+
 def _list(value: object) -> Sequence[object]:
     return value if isinstance(value, list | tuple) else ()
 
 
-def of_attempt(record: AttemptRecord) -> list[InProcessRestart]:
+class _Attempt(Protocol):
+    """An attempt record (``store.attempts.AttemptRecord``; named by its shape, as that
+    module imports this one)."""
+
+    @property
+    def in_process_restarts(self) -> tuple[InProcessRestart, ...] | None: ...
+
+
+def of_attempt(record: _Attempt) -> list[InProcessRestart]:
     """The attempt's in-process restarts, in the order the ranks recorded them."""
-    return [InProcessRestart.from_mapping(e) for e in record.in_process_restarts or ()]
+    return list(record.in_process_restarts or ())
 
 
-def recovered_count(records: Sequence[AttemptRecord]) -> int:
+def recovered_count(records: Sequence[_Attempt]) -> int:
     """Failures the ranks recovered from in process, over ``records`` (the fall-backs are
     not: each ended its attempt)."""
     return sum(1 for rec in records for r in of_attempt(rec) if r.recovered)

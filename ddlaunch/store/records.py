@@ -50,6 +50,10 @@ class Kind:
     name: str
     check: Callable[[Any], bool]
     container: bool = False
+    # A list of objects that the record holds as typed values (``typed_objects``): an item
+    # as read, and the JSON object it writes back.
+    read_item: Callable[[Mapping[str, Any]], Any] | None = None
+    write_item: Callable[[Any], dict[str, Any]] | None = None
 
 
 def _number(value: Any) -> bool:
@@ -76,6 +80,16 @@ INTS = Kind(
     lambda v: isinstance(v, list) and all(INT.check(i) for i in v),
     container=True,
 )
+
+
+def typed_objects(
+    read: Callable[[Mapping[str, Any]], Any], write: Callable[[Any], dict[str, Any]]
+) -> Kind:
+    """``OBJECTS`` whose items a ``Record`` holds as typed values: ``read`` makes one of a
+    JSON object, ``write`` gives back the object it was read from (a record read and saved
+    keeps its bytes)."""
+    return Kind(OBJECTS.name, _objects, container=True, read_item=read, write_item=write)
+
 
 _KIND_NAMES: dict[type, str] = {
     dict: "an object",
@@ -265,7 +279,8 @@ class Record:
             elif value is None:
                 nulls.add(key)
             elif isinstance(value, list):
-                known[key] = tuple(value)
+                read = cls.FIELDS[key].read_item
+                known[key] = tuple(map(read, value) if read else value)
             else:
                 known[key] = value  # a whole number stays one: rewritten as it was
         return cls(**known, extra=extra, nulls=frozenset(nulls))
@@ -275,7 +290,11 @@ class Record:
         for key in self.FIELDS:
             value = getattr(self, key)
             if value is not None:
-                out[key] = list(value) if isinstance(value, tuple) else value
+                write = self.FIELDS[key].write_item
+                if write is not None:
+                    out[key] = [write(item) for item in value]
+                else:
+                    out[key] = list(value) if isinstance(value, tuple) else value
             elif key in self.nulls:
                 out[key] = None
         out.update((k, v) for k, v in self.extra.items() if k not in self.FIELDS)

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ddlaunch.app.snapshot import Snapshot, take
+from ddlaunch.config import slurm_target
 from ddlaunch.config.errors import ConfigError, ConfigIssue
 from ddlaunch.config.load import LoadedTree, apply_overrides, load_tree
 from ddlaunch.config.schema import Config, StorageSpec
@@ -277,6 +278,16 @@ def share_throttle(throttle: int | None, sizes: Sequence[int]) -> list[int | Non
     return list(shares)
 
 
+def _check_size(array: ArraySpec, facts: ClusterFacts) -> None:
+    """An array never holds more tasks than MaxArraySize (``split_arrays`` cut them so; a
+    MaxArraySize of 0, arrays turned off, is refused here rather than by sbatch)."""
+    if facts.max_array_size is not None and len(array.members) > facts.max_array_size:
+        raise ValueError(
+            f"array {array.name} has {len(array.members)} tasks but the cluster's "
+            f"MaxArraySize is {facts.max_array_size}"
+        )
+
+
 def plan_arrays(
     members: Sequence[tuple[int, Config]],
     *,
@@ -312,6 +323,7 @@ def plan_arrays(
         inputs = _script_inputs(cfg, root)
         key = known.get(inputs)
         if key is None:
+            slurm_target.check(cfg, array=True)  # what a valid config cannot do as an array
             probe = ArraySpec("", sweep_id, (0,), members_dir, throttle, root)
             plan = make_plan(
                 cfg,
@@ -321,7 +333,10 @@ def plan_arrays(
                 array=probe,
                 code=code,
             )
-            key = known[inputs] = repr((plan, cfg.templates.main, cfg.templates.search_path))
+            # The script's comments are worked out apart from the plan's value: they make
+            # two scripts differ as much as the rest.
+            shown = (plan.notes, plan.rank_command)
+            key = known[inputs] = repr((plan, shown, cfg.templates.main, cfg.templates.search_path))
         groups.setdefault(key, []).append(index)
         firsts.setdefault(key, (cfg, root))
     arrays: list[ArrayJob] = []
@@ -335,6 +350,7 @@ def plan_arrays(
             spec = ArraySpec(
                 str(first_name + len(arrays)), sweep_id, chunk, members_dir, next(shares), root
             )
+            _check_size(spec, facts)
             plan = make_plan(
                 cfg,
                 run_id=sweep_id,

@@ -22,12 +22,19 @@ process restart of the allocation follows, as without ``in_process``. A rank who
 raised (not a peer's failure) says so and leaves: a standby takes its place.
 
 The feature's parts, in the places it spans: the rules (``config.validate``: Session code,
-job mode); the standby step and ``--kill-on-bad-exit=0`` (``planning.plan``, the script's
-launch part); in the ranks this module, ``worker.control``, ``worker.connections``,
-``worker.standby``, ``policy.inprocess`` (the decision), ``saving.memory`` (the state from
-RAM, used by ``train.Session``); the records (``store.inprocess``, the attempt's
-``in_process_restarts`` and ``in_process_done``); on the batch host the end hook's ending
-(``job.endings.finished_in_process``); ``status`` and ``report`` (``app.report_inprocess``).
+job mode); the standby step and ``--kill-on-bad-exit=0`` (``planning.rank_step``, the
+script's ``partials/mode_in_process*.sh.j2``); in the ranks this module, ``worker.control``,
+``worker.connections``, ``worker.standby``, ``policy.inprocess`` (the decision),
+``saving.memory`` (the state from RAM, used by ``train.inprocess_part``, the Session's part
+of it); the private torch calls
+(``worker.torch_internals``); the records (``store.inprocess.InProcessRestart``, the
+attempt's ``in_process_restarts`` and ``in_process_done``); on the batch host the end hook's
+ending (``job.endings.finished_in_process``); ``status`` and ``report``
+(``app.report_inprocess``).
+
+The restart loop and the Session meet on one ``Channel`` per process (``channel()``): the
+loop sets the generation a restart formed, the Session's part reads it (a restart to
+restore from, the plan to record) and tells the channel when each step ends.
 """
 
 from __future__ import annotations
@@ -35,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import sys
 import threading
 import time
 import traceback
@@ -45,7 +51,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
 import torch.distributed as dist
 
 from ddlaunch.policy.inprocess import (
@@ -56,7 +61,8 @@ from ddlaunch.policy.inprocess import (
     plan_restart,
 )
 from ddlaunch.store import attempts, exclusions
-from ddlaunch.worker import connections
+from ddlaunch.store.inprocess import InProcessRestart, Replacement
+from ddlaunch.worker import connections, torch_internals
 from ddlaunch.worker.control import EVENT_LOST, Assignment, Control, RankPlace
 from ddlaunch.worker.stops import StopRank
 
@@ -71,22 +77,6 @@ SETTLE_MAX_S = 15.0
 # A live rank arrives once its step reaches a collective (its connections were shut down):
 # within a step's time of the failure. Without a step seen yet, this long.
 QUIET_MIN_S = 1.0
-_step_period = 0.0
-_step_seen_at: float | None = None
-
-
-def step_done() -> None:
-    """A step ended (``Session`` calls it at each boundary): how long steps take is how long
-    the first survivor waits for the others when more than one rank may be dead."""
-    global _step_period, _step_seen_at
-    now = time.monotonic()
-    if _step_seen_at is not None:
-        _step_period = now - _step_seen_at
-    _step_seen_at = now
-
-
-def quiet_period() -> float:
-    return max(QUIET_MIN_S, 2 * _step_period)
 
 
 class InProcessFallback(RuntimeError):
@@ -105,21 +95,46 @@ class Generation:
     rank_pids: Mapping[int, int] = field(default_factory=dict)  # each replacement's process
 
 
-_generation = Generation()
+@dataclass
+class Channel:
+    """What the restart loop and the rank's ``Session`` share in this process.
+
+    ``generation``: the process group generation, set by the restart loop when a restart
+    formed a new one (``formed``), read by the Session's in-process part (a restart to
+    restore from; its plan and the replacements' processes to record). ``step_period``: how
+    long the last step took, told by the Session at each boundary (``step_done``), read by
+    the first survivor to know how long to wait for the others (``quiet_period``)."""
+
+    generation: Generation = field(default_factory=Generation)
+    step_period: float = 0.0
+    step_seen_at: float | None = None
+
+    def step_done(self) -> None:
+        """A step ended (the Session calls it at each boundary)."""
+        now = time.monotonic()
+        if self.step_seen_at is not None:
+            self.step_period = now - self.step_seen_at
+        self.step_seen_at = now
+
+    def quiet_period(self) -> float:
+        """How long the first survivor waits for another survivor that is still to come
+        when more than one rank may be dead: a live rank arrives within a step's time."""
+        return max(QUIET_MIN_S, 2 * self.step_period)
+
+    def formed(self, generation: Generation) -> None:
+        """A restart formed ``generation``; the restart itself was no step."""
+        self.generation = generation
+        self.step_seen_at = None
 
 
-def current() -> Generation:
-    return _generation
+# The one channel of this process: the training function (and its Session) is called anew
+# by ``run`` after each restart, with no argument of ours, so the Session's part finds the
+# channel here; the restart loop holds the same object in its ``Context``.
+_CHANNEL = Channel()
 
 
-def abort_groups() -> None:
-    """Abort every process group of this process, so that a collective blocked in one
-    raises. Safe from another thread; the state is cleared by the main thread."""
-    from torch.distributed import distributed_c10d as c10d
-
-    for group in list(c10d._world.pg_names):
-        with contextlib.suppress(Exception):
-            group.abort()
+def channel() -> Channel:
+    return _CHANNEL
 
 
 def clear_groups(exc: BaseException, addresses: frozenset[str], control_port: int) -> None:
@@ -127,14 +142,11 @@ def clear_groups(exc: BaseException, addresses: frozenset[str], control_port: in
     the job's nodes shut down (``worker.connections``: what ends the collectives the other
     ranks are blocked in with this one), the cached mesh of the old groups dropped, and the
     failed call's frames cleared (they hold the old model, optimizer and Session)."""
-    from torch.distributed import distributed_c10d as c10d
-
     from ddlaunch.worker import mesh
 
     if dist.is_initialized():
-        release_default_group(c10d._world.default_pg)
-        with contextlib.suppress(Exception):
-            c10d._abort_process_group()
+        torch_internals.release_default_group(torch_internals.default_group())
+        torch_internals.forget_groups()
     connections.shut_down(addresses, control_port)
     mesh.forget()
     seen: BaseException | None = exc
@@ -142,25 +154,6 @@ def clear_groups(exc: BaseException, addresses: frozenset[str], control_port: in
         traceback.clear_frames(seen.__traceback__)
         seen = seen.__cause__ or seen.__context__
     gc.collect()
-
-
-def release_default_group(group: object) -> None:
-    """Drop the references to the default group that torch keeps outside its registry, so
-    that the aborted group is freed: ``torch.distributed.nn.functional`` binds
-    ``group.WORLD`` as the default argument of its collectives when it is imported (DCP
-    imports it at the first save), and those defaults would keep the old generation's group
-    alive for good. A gloo group kept alive after its connections were shut down costs a
-    core: its device loop thread spins on the closed sockets' hang-up events (measured on
-    the dev cluster: every survivor's step 7 % slower after the first in-process restart).
-    The defaults become None, which the collectives read as the default group, whichever
-    generation's it is."""
-    functional = sys.modules.get("torch.distributed.nn.functional")
-    if functional is None or group is None:
-        return
-    for value in vars(functional).values():
-        defaults = getattr(value, "__defaults__", None)
-        if defaults and any(d is group for d in defaults):
-            value.__defaults__ = tuple(None if d is group else d for d in defaults)
 
 
 class Monitor:
@@ -194,7 +187,7 @@ class Monitor:
                 continue
             while g == self.generation and not self.recovering and not self.stopped:
                 connections.shut_down(self.addresses, self.control.port)
-                abort_groups()
+                torch_internals.abort_every_group()
                 time.sleep(self.ABORT_EVERY_S)
             while g == self.generation and not self.stopped:  # the next one forms
                 time.sleep(self.ABORT_EVERY_S)
@@ -212,6 +205,7 @@ class Context:
     rejoin_timeout: float
     max_restarts: int
     addresses: frozenset[str]  # the job's nodes' (connections.job_addresses)
+    channel: Channel  # shared with the Session (``channel()``)
 
 
 def start(
@@ -236,6 +230,7 @@ def start(
         ft.rejoin_timeout,
         ft.max_restarts,
         addresses,
+        channel(),
     )
 
 
@@ -258,19 +253,19 @@ def _finish(ctx: Context) -> None:
     a restart, once every rank returned, records that the ranks finished (srun's status
     counts the dead rank's)."""
     ctx.monitor.stopped = True
-    if _generation.number > 0 and dist.is_initialized():
+    restarted = ctx.channel.generation.number > 0
+    if restarted and dist.is_initialized():
         dist.barrier()
     if ctx.place.rank != 0:
         return
-    if _generation.number > 0:
+    if restarted:
         attempts.update_open(ctx.run_dir, in_process_done=time.time())
     with contextlib.suppress(Exception):
         ctx.control.dismiss_standbys()
 
 
 def _recover(exc: Exception, ctx: Context) -> None:
-    global _generation, _step_seen_at
-    g, rank, control = _generation.number, ctx.place.rank, ctx.control
+    g, rank, control = ctx.channel.generation.number, ctx.place.rank, ctx.control
     what = f"{type(exc).__name__}: {exc}"
     try:
         seen = control.failure(g)
@@ -301,8 +296,7 @@ def _recover(exc: Exception, ctx: Context) -> None:
             flush=True,
         )
         raise why from exc
-    _generation = Generation(plan.generation, plan, time.time(), _rank_pids(control, plan))
-    _step_seen_at = None  # the restart is no step
+    ctx.channel.formed(Generation(plan.generation, plan, time.time(), _rank_pids(control, plan)))
     # The generation first: the monitor's loop of the old one must end, not abort the new.
     ctx.monitor.generation = plan.generation
     ctx.monitor.recovering = False
@@ -341,7 +335,7 @@ def _decide(ctx: Context, g: int, detected: float) -> None:
     """The first survivor: wait for the others, then decide and tell the standbys."""
     control, world = ctx.control, ctx.place.world
     deadline = time.monotonic() + min(SETTLE_MAX_S, ctx.rejoin_timeout * SETTLE_SHARE)
-    quiet = quiet_period()
+    quiet = ctx.channel.quiet_period()
     count, last_change = 0, time.monotonic()
     while time.monotonic() < deadline:
         now_count = control.add(f"g{g}/arrived", 0)
@@ -396,8 +390,6 @@ def said(plan: RestartPlan) -> str:
 def form_group(ctx: Context, generation: int, world: int) -> None:
     """Meet every rank of ``generation`` (bounded: a replacement that died on its way is
     not waited for), then form its process group on the control store."""
-    from torch.distributed import distributed_c10d as c10d
-
     control, rank = ctx.control, ctx.place.rank
     control.set(f"g{generation}/joined/{rank}", "1")
     deadline = time.monotonic() + ctx.rejoin_timeout
@@ -417,18 +409,15 @@ def form_group(ctx: Context, generation: int, world: int) -> None:
         world_size=world,
         timeout=timedelta(seconds=ctx.rejoin_timeout),
     )
-    with contextlib.suppress(Exception):
-        group = c10d._get_default_group()
-        group._get_backend(torch.device("cpu"))._set_default_timeout(c10d.default_pg_timeout)
+    torch_internals.restore_default_timeout()
 
 
 def join_as_replacement(ctx: Context, generation: int) -> None:
     """A standby that took a dead rank: join the generation the survivors are forming."""
-    global _generation
     plan = ctx.control.plan(generation - 1) if ctx.control.has(f"g{generation - 1}/plan") else None
     form_group(ctx, generation, ctx.place.world)
     pids = _rank_pids(ctx.control, plan) if plan is not None else {}
-    _generation = Generation(generation, plan, time.time(), pids)
+    ctx.channel.formed(Generation(generation, plan, time.time(), pids))
 
 
 def _rank_pids(control: Control, plan: RestartPlan) -> dict[int, int]:
@@ -446,35 +435,31 @@ def record(
     run_dir: Path,
     plan: RestartPlan,
     *,
+    rank_pids: Mapping[int, int] | None = None,
     resumed_from: int | None = None,
     state_from: str | None = None,
     formed: float | None = None,
     fell_back: str | None = None,
 ) -> None:
     """The attempt's entry for this restart (rank 0 of the new generation, or the first
-    survivor of a fall-back)."""
-    pids = _generation.rank_pids if _generation.plan is plan else {}
-    entry = {
-        "time": plan.detected,
-        "generation": plan.generation,
-        "ranks": list(plan.dead),
-        "hosts": list(plan.hosts),
-        "cause": "crash",
-        "replacements": [
-            {
-                "rank": r.rank,
-                "host": r.host,
-                "pid": r.pid,
-                "rank_pid": pids.get(r.rank),
-            }
-            for r in plan.replacements
-        ],
-        "rejoined_s": round(formed - plan.detected, 3) if formed else None,
-        "resumed_from": resumed_from,
-        "state_from": state_from,
-        "fell_back": fell_back,
-    }
+    survivor of a fall-back). ``rank_pids``: the processes the standbys forked for the
+    ranks they took, as the generation holds them."""
+    pids = rank_pids or {}
+    entry = InProcessRestart(
+        time=plan.detected,
+        generation=plan.generation,
+        ranks=tuple(plan.dead),
+        hosts=tuple(plan.hosts),
+        replacements=tuple(
+            Replacement(r.rank, r.host, r.pid, pids.get(r.rank)) for r in plan.replacements
+        ),
+        rejoined_s=round(formed - plan.detected, 3) if formed else None,
+        resumed_from=resumed_from,
+        state_from=state_from,
+        fell_back=fell_back,
+    )
     with contextlib.suppress(OSError, ValueError):
         opened = attempts.load(run_dir)[-1:]
-        before = list((opened[0].in_process_restarts if opened else None) or ())
-        attempts.update_open(run_dir, in_process_restarts=[*before, entry])
+        before = (opened[0].in_process_restarts if opened else None) or ()
+        written = [r.to_json() for r in (*before, entry)]
+        attempts.update_open(run_dir, in_process_restarts=written)

@@ -197,9 +197,7 @@ class Replica:
         pg_class = tf.process_group.ProcessGroupNCCL if cuda else tf.process_group.ProcessGroupGloo
         ft = config.fault_tolerance
         h = config.health
-        limits = Thresholds(
-            h.hang_timeout, h.heartbeat_interval, h.straggler_factor, h.straggler_patience
-        )
+        limits = Thresholds.of(h)
         from ddlaunch.worker.heal_source import http_transport  # imports torchft
         from ddlaunch.worker.step_manager import StepManager  # imports torchft
 

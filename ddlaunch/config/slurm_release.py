@@ -1,4 +1,9 @@
-"""Slurm release strings (pure): ``23.11``, ``23.11.4`` or ``slurm 22.05.8`` -> ``(23, 11)``."""
+"""Slurm release strings (pure): ``23.11``, ``23.11.4`` or ``slurm 22.05.8`` -> ``(23, 11)``.
+
+Here, below ``slurm/``, because the config reads them too: ``cluster.slurm_version`` gates the
+``#SBATCH`` options a preset's Slurm has (``config.placement_rules``); ``slurm.queue`` picks
+squeue's form with them.
+"""
 
 from __future__ import annotations
 

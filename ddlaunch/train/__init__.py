@@ -41,6 +41,10 @@ speed, the shares follow each component's measured compute throughput after
 ``balance.measure_steps`` steps (``ddlaunch.worker.balance``); ``average_gradients`` and
 ``wrap_ddp`` then weight each rank's gradient by its share, so the step's gradient is the
 mean over the global batch.
+
+The package: this module's ``Session`` (the story, told in its docstring), ``parts`` (the
+hooks of an optional part), ``replica_part`` (replica groups) and ``inprocess_part`` (the
+in-process restart).
 """
 
 from __future__ import annotations
@@ -53,37 +57,30 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import DeviceMesh
 
-from ddlaunch.checkpoint.layout import CheckpointInfo
 from ddlaunch.conclude import conclude
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.container import CONCLUDE_ON_HOST_VAR
-from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.policy.requeue import CAUSE_CHECKPOINT, CAUSE_SIGNAL, Ending, RetryBudget
-from ddlaunch.saving import memory
 from ddlaunch.saving.manager import CheckpointManager, CheckpointSaveError, TrainState
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import attempts, signal_save, timings
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import write_progress
 from ddlaunch.store.rundir import CHECKPOINTS_DIR
+from ddlaunch.train.inprocess_part import InProcessPart
+from ddlaunch.train.parts import Restored, SessionPart
+from ddlaunch.train.replica_part import ReplicaPart
 from ddlaunch.worker import inprocess, signals
 from ddlaunch.worker.balance import Balancer
 from ddlaunch.worker.distributed import init_distributed
 from ddlaunch.worker.heartbeat import Heartbeat
 from ddlaunch.worker.mesh import device_mesh
-from ddlaunch.worker.replica import (
-    CHECK_EVERY,
-    Replica,
-    ReplicaGroupsDiverged,
-    ReplicaOptimizer,
-    group_identity,
-)
+from ddlaunch.worker.replica import CHECK_EVERY, Replica, ReplicaGroupsDiverged, group_identity
+from ddlaunch.worker.stops import StopRank
 
 __all__ = ["Preempted", "ReplicaGroupsDiverged", "Session", "device_mesh"]
-from ddlaunch.worker.stops import StopRank
 
 PROGRESS_EVERY_S = 5.0
 
@@ -98,6 +95,26 @@ class Preempted(StopRank):
 
 
 class Session:
+    """One rank's training session, from its start to its last checkpoint.
+
+    The story: the Session joins the process group and restores the state (``model``,
+    ``optimizer``, ``extra_state``) from the latest complete checkpoint, so that
+    ``start_step`` is where this attempt begins (``resumed``: whether a checkpoint was
+    found). The loop runs ``steps(total)``; at each step boundary the Session commits a
+    finished background save, writes the progress and the heartbeat, agrees with every rank
+    whether the pre-timeout signal came (then every rank saves, rank 0 concludes the
+    attempt and requeues, and every rank leaves with ``Preempted``), and saves on the
+    configured cadence; a failed save stops the run or is recorded (``on_save_failure``).
+    Leaving the ``with`` block commits the final checkpoint.
+
+    What ``fault_tolerance`` adds to that story is held in parts (``train.parts``), each
+    called at the same points: ``replica_part`` for ``mode: replica_groups`` (the steps
+    follow torchft's committed step; one group saves; the optimizer, the gradients and DDP
+    go through the Manager) and ``inprocess_part`` for ``restart: in_process`` (the state
+    kept in RAM; after a restart in this process, restored from it). ``balance`` (each
+    rank's share of the global batch) is the Session's own.
+    """
+
     def __init__(
         self,
         config: Config,
@@ -110,8 +127,6 @@ class Session:
         init_distributed()
         self.config = config
         self.rank = dist.get_rank()
-        # The job-wide rank and world: the group-local ones, except in replica groups.
-        self.job_rank, self.job_world = self.rank, dist.get_world_size()
         self.run_dir = Path(os.environ.get("DDLAUNCH_RUN_DIR", "."))
         self.attempt = AttemptId.from_env(os.environ)
         root = os.environ.get("DDLAUNCH_CHECKPOINT_DIR") or str(self.run_dir / CHECKPOINTS_DIR)
@@ -128,37 +143,19 @@ class Session:
         }
         self._model = model
         self._optimizer = optimizer
-        self.replica: Replica | None = None
-        identity = group_identity(config, os.environ)
-        # fault_tolerance.restart: in_process: the last committed checkpoint is also kept in
-        # RAM (saving.memory), and a restart in this process restores from it.
-        self._in_process = ft.restart == "in_process" and identity is None
-        self._memory = self._in_process and ft.memory_checkpoint == "auto"
-        if self._memory and memory.sharded(self.state):
-            self._memory = False
-            if self.rank == 0:
-                print(
-                    "[ddlaunch] memory checkpoint off: the state holds sharded (DTensor) "
-                    "tensors; an in-process restart reads the checkpoint from disk",
-                    flush=True,
-                )
-        self.state_from: str | None = None  # after an in-process restart: "ram" or "disk"
-        self._copies: memory.MemoryCheckpoint | None = None
-        if identity is not None:
-            info = self._join_groups(identity, check_every)
-            start = info.step if info else None
-        elif self._in_process and inprocess.current().number > 0:
-            start = self._restore_in_process()
-        else:
-            info = self.manager.load_latest(self.state)
-            start = info.step if info else None
-        if self._memory:  # the RAM copies' buffers now, not at a save
-            self._copies = memory.MemoryCheckpoint(_ranks_per_node())
-            self._copies.prepare(self.state)  # local
-            if self.state_from is None:  # a fresh start, not an in-process restart
-                self._memory = self._copies.agree(self.state)  # every rank together
+        self._parts = self._make_parts(model, check_every)
+        # The job-wide rank and world: the group-local ones, except in replica groups.
+        self.job_rank, self.job_world = self.rank, dist.get_world_size()
+        for part in self._parts:
+            self.job_rank, self.job_world = part.job_place(self.job_rank, self.job_world)
+        restored = self._restore()
+        # After an in-process restart: where the state came from ("ram" or "disk").
+        self.state_from = restored.state_from if restored else None
+        start = restored.step if restored else self._load_latest()
         self.start_step = start if start is not None else 0
         self.resumed = start is not None
+        for part in self._parts:
+            part.started(self.start_step, restored)
         # balance: each rank's share of the global batch (by_throughput: measured, then
         # balanced over the train components; ``batch_share``).
         self._balance = Balancer(
@@ -180,110 +177,71 @@ class Session:
         ).start()
         if self.rank == 0:
             where = f"step {self.start_step}" if self.resumed else "scratch"
-            if self.replica is not None and self.replica.identity.restart:
-                where = "a live peer group's state (the group restarted)"
-            if self.state_from == memory.STATE_FROM_RAM:
-                where += " (state from RAM)"
+            for part in self._parts:
+                where = part.where(where)
             print(f"[ddlaunch] starting from {where}", flush=True)
 
-    def _restore_in_process(self) -> int | None:
-        """After an in-process restart: the newest step the ranks' RAM copies allow (every
-        rank together; it may be newer than the disk's latest checkpoint, from a memory
-        point), else the latest complete checkpoint from disk; rank 0 records the restart in
-        the attempt. Returns the step resumed from (None: from scratch)."""
-        generation = inprocess.current()
-        disk = self.manager.latest_complete()
-        step = memory.restore(self.state, disk.step if disk else None) if self._memory else None
-        if step is not None:
-            if disk is not None:  # the checkpoint the next save follows, as after a load
-                self.manager.adopt(disk, self.state)
-            else:
-                self.manager.prepare_staging(self.state)
-            self.state_from = memory.STATE_FROM_RAM
-        else:
-            info = self.manager.load_latest(self.state)
-            step = info.step if info else None
-            self.state_from = memory.STATE_FROM_DISK
-        if self.rank == 0 and generation.plan is not None:
-            inprocess.record(
+    def _make_parts(self, model: torch.nn.Module, check_every: int) -> list[SessionPart]:
+        """The parts ``fault_tolerance`` asks for: replica groups (in their group's
+        environment), else the in-process restart, else none."""
+        identity = group_identity(self.config, os.environ)
+        if identity is not None:
+            replica = ReplicaPart(
+                identity,
+                self.config,
                 self.run_dir,
-                generation.plan,
-                resumed_from=step,
-                state_from=self.state_from,
-                formed=generation.formed,
+                rank=self.rank,
+                state=self.state,
+                manager=self.manager,
+                model=model,
+                check_every=check_every,
             )
-        return step
+            return [replica]
+        if self.config.fault_tolerance.restart == "in_process":
+            part = InProcessPart(
+                self.config,
+                self.run_dir,
+                rank=self.rank,
+                state=self.state,
+                manager=self.manager,
+                channel=inprocess.channel(),
+            )
+            return [part]
+        return []
 
-    def _keep_in_memory(self, step: int, saved: bool = True) -> None:
-        """At a save (``saved``) or a memory point: the RAM copies of this step (every rank
-        together); a restart may use them once they are complete (``_promote_copies``)."""
-        if self._memory:
-            if self._copies is None:
-                self._copies = memory.MemoryCheckpoint(_ranks_per_node())
-            # Async saves: copied from the save's staged copy, off the loop's thread.
-            staged = self.manager.copy_staged if saved else None
-            self._memory = self._copies.capture(step, self.state, staged)
-
-    def _promote_copies(self) -> None:
-        if self._copies is not None:
-            memory.promote()  # local, never waits
-
-    def _join_groups(self, identity: GroupIdentity, check_every: int) -> CheckpointInfo | None:
-        """Replica groups: the torchft Manager, with the Session's state as what a healing
-        group receives; the latest complete checkpoint on a whole-job start, nothing from
-        disk on a group restart (the first quorum heals it from a live peer)."""
-        replica = Replica(
-            identity,
-            self.config,
-            self.run_dir,
-            state_dict=self._user_state,
-            load_state_dict=self._load_user_state,
-            check_every=check_every,
-        )
-        self.replica = replica
-        self.job_rank = replica.job_rank
-        self.job_world = identity.groups * dist.get_world_size()
-        # Saved with every checkpoint: the manager's committed step (torchft's rule).
-        self.state[_MANAGER_KEY] = _ManagerState(replica.manager)
-        if identity.restart == 0:
-            return self.manager.load_latest(self.state)
-        self.manager.prepare_staging(self.state)
+    def _restore(self) -> Restored | None:
+        for part in self._parts:
+            restored = part.restore()
+            if restored is not None:
+                return restored
         return None
 
-    def _user_state(self) -> dict[str, Any]:
-        return {
-            key: value.state_dict() if isinstance(value, Stateful) else value
-            for key, value in self.state.items()
-            if key != _MANAGER_KEY
-        }
+    def _load_latest(self) -> int | None:
+        info = self.manager.load_latest(self.state)
+        return info.step if info else None
 
-    def _load_user_state(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            target = self.state.get(key)
-            if isinstance(target, Stateful):
-                target.load_state_dict(value)
-            elif isinstance(target, torch.Tensor):
-                target.copy_(value)
-            else:
-                self.state[key] = value
+    @property
+    def replica(self) -> Replica | None:
+        """This rank's replica group (``fault_tolerance.mode: replica_groups``), else None."""
+        return next((p.replica for p in self._parts if isinstance(p, ReplicaPart)), None)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         """The optimizer the loop steps: the Session's own in job mode; in replica groups a
         wrapper that applies a step only when it commits (``ReplicaOptimizer``)."""
-        if self.replica is None or self._optimizer is None:
-            return self._optimizer
-        if not isinstance(self._optimizer, ReplicaOptimizer):
-            self._optimizer = ReplicaOptimizer(self.replica, self._optimizer)
-        return self._optimizer
+        optimizer = self._optimizer
+        if optimizer is None:
+            return None
+        for part in self._parts:
+            optimizer = part.optimizer(optimizer)
+        return optimizer
 
     def average_gradients(self, model: torch.nn.Module) -> None:
         """Average the gradients of ``model`` over every data-parallel rank: an all-reduce
         over the world in job mode; in replica groups within the group, then across the
         live groups (through the torchft Manager). A fixed order, no buckets: the first
         step after a resume sums exactly as an uninterrupted run does."""
-        if self.replica is not None:
-            self.replica.average(model)
+        if any(part.average_gradients(model) for part in self._parts):
             return
         if self._balance.weighted:
             # Unequal shares: each rank's mean gradient weighted by share / global_batch
@@ -300,19 +258,14 @@ class Session:
         """A DistributedDataParallel of ``model`` for this mode: torch's over the world in
         job mode; torchft's (gradients averaged across the live groups) in replica groups,
         for one-rank groups; use ``average_gradients`` for larger groups."""
-        if self.replica is None:
-            ddp = torch.nn.parallel.DistributedDataParallel(model)
-            if self._balance.weighted:  # unequal shares: weighted by share, summed
-                self._balance.register(ddp)
-            return ddp
-        if self.replica.group_world != 1:
-            raise ValueError(
-                "wrap_ddp in replica groups averages across groups only: with more than one "
-                "rank per group call session.average_gradients(model) after backward instead"
-            )
-        from torchft.ddp import DistributedDataParallel
-
-        return DistributedDataParallel(self.replica.manager, model)
+        for part in self._parts:
+            wrapped = part.wrap_ddp(model)
+            if wrapped is not None:
+                return wrapped
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        if self._balance.weighted:  # unequal shares: weighted by share, summed
+            self._balance.register(ddp)
+        return ddp
 
     def batch_share(self) -> int:
         """Samples this rank computes in the current step (its loss is their mean). With
@@ -337,9 +290,18 @@ class Session:
 
     def steps(self, total: int) -> Iterator[int]:
         """Yield the global steps still to run; checkpoint and stop at step boundaries."""
-        if self.replica is not None:
-            return self._replica_steps(self.replica, total)
+        for part in self._parts:
+            driven = part.steps(total, self._boundary, self._started_at)
+            if driven is not None:
+                return self._until_closed(driven, total)
         return self._job_steps(total)
+
+    def _started_at(self, step: int) -> None:
+        self.start_step = step
+
+    def _until_closed(self, steps: Iterator[int], total: int) -> Iterator[int]:
+        yield from steps
+        self._final_step = total  # leaving the ``with`` block saves it
 
     def _job_steps(self, total: int) -> Iterator[int]:
         step = self.start_step
@@ -351,51 +313,23 @@ class Session:
             self._boundary(step, total)
         self._final_step = total  # leaving the ``with`` block saves it
 
-    def _replica_steps(self, replica: Replica, total: int) -> Iterator[int]:
-        """The steps follow the manager's committed step: a healed group jumps to its
-        peer's; a step that did not commit (a peer group died in it) is run again."""
-        first = True
-        while replica.step < total:
-            step = replica.start_step()
-            if first and replica.healed is not None and replica.identity.restart:
-                # A restarted group took a peer's state at its first quorum: it starts from
-                # that step, not from 0 (what ``start_step`` says from the first step on). A
-                # whole-job start keeps the checkpoint's step even when a group catches up
-                # with an earlier one at its first quorum: the attempt resumed from it.
-                self.start_step = replica.healed.healed_from_step
-            first = False
-            if step >= total:
-                break
-            yield step
-            if not replica.commit():
-                if self.rank == 0:
-                    print(
-                        f"[ddlaunch] step {step} did not commit (a peer group failed in it); "
-                        "running it again",
-                        flush=True,
-                    )
-                continue
-            self._boundary(replica.step, total)
-        self._final_step = total
+    def _saves(self) -> bool:
+        """Whether this rank writes the job's checkpoints and progress (in replica groups,
+        one group does: rank 0 of the current quorum, the same on every rank of a group)."""
+        return all(part.saves() for part in self._parts)
 
     def _boundary(self, step: int, total: int) -> None:
         ft = self.config.fault_tolerance
-        if self._in_process:
-            inprocess.step_done()
-        replica = self.replica
-        # In replica groups one group writes the job's checkpoints and progress: rank 0 of
-        # the current quorum (the same on every rank of a group).
-        saver = replica is None or replica.is_saver()
+        saver = self._saves()
         self._saving(self.manager.maybe_finish)
-        self._promote_copies()
+        for part in self._parts:
+            part.on_boundary(step)
         if saver:
             self._report(step)
-        if replica is not None:
-            replica.write_step(step)
         waited = time.monotonic()
         stop = signals.agreed()
-        if replica is not None:
-            stop = replica.agree_stop(stop)
+        for part in self._parts:
+            stop = part.agree_stop(stop)
         # The agreement is a collective: time spent in it is time waiting for slower ranks.
         self.heartbeat.step(step, wait_s=time.monotonic() - waited)
         if stop:
@@ -403,8 +337,8 @@ class Session:
                 self.heartbeat.stop("preempted")
                 raise Preempted(step)
             self._save_and_requeue(step)
-        if replica is not None and _check_due(replica, step, total, ft.checkpoint_every_steps):
-            replica.check_in_sync(self._model, step)
+        for part in self._parts:
+            part.after_step(step, total)
         if not saver:
             return
         if not self._first_step_seen and self.rank == 0:
@@ -422,13 +356,9 @@ class Session:
             step, every_steps=ft.checkpoint_every_steps, every_minutes=ft.checkpoint_every_minutes
         ):
             self._saving(lambda: self._timed_save(step))
-        elif (
-            step < total
-            and self._memory
-            and memory.memory_point(step, ft.memory_every_steps)
-            and self.manager.everywhere(memory.settled())
-        ):
-            self._keep_in_memory(step, saved=False)
+        elif step < total:
+            for part in self._parts:
+                part.between_saves(step)
 
     def _timed_save(self, step: int) -> None:
         """Save, and (rank 0) record what it cost the training loop: the blocking part, and
@@ -436,7 +366,8 @@ class Session:
         waited = self.manager.staging_wait_s - self._staging_seen
         start, begun = time.time(), time.perf_counter()
         self.manager.save(step, self.state, {"step": step})
-        self._keep_in_memory(step)
+        for part in self._parts:
+            part.on_save(step)  # within the stall: the RAM copies are taken with the save
         blocking = time.perf_counter() - begun
         self._staging_seen = self.manager.staging_wait_s
         if self.rank == 0:
@@ -543,21 +474,17 @@ class Session:
         """Commit what is pending and save ``final_step`` if it is not committed yet."""
         self._saving(self.manager.wait)
         last = self.manager.last_committed
-        saver = self.replica is None or self.replica.is_saver()
+        saver = self._saves()
         if saver and final_step is not None and (last is None or last.step != final_step):
             meta = {"step": final_step, "final": True}
             self._note_save(final_step, "final")
             self._saving(lambda: self.manager.save(final_step, self.state, meta), final=True)
             self._saving(self.manager.wait, final=True)
         self.manager.close()
-        if self._copies is not None:
-            self._copies.close()
         if saver:
             self._report(final_step if final_step is not None else self.start_step, force=True)
-        if self.replica is not None:
-            if final_step is not None:
-                self.replica.write_step(final_step, force=True)
-            self.replica.shutdown()
+        for part in self._parts:
+            part.close(final_step)
         self.heartbeat.stop("closed")
 
     def __enter__(self) -> Session:
@@ -568,31 +495,3 @@ class Session:
             self.close(self._final_step)
         elif not issubclass(exc_type, Preempted):
             self.heartbeat.stop("failed")
-
-
-_MANAGER_KEY = "torchft"
-
-
-class _ManagerState(Stateful):
-    """The torchft Manager's step in a checkpoint (restored with the model on a whole-job
-    start, so every group's manager resumes at the checkpoint's step)."""
-
-    def __init__(self, manager: Any) -> None:
-        self.manager = manager
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.manager.state_dict())
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.manager.load_state_dict(state_dict)
-
-
-def _ranks_per_node() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
-
-
-def _check_due(replica: Replica, step: int, total: int, every_steps: int | None) -> bool:
-    """The divergence check's steps: the same on every group (step numbers only, no
-    clocks): every ``check_every`` steps, each step-cadence checkpoint, the last step."""
-    cadence = bool(every_steps) and step % (every_steps or 1) == 0
-    return step >= total or step % replica.check_every == 0 or cadence
