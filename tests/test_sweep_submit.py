@@ -348,7 +348,7 @@ def test_ddlaunch_status_and_find_run_before_members_start(
     each member's array task (from the records, one squeue call), and `logs`/`cancel`/
     `resume` (runs.find_run_materialized) get a member's run directory, created on demand;
     plain readers (runs.find_run) never create it."""
-    from ddlaunch.app.runs import find_run, find_run_materialized
+    from ddlaunch.app.run_refs import find_run, find_run_materialized
     from ddlaunch.app.status_poll import collect as status_collect
     from ddlaunch.errors import UserError
 

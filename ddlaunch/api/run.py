@@ -28,7 +28,7 @@ class Run:
     """
 
     def __init__(self, ref: str | os.PathLike[str], run_root: str | os.PathLike[str] | None = None):
-        from ddlaunch.app.runs import find_run
+        from ddlaunch.app.run_refs import find_run
 
         self._dir = find_run(str(ref), Path(run_root) if run_root is not None else None)
         self._warnings: tuple[str, ...] = ()

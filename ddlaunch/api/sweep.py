@@ -125,7 +125,7 @@ class Sweep:
         no such member, or it has not started yet (a member's run directory is made at its
         first start)."""
         from ddlaunch.api.run import Run
-        from ddlaunch.app.runs import sweep_member
+        from ddlaunch.app.run_refs import sweep_member
 
         return Run._at(sweep_member(self._dir, index))
 

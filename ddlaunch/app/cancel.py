@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddlaunch.app.runs import find_member, read_run
+from ddlaunch.app.run_refs import find_member
+from ddlaunch.app.runs import read_run
 from ddlaunch.app.status import ACTIVE_STATES, RunStatus, fold_state
 from ddlaunch.app.status_poll import Target, poll, resolve
 from ddlaunch.conclude import conclude, saved_phrase

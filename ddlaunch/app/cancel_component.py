@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddlaunch.app.runs import find_run
+from ddlaunch.app.run_refs import find_run
 from ddlaunch.app.status import ACTIVE_STATES
 from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.config.components import SERVICE, TRAIN

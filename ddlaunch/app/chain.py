@@ -16,7 +16,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddlaunch.app.runs import find_run
+from ddlaunch.app.run_refs import find_run
 from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import After
 from ddlaunch.policy import chain

@@ -21,7 +21,7 @@ from typing import Any
 from ddlaunch import fsutil
 from ddlaunch.app import interrupts
 from ddlaunch.app.prepare import check_configs, prepare
-from ddlaunch.app.runs import list_runs
+from ddlaunch.app.run_refs import list_runs
 from ddlaunch.app.status import ACTIVE_STATES, fold_state
 from ddlaunch.config.validate import to_plain
 from ddlaunch.errors import UserError

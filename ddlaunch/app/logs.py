@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddlaunch.app.runs import RunInfo, find_member, find_run, read_run
+from ddlaunch.app.run_refs import find_member, find_run
+from ddlaunch.app.runs import RunInfo, read_run
 from ddlaunch.app.status import (
     ACTIVE_STATES,
     QUIET_FAILURES,

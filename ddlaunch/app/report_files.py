@@ -10,7 +10,7 @@ from pathlib import Path
 from ddlaunch import fsutil
 from ddlaunch.app.report import html_page, load_timeline
 from ddlaunch.app.report_figure import draw  # matplotlib itself only when drawing
-from ddlaunch.app.runs import find_run
+from ddlaunch.app.run_refs import find_run
 from ddlaunch.errors import UserError
 from ddlaunch.slurm.client import SlurmClient
 

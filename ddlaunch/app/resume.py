@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from ddlaunch.app import interrupts
 from ddlaunch.app.prepare import Prepared, check_submission, prepare_config
-from ddlaunch.app.runs import RunInfo, find_run_materialized, read_run
+from ddlaunch.app.run_refs import find_run_materialized
+from ddlaunch.app.runs import RunInfo, read_run
 from ddlaunch.app.status import ACTIVE_STATES, fold_state
 from ddlaunch.config.load import LoadedTree, apply_overrides, read_yaml_file
 from ddlaunch.config.validate import to_plain, validate_tree

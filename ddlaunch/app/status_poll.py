@@ -17,16 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ddlaunch.app.pipeline_status import find_pipeline, group_pipelines, stage_targets
-from ddlaunch.app.runs import (
-    RunInfo,
-    RunReader,
-    ambiguous_prefix,
-    complete_member_info,
-    find_run,
-    list_targets,
-    member_path,
-    scan_root,
-)
+from ddlaunch.app.run_refs import ambiguous_prefix, find_run, member_path
+from ddlaunch.app.runs import RunInfo, RunReader, complete_member_info, list_targets, scan_root
 from ddlaunch.app.status import (
     ACTIVE_STATES,
     NoScheduler,

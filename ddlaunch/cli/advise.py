@@ -21,7 +21,8 @@ def command(run: str, mttf_hours: float | None) -> None:
     MTTF, the interval of highest predicted ETTR (useful training time / wall time) and
     that ETTR, beside the ETTR now."""
     from ddlaunch.app import advise
-    from ddlaunch.app.runs import find_run, run_id
+    from ddlaunch.app.run_refs import find_run
+    from ddlaunch.app.runs import run_id
 
     run_dir = find_run(run)
     # Given here, the MTTF needs no failure of the run.
