@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddlaunch.policy.groups import FAIL_JOB, GIVE_UP, RESTART
+from ddlaunch.policy.group_actions import FAIL_JOB, GIVE_UP, RESTART
 from ddlaunch.store import group_restarts as records
 from ddlaunch.store.attempts import AttemptRecord
 

@@ -36,11 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from ddlaunch.policy.group_actions import FAIL_JOB, GIVE_UP, RESTART
 from ddlaunch.policy.heartbeats import CAUSE_HANG, Finding, Thresholds
-
-RESTART = "restart"
-GIVE_UP = "give_up"
-FAIL_JOB = "fail_job"
 
 
 class Phase(Enum):

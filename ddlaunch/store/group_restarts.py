@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ddlaunch.policy.groups import RESTART
+from ddlaunch.policy.group_actions import RESTART
 from ddlaunch.store import records
 from ddlaunch.store.records import BOOL, INT, NUMBER, OBJECTS, STRINGS, TEXT
 
