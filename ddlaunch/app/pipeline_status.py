@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddlaunch.app.status import RunStatus
-from ddlaunch.app.sweep_rows import sweep_state
+from ddlaunch.app.sweep_rows import folded_row, sweep_state
 from ddlaunch.errors import UserError
 from ddlaunch.store.pipelines import PipelineRecord, is_pipeline_dir, read_pipeline
 from ddlaunch.store.rundir import is_run_dir
@@ -102,22 +102,16 @@ def pipeline_row(pipeline: PipelineRecord, stages: Sequence[RunStatus]) -> RunSt
     jobs = [r.job_id for r in stages if r.job_id]
     times = [r.submitted for r in stages if r.submitted is not None]
     live = Counter({s: n for s, n in counts.items() if s != "NOT SUBMITTED"})
-    return RunStatus(
-        run_id=pipeline.pipeline_id,
+    return folded_row(
+        pipeline.pipeline_id,
         path=str(pipeline.path),
-        job_id=",".join(jobs) or None,
+        jobs=jobs,
         state=sweep_state(live) if live else "UNKNOWN",
-        nodes="",
-        reason="",
-        step=None,
-        checkpoint_step=None,
-        attempts=None,
-        failure=None,
         detail=(
             f"pipeline of {len(pipeline.stages)}: {', '.join(shown)} "
             f"(ddlaunch status {pipeline.pipeline_id})"
         ),
         submitted=min(times) if times else pipeline.created,
-        members=dict(counts.most_common()),
+        members=counts,
         problems=[f"pipeline.json: {p}" for p in pipeline.problems],
     )

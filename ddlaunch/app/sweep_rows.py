@@ -55,18 +55,44 @@ def sweep_row(sweep_id: str, members: Sequence[RunStatus]) -> RunStatus:
     jobs = sorted({(m.job_id or "").split("_")[0] for m in members if m.job_id})
     times = [m.submitted for m in members if m.submitted is not None]
     shown = ", ".join(f"{n} {s}" for s, n in counts.most_common())
-    return RunStatus(
-        run_id=sweep_id,
+    return folded_row(
+        sweep_id,
         path=str(Path(members[0].path).parent.parent) if members else "",
-        job_id=",".join(jobs) or None,
+        jobs=jobs,
         state=sweep_state(counts) if members else "UNKNOWN",
+        detail=f"sweep of {len(members)}: {shown} (ddlaunch status {sweep_id})",
+        submitted=min(times) if times else None,
+        members=counts,
+    )
+
+
+def folded_row(
+    run_id: str,
+    *,
+    path: str,
+    jobs: Sequence[str],
+    state: str,
+    detail: str,
+    submitted: float | None,
+    members: Counter[str],
+    problems: Sequence[str] = (),
+) -> RunStatus:
+    """The overview's one row for runs folded together (a sweep's members, a pipeline's
+    stages): their jobs, one state, the members per state in ``detail`` and ``members``; no
+    step, attempt or failure of its own."""
+    return RunStatus(
+        run_id=run_id,
+        path=path,
+        job_id=",".join(jobs) or None,
+        state=state,
         nodes="",
         reason="",
         step=None,
         checkpoint_step=None,
         attempts=None,
         failure=None,
-        detail=f"sweep of {len(members)}: {shown} (ddlaunch status {sweep_id})",
-        submitted=min(times) if times else None,
-        members=dict(counts.most_common()),
+        detail=detail,
+        submitted=submitted,
+        members=dict(members.most_common()),
+        problems=list(problems),
     )
