@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from support.devcluster import FINAL_STATES, SLURM_CONF, DevCluster, DevClusterError, bring_up
+from support.devcluster import (
+    CLIENTS_DIR,
+    FINAL_STATES,
+    SLURM_CONF,
+    DevCluster,
+    DevClusterError,
+    bring_up,
+)
 
 # ------------------------------------------------------------------ preconditions
 # What every test may rely on, whatever ran before it in the same process and whatever the
@@ -46,6 +53,10 @@ _SESSION_DIR = Path(tempfile.mkdtemp(prefix="ddlaunch-tests-"))
 atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 os.environ["DDLAUNCH_BAD_NODES"] = str(_SESSION_DIR / "bad_nodes.json")
 os.environ["DDLAUNCH_RUN_ROOT"] = str(_SESSION_DIR / "runs")
+# The dev cluster's Slurm clients first: on Slurm 24.11 or 26.05 they run in its chroot, and the
+# host's own (22.05) cannot talk to that controller. Harmless while the directory is absent.
+if CLIENTS_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = os.pathsep.join([CLIENTS_DIR, os.environ.get("PATH", "")])
 
 #: The signals the code under test handles, and the disposition a fresh Python process has.
 EXPECTED_SIGNALS: dict[signal.Signals, Callable[..., object] | int] = {
@@ -180,25 +191,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     unnamed = pass_marks_not_named(items)
     if unnamed:
         raise pytest.UsageError(
-            "scripts/test-all gives its lane and alone passes the files that say `mark.lane` "
-            "or `mark.alone`; these mark tests another way, and no pass would run them: "
-            + ", ".join(unnamed)
+            "scripts/test-all gives its lane, alone and matrix passes the files that say "
+            "`mark.lane`, `mark.alone` or `mark.matrix`; these mark tests another way, and no "
+            "pass would run them: " + ", ".join(unnamed)
         )
-    slowest_first(items)
+    slowest_first(items, matrix_pass=config.getoption("markexpr") == "matrix")
 
 
-# How scripts/test-all finds the lane and alone passes' files (grep): collecting every test
+# How scripts/test-all finds the lane, alone and matrix passes' files (grep): collecting every test
 # file costs each worker ~9 CPU-s, and those passes need a few.
-PASS_MARK = re.compile(r"mark\.(lane|alone)\b")
+PASS_MARKS = ("lane", "alone", "matrix")
+PASS_MARK = re.compile(r"mark\.(lane|alone|matrix)\b")
 
 
 def pass_marks_not_named(items: list[pytest.Item]) -> list[str]:
-    """The files with ``lane`` or ``alone`` tests whose text does not name the mark."""
-    files = {
-        item.path
-        for item in items
-        if item.get_closest_marker("lane") or item.get_closest_marker("alone")
-    }
+    """The files with ``lane``, ``alone`` or ``matrix`` tests whose text does not name the
+    mark."""
+    files = {item.path for item in items if any(item.get_closest_marker(m) for m in PASS_MARKS)}
     return sorted(str(f) for f in files if not PASS_MARK.search(f.read_text()))
 
 
@@ -209,17 +218,19 @@ def pass_marks_not_named(items: list[pytest.Item]) -> list[str]:
 DURATIONS = Path(__file__).parent / "durations.json"
 
 
-def slowest_first(items: list[pytest.Item]) -> None:
-    """The ``lane`` tests, slowest first (longest processing time first): the lane pass runs
-    them side by side, one per lane, and waits for its slowest lane; a long test that starts
-    last would run alone at the end. A stable sort on a fixed table, so every xdist worker
-    collects the same order. The other tests keep the collection order: in the shared pass
-    it interleaves the Slurm tests' waits with the unit tests' CPU (the Slurm tests first
-    left the cores idle and made that pass 4 % slower)."""
+def slowest_first(items: list[pytest.Item], matrix_pass: bool = False) -> None:
+    """The ``lane`` tests (and in the matrix pass, ``-m matrix``, the ``matrix`` tests), slowest
+    first (longest processing time first): those passes run them side by side, one per lane,
+    and wait for their slowest lane; a long test that starts last would run alone at the end.
+    A stable sort on a fixed table, so every xdist worker collects the same order. The other
+    tests keep the collection order: in the shared pass it interleaves the Slurm tests' waits
+    with the unit tests' CPU (the Slurm tests first left the cores idle and made that pass
+    4 % slower)."""
     known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
 
     def expected(item: pytest.Item) -> float:
-        if item.get_closest_marker("lane") is None:
+        mark = "matrix" if matrix_pass else "lane"
+        if item.get_closest_marker(mark) is None:
             return 0.0
         return known.get(item.nodeid.split("@", 1)[0].split("[", 1)[0], 0.0)
 

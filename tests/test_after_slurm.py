@@ -16,6 +16,7 @@ from support.slurm_runs import attempts, eval_config, mlp_config, submit
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
 
+@pytest.mark.matrix
 def test_resume_moves_the_dependent_which_runs_after_the_resumed_run(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:

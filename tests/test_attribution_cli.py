@@ -159,7 +159,15 @@ def test_a_run_completed_after_a_killed_rank_is_headlined_completed(tmp_path: Pa
         "r    377  COMPLETED  node[1-2]   160   160         2\n" + attempt_lines
     )
     assert piped(tmp_path, COMPLETED_QUEUE, "status", "r") == one
-    assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status", "r") == one
+    # at a terminal each attempt wraps between words, its rest hanging under it
+    assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status", "r") == (
+        "run  job  state      nodes      step  ckpt  attempts\n"
+        "r    377  COMPLETED  node[1-2]   160   160         2\n"
+        "attempt 0: job 377 on node[1-2] at 14:13:20 60s, from scratch -> crash\n"
+        "    (committed 60): rank 1 on node1 killed by SIGKILL\n"
+        "attempt 1: job 377 on node[1-2] at 14:14:30 60s, from step 60 -> completed\n"
+        "    (committed 160)\n"
+    )
     # Several runs: how earlier attempts failed is in the row; in a pipe the cell whole...
     make_run(tmp_path / "runs", "s", "378", T0 + 1, outcome=("COMPLETED", "completed"))
     queue = COMPLETED_QUEUE + "378|COMPLETED|None|node3\n"
@@ -329,7 +337,14 @@ def test_a_run_that_recovered_in_process_completed_with_each_restart_under_its_a
         "(committed 160)\n" + RECOVERED + "\n"
     )
     assert piped(tmp_path, COMPLETED_QUEUE, "status", "r") == out
-    assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status", "r") == out
+    assert at_terminal(tmp_path, COMPLETED_QUEUE, 80, "status", "r") == (
+        "run  job  state      nodes      step  ckpt  attempts\n"
+        "r    377  COMPLETED  node[1-2]   160   160         1\n"
+        "attempt 0: job 377 on node[1-2] at 14:13:20 120s, from scratch -> completed\n"
+        "    (committed 160)\n"
+        "  in-process restart 1: rank 3 on node2 crashed; standby pid 4242 took it; state\n"
+        "      from RAM (step 60); rejoined in 1.8 s\n"
+    )
 
 
 def test_a_running_run_shows_no_failure_its_ranks_recovered_from_in_process(

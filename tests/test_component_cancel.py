@@ -59,7 +59,7 @@ def test_the_supervisor_stops_the_service_when_asked_and_does_not_start_it_again
         "12",
     )
     assert records.describe(state) == (
-        "server: stopped by ddlaunch cancel --component (last exit -15)"
+        "server: stopped by ddlaunch cancel --component (TERM; last exit -15)"
     )
     (run,) = state.history
     assert run.exit == -15 and run.end is not None and run.start <= run.end

@@ -283,6 +283,55 @@ def test_status_of_one_run_says_each_service(tmp_path: Path) -> None:
     ]
 
 
+def test_a_service_recorded_running_is_not_said_to_run_once_its_job_ended(
+    tmp_path: Path,
+) -> None:
+    # The supervisor died with the job before it could record the service's end: the record
+    # still says running, the job COMPLETED.
+    ended = {"attempt": 0, "job_id": "12", "nodes": "node[1-2]", "start": T0, "end": T0 + 60}
+    run = make_run(tmp_path / "runs", "r", "12", T0, attempts=[{**ended, "cause": "completed"}])
+    records.write(run, records.ServiceState("server", records.RUNNING, 2, 1, T0 + 5))
+    proc = ddlaunch(
+        tmp_path, "status", "r", squeue="12|COMPLETED|None|node[1-2]\n", env={"TZ": "UTC"}
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.splitlines()[-1] == (
+        "service server: state unknown: its supervisor ended with the job before it recorded "
+        "the service's end (last recorded running; restarted 1 time, last exit 1)"
+    )
+
+
+UNKNOWN = "state unknown: its supervisor ended with the job before it recorded the service's end"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "job", "shown"),
+    [
+        (records.RUNNING, "RUNNING", "server: running (last exit 1)"),
+        (records.RESTARTING, "SUSPENDED", "server: restarting (last exit 1)"),
+        (records.RUNNING, None, "server: running (last exit 1)"),  # the job's state unknown
+        (records.STOPPED, "COMPLETED", "server: stopped (last exit 1)"),
+        (records.FAILED, "TIMEOUT", "server: failed (last exit 1)"),
+        (records.RUNNING, "COMPLETED", f"server: {UNKNOWN} (last recorded running; last exit 1)"),
+        (
+            records.RESTARTING,
+            "CANCELLED",
+            f"server: {UNKNOWN} (last recorded restarting; last exit 1)",
+        ),
+        (
+            records.RUNNING,
+            "PENDING",
+            "server: not running: the job waits in the queue (last recorded running; last exit 1)",
+        ),
+    ],
+)
+def test_a_services_shown_state_follows_its_jobs_end(
+    recorded: str, job: str | None, shown: str
+) -> None:
+    state = records.ServiceState("server", recorded, 1, 1)
+    assert records.describe(state, job) == shown
+
+
 def test_doctor_checks_every_component_with_one_task_per_node(tmp_path: Path) -> None:
     from ddlaunch.app.doctor import doctor_directives
 
@@ -445,3 +494,19 @@ def test_replica_groups_each_run_in_one_component(tmp_path: Path) -> None:
         "--het-group=1",
         "--output=/l/x.out",
     ]
+
+
+def test_every_component_says_its_cpus_per_task_when_the_job_sets_it(tmp_path: Path) -> None:
+    """Slurm 26.05's srun across the components (the doctor's) refuses a heterogeneous job
+    where some components set --cpus-per-task and others do not (``srun: fatal: cpus-per-task
+    set by two different environment variables``, seen on the dev cluster): the train
+    components carry the job's value, a service Slurm's default of 1, said."""
+    cfg = _load(tmp_path, THREE.replace("mem: 64G}", "mem: 64G, cpus_per_task: 2}"))
+    plan = make_plan(cfg, run_id="r", run_dir="/runs/r", workdir="/w")
+    blocks: list[list[tuple[str, str | None]]] = [[]]
+    for flag, value in plan.directives:
+        if flag == "hetjob":
+            blocks.append([])
+        else:
+            blocks[-1].append((flag, value))
+    assert [dict(b).get("--cpus-per-task") for b in blocks] == ["2", "2", "1"]

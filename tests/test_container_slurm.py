@@ -1,4 +1,6 @@
-"""A real container runtime on the dev cluster: podman (Debian's), with an image built here.
+"""Real container runtimes on the dev cluster, with an image built here: podman (Debian 12's,
+on the host's Slurm 22.05) and Apptainer (on Slurm 26.05, whose nodes run Debian forky with
+Apptainer from sid: scripts/slurm-chroot; the image is built on a node from a directory).
 
 A 2 x 2 job whose ranks run inside the image: they see its root filesystem, the run and
 checkpoint directories are mounted, and a pre-timeout signal's save is concluded (requeued)
@@ -8,11 +10,19 @@ by the end hook on the host, across the container boundary.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
-from support.container_image import MARKER, build_image, python_prefix, remove_image, vm_run_args
+from support.container_image import (
+    MARKER,
+    build_image,
+    build_rootfs,
+    python_prefix,
+    remove_image,
+    vm_run_args,
+)
 from support.devcluster import wait_for
 from support.slurm_runs import TESTS, submit, write_config
 
@@ -44,19 +54,66 @@ def test_ranks_in_podman_signal_save_and_requeue_on_the_host(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path, image
 ) -> None:
     ref, token = image
+    container = {"runtime": "podman", "image": ref, "extra_args": vm_run_args()}
+    signal_save_and_requeue_in(container, token, slurm_cluster, slurm_job_cleanup, tmp_path)
+
+
+# The release whose nodes have Apptainer (scripts/slurm-chroot installs it in forky's chroot).
+APPTAINER_SLURM = "26.05"
+
+
+@pytest.mark.matrix
+def test_ranks_in_apptainer_signal_save_and_requeue_on_the_host(
+    slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    """Apptainer for real: the image is built on a node (``apptainer build IMAGE.sif DIR``,
+    from a root filesystem made here, no registry), then the same job as podman's."""
+    found = slurm_cluster.slurm(
+        "srun", "-N1", "-n1", "sh", "-c", "command -v apptainer", check=False, timeout=60
+    )
+    if found.returncode != 0:
+        if os.environ.get("DDL_TEST_SLURM") == APPTAINER_SLURM:
+            pytest.fail(f"the Slurm {APPTAINER_SLURM} nodes have no apptainer: {found.stderr}")
+        pytest.skip(f"apptainer runs on the dev cluster's Slurm {APPTAINER_SLURM} nodes only")
+    rootfs, token = build_rootfs(tmp_path)
+    sif = tmp_path / "ddlaunch-test.sif"
+    built = slurm_cluster.slurm(
+        "srun",
+        "-N1",
+        "-n1",
+        "apptainer",
+        "build",
+        "--force",
+        str(sif),
+        str(rootfs),
+        check=False,
+        timeout=300,
+    )
+    assert built.returncode == 0 and sif.is_file(), built.stdout + built.stderr
+    # This VM lacks CAP_SYS_RESOURCE, which Apptainer run by root asks for ("Requesting
+    # capability set ... while permitted capability set is ...").
+    container = {
+        "runtime": "apptainer",
+        "image": str(sif),
+        "extra_args": ["--drop-caps", "CAP_SYS_RESOURCE"],
+    }
+    signal_save_and_requeue_in(container, token, slurm_cluster, slurm_job_cleanup, tmp_path)
+
+
+def signal_save_and_requeue_in(
+    container: dict, token: str, slurm_cluster, slurm_job_cleanup, tmp_path: Path
+) -> None:
+    """2 x 2 ranks in the image, a USR2 at step 40: every rank sees the image's root
+    filesystem and no Slurm command, the save is committed by 4 shards and concluded on the
+    host (requeue), and the requeued attempt resumes from it and completes."""
     assert not Path(MARKER).exists()  # only the image has it
     prefix = str(python_prefix())
     ckpt = tmp_path / "ckpt"  # outside the run directory: mounted (and created) by itself
     config = write_config(
         tmp_path,
-        "in-podman",
+        f"in-{container['runtime']}",
         {"entrypoint": "launch_entrypoints:mlp_in_image", "snapshot": "none"},
-        container={
-            "runtime": "podman",
-            "image": ref,
-            "mounts": [f"{prefix}:{prefix}:ro"],
-            "extra_args": vm_run_args(),
-        },
+        container={"mounts": [f"{prefix}:{prefix}:ro"], **container},
         storage={"checkpoint_dir": str(ckpt)},
         fault_tolerance={"checkpoint_every_steps": 20, "keep_last": 0},
         params={"steps": 200, "lr": 0.05, "batch_size": 64, "seed": 0, "step_sleep": 0.1},

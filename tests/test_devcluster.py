@@ -6,6 +6,7 @@ after `scontrol requeue` and after a node failure, and sacct's final states.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -27,6 +28,21 @@ def env_lines(text: str, prefix: str) -> dict[str, str]:
         if line.startswith(prefix):
             pairs.update(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
     return pairs
+
+
+@pytest.mark.matrix
+def test_the_cluster_runs_the_slurm_release_under_test(slurm_cluster: DevCluster) -> None:
+    """The matrix pass names the release it tests (DDL_TEST_SLURM, set by scripts/test-all; the
+    other passes test the host's 22.05): the controller, a node's slurmd and the clients must
+    all be that release, or a pass would test 22.05 again under another name."""
+    want = os.environ.get("DDL_TEST_SLURM", "22.05")
+    client = slurm_cluster.slurm("sinfo", "--version").stdout.split()[-1]
+    config = slurm_cluster.slurm("scontrol", "show", "config").stdout
+    controller = re.search(r"^SLURM_VERSION\s*=\s*(\S+)", config, re.MULTILINE)
+    node = slurm_cluster.slurm("scontrol", "-o", "show", "node", slurm_cluster.nodes[0]).stdout
+    slurmd = re.search(r"\bVersion=(\S+)", node)
+    assert controller is not None and slurmd is not None
+    assert [v.rsplit(".", 1)[0] for v in (client, controller[1], slurmd[1])] == [want] * 3
 
 
 def test_two_node_job_sees_slurm_env_and_distinct_hosts(
@@ -93,6 +109,7 @@ def test_scontrol_requeue_restarts_job_with_restart_count(
 
 
 @pytest.mark.lane
+@pytest.mark.matrix
 def test_killed_node_goes_down_and_requeue_job_resumes_elsewhere(
     slurm_cluster: DevCluster, slurm_job_cleanup: list[str], tmp_path: Path
 ) -> None:

@@ -49,6 +49,27 @@ def test_doctor_rows_join_fabric_findings_and_unchecked() -> None:
     assert rows[1].checks["gpus"] == "4 listed"
 
 
+def test_doctor_table_at_80_columns_names_each_check_once() -> None:
+    """At 80 columns (the width ``COLUMNS=80`` gives ``table_width``) a node's checks move
+    under its row, each after its check's name; torch's own words start with that name, and
+    the line read ``torch torch 2.5.1+cu124 imported``. The details are the real checks'."""
+    from ddlaunch.cli.doctor import table
+
+    checks = [
+        v.gpu_check(8, 8, 8),
+        v.torch_check("2.5.1+cu124", None, 3.2),
+        v.disk_check("scratch", "/scratch", 812.0, 50),
+    ]
+    rows = doctor.verdict_rows([v.NodeVerdict("gpu-node-017", checks)], {})
+    assert table(rows, 80).splitlines() == [
+        "node          verdict  gpus",
+        "gpu-node-017  ok       8 listed by nvidia-smi, 8 requested",
+        "  torch 2.5.1+cu124 imported in 3.2 s; disk scratch: 812.0 GB free",
+    ]
+    # a pipe: the column's name is the header, not repeated in the cell either
+    assert "  2.5.1+cu124 imported in 3.2 s  " in table(rows, None).splitlines()[1]
+
+
 def test_doctor_row_with_a_fabric_warning_says_warning() -> None:
     report = {
         "checks": [{"name": "gpus", "status": "ok", "detail": "4 listed"}],

@@ -17,7 +17,15 @@ import pytest
 import yaml
 from support.devcluster import run_ddlaunch as ddlaunch
 from support.devcluster import wait_for
-from support.slurm_runs import STEPS, attempts, committed, mlp_config, result, submit
+from support.slurm_runs import (
+    STEPS,
+    attempts,
+    committed,
+    mlp_config,
+    nodes_that_may_die,
+    result,
+    submit,
+)
 
 from ddlaunch.checkpoint.layout import list_checkpoints, read_commit_marker
 from ddlaunch.config import load_config
@@ -284,13 +292,18 @@ def verdict_time(run_dir: Path, record: dict) -> float:
 
 
 @pytest.mark.lane
+@pytest.mark.matrix
 def test_node_death_continues_on_the_spare_bit_identical(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
     """3 nodes allocated, 2 used: every process of the second working node killed -9 at step
     >= 60 -> the ranks restart on the first node and the spare, inside the allocation."""
     config = mlp_config(
-        tmp_path, "ft-spare", params={"step_sleep": 0.15}, fault_tolerance={"spare_nodes": 1}
+        tmp_path,
+        "ft-spare",
+        params={"step_sleep": 0.15},
+        fault_tolerance={"spare_nodes": 1},
+        nodes=nodes_that_may_die(slurm_cluster),
     )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")

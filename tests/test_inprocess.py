@@ -296,3 +296,67 @@ def test_an_aborted_default_group_is_freed_with_its_threads(
     )
     ended = int(out.stdout.split()[-1])
     assert (ended >= 3) is freed, out.stdout  # the device loop and the group's workers
+
+
+class _DecidingControl:
+    """The control store as the first survivor sees it after node2 died with ranks 2 and 3
+    and its standbys: ranks 0 and 1 arrived, node3 (a hot spare) has two standbys."""
+
+    def __init__(self) -> None:
+        self.free = [Standby("node3", 0, 31, spare=True), Standby("node3", 1, 32, spare=True)]
+
+    def add(self, key: str, amount: int) -> int:
+        return 3  # every survivor is there: no wait
+
+    def arrived(self, generation: int, world: int) -> frozenset[int]:
+        return frozenset({0, 1})
+
+    def place_of(self, rank: int) -> RankPlace:
+        host = HOSTS[rank]
+        return RankPlace(rank, host, 100 + rank, rank % 2, rank // 2, 2, 2, 4)
+
+    def standbys(self) -> list[Standby]:
+        return self.free
+
+    def assign(self, host: str, index: int, assignment: Assignment) -> None:
+        pass
+
+    def publish(self, generation: int, plan: object) -> None:
+        pass
+
+    def event(self, what: dict[str, object]) -> None:
+        pass
+
+    def register_rank(self, place: RankPlace) -> None:
+        pass
+
+    def another(self) -> _DecidingControl:  # the monitor's connection
+        return self
+
+    def has(self, key: str) -> bool:
+        return False
+
+
+def test_a_node_lost_in_process_goes_on_the_bad_node_list_as_in_the_other_restarts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddlaunch.store import badnodes, exclusions
+    from ddlaunch.worker import inprocess
+
+    listed = tmp_path / "bad_nodes.json"
+    monkeypatch.setenv(badnodes.ENV_PATH, str(listed))
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    cfg = load_config(_config(tmp_path))
+    assert cfg.health.bad_node_ttl_hours > 0
+    place = RankPlace(0, "node1", 100, 0, 0, 2, 2, 4)
+    ctx = inprocess.start(_DecidingControl(), place, "gloo", run, cfg)  # type: ignore[arg-type]
+    ctx.monitor.stopped = True
+    inprocess._decide(ctx, 0, 100.0)
+    # Kept out of this run's later steps and, as after a node failure the end hook or the
+    # replica groups find, out of the user's later runs.
+    assert exclusions.excluded(run) == ["node2"]
+    [entry] = badnodes.load(listed)
+    assert (entry.node, entry.source, entry.suspect) == ("node2", "run r1", False)
+    assert entry.reason == "node failure: every rank died (moved to a spare)"
+    assert entry.expires is not None

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from support.devcluster import processes, wait_for
 from support.devcluster import run_ddlaunch as ddlaunch
-from support.slurm_runs import attempts, committed, mlp_config, result, submit
+from support.slurm_runs import attempts, committed, mlp_config, nodes_that_may_die, result, submit
 
 from ddlaunch.config import load_config
 from ddlaunch.config.validate import to_plain
@@ -283,6 +283,7 @@ def test_a_node_whose_ranks_all_die_moves_to_the_spares_standbys(
 
 
 @pytest.mark.lane
+@pytest.mark.matrix
 def test_a_node_that_dies_moves_to_the_spare_in_process(
     slurm_cluster, slurm_job_cleanup, tmp_path, reference_sha
 ) -> None:
@@ -290,7 +291,13 @@ def test_a_node_that_dies_moves_to_the_spare_in_process(
     ranks' and the standbys' steps are --no-kill, so the survivors train on, the spare's
     standbys take its ranks, and the watchdog, finding the dead node, leaves the step."""
     ft = {**IN_PROCESS, "spare_nodes": 1}
-    config = mlp_config(tmp_path, "inproc-node", params=PARAMS, fault_tolerance=ft)
+    config = mlp_config(
+        tmp_path,
+        "inproc-node",
+        params=PARAMS,
+        fault_tolerance=ft,
+        nodes=nodes_that_may_die(slurm_cluster),
+    )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
     opened = attempts(run_dir)[0]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FakeRunner
+from support.samples import HEALED_GROUP_RESTART
 
 from ddlaunch.job import group_settings, group_steps, groups
 from ddlaunch.planning.group_env import GroupIdentity, job_rank
@@ -137,13 +138,7 @@ def test_a_group_restart_entry_is_typed_and_rewritten_as_read() -> None:
 def test_the_group_restart_line_names_the_group_it_healed_from() -> None:
     from ddlaunch.cli.status import group_restart_line
 
-    entry = {
-        "group": 1, "restart": 0, "up_s": 61.2, "cause": "hang",
-        "culprit": "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped",
-        "nodes": ["node2"], "decision": "restart", "new_nodes": ["node2"],
-        "failed_at_step": 60, "rejoined_step": 63, "healed": True, "rejoin_s": 4.25,
-        "steps_missed": 3, "healed_from": 0,
-    }  # fmt: skip
+    entry = HEALED_GROUP_RESTART
     assert group_restart_line(entry) == (
         "group 1 failed after 61s: hang (no step finished for 40 s (hang_timeout 30 s); "
         "rank(s) 3 heartbeat stopped); restarted on node2; rejoined at step 63 in 4.2s, "

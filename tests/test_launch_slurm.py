@@ -18,6 +18,7 @@ def rank_records(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.lane
+@pytest.mark.matrix
 def test_two_nodes_two_ranks_agree(slurm_cluster, slurm_job_cleanup, tmp_path: Path) -> None:
     config = write_config(tmp_path, "t-world", {"entrypoint": "launch_entrypoints:world_info"})
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
@@ -56,6 +57,7 @@ def test_unmodified_torchrun_script(slurm_cluster, slurm_job_cleanup, tmp_path: 
 
 
 @pytest.mark.lane
+@pytest.mark.matrix
 def test_failing_rank_is_named_by_status_and_logs(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:
@@ -106,6 +108,7 @@ def test_two_jobs_on_the_same_nodes_do_not_collide(
 
 
 @pytest.mark.parametrize("how", ["ddlaunch cancel", "scancel"])
+@pytest.mark.matrix
 def test_cancel_stops_the_run_for_good(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path, how: str
 ) -> None:

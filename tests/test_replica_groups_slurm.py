@@ -22,7 +22,7 @@ import pytest
 from support import devcluster
 from support.devcluster import run_ddlaunch as ddlaunch
 from support.devcluster import wait_for
-from support.slurm_runs import attempts, mlp_config, result, submit
+from support.slurm_runs import attempts, mlp_config, nodes_that_may_die, result, submit
 
 from ddlaunch.checkpoint.layout import read_commit_marker
 
@@ -39,7 +39,9 @@ LOSS_TOLERANCE = 0.01
 REFERENCE_LOSS = 0.0148
 
 
-def groups_config(tmp_path: Path, name: str, steps: int = 300, **ft: object) -> Path:
+def groups_config(
+    tmp_path: Path, name: str, steps: int = 300, nodes: dict | None = None, **ft: object
+) -> Path:
     return mlp_config(
         tmp_path,
         name,
@@ -48,6 +50,7 @@ def groups_config(tmp_path: Path, name: str, steps: int = 300, **ft: object) -> 
         parallel={"dp_replicate": 2},
         fault_tolerance={"mode": "replica_groups", **ft},
         health={"preflight": False, "heartbeat_interval": 1.0},
+        nodes=nodes or {},
     )
 
 
@@ -182,11 +185,14 @@ def test_a_killed_rank_restarts_its_group_only(
 
 
 @pytest.mark.lane
+@pytest.mark.matrix
 def test_a_dead_node_moves_its_group_to_the_spare(
     slurm_cluster, slurm_job_cleanup, tmp_path: Path
 ) -> None:
     os.environ["DDLAUNCH_BAD_NODES"] = str(tmp_path / "bad-nodes.json")
-    config = groups_config(tmp_path, "rg-node", spare_nodes=1)
+    config = groups_config(
+        tmp_path, "rg-node", nodes=nodes_that_may_die(slurm_cluster), spare_nodes=1
+    )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: reached(run_dir, 2, 60), 240, "group 1 at step 60")
     first = attempts(run_dir)[0]

@@ -24,7 +24,7 @@ from support.devcluster import processes, wait_for
 from support.shipped import Shipped, shipped, work_tree_with_another_ddlaunch
 from support.slurm_runs import attempts, committed, job_of, mlp_config
 
-pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.matrix]
 
 
 @pytest.fixture(scope="module")

@@ -177,6 +177,7 @@ def staging_done(run_dir: Path, job: str, restart: int) -> bool:
     return (run_dir / "staging" / f"{job}-{restart}.done.json").exists()
 
 
+@pytest.mark.matrix
 def test_sbcast_broadcasts_a_file_once_and_not_again(slurm_cluster, slurm_job_cleanup, tmp_path):
     """mode sbcast on one node (the dev cluster's nodes share a filesystem, and sbcast writes
     the same path on every node)."""

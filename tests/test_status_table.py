@@ -4,10 +4,14 @@ per line. Whole outputs at 60, 80 and 200 columns (``cli.status.page`` is pure).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.samples import HEALED_GROUP_RESTART
 
 from ddlaunch.app.status import RunStatus
 from ddlaunch.app.status_poll import StatusView
@@ -131,3 +135,77 @@ def test_shortened_ids_keep_a_unique_prefix() -> None:
 def test_no_runs_says_where_it_looked() -> None:
     empty = StatusView([], Path("/scratch/me/runs"), 0, [])
     assert page(empty, 80) == "no runs under /scratch/me/runs (ddlaunch submit CONFIG to start one)"
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An attempt's line says when it started in local time: UTC here."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+STARTED = 1_790_000_000.0  # 14:13:20 UTC
+GROUP_RESTART = HEALED_GROUP_RESTART
+
+
+def test_attempt_lines_wrap_between_words_at_the_terminal_width(utc: None) -> None:
+    """``status RUN`` at 80 columns: each attempt (and each line under it) is wrapped between
+    words, its continuation lines hanging under it; the terminal cut them inside words and
+    put their rest at the margin. A pipe keeps one line per attempt."""
+    history = [
+        {
+            "attempt": 0, "job_id": "377", "nodes": "gpu-node-[017-018]", "start": STARTED,
+            "end": STARTED + 60, "cause": "crash", "committed_step": 60,
+            "blamed": ["gpu-node-018"], "culprit": "rank 1 on gpu-node-018 killed by SIGKILL",
+            "group_restarts": [GROUP_RESTART],
+        },
+        {
+            "attempt": 1, "job_id": "378", "nodes": "gpu-node-[017,019]",
+            "start": STARTED + 70, "end": STARTED + 130, "cause": "completed",
+            "committed_step": 160, "resumed_from": 60,
+        },
+    ]  # fmt: skip
+    one = row("r", "378", "COMPLETED", "gpu-node-[017,019]", 160, 160, 2)
+    view = StatusView([dataclasses.replace(one, history=history)], Path("/runs"), 0, ["r"])
+    table = [
+        "run  job  state      nodes               step  ckpt  attempts",
+        "r    378  COMPLETED  gpu-node-[017,019]   160   160         2",
+    ]
+    assert page(view, 80).splitlines() == [
+        *table,
+        "attempt 0: job 377 on gpu-node-[017-018] at 14:13:20 60s, from scratch -> crash",
+        "    (committed 60), blamed gpu-node-018: rank 1 on gpu-node-018 killed by",
+        "    SIGKILL",
+        "  group 1 failed after 61s: hang (no step finished for 40 s (hang_timeout 30 s);",
+        "      rank(s) 3 heartbeat stopped); restarted on node2; rejoined at step 63 in",
+        "      4.2s, healed from group 0, 3 steps missed",
+        "attempt 1: job 378 on gpu-node-[017,019] at 14:14:30 60s, from step 60 ->",
+        "    completed (committed 160)",
+    ]
+    piped = page(view, None).splitlines()
+    assert piped[:2] == table and len(piped) == 2 + 3
+    # the same words, none cut
+    assert page(view, 80).split() == page(view, None).split()
+
+
+def test_a_shortened_id_keeps_as_much_of_itself_as_the_row_leaves() -> None:
+    """Ids are cut before anything moves under the row; once the earlier failures moved
+    there, the room they left goes back to the ids: as much of each as fits, the whole id
+    where it fits (it stayed at its unique prefix and tail, ``u…3380``)."""
+    history = [{"attempt": 0, "culprit": "rank 1 on node1 killed by SIGKILL"}, {"attempt": 1}]
+    llama = row("user-llama-8b-20261202-051122-3380", "384", "RUNNING", "node[2-3]", attempts=2)
+    vit = row("vit-20261202-051122-3788", "385", "RUNNING", "node4", attempts=0)
+    rows = [dataclasses.replace(llama, history=history), vit]
+    view = StatusView(rows, Path("/runs"), 0, [r.run_id for r in rows])
+    assert page(view, 80).splitlines() == [
+        "run                                job  state    nodes      step  ckpt  attempts",
+        "user-llama-8b-20261202-05112…3380  384  RUNNING  node[2-3]     -     -         2",
+        "  earlier 0: rank 1 on node1 killed by SIGKILL",
+        "vit-20261202-051122-3788           385  RUNNING  node4         -     -         0",
+    ]
+    assert page(view, 81).splitlines()[1] == (
+        "user-llama-8b-20261202-051122-3380  384  RUNNING  node[2-3]     -     -         2"
+    )

@@ -262,6 +262,7 @@ sleep 60
 """
 
 
+@pytest.mark.matrix
 def test_requeue_of_an_array_task_needs_its_array_task_id(slurm_cluster, tmp_path: Path) -> None:
     """Why a requeue from inside an array task must name ``ARRAYJOB_TASK``: the task that
     keeps the array's own id has SLURM_JOB_ID == SLURM_ARRAY_JOB_ID, and ``scontrol requeue

@@ -320,11 +320,12 @@ def test_status_at_80_columns_moves_earlier_failures_under_the_row(tmp_path: Pat
     queue = _two_runs(tmp_path)
     code, out = at_terminal(tmp_path, "status", squeue=queue)
     assert code == 0
+    # the id keeps as much of itself as the row leaves once the failures moved under it
     assert out == (
-        "run     job  state    nodes      step  ckpt  attempts\n"
-        "u…3380  384  RUNNING  node[2-3]     -     -         2\n"
+        "run                                job  state    nodes      step  ckpt  attempts\n"
+        "user-llama-8b-20261202-05112…3380  384  RUNNING  node[2-3]     -     -         2\n"
         "  earlier 0: rank 1 on node1 killed by SIGKILL\n"
-        "v…3788  385  RUNNING  node4         -     -         0\n"
+        "vit-20261202-051122-3788           385  RUNNING  node4         -     -         0\n"
     )
     # a pipe keeps one row per line, the attempts cell whole
     proc = piped(tmp_path, "status", squeue=queue)

@@ -1,5 +1,6 @@
 """Cluster facts, probed once at the edge of a command (``planning.plan.ClusterFacts``): the
-partitions with their nodes and limits (one sinfo call) and, for sweeps, MaxArraySize. The
+partitions with their nodes and limits (one sinfo call), the release (``sinfo --version``)
+and, for sweeps, MaxArraySize. The
 planning code gets them passed in and never asks Slurm itself."""
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def probe(max_array_size: bool = False) -> tuple[ClusterFacts, list[str]]:
     size = None
     if max_array_size:
         size = client.max_array_size()
-    return ClusterFacts(max_array_size=size, partitions=partitions), []
+    version = client.slurm_version()
+    return ClusterFacts(slurm_version=version, max_array_size=size, partitions=partitions), []
 
 
 def sweep_facts(

@@ -202,6 +202,7 @@ def check_configs(
 ) -> list[str]:
     """``check_submission`` for each of ``configs`` (a sweep's validation groups)."""
     from ddlaunch.app.launchcheck import check_launch
+    from ddlaunch.config.slurm_defects import defect_warnings
     from ddlaunch.planning.feasibility import problems
 
     refusals: list[str] = []
@@ -212,7 +213,8 @@ def check_configs(
         where = os.environ.get("SBATCH_PARTITION")  # sbatch's default when job.partition is unset
         found = [*problems(cfg, facts.partitions, reasons, where), *launch.errors]
         refusals += [r for r in found if r not in refusals]
-        warnings += [w for w in launch.warnings if w not in warnings]
+        found_warnings = [*launch.warnings, *defect_warnings(cfg, facts.slurm_version)]
+        warnings += [w for w in found_warnings if w not in warnings]
     if refusals and not force:
         blocking = [e.node for e in listed if any(r.startswith(f"  {e.node}: ") for r in refusals)]
         hints = []

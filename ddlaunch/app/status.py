@@ -399,7 +399,9 @@ def run_status(
         snapshot=info.snapshot,
         staging=staging_nodes(info.staging),
         problems=list(info.problems),
-        services=[describe_service(s) for s in info.services],
+        # A service's record is checked against the job's state: a supervisor killed with
+        # the job leaves it saying running.
+        services=[describe_service(s, state) for s in info.services],
         batch_shares=describe_shares(info.balance),
     )
 

@@ -22,6 +22,13 @@ COLUMNS = (
 )
 
 
+def check_cell(checks: dict[str, str], name: str, default: str = "-") -> str:
+    """A check's words in the column named after it. Words that start with the check's name
+    (``torch 2.5.1 imported``) lose it: the column's header says it, and a cell moved under
+    the row is labelled with it (``torch torch 2.5.1 imported`` otherwise)."""
+    return checks.get(name, default).removeprefix(f"{name} ")
+
+
 def table(rows: list[Any], width: int | None) -> str:
     """One line per node in a pipe; at a terminal the checks move under the row (disk
     first, the longest) by the rules of ``status``'s table (``cli/table.py``), so that a
@@ -37,9 +44,9 @@ def table(rows: list[Any], width: int | None) -> str:
             (
                 r.node,
                 r.verdict,
-                r.checks.get("gpus", r.checks.get("report", "-")),
-                r.checks.get("torch", "-"),
-                r.checks.get("bandwidth", "-"),
+                check_cell(r.checks, "gpus", r.checks.get("report", "-")),
+                check_cell(r.checks, "torch"),
+                check_cell(r.checks, "bandwidth"),
                 disk or "-",
                 "; ".join(r.fabric),
             )

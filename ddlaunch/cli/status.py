@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ddlaunch.cli.completion import complete_targets
-from ddlaunch.cli.table import ELLIPSIS, TAIL, Column, fit, unique_prefixes
+from ddlaunch.cli.table import ELLIPSIS, TAIL, Column, fit, unique_prefixes, wrap
 from ddlaunch.cli.terminal import table_width
 
 COLUMNS = (
@@ -110,8 +110,22 @@ def render(
     return "\n".join(fit(columns, table, width))
 
 
-def attempt_lines(row: Any) -> list[str]:
-    """One run's attempts, one line each (shown under the table for a single run)."""
+# How much deeper than its first line an attempt's (or a line under it) continuation starts.
+HANG = "    "
+
+
+def item_lines(text: str, width: int | None, indent: str = "") -> list[str]:
+    """One item under the table: wrapped between words at a terminal's ``width``, its
+    continuation lines hanging (left to the terminal, a long line was cut inside words,
+    its rest at the margin where it read as the next item); in a pipe one line (grep)."""
+    if width is None:
+        return [indent + text]
+    return wrap(text, width, indent, HANG) or [indent]
+
+
+def attempt_lines(row: Any, width: int | None = None) -> list[str]:
+    """One run's attempts, one item each (shown under the table for a single run): one line
+    in a pipe (``width`` None), wrapped to the terminal's width at a terminal."""
     lines = []
     for a in row.history:
         took = ""
@@ -136,13 +150,15 @@ def attempt_lines(row: Any) -> list[str]:
         why = [str(a[k]) for k in ("detail", "culprit") if a.get(k)]
         if why:
             text += ": " + "; ".join(why)
-        lines.append(text)
-        lines.extend(f"  {group_restart_line(g)}" for g in a.get("group_restarts") or ())
-        lines.extend(f"  {line}" for line in in_process_lines(a))
+        under = [group_restart_line(g) for g in a.get("group_restarts") or ()]
+        under += in_process_lines(a)
         if a.get("standbys"):
             from ddlaunch.app.status import standbys_line
 
-            lines.append(f"  {standbys_line(a['standbys'])}")
+            under.append(standbys_line(a["standbys"]))
+        lines += item_lines(text, width)
+        for line in under:
+            lines += item_lines(line, width, "  ")
     return lines
 
 
@@ -182,7 +198,7 @@ def page(shown: Any, width: int | None) -> str:
         )
         lines += textwrap.wrap(text, width) if width else [text]
     if follow:
-        lines += attempt_lines(rows[0])
+        lines += attempt_lines(rows[0], width)
     if len(rows) == 1 and rows[0].services:
         lines += [f"service {line}" for line in rows[0].services]
     if len(rows) == 1 and rows[0].batch_shares:

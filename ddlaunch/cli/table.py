@@ -7,7 +7,8 @@ row fits:
 1. ``shrink`` columns (run ids) are shortened in the middle, never below their
    ``min_width`` (the caller sets it so that a unique prefix of each id stays readable);
 2. ``detail`` columns (nodes, then the counts) move, lowest ``rank`` first, onto a line
-   under the row;
+   under the row; the room they leave goes back to the ``shrink`` columns, so that an id
+   keeps as much of itself as fits (all of it when it does);
 3. the ``note`` column stays on the row only if it gets at least ``NOTE_MIN`` characters,
    wrapped within its column; otherwise it joins the line under the row, wrapped to the
    terminal's width.
@@ -71,9 +72,11 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
     others = [i for i in range(len(columns)) if i != note]
     if width is None:
         return _plain(columns, rows, widths, others, note)
+    natural = list(widths)
     inline = list(others)
+    shrink = [i for i in inline if columns[i].kind == "shrink"]
     excess = _total(widths, inline) - width
-    for i in [i for i in inline if columns[i].kind == "shrink"]:
+    for i in shrink:
         if excess > 0:
             cut = min(excess, widths[i] - max(columns[i].min_width, len(columns[i].name)))
             widths[i] -= max(cut, 0)
@@ -84,6 +87,13 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
         if excess > 0:
             inline.remove(i)
             excess = _total(widths, inline) - width
+    # The ids were cut for a row that still held the details; with some of those moved under
+    # it, their room goes back to the ids (cut to ``u…3380`` beside a short row otherwise),
+    # before the note: a note wraps whole, a shortened id has lost characters.
+    for i in shrink:
+        back = min(max(-excess, 0), natural[i] - widths[i])
+        widths[i] += back
+        excess += back
     note_width = width - _total(widths, inline) - len(GAP)
     note_inline = note is not None and note_width >= NOTE_MIN
     if note is not None and note_inline:
@@ -95,7 +105,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
     for row in rows:
         cells = [shorten_middle(row[i], widths[i]) for i in inline]
         if note_inline and note is not None:
-            wrapped = _wrap(row[note], widths[note]) or [""]
+            wrapped = wrap(row[note], widths[note]) or [""]
             cells[-1] = wrapped[0]
             lines.append(_line(cells, [widths[i] for i in inline], right))
             indent = " " * (_total(widths, inline[:-1]) + len(GAP))
@@ -108,14 +118,20 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | N
             if row[i] not in ("", "-")
         ]
         if below:
-            lines += _wrap("; ".join(below), width, "  ")
+            lines += wrap("; ".join(below), width, "  ")
     return lines
 
 
-def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+def wrap(text: str, width: int, indent: str = "", hang: str = "") -> list[str]:
+    """``text`` in lines of at most ``width``, broken between words; each line starts with
+    ``indent``, the continuation lines with ``hang`` after it (one item reads as one)."""
     # Not at hyphens: run ids and node names are full of them.
     return textwrap.wrap(
-        text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + hang,
+        break_on_hyphens=False,
     )
 
 

@@ -8,9 +8,18 @@ on the same nodes, up to ``fault_tolerance.max_restarts`` times, and leaves the 
 start and end is written to ``components/<name>.json`` (``store.components``) for ``status``
 and ``report`` (its state and the history of its starts), and said in the batch log. The
 batch script stops the supervisors when the job ends (TERM): the step is ended and the record
-says ``stopped``. So it does when ``ddlaunch cancel RUN --component NAME`` asks
-(``components/<name>.stop``, looked for every ``STOP_POLL_S`` while the service runs or
+says ``stopped`` at the job's end. So it does when ``ddlaunch cancel RUN --component NAME``
+asks (``components/<name>.stop``, looked for every ``STOP_POLL_S`` while the service runs or
 waits to restart): the record says ``stopped`` by the cancel, and the job goes on.
+
+Ending the step: TERM to the service's tasks, ``STOP_GRACE_S`` for them to leave, then KILL;
+the record says which signals they got (``stop_signals``). The TERM cannot go through srun:
+srun turns a TERM it receives into a KILL of its tasks (its log says "forcing job
+termination"; Slurm's ``_srun_signal_mgr``), which a service that saves or drains on TERM
+never sees, and whose exit status (137) read as the service's own failure. So the step is
+named (``step_name``: srun's ``--job-name``), found in ``squeue -s`` and sent TERM with
+``scancel --signal=TERM JOB.STEP``, which reaches its tasks on every node; srun is told to
+end only for the KILL.
 """
 
 from __future__ import annotations
@@ -27,10 +36,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store.components import (
     CANCELLED,
     ENDED,
     FAILED,
+    JOB_END,
     RESTARTING,
     RUNNING,
     STOP_POLL_S,
@@ -45,6 +56,29 @@ from ddlaunch.store.components import (
 )
 
 RESTART_PAUSE_S = 1.0  # between a failed step and its next start (a port to be freed)
+STOP_GRACE_S = 10.0  # between the TERM to a stopped service's tasks and their KILL
+SRUN_WAIT_S = 5.0  # for srun to end its tasks (KILL) before srun itself is killed
+STEP_NAME = "ddlaunch-service-{job}-{name}"
+TERM, KILL = "TERM", "KILL"
+
+
+def step_name(job_id: str, name: str) -> str:
+    """The name of a service's srun step: unique among the user's running steps (the job's
+    id in it), since a step of another component is looked up without the job's id
+    (``SlurmClient.my_steps_by_name``)."""
+    return STEP_NAME.format(job=job_id, name=name)
+
+
+def is_srun(argv: Sequence[str]) -> bool:
+    return bool(argv) and Path(argv[0]).name == "srun"
+
+
+def named_step(argv: Sequence[str], step: str) -> list[str]:
+    """srun's ``argv`` with the step's name (``--job-name``, for ``squeue -s``); any other
+    command as it is."""
+    if not is_srun(argv):
+        return list(argv)
+    return [argv[0], f"--job-name={step}", *argv[1:]]
 
 
 @dataclass
@@ -58,16 +92,27 @@ class Supervisor:
     say: Callable[[str], Any] = print
     job_id: str | None = None  # the job it runs in: a stop request names one
     poll_s: float = STOP_POLL_S
+    grace_s: float = STOP_GRACE_S
+    client: SlurmClient | None = None  # made when a step is to be sent TERM
     stopping: bool = False
-    reason: str = ""  # why it stops, when not for the job's end
+    reason: str = ""  # why it stops: the job's end or a cancel
+    stop_signals: list[str] = field(default_factory=list)  # what the stopped tasks got
     child: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     state: ServiceState | None = field(default=None, repr=False)  # as last recorded
 
+    @property
+    def step(self) -> str | None:
+        """The service's step's name, when it is an srun step of a known job."""
+        if not is_srun(self.argv) or not self.job_id:
+            return None
+        return step_name(self.job_id, self.name)
+
     def stop(self) -> None:
-        """The job ends: end the service's step (srun passes TERM on to its tasks)."""
+        """The job ends (or a cancel asked): the supervisor's loop ends the service's step
+        (``_end_step``). Only a flag, as it is called from the TERM handler: the step's end
+        asks Slurm and waits, which a signal handler must not."""
         self.stopping = True
-        if self.child is not None and self.child.poll() is None:
-            self.child.terminate()
+        self.reason = self.reason or JOB_END
 
     def asked_to_stop(self) -> bool:
         """Whether ``ddlaunch cancel --component`` asked to stop the service in this job
@@ -90,12 +135,67 @@ class Supervisor:
             self.stop()
 
     def _wait(self, child: subprocess.Popen[bytes]) -> int:
-        """The step's exit status, looking for a stop request every ``poll_s``."""
+        """The step's exit status, looking for a stop request every ``poll_s``; once asked to
+        stop, the step is ended (``_end_step``)."""
         while True:
+            if self.stopping:
+                return self._end_step(child)
             try:
                 return child.wait(timeout=self.poll_s)
             except subprocess.TimeoutExpired:
                 self._cancel_if_asked()
+
+    def _end_step(self, child: subprocess.Popen[bytes]) -> int:
+        """TERM to the service's tasks, ``grace_s`` for them to leave, then KILL; the step's
+        exit status. ``stop_signals`` says what reached the tasks."""
+        if child.poll() is not None:  # it ended by itself meanwhile: nothing was sent
+            return child.returncode
+        self.stop_signals = [self._term(child)]
+        try:
+            return child.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        waited = f"still running {self.grace_s:g} s after"
+        if self.stop_signals == [KILL]:  # srun was told already: it does not return
+            self.say(f"[ddlaunch] service {self.name}: srun {waited} it was told to end: killed")
+        elif not is_srun(self.argv):
+            self.say(f"[ddlaunch] service {self.name}: {waited} TERM: KILL")
+            self.stop_signals.append(KILL)
+        else:
+            self.say(f"[ddlaunch] service {self.name}: {waited} TERM: KILL (srun ends its tasks)")
+            self.stop_signals.append(KILL)
+            child.terminate()  # srun sends its tasks KILL ("forcing job termination")
+            try:
+                return child.wait(timeout=SRUN_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        child.kill()
+        return child.wait()
+
+    def _term(self, child: subprocess.Popen[bytes]) -> str:
+        """Send the service's tasks TERM; the signal that reached them. A command run
+        without srun gets it itself; srun's step gets it through Slurm (``scancel``). A step
+        Slurm does not list (not made yet, or squeue did not answer) can only be ended by
+        srun, which sends its tasks KILL."""
+        if not is_srun(self.argv):
+            child.terminate()
+            return TERM
+        step = self.step
+        if step is not None:
+            client = self.client or SlurmClient()
+            try:
+                ids = client.my_steps_by_name().get(step, [])
+                if ids:
+                    client.cancel(ids, signal=TERM)
+                    return TERM
+                why = f"its step {step} is not listed by squeue"
+            except Exception as exc:  # Slurm did not answer: srun can still end the step
+                why = f"its step was not sent TERM: {exc}"
+        else:
+            why = "its step has no name to find it by (no job id)"
+        self.say(f"[ddlaunch] service {self.name}: {why}; srun ends it, with KILL to its tasks")
+        child.terminate()
+        return KILL
 
     def _pause(self) -> None:
         """The pause before a restart, looking for a stop request."""
@@ -130,7 +230,8 @@ class Supervisor:
             starts += 1
             self.state = with_run(self.state, ServiceRun(time.time()))
             self._record(RUNNING, starts, last_exit)
-            self.child = self.spawn(self.argv)
+            step = self.step
+            self.child = self.spawn(named_step(self.argv, step) if step else self.argv)
             last_exit = self._wait(self.child)
             self.state = with_end(self.state, time.time(), last_exit)
             if self.stopping:
@@ -160,14 +261,15 @@ class Supervisor:
 
     def _record(self, state: str, starts: int, last_exit: int | None) -> None:
         base = self.state or ServiceState(self.name, state, starts, job_id=self.job_id)
-        reason = self.reason if state == STOPPED else ""
+        stopped = state == STOPPED
         self.state = replace(
             base,
             state=state,
             starts=starts,
             last_exit=last_exit,
             time=time.time(),
-            reason=reason,
+            reason=self.reason if stopped else "",
+            stop_signals=tuple(self.stop_signals) if stopped else (),
         )
         try:
             write(self.run_dir, self.state)

@@ -47,9 +47,7 @@ def crash_or_node_failure(
     blamed, why = blame_nodes(run_dir, nodes, attempt, client, settings.ranks_per_node, step)
     if not blamed:
         return Ending(policy.CAUSE_CRASH)
-    exclusions.add_excluded(run_dir, blamed, "node failure: " + why)
-    source = f"run {run_dir.name}"
-    badnodes.record(blamed, "node failure: " + why, settings.bad_node_ttl_hours, source)
+    exclusions.leave_out(run_dir, blamed, "node failure: " + why, settings.bad_node_ttl_hours)
     return Ending(policy.CAUSE_NODE_FAILURE, blamed=tuple(blamed), record={"health": why})
 
 

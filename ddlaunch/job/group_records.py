@@ -7,13 +7,12 @@ user's bad-node list), and the whole job's hang verdict for the end hook."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ddlaunch.policy.groups import GroupState, Phase
 from ddlaunch.policy.heartbeats import Finding
-from ddlaunch.store import attempts, badnodes, exclusions, group_state
+from ddlaunch.store import attempts, exclusions, group_state
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.group_restarts import GroupRestart
@@ -106,9 +105,7 @@ def publish(run_dir: Path, attempt: AttemptId, now: float, groups: Sequence[Grou
 def leave_out(run_dir: Path, nodes: Sequence[str], why: str, bad_node_ttl_hours: float) -> None:
     """Keep ``nodes`` out of this run (its exclusions) and, for ``bad_node_ttl_hours``, out
     of the user's other runs (the bad-node list: the user's, so best effort)."""
-    exclusions.add_excluded(run_dir, list(nodes), why)
-    with contextlib.suppress(Exception):
-        badnodes.record(list(nodes), why, bad_node_ttl_hours, f"run {run_dir.name}")
+    exclusions.leave_out(run_dir, nodes, why, bad_node_ttl_hours)
 
 
 def record_job_hang(run_dir: Path, attempt: AttemptId, finding: Finding, now: float) -> None:

@@ -28,7 +28,7 @@ from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.slurm.parse import node_is_down
 from ddlaunch.slurm.queue import GUARD_STEP_NAME
-from ddlaunch.store import attempts, badnodes, exclusions
+from ddlaunch.store import attempts, exclusions
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import LOGS_DIR
 
@@ -112,8 +112,7 @@ def act(
     if cancel_reason(run_dir, attempt.task, client) is not None:
         print(f"[ddlaunch guard] {why}; the run was cancelled: no requeue", flush=True)
         return
-    exclusions.add_excluded(run_dir, [host], f"node failure: {why}")
-    badnodes.record([host], f"node failure: {why}", ttl_hours, f"run {run_dir.name}")
+    exclusions.leave_out(run_dir, [host], f"node failure: {why}", ttl_hours)
     attempts.update_last(run_dir, guard=f"requeued by ddlaunch's guard: {why}")
     print(f"[ddlaunch guard] {why}: requeueing the job without it", flush=True)
     done = requeue_excluding(client, attempt.task, [host])

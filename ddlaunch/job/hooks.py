@@ -53,7 +53,7 @@ from ddlaunch.job.sweep_task import start_task
 from ddlaunch.policy import requeue as policy
 from ddlaunch.policy.requeue import Ending, RetryBudget
 from ddlaunch.slurm.client import Requeuer, SlurmClient
-from ddlaunch.store import attempts, badnodes, exclusions, outcome, signal_save, stops
+from ddlaunch.store import attempts, exclusions, outcome, signal_save, stops
 from ddlaunch.store.attempts import AttemptId, AttemptRecord
 from ddlaunch.store.rundir import (
     CheckpointSource,
@@ -164,9 +164,8 @@ def _close_cut_off(
     if blamed:
         said = {n: record.dead_why or "died" for n in dead}
         why = "node failure: " + ", ".join(f"{n} {states.get(n) or said[n]}" for n in blamed)
-        exclusions.add_excluded(run_dir, blamed, why)
         # A node Slurm declared down is evidence about the node: my later jobs avoid it.
-        badnodes.record(blamed, why, settings.bad_node_ttl_hours, f"run {run_dir.name}")
+        exclusions.leave_out(run_dir, blamed, why, settings.bad_node_ttl_hours)
     return closed
 
 

@@ -129,8 +129,11 @@ def _component_lines(
         lines.append(
             ("--gpus-per-node", f"{nodes.gpu_type}:{gpus}" if nodes.gpu_type else str(gpus))
         )
-    if comp.role == TRAIN and job.get("--cpus-per-task"):
-        lines.append(("--cpus-per-task", job["--cpus-per-task"]))
+    if job.get("--cpus-per-task"):
+        # A service takes Slurm's default of 1, but says so: Slurm 26.05's srun across the
+        # components (the doctor's) refuses a job where some set it and others do not
+        # ("cpus-per-task set by two different environment variables").
+        lines.append(("--cpus-per-task", job["--cpus-per-task"] if comp.role == TRAIN else "1"))
     mem = nodes.mem or job.get("--mem")
     if mem:
         lines.append(("--mem", mem))

@@ -229,6 +229,15 @@ class SlurmClient:
         result = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"])
         return queue.parse_step_names(result.stdout) if result.ok else {}
 
+    def my_steps_by_name(self) -> dict[str, list[str]]:
+        """Every running numeric step of this user's jobs by its name, in ONE squeue call; {}
+        when squeue fails. For a step in a heterogeneous job's other component, whose id may
+        be that component's own job id, which ``squeue -s -j LEADER`` does not list (squeue
+        filters steps by their own job id): its name must then say the job
+        (``job.components.step_name``)."""
+        result = self._run(["squeue", "-h", "-s", "--me", "-o", "%i|%j"])
+        return queue.parse_step_names(result.stdout) if result.ok else {}
+
     def job_steps(self, job_id: str) -> list[str]:
         """The job's running numeric steps (``123.0``), without batch, extern and the guard."""
         result = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"])
@@ -242,6 +251,13 @@ class SlurmClient:
         """Broadcast one file to the same path on every node of the job this runs in
         (``sbcast --force --preserve``: overwrite, keep times and mode)."""
         return self.runner.run(["sbcast", "--force", "--preserve", src, dst], timeout=timeout)
+
+    def slurm_version(self) -> str | None:
+        """The release the clients here are (``sinfo --version``: ``slurm 24.11.5``); None
+        when it cannot be asked. A client only talks to a controller of its own release or
+        two before, so this is the cluster's release or close to it."""
+        result = self.runner.run(["sinfo", "--version"], timeout=15)
+        return (result.stdout.strip() or None) if result.ok else None
 
     def max_array_size(self) -> int | None:
         """The cluster's MaxArraySize, or None when it cannot be asked (no Slurm here).

@@ -33,6 +33,7 @@ ENDED = "ended"  # it ended on its own with status 0
 STATES = (RUNNING, RESTARTING, FAILED, STOPPED, ENDED)
 
 CANCELLED = "cancelled"  # a ``stopped`` service's reason: ddlaunch cancel --component
+JOB_END = "job_end"  # ... the job's end (its supervisor's TERM); "": an older record's
 HISTORY_LIMIT = 100  # starts a record keeps (the latest; the earlier ones are counted)
 STOP_POLL_S = 1.0  # how often a supervisor looks for a stop request
 
@@ -52,8 +53,11 @@ class ServiceState:
     """``starts``: how often its step was started in this job (1 + its restarts);
     ``last_exit``: the status of its last step that ended (None: none ended yet); ``time``:
     when this state was written (epoch s); ``history``: its latest starts in this run, oldest
-    first, ``earlier`` the older ones no longer kept; ``reason``: why it was stopped, when not
-    by the job's end (``cancelled``); ``job_id``: the job its supervisor runs in."""
+    first, ``earlier`` the older ones no longer kept; ``reason``: why it was stopped
+    (``job_end``, ``cancelled``); ``stop_signals``: the signals its step's tasks got when it
+    was stopped, in order (``TERM``; ``TERM``, ``KILL`` when it outlived the grace; ``KILL``
+    when only srun could be told, which turns a TERM into a KILL of its tasks; none: stopped
+    while it waited to restart); ``job_id``: the job its supervisor runs in."""
 
     name: str
     state: str
@@ -64,6 +68,7 @@ class ServiceState:
     earlier: int = 0
     reason: str = ""
     job_id: str | None = None
+    stop_signals: tuple[str, ...] = ()
 
     @property
     def restarts(self) -> int:
@@ -124,7 +129,15 @@ def _state(value: dict[str, Any], stem: str) -> ServiceState:
         earlier=whole(value.get("earlier")) or 0,
         reason=text(value.get("reason")) or "",
         job_id=text(value.get("job_id")),
+        stop_signals=_signals(value.get("stop_signals")),
     )
+
+
+def _signals(value: Any) -> tuple[str, ...]:
+    """``stop_signals`` as found: a name that is not one is left out."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(s for s in value if isinstance(s, str) and s.isalpha() and s.isupper())
 
 
 def read_one(run_dir: Path, name: str) -> ServiceState | None:
@@ -152,16 +165,48 @@ def read_all(run_dir: Path) -> tuple[list[ServiceState], list[Problem]]:
     return out, problems
 
 
-def describe(state: ServiceState) -> str:
-    """One line for ``status``: ``server: running (restarted 1 time, last exit 1)``."""
-    parts = []
+# A record in one of these says the service's step runs or is about to: true only while the
+# supervisor that wrote it lives, which it does no longer than its job runs.
+LIVE = (RUNNING, RESTARTING)
+# The job's states (as ``status`` folds Slurm's) in which its supervisors live.
+JOB_RUNS = ("RUNNING", "SUSPENDED")
+STOPPED_BY = {CANCELLED: "by ddlaunch cancel --component", JOB_END: "at the job's end"}
+
+
+def shown_state(state: ServiceState, job_state: str | None) -> str:
+    """The service's state as ``status`` says it, given its job's (``job_state``; None: not
+    known, the record is taken as it is). A record that says the service runs is the truth
+    only while the job runs: its supervisor records the service's end, but a supervisor
+    killed with the job (a batch host that died, Slurm's KILL after its KillWait) never
+    does, and its record would say ``running`` forever."""
+    if state.state not in LIVE or job_state is None or job_state in JOB_RUNS:
+        return state.state
+    if job_state == "PENDING":  # requeued: its supervisor ended with the job's last run
+        return "not running: the job waits in the queue"
+    return "state unknown: its supervisor ended with the job before it recorded the service's end"
+
+
+def describe(state: ServiceState, job_state: str | None = None) -> str:
+    """One line for ``status``: ``server: running (restarted 1 time, last exit 1)``,
+    ``server: stopped at the job's end (TERM; last exit 0)``. ``job_state``: the job's, which
+    a record that says the service runs must agree with (``shown_state``)."""
+    shown = shown_state(state, job_state)
+    first: list[str] = []  # what the state itself needs said
+    if shown != state.state:
+        first.append(f"last recorded {state.state}")
+    elif state.state == STOPPED:
+        by = STOPPED_BY.get(state.reason)
+        shown = f"{shown} {by}" if by else shown
+        if state.stop_signals:  # what reached its tasks: "TERM", "TERM, then KILL"
+            first.append(", then ".join(state.stop_signals))
+    counts = []
     if state.restarts:
-        parts.append(f"restarted {state.restarts} time{'s' if state.restarts > 1 else ''}")
+        counts.append(f"restarted {state.restarts} time{'s' if state.restarts > 1 else ''}")
     if state.last_exit is not None:
-        parts.append(f"last exit {state.last_exit}")
-    detail = f" ({', '.join(parts)})" if parts else ""
-    by = " by ddlaunch cancel --component" if state.reason == CANCELLED else ""
-    return f"{state.name}: {state.state}{by}{detail}"
+        counts.append(f"last exit {state.last_exit}")
+    groups = [", ".join(g) for g in (first, counts) if g]
+    detail = f" ({'; '.join(groups)})" if groups else ""
+    return f"{state.name}: {shown}{detail}"
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
 """``excluded_nodes.json``: the nodes this run keeps out of its later attempts (blamed for a
 node failure, a failed preflight, a hang or a straggler); ``blame.json``: when and why each
-was added."""
+was added. ``leave_out``: the one way a node failure, wherever it is found, keeps the node out
+of this run and (the bad-node list) out of the user's later runs."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from ddlaunch import fsutil
-from ddlaunch.store import records
+from ddlaunch.store import badnodes, records
 
 EXCLUDED_FILE = "excluded_nodes.json"
 BLAME_FILE = "blame.json"
@@ -32,3 +34,15 @@ def add_excluded(run_dir: Path, nodes: Iterable[str], reason: str) -> list[str]:
         log.append({"time": time.time(), "nodes": nodes, "reason": reason})
         fsutil.atomic_write_json(run_dir / BLAME_FILE, log, 0o600)
     return merged
+
+
+def leave_out(run_dir: Path, nodes: Iterable[str], why: str, bad_node_ttl_hours: float) -> None:
+    """A node failure: keep ``nodes`` out of this run's later attempts (its exclusions) and,
+    being evidence about the node, for ``bad_node_ttl_hours`` out of the user's later runs
+    (the bad-node list: the user's file, so best effort). Every place that finds a node dead
+    takes this one path: the end hook, the start hook of a cut-off attempt, the guard, the
+    replica groups' supervisor and the in-process restart."""
+    names = list(nodes)
+    add_excluded(run_dir, names, why)
+    with contextlib.suppress(Exception):  # a job must never fail on the user's list
+        badnodes.record(names, why, bad_node_ttl_hours, f"run {run_dir.name}")

@@ -206,6 +206,7 @@ class Context:
     max_restarts: int
     addresses: frozenset[str]  # the job's nodes' (connections.job_addresses)
     channel: Channel  # shared with the Session (``channel()``)
+    bad_node_ttl_hours: float = 0.0  # health.bad_node_ttl_hours: a lost node's time listed
 
 
 def start(
@@ -231,6 +232,7 @@ def start(
         ft.max_restarts,
         addresses,
         channel(),
+        cfg.health.bad_node_ttl_hours,
     )
 
 
@@ -368,11 +370,13 @@ def _decide(ctx: Context, g: int, detected: float) -> None:
         with contextlib.suppress(Exception):
             control.event({"kind": EVENT_LOST, "host": host})
     if lost:
-        # Kept out of this run's later steps, as a node failure the end hook found would be.
+        # A node failure, as the end hook, the guard or the replica groups find one: kept out
+        # of this run's later steps and, being evidence about the node, out of the user's
+        # later runs (the bad-node list). The attempt itself completes (its end hook blames
+        # no node), so this is the one place that can say so.
+        why = "node failure: every rank died (moved to a spare)"
         with contextlib.suppress(OSError):
-            exclusions.add_excluded(
-                ctx.run_dir, list(lost), "node failure: every rank died (moved to a spare)"
-            )
+            exclusions.leave_out(ctx.run_dir, lost, why, ctx.bad_node_ttl_hours)
     if plan.fallback:
         record(ctx.run_dir, plan, fell_back=plan.fallback)
 

@@ -3,7 +3,8 @@
 # it reads the settings variables below and prints a file on stdout, nothing else.
 #
 # Inputs (set by scripts/devcluster): NODES GPUS CORES MEM_MB MAX_ARRAY LANES GPU_TYPES, and the path constants
-# CONF_DIR STATE_DIR LOG_DIR RUN_DIR MUNGE_SOCKET CTL_IP CTL_HOST CTLD_PORT DBD_PORT DB_NAME MARKER.
+# CONF_DIR STATE_DIR SLURM_STATE LOG_DIR RUN_DIR MUNGE_SOCKET CTL_IP CTL_HOST CTLD_PORT DBD_PORT DB_NAME MARKER
+# (SLURM_STATE and DB_NAME: the Slurm release's own, from os.sh's os_select).
 
 # node_ip I: address of nodeI. 10.77.0.(10+I) gives the recipe's 10.77.0.11-19 for I<10 and
 # keeps working past 9 nodes (10.77.0.1N would turn into 10.77.0.110 for N=10).
@@ -69,8 +70,8 @@ SchedulerType=sched/backfill
 # re-scan pending jobs every 2 s (defaults: 60 s main loop, 30 s backfill)
 SchedulerParameters=sched_interval=2,bf_interval=2
 GresTypes=gpu
-StateSaveLocation=$STATE_DIR/ctld
-SlurmdSpoolDir=$STATE_DIR/%n
+StateSaveLocation=$SLURM_STATE/ctld
+SlurmdSpoolDir=$SLURM_STATE/%n
 SlurmctldPidFile=$RUN_DIR/slurmctld.pid
 SlurmdPidFile=$RUN_DIR/slurmd-%n.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log

@@ -1,4 +1,5 @@
-"""A podman image built here from this machine's own files, for the container tests.
+"""A container image built here from this machine's own files, for the container tests
+(podman's, and a directory apptainer builds its image from).
 
 No registry is needed: the root filesystem holds the C libraries that this machine's Python,
 torch and the shell need (found with ldd), /bin/sh, a python3 link to this interpreter and a
@@ -90,6 +91,16 @@ def build_image(workdir: Path) -> tuple[str, str]:
     ref = f"localhost/ddlaunch-test:{token}"
     subprocess.run(["podman", "import", "-q", str(tar_path), ref], check=True, capture_output=True)
     return ref, token
+
+
+def build_rootfs(workdir: Path) -> tuple[Path, str]:
+    """The same root filesystem as a directory (for ``apptainer build IMAGE.sif DIR``);
+    returns (the directory, the marker's content)."""
+    token = hashlib.sha256(f"{sys.executable}:{os.getpid()}:dir".encode()).hexdigest()[:16]
+    root = workdir / "rootfs"
+    with tarfile.open(fileobj=io.BytesIO(_rootfs(token))) as tar:
+        tar.extractall(root, filter="tar")
+    return root, token
 
 
 def remove_image(ref: str) -> None:

@@ -29,6 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "devcluster"
 SLURM_CONF = "/etc/ddlaunch-devcluster/slurm.conf"
+#: Where ``scripts/devcluster`` puts the Slurm clients of a release it runs from a chroot
+#: (``DDL_DEVCLUSTER_SLURM=24.11`` or ``26.05``); absent while it runs the host's own Slurm.
+CLIENTS_DIR = "/run/ddlaunch-devcluster/bin"
 NETNS_PREFIX = "ddl-"  # node "node2" lives in network namespace "ddl-node2"
 
 # Slurm job states after which a job will not run again by itself.
@@ -108,7 +111,10 @@ def describe() -> DevCluster:
         match = re.search(r"gpu:(?:[^:,()]+:)?(\d+)", gres)
         gpus = int(match.group(1)) if match else 0
     nodes.sort(key=lambda n: (len(n), n))
-    return DevCluster(env=env, nodes=nodes, gpus_per_node=gpus, partition=partition)
+    release = _run(["sinfo", "--version"], env).stdout.strip()
+    return DevCluster(
+        env=env, nodes=nodes, gpus_per_node=gpus, partition=partition, release=release
+    )
 
 
 def lane_partition(env: dict[str, str]) -> str | None:
@@ -171,6 +177,7 @@ class DevCluster:
     nodes: list[str]
     gpus_per_node: int
     partition: str | None = None  # this process's lane, where the cluster has lanes
+    release: str = ""  # the Slurm clients' `sinfo --version` (``slurm 24.11.5``)
 
     def slurm(
         self, *cmd: str, timeout: float = 30.0, check: bool = True

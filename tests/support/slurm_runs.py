@@ -12,6 +12,9 @@ from pathlib import Path
 import yaml
 
 from ddlaunch.checkpoint.layout import latest_complete
+from ddlaunch.config.slurm_defects import GRES_STEP_ON_LOST_NODE
+from ddlaunch.config.slurm_release import version_tuple
+from support.devcluster import DevCluster
 from support.devcluster import run_ddlaunch as ddlaunch
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -126,3 +129,13 @@ def attempts(run_dir: Path) -> list[dict]:
 
 def result(run_dir: Path) -> dict:
     return json.loads((run_dir / "result.json").read_text())
+
+
+def nodes_that_may_die(cluster: DevCluster) -> dict:
+    """``nodes:`` for a test that kills a node of a job that keeps its allocation (--no-kill):
+    2 GPUs per node; on a release whose controller aborts when a GPU step on a lost node ends
+    (``ddlaunch.config.slurm_defects``, which submit warns of), 2 ranks per node on CPUs, so
+    that the rest of the path is still tested there."""
+    if version_tuple(cluster.release) in GRES_STEP_ON_LOST_NODE:
+        return {"gpus_per_node": 0, "tasks_per_node": 2}
+    return {"gpus_per_node": 2}
