@@ -171,14 +171,14 @@ def test_a_step_slurm_does_not_list_is_ended_by_srun_and_recorded_as_killed(
         monkeypatch.setenv(key, env[key])
     got, said = tmp_path / "got", []
     _run_stopped(tmp_path, [], got, "leave", said, grace_s=5.0)
-    # srun's KILL, never a TERM: the record says so rather than claim a TERM.
+    # srun turned its TERM into a KILL (137): the record says so, read from the status.
     assert not got.exists() and (state / "srun-got-term").exists()
     record = records.read_one(tmp_path / "run", "server")
     assert record is not None
     assert records.describe(record) == "server: stopped at the job's end (KILL; last exit 137)"
     assert said == [
         "[ddlaunch] service server: its step ddlaunch-service-357-server is not listed by "
-        "squeue; srun ends it, with KILL to its tasks"
+        "squeue; srun is told to end it"
     ]
 
 

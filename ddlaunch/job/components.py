@@ -13,13 +13,15 @@ asks (``components/<name>.stop``, looked for every ``STOP_POLL_S`` while the ser
 waits to restart): the record says ``stopped`` by the cancel, and the job goes on.
 
 Ending the step: TERM to the service's tasks, ``STOP_GRACE_S`` for them to leave, then KILL;
-the record says which signals they got (``stop_signals``). The TERM cannot go through srun:
-srun turns a TERM it receives into a KILL of its tasks (its log says "forcing job
+the record says which signals they got (``stop_signals``). The TERM does not go through srun:
+srun may turn a TERM it receives into a KILL of its tasks (its log says "forcing job
 termination"; Slurm's ``_srun_signal_mgr``), which a service that saves or drains on TERM
 never sees, and whose exit status (137) read as the service's own failure. So the step is
 named (``step_name``: srun's ``--job-name``), found in ``squeue -s`` and sent TERM with
 ``scancel --signal=TERM JOB.STEP``, which reaches its tasks on every node; srun is told to
-end only for the KILL.
+end only for the KILL, or where Slurm refuses the step's TERM (22.05's scancel of a step of a
+heterogeneous job's other component: "Job step not running"), and then the signal its tasks
+got is read from their status.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ STOP_GRACE_S = 10.0  # between the TERM to a stopped service's tasks and their K
 SRUN_WAIT_S = 5.0  # for srun to end its tasks (KILL) before srun itself is killed
 STEP_NAME = "ddlaunch-service-{job}-{name}"
 TERM, KILL = "TERM", "KILL"
+# A stopped step's exit status -> the signal that ended its tasks (srun's 128+N, or Popen's -N).
+SIGNAL_OF_STATUS = {143: TERM, -15: TERM, 137: KILL, -9: KILL}
 
 
 def step_name(job_id: str, name: str) -> str:
@@ -97,6 +101,7 @@ class Supervisor:
     stopping: bool = False
     reason: str = ""  # why it stops: the job's end or a cancel
     stop_signals: list[str] = field(default_factory=list)  # what the stopped tasks got
+    srun_told: bool = False  # the step was ended by telling srun, not Slurm
     child: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     state: ServiceState | None = field(default=None, repr=False)  # as last recorded
 
@@ -146,6 +151,16 @@ class Supervisor:
                 self._cancel_if_asked()
 
     def _end_step(self, child: subprocess.Popen[bytes]) -> int:
+        """``_stop_step``; where only srun could be told (``srun_told``), the signal its tasks
+        got is read from their status rather than assumed: Slurm 22.05's srun passes its TERM
+        on (143, seen on the dev cluster), a newer one turns it into a KILL (137)."""
+        status = self._stop_step(child)
+        got = SIGNAL_OF_STATUS.get(status) if self.srun_told else None
+        if got is not None:
+            self.stop_signals = [got]
+        return status
+
+    def _stop_step(self, child: subprocess.Popen[bytes]) -> int:
         """TERM to the service's tasks, ``grace_s`` for them to leave, then KILL; the step's
         exit status. ``stop_signals`` says what reached the tasks."""
         if child.poll() is not None:  # it ended by itself meanwhile: nothing was sent
@@ -193,7 +208,8 @@ class Supervisor:
                 why = f"its step was not sent TERM: {exc}"
         else:
             why = "its step has no name to find it by (no job id)"
-        self.say(f"[ddlaunch] service {self.name}: {why}; srun ends it, with KILL to its tasks")
+        self.say(f"[ddlaunch] service {self.name}: {why}; srun is told to end it")
+        self.srun_told = True
         child.terminate()
         return KILL
 
