@@ -62,8 +62,7 @@ saved_slurm_or_host() {
 
 # slurm_setting: DDL_DEVCLUSTER_SLURM, else the remembered release, else the host's.
 slurm_setting() {
-  local val=${DDL_DEVCLUSTER_SLURM:-$(saved_slurm)}
-  val=${val:-$HOST_SLURM}
+  local val=${DDL_DEVCLUSTER_SLURM:-$(saved_slurm_or_host)}
   suite_of "$val" >/dev/null
   echo "$val"
 }
