@@ -125,10 +125,12 @@ def test_killed_node_goes_down_and_requeue_job_resumes_elsewhere(
 
     try:
         assert slurm_cluster.kill_node(victim) > 0
-        # SlurmdTimeout=10: not responding after ~13 s, DOWN after ~26 s (recipe section 5)
+        # SlurmdTimeout=10: not responding after ~13 s, DOWN after ~26 s (recipe section 5);
+        # the cluster's own value, as 24.11's is larger (scripts/devcluster.d/os.sh).
         # The controller's state, not sinfo's: sinfo showed a DOWN node whose job had just
         # been requeued as mixed* for 33 s (its CPUs still held; tests/FLAKES.md).
-        assert "DOWN" in slurm_cluster.wait_node_down(victim, timeout=60)
+        down_within = 6 * slurm_cluster.slurmd_timeout
+        assert "DOWN" in slurm_cluster.wait_node_down(victim, timeout=down_within)
         # requeued at that moment, RUNNING elsewhere ~12 s later (cred_expire=10)
         text = wait_for_text(out, "RUN restart=1", timeout=60)
         second_run = re.search(r"^RUN restart=1 nodes=(\S+)$", text, re.MULTILINE)

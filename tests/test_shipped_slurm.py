@@ -100,10 +100,24 @@ def test_a_killed_rank_restarts_in_the_allocation(
     wait_for(lambda: committed(run_dir) >= 40, 240, "a committed step >= 40")
     os.kill(_rank_pid(run_dir, "SLURM_PROCID=1"), signal.SIGKILL)
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
-    first, second = attempts(run_dir)
+    first, second = _attempts(run_dir, 2)
     assert (first["cause"], second["cause"]) == ("crash", "completed"), (first, second)
     assert first["decision"].startswith("restart in the allocation"), first
     assert _result(run_dir)["start_step"] == first["committed_step"] >= 40
+    # The verbs that read a finished run, as installed (report's one queue query included).
+    report = _cli(built, here, "ddlaunch", "report", run_dir.name)
+    assert report.returncode == 0, report.stderr
+    assert (run_dir / "report" / "report.png").stat().st_size > 0
+    assert "<img" in (run_dir / "report" / "report.html").read_text()
+    advise = _cli(built, here, "ddlaunch", "advise", run_dir.name)
+    assert advise.returncode == 0, advise.stderr
+    assert "mean of 1 restart" in advise.stdout, advise.stdout
+    nodes = _cli(
+        built, here, "ddlaunch", "nodes", "add", slurm_cluster.nodes[0], "--reason", "matrix"
+    )
+    assert nodes.returncode == 0, nodes.stderr
+    listed = _cli(built, here, "ddlaunch", "nodes", "list")
+    assert listed.returncode == 0 and slurm_cluster.nodes[0] in listed.stdout, listed.stdout
 
 
 def test_the_time_limit_signal_saves_and_requeues(
@@ -114,7 +128,7 @@ def test_the_time_limit_signal_saves_and_requeues(
     wait_for(lambda: committed(run_dir) >= 20, 240, "a committed step >= 20")
     slurm_cluster.signal_job(job_id, "USR2")
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
-    first, second = attempts(run_dir)
+    first, second = _attempts(run_dir, 2)
     assert (first["cause"], second["cause"]) == ("signal", "completed"), (first, second)
     # The save on the signal is the step the second attempt resumed from.
     assert _result(run_dir)["start_step"] == first["committed_step"] > 20
@@ -141,7 +155,7 @@ def test_a_killed_rank_is_restarted_in_process(
     for pid in survivors:  # training again in the same processes
         assert b"ddlaunch.worker.task" in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=300) == "COMPLETED"
-    (only,) = attempts(run_dir)  # no process restart, no requeue
+    (only,) = _attempts(run_dir, 1)  # no process restart, no requeue
     (restart,) = only["in_process_restarts"]
     assert restart["ranks"] == [3], restart
     assert _result(run_dir)["steps"] == 120
@@ -162,7 +176,7 @@ def test_replica_groups_restart_only_the_killed_group(
     wait_for(lambda: committed(run_dir) >= 20, 240, "a committed step >= 20")
     os.kill(_rank_pid(run_dir, "DDLAUNCH_GROUP_RANK_OFFSET=2"), signal.SIGKILL)
     assert slurm_cluster.wait_job_state(job_id, "COMPLETED", timeout=360) == "COMPLETED"
-    (only,) = attempts(run_dir)  # the job itself never restarted
+    (only,) = _attempts(run_dir, 1)  # the job itself never restarted
     restarts = only.get("group_restarts") or []
     assert [r["group"] for r in restarts] == [1], restarts
     assert _result(run_dir)["steps"] == 150
@@ -215,3 +229,11 @@ def test_the_python_api_submits_and_waits(
     said = json.loads(proc.stdout.splitlines()[-1])
     assert said["module"].startswith(str(built.venv)), said
     assert said["state"] == "COMPLETED" and said["result"]["steps"] == 30, said
+
+
+def _attempts(run_dir: Path, count: int) -> list[dict]:
+    """The run's attempt records, which must be ``count``: an extra one (a requeue the test
+    did not cause) fails with all of them shown, not as an unpacking error."""
+    runs = attempts(run_dir)
+    assert len(runs) == count, runs
+    return runs

@@ -4,7 +4,7 @@
 #
 # Inputs (set by scripts/devcluster): NODES GPUS CORES MEM_MB MAX_ARRAY LANES GPU_TYPES, and the path constants
 # CONF_DIR STATE_DIR SLURM_STATE LOG_DIR RUN_DIR MUNGE_SOCKET CTL_IP CTL_HOST CTLD_PORT DBD_PORT DB_NAME MARKER
-# (SLURM_STATE and DB_NAME: the Slurm release's own, from os.sh's os_select).
+# (SLURM_STATE, DB_NAME and SLURMD_TIMEOUT: the Slurm release's own, from os.sh's os_select).
 
 # node_ip I: address of nodeI. 10.77.0.(10+I) gives the recipe's 10.77.0.11-19 for I<10 and
 # keeps working past 9 nodes (10.77.0.1N would turn into 10.77.0.110 for N=10).
@@ -80,8 +80,9 @@ SlurmctldDebug=info
 SlurmdDebug=info
 # Report the configured (fake) hardware, not the machine's real CPUs (recipe pitfall 9).
 SlurmdParameters=config_overrides
-# Fast failure detection: a dead node is "not responding" after ~13 s and DOWN after ~26 s.
-SlurmdTimeout=10
+# Fast failure detection: with 10 s a dead node is "not responding" after ~13 s and DOWN after
+# ~26 s (os.sh's slurmd_timeout_of: the release's value).
+SlurmdTimeout=$SLURMD_TIMEOUT
 SlurmctldTimeout=10
 MessageTimeout=10
 # 1, not 2: with 2 a manual DOWN is undone within a second (recipe pitfall 5).

@@ -112,8 +112,15 @@ def describe() -> DevCluster:
         gpus = int(match.group(1)) if match else 0
     nodes.sort(key=lambda n: (len(n), n))
     release = _run(["sinfo", "--version"], env).stdout.strip()
+    config = _run(["scontrol", "show", "config"], env).stdout
+    timeout = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", config, re.MULTILINE)
     return DevCluster(
-        env=env, nodes=nodes, gpus_per_node=gpus, partition=partition, release=release
+        env=env,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        partition=partition,
+        release=release,
+        slurmd_timeout=int(timeout.group(1)) if timeout else 10,
     )
 
 
@@ -178,6 +185,8 @@ class DevCluster:
     gpus_per_node: int
     partition: str | None = None  # this process's lane, where the cluster has lanes
     release: str = ""  # the Slurm clients' `sinfo --version` (``slurm 24.11.5``)
+    #: seconds; the controller sets a dead node DOWN 2-3 of these after its death
+    slurmd_timeout: int = 10
 
     def slurm(
         self, *cmd: str, timeout: float = 30.0, check: bool = True

@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(tempfile.gettempdir()) / "ddlaunch-shipped"
 # The pins of the README's install: the CPU build of torch that lies on local disk.
 TORCH = "torch==2.13.0"
-EXTRAS = "ft"
+# ft: torchft, for replica groups; report: matplotlib, for `ddlaunch report`.
+EXTRAS = "ft,report"
 
 
 @dataclass(frozen=True)
