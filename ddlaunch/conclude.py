@@ -11,17 +11,22 @@ The batch host and the ranks meet only here and in ``ddlaunch.store``.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from ddlaunch.config.validate import load_config
+from ddlaunch.planning.feasibility import requeue_shortage
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import Requeuer, SlurmError, SlurmUnreachable
+from ddlaunch.slurm.partitions import PartitionFacts
 from ddlaunch.slurm.retry import Retrier, Retries
 from ddlaunch.store import attempts, exclusions, outcome
+from ddlaunch.store.rundir import config_path
 
 # How long a requeue keeps trying while the controller does not answer (a restart, a
 # failover): the job keeps its nodes meanwhile, and a run whose requeue is lost is lost.
@@ -126,6 +131,49 @@ def requeue_excluding(
         signal.signal(signal.SIGTERM, previous)
 
 
+@runtime_checkable
+class PartitionProbe(Protocol):
+    """What the requeue's feasibility check asks of the scheduler: its partitions' nodes in
+    one call (``SlurmClient``; a pod's restart has no partitions and is not checked)."""
+
+    def partitions(self) -> list[PartitionFacts]: ...
+
+
+@dataclass(frozen=True)
+class RequeueCheck:
+    """A requeue that excludes nodes, checked before it is made: ``nodes``, the job's
+    excluded nodes after it (Slurm's ``ExcNodeList`` update replaces the list, so the config's
+    ``nodes.exclude`` goes in again beside the run's exclusions); ``shortage``, why the job
+    could never start without them (None: it can, or the facts cannot tell)."""
+
+    nodes: list[str]
+    shortage: str | None = None
+
+
+def check_requeue(run_dir: Path, client: object, leaving: Sequence[str]) -> RequeueCheck:
+    """Check a requeue that newly leaves ``leaving`` out (``feasibility.requeue_shortage``,
+    the rule submit and resume apply), with one ``sinfo`` call however many nodes. A config
+    that cannot be read or a probe that fails leaves the requeue as it was: the check only
+    ever stops a job the facts say could never start."""
+    run_excluded = exclusions.excluded(run_dir)
+    try:
+        cfg = load_config(config_path(run_dir))
+    except Exception:
+        return RequeueCheck(run_excluded)
+    why = {n: "nodes.exclude in the config" for n in cfg.nodes.exclude}
+    why.update({n: "excluded by this run after a failure" for n in run_excluded})
+    nodes = sorted(why)
+    if not isinstance(client, PartitionProbe):
+        return RequeueCheck(nodes)
+    try:
+        partitions = client.partitions()
+    except Exception:  # Slurm unreachable or sinfo failed: requeue as before
+        return RequeueCheck(nodes)
+    # The job's partition as Slurm placed it, for a config that names none.
+    where = os.environ.get("SLURM_JOB_PARTITION")
+    return RequeueCheck(nodes, requeue_shortage(cfg, partitions, why, leaving, where))
+
+
 def requeued_meanwhile(client: Requeuer | None, job: str, restart: int | None) -> bool:
     """Whether Slurm restarted ``job`` after the attempt with ``restart`` began (someone
     else ran ``scontrol requeue``): then requeueing again would cost a second restart."""
@@ -202,7 +250,15 @@ def conclude(
     already = bool(decision.requeue and job and requeued_meanwhile(client, job, restart))
     if already:
         decision = policy.Decision(True, f"{decision.reason} (the trainer requeued the job)")
-    attempts.end_last(
+    nodes: list[str] = []
+    if decision.requeue and job and client is not None and not already and ending.blamed:
+        # A requeue without the blamed nodes that leaves the partition too few would pend
+        # for good (BadConstraints): the run stops here with the numbers instead.
+        check = check_requeue(run_dir, client, ending.blamed)
+        nodes = check.nodes
+        if check.shortage is not None:
+            decision = policy.Decision(False, check.shortage)
+    closed = attempts.end_last(
         run_dir,
         cause=cause,
         committed_step=ending.committed_step,
@@ -217,11 +273,16 @@ def conclude(
         say(decision.reason)
         lost = None
         if not already:
-            nodes = exclusions.excluded(run_dir) if ending.blamed else []
             lost = _requeue(run_dir, client, job, nodes)
         if lost is None:
             return Conclusion(cause, decision, None)
         decision = policy.Decision(False, f"{lost}; ddlaunch resume {run_dir.name} continues")
+    recorded = None if closed else outcome.read_outcome(run_dir)
+    if recorded is not None and recorded.state:
+        # Someone concluded this attempt and the run before (the guard's stop, the end
+        # hook): their outcome is the true one, not this later conclusion's.
+        say(f"{recorded.state}: {recorded.reason} (recorded before)")
+        return Conclusion(cause, decision, recorded.state)
     state = policy.final_state(cause)
     outcome.write_outcome(run_dir, state, decision.reason, **(details or {}))
     say(f"{state}: {decision.reason}")

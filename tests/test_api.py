@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 from support.fakes import fake_slurm_bin, slurm_calls
 from support.rundirs import T0, make_run, settle
+from support.samples import VICTIM_FAILURE
 
 import ddlaunch
 from ddlaunch.app.prepare import prepare
+from ddlaunch.app.runs import read_run
+from ddlaunch.app.status import run_status
 from ddlaunch.config.validate import to_plain
 from ddlaunch.store import outcome, progress, standbys
 from ddlaunch.store.inprocess import InProcessRestart, Replacement
@@ -112,7 +115,7 @@ def same_as_json(value: ddlaunch.RunStatus, row: dict) -> None:
     assert value.checkpoint == row["checkpoint_step"]
     for name in ("run_id", "job_id", "state", "nodes", "reason", "step", "attempts"):
         assert getattr(value, name) == row[name], name
-    for name in ("failure", "detail", "label", "health", "snapshot", "submitted"):
+    for name in ("failure", "failing", "detail", "label", "health", "snapshot", "submitted"):
         assert getattr(value, name) == row[name], name
     assert list(value.excluded) == row["excluded"]
     assert list(value.problems) == row["problems"]
@@ -163,6 +166,24 @@ def test_run_by_prefix_has_the_status_that_status_json_prints(
     assert (alpha.job_id, beta.job_id) == ("377", "378")
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")
+
+
+def test_a_failure_with_its_verdict_pending_is_in_the_value_while_the_run_runs(
+    tmp_path: Path,
+) -> None:
+    """A rank of the running attempt failed and no verdict names the cause yet: ``status
+    --json`` says it in ``failing`` (not the run's ``failure``), and so does the value."""
+    attempt = {"attempt": 0, "job_id": "41", "start": T0, "nodes": "node[4-6]"}
+    run = make_run(tmp_path, "dying", "41", T0, attempts=[attempt])
+    (run / "failures").mkdir()
+    record = {**VICTIM_FAILURE, "time": T0 + 60}
+    (run / "failures" / "node-node4.jsonl").write_text(json.dumps(record) + "\n")
+    row = run_status(read_run(run), None, shown={"JobState": "RUNNING"}, now=T0 + 70)
+    value = ddlaunch.RunStatus.from_row(row)
+    assert value.failure is None and not value.ended
+    assert value.failing == row.failing
+    assert value.failing is not None
+    assert value.failing.startswith("rank 6 on node4 failed, verdict pending: RuntimeError")
 
 
 def test_runs_lists_what_status_json_lists(slurm_bin: Path, tmp_path: Path) -> None:

@@ -208,10 +208,11 @@ def test_a_failed_run_is_headlined_by_its_killed_rank_not_the_collateral_error(
     (run / "logs" / "rank-1.err").write_text("[rank 1] step 61\n")
     queue = "377|FAILED|None|node[1-2]\n"
     out = piped(tmp_path, queue, "status", "r")
+    # What failed, then why no attempt followed (the decision).
     assert out.splitlines()[:3] == [
-        f"FAILED {KILLED}",
+        f"FAILED {KILLED}; stopped: no progress",
         "run  job  state   nodes      step  ckpt  attempts  note",
-        f"r    377  FAILED  node[1-2]     -     -         1  {KILLED}",
+        f"r    377  FAILED  node[1-2]     -     -         1  {KILLED}; stopped: no progress",
     ]
     assert piped(tmp_path, queue, "logs", "r") == (
         f"FAILED {KILLED}\n==> {run / 'logs' / 'rank-1.err'} <==\n[rank 1] step 61\n"
@@ -351,7 +352,8 @@ def test_a_running_run_shows_no_failure_its_ranks_recovered_from_in_process(
     tmp_path: Path,
 ) -> None:
     """The crashed rank's failure record is handled by the in-process restart after it: no
-    FAILED headline while the ranks train on. A failure after the restart is news again."""
+    FAILED headline while the ranks train on. A failure after the restart is news again,
+    said with its verdict pending while the run runs (not yet the run's failure)."""
     attempt = {
         "attempt": 0,
         "job_id": "377",
@@ -364,15 +366,16 @@ def test_a_running_run_shows_no_failure_its_ranks_recovered_from_in_process(
     run = make_run(tmp_path / "runs", "r", "377", T0, attempts=[attempt])
     crashed_rank_record(run, T0 + 29)
     queue = "377|RUNNING|None|node[1-2]\n"
+    # The step column agrees with the restart's note: the ranks resumed from step 60 in RAM.
     assert piped(tmp_path, queue, "status", "r").splitlines() == [
         "run  job  state    nodes      step  ckpt  attempts",
-        "r    377  RUNNING  node[1-2]     -     -         1",
+        "r    377  RUNNING  node[1-2]    60     -         1",
         "attempt 0: job 377 on node[1-2] at 14:13:20, from scratch -> running",
         RECOVERED,
     ]
     crashed_rank_record(run, T0 + 90)
     assert piped(tmp_path, queue, "status", "r").splitlines()[0] == (
-        "FAILED rank 3 on node2: ValueError: bad batch"
+        "RUNNING: rank 3 on node2 failed, verdict pending: ValueError: bad batch"
     )
 
 
@@ -420,7 +423,7 @@ def test_a_running_in_process_run_shows_its_standbys_under_the_attempt(tmp_path:
     queue = "377|RUNNING|None|node[1-2]\n"
     assert piped(tmp_path, queue, "status", "r") == (
         "run  job  state    nodes      step  ckpt  attempts\n"
-        "r    377  RUNNING  node[1-2]     -     -         1\n"
+        "r    377  RUNNING  node[1-2]    60     -         1\n"
         "attempt 0: job 377 on node[1-2] at 14:13:20, from scratch -> running\n"
         "  in-process restart 1: rank 3 on node2 crashed; standby pid 4242 took it, as pid "
         "4250; state from RAM (step 60); rejoined in 1.8 s\n"

@@ -109,6 +109,38 @@ def test_a_job_killed_before_anyone_concluded_it_is_concluded_by_cancel(root: Pa
     ]
 
 
+@pytest.mark.parametrize("closed", [True, False], ids=["concluded", "cut-off"])
+def test_a_cancel_never_rewrites_the_node_failure_an_attempt_ended_in(
+    root: Path, closed: bool
+) -> None:
+    """Attempt 0 ended in a node failure and its requeue was pending when the user
+    cancelled: concluded by the end hook (closed, requeue decided), or cut off by the guard
+    (the batch host lost, open until the next start). The attempt keeps its node failure;
+    the cancel is the run's outcome and what happened to the pending requeue."""
+    guard = "requeued by ddlaunch's guard: batch host node4 down"
+    attempt = {"attempt": 0, "job_id": "7", "nodes": "node[2-4]", "start": T0}
+    if closed:
+        decided = "requeue after node failure: committed step none -> 60"
+        attempt |= {"end": T0 + 60, "cause": "node failure", "blamed": ["node4"],
+                    "decision": decided}  # fmt: skip
+    else:
+        attempt |= {"guard": guard, "dead_nodes": ["node4"]}
+    run = make_run(root, "lost", "7", T0, attempts=[attempt], ckpt=[60])
+    slurm = Cluster("7|PENDING|BadConstraints|\n", after="7|CANCELLED|None|\n")
+    reason = "cancelled while its requeue was pending, last checkpoint step 60"
+    lines = cancel(["lost"], SlurmClient(slurm), wait_s=5)
+    (record,) = json.loads((run / "attempts.json").read_text())
+    if closed:
+        assert (record["cause"], record["end"]) == ("node failure", T0 + 60)
+        assert record["decision"] == attempt["decision"]
+    else:
+        assert (record["cause"], record["decision"]) == ("requeued by Slurm", guard)
+    assert record["blamed"] == ["node4"] and record["then"] == reason
+    assert lines == [f"lost: cancelled job 7: {reason}"]
+    outcome = json.loads((run / "outcome.json").read_text())
+    assert (outcome["state"], outcome["reason"]) == ("CANCELLED", reason)
+
+
 def test_rank0_s_conclusion_is_kept(root: Path) -> None:
     """The ranks saved on the SIGTERM and rank 0 recorded the outcome: cancel reports it."""
     run = make_run(root, "saved", "9", T0, attempts=[{"attempt": 0, "start": T0}])

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ddlaunch.conclude import cancel_reason
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.outcome import CANCEL_FILE
@@ -40,3 +42,76 @@ def test_cancel_reason_from_the_run_dir_then_accounting(tmp_path) -> None:  # ty
     untouched = _Accounting("RUNNING")
     assert cancel_reason(tmp_path, "7_1", untouched) == "cancelled"
     assert untouched.asked == []  # the run directory answers first
+
+
+# sinfo -N of a three-node partition with 4 GPUs a node (the dev cluster's lane).
+LANE0 = "".join(f"node{i}|lane0|gpu:4|8|infinite|1-infinite\n" for i in (2, 3, 4))
+
+
+def _failed_on_node4(tmp_path: Path, *sets: str) -> Path:
+    from support.rundirs import example_run_dir, write_attempts
+
+    from ddlaunch.store import exclusions
+
+    run_dir = example_run_dir(tmp_path, "job.partition=lane0", *sets)
+    write_attempts(run_dir, [{"attempt": 0, "job_id": "9", "nodes": "node[2-4]", "start": 1.0}])
+    exclusions.add_excluded(run_dir, ["node4"], "node failure: node4 down")
+    return run_dir
+
+
+def test_a_requeue_without_the_failed_node_that_could_never_start_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """2 nodes and a spare on a 3-node partition lose node4: requeued without it, the job
+    would pend for good (BadConstraints). The run stops with the numbers instead, recorded
+    as the attempt's decision and the outcome; one sinfo call, no requeue."""
+    from support.fakes import FakeRunner
+    from support.rundirs import attempt_json
+
+    from ddlaunch.conclude import conclude
+    from ddlaunch.policy import requeue as policy
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.store import outcome
+
+    run_dir = _failed_on_node4(tmp_path, "nodes.count=2", "fault_tolerance.spare_nodes=1")
+    runner = FakeRunner({"sinfo -h -a -N": LANE0})
+    ending = policy.Ending(policy.CAUSE_NODE_FAILURE, 60, blamed=("node4",))
+    said: list[str] = []
+    done = conclude(
+        run_dir, ending, policy.RetryBudget(3), SlurmClient(runner), job="9", say=said.append
+    )
+    why = (
+        "stopped: the requeue without node4 needs 3 nodes (nodes.count 2 + "
+        "fault_tolerance.spare_nodes 1); partition lane0 has 2 usable (3 nodes with 2 GPUs "
+        "or more, 1 excluded), so it could never start"
+    )
+    assert (done.state, done.decision.reason, said) == ("FAILED", why, [f"FAILED: {why}"])
+    assert runner.count("sinfo") == 1 and runner.count("scontrol") == 0
+    (record,) = attempt_json(run_dir)
+    assert (record["cause"], record["decision"], record["blamed"]) == (
+        "node failure",
+        why,
+        ["node4"],
+    )
+    recorded = outcome.read_outcome(run_dir)
+    assert recorded is not None and (recorded.state, recorded.reason) == ("FAILED", why)
+
+
+def test_a_requeue_that_can_start_without_the_failed_node_goes_ahead(tmp_path: Path) -> None:
+    from support.fakes import FakeRunner
+
+    from ddlaunch.conclude import conclude
+    from ddlaunch.policy import requeue as policy
+    from ddlaunch.slurm.client import SlurmClient
+
+    run_dir = _failed_on_node4(tmp_path, "nodes.count=2")
+    runner = FakeRunner({"sinfo -h -a -N": LANE0, "scontrol show job": "JobId=9 Restarts=0\n"})
+    ending = policy.Ending(policy.CAUSE_NODE_FAILURE, 60, blamed=("node4",))
+    done = conclude(
+        run_dir, ending, policy.RetryBudget(3), SlurmClient(runner), job="9", say=lambda s: None
+    )
+    assert done.requeued and runner.count("sinfo") == 1
+    assert [c for c in runner.calls if c[0] == "scontrol"] == [
+        ["scontrol", "update", "JobId=9", "ExcNodeList=node4"],
+        ["scontrol", "requeue", "9"],
+    ]

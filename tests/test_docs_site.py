@@ -109,6 +109,42 @@ def test_the_pictures_are_drawn_by_the_code(site: Path) -> None:
     )
 
 
+# The width the Python API's signatures are formatted to (mkdocs.yml: ``line_length``).
+SIGNATURE_COLUMNS = 88
+
+
+def api_signatures(site: Path) -> list[str]:
+    """The Python API reference's signatures as a reader sees them, in page order."""
+    page = (site / "reference" / "api" / "index.html").read_text()
+    blocks = re.findall(r'<div class="doc-signature[^"]*"[^>]*>(.*?)</div>', page, re.S)
+    return [html.unescape(re.sub(r"<[^>]+>", "", block)).rstrip("\n") for block in blocks]
+
+
+def test_the_api_signatures_are_formatted_one_parameter_a_line_when_long(site: Path) -> None:
+    found = api_signatures(site)
+    wide = [line for sig in found for line in sig.splitlines() if len(line) > SIGNATURE_COLUMNS]
+    # Formatted by Black or Ruff, whichever mkdocstrings finds installed: with neither,
+    # every signature is one line, whatever its length.
+    assert not wide, (
+        f"signature lines over {SIGNATURE_COLUMNS} columns (is ruff installed?): {wide}"
+    )
+    # submit's signature is 155 columns on one line: a parameter a line, as ruff formats it.
+    submit = next(sig for sig in found if sig.startswith("submit(") and sig.endswith("-> Run"))
+    assert submit.splitlines() == [
+        "submit(",
+        "    config: str | PathLike[str],",
+        "    set: Sequence[str] = (),",
+        "    *,",
+        "    local: bool = False,",
+        "    run_root: str | PathLike[str] | None = None,",
+        "    dry_run: Literal[False] = False,",
+        "    force: bool = False,",
+        ") -> Run",
+    ]
+    # One that fits stays on one line.
+    assert "wait(timeout: float | None = None, poll: float | None = None) -> RunStatus" in found
+
+
 def render_commands() -> Iterator[tuple[str, str]]:
     """Every `ddlaunch render ...` and Slurm `ddlaunch submit ...` command line in a code
     block of the pages and the README (a trailing `\\` continues it, a `#` starts a comment):

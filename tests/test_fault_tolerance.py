@@ -471,3 +471,44 @@ def test_losing_the_batch_host_of_a_job_with_spares_falls_back_to_a_requeue(
     assert host not in slurm_cluster.hostnames(runs[-1]["nodes"])
     resumed = runs[-1]["resumed_from"]
     assert resumed >= 60 and result(run_dir)["start_step"] == resumed
+
+
+@pytest.mark.lane
+def test_losing_the_batch_host_where_no_requeue_could_start_ends_the_run(
+    slurm_cluster, slurm_job_cleanup, tmp_path
+) -> None:
+    """2 nodes and a spare on a 3-node lane, the batch host dies: a requeue without it would
+    ask 3 nodes of the 2 left and pend for good (BadConstraints), so the guard ends the run
+    with the numbers as its reason, and the attempt keeps its node failure, even after a
+    cancel."""
+    if len(slurm_cluster.nodes) != 3:
+        pytest.skip("the shortage needs a partition of exactly nodes + spare")
+    config = mlp_config(
+        tmp_path,
+        "ft-spare-short",
+        params={"step_sleep": 0.15},
+        nodes={"count": 2},
+        fault_tolerance={"spare_nodes": 1},
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 20, 180, "a committed step >= 20")
+    host = attempts(run_dir)[0]["batch_host"]
+    slurm_cluster.kill_node(host)
+    try:
+        seen = job_states_until_done(slurm_cluster, job_id, 400)
+    finally:
+        slurm_cluster.revive_node(host)
+    assert "PENDING" not in seen[1:], seen
+    (only,) = attempts(run_dir)
+    assert (only["cause"], only["blamed"]) == ("node failure", [host]), only
+    reason = only["decision"]
+    assert reason.startswith(f"stopped: the requeue without {host} needs 3 nodes"), reason
+    assert "has 2 usable" in reason, reason
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert (outcome["state"], outcome["reason"]) == ("FAILED", reason)
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path)
+    assert status.returncode == 0 and reason in " ".join(status.stdout.split()), status.stdout
+    cancel = ddlaunch("cancel", run_dir.name, cwd=tmp_path)
+    assert cancel.returncode == 0, cancel.stderr
+    (kept,) = attempts(run_dir)
+    assert (kept["cause"], kept["decision"]) == ("node failure", reason), kept

@@ -363,3 +363,69 @@ def test_a_container_this_host_cannot_see_is_warned_of(
     (tmp_path / "apptainer").write_text("#!/bin/sh\n")
     (tmp_path / "apptainer").chmod(0o755)
     assert check_launch(cfg, str(tmp_path)).warnings == []
+
+
+# A partition of three nodes named as on the dev cluster's lanes, one without GPUs.
+LANE = tuple(
+    parse_sinfo_partitions(
+        "node2|lane0|gpu:4|8|infinite|1-infinite\n"
+        "node3|lane0|gpu:4|8|infinite|1-infinite\n"
+        "node4|lane0|gpu:4|8|infinite|1-infinite\n"
+        "node5|lane0|(null)|8|infinite|1-infinite\n"
+    )
+)
+FAILED = "node failure: batch host node4 down"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "excluded", "leaving", "expected"),
+    [
+        # nodes.count 2 + a spare = 3 of the 3 GPU nodes: without node4 it could never start.
+        (
+            ["nodes.count=2", "fault_tolerance.spare_nodes=1"],
+            {"node4": FAILED},
+            ["node4"],
+            "stopped: the requeue without node4 needs 3 nodes (nodes.count 2 + "
+            "fault_tolerance.spare_nodes 1); partition lane0 has 2 usable (3 nodes with 2 "
+            "GPUs or more, 1 excluded), so it could never start",
+        ),
+        # Without the spare, 2 of the 2 left are enough.
+        (["nodes.count=2"], {"node4": FAILED}, ["node4"], None),
+        # An earlier exclusion and this one together leave too few.
+        (
+            ["nodes.count=2"],
+            {"node3": "excluded by this run after a failure", "node4": FAILED},
+            ["node4"],
+            "stopped: the requeue without node4 needs 2 nodes (nodes.count); partition lane0 "
+            "has 1 usable (3 nodes with 2 GPUs or more, 2 excluded), so it could never start",
+        ),
+        # A node without the GPUs the job asks for was never usable: excluding it costs none.
+        (["nodes.count=3"], {"node5": FAILED}, ["node5"], None),
+        # The facts said it could not start before this requeue either (yet it ran): unsure.
+        (["nodes.count=4"], {"node4": FAILED}, ["node4"], None),
+        # A node of another partition costs this one none; a partition the facts do not
+        # have: not known, requeued as before.
+        (["nodes.count=3"], {"node1": FAILED}, ["node1"], None),
+        (["job.partition=other", "nodes.count=3"], {"node4": FAILED}, ["node4"], None),
+    ],
+    ids=["spare", "fits", "earlier", "gpuless", "unsure-before", "elsewhere", "unknown"],
+)
+def test_a_requeue_that_leaves_too_few_usable_nodes_could_never_start(
+    overrides: list[str], excluded: dict[str, str], leaving: list[str], expected: str | None
+) -> None:
+    from ddlaunch.planning.feasibility import requeue_shortage
+
+    cfg = config("job.partition=lane0", *overrides)
+    partitions = (*LANE, *PLAIN)
+    assert requeue_shortage(cfg, partitions, excluded, leaving) == expected
+
+
+def test_the_requeue_check_uses_the_job_s_partition_and_knows_nothing_unprobed() -> None:
+    from ddlaunch.planning.feasibility import requeue_shortage
+
+    cfg = config("job.partition=null", "nodes.count=3")
+    assert requeue_shortage(cfg, (*LANE, *PLAIN), {"node4": FAILED}, ["node4"], "lane0") == (
+        "stopped: the requeue without node4 needs 3 nodes (nodes.count); partition lane0 has "
+        "2 usable (3 nodes with 2 GPUs or more, 1 excluded), so it could never start"
+    )
+    assert requeue_shortage(cfg, (), {"node4": FAILED}, ["node4"], "lane0") is None

@@ -115,3 +115,79 @@ def test_the_culprit_is_attributions_first_cause() -> None:
         "rank 1 on node1 killed by SIGKILL"
     )
     assert Ending("completed").culprit is None
+
+
+def _run(endings: list[Ending], budget: RetryBudget) -> list[str]:
+    """The decisions of a run whose attempts end as ``endings``, one after the other, each
+    attempt resuming from the step the one before committed; up to the first that stops."""
+    history, said = History(), []
+    for ending in endings:
+        d = decide(ending, budget, history)
+        said.append(d.reason)
+        if not d.retry:
+            break
+        history = History(
+            ending.committed_step,
+            history.requeues + int(d.requeue),
+            history.restarts + int(d.restart),
+        )
+    return said
+
+
+def _dead(node: str, committed: int | None = None) -> Ending:
+    return Ending("node failure", committed, blamed=(node,))
+
+
+NONE_TO_NONE = "after node failure: committed step none -> none"
+
+
+def test_a_dead_node_before_the_first_checkpoint_restarts_on_the_spare_from_scratch() -> None:
+    d = decide(_dead("node2"), RetryBudget(3, 3, replaceable=True), History())
+    assert (d.restart, d.requeue) == (True, False)
+    assert d.reason == f"restart in the allocation {NONE_TO_NONE}, without node2 (restart 1 of 3)"
+
+
+def test_a_dead_node_before_the_first_checkpoint_requeues_excluding_it_without_a_spare() -> None:
+    d = decide(_dead("node2"), RetryBudget(3, 3, replaceable=False), History())
+    assert (d.restart, d.requeue) == (False, True)
+    assert d.reason == f"requeue {NONE_TO_NONE}, without node2"
+
+
+@pytest.mark.parametrize("replaceable", [True, False])
+def test_the_progress_guard_still_stops_code_that_fails_without_committing(
+    replaceable: bool,
+) -> None:
+    # The dead node is retried without it; the crash that follows on good nodes is the
+    # code's: without a checkpoint since, it stops the run as before.
+    budget = RetryBudget(3, 3, replaceable)
+    retried = (
+        f"restart in the allocation {NONE_TO_NONE}, without node2 (restart 1 of 3)"
+        if replaceable
+        else f"requeue {NONE_TO_NONE}, without node2"
+    )
+    assert _run([_dead("node2"), Ending("crash")], budget) == [
+        retried,
+        "stopped: no progress in the last attempt (no checkpoint was ever committed)",
+    ]
+    # A node failure that leaves no node out is a crash to the guard.
+    assert _run([_dead("node2"), Ending("node failure")], budget)[1:] == [
+        "stopped: no progress in the last attempt (no checkpoint was ever committed)"
+    ]
+
+
+def test_the_caps_stop_a_run_whose_nodes_keep_dying_before_any_checkpoint() -> None:
+    dying = [_dead(f"node{i}") for i in range(2, 12)]
+    assert _run(dying, RetryBudget(max_requeues=2, max_restarts=3, replaceable=True)) == [
+        f"restart in the allocation {NONE_TO_NONE}, without node2 (restart 1 of 3)",
+        f"restart in the allocation {NONE_TO_NONE}, without node3 (restart 2 of 3)",
+        f"restart in the allocation {NONE_TO_NONE}, without node4 (restart 3 of 3)",
+        # The restarts used up: a requeue is the fallback, within its own cap.
+        f"requeue {NONE_TO_NONE}, without node5",
+        f"requeue {NONE_TO_NONE}, without node6",
+        "stopped: 3 restarts in the allocation reached fault_tolerance.max_restarts=3, "
+        "2 requeues reached fault_tolerance.max_requeues=2",
+    ]
+    assert _run(dying, RetryBudget(max_requeues=1)) == [
+        f"requeue {NONE_TO_NONE}, without node2",
+        "stopped: 1 requeues reached fault_tolerance.max_requeues=1",
+    ]

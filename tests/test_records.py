@@ -100,3 +100,37 @@ def test_the_outcome_record(tmp_path: Path) -> None:
     assert (found.state, found.reason, found.details) == ("COMPLETED", "done", {"duration_s": 5})
     (tmp_path / "outcome.json").write_text('{"state": 3, "time": 1}')
     assert outcome.read_outcome(tmp_path) == outcome.Outcome(None, "", 1.0, {})
+
+
+def test_no_writer_rewrites_how_an_attempt_ended(tmp_path: Path) -> None:
+    """A closed attempt's ending is final: a later close, an update or a whole-list save by
+    a writer that loaded the records earlier adds fields but changes no ending."""
+    failed = {"attempt": 0, "job_id": "9", "start": 1.0, "end": 2.0, "cause": "node failure",
+              "decision": "requeue after node failure", "blamed": ["node4"]}  # fmt: skip
+    attempts.save(tmp_path, [attempts.AttemptRecord.from_json(failed)])
+    stale = attempts.load(tmp_path)
+    assert not attempts.end_last(tmp_path, cause="cancelled", committed_step=None)
+    attempts.save(tmp_path, [stale[0].updated(cause="cancelled", decision="x", blamed=[])])
+    assert attempts.update_last(tmp_path, cause="cancelled", end=3.0, then="cancelled")
+    assert attempts.load(tmp_path)[0].to_json() == {**failed, "then": "cancelled"}
+    # An open attempt is closed as usual, and another attempt at the same place is not kept.
+    other = attempts.AttemptRecord.from_json({"attempt": 0, "job_id": "10", "start": 5.0})
+    attempts.save(tmp_path, [other])
+    assert attempts.end_last(tmp_path, cause="crash", committed_step=3)
+    assert attempts.load(tmp_path)[0].cause == "crash"
+
+
+def test_an_attempt_the_guard_cut_off_keeps_its_node_failure(tmp_path: Path) -> None:
+    """The guard requeued the job without its lost batch host; the attempt stays open until
+    the next start. Whoever closes it first (a cancel of the pending requeue) closes it with
+    that node failure, the later ending said as ``then``."""
+    why = "requeued by ddlaunch's guard: batch host node4 down"
+    opened = {"attempt": 0, "job_id": "9", "start": 1.0, "nodes": "node[2-4]", "guard": why,
+              "dead_nodes": ["node4"]}  # fmt: skip
+    attempts.save(tmp_path, [attempts.AttemptRecord.from_json(opened)])
+    assert attempts.load(tmp_path)[0].cut_off
+    said = "cancelled while its requeue was pending, last checkpoint step 60"
+    assert attempts.end_last(tmp_path, cause="cancelled", committed_step=60, decision=said)
+    closed = attempts.load(tmp_path)[0]
+    assert (closed.cause, closed.decision, closed.blamed) == ("requeued by Slurm", why, ("node4",))
+    assert (closed.then, closed.committed_step, closed.is_open) == (said, 60, False)

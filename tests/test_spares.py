@@ -81,14 +81,18 @@ def test_a_shortage_is_said_with_the_nodes_left_out() -> None:
             "node failure",
             False,
             60,
-            ("requeue", "requeue after node failure: committed step 40 -> 60"),
+            ("requeue", "requeue after node failure: committed step 40 -> 60, without node2"),
         ),
-        # A dead node's attempt that made no progress is not retried, spare or not.
+        # The dead node failed, not the code: retried without it even with no progress.
         (
             "node failure",
             True,
             40,
-            ("stop", "stopped: no progress in the last attempt (the committed step stayed at 40)"),
+            (
+                "restart",
+                "restart in the allocation after node failure: committed step 40 -> 40, "
+                "without node2 (restart 1 of 3)",
+            ),
         ),
         # Preflight runs before any step: excluding the node is what makes the retry sound.
         (
@@ -166,7 +170,9 @@ def test_without_a_usable_spare_the_dead_node_means_a_requeue(tmp_path: Path) ->
     runner = _slurm("node1|allocated\nnode2|allocated*\nnode3|down*\n")
     code = hooks.end(run, 137, SlurmClient(runner), AttemptId("9", 0, "9"), SPARE, True, ENV)
     assert code == 0 and runner.calls[-1] == ["scontrol", "requeue", "9"]
-    assert attempt_json(run)[0]["decision"] == "requeue after node failure: committed step 40 -> 60"
+    assert attempt_json(run)[0]["decision"] == (
+        "requeue after node failure: committed step 40 -> 60, without node2"
+    )
 
 
 def test_a_job_without_spares_requeues_as_before(tmp_path: Path) -> None:
@@ -277,7 +283,10 @@ def test_the_watchdog_ends_the_step_of_a_dead_node_at_once_where_a_spare_waits(
     assert (verdict["cause"], verdict["nodes"]) == ("node failure", ["node2"])
     said = capsys.readouterr().out
     assert "[ddlaunch watchdog] node failure: node2 slurmd unreachable at 127.0.0.1" in said
-    assert "[ddlaunch watchdog] ended the step; restarting without the node" in said
+    assert (
+        "[ddlaunch watchdog] ended the step without waiting for node2; the end hook decides what "
+        "follows"
+    ) in said
 
 
 def test_the_watchdog_leaves_a_step_whose_dead_nodes_ranks_moved_in_process(
@@ -507,6 +516,43 @@ def test_the_guard_requeues_when_slurm_declares_the_batch_host_down(
     runner = FakeRunner({"squeue": "9|RUNNING|None|node[1-2]\n", "sinfo": "node1|down*\n"})
     assert watch_batch_host(run_dir, SlurmClient(runner), attempt, "node1", 24.0)
     assert ["scontrol", "requeue", "9"] in runner.calls
+
+
+def test_the_guard_stops_the_run_when_no_requeue_could_start_without_the_batch_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """2 nodes and a spare on a 3-node partition: without its lost batch host the job needs
+    3 of 2 usable nodes and would pend for good (BadConstraints). The guard concludes the
+    attempt with that node failure and the numbers, and ends the job instead."""
+    from support.rundirs import example_run_dir, in_attempt
+
+    from ddlaunch.job.guard import watch_batch_host
+    from ddlaunch.store import outcome
+
+    run_dir = example_run_dir(
+        tmp_path, "job.partition=lane0", "nodes.count=2", "fault_tolerance.spare_nodes=1"
+    )
+    attempt = in_attempt(monkeypatch, tmp_path, "9", 0)
+    write_attempts(run_dir, [{"attempt": 0, "job_id": "9", "nodes": "node[2-4]", "start": 1.0}])
+    lane = "".join(f"node{i}|lane0|gpu:4|8|infinite|1-infinite\n" for i in (2, 3, 4))
+    runner = FakeRunner(
+        {"squeue": "9|RUNNING|None|node[2-4]\n", "sinfo": "node4|down*\n", "sinfo -h -a": lane}
+    )
+    assert watch_batch_host(run_dir, SlurmClient(runner), attempt, "node4", 24.0)
+    assert ["scontrol", "requeue", "9"] not in runner.calls
+    assert runner.calls[-1] == ["scancel", "9"]
+    assert sum(1 for c in runner.calls if c[:3] == ["sinfo", "-h", "-a"]) == 1
+    why = (
+        "stopped: the requeue without node4 needs 3 nodes (nodes.count 2 + "
+        "fault_tolerance.spare_nodes 1); partition lane0 has 2 usable (3 nodes with 2 GPUs "
+        "or more, 1 excluded), so it could never start"
+    )
+    (rec,) = attempt_json(run_dir)
+    assert (rec["cause"], rec["decision"], rec["blamed"]) == ("node failure", why, ["node4"])
+    assert rec["dead_why"] == "batch host node4 down*" and "end" in rec
+    recorded = outcome.read_outcome(run_dir)
+    assert recorded is not None and (recorded.state, recorded.reason) == ("FAILED", why)
+    assert f"[ddlaunch guard] FAILED: {why}\n" in capsys.readouterr().out
 
 
 def test_the_guard_of_a_cancelled_run_does_not_requeue(

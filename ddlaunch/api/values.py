@@ -86,7 +86,13 @@ class RunStatus:
     attempts: int | None
     """How many attempts it made."""
     failure: str | None
-    """How its latest attempt failed (which rank, where, how); None when nothing failed."""
+    """How its latest attempt failed (which rank, where, how), said once the run ended;
+    None when nothing failed."""
+    failing: str | None = None
+    """While the run has not ended: what failed in its running attempt, as a rank's record
+    says it with the verdict pending (``rank 3 on node4 failed, verdict pending: ...``), or
+    the verdict once one is recorded (``node failure of node4: ...``); None when nothing
+    failed, and once the run ended (``failure`` then says it)."""
     detail: str | None
     """How it ended, in words (the run's ``outcome.json``)."""
     label: str | None = None
@@ -135,6 +141,7 @@ class RunStatus:
             checkpoint=row.checkpoint_step,
             attempts=row.attempts,
             failure=row.failure,
+            failing=row.failing,
             detail=row.detail,
             label=row.label,
             history=tuple(_attempt(item) for item in row.history),

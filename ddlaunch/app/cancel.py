@@ -8,7 +8,10 @@ into the sweep's ``cancelled.json``. Then ``cancel`` waits (bounded) for the job
 queue: the ranks save on the SIGTERM and rank 0 concludes the attempt (``conclude``). A job
 that was killed before anyone concluded it (cancelled before its first step, or while its
 training ended) is concluded here, once it is gone: its open attempt is closed and its outcome
-written, so the run's final state is recorded and never changes afterwards.
+written, so the run's final state is recorded and never changes afterwards. A run whose latest
+attempt had already ended (a node failure or a crash, with its requeue pending) keeps that
+attempt's ending: the cancel is recorded on the run and, on the attempt, as what happened to
+the pending requeue (``then``), never as the attempt's cause.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ddlaunch.config.trainers import is_byo
 from ddlaunch.policy import requeue as policy
 from ddlaunch.policy.requeue import NO_RETRY, Ending
 from ddlaunch.slurm.client import SlurmClient
-from ddlaunch.store import outcome
+from ddlaunch.store import attempts, outcome
 from ddlaunch.store.members import member_of
 from ddlaunch.store.records import Unreadable
 from ddlaunch.store.rundir import checkpoint_source, committed_step, default_run_root, is_run_dir
@@ -164,12 +167,19 @@ def close_cancelled(run_dir: Path) -> str:
             committed = committed_step(run_dir)
         except Unreadable:  # its config is damaged (status says so): no step known
             committed = None
-        if info.attempts:
+        records = attempts.load(run_dir)
+        pending = bool(records) and (not records[-1].is_open or records[-1].cut_off)
+        if pending:  # the attempt ended before the cancel: its requeue was waiting
+            reason = saved_phrase("cancelled while its requeue was pending", None, committed)
+        elif info.attempts:
             reason = saved_phrase("cancelled", None, committed)
         else:
             reason = "cancelled before it started"
         ending = Ending(policy.CAUSE_CANCELLED, committed, final=reason)
         conclude(run_dir, ending, NO_RETRY, None, say=_quiet)
+        if records and not records[-1].is_open:
+            # Closed before: its ending stays; what the cancel did goes beside it.
+            attempts.update_last(run_dir, then=reason)
         recorded = outcome.read_outcome(run_dir)
     if recorded is None:
         return "cancelled"

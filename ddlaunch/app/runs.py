@@ -28,7 +28,7 @@ from ddlaunch.store import (
     submission,
     watchdog,
 )
-from ddlaunch.store.attempts import ATTEMPTS_FILE, AttemptRecord
+from ddlaunch.store.attempts import ATTEMPTS_FILE, AttemptRecord, key_of
 from ddlaunch.store.balance import BALANCE_FILE, BalanceRecord
 from ddlaunch.store.chain import AFTER_FILE, PredecessorRecord, read_after
 from ddlaunch.store.components import COMPONENTS_DIR, ServiceState
@@ -60,7 +60,7 @@ from ddlaunch.store.sweeps import (
     MEMBERS_FILE,
     member_jobs,
 )
-from ddlaunch.store.watchdog import Summary
+from ddlaunch.store.watchdog import Summary, Verdict
 
 
 @dataclass
@@ -81,6 +81,7 @@ class RunInfo:
     excluded: list[str] = field(default_factory=list)
     preflight: LatestVerdicts | None = None  # health/preflight.json: the latest verdicts
     watchdog: Summary | None = None  # health/watchdog.json: heartbeat summary
+    verdict: Verdict | None = None  # the watchdog's verdict on the latest attempt while open
     staging: dict[str, NodeStaging] | None = None  # the last attempt's, host -> record
     label: str | None = None  # a sweep member's overrides
     snapshot: str | None = None  # the code snapshot's id (snapshot.json)
@@ -149,6 +150,7 @@ def read_run(
         summary = f"{watchdog.HEALTH_DIR}/{watchdog.SUMMARY_FILE}"
         found = rec.json(summary, dict, None, watchdog.SUMMARY_FIELDS)
         info.watchdog = None if not found else Summary.from_json(found)
+        info.verdict = _open_verdict(info.attempts, rec)
     if staging.STAGING_DIR in present:
         info.staging = latest_staging(run_dir, info.attempts, rec.problems)
     if group_state.GROUPS_DIR in present:
@@ -170,6 +172,19 @@ def read_run(
         _read_checkpoints(info, present, rec)
     info.problems = rec.lines()
     return info
+
+
+def _open_verdict(found: Sequence[AttemptRecord], rec: records.Reader) -> Verdict | None:
+    """The watchdog's verdict on the latest attempt, read while the attempt is open only (a
+    closed attempt's record holds its blame)."""
+    a = found[-1] if found else None
+    if a is None or not a.is_open:
+        return None
+    # Keyed as the batch host keys it (``AttemptId.key``).
+    key = key_of(a.job_id or "local", a.restart_count or 0, a.relaunch or 0)
+    name = f"{watchdog.HEALTH_DIR}/{watchdog.verdict_name(key)}"
+    verdict = rec.json(name, dict, None, watchdog.VERDICT_FIELDS)
+    return None if not verdict else Verdict.from_json(verdict)
 
 
 def _read_checkpoints(info: RunInfo, present: AbstractSet[str], rec: records.Reader) -> None:

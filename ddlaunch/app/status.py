@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 from ddlaunch.app.runs import (
     RunInfo,
 )
-from ddlaunch.policy.requeue import CAUSE_CRASH, CAUSE_PREFLIGHT, HEALTH_CAUSES
+from ddlaunch.app.status_blame import Blame, blame, verdict_words
+from ddlaunch.app.status_step import current_step
+from ddlaunch.policy.requeue import (
+    CAUSE_CRASH,
+    CAUSE_NODE_FAILURE,
+    CAUSE_PREFLIGHT,
+    HEALTH_CAUSES,
+)
 from ddlaunch.slurm.parse import QueueRow
 from ddlaunch.store import group_state
 from ddlaunch.store.attempts import AttemptRecord
@@ -114,8 +121,11 @@ class RunStatus:
     step: int | None
     checkpoint_step: int | None
     attempts: int | None
-    failure: str | None
+    failure: str | None  # the run's failure: said once the run ended
     detail: str | None
+    # While the run has not ended: its open attempt's failure with the verdict pending, or
+    # the verdict once recorded (``status_blame``)
+    failing: str | None = None
     label: str | None = None
     history: list[AttemptSummary] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
@@ -303,26 +313,6 @@ def starting(attempt: AttemptRecord) -> str:
     return f"attempt {number} starting {where}"
 
 
-def current_step(info: RunInfo) -> int | None:
-    """The step the run reached: from the freshest of its records (rank 0's progress, the
-    watchdog's summary of the heartbeats) written since the running attempt began, never
-    behind its latest committed checkpoint (a record written before a resume would otherwise
-    lag it, or run ahead of a restart that resumed from an earlier step)."""
-    best: tuple[float, int] | None = None
-    latest = info.attempts[-1] if info.attempts else None
-    began = latest.start if latest is not None and latest.is_open else None
-    for record in (info.progress, info.watchdog):
-        if record is None or record.step is None:
-            continue
-        when = float(record.time or 0.0)
-        if began is not None and when < began:
-            continue  # the previous attempt's: the running one resumed behind it
-        if best is None or when >= best[0]:
-            best = (when, record.step)
-    steps = [s for s in (best[1] if best else None, info.latest_step) if s is not None]
-    return max(steps) if steps else None
-
-
 def _state_from_run_dir(info: RunInfo) -> str:
     """How a run ended, when Slurm has nothing to say: its own records."""
     if info.outcome is not None:
@@ -364,9 +354,8 @@ def run_status(
     # How the job itself concluded is more precise than Slurm's view of the job that ended.
     if info.outcome is not None and state not in ACTIVE_STATES:
         state = info.outcome.state or state
-    failure = run_failure(info)
-    if state in ACTIVE_STATES and info.attempts and not info.attempts[-1].is_open:
-        failure = None  # requeued, waiting for its next attempt: the failure is history
+    said = run_blame(info, ended=state not in ACTIVE_STATES)
+    failure, failing = said.headline, said.meanwhile
     if state in QUIET_FAILURES:
         failure = None
     if state == "SUBMIT_FAILED":
@@ -390,6 +379,7 @@ def run_status(
         attempts=len(info.attempts),
         failure=failure,
         detail=detail,
+        failing=failing,
         label=info.label,
         history=attempt_history(info, state),
         excluded=list(info.excluded),
@@ -432,20 +422,53 @@ class NoScheduler:
 
 
 def run_failure(info: RunInfo) -> str | None:
-    """The run's failure headline: its latest attempt's (an earlier attempt's failure is
-    history, shown with its attempt), or, for a run without attempt records, its first
-    failure record."""
+    """The latest attempt's failure as the headline of a run that ended would say it (the
+    verdict over a rank's record; an earlier attempt's failure is history, shown with its
+    attempt); for a run without attempt records, its first failure record."""
+    return run_blame(info, ended=True).headline
+
+
+def run_blame(info: RunInfo, *, ended: bool) -> Blame:
+    """The run's failure headline (``ended``: the run is in a final state) and, while it has
+    not ended, what its open attempt's failure is known to be (``status_blame.blame``: a
+    rank's record waits for the verdict)."""
     if not info.attempts:
-        return info.failures[0].one_line() if info.failures else None
+        first = info.failures[0].one_line() if info.failures else None
+        return Blame(headline=first if ended else None)
     latest = info.attempts[-1]
-    if latest.is_open:
-        # Still running: a rank that raised while its peers go on is news already, unless
-        # its replica group has been restarted since, or a standby took its place in process
-        # (the restart's line says what failed; the run is not failing).
-        handled = max(_last_group_restart(latest), _last_in_process_restart(latest))
-        mine = [f for f in failures_of(latest, info.failures) if f.time > handled + CLOCK_SLACK_S]
-        return mine[0].one_line() if mine else None
-    return attempt_failure(latest, info.failures)
+    if not latest.is_open:
+        return blame(
+            ended=ended,
+            attempt_open=False,
+            failure=None,
+            verdict=None,
+            concluded=attempt_failure(latest, info.failures),
+        )
+    # A rank that failed after its replica group was restarted, or after a standby took its
+    # place in process, is not the news: the restart's line says what failed.
+    handled = max(_last_group_restart(latest), _last_in_process_restart(latest))
+    mine = [f for f in failures_of(latest, info.failures) if f.time > handled + CLOCK_SLACK_S]
+    return blame(
+        ended=ended,
+        attempt_open=True,
+        failure=mine[0] if mine else None,
+        verdict=open_verdict(info),
+    )
+
+
+def open_verdict(info: RunInfo) -> str | None:
+    """The blame recorded for the latest attempt while it is open, in words: the watchdog's
+    verdict (it ends the step), else the node it found dead while Slurm is to requeue, else
+    the guard's requeue; None while none is recorded."""
+    latest = info.attempts[-1] if info.attempts else None
+    if latest is None or not latest.is_open:
+        return None
+    v = info.verdict
+    if v is not None and v.cause:
+        return verdict_words(v.cause, v.nodes or (), v.detail)
+    if latest.dead_nodes:
+        return verdict_words(CAUSE_NODE_FAILURE, latest.dead_nodes, latest.dead_why)
+    return latest.guard or None
 
 
 def _last_group_restart(record: AttemptRecord) -> float:

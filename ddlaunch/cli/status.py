@@ -33,10 +33,22 @@ def _num(value: int | None) -> str:
 
 
 def note(r: Any) -> str:
-    """What a user acts on, in one cell: a member's overrides, the failure or how the run
-    ended (or why it waits), node health (`status RUN` lists every attempt's cause)."""
-    parts = [r.label or "", r.failure or r.detail or r.reason or "", r.health, *r.problems]
+    """What a user acts on, in one cell: a member's overrides, the failure and why the run
+    stopped (or why it waits), the running attempt's failure while its verdict is pending,
+    node health (`status RUN` lists every attempt's cause)."""
+    said = ended_words(r) or r.reason or ""
+    parts = [r.label or "", said, r.failing or "", r.health, *r.problems]
     return "; ".join(p for p in parts if p)
+
+
+def ended_words(r: Any) -> str:
+    """The run's failure and how it ended: ``node failure of node5; stopped: 2 requeues
+    reached fault_tolerance.max_requeues=2``. The failure says what broke an attempt, the
+    decision why no attempt followed; either alone leaves the user guessing the other."""
+    failure, detail = r.failure or "", r.detail or ""
+    if failure and detail and detail not in failure:
+        return f"{failure}; {detail}"
+    return failure or detail
 
 
 CULPRIT_WIDTH = 60  # of each earlier failure in the attempts cell (`status RUN`: all of it)
@@ -187,7 +199,10 @@ def page(shown: Any, width: int | None) -> str:
         return f"no runs under {shown.root} (ddlaunch submit CONFIG to start one)"
     lines = []
     if len(rows) == 1 and rows[0].failure:
-        lines.append(f"FAILED {rows[0].failure}")
+        lines.append(f"FAILED {ended_words(rows[0])}")
+    elif len(rows) == 1 and rows[0].failing:
+        # Not the run's failure (it has not ended): what is known while the verdict is due.
+        lines.append(f"{rows[0].state}: {rows[0].failing}")
     follow = len(rows) == 1 and bool(rows[0].history)
     if rows:
         lines.append(render(rows, width, shown.names, lines_follow=follow))

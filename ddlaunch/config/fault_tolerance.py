@@ -29,11 +29,15 @@ class FaultToleranceSpec:
         "parameters outside optimizer.step().",
     )
     max_requeues: int = opt(
-        3, "Most requeues of one run; each must have advanced the step.", range=(0, 1000)
+        3,
+        "Most requeues of one run; each must have advanced the step, unless the failed nodes "
+        "are left out of it.",
+        range=(0, 1000),
     )
     max_restarts: int = opt(
         3,
-        "Most restarts inside the allocation (no requeue); each must have advanced the step. "
+        "Most restarts inside the allocation (no requeue); each must have advanced the step, "
+        "unless the failed nodes are left out of it. "
         "It caps, each on its own: restart: process, the new srun steps of one run after a "
         "crash, a hang with no node to blame or a failed preflight replaced by a spare; "
         "restart: in_process, the in-process restarts of one attempt (then the ranks restart "

@@ -11,6 +11,11 @@ node ``mixed*`` meanwhile) or declares it down, requeues the job without it, as 
 without ``--no-kill``. A node that is only stalled is neither. The next
 attempt's start hook closes the cut-off one. The step is named ``ddlaunch-guard`` so that
 ending a training step (the watchdog) leaves it running.
+
+Before it requeues, the guard checks that the job can start again without the lost node
+(``conclude.check_requeue``): where the partition has too few usable nodes left, a requeue
+would pend for good, so the guard concludes the attempt with that node failure and the
+numbers as the run's final decision, and ends the job.
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddlaunch.conclude import cancel_reason, requeue_excluding
-from ddlaunch.slurm.client import SlurmClient
+from ddlaunch.conclude import cancel_reason, check_requeue, conclude, requeue_excluding
+from ddlaunch.policy.requeue import CAUSE_NODE_FAILURE, NO_RETRY, Ending
+from ddlaunch.slurm.client import SlurmClient, SlurmError
 from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.slurm.parse import node_is_down
 from ddlaunch.slurm.queue import GUARD_STEP_NAME
 from ddlaunch.store import attempts, exclusions
 from ddlaunch.store.attempts import AttemptId
-from ddlaunch.store.rundir import LOGS_DIR
+from ddlaunch.store.records import Unreadable
+from ddlaunch.store.rundir import LOGS_DIR, committed_step
 
 POLL_S = 2.0
 
@@ -113,11 +120,46 @@ def act(
         print(f"[ddlaunch guard] {why}; the run was cancelled: no requeue", flush=True)
         return
     exclusions.leave_out(run_dir, [host], f"node failure: {why}", ttl_hours)
-    attempts.update_last(run_dir, guard=f"requeued by ddlaunch's guard: {why}")
+    check = check_requeue(run_dir, client, [host])
+    if check.shortage is not None:
+        stop(run_dir, client, attempt, host, why, check.shortage)
+        return
+    # The lost node goes on the record with the guard's words: whoever closes the attempt
+    # (the next start, or a cancel of the pending requeue) closes it with this node failure.
+    dead = sorted({*_last_dead(run_dir), host})
+    attempts.update_last(run_dir, guard=f"requeued by ddlaunch's guard: {why}", dead_nodes=dead)
     print(f"[ddlaunch guard] {why}: requeueing the job without it", flush=True)
-    done = requeue_excluding(client, attempt.task, [host])
+    done = requeue_excluding(client, attempt.task, check.nodes)
     if not done.done:
         print(f"[ddlaunch guard] requeue failed: {done.error}", flush=True)
+
+
+def _last_dead(run_dir: Path) -> list[str]:
+    found = attempts.load(run_dir)
+    return list(found[-1].dead_nodes or ()) if found else []
+
+
+def stop(
+    run_dir: Path, client: SlurmClient, attempt: AttemptId, host: str, why: str, shortage: str
+) -> None:
+    """No requeue could start: conclude the attempt with the node failure and ``shortage``
+    as the run's final decision, then end the job (it would hold its other nodes until the
+    time limit). The records come first: the scancel ends this step too."""
+    try:
+        step = committed_step(run_dir)
+    except (OSError, Unreadable, ValueError):
+        step = None
+    record = {"dead_nodes": sorted({*_last_dead(run_dir), host}), "dead_why": why}
+    ending = Ending(CAUSE_NODE_FAILURE, step, blamed=(host,), record=record, final=shortage)
+    conclude(run_dir, ending, NO_RETRY, client, job=attempt.task, say=_say)
+    try:
+        client.cancel([attempt.task])
+    except SlurmError as exc:
+        print(f"[ddlaunch guard] scancel failed: {exc}", flush=True)
+
+
+def _say(text: str) -> None:
+    print(f"[ddlaunch guard] {text}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,8 @@ log and ends a preflight that has not decided within ``health.preflight_timeout`
 node dies under the attempt (its ranks' peers fail, srun keeps waiting for it) it says so in
 the batch log at once. Slurm's own requeue follows when Slurm declares the node down, unless
 the job has hot spares or ``nodes.min``: then the watchdog records a node-failure verdict and
-ends the step at once, and the end hook restarts the ranks without that node.
+ends the step at once, and the end hook decides: the ranks restart without that node, the job
+is requeued excluding it, or the run ends (its caps reached).
 """
 
 from __future__ import annotations
@@ -139,7 +140,9 @@ class _Watch:
         """The summary ``status`` shows, and a step-history sample when the step advanced."""
         a = self.attempt
         ids = {"job_id": a.job_id, "restart": a.restart, "relaunch": a.relaunch}
-        summary = records.Summary.from_json({**analysis.summary_of(beats.nodes, now), **ids})
+        left_out = exclusions.excluded(self.run_dir)  # e.g. a node an in-process restart left
+        fields = analysis.summary_of(beats.nodes, now, left_out)
+        summary = records.Summary.from_json({**fields, **ids})
         records.write_summary(self.run_dir, summary)
         if summary.step is not None and summary.step != self.last_step:
             self.last_step = summary.step
@@ -161,7 +164,14 @@ class _Watch:
         print(f"[ddlaunch watchdog] {finding.cause}: {finding.detail}", flush=True)
         if finding.cause == CAUSE_NODE_FAILURE and srun_pid is not None:
             end_step_without(self.attempt.job_id, self.client, srun_pid)
-            print("[ddlaunch watchdog] ended the step; restarting without the node", flush=True)
+            # What follows (a restart without the node, a requeue excluding it, or the run's
+            # end) is the end hook's decision, which it prints: only what was done is said.
+            dead = ", ".join(finding.nodes)
+            print(
+                f"[ddlaunch watchdog] ended the step without waiting for {dead}; "
+                "the end hook decides what follows",
+                flush=True,
+            )
         elif self.attempt.job_id:
             ended = end_step(self.attempt.job_id, self.client)
             print(f"[ddlaunch watchdog] ended step(s) {', '.join(ended)}", flush=True)

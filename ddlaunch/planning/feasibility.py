@@ -6,6 +6,10 @@ MaxTime, would pend forever (``PartitionNodeLimit``, ``PartitionTimeLimit``) or 
 sbatch with a message that names none of the numbers. So would one whose excluded nodes
 (the config's, plus the bad-node list's) leave too few: the answer names each excluded node
 and why it is excluded. The facts come from one ``sinfo`` call (``slurm.partitions``).
+
+The same rule holds at a requeue that excludes nodes (``requeue_shortage``): a job requeued
+without a failed node that leaves its partition too few usable ones would stay PENDING
+(BadConstraints) for good, so the run stops there instead, saying why.
 """
 
 from __future__ import annotations
@@ -86,12 +90,15 @@ def _fits(cfg: Config, part: PartitionFacts, node: str) -> bool:
     return part.gpus[index] >= cfg.nodes.gpus_per_node and (not cpus or cpus >= _cpus_per_node(cfg))
 
 
+def _kind(cfg: Config) -> str:
+    gpus = cfg.nodes.gpus_per_node
+    return f" with {gpus} GPU{'s' if gpus > 1 else ''} or more" if gpus else ""
+
+
 def _enough_nodes(cfg: Config, part: PartitionFacts, excluded: Mapping[str, str]) -> list[str]:
     where = f"partition {part.name}"
     fitting = [n for n in part.nodes if _fits(cfg, part, n)]
-    gpus = cfg.nodes.gpus_per_node
-    kind = f" with {gpus} GPU{'s' if gpus > 1 else ''} or more" if gpus else ""
-    has = f"{where} has {len(fitting)} node{'s' if len(fitting) != 1 else ''}{kind}"
+    has = f"{where} has {len(fitting)} node{'s' if len(fitting) != 1 else ''}{_kind(cfg)}"
     wanted, keys = _asked(cfg)
     if len(fitting) < wanted:
         return [f"{keys} {wanted} nodes, but {has}"]
@@ -184,3 +191,44 @@ def _component_problems(
             f"{len(part.nodes)}"
         )
     return out
+
+
+def requeue_shortage(
+    cfg: Config,
+    partitions: Sequence[PartitionFacts],
+    excluded: Mapping[str, str],
+    leaving: Sequence[str],
+    env_partition: str | None = None,
+) -> str | None:
+    """Why the job, requeued with ``excluded`` kept out (node -> why), could never start
+    again: one line naming the nodes this requeue newly leaves out (``leaving``) and the
+    counts, for the run's final decision. None when it can start, or when the facts cannot
+    tell: none probed, or by them the job could not have started before this requeue
+    either (yet it ran: they are not trusted to stop it now). ``problems``' rule decides;
+    ``env_partition``: the job's partition where ``job.partition`` is unset."""
+    before = {n: why for n, why in excluded.items() if n not in leaving}
+    if problems(cfg, partitions, before, env_partition):
+        return None
+    found = problems(cfg, partitions, excluded, env_partition)
+    if not found:
+        return None
+    without = ", ".join(sorted(set(leaving))) or "the excluded nodes"
+    part = None
+    if not cfg.components:
+        part = find_partition(partitions, cfg.job.partition or env_partition)
+    if part is None:  # a heterogeneous job: the first component that no longer fits says
+        return f"stopped: the requeue without {without} could never start: {found[0]}"
+    fitting = [n for n in part.nodes if _fits(cfg, part, n)]
+    out = sum(1 for n in fitting if n in excluded)
+    wanted = cfg.allocated_nodes
+    spares = cfg.fault_tolerance.spare_nodes
+    asked = (
+        f"nodes.count {cfg.nodes.count} + fault_tolerance.spare_nodes {spares}"
+        if spares
+        else "nodes.count"
+    )
+    return (
+        f"stopped: the requeue without {without} needs {wanted} nodes ({asked}); partition "
+        f"{part.name} has {len(fitting) - out} usable ({len(fitting)} nodes{_kind(cfg)}, "
+        f"{out} excluded), so it could never start"
+    )

@@ -27,7 +27,7 @@ one place), so a poll costs O(n log n) in the nodes, not O(n^2).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ddlaunch.config.health import HealthSpec
@@ -290,12 +290,22 @@ def analyse_nodes(
     )
 
 
-def summary(beats: list[Beat], now: float) -> dict[str, object]:
-    return summary_of(by_node(beats), now)
+def summary(beats: list[Beat], now: float, left_out: Collection[str] = ()) -> dict[str, object]:
+    return summary_of(by_node(beats), now, left_out)
 
 
-def summary_of(nodes: Sequence[NodeSummary], now: float) -> dict[str, object]:
-    """A few numbers for ``status``: latest step, oldest heartbeat, busy time per node."""
+def summary_of(
+    nodes: Sequence[NodeSummary], now: float, left_out: Collection[str] = ()
+) -> dict[str, object]:
+    """A few numbers for ``status``: latest step, oldest heartbeat, busy time per node.
+
+    ``left_out``: the nodes the run no longer counts (``store.exclusions``). A node that died
+    under an in-process restart keeps its last record, "running" at the step it died in,
+    while its ranks train on a spare: its beats only age, and counted they made the oldest
+    beat grow as if the training stalled."""
+    if left_out:
+        gone = set(left_out)
+        nodes = [n for n in nodes if n.host not in gone]
     steps = [n.step for n in nodes if n.step is not None]
     oldest = [n.oldest_beat for n in nodes if n.running and n.oldest_beat is not None]
     return {

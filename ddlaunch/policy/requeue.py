@@ -1,13 +1,16 @@
 """Whether an attempt that ended gets another one: the one requeue policy (pure).
 
 Blind retries mostly fail, so a crash is retried only if the committed step advanced during
-the attempt (it made progress) and the cap is not reached. A signal-triggered stop of Session
-code has just saved, so it passes the progress test by construction; it still counts. A stop
-ddlaunch asked of another trainer is retried whatever its exit code, if the step advanced.
-A node that failed preflight, hung or straggled is excluded before the retry, so that retry
-is not blind either: it is allowed without the progress test (preflight runs before any step,
-so it cannot show progress), within the cap. A health finding with no node to blame is
-treated like a crash.
+the attempt (it made progress) and the cap is not reached: the progress guard stops code that
+fails again and again without committing. A signal-triggered stop of Session code has just
+saved, so it passes the progress test by construction; it still counts. A stop ddlaunch asked
+of another trainer is retried whatever its exit code, if the step advanced. A node that died,
+failed preflight, hung or straggled is left out of the retry, so that retry is not blind
+either: the node was at fault, not the code, and a retry without it says nothing about the
+code. It is allowed without the progress test (preflight runs before any step, and a node may
+die before the first checkpoint, from scratch then), within the caps, which bound a run whose
+nodes keep failing. A node failure or a health finding with no node to blame is treated like a
+crash.
 
 A retry is a restart inside the allocation (a new srun step, seconds) rather than a requeue
 (a trip through the queue) when the ranks failed on nodes that are all still usable: a crash,
@@ -157,10 +160,12 @@ def decide(ending: Ending, budget: RetryBudget, history: History = History()) ->
             f"stopped: {used}{requeues_so_far} requeues reached "
             f"fault_tolerance.max_requeues={max_requeues}",
         )
-    excluding = cause in HEALTH_CAUSES and bool(blamed)
+    # The retry leaves the blamed nodes out (the caller excluded them: a restart places the
+    # ranks without them, a requeue sets them as the job's excluded nodes).
+    excluding = cause in REPLACE_CAUSES and bool(blamed)
     without = f", without {','.join(sorted(blamed))}" if blamed else ""
-    guarded = cause in (CAUSE_CRASH, CAUSE_NODE_FAILURE, CAUSE_TRAINER_STOP) or (
-        cause in HEALTH_CAUSES and not excluding
+    guarded = cause in (CAUSE_CRASH, CAUSE_TRAINER_STOP) or (
+        cause in REPLACE_CAUSES and not excluding
     )
     resumed_from = history.resumed_from
     progressed = committed_now is not None and (
@@ -173,7 +178,8 @@ def decide(ending: Ending, budget: RetryBudget, history: History = History()) ->
             else f"the committed step stayed at {committed_now}"
         )
         return Decision(False, f"stopped: no progress in the last attempt ({since})")
-    start = resumed_from if resumed_from is not None else "none"
+    start = _step(resumed_from)
+    now = _step(committed_now)
     count = f"(restart {restarts_so_far + 1} of {max_restarts})"
     if can_restart and cause == CAUSE_PREFLIGHT:
         return Decision(False, f"restart in the allocation after preflight{without} {count}", True)
@@ -181,7 +187,7 @@ def decide(ending: Ending, budget: RetryBudget, history: History = History()) ->
         return Decision(
             False,
             f"restart in the allocation after {cause}: committed step {start} -> "
-            f"{committed_now}{without} {count}",
+            f"{now}{without} {count}",
             restart=True,
         )
     if not excluding:
@@ -189,9 +195,12 @@ def decide(ending: Ending, budget: RetryBudget, history: History = History()) ->
     if cause == CAUSE_PREFLIGHT and excluding:
         # No step ran, so "committed step a -> b" says nothing here.
         return Decision(True, f"requeue after preflight{without}")
-    return Decision(
-        True, f"requeue after {cause}: committed step {start} -> {committed_now}{without}"
-    )
+    return Decision(True, f"requeue after {cause}: committed step {start} -> {now}{without}")
+
+
+def _step(step: int | None) -> str:
+    """A committed step in a decision's words: ``none`` before the first checkpoint."""
+    return "none" if step is None else str(step)
 
 
 def final_state(cause: str) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ddlaunch import fsutil
+from ddlaunch.policy.requeue import CAUSE_REQUEUED_BY_SLURM
 from ddlaunch.store import records
 from ddlaunch.store.group_restarts import GROUP_RESTARTS, GroupRestart
 from ddlaunch.store.inprocess import RESTARTS, InProcessRestart
@@ -69,7 +70,15 @@ FIELDS = {
     # srun's nonzero status is a replaced rank's, not the run's).
     "in_process_restarts": RESTARTS,
     "in_process_done": NUMBER,
+    # What happened after the attempt had ended, to the requeue it was waiting for (a cancel):
+    # said here because the attempt's own ending is never rewritten (``ENDING``).
+    "then": TEXT,
 }
+
+# The fields that say how an attempt ended. Once an attempt is closed they are final: a later
+# writer (a cancel, a second concluder, a requeue's record) may add fields, never change
+# these, so that a node failure is never rewritten as the cancel that came after it.
+ENDING = ("end", "cause", "decision", "committed_step", "blamed", "culprit")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,10 +121,18 @@ class AttemptRecord(records.Record):
     group_restarts: tuple[GroupRestart, ...] | None = None
     in_process_restarts: tuple[InProcessRestart, ...] | None = None
     in_process_done: float | None = None
+    then: str | None = None
 
     @property
     def is_open(self) -> bool:
         return self.end is None and "end" not in self.nulls
+
+    @property
+    def cut_off(self) -> bool:
+        """Open, but over: ddlaunch's guard requeued its job after the batch host was lost
+        (``guard``), and only the next start of the job would close it. Its ending is that
+        node failure, whoever closes it (``end_last``)."""
+        return self.is_open and bool(self.guard)
 
     @property
     def key(self) -> str:
@@ -202,8 +219,31 @@ def load(run_dir: Path) -> list[AttemptRecord]:
     ]
 
 
+_ABSENT = object()  # a field a record lacks, unlike one it records as null
+
+
+def keep_endings(
+    written: Sequence[AttemptRecord], new: Sequence[AttemptRecord]
+) -> list[AttemptRecord]:
+    """``new`` with the ending (``ENDING``) of every attempt ``written`` has closed kept as
+    it was written: a writer that loaded the records before another closed one, or that
+    closes a closed one again, adds its fields but changes no ending. Records are matched by
+    position and by their attempt (``key``); a field the closed record lacks may be added."""
+    out = list(new)
+    for i, (old, record) in enumerate(zip(written, new, strict=False)):
+        if old.is_open or old.key != record.key or old.attempt != record.attempt:
+            continue
+        kept = {k: v for k, v in old.to_json().items() if k in ENDING}
+        if any(record.to_json().get(k, _ABSENT) != v for k, v in kept.items()):
+            out[i] = record.updated(**kept)
+    return out
+
+
 def save(run_dir: Path, attempts: Sequence[AttemptRecord]) -> None:
-    fsutil.atomic_write_json(run_dir / ATTEMPTS_FILE, [a.to_json() for a in attempts], 0o600)
+    """Write the records (temp name, fsync, rename); the endings already written stay
+    (``keep_endings``), whoever writes."""
+    kept = keep_endings(load(run_dir), attempts)
+    fsutil.atomic_write_json(run_dir / ATTEMPTS_FILE, [a.to_json() for a in kept], 0o600)
 
 
 def close(
@@ -214,11 +254,27 @@ def close(
 
 
 def end_last(run_dir: Path, *, cause: str, committed_step: int | None, **extra: object) -> bool:
-    """Close the newest open attempt; False when there is none (closed already, or none)."""
+    """Close the newest open attempt; False when there is none (closed already, or none).
+
+    One the guard cut off (``AttemptRecord.cut_off``) ended in that node failure, as the
+    next start would record it: it is closed so (the guard's words, the lost node blamed),
+    and this later ending is kept as ``then`` (a cancel of the pending requeue)."""
     attempts = load(run_dir)
     if not attempts or not attempts[-1].is_open:
         return False
-    attempts[-1] = close(attempts[-1], cause=cause, committed_step=committed_step, **extra)
+    last = attempts[-1]
+    if last.cut_off:
+        later = extra.get("decision") or cause
+        attempts[-1] = close(
+            last,
+            cause=CAUSE_REQUEUED_BY_SLURM,
+            committed_step=committed_step,
+            decision=last.guard,
+            blamed=list(last.dead_nodes or ()),
+            then=str(later),
+        )
+    else:
+        attempts[-1] = close(last, cause=cause, committed_step=committed_step, **extra)
     save(run_dir, attempts)
     return True
 
@@ -234,7 +290,8 @@ def update_open(run_dir: Path, **fields: object) -> bool:
 
 
 def update_last(run_dir: Path, **fields: object) -> bool:
-    """Add ``fields`` to the newest attempt, open or closed (what its requeue went through)."""
+    """Add ``fields`` to the newest attempt, open or closed (what its requeue went through);
+    a closed attempt's ending stays as it is (``save``)."""
     attempts = load(run_dir)
     if not attempts:
         return False

@@ -106,8 +106,13 @@ class Verdict(records.Record):
     restart: int | None = None
 
 
+def verdict_name(key: str) -> str:
+    """The verdict's file name for the attempt ``key`` (``AttemptId.key``)."""
+    return f"verdict-{key}.json"
+
+
 def verdict_path(run_dir: Path, attempt: AttemptId) -> Path:
-    return run_dir / HEALTH_DIR / f"verdict-{attempt.key}.json"
+    return run_dir / HEALTH_DIR / verdict_name(attempt.key)
 
 
 def read_verdict(run_dir: Path, attempt: AttemptId) -> Verdict | None:
