@@ -169,7 +169,7 @@ def check_requeue(run_dir: Path, client: object, leaving: Sequence[str]) -> Requ
         partitions = client.partitions()
     except Exception:  # Slurm unreachable or sinfo failed: requeue as before
         return RequeueCheck(nodes)
-    # The job's partition as Slurm placed it, for a config that names none.
+    # The partition Slurm runs the job in, whatever the config asked (requeue_shortage).
     where = os.environ.get("SLURM_JOB_PARTITION")
     return RequeueCheck(nodes, requeue_shortage(cfg, partitions, why, leaving, where))
 

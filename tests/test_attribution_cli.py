@@ -17,7 +17,7 @@ from typing import Any
 from support.fakes import fake_slurm_bin
 from support.rundirs import T0, make_run, write_attempts
 
-from ddlaunch.store import outcome, standbys
+from ddlaunch.store import components, outcome, standbys
 from ddlaunch.store.failures import write_failure
 from ddlaunch.store.standbys import TakenStandby, Tally
 
@@ -217,6 +217,53 @@ def test_a_failed_run_is_headlined_by_its_killed_rank_not_the_collateral_error(
     assert piped(tmp_path, queue, "logs", "r") == (
         f"FAILED {KILLED}\n==> {run / 'logs' / 'rank-1.err'} <==\n[rank 1] step 61\n"
     )
+
+
+def test_a_long_headline_and_service_line_wrap_between_words_at_80_columns(
+    tmp_path: Path,
+) -> None:
+    """The headline and a service's line wrap as the attempt lines do, at the terminal's
+    width, their rest hanging under them; in a pipe each is one line."""
+    stopped = "stopped: 2 requeues reached fault_tolerance.max_requeues=2"
+    run = make_run(
+        tmp_path / "runs",
+        "r",
+        "377",
+        T0,
+        attempts=[killed_attempt(decision=stopped)],
+        outcome=("FAILED", stopped),
+    )
+    collateral_record(run)
+    components.write(
+        run,
+        components.ServiceState(
+            "tokenizer-service",
+            components.STOPPED,
+            4,
+            -9,
+            T0 + 60,
+            reason=components.JOB_END,
+            stop_signals=("TERM", "KILL"),
+        ),
+    )
+    queue = "377|FAILED|None|node[1-2]\n"
+    headline = f"FAILED {KILLED}; {stopped}"
+    service = (
+        "service tokenizer-service: stopped at the job's end (TERM, then KILL; restarted 3 "
+        "times, last exit -9)"
+    )
+    out = piped(tmp_path, queue, "status", "r").splitlines()
+    assert (out[0], out[-1]) == (headline, service)
+    lines = at_terminal(tmp_path, queue, 80, "status", "r").splitlines()
+    assert lines[:2] == [
+        "FAILED rank 1 on node1 killed by SIGKILL; stopped: 2 requeues reached",
+        "    fault_tolerance.max_requeues=2",
+    ]
+    assert lines[-2:] == [
+        "service tokenizer-service: stopped at the job's end (TERM, then KILL; restarted",
+        "    3 times, last exit -9)",
+    ]
+    assert max(len(line) for line in lines) <= 80
 
 
 def test_a_run_running_again_after_a_requeue_has_no_failure_headline(tmp_path: Path) -> None:

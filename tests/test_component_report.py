@@ -3,6 +3,7 @@ ranks, nodes and pace from their latest heartbeats, each service's starts from i
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from support.rundirs import T0, make_run, write_beat
 from support.standin_cli import ddlaunch
 
 from ddlaunch.app import report, report_components
+from ddlaunch.app.runs import read_run
+from ddlaunch.app.status import run_status
 from ddlaunch.policy.beats import Beat
 from ddlaunch.store import components as records
 
@@ -78,6 +81,25 @@ def test_a_run_without_components_has_no_such_section(tmp_path: Path) -> None:
     t = report.load_timeline(run)
     assert t.components is None
     assert "<h2>Components" not in report.html_page(t, "AAAA")
+
+
+def test_the_report_words_a_service_as_status_does_given_the_jobs_state(tmp_path: Path) -> None:
+    """A supervisor killed with its job never records the service's end: its record says
+    ``running`` after the job COMPLETED. ``status`` checks the record against the job's
+    state; the report's section says the same words, not ``running``."""
+    run = make_run(tmp_path / "runs", "r", "12", T0, attempts=[DONE], config=COMPONENTS_CONFIG,
+                   outcome=("COMPLETED", "completed"))  # fmt: skip
+    live = (records.ServiceRun(T0 + 5),)
+    records.write(run, records.ServiceState("server", records.RUNNING, 1, None, T0 + 5, live))
+    said = (
+        "server: state unknown: its supervisor ended with the job before it recorded the "
+        "service's end (last recorded running)"
+    )
+    assert run_status(read_run(run), None).services == [said]
+    t = report.load_timeline(run)
+    assert t.components is not None
+    page = report.html_page(t, "AAAA")
+    assert f"<h3>Service server</h3><p>{html.escape(said)}; 1 start.</p>" in page
 
 
 def test_the_lanes_without_heartbeats_and_with_cpu_ranks() -> None:

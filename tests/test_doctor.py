@@ -70,6 +70,33 @@ def test_doctor_table_at_80_columns_names_each_check_once() -> None:
     assert "  2.5.1+cu124 imported in 3.2 s  " in table(rows, None).splitlines()[1]
 
 
+def test_doctor_disk_cell_starts_with_its_status_word_at_80_columns() -> None:
+    """A failed disk check keeps ``FAIL:`` and comes first in the disk cell, under the row
+    at 80 columns as in a pipe; its error's own words are kept whole (``: `` in them)."""
+    from ddlaunch.cli.doctor import table
+
+    missing = "[Errno 2] No such file or directory: '/shared/ck'"
+    checks = [
+        v.gpu_check(8, 8, 8),
+        v.disk_check("scratch", "/scratch", 812.0, 50),
+        v.disk_check("checkpoints", "/shared/ck", None, 50, missing),
+        v.disk_check("tmp", "/tmp", 3.0, 50),
+    ]
+    rows = doctor.verdict_rows([v.NodeVerdict("gpu-node-017", checks)], {})
+    cell = (
+        f"FAIL: checkpoints: {missing}; FAIL: tmp: 3.00 GB free, needs 50 "
+        "(health.min_free_gb); scratch: 812.0 GB free"
+    )
+    assert table(rows, 80).splitlines() == [
+        "node          verdict  gpus                                 torch  bandwidth",
+        "gpu-node-017  FAIL     8 listed by nvidia-smi, 8 requested  -      -",
+        "  disk FAIL: checkpoints: [Errno 2] No such file or directory: '/shared/ck';",
+        "  FAIL: tmp: 3.00 GB free, needs 50 (health.min_free_gb); scratch: 812.0 GB free",
+    ]
+    assert table(rows, None).splitlines()[1].endswith(f"  {cell}")
+    assert f"  {cell}" in table(rows, 300).splitlines()[1]
+
+
 def test_doctor_row_with_a_fabric_warning_says_warning() -> None:
     report = {
         "checks": [{"name": "gpus", "status": "ok", "detail": "4 listed"}],

@@ -429,3 +429,23 @@ def test_the_requeue_check_uses_the_job_s_partition_and_knows_nothing_unprobed()
         "2 usable (3 nodes with 2 GPUs or more, 1 excluded), so it could never start"
     )
     assert requeue_shortage(cfg, (), {"node4": FAILED}, ["node4"], "lane0") is None
+
+
+def test_the_requeue_check_uses_the_partition_the_job_runs_in_over_the_config_s() -> None:
+    """SBATCH_PARTITION in sbatch's environment overrides the script's --partition (the dev
+    cluster's lanes submit so): the job asked for a large partition runs in lane0, and its
+    requeue is checked there."""
+    from ddlaunch.planning.feasibility import requeue_shortage
+
+    big = tuple(
+        parse_sinfo_partitions(
+            "".join(f"node{i}|big|gpu:4|8|infinite|1-infinite\n" for i in range(2, 14))
+        )
+    )
+    cfg = config("job.partition=big", "nodes.count=2", "fault_tolerance.spare_nodes=1")
+    assert requeue_shortage(cfg, (*LANE, *big), {"node4": FAILED}, ["node4"]) is None
+    assert requeue_shortage(cfg, (*LANE, *big), {"node4": FAILED}, ["node4"], "lane0") == (
+        "stopped: the requeue without node4 needs 3 nodes (nodes.count 2 + "
+        "fault_tolerance.spare_nodes 1); partition lane0 has 2 usable (3 nodes with 2 GPUs "
+        "or more, 1 excluded), so it could never start"
+    )

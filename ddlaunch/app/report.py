@@ -487,5 +487,5 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         saves=[(step, when) for when, step, kind in timed if kind == timings.SAVE],
     )
     timeline.problems = list(info.problems)
-    timeline.components = report_components.load(run_dir, info.services)
+    timeline.components = report_components.load(run_dir, info.services, state)
     return timeline

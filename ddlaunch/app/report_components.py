@@ -5,7 +5,8 @@ A train component is its ranks (numbered component by component, as
 time as their latest heartbeats measured it (seconds a step, and of it the time computing
 rather than waiting for peers: in one world every rank steps at the slowest's pace, the
 computing time tells the fast from the slow). A service is its starts over time, as its
-supervisor recorded them (``components/<name>.json``): when each ran, how it ended.
+supervisor recorded them (``components/<name>.json``): when each ran, how it ended; its
+state in the words ``status`` gives it, checked against the job's state as ``status`` is.
 
 ``train_lanes``, ``service_bars`` and the page's tables are pure; ``load`` reads the run
 directory (its resolved config, the latest heartbeats, the services' records).
@@ -74,11 +75,14 @@ class TrainLane:
 @dataclass
 class Components:
     """Every component in the order of ``components:``; ``beats``: which attempt's
-    heartbeats the train lanes' hosts and pace come from (empty: none)."""
+    heartbeats the train lanes' hosts and pace come from (empty: none); ``job_state``: the
+    run's state as ``status`` says it (None: not known), which a service's record that says
+    it runs must agree with."""
 
     train: list[TrainLane] = field(default_factory=list)
     services: list[ServiceState] = field(default_factory=list)
     beats: str = ""
+    job_state: str | None = None
 
     @property
     def lanes(self) -> list[str]:
@@ -153,9 +157,11 @@ def latest_attempt(records: Sequence[Mapping[str, object]]) -> tuple[list[Beat],
     return beats, words + (f", relaunch {relaunch}" if relaunch else "")
 
 
-def load(run_dir: Path, services: Sequence[ServiceState]) -> Components | None:
+def load(
+    run_dir: Path, services: Sequence[ServiceState], job_state: str | None = None
+) -> Components | None:
     """The run's components (None: it has none, or its config cannot be read, which the
-    report's problems say already)."""
+    report's problems say already); ``job_state``: the run's, as ``status`` says it."""
     try:
         tree = read_config_tree(run_dir)
     except Unreadable:
@@ -166,7 +172,7 @@ def load(run_dir: Path, services: Sequence[ServiceState]) -> Components | None:
     beats, words = latest_attempt([dict(r) for r in read_heartbeats(run_dir)])
     order = {e["name"]: i for i, e in enumerate(entries)}
     ordered = sorted(services, key=lambda s: (order.get(s.name, len(order)), s.name))
-    return Components(train_lanes(tree, beats), list(ordered), words if beats else "")
+    return Components(train_lanes(tree, beats), list(ordered), words if beats else "", job_state)
 
 
 # ----------------------------------------------------------------- the services' lanes
@@ -247,11 +253,11 @@ def components_html(c: Components | None, origin: float) -> str:
         f"<th>pace</th></tr>{train}</table>"
     )
     for s in c.services:
-        out += _service_html(s, origin)
+        out += _service_html(s, origin, c.job_state)
     return out
 
 
-def _service_html(s: ServiceState, origin: float) -> str:
+def _service_html(s: ServiceState, origin: float, job_state: str | None) -> str:
     e = html.escape
     fails = len(failures(s))
     counted = f"{len(s.history)} start{'' if len(s.history) == 1 else 's'}"
@@ -259,8 +265,11 @@ def _service_html(s: ServiceState, origin: float) -> str:
     if s.earlier:
         counted += f"; {s.earlier} earlier start{'' if s.earlier == 1 else 's'} not kept"
     rows = "".join(_service_row(s, i, origin) for i in range(len(s.history)))
+    # The words of ``status``: a record that says the service runs, in a job that ended,
+    # was left by a supervisor killed with the job, not by a service still running.
+    said = describe(s, job_state)
     return (
-        f"\n<h3>Service {e(s.name)}</h3><p>{e(describe(s))}; {e(counted)}.</p>"
+        f"\n<h3>Service {e(s.name)}</h3><p>{e(said)}; {e(counted)}.</p>"
         "<table><tr><th>started</th><th>ended</th><th>ran</th><th>exit</th><th>then</th></tr>"
         f"{rows}</table>"
     )

@@ -29,17 +29,43 @@ def check_cell(checks: dict[str, str], name: str, default: str = "-") -> str:
     return checks.get(name, default).removeprefix(f"{name} ")
 
 
+def status_word(words: str) -> tuple[str, str]:
+    """``FAIL: /scratch: 3.00 GB free`` -> ``("FAIL", "/scratch: 3.00 GB free")``; words
+    without a status word (a passed check's) -> ``("", words)``. A check that did not pass
+    is worded with its status first, in capitals (``app.doctor.verdict_rows``); its detail
+    starts with a path or a lower-case word, never with such a word."""
+    head, sep, rest = words.partition(": ")
+    if sep and head.isalpha() and head.isupper():
+        return head, rest
+    return "", words
+
+
+def disk_cell(checks: dict[str, str]) -> str:
+    """Every disk check in one cell: ``scratch: 812.0 GB free; tmp: 40.0 GB free``. A check
+    that did not pass keeps its status word and comes first (``FAIL: scratch: 3.00 GB free,
+    needs 50 ...; tmp: ...``), so that the cell starts with it at any width: it is what the
+    row's verdict is about. Each detail loses the path it starts with (the disk's label
+    names it), and only that: an error's own words may hold ``: `` too."""
+    flagged: list[str] = []
+    passed: list[str] = []
+    for key, words in checks.items():
+        if not key.startswith("disk:"):
+            continue
+        word, detail = status_word(words)
+        said = f"{key.removeprefix('disk:')}: {detail.split(': ', 1)[-1]}"
+        if word:
+            flagged.append(f"{word}: {said}")
+        else:
+            passed.append(said)
+    return "; ".join(flagged + passed) or "-"
+
+
 def table(rows: list[Any], width: int | None) -> str:
     """One line per node in a pipe; at a terminal the checks move under the row (disk
     first, the longest) by the rules of ``status``'s table (``cli/table.py``), so that a
     node name or a verdict is never cut inside a word."""
     out = []
     for r in rows:
-        disk = "; ".join(
-            f"{k[5:]}: {v.rsplit(': ', 1)[-1]}"
-            for k, v in r.checks.items()
-            if k.startswith("disk:")
-        )
         out.append(
             (
                 r.node,
@@ -47,7 +73,7 @@ def table(rows: list[Any], width: int | None) -> str:
                 check_cell(r.checks, "gpus", r.checks.get("report", "-")),
                 check_cell(r.checks, "torch"),
                 check_cell(r.checks, "bandwidth"),
-                disk or "-",
+                disk_cell(r.checks),
                 "; ".join(r.fabric),
             )
         )

@@ -127,9 +127,10 @@ HANG = "    "
 
 
 def item_lines(text: str, width: int | None, indent: str = "") -> list[str]:
-    """One item under the table: wrapped between words at a terminal's ``width``, its
-    continuation lines hanging (left to the terminal, a long line was cut inside words,
-    its rest at the margin where it read as the next item); in a pipe one line (grep)."""
+    """One item of a run's page (its headline, an attempt, a service): wrapped between
+    words at a terminal's ``width``, its continuation lines hanging (left to the terminal,
+    a long line was cut inside words, its rest at the margin where it read as the next
+    item); in a pipe one line (grep)."""
     if width is None:
         return [indent + text]
     return wrap(text, width, indent, HANG) or [indent]
@@ -197,12 +198,14 @@ def page(shown: Any, width: int | None) -> str:
     rows = shown.rows
     if not rows and not shown.hidden:
         return f"no runs under {shown.root} (ddlaunch submit CONFIG to start one)"
+    # The headline and the lines under the table wrap as the attempts do (``item_lines``):
+    # left to the terminal, a long one was cut inside a word.
     lines = []
     if len(rows) == 1 and rows[0].failure:
-        lines.append(f"FAILED {ended_words(rows[0])}")
+        lines += item_lines(f"FAILED {ended_words(rows[0])}", width)
     elif len(rows) == 1 and rows[0].failing:
         # Not the run's failure (it has not ended): what is known while the verdict is due.
-        lines.append(f"{rows[0].state}: {rows[0].failing}")
+        lines += item_lines(f"{rows[0].state}: {rows[0].failing}", width)
     follow = len(rows) == 1 and bool(rows[0].history)
     if rows:
         lines.append(render(rows, width, shown.names, lines_follow=follow))
@@ -215,9 +218,10 @@ def page(shown: Any, width: int | None) -> str:
     if follow:
         lines += attempt_lines(rows[0], width)
     if len(rows) == 1 and rows[0].services:
-        lines += [f"service {line}" for line in rows[0].services]
+        for line in rows[0].services:
+            lines += item_lines(f"service {line}", width)
     if len(rows) == 1 and rows[0].batch_shares:
-        lines.append(f"batch shares: {rows[0].batch_shares}")
+        lines += item_lines(f"batch shares: {rows[0].batch_shares}", width)
     return "\n".join(lines)
 
 

@@ -198,24 +198,30 @@ def requeue_shortage(
     partitions: Sequence[PartitionFacts],
     excluded: Mapping[str, str],
     leaving: Sequence[str],
-    env_partition: str | None = None,
+    running_in: str | None = None,
 ) -> str | None:
     """Why the job, requeued with ``excluded`` kept out (node -> why), could never start
     again: one line naming the nodes this requeue newly leaves out (``leaving``) and the
     counts, for the run's final decision. None when it can start, or when the facts cannot
     tell: none probed, or by them the job could not have started before this requeue
-    either (yet it ran: they are not trusted to stop it now). ``problems``' rule decides;
-    ``env_partition``: the job's partition where ``job.partition`` is unset."""
+    either (yet it ran: they are not trusted to stop it now). ``problems``' rule decides.
+
+    ``running_in``: the partition Slurm runs the job in (``SLURM_JOB_PARTITION``), which
+    wins over ``job.partition``: ``SBATCH_PARTITION`` in sbatch's environment overrides the
+    script's ``--partition``, and a job offered several partitions runs in one of them. A
+    heterogeneous job's components keep their own."""
+    if running_in and not cfg.components:
+        cfg = replace(cfg, job=replace(cfg.job, partition=running_in))
     before = {n: why for n, why in excluded.items() if n not in leaving}
-    if problems(cfg, partitions, before, env_partition):
+    if problems(cfg, partitions, before, running_in):
         return None
-    found = problems(cfg, partitions, excluded, env_partition)
+    found = problems(cfg, partitions, excluded, running_in)
     if not found:
         return None
     without = ", ".join(sorted(set(leaving))) or "the excluded nodes"
     part = None
     if not cfg.components:
-        part = find_partition(partitions, cfg.job.partition or env_partition)
+        part = find_partition(partitions, cfg.job.partition or running_in)
     if part is None:  # a heterogeneous job: the first component that no longer fits says
         return f"stopped: the requeue without {without} could never start: {found[0]}"
     fitting = [n for n in part.nodes if _fits(cfg, part, n)]
