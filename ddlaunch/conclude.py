@@ -17,16 +17,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ddlaunch.config.validate import load_config
-from ddlaunch.planning.feasibility import requeue_shortage
 from ddlaunch.policy import requeue as policy
 from ddlaunch.slurm.client import Requeuer, SlurmError, SlurmUnreachable
-from ddlaunch.slurm.partitions import PartitionFacts
 from ddlaunch.slurm.retry import Retrier, Retries
 from ddlaunch.store import attempts, exclusions, outcome
 from ddlaunch.store.rundir import config_path
+
+if TYPE_CHECKING:
+    from ddlaunch.slurm.partitions import PartitionFacts
 
 # How long a requeue keeps trying while the controller does not answer (a restart, a
 # failover): the job keeps its nodes meanwhile, and a run whose requeue is lost is lost.
@@ -155,6 +155,11 @@ def check_requeue(run_dir: Path, client: object, leaving: Sequence[str]) -> Requ
     the rule submit and resume apply), with one ``sinfo`` call however many nodes. A config
     that cannot be read or a probe that fails leaves the requeue as it was: the check only
     ever stops a job the facts say could never start."""
+    # Loaded here, not with the module: every ending imports this module, and only a requeue
+    # that leaves nodes out reads the config (~37 ms of imports).
+    from ddlaunch.config.validate import load_config
+    from ddlaunch.planning.feasibility import requeue_shortage
+
     run_excluded = exclusions.excluded(run_dir)
     try:
         cfg = load_config(config_path(run_dir))

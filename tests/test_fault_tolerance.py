@@ -89,6 +89,17 @@ def test_node_kill_requeues_and_ends_bit_identical(
     assert excluded == [victim]
 
 
+def lose_batch_host(cluster, run_dir: Path, job_id: str) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]
+    """Kill the node of the run's batch script, follow the job to its end (every state it
+    showed), and revive the node whatever happened: ``(host, states)``."""
+    host = attempts(run_dir)[0]["batch_host"]
+    cluster.kill_node(host)
+    try:
+        return host, job_states_until_done(cluster, job_id, 400)
+    finally:
+        cluster.revive_node(host)
+
+
 def job_states_until_done(cluster, job_id: str, timeout: float) -> list[str]:  # type: ignore[no-untyped-def]
     """Every state the job showed, polled until it ended (a requeue shows PENDING)."""
     seen: list[str] = []
@@ -458,12 +469,7 @@ def test_losing_the_batch_host_of_a_job_with_spares_falls_back_to_a_requeue(
     )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 60, 180, "a committed step >= 60")
-    host = attempts(run_dir)[0]["batch_host"]
-    slurm_cluster.kill_node(host)
-    try:
-        seen = job_states_until_done(slurm_cluster, job_id, 400)
-    finally:
-        slurm_cluster.revive_node(host)
+    host, seen = lose_batch_host(slurm_cluster, run_dir, job_id)
     assert "PENDING" in seen and seen[-1] == "COMPLETED", seen
     runs = attempts(run_dir)
     assert runs[0]["cause"] == "requeued by Slurm" and runs[0]["blamed"] == [host], runs
@@ -492,12 +498,7 @@ def test_losing_the_batch_host_where_no_requeue_could_start_ends_the_run(
     )
     job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
     wait_for(lambda: committed(run_dir) >= 20, 180, "a committed step >= 20")
-    host = attempts(run_dir)[0]["batch_host"]
-    slurm_cluster.kill_node(host)
-    try:
-        seen = job_states_until_done(slurm_cluster, job_id, 400)
-    finally:
-        slurm_cluster.revive_node(host)
+    host, seen = lose_batch_host(slurm_cluster, run_dir, job_id)
     assert "PENDING" not in seen[1:], seen
     (only,) = attempts(run_dir)
     assert (only["cause"], only["blamed"]) == ("node failure", [host]), only

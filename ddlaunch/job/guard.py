@@ -126,7 +126,7 @@ def act(
         return
     # The lost node goes on the record with the guard's words: whoever closes the attempt
     # (the next start, or a cancel of the pending requeue) closes it with this node failure.
-    dead = sorted({*_last_dead(run_dir), host})
+    dead = _dead_with(run_dir, host)
     attempts.update_last(run_dir, guard=f"requeued by ddlaunch's guard: {why}", dead_nodes=dead)
     print(f"[ddlaunch guard] {why}: requeueing the job without it", flush=True)
     done = requeue_excluding(client, attempt.task, check.nodes)
@@ -134,9 +134,11 @@ def act(
         print(f"[ddlaunch guard] requeue failed: {done.error}", flush=True)
 
 
-def _last_dead(run_dir: Path) -> list[str]:
+def _dead_with(run_dir: Path, host: str) -> list[str]:
+    """The latest attempt's dead nodes, with ``host``."""
     found = attempts.load(run_dir)
-    return list(found[-1].dead_nodes or ()) if found else []
+    last = (found[-1].dead_nodes or ()) if found else ()
+    return sorted({*last, host})
 
 
 def stop(
@@ -149,7 +151,7 @@ def stop(
         step = committed_step(run_dir)
     except (OSError, Unreadable, ValueError):
         step = None
-    record = {"dead_nodes": sorted({*_last_dead(run_dir), host}), "dead_why": why}
+    record = {"dead_nodes": _dead_with(run_dir, host), "dead_why": why}
     ending = Ending(CAUSE_NODE_FAILURE, step, blamed=(host,), record=record, final=shortage)
     conclude(run_dir, ending, NO_RETRY, client, job=attempt.task, say=_say)
     try:
