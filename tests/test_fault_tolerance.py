@@ -89,6 +89,34 @@ def test_node_kill_requeues_and_ends_bit_identical(
     assert excluded == [victim]
 
 
+@pytest.mark.lane
+def test_a_node_kill_ends_a_run_that_allows_no_requeue(
+    slurm_cluster, slurm_job_cleanup, tmp_path
+) -> None:
+    """fault_tolerance.max_requeues=0 and no spare: a node that dies ends the run. The job is
+    submitted --no-requeue, so Slurm does not requeue it by itself either (it used to, and
+    the run trained on in a requeue its policy never allowed)."""
+    config = mlp_config(
+        tmp_path, "ft-no-requeue", params={"step_sleep": 0.15}, fault_tolerance={"max_requeues": 0}
+    )
+    job_id, run_dir = submit(config, tmp_path, slurm_job_cleanup)
+    wait_for(lambda: committed(run_dir) >= 20, 180, "a committed step >= 20")
+    victim = slurm_cluster.hostnames(slurm_cluster.job_field(job_id, "NodeList"))[1]
+    slurm_cluster.kill_node(victim)
+    try:
+        seen = job_states_until_done(slurm_cluster, job_id, 300)
+    finally:
+        slurm_cluster.revive_node(victim)
+    # Slurm ended the job for the node failure, with no requeue, by it or by ddlaunch.
+    assert seen[0] == "RUNNING" and seen[-1] == "NODE_FAIL" and "PENDING" not in seen, seen
+    assert slurm_cluster.job_field(job_id, "Restarts") == "0"
+    assert len(attempts(run_dir)) == 1
+    status = ddlaunch("status", run_dir.name, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert f"node failure of {victim}" in status.stdout, status.stdout
+    assert "NODE_FAIL" in status.stdout, status.stdout
+
+
 def lose_batch_host(cluster, run_dir: Path, job_id: str) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]
     """Kill the node of the run's batch script, follow the job to its end (every state it
     showed), and revive the node whatever happened: ``(host, states)``."""
@@ -108,7 +136,7 @@ def job_states_until_done(cluster, job_id: str, timeout: float) -> list[str]:  #
         state = cluster.job_state(job_id) or "?"
         if not seen or seen[-1] != state:
             seen.append(state)
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
             return seen
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} still {seen[-1:]} after {timeout} s")

@@ -59,7 +59,11 @@ class JobSpec:
         "Events to mail about: NONE, BEGIN, END, FAIL, REQUEUE, ALL (comma-separated).",
         parse="mail_type",
     )
-    requeue: bool = opt(True, "Let Slurm requeue the job on node failure or preemption.")
+    requeue: bool = opt(
+        True,
+        "Let Slurm requeue the job on node failure or preemption (never when "
+        "fault_tolerance.max_requeues is 0: the job is submitted with --no-requeue).",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

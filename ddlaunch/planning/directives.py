@@ -79,7 +79,10 @@ def _directives(
     # read that flag: the batch shell gets the signal and asks the trainer (job.stop).
     batch = "B:" if is_byo(cfg.trainer_kind) else ""
     out.append(("--signal", f"{batch}{ft.signal}@{ft.signal_lead}"))
-    out.append(("--requeue", None) if job.requeue else ("--no-requeue", None))
+    # Slurm requeues a requeueable job by itself when a node fails or it is preempted, before
+    # any hook of ours can decide: a run whose policy allows no requeue must not be one.
+    requeueable = job.requeue and ft.max_requeues > 0
+    out.append(("--requeue", None) if requeueable else ("--no-requeue", None))
     # Keep earlier attempts' output when Slurm requeues the job.
     out.append(("--open-mode", "append"))
     for option, value in cfg.sbatch.items():
