@@ -208,11 +208,11 @@ def test_a_failed_run_is_headlined_by_its_killed_rank_not_the_collateral_error(
     (run / "logs" / "rank-1.err").write_text("[rank 1] step 61\n")
     queue = "377|FAILED|None|node[1-2]\n"
     out = piped(tmp_path, queue, "status", "r")
-    # What failed, then why no attempt followed (the decision).
+    # What failed, then why no attempt followed (the decision); said once, above the table.
     assert out.splitlines()[:3] == [
         f"FAILED {KILLED}; stopped: no progress",
-        "run  job  state   nodes      step  ckpt  attempts  note",
-        f"r    377  FAILED  node[1-2]     -     -         1  {KILLED}; stopped: no progress",
+        "run  job  state   nodes      step  ckpt  attempts",
+        "r    377  FAILED  node[1-2]     -     -         1",
     ]
     assert piped(tmp_path, queue, "logs", "r") == (
         f"FAILED {KILLED}\n==> {run / 'logs' / 'rank-1.err'} <==\n[rank 1] step 61\n"

@@ -4,6 +4,7 @@ whichever came first. And a run that stopped says why beside what failed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -149,3 +150,36 @@ def test_a_stopped_run_says_why_beside_what_failed(tmp_path: Path) -> None:
     shown = page(StatusView([row], Path("/r")), 200)
     assert shown.splitlines()[0] == f"FAILED node failure of node5; {stopped}"
     assert note(row).startswith(f"node failure of node5; {stopped}")
+
+
+GLOO = Failure(
+    rank=1,
+    host="node1",
+    exception="RuntimeError",
+    message=(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+        "[10.77.0.12]:25767: Connection reset by peer. This is typically caused by a remote "
+        "worker hanging or bugs in the application. Check the logs of the remote worker "
+        "before reporting an error."
+    ),
+    where="/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252",
+)
+
+
+def test_a_pending_collective_error_is_said_by_its_one_fact() -> None:
+    assert pending_words(GLOO) == (
+        "rank 1 on node1 failed, verdict pending: "
+        "RuntimeError: Read error [10.77.0.12]:25767: Connection reset by peer"
+    )
+
+
+def test_a_single_runs_page_says_a_pending_failure_once_above_the_table(tmp_path: Path) -> None:
+    """The headline says it; the table's note under it does not say it again."""
+    row = dataclasses.replace(
+        run_status(read_run(make_run(tmp_path, "r", "377", T0)), None, now=T0),
+        state="RUNNING",
+        failing=pending_words(GLOO),
+    )
+    text = page(StatusView(rows=[row], root=tmp_path, hidden=0, names=["r"]), None)
+    assert text.count("Connection reset by peer") == 1, text
+    assert text.splitlines()[0].startswith("RUNNING: rank 1 on node1 failed, verdict pending")

@@ -12,6 +12,7 @@ verdict is said instead, whichever of the two was written first.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,13 +42,30 @@ def verdict_words(cause: str | None, nodes: Sequence[str], detail: str | None) -
     return f"{head}: {detail}" if detail else head
 
 
+# A source location that C++ libraries put before their message (gloo: ``[/__w/pytorch/
+# pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error ...``).
+_SOURCE_PREFIX = re.compile(r"^\[[^\]\s]*:\d+\]\s*")
+BRIEF_WIDTH = 160  # of the message in a pending failure's words
+
+
+def brief_message(message: str) -> str:
+    """A rank's message as a pending failure says it: its first line and first sentence,
+    without a library's source location, at most ``BRIEF_WIDTH`` characters. A peer's
+    collective error is a paragraph of advice around one fact ("Connection reset by peer");
+    the whole of it is the rank's log (``ddlaunch logs``)."""
+    text = _SOURCE_PREFIX.sub("", message.strip().splitlines()[0] if message.strip() else "")
+    end = text.find(". ")
+    if end > 0:
+        text = text[:end]
+    return text if len(text) <= BRIEF_WIDTH else text[: BRIEF_WIDTH - 1] + "\u2026"
+
+
 def pending_words(failure: Failure) -> str:
     """``rank 3 on node4 failed, verdict pending: RuntimeError: ...``: the ranks and node
-    first (the message may be cut to fit a table's cell), and that nothing is decided."""
-    loc = f" at {failure.where}" if failure.where else ""
+    first, and that nothing is decided; the message brief (``brief_message``)."""
     return (
         f"rank {failure.rank} on {failure.host} failed, verdict pending: "
-        f"{failure.exception}: {failure.message}{loc}"
+        f"{failure.exception}: {brief_message(failure.message)}"
     )
 
 

@@ -3,6 +3,7 @@ call per poll for the runs that have not ended (``ddlaunch.app.status_poll.view`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
@@ -192,6 +193,16 @@ def group_restart_line(g: dict[str, Any]) -> str:
     return line(g)
 
 
+def _said_above(row: Any) -> Any:
+    """The row whose failure the headline above the table says: its note leaves it out
+    (said twice, a collective's error filled two screens' lines)."""
+    if not dataclasses.is_dataclass(row) or isinstance(row, type):
+        return row
+    names = {f.name for f in dataclasses.fields(row)}
+    said = {k: None for k in ("failure", "detail", "failing") if k in names}
+    return dataclasses.replace(row, **said)
+
+
 def page(shown: Any, width: int | None) -> str:
     """Everything one poll prints (pure): the table, or why there is none, and the count of
     finished runs left out; one run's attempts under it."""
@@ -203,9 +214,11 @@ def page(shown: Any, width: int | None) -> str:
     lines = []
     if len(rows) == 1 and rows[0].failure:
         lines += item_lines(f"FAILED {ended_words(rows[0])}", width)
+        rows = [_said_above(rows[0])]
     elif len(rows) == 1 and rows[0].failing:
         # Not the run's failure (it has not ended): what is known while the verdict is due.
         lines += item_lines(f"{rows[0].state}: {rows[0].failing}", width)
+        rows = [_said_above(rows[0])]
     follow = len(rows) == 1 and bool(rows[0].history)
     if rows:
         lines.append(render(rows, width, shown.names, lines_follow=follow))
