@@ -227,3 +227,46 @@ def test_doctor_without_a_config_says_whose_config_it_checks_against(tmp_path, m
             sleep=interrupt, tell=said.append,
         )  # fmt: skip
     assert said[0] == "checking against the config of my latest run, r"
+
+
+def test_doctor_leaves_the_bad_node_list_alone(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What `doctor --help` and the node-health page say: a node on my bad-node list is not
+    excluded from the doctor's job (with --nodelist it is checked; without, Slurm may place
+    the job on it), the config's own nodes.exclude is kept unless --nodelist is given, and
+    the doctor neither adds to the list nor takes a node off it."""
+    import time
+
+    import pytest
+    from support.fakes import FakeRunner, ok
+
+    from ddlaunch.app.doctor import run_doctor
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.store import badnodes
+
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setenv("DDLAUNCH_BAD_NODES", str(tmp_path / "bad.json"))
+    listed = badnodes.add([], ["node2"], reason="preflight: no GPU", now=time.time(), ttl_s=3600)
+    badnodes.save(listed)
+
+    def directives(nodelist: str | None) -> list[str]:
+        runner = FakeRunner({("sbatch",): ok("65\n"), ("squeue",): ok("65|PENDING|Priority|\n")})
+
+        def interrupt(seconds: float) -> None:
+            raise KeyboardInterrupt  # submitted: its script is all this test needs
+
+        with pytest.raises(KeyboardInterrupt):
+            run_doctor(
+                "examples/mlp", ["nodes.exclude=[node9]"], count=None, nodelist=nodelist,
+                timeout=900, client=SlurmClient(runner), sleep=interrupt,
+            )  # fmt: skip
+        script = runner.calls[0][-1]  # sbatch ... <run dir>/doctor.sbatch
+        with open(script) as f:
+            return [line for line in f.read().splitlines() if line.startswith("#SBATCH --")]
+
+    named = directives("node[1-2]")
+    assert "#SBATCH --nodelist=node1,node2" in named
+    assert not [d for d in named if d.startswith("#SBATCH --exclude")]
+    assert [d for d in directives(None) if d.startswith("#SBATCH --exclude")] == [
+        "#SBATCH --exclude=node9"
+    ]
+    assert badnodes.load() == listed

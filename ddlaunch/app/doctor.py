@@ -21,7 +21,7 @@ from typing import Any
 from ddlaunch import fsutil
 from ddlaunch.app import interrupts
 from ddlaunch.app.prepare import check_configs, prepare
-from ddlaunch.app.run_refs import list_runs
+from ddlaunch.app.runs import list_runs
 from ddlaunch.app.status import ACTIVE_STATES, fold_state
 from ddlaunch.config.validate import to_plain
 from ddlaunch.errors import UserError
@@ -142,7 +142,8 @@ def verdict_rows(verdicts: Sequence[NodeVerdict], reports: Mapping[str, NodeRepo
 
 
 def config_source(config: str | None) -> str:
-    """The config to check against: the one given, else that of my latest run."""
+    """The config to check against: the one given, else that of my latest run (the one
+    submitted last, ``list_runs``)."""
     if config:
         return config
     runs = list_runs()

@@ -209,11 +209,3 @@ def find_run_materialized(ref: str, root: Path | None = None) -> Path:
         if candidate is not None and ensure_member_dir(candidate):
             break
     return find_run(ref, root)
-
-
-def list_runs(root: Path | None = None) -> list[Path]:
-    root = root or default_run_root()
-    if not root.is_dir():
-        return []
-    runs = [p for p in root.iterdir() if is_run_dir(p)]
-    return sorted(runs, key=lambda p: p.stat().st_mtime)

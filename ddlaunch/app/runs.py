@@ -1,5 +1,6 @@
 """Reading runs back from their run directories (login node, torch-free; used by status,
-logs, cancel, resume, report); a run named on the command line is found by ``app.run_refs``.
+logs, cancel, resume, report, and doctor's "my latest run"); a run named on the command line
+is found by ``app.run_refs``.
 
 The run directory is the source of truth: job ids, attempts, failures, results and
 checkpoints are all read from files there. Slurm is asked only for the live state.
@@ -46,6 +47,7 @@ from ddlaunch.store.rundir import (
     SCRIPT_FILE,
     checkpoint_source,
     default_run_root,
+    is_run_dir,
     latest_checkpoint,
 )
 from ddlaunch.store.snapshots import SNAPSHOT_FILE
@@ -252,6 +254,35 @@ def submitted_time(
         return os.stat(run_dir / CONFIG_FILE).st_mtime
     except OSError:
         return None
+
+
+def submitted_at(run_dir: Path) -> float | None:
+    """``submitted_time`` reading only what it needs: ``submission.json`` alone (one small
+    file) for a run whose submission was recorded; the intent, the attempts and the config's
+    mtime only for one without (a submit cut short, a local run)."""
+    record = submission.read_submission(run_dir)
+    if record.submitted is not None:
+        return float(record.submitted)
+    intent = submission.read_intent(run_dir)
+    return submitted_time(run_dir, record, intent, attempts.load(run_dir))
+
+
+def list_runs(root: Path | None = None) -> list[Path]:
+    """The runs directly under the run root in the order ``status`` lists them: by when each
+    was last submitted (``submitted_at``; a resume counts), so ``list_runs()[-1]`` is my
+    latest run. Never by the directory's mtime: anything written into an old run (a
+    ``report``, a log) would make it the latest. A run without a time comes first; equal
+    times go by id. Per run: the stat of ``is_run_dir`` and one small file read (more only
+    for a run without a recorded submission time)."""
+    root = root or default_run_root()
+    if not root.is_dir():
+        return []
+    keyed = []
+    for path in root.iterdir():
+        if is_run_dir(path):
+            when = submitted_at(path)
+            keyed.append((when is not None, when or 0.0, path.name, path))
+    return [path for *_, path in sorted(keyed)]
 
 
 class RunReader:

@@ -99,9 +99,15 @@ def command(
 ) -> None:
     """Run the preflight checks (GPUs, free space, torch, all-reduce bandwidth, and the fabric
     profile where ibv_devinfo/ibstat/nvidia-smi/ip exist) as a short job, one task per node,
-    and print a verdict per node. CONFIG defaults to the config of my latest run. While it
-    waits, each change of the job's state is shown with its pending reason; Ctrl-C cancels
-    the job."""
+    and print a verdict per node. CONFIG defaults to the config of my latest run: of the
+    runs directly under the run root, the one submitted (or resumed) last. While it waits,
+    each change of the job's state is shown with its pending reason; Ctrl-C cancels the job.
+
+    Nodes on my bad-node list (`ddlaunch nodes`) are not excluded: --nodelist checks a
+    listed node, which is how to find out whether it is healthy again; without --nodelist
+    Slurm may place the job on listed nodes too (the config's nodes.exclude is kept unless
+    --nodelist is given). doctor never changes the list: take a node that passes off it
+    with `ddlaunch nodes remove NODE`."""
     from ddlaunch.app.doctor import run_doctor
 
     done = run_doctor(
