@@ -17,7 +17,9 @@
 #   - $RUN_DIR/bin holds one wrapper per Slurm client (sbatch, srun, squeue, ...) that runs the
 #     chroot's client in that namespace, from the caller's working directory. `up` says to put it
 #     first on PATH; the tests do (tests/conftest.py). Inside the chroot (batch scripts, ranks) the
-#     same names run the chroot's clients directly. Entering the namespace needs root.
+#     same names run the chroot's clients directly. Entering the namespace needs root. (On the
+#     host's own release the wrappers run the host's clients; on every release they note their
+#     calls: os_clients.)
 # Each release keeps its own Slurm state ($STATE_DIR/slurm-RELEASE) and accounting database, since
 # a controller's saved state and a database schema are not read by an older release.
 
@@ -179,24 +181,65 @@ os_ns_down() {
   return 0
 }
 
-# os_clients: $RUN_DIR/bin for the selected release (removed for the host's own).
+# os_clients: $RUN_DIR/bin, one wrapper per Slurm client of the selected release: the chroot's
+# client run in its namespace, or the host's own (22.05). Every wrapper also notes its call
+# (calls_line) in $LOG_DIR/slurm-calls-RELEASE.log, which scripts/slurm-calls reads to say which
+# commands and flags each release's tests ran.
 os_clients() {
   local c tmp
   rm -rf "$RUN_DIR/bin"
-  [ -n "$SLURM_SUITE" ] || return 0
   tmp=$(mktemp -d "$RUN_DIR/bin.XXXXXX")
   for c in "${CLIENTS[@]}"; do
-    [ -x "$OS_ROOT/usr/bin/$c" ] || continue
-    cat >"$tmp/$c" <<EOF
-#!/bin/sh
-# written by ddlaunch scripts/devcluster: Slurm $SLURM's $c (the Debian $SLURM_SUITE chroot $OS_ROOT)
+    if [ -z "$SLURM_SUITE" ]; then
+      [ -x "/usr/bin/$c" ] || continue
+      {
+        echo "#!/bin/sh"
+        echo "# written by ddlaunch scripts/devcluster: Slurm $SLURM's $c (this host's)"
+        calls_line "$c"
+        echo "exec /usr/bin/$c \"\$@\""
+      } >"$tmp/$c"
+    else
+      [ -x "$OS_ROOT/usr/bin/$c" ] || continue
+      {
+        echo "#!/bin/sh"
+        echo "# written by ddlaunch scripts/devcluster: Slurm $SLURM's $c (the Debian $SLURM_SUITE chroot $OS_ROOT)"
+        calls_line "$c"
+        cat <<EOF
 if [ -e /$OS_MARK ]; then exec /usr/bin/$c "\$@"; fi
 exec nsenter --mount=$OS_NS -- /bin/sh -c '
 cd "\$0" 2>/dev/null || { echo "$c: \$0 is not shared with the Slurm $SLURM nodes; running from /" >&2; cd /; }
 exec /usr/bin/$c "\$@"' "\$PWD" "\$@"
 EOF
+      } >"$tmp/$c"
+    fi
     chmod 755 "$tmp/$c"
   done
   chmod 755 "$tmp"
   mv "$tmp" "$RUN_DIR/bin"
+}
+
+# calls_line CLIENT: the wrapper's lines that note its call, as one line of tab-separated fields
+# (who called: $DDL_DEVCLUSTER_CALLER, "ddlaunch" unless the tests' harness says so; the client;
+# its arguments; for sbatch, "#SBATCH" and the options of its script, the last argument),
+# written with one write, so that concurrent callers' lines do not mix. Only where the caller
+# may write the log (root, as the tests run): a user's own call is not noted.
+calls_line() {
+  local log="$LOG_DIR/slurm-calls-$SLURM.log"
+  cat <<EOF
+if [ -w $LOG_DIR ]; then
+  ddl_line="\${DDL_DEVCLUSTER_CALLER:-ddlaunch}	$1"
+  for ddl_a in "\$@"; do ddl_line="\$ddl_line	\$ddl_a"; ddl_last=\$ddl_a; done
+EOF
+  if [ "$1" = sbatch ]; then
+    cat <<'EOF'
+  if [ -f "${ddl_last:-}" ]; then
+    ddl_line="$ddl_line	#SBATCH	$(sed -n 's/^#SBATCH[[:space:]]*\([^[:space:]=]*\).*/\1/p' "$ddl_last" | tr '\n' ' ')"
+  fi
+EOF
+  fi
+  cat <<EOF
+  ddl_line=\$(printf '%s' "\$ddl_line" | tr '\n' ' ')
+  printf '%s\n' "\$ddl_line" >>$log 2>/dev/null || true
+fi
+EOF
 }

@@ -29,9 +29,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "devcluster"
 SLURM_CONF = "/etc/ddlaunch-devcluster/slurm.conf"
-#: Where ``scripts/devcluster`` puts the Slurm clients of a release it runs from a chroot
-#: (``DDL_DEVCLUSTER_SLURM=24.11`` or ``26.05``); absent while it runs the host's own Slurm.
+#: Where ``scripts/devcluster`` puts its wrappers of the Slurm clients: a chroot's
+#: (``DDL_DEVCLUSTER_SLURM=24.11`` or ``26.05``) or the host's own, each noting its calls
+#: (``scripts/slurm-calls`` reads them).
 CLIENTS_DIR = "/run/ddlaunch-devcluster/bin"
+#: The tests' own Slurm calls are noted as the harness's, not as ddlaunch's.
+CALLER = {"DDL_DEVCLUSTER_CALLER": "harness"}
 NETNS_PREFIX = "ddl-"  # node "node2" lives in network namespace "ddl-node2"
 
 # Slurm job states after which a job will not run again by itself.
@@ -96,7 +99,7 @@ def _run_up(timeout: float) -> None:
 
 def describe() -> DevCluster:
     """The running cluster as this test process sees it: its lane's nodes, if it has lanes."""
-    env = {**os.environ, "SLURM_CONF": SLURM_CONF}
+    env = {**os.environ, "SLURM_CONF": SLURM_CONF, **CALLER}
     partition = lane_partition(env)
     if partition is not None:
         env["SBATCH_PARTITION"] = partition
