@@ -139,33 +139,59 @@ class PartitionProbe(Protocol):
     def partitions(self) -> list[PartitionFacts]: ...
 
 
+@runtime_checkable
+class ExclusionProbe(Protocol):
+    """What the requeue asks of the scheduler about the job: the nodes it excludes now
+    (``SlurmClient.excluded_nodes``; a pod's restart excludes none)."""
+
+    def excluded_nodes(self, job_id: str) -> list[str] | None: ...
+
+
 @dataclass(frozen=True)
 class RequeueCheck:
     """A requeue that excludes nodes, checked before it is made: ``nodes``, the job's
-    excluded nodes after it (Slurm's ``ExcNodeList`` update replaces the list, so the config's
-    ``nodes.exclude`` goes in again beside the run's exclusions); ``shortage``, why the job
-    could never start without them (None: it can, or the facts cannot tell)."""
+    excluded nodes after it (Slurm's ``ExcNodeList`` update replaces the list, so the nodes
+    the job excludes already, the config's ``nodes.exclude`` and the bad-node list's at its
+    submission among them, go in again beside the run's exclusions); ``shortage``, why the
+    job could never start without them (None: it can, or the facts cannot tell)."""
 
     nodes: list[str]
     shortage: str | None = None
 
 
-def check_requeue(run_dir: Path, client: object, leaving: Sequence[str]) -> RequeueCheck:
-    """Check a requeue that newly leaves ``leaving`` out (``feasibility.requeue_shortage``,
-    the rule submit and resume apply), with one ``sinfo`` call however many nodes. A config
-    that cannot be read or a probe that fails leaves the requeue as it was: the check only
-    ever stops a job the facts say could never start."""
+def job_excluded(client: object, job: str) -> list[str]:
+    """The nodes ``job`` excludes now, as Slurm says (one ``scontrol show job``): what it
+    was submitted with (``--exclude``: the config's and my bad-node list's then) and what
+    earlier requeues added; none where it cannot be asked."""
+    if not job or not isinstance(client, ExclusionProbe):
+        return []
+    try:
+        return client.excluded_nodes(job) or []
+    except Exception:  # Slurm unreachable: the exclusions the run knows itself still go in
+        return []
+
+
+def check_requeue(
+    run_dir: Path, client: object, leaving: Sequence[str], job: str = ""
+) -> RequeueCheck:
+    """Check a requeue of ``job`` that newly leaves ``leaving`` out
+    (``feasibility.requeue_shortage``, the rule submit and resume apply), with one ``sinfo``
+    call however many nodes, and one ``scontrol show job`` for the nodes the job excludes
+    now. A config that cannot be read or a probe that fails leaves the requeue as it was:
+    the check only ever stops a job the facts say could never start."""
     # Loaded here, not with the module: every ending imports this module, and only a requeue
     # that leaves nodes out reads the config (~37 ms of imports).
     from ddlaunch.config.validate import load_config
     from ddlaunch.planning.feasibility import requeue_shortage
 
     run_excluded = exclusions.excluded(run_dir)
+    kept = job_excluded(client, job)
     try:
         cfg = load_config(config_path(run_dir))
     except Exception:
-        return RequeueCheck(run_excluded)
-    why = {n: "nodes.exclude in the config" for n in cfg.nodes.exclude}
+        return RequeueCheck(sorted({*kept, *run_excluded}))
+    why = {n: "excluded from this job already (its ExcNodeList)" for n in kept}
+    why.update({n: "nodes.exclude in the config" for n in cfg.nodes.exclude})
     why.update({n: "excluded by this run after a failure" for n in run_excluded})
     nodes = sorted(why)
     if not isinstance(client, PartitionProbe):
@@ -259,7 +285,7 @@ def conclude(
     if decision.requeue and job and client is not None and not already and ending.blamed:
         # A requeue without the blamed nodes that leaves the partition too few would pend
         # for good (BadConstraints): the run stops here with the numbers instead.
-        check = check_requeue(run_dir, client, ending.blamed)
+        check = check_requeue(run_dir, client, ending.blamed, job)
         nodes = check.nodes
         if check.shortage is not None:
             decision = policy.Decision(False, check.shortage)

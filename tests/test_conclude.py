@@ -86,7 +86,10 @@ def test_a_requeue_without_the_failed_node_that_could_never_start_stops_the_run(
         "or more, 1 excluded), so it could never start"
     )
     assert (done.state, done.decision.reason, said) == ("FAILED", why, [f"FAILED: {why}"])
-    assert runner.count("sinfo") == 1 and runner.count("scontrol") == 0
+    # What the job excludes already is asked (none known here); no update, no requeue.
+    assert runner.count("sinfo") == 1
+    shown = [c for c in runner.calls if c[0] == "scontrol"]
+    assert shown == [["scontrol", "show", "job", "-o", "9"]]
     (record,) = attempt_json(run_dir)
     assert (record["cause"], record["decision"], record["blamed"]) == (
         "node failure",
@@ -112,6 +115,67 @@ def test_a_requeue_that_can_start_without_the_failed_node_goes_ahead(tmp_path: P
     )
     assert done.requeued and runner.count("sinfo") == 1
     assert [c for c in runner.calls if c[0] == "scontrol"] == [
+        ["scontrol", "show", "job", "-o", "9"],
         ["scontrol", "update", "JobId=9", "ExcNodeList=node4"],
         ["scontrol", "requeue", "9"],
     ]
+
+
+# `scontrol show job -o` of a job submitted with my bad-node list's node2 and node3 excluded:
+# the recorded 22.05 line of a running job (tests/support/sweeps.py, job 376) with its
+# ExcNodeList as sbatch --exclude=node2,node3 sets it.
+def _show_job(exc_node_list: str) -> str:
+    from support.sweeps import SHOW_JOB_ARRAY_374
+
+    line = SHOW_JOB_ARRAY_374.splitlines()[1]
+    assert "ExcNodeList=(null)" in line
+    return line.replace("ExcNodeList=(null)", f"ExcNodeList={exc_node_list}") + "\n"
+
+
+def test_a_requeue_keeps_the_nodes_the_job_was_submitted_without(tmp_path: Path) -> None:
+    """Slurm's ExcNodeList update replaces the list: a requeue that leaves the failed node
+    out must set again what the job excluded at its submission (the bad-node list's nodes
+    then), or its next start may land on them."""
+    from support.fakes import FakeRunner
+
+    from ddlaunch.conclude import conclude
+    from ddlaunch.policy import requeue as policy
+    from ddlaunch.slurm.client import SlurmClient
+
+    run_dir = _failed_on_node4(tmp_path, "nodes.count=1")
+    lane = "".join(f"node{i}|lane0|gpu:4|8|infinite|1-infinite\n" for i in range(1, 6))
+    runner = FakeRunner({"sinfo -h -a -N": lane, "scontrol show job": _show_job("node[2-3]")})
+    ending = policy.Ending(policy.CAUSE_NODE_FAILURE, 60, blamed=("node4",))
+    done = conclude(
+        run_dir, ending, policy.RetryBudget(3), SlurmClient(runner), job="9", say=lambda s: None
+    )
+    assert done.requeued
+    assert [c for c in runner.calls if c[0] == "scontrol"] == [
+        ["scontrol", "show", "job", "-o", "9"],
+        ["scontrol", "update", "JobId=9", "ExcNodeList=node2,node3,node4"],
+        ["scontrol", "requeue", "9"],
+    ]
+
+
+def test_a_requeue_counts_the_nodes_the_job_excludes_already(tmp_path: Path) -> None:
+    """Two nodes on a three-node partition, node3 excluded since the submission: without
+    node4 too, one node is left, so the requeue would pend for good and the run stops,
+    naming both."""
+    from support.fakes import FakeRunner
+
+    from ddlaunch.conclude import conclude
+    from ddlaunch.policy import requeue as policy
+    from ddlaunch.slurm.client import SlurmClient
+
+    run_dir = _failed_on_node4(tmp_path, "nodes.count=2")
+    runner = FakeRunner({"sinfo -h -a -N": LANE0, "scontrol show job": _show_job("node3")})
+    ending = policy.Ending(policy.CAUSE_NODE_FAILURE, 60, blamed=("node4",))
+    done = conclude(
+        run_dir, ending, policy.RetryBudget(3), SlurmClient(runner), job="9", say=lambda s: None
+    )
+    assert done.state == "FAILED"
+    assert done.decision.reason == (
+        "stopped: the requeue without node4 needs 2 nodes (nodes.count); partition lane0 "
+        "has 1 usable (3 nodes with 2 GPUs or more, 2 excluded), so it could never start"
+    )
+    assert runner.count("scontrol") == 1  # the show job; no update, no requeue

@@ -5,6 +5,7 @@ created for the recording) -> why a job could never start; the bad-node list's p
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,8 @@ from ddlaunch.planning.plan import ClusterFacts
 from ddlaunch.slurm.partitions import parse_sinfo_partitions, parse_time_limit
 from ddlaunch.store import badnodes
 
-R22 = Path(__file__).resolve().parent / "fixtures" / "slurm-22.05"
+REPO = Path(__file__).resolve().parent.parent
+R22 = REPO / "tests" / "fixtures" / "slurm-22.05"
 PLAIN = tuple(parse_sinfo_partitions((R22 / "sinfo-partitions.txt").read_text()))
 LIMITS = tuple(parse_sinfo_partitions((R22 / "sinfo-partitions-limits.txt").read_text()))
 
@@ -449,3 +451,144 @@ def test_the_requeue_check_uses_the_partition_the_job_runs_in_over_the_config_s(
         "fault_tolerance.spare_nodes 1); partition lane0 has 2 usable (3 nodes with 2 GPUs "
         "or more, 1 excluded), so it could never start"
     )
+
+
+# ----------------------------------------------------------- submit --dry-run: the same checks
+
+
+# What sinfo says when slurmctld does not answer.
+UNREACHABLE = "sinfo: error: Unable to contact slurm controller (connect failure)"
+
+
+def _dry_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *overrides: str,
+    force: bool = False,
+    unreachable: bool = False,
+) -> tuple[list[str], str]:
+    """``submit --dry-run`` as a use case against stand-in Slurm commands whose sinfo prints
+    the recorded partitions (sbatch on PATH: the dry run probes as submit does), or fails
+    as with slurmctld down (``unreachable``): the warnings, and the script it printed.
+    Nothing may be created."""
+    from support.fakes import fake_slurm_bin
+
+    from ddlaunch.app import events
+    from ddlaunch.app.submit_run import submit_run
+
+    text = (R22 / "sinfo-partitions.txt").read_text()
+    bin_dir = fake_slurm_bin(tmp_path / "bin", sinfo=text)
+    if unreachable:
+        (bin_dir / "sinfo").write_text(f"#!/bin/sh\necho '{UNREACHABLE}' >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DDLAUNCH_RUN_ROOT", str(tmp_path / "runs"))
+    steps = submit_run(
+        "examples/mlp",
+        list(overrides),
+        dry_run=True,
+        local=False,
+        run_root=None,
+        force=force,
+        workdir=str(tmp_path),
+    )
+    seen = list(steps)
+    (dry,) = [e for e in seen if isinstance(e, events.DryRun)]
+    assert not (tmp_path / "runs").exists()
+    return [e.text for e in seen if isinstance(e, events.Warned)], dry.script
+
+
+def test_a_dry_run_warns_of_what_submit_refuses_in_the_refusals_own_words(
+    tmp_path: Path, bad_list: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    facts = ClusterFacts(partitions=PLAIN)
+    with pytest.raises(Refused) as info:
+        prepare_submission(
+            "examples/mlp", [], run_root=str(tmp_path), workdir=str(tmp_path), facts=facts
+        )
+    head, _, reasons = str(info.value).partition("\n")
+    assert head == "the job would never run, so nothing was submitted:"
+    warned, script = _dry_run(tmp_path, monkeypatch)
+    assert warned == [
+        "not excluding node9 from the bad-node list: no such node in this cluster "
+        "(ddlaunch nodes remove node9)",
+        "a real submit would refuse this, as the job would never run:\n" + reasons,
+    ]
+    assert "#SBATCH --exclude=node1,node2\n" in script  # printed all the same
+    # The Python API's dry run says the same.
+    import ddlaunch
+
+    dry = ddlaunch.submit("examples/mlp", dry_run=True)
+    assert dry.warnings[1] == warned[1] and dry.script.startswith("#!")
+
+
+def test_a_forced_dry_run_says_submit_would_submit_it_anyway(
+    tmp_path: Path, bad_list: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warned, _ = _dry_run(tmp_path, monkeypatch, force=True)
+    assert len(warned) == 2
+    lines = warned[1].splitlines()
+    assert lines[:2] == [
+        "--force: a real submit would submit this anyway, though the job would never run:",
+        "  nodes.count: 2 nodes, but partition debug has 3 nodes with 2 GPUs or more and 2 of "
+        "them are excluded, which leaves 1:",
+    ]
+    assert lines[2].startswith("    node1: on your bad-node list since ")
+    assert lines[3].startswith("    node2: on your bad-node list since ") and len(lines) == 4
+
+
+def test_a_dry_run_of_a_job_submit_takes_warns_of_no_refusal(
+    tmp_path: Path, bad_list: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warned, script = _dry_run(tmp_path, monkeypatch, "nodes.count=1")
+    assert warned == [
+        "not excluding node9 from the bad-node list: no such node in this cluster "
+        "(ddlaunch nodes remove node9)"
+    ]
+    assert "#SBATCH --exclude=node1,node2\n" in script
+
+
+def test_a_dry_run_without_slurm_says_so_and_still_checks_what_it_can(
+    tmp_path: Path, bad_list: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sinfo fails: as submit, the dry run warns that nothing is checked against the
+    cluster (so the bad-node list's shortage is not claimed), and still checks what the
+    ranks run."""
+    overrides = ("launch.entrypoint=null", "launch.script=nope.py")
+    warned, _ = _dry_run(tmp_path, monkeypatch, *overrides, unreachable=True)
+    assert warned[0] == (
+        f"could not ask Slurm for its partitions and nodes ({UNREACHABLE}); nothing "
+        "is checked against them"
+    )
+    assert warned[1:] == [
+        "a real submit would refuse this, as the job would never run:\n"
+        f"  launch.script: {tmp_path / 'nope.py'} does not exist (the ranks run it from "
+        f"{tmp_path}, which the nodes share with this host)\n"
+        "--force submits it anyway"
+    ]
+
+
+def test_the_dry_run_from_the_command_line_prints_the_script_warns_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+    from support.standin_cli import ddlaunch
+
+    from ddlaunch.cli.submit import command
+
+    text = (R22 / "sinfo-partitions.txt").read_text()
+    sets = ["--set", "launch.entrypoint=null", "--set", "launch.script=nope.py"]
+    env = {"PYTHONPATH": str(REPO)}  # this tree's ddlaunch, not an installed one
+    proc = ddlaunch(tmp_path, "submit", "examples/mlp", *sets, "--dry-run", env=env, sinfo=text)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!") and "\n# sbatch argv: sbatch " in proc.stdout
+    assert proc.stderr == (
+        "warning: a real submit would refuse this, as the job would never run:\n"
+        f"  launch.script: {tmp_path / 'nope.py'} does not exist (the ranks run it from "
+        f"{tmp_path}, which the nodes share with this host)\n"
+        "--force submits it anyway\n"
+    )
+    refused = ddlaunch(tmp_path, "submit", "examples/mlp", *sets, env=env, sinfo=text)
+    assert refused.returncode != 0
+    assert f"  launch.script: {tmp_path / 'nope.py'} does not exist" in refused.stderr
+    helped = CliRunner().invoke(command, ["--help"], terminal_width=400)
+    assert "--dry-run Make the checks a real submit makes" in " ".join(helped.output.split())

@@ -484,6 +484,7 @@ def test_the_guard_requeues_the_job_once_slurm_removes_its_batch_host(
     assert runner.count("squeue") == 3
     scontrol = [c for c in runner.calls if c[0] == "scontrol"]
     assert scontrol == [
+        ["scontrol", "show", "job", "-o", "9"],  # what the job excludes already: none known
         ["scontrol", "update", "JobId=9", "ExcNodeList=node1"],
         ["scontrol", "requeue", "9"],
     ]

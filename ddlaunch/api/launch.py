@@ -95,7 +95,8 @@ def submit(
     submits it anyway). ``local``: run the ranks on this machine instead and return when
     they are done (a failing rank raises ``UserError``, after the run recorded it).
     Without ``local``, a machine with no ``sbatch`` raises ``UserError``. ``dry_run``:
-    create and submit nothing; returns the ``DryRun`` (script and sbatch argv) instead.
+    create and submit nothing; returns the ``DryRun`` (script and sbatch argv) instead,
+    after the same checks, where what ``submit`` would refuse is one of its ``warnings``.
     What ``submit`` prints as warnings is in ``Run.warnings``.
     """
     workdir = os.getcwd()
@@ -105,7 +106,9 @@ def submit(
         raise _no_sbatch("submit")
     warnings: list[str] = []
     facts = None
-    if not here:  # --dry-run and --local ask nothing of Slurm
+    # --local (or a dry run with no sbatch here) asks nothing of Slurm; a dry run probes as
+    # submit does.
+    if not local and shutil.which("sbatch") is not None:
         from ddlaunch.app.facts import probe
 
         facts, probed = probe()
@@ -122,16 +125,22 @@ def submit(
             facts=facts,
             force=force,
             snapshot="path" if dry_run else "store",
+            dry_run=dry_run,
         )
 
     submission = prepare()
     prepared = submission.prepared
     warnings += submission.warnings
     if submission.excluded:
-        listed = ",".join(submission.excluded)
-        warnings.append(f"excluding {listed} (bad-node list: ddlaunch nodes)")
+        from ddlaunch.app.prepare import excluding_line
+
+        warnings.append(excluding_line(submission.excluded))
     warnings += _snapshot_warnings(submission)
     warnings += prepared.plan.warnings
+    if facts is not None:
+        from ddlaunch.app.submit import stop_window_warnings
+
+        warnings += stop_window_warnings(prepared)
     if dry_run:
         plan = prepared.plan
         return DryRun(
@@ -148,9 +157,8 @@ def submit(
         run_dir = create_run_dir(prepared, SubprocessRunner(), workdir)
         _run_here(run_dir.path, prepared)
         return Run._at(run_dir.path, warnings)
-    from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm
+    from ddlaunch.app.submit import submit_to_slurm
 
-    warnings += stop_window_warnings(prepared)
     submitted = submit_to_slurm(prepared, workdir=workdir, reprepare=lambda: prepare().prepared)
     return Run._at(submitted.run_dir, warnings)
 

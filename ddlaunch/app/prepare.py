@@ -145,14 +145,21 @@ def absolute_trainer_dir(cfg: Config) -> Config:
     )
 
 
+# What the checks before sbatch call a job they refuse; the dry run's warning says it too.
+NEVER_RUNS = "the job would never run"
+
+
+def refusal_lines(problems: Sequence[str], hints: Sequence[str] = ()) -> list[str]:
+    """The body of a refusal: each problem indented, then the hints and the way past it."""
+    return [*(f"  {p}" for p in problems), *hints, "--force submits it anyway"]
+
+
 class Refused(UserError):
     """The job can never start as configured (or cannot run): nothing was created."""
 
     def __init__(self, problems: Sequence[str], hints: Sequence[str] = ()) -> None:
         self.problems = list(problems)
-        lines = ["the job would never run, so nothing was submitted:"]
-        lines += [f"  {p}" for p in problems]
-        lines += [*hints, "--force submits it anyway"]
+        lines = [f"{NEVER_RUNS}, so nothing was submitted:", *refusal_lines(problems, hints)]
         super().__init__("\n".join(lines))
 
 
@@ -166,12 +173,66 @@ class Submission:
     warnings: list[str]
 
 
+@dataclass(frozen=True)
+class ListedNodes:
+    """My bad-node list as a submission applies it (``listed_nodes``): the entries it keeps
+    out of the job, and what to warn about the others."""
+
+    entries: list[badnodes.BadNode]  # active, and (where the cluster was probed) its nodes
+    warnings: list[str]
+
+    def applying_to(self, cfg: Config) -> list[badnodes.BadNode]:
+        """The entries ``cfg`` excludes: all but the nodes it asks for by name
+        (``nodes.nodelist``; excluding them would make the job unschedulable)."""
+        return [e for e in self.entries if e.node not in cfg.nodes.nodelist]
+
+    def exclude(self, cfg: Config) -> list[str]:
+        """The node names ``cfg``'s job gets in ``--exclude`` from the list."""
+        return sorted({e.node for e in self.applying_to(cfg)})
+
+    def named(self, configs: Sequence[Config]) -> list[str]:
+        """A warning for the listed nodes that ``configs`` use because they name them."""
+        wanted = {n for cfg in configs for n in cfg.nodes.nodelist}
+        named = sorted({e.node for e in self.entries if e.node in wanted})
+        if not named:
+            return []
+        return [
+            f"using {', '.join(named)} though on the bad-node list: nodes.nodelist names "
+            f"{'it' if len(named) == 1 else 'them'} (ddlaunch nodes lists why)"
+        ]
+
+
+def listed_nodes(facts: ClusterFacts, now: float) -> ListedNodes:
+    """My bad-node list's active entries, less the nodes the cluster does not have (sbatch
+    refuses an unknown name: dropped, with a warning), known only where ``facts`` were
+    probed: ``submit`` and ``sweep`` probe them, ``render`` does not."""
+    listed = badnodes.submittable_entries(now=now)
+    if not facts.partitions:
+        return ListedNodes(listed, [])
+    from ddlaunch.planning.feasibility import unknown_nodes
+
+    unknown = unknown_nodes(facts.partitions, [e.node for e in listed])
+    if not unknown:
+        return ListedNodes(listed, [])
+    warning = (
+        f"not excluding {', '.join(unknown)} from the bad-node list: no such node in "
+        f"this cluster (ddlaunch nodes remove {' '.join(unknown)})"
+    )
+    return ListedNodes([e for e in listed if e.node not in unknown], [warning])
+
+
+def excluding_line(exclude: Sequence[str]) -> str:
+    """What ``submit``, ``render`` and ``sweep`` say of the listed nodes they exclude."""
+    return f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)"
+
+
 def excluded_reasons(
     cfg: Config, listed: Sequence[badnodes.BadNode], now: float, run_excluded: Sequence[str] = ()
 ) -> dict[str, str]:
-    """Node -> why it is kept out of the job, for ``planning.feasibility``."""
+    """Node -> why it is kept out of the job, for ``planning.feasibility``. A listed node
+    that ``cfg`` names in ``nodes.nodelist`` is not excluded (``ListedNodes.applying_to``)."""
     reasons = {n: "excluded by this run after an earlier attempt" for n in run_excluded}
-    reasons.update({e.node: e.describe(now) for e in listed})
+    reasons.update({e.node: e.describe(now) for e in listed if e.node not in cfg.nodes.nodelist})
     reasons.update({n: "nodes.exclude in the config" for n in cfg.nodes.exclude})
     return reasons
 
@@ -191,6 +252,33 @@ def check_submission(
     return check_configs([prepared.config], facts, listed, workdir, force, now, run_excluded)
 
 
+@dataclass(frozen=True)
+class Checked:
+    """What the checks before sbatch found (``find_problems``): the refusals (the job would
+    never run), hints for them, and warnings."""
+
+    refusals: list[str]
+    hints: list[str]
+    warnings: list[str]
+
+    def outcome(self, *, force: bool, dry_run: bool = False) -> list[str]:
+        """The warnings to print, or ``Refused``. ``force``: the refusals are warnings,
+        marked as overridden. ``dry_run``: nothing is refused; what a real submit would
+        refuse is one warning with the refusal's own text."""
+        if not self.refusals:
+            return list(self.warnings)
+        if dry_run and not force:
+            head = f"a real submit would refuse this, as {NEVER_RUNS}:"
+            return [*self.warnings, "\n".join([head, *refusal_lines(self.refusals, self.hints)])]
+        if dry_run:
+            said = [f"  {r}" for r in self.refusals]
+            head = f"--force: a real submit would submit this anyway, though {NEVER_RUNS}:"
+            return [*self.warnings, "\n".join([head, *said])]
+        if not force:
+            raise Refused(self.refusals, self.hints)
+        return [*self.warnings, *(f"{r} (--force: submitted anyway)" for r in self.refusals)]
+
+
 def check_configs(
     configs: Sequence[Config],
     facts: ClusterFacts,
@@ -199,8 +287,26 @@ def check_configs(
     force: bool,
     now: float,
     run_excluded: Sequence[str] = (),
+    *,
+    dry_run: bool = False,
 ) -> list[str]:
-    """``check_submission`` for each of ``configs`` (a sweep's validation groups)."""
+    """``check_submission`` for each of ``configs`` (a sweep's validation groups);
+    ``dry_run``: see ``Checked.outcome``."""
+    found = find_problems(configs, facts, listed, workdir, now, run_excluded)
+    return found.outcome(force=force, dry_run=dry_run)
+
+
+def find_problems(
+    configs: Sequence[Config],
+    facts: ClusterFacts,
+    listed: Sequence[badnodes.BadNode],
+    workdir: str,
+    now: float,
+    run_excluded: Sequence[str] = (),
+) -> Checked:
+    """The checks before sbatch, for each of ``configs``: whether the job can ever start in
+    its partition (against the probed ``facts``; none probed: nothing claimed) with the
+    nodes kept out of it, and whether what it runs can be found (``launchcheck``)."""
     from ddlaunch.app.launchcheck import check_launch
     from ddlaunch.config.slurm_defects import defect_warnings
     from ddlaunch.planning.feasibility import problems
@@ -215,16 +321,14 @@ def check_configs(
         refusals += [r for r in found if r not in refusals]
         found_warnings = [*launch.warnings, *defect_warnings(cfg, facts.slurm_version)]
         warnings += [w for w in found_warnings if w not in warnings]
-    if refusals and not force:
-        blocking = [e.node for e in listed if any(r.startswith(f"  {e.node}: ") for r in refusals)]
-        hints = []
-        if blocking:
-            hints.append(
-                f"clear listed nodes with: ddlaunch nodes remove {' '.join(blocking)} "
-                "(or ddlaunch nodes clear)"
-            )
-        raise Refused(refusals, hints)
-    return [*warnings, *(f"{r} (--force: submitted anyway)" for r in refusals)]
+    blocking = [e.node for e in listed if any(r.startswith(f"  {e.node}: ") for r in refusals)]
+    hints = []
+    if blocking:
+        hints.append(
+            f"clear listed nodes with: ddlaunch nodes remove {' '.join(blocking)} "
+            "(or ddlaunch nodes clear)"
+        )
+    return Checked(refusals, hints, warnings)
 
 
 def prepare_submission(
@@ -238,42 +342,28 @@ def prepare_submission(
     facts: ClusterFacts | None = None,
     force: bool = False,
     check: bool = True,
+    dry_run: bool = False,
     after: Chained | None = None,
 ) -> Submission:
     """``prepare`` for ``submit`` (and ``render``, which shows what submit submits): my
     bad-node list is excluded, except nodes the config asks for by name (excluding them
     would make the job unschedulable) and nodes the cluster does not have (sbatch refuses an
     unknown name: dropped, with a warning); the job is checked against the probed ``facts``
-    (``check_configs``; a refusal stores nothing), then the code snapshot is taken
-    (``snapshot``, see ``prepare``). ``after``: the runs it is submitted after
-    (``app.chain.resolve``)."""
+    (``check_configs``; a refusal stores nothing; ``dry_run``: what a real submit would
+    refuse is a warning instead), then the code snapshot is taken (``snapshot``, see
+    ``prepare``). ``after``: the runs it is submitted after (``app.chain.resolve``)."""
     facts = facts or ClusterFacts()
     now = time.time()
-    listed = badnodes.submittable_entries(now=now)
-    warnings = []
-    unknown = []
-    if facts.partitions:  # probed by submit; render has none, and does not import this
-        from ddlaunch.planning.feasibility import unknown_nodes
-
-        unknown = unknown_nodes(facts.partitions, [e.node for e in listed])
-    if unknown:
-        warnings.append(
-            f"not excluding {', '.join(unknown)} from the bad-node list: no such node in "
-            f"this cluster (ddlaunch nodes remove {' '.join(unknown)})"
-        )
+    listed = listed_nodes(facts, now)
+    warnings = list(listed.warnings)
     loaded = load_tree(config, overrides)
     cfg = validate_tree(loaded)
-    named = sorted({e.node for e in listed if e.node in cfg.nodes.nodelist})
-    if named:
-        warnings.append(
-            f"using {', '.join(named)} though on the bad-node list: nodes.nodelist names "
-            f"{'it' if len(named) == 1 else 'them'} (ddlaunch nodes lists why)"
-        )
-    listed = [e for e in listed if e.node not in unknown and e.node not in cfg.nodes.nodelist]
-    exclude = sorted({e.node for e in listed})
+    warnings += listed.named([cfg])
+    exclude = listed.exclude(cfg)
     if check:
         where = workdir or os.getcwd()
-        warnings += check_configs([cfg], facts, listed, where, force, now)
+        applying = listed.applying_to(cfg)
+        warnings += check_configs([cfg], facts, applying, where, force, now, dry_run=dry_run)
     snap = _snapshot(cfg, run_root, workdir, snapshot)
     prepared = prepare_config(
         cfg,

@@ -25,7 +25,7 @@ from ddlaunch.app.events import (
     Submitting,
     Warned,
 )
-from ddlaunch.app.prepare import Prepared, Submission, prepare_submission
+from ddlaunch.app.prepare import Prepared, Submission, excluding_line, prepare_submission
 from ddlaunch.errors import UserError
 from ddlaunch.policy import chain
 
@@ -63,12 +63,13 @@ def submit_run(
     after: Sequence[str] = (),
 ) -> Generator[SubmitEvent, None, None]:
     """Submit ``config`` (with ``overrides``) to Slurm, or print it (``dry_run``), or run it
-    here (``local``, or no sbatch on PATH). A dry run asks nothing of Slurm (it works
-    offline, like render), except, with ``after``, the one squeue call that says where
-    the predecessors are. ``after``: ``RUN[:ok|:any|:started]`` each (``policy.chain``)."""
+    here (``local``, or no sbatch on PATH). A dry run makes the checks a submit makes, with
+    the same probe of the cluster (which, as for submit, only warns when Slurm does not
+    answer), and warns of what a submit would refuse instead of refusing it; it creates
+    and submits nothing. ``after``: ``RUN[:ok|:any|:started]`` each (``policy.chain``)."""
     here = local or sbatch_missing()
     refs = _after_refs(after, here, local)
-    facts, warnings = (None, []) if here or dry_run else _probe()
+    facts, warnings = (None, []) if here else _probe()
     for line in warnings:
         yield Warned(line)
     with contextlib.ExitStack() as held:
@@ -86,6 +87,7 @@ def submit_run(
                 facts=facts,
                 force=force,
                 snapshot="path" if dry_run else "store",
+                dry_run=dry_run,
                 after=chained,
             )
 
@@ -94,20 +96,23 @@ def submit_run(
             yield Warned(line)
         prepared, exclude = submission.prepared, submission.excluded
         if exclude:
-            yield Excluding(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)")
+            yield Excluding(excluding_line(exclude))
         yield CodeSnapshot(prepared.config, prepared.snapshot, stored=not dry_run)
         for warning in prepared.plan.warnings:
             yield Warned(warning)
+        if not here:
+            from ddlaunch.app.submit import stop_window_warnings
+
+            for warning in stop_window_warnings(prepared):
+                yield Warned(warning)
         if dry_run:
             yield DryRun(prepared.script, prepared.sbatch_line)
             return
         if here:
             yield from _run_here(prepared, local, workdir)
             return
-        from ddlaunch.app.submit import stop_window_warnings, submit_to_slurm
+        from ddlaunch.app.submit import submit_to_slurm
 
-        for warning in stop_window_warnings(prepared):
-            yield Warned(warning)
         yield Submitting()
         done = submit_to_slurm(prepared, workdir=workdir, reprepare=lambda: prepare().prepared)
         for line in _record(chained, done.run_id, done.run_dir):

@@ -35,16 +35,16 @@ def command(
         objects = prepare_objects(config, overrides, run_id=run_id, run_root=run_root)
         click.echo(objects.manifest, nl=False)
         return
-    from ddlaunch.app.prepare import prepare_submission
+    from ddlaunch.app.prepare import excluding_line, prepare_submission
 
     # The script names the code snapshot a submit would store (nothing is written).
-    # Offline, as --dry-run: no partition checks (submit makes them).
+    # Offline: no checks (submit and submit --dry-run make them).
     submission = prepare_submission(
         config, overrides, run_root=run_root, run_id=run_id, snapshot="path", check=False
     )
     prepared, exclude = submission.prepared, submission.excluded
     if exclude:
-        click.echo(f"excluding {','.join(exclude)} (bad-node list: ddlaunch nodes)", err=True)
+        click.echo(excluding_line(exclude), err=True)
     for warning in prepared.plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(prepared.script, nl=False)

@@ -19,7 +19,10 @@ from ddlaunch.cli.snapshot import echo_progress, report_snapshot
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Print the script and the exact sbatch argv; create and submit nothing.",
+    help="Make the checks a real submit makes (against the cluster, when Slurm answers), "
+    "then print the script and the exact sbatch argv; create and submit nothing. What a "
+    "real submit would refuse is a warning on stderr (with --force: that it would submit "
+    "it anyway), and the exit status stays 0.",
 )
 @click.option(
     "--local",

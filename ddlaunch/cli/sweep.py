@@ -88,7 +88,7 @@ def _say_all(steps: Generator[SweepSubmitEvent | ResubmitEvent, None, None]) -> 
 
 def _say(event: SweepSubmitEvent | ResubmitEvent) -> None:
     """Print one event of ``sweep submit`` or ``sweep resubmit`` as it comes."""
-    from ddlaunch.app.events import CodeSnapshot, Warned
+    from ddlaunch.app.events import CodeSnapshot, Excluding, Warned
     from ddlaunch.sweeps.events import (
         ArraysSubmitted,
         Heading,
@@ -100,6 +100,8 @@ def _say(event: SweepSubmitEvent | ResubmitEvent) -> None:
     match event:
         case Warned(text=text):
             click.echo(f"warning: {text}", err=True)
+        case Excluding(line=line):
+            click.echo(line, err=True)
         case CodeSnapshot(config=cfg, snapshot=snap, stored=stored):
             report_snapshot(cfg, snap, stored=stored)
         case SweepDryRun():

@@ -120,7 +120,7 @@ def act(
         print(f"[ddlaunch guard] {why}; the run was cancelled: no requeue", flush=True)
         return
     exclusions.leave_out(run_dir, [host], f"node failure: {why}", ttl_hours)
-    check = check_requeue(run_dir, client, [host])
+    check = check_requeue(run_dir, client, [host], attempt.task)
     if check.shortage is not None:
         stop(run_dir, client, attempt, host, why, check.shortage)
         return

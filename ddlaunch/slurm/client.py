@@ -19,6 +19,7 @@ from ddlaunch.errors import UserError
 from ddlaunch.runner import CommandResult, Runner, SubprocessRunner
 from ddlaunch.slurm import queue
 from ddlaunch.slurm.arrays import parse_array_show_job, parse_max_array_size
+from ddlaunch.slurm.hostlist import expand_hostlist
 from ddlaunch.slurm.parse import (
     SQUEUE_FORMAT,
     QueueRow,
@@ -298,6 +299,20 @@ class SlurmClient:
         shown = self.show_job(job_id)
         value = (shown or {}).get("Restarts", "")
         return int(value) if value.isdigit() else None
+
+    def excluded_nodes(self, job_id: str) -> list[str] | None:
+        """The nodes the job excludes now (``ExcNodeList`` of ``scontrol show job``,
+        expanded); None when it cannot be told."""
+        shown = self.show_job(job_id)
+        if shown is None or "ExcNodeList" not in shown:
+            return None
+        value = shown["ExcNodeList"]
+        if value in ("", "(null)"):
+            return []
+        try:
+            return expand_hostlist(value)
+        except ValueError:  # not a host list this parser knows
+            return None
 
     def requeue(self, job_id: str) -> None:
         result = self._run(["scontrol", "requeue", job_id])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ddlaunch.app.prepare import ListedNodes
 from ddlaunch.app.snapshot import Snapshot, take
 from ddlaunch.config import slurm_target
 from ddlaunch.config.errors import ConfigError, ConfigIssue
@@ -301,10 +302,13 @@ def plan_arrays(
     hold: bool = False,
     code: CodePaths | None = None,
     job_name: str | None = None,
+    listed: ListedNodes | None = None,
 ) -> list[ArrayJob]:
     """Group members whose array scripts are identical, split each group at MaxArraySize,
     and plan and render one array per chunk. ``job_name``: the arrays' Slurm job name (the
-    sweep file's ``name:``; default: the members' job.name).
+    sweep file's ``name:``; default: the members' job.name). ``listed``: my bad-node
+    list (``app.prepare.listed_nodes``), excluded from every array as ``submit`` excludes
+    it from a job (``ListedNodes.exclude``: not the nodes its members name).
 
     Members differing only in what the job reads (params, most keys) share one script and
     thus one array; a member that changes the script (nodes, time, env...) is put into an
@@ -330,6 +334,7 @@ def plan_arrays(
                 run_id=sweep_id,
                 run_dir=str(sweep_dir),
                 workdir=workdir,
+                exclude=listed.exclude(cfg) if listed is not None else (),
                 array=probe,
                 code=code,
             )
@@ -357,6 +362,7 @@ def plan_arrays(
                 run_dir=str(sweep_dir),
                 workdir=workdir,
                 facts=facts,
+                exclude=listed.exclude(cfg) if listed is not None else (),
                 array=spec,
                 code=code,
             )
@@ -395,10 +401,12 @@ def prepare_sweep(
     hold: bool = False,
     tick: Tick | None = None,
     snapshot: str = "skip",
+    listed: ListedNodes | None = None,
 ) -> PreparedSweep:
     """Expand, validate every member (all problems at once), and plan the arrays.
     ``snapshot``: as ``app.prepare.prepare`` (skip, path or store), taken once for every
-    member by the first member's launch.snapshot and launch.workdir."""
+    member by the first member's launch.snapshot and launch.workdir. ``listed``: as
+    ``plan_arrays``."""
     facts = facts or ClusterFacts()
     base = load_tree(spec.base)
     apply_overrides(base, spec.common, spec.origins)
@@ -431,6 +439,7 @@ def prepare_sweep(
         hold=hold,
         code=code,
         job_name=spec.name,
+        listed=listed,
     )
     return PreparedSweep(
         spec,

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddlaunch.app.events import Warned
+from ddlaunch.app.events import Excluding, Warned
 from ddlaunch.app.facts import sweep_facts
+from ddlaunch.app.prepare import listed_nodes
 from ddlaunch.app.resume import refuse_if_done
 from ddlaunch.app.runs import read_run
 from ddlaunch.errors import UserError
@@ -28,9 +30,11 @@ from ddlaunch.sweeps.events import (
     SweepDryRun,
     no_progress,
 )
-from ddlaunch.sweeps.submit_file import check_members, need_slurm
+from ddlaunch.sweeps.submit_file import bad_node_events, check_members, need_slurm
 
-ResubmitEvent = Warned | Note | NothingToResubmit | SweepDryRun | Heading | ArraysSubmitted
+ResubmitEvent = (
+    Warned | Excluding | Note | NothingToResubmit | SweepDryRun | Heading | ArraysSubmitted
+)
 
 
 def check_completed(
@@ -138,6 +142,8 @@ def _resubmit(
             f"or running ({', '.join(map(str, busy[:8]))}{', ...' if len(busy) > 8 else ''}): "
             "resubmit when one has ended, or with --force to run one more beside them"
         )
+    # My bad-node list as it is now, as `ddlaunch resume` applies it to a run.
+    listed = listed_nodes(facts, time.time())
     configs, arrays, sources = plan_resubmission(
         path,
         chosen,
@@ -146,14 +152,16 @@ def _resubmit(
         overrides=overrides,
         hold=hold,
         busy=len(busy),
+        listed=listed,
     )
+    yield from bad_node_events(configs, listed)
     for line in check_completed(path, [rows[i] for i in chosen], configs, overrides):
         yield Note(line)
     head = f"resubmitting {len(chosen)} member(s) of {path.name}: {', '.join(map(str, chosen))}"
     if dry_run:
         yield SweepDryRun((head,), tuple(arrays))
         return
-    yield from check_members(configs, facts, force)
+    yield from check_members(configs, facts, listed, force)
     yield Heading(head)
     with progress() as bar:
         outcomes = resubmit_members(

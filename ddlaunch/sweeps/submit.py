@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from ddlaunch.app import interrupts
+from ddlaunch.app.prepare import ListedNodes
 from ddlaunch.config.errors import ConfigError
 from ddlaunch.config.load import LoadedTree, apply_overrides
 from ddlaunch.config.schema import Config
@@ -300,10 +301,12 @@ def plan_resubmission(
     overrides: Sequence[str] = (),
     hold: bool = False,
     busy: int = 0,
+    listed: ListedNodes | None = None,
 ) -> tuple[list[Config], list[ArrayJob], tuple[str, ...]]:
     """The arrays that submit ``indices`` again. ``busy``: members of the sweep still queued
     or running in its other arrays: they hold that many of the sweep's ``throttle`` slots,
-    so the new arrays share what is left (at least one)."""
+    so the new arrays share what is left (at least one). ``listed``: my bad-node list, kept
+    out of the new arrays (``plan_arrays``)."""
     meta = read_members(sweep_dir)
     configs = load_member_configs(sweep_dir, indices, overrides)
     sources: tuple[str, ...] = (f"resubmission in sweep {meta['sweep_id']}",)
@@ -326,6 +329,7 @@ def plan_resubmission(
         first_name=next_array_name(sweep_dir),
         hold=hold,
         code=code,
+        listed=listed,
     )
     return configs, arrays, sources
 

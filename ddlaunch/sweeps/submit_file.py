@@ -12,15 +12,15 @@ import shutil
 import time
 from collections.abc import Generator, Iterator, Sequence
 
-from ddlaunch.app.events import CodeSnapshot, Warned
+from ddlaunch.app.events import CodeSnapshot, Excluding, Warned
 from ddlaunch.app.facts import sweep_facts
-from ddlaunch.app.prepare import check_configs
+from ddlaunch.app.prepare import ListedNodes, check_configs, excluding_line, listed_nodes
 from ddlaunch.config.schema import Config
 from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import ClusterFacts
 from ddlaunch.sweeps.events import ArraysSubmitted, Heading, Progress, SweepDryRun, no_progress
 
-SweepSubmitEvent = Warned | CodeSnapshot | SweepDryRun | Heading | ArraysSubmitted
+SweepSubmitEvent = Warned | Excluding | CodeSnapshot | SweepDryRun | Heading | ArraysSubmitted
 
 
 def need_slurm() -> None:
@@ -29,10 +29,24 @@ def need_slurm() -> None:
         raise UserError("sweeps run on Slurm and there is no sbatch on PATH (--dry-run works)")
 
 
-def check_members(configs: Sequence[Config], facts: ClusterFacts, force: bool) -> Iterator[Warned]:
-    """The checks ``submit`` makes before sbatch, for each distinct member config."""
-    for line in check_configs(configs, facts, [], os.getcwd(), force, time.time()):
+def check_members(
+    configs: Sequence[Config], facts: ClusterFacts, listed: ListedNodes, force: bool
+) -> Iterator[Warned]:
+    """The checks ``submit`` makes before sbatch, for each distinct member config, with the
+    nodes of my bad-node list that each one excludes."""
+    where, now = os.getcwd(), time.time()
+    for line in check_configs(configs, facts, listed.entries, where, force, now):
         yield Warned(line)
+
+
+def bad_node_events(configs: Sequence[Config], listed: ListedNodes) -> Iterator[Warned | Excluding]:
+    """What ``submit`` says of my bad-node list, for the members' ``configs``: the listed
+    nodes it leaves in (unknown to the cluster, or named by a member), then those excluded."""
+    for line in [*listed.warnings, *listed.named(configs)]:
+        yield Warned(line)
+    exclude = sorted({n for cfg in configs for n in listed.exclude(cfg)})
+    if exclude:
+        yield Excluding(excluding_line(exclude))
 
 
 def submit_sweep_file(
@@ -60,6 +74,7 @@ def submit_sweep_file(
     facts, warnings = sweep_facts(max_array_size, offline=dry_run)
     for line in warnings:
         yield Warned(line)
+    listed = listed_nodes(facts, time.time())
     with progress() as bar:
         prepared = prepare_sweep(
             spec,
@@ -69,7 +84,9 @@ def submit_sweep_file(
             hold=hold,
             tick=bar.phase("validating members", spec.size),
             snapshot="path" if dry_run else "store",
+            listed=listed,
         )
+        yield from bad_node_events(prepared.group_configs, listed)
         yield CodeSnapshot(prepared.configs[0], prepared.snapshot, stored=not dry_run)
         size = f"MaxArraySize {facts.max_array_size}" if facts.max_array_size else "no split"
         head = (
@@ -81,7 +98,7 @@ def submit_sweep_file(
             header = (head, f"dir: {prepared.sweep_dir}", *table)
             yield SweepDryRun(header, prepared.arrays)
             return
-        yield from check_members(prepared.group_configs, facts, force)
+        yield from check_members(prepared.group_configs, facts, listed, force)
         outcomes = submit_sweep(
             prepared,
             workdir=os.getcwd(),
