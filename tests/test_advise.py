@@ -263,3 +263,49 @@ def test_a_rank_replaced_in_process_is_a_failure_of_the_run() -> None:
     found = mttf({}, records, T0)
     assert found is not None and found.value == 2000.0
     assert found.source == "3 failures in 1.67 h of attempts (this run)"
+
+
+def test_counts_in_the_advice_agree_with_their_nouns() -> None:
+    """One restart, one interval, one step: singular; more: plural (``1 restarts`` was
+    printed once)."""
+    from ddlaunch.app.advise import Advice, Measured, lines, restart_cost
+    from ddlaunch.store.attempts import AttemptRecord
+    from ddlaunch.store.timings import Timing
+
+    def attempts(failures: int) -> list[AttemptRecord]:
+        out = []
+        for i in range(failures + 1):
+            cause = "crash" if i < failures else "completed"
+            start = T0 + 100.0 * i
+            out.append(
+                AttemptRecord.from_json(
+                    {"attempt": i, "job_id": "7", "restart_count": i, "start": start,
+                     "end": start + 50.0, "cause": cause}
+                )
+            )  # fmt: skip
+        return out
+
+    def first_steps(runs: list[AttemptRecord]) -> list[Timing]:
+        return [
+            Timing.from_json({"kind": timings.FIRST_STEP, "time": r.start + 8.0, "attempt": r.key})
+            for r in runs
+        ]
+
+    one, two = attempts(1), attempts(2)
+    assert restart_cost(one, first_steps(one)).source == (
+        "failed attempt's end -> next attempt's first step, mean of 1 restart"
+    )
+    assert restart_cost(two, first_steps(two)).source == (
+        "failed attempt's end -> next attempt's first step, mean of 2 restarts"
+    )
+    advice = Advice(
+        save=Measured(0.2, "stall per save, mean of 2 saves"),
+        restart=Measured(10.0, "mean of 1 restart"),
+        mttf=Measured(7200.0, "fault_tolerance.mttf_hours"),
+        step_s=Measured(60.0, "median of 1 interval between saves"),
+        current_s=60.0,
+        current_steps=1,
+    )
+    shown = lines("r1", advice)
+    assert shown[5].startswith("  now:      every 1 step (1.0 min)")
+    assert shown[6].startswith("  advised:  every 1 step (")

@@ -174,7 +174,7 @@ def test_a_sweep_is_cancelled_as_a_whole_without_creating_member_dirs(root: Path
     assert slurm.scancels() == [["scancel", "380_0"]] and not (members / "3").exists()
     slurm = Cluster(queue.replace("380_0|PENDING|Priority|\n", "380_0|CANCELLED|None|\n"))
     assert cancel(["sw"], SlurmClient(slurm)) == [
-        "sw: cancelled 4 member(s) (3 pending, 1 running; array 374, 380); 1 had ended already"
+        "sw: cancelled 4 members (3 pending, 1 running; arrays 374, 380); 1 had ended already"
     ]
     assert slurm.scancels() == [["scancel", "374", "380"]]
     assert sorted(p.name for p in members.iterdir() if not p.name.startswith(".")) == ["0"]
@@ -205,7 +205,7 @@ def test_a_unique_prefix_of_a_sweep_id_cancels_the_whole_sweep(root: Path) -> No
     proc = cancel_cli("s", bin_dir, root.parent)
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         0,
-        "sw: cancelled 4 member(s) (3 pending, 1 running; array 387)\n",
+        "sw: cancelled 4 members (3 pending, 1 running; array 387)\n",
         "waiting for job 387_0 to stop (the ranks save first) and 3 jobs to leave the queue...\n",
     )
     assert [c for c in slurm_calls(bin_dir) if c.startswith("scancel")] == ["scancel 387"]

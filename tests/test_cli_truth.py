@@ -210,7 +210,7 @@ def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path:
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     (run,) = root.iterdir()
-    assert _output_shape(out, tmp_path) == ["run N", "run dir: TMP/runs/N  local, N ranks"]
+    assert _output_shape(out, tmp_path) == ["run N", "run dir: TMP/runs/N  local, N rank"]
     saved = json.loads((run / "outcome.json").read_text())
     assert saved["state"] == "CANCELLED"
     step = int(saved["reason"].removeprefix("interrupted, saved step "))
@@ -229,7 +229,7 @@ def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path:
     assert again.returncode == 0, again.stderr
     assert _output_shape(again.stdout, tmp_path) == [
         "resuming N from step N",
-        "run dir: TMP/runs/N  local, N ranks",
+        "run dir: TMP/runs/N  local, N rank",
         "result: final_loss=N, initial_loss=N, param_shaN=N, start_step=N, steps=N, "
         "train_seconds=N, world_size=N",
         "completed in N s",
@@ -356,7 +356,7 @@ def test_sweep_file_errors_name_the_file_line(tmp_path: Path) -> None:
     assert proc.stderr.splitlines()[1:] == [
         "  member 1 (nodes.gpus_per_node=9):",
         # By the first origin: the presets' lines, then the sweep file's overrides.
-        "    nodes.cpus_per_task: 1 CPUs x 9 ranks per node exceeds the 8 CPUs a node of "
+        "    nodes.cpus_per_task: 1 CPU x 9 ranks per node exceeds the 8 CPUs a node of "
         "'devcluster' has (preset:examples/mlp:10; sweep.yaml:3; preset:clusters/devcluster:7)",
         "    nodes.gpus_per_node: asks for 9 GPUs per node but the cluster preset 'devcluster' "
         "has 4 (sweep.yaml:3; preset:clusters/devcluster:6)",
@@ -452,7 +452,7 @@ def test_resubmit_of_a_completed_member_says_so(tmp_path: Path) -> None:
     again = ddlaunch(tmp_path, "sweep", "resubmit", "sw", "--member", "1", "--dry-run", env=env)
     assert again.returncode == 0, again.stderr
     assert again.stderr == "member 1 had COMPLETED; it runs again, from scratch\n"
-    assert again.stdout.startswith("# resubmitting 1 member(s) of sw: 1\n")
+    assert again.stdout.startswith("# resubmitting 1 member of sw: 1\n")
     help_text = ddlaunch(tmp_path, "sweep", "resubmit", "--help").stdout
     assert "(not CANCELLED: add" in help_text and "--cancelled" in help_text
     nothing = ddlaunch(tmp_path, "sweep", "resubmit", "sw", "--cancelled", env=env)
@@ -478,7 +478,7 @@ def test_resubmit_refuses_when_the_members_still_running_hold_the_throttle(
                     env=env)  # fmt: skip
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
-        "error: the sweep's throttle (2) is held by 2 member(s) still queued or running "
+        "error: the sweep's throttle (2) is held by 2 members still queued or running "
         "(0, 1): resubmit when one has ended, or with --force to run one more beside them\n"
     )
 

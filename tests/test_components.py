@@ -234,7 +234,7 @@ def test_a_service_that_keeps_failing_is_left_stopped(tmp_path: Path) -> None:
     code, said = _supervise(tmp_path, "exit 7", max_restarts=1)
     assert code == 7
     assert said[-1] == (
-        "[ddlaunch] service server failed (exit 7) after 1 restart(s), "
+        "[ddlaunch] service server failed (exit 7) after 1 restart, "
         "fault_tolerance.max_restarts=1: left stopped; the training goes on"
     )
     (state,) = records.read_all(tmp_path)[0]
@@ -447,8 +447,8 @@ def test_set_reaches_into_a_components_item(tmp_path: Path) -> None:
         "  components.0.nodes.count: must be 1..100000, got 0 (--set components.0.nodes.count=0)"
     ]
     for key, message in [
-        ("components.3.nodes.count=2", "components.3: components is a list of 3 item(s)"),
-        ("components.x.name=a", "components.x: components is a list of 3 item(s)"),
+        ("components.3.nodes.count=2", "components.3: components is a list of 3 items"),
+        ("components.x.name=a", "components.x: components is a list of 3 items"),
     ]:
         with pytest.raises(ConfigError) as info:
             load_tree(tmp_path / "c.yaml", [key])
@@ -481,8 +481,8 @@ def test_replica_groups_each_run_in_one_component(tmp_path: Path) -> None:
     ok = _load(tmp_path, text + "  - {name: b, nodes: {count: 1}}\n")
     assert ok.nodes.count == 2
     assert _errors(tmp_path, text + "  - {name: b, nodes: {count: 3}}\n") == [
-        "  parallel.dp_replicate: 2 replica groups of 2 node(s) each would span components "
-        "(a has 1, b has 3 node(s)): make each train component's nodes a multiple of 2, so "
+        "  parallel.dp_replicate: 2 replica groups of 2 nodes each would span components "
+        "(a has 1 node, b has 3 nodes): make each train component's nodes a multiple of 2, so "
         "that a group runs and restarts in one component (bad.yaml:5)"
     ]
     # A group's step runs in its own component: the script's --het-group names them all.

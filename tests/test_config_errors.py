@@ -293,6 +293,26 @@ CASES = [
         ["nodes.count=-3"],
         "  nodes.count: must be 1..100000, got -3 (--set nodes.count=-3)",
     ),
+    # params are passed through unchecked: an unquoted second '=' (a typo YAML reads as a
+    # string) is refused there, naming what the config holds when it holds a number or flag.
+    (
+        "set_param_number_with_equals",
+        "launch:\n  entrypoint: m:f\nparams:\n  x: 0.1\n",
+        ["params.x=0.25=3"],
+        "  params.x: expected a number (the config has 0.1), got '0.25=3'; if the '=' is meant, quote the value: --set 'params.x=\"0.25=3\"' (--set params.x=0.25=3)",
+    ),
+    (
+        "set_param_flag_with_equals",
+        "launch:\n  entrypoint: m:f\nparams:\n  amp: true\n",
+        ["params.amp=on=1"],
+        "  params.amp: expected true or false (the config has true), got 'on=1'; if the '=' is meant, quote the value: --set 'params.amp=\"on=1\"' (--set params.amp=on=1)",
+    ),
+    (
+        "set_new_param_with_equals",
+        "launch:\n  entrypoint: m:f\n",
+        ["params.opt.name=adam=1"],
+        "  params.opt.name: got 'adam=1', with an unquoted '=' (params reach the training code unchecked); if the '=' is meant, quote the value: --set 'params.opt.name=\"adam=1\"' (--set params.opt.name=adam=1)",
+    ),
     (
         "cpus_exceed",
         "defaults: [clusters/devcluster]\nnodes:\n  gpus_per_node: 4\n  cpus_per_task: 4\nlaunch:\n  entrypoint: m:f\n",
@@ -497,6 +517,42 @@ def test_yaml_durations_stay_strings(tmp_path: Path) -> None:
     assert load_config(tmp_path / "t.yaml").job.time == "1:30:00"
 
 
+def test_a_quoted_equals_is_kept_and_a_typed_key_takes_one_as_it_always_did() -> None:
+    """Quoted (either quote), inside a list, or under a key the schema types as a string
+    (an environment variable: NCCL_IB_HCA's leading '=' means an exact match), '=' is a
+    value's own."""
+    cfg = load_config(
+        "examples/mlp",
+        [
+            'params.x="0.25=3"',
+            "params.y='a=b'",
+            "params.z=[k=v]",
+            "launch.env.NCCL_IB_HCA==mlx5_0",
+            "launch.env.XLA_FLAGS=--xla_gpu_autotune_level=0",
+        ],
+    )
+    assert (cfg.params["x"], cfg.params["y"], cfg.params["z"]) == ("0.25=3", "a=b", ["k=v"])
+    assert cfg.launch.env == {"NCCL_IB_HCA": "=mlx5_0", "XLA_FLAGS": "--xla_gpu_autotune_level=0"}
+    # A key the schema types refuses the string as it always did, with its own message.
+    with pytest.raises(ConfigError) as info:
+        load_config("examples/mlp", ["nodes.count=4=3"])
+    assert str(info.value).splitlines()[1] == (
+        "  nodes.count: expected an integer, got str '4=3' (--set nodes.count=4=3)"
+    )
+
+
+def test_the_cli_refuses_an_unquoted_equals_in_a_param(tmp_path: Path) -> None:
+    proc = _render(tmp_path, "examples/mlp", "--set", "params.lr=0.25=3")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: invalid config (1 error):\n"
+        "  params.lr: expected a number (the config has 0.05), got '0.25=3'; if the '=' is "
+        "meant, quote the value: --set 'params.lr=\"0.25=3\"' (--set params.lr=0.25=3)\n"
+    )
+    quoted = _render(tmp_path, "examples/mlp", "--set", 'params.lr="0.25=3"')
+    assert quoted.returncode == 0, quoted.stderr
+
+
 def test_set_overrides_are_yaml_typed() -> None:
     cfg = load_config(
         "examples/mlp",
@@ -560,7 +616,9 @@ def test_mistyped_config_name_on_the_command_line_gets_a_did_you_mean(
 
 
 def _render(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SLURM_CONF": str(cwd / "no-slurm.conf")}
+    # This checkout's ddlaunch, whatever the working directory holds or an install points at.
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "SLURM_CONF": str(cwd / "no-slurm.conf"), "PYTHONPATH": path}
     return subprocess.run(
         [sys.executable, "-m", "ddlaunch", "render", *args],
         cwd=cwd,

@@ -160,6 +160,17 @@ def test_excluded_nodes_that_leave_too_few_are_named_with_their_reason() -> None
     ]
     assert problems(cfg, PLAIN, {"node3": "nodes.exclude in the config"}) == []
     assert problems(cfg, (), why) == []  # not probed: nothing is claimed
+    # One node excluded, one node asked for: each count agrees with its noun and verb.
+    assert problems(config("nodes.count=3"), PLAIN, {"node3": "on your bad-node list"}) == [
+        "nodes.count: 3 nodes, but partition debug has 3 nodes with 2 GPUs or more and 1 of "
+        "them is excluded, which leaves 2:",
+        "  node3: on your bad-node list",
+    ]
+    every = {n: "on your bad-node list" for n in ("node1", "node2", "node3")}
+    assert problems(config("nodes.count=1"), PLAIN, every)[0] == (
+        "nodes.count: 1 node, but partition debug has 3 nodes with 2 GPUs or more and 3 of "
+        "them are excluded, which leaves 0:"
+    )
     assert unknown_nodes(PLAIN, ["node2", "node9", "gpu01"]) == ["gpu01", "node9"]
 
 

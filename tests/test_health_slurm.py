@@ -150,7 +150,7 @@ def test_hang_is_detected_node_excluded_and_run_finishes_elsewhere(runs) -> None
     assert "gpus" in attempts[0]["health"]
     hang = attempts[1]
     assert hang["blamed"] == [hang["nodes"]]
-    assert "rank(s) 1" in hang["health"] and "test_health_slurm.py" in hang["health"]
+    assert "rank 1 " in hang["health"] and "test_health_slurm.py" in hang["health"]
     verdict = json.loads((run_dir / "health" / f"verdict-{job_id}-1.json").read_text())
     # Detected within hang_timeout + 30 s of the moment the rank stopped.
     hung_at = json.loads((run_dir / "out" / "hang.json").read_text())["time"]

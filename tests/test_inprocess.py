@@ -80,14 +80,14 @@ def test_a_node_whose_ranks_all_died_moves_to_a_spare() -> None:
             {0, 1},
             [Standby("node1", 0, 11), Standby("node2", 0, 21)],
             0,
-            "every rank of node2 died and no hot spare has 2 standby(s)",
+            "every rank of node2 died and no hot spare has 2 standbys",
         ),
         # A spare with fewer standbys than the node had ranks.
         (
             {0, 1},
             [Standby("node3", 0, 31, spare=True)],
             0,
-            "every rank of node2 died and no hot spare has 2 standby(s)",
+            "every rank of node2 died and no hot spare has 2 standbys",
         ),
         # Two ranks of two nodes died, one node has no standby left.
         ({0, 3}, [Standby("node1", 0, 11)], 0, "no standby left on node2 for rank 2"),

@@ -417,8 +417,7 @@ def test_a_hung_group_is_cancelled_waited_for_and_restarted_alone(tmp_path: Path
         "restart",
     )
     assert entry.culprit == (
-        "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped "
-        "(process frozen)"
+        "no step finished for 40 s (hang_timeout 30 s); rank 3 heartbeat stopped (process frozen)"
     )
     assert entry.new_nodes == ("node2",)
     # On disk, the keys every version wrote.

@@ -41,7 +41,8 @@ def per_rank_hang(
     waiting = [b for b in running if b.waiting]
     missing = ""
     if expected is not None and len(beats) < expected:
-        missing = f"; {expected - len(beats)} rank(s) never sent a heartbeat"
+        unheard = expected - len(beats)
+        missing = f"; {unheard} rank{'' if unheard == 1 else 's'} never sent a heartbeat"
     head = f"no step finished for {idle:.0f} s (hang_timeout {t.hang_timeout:.0f} s)"
     for suspects, why in (
         (stale, "heartbeat stopped (process frozen)"),
@@ -55,7 +56,8 @@ def per_rank_hang(
         nodes = blame(suspects, running)
         if nodes:
             where = next((b.where for b in suspects if b.where), None)
-            detail = f"{head}; rank(s) {','.join(str(b.rank) for b in suspects)} {why}"
+            word = "rank" if len(suspects) == 1 else "ranks"
+            detail = f"{head}; {word} {','.join(str(b.rank) for b in suspects)} {why}"
             detail += f" at {where}" if where else ""
             ranks = tuple(b.rank for b in suspects)
             return analysis.Finding("hang", nodes, detail + missing, ranks)

@@ -209,3 +209,30 @@ def test_a_bad_set_from_the_command_line_is_named_once_with_the_files_mistakes(
         "(--set job.name=x)\n"
         "  stages.train.after: no stage 'ghost' (stages: train) (chain.yaml:2)"
     )
+
+
+def test_a_stage_s_param_with_an_unquoted_equals_is_refused_as_set_refuses_it(
+    tmp_path: Path,
+) -> None:
+    from ddlaunch.pipelines.submit import check_pipeline
+
+    path = write(
+        tmp_path,
+        "stages:\n"
+        "  train:\n"
+        "    config: examples/mlp\n"
+        "    set: [params.lr=0.25=3]\n"
+        "  eval:\n"
+        "    config: examples/mlp\n"
+        "    set: {params.tag: 'a=b'}\n",
+    )
+    with pytest.raises(PipelineFileError) as caught:
+        check_pipeline(path)
+    assert str(caught.value) == (
+        "invalid pipeline file (1 error):\n"
+        "  stages.train: params.lr: expected a number (the config has 0.05), got '0.25=3'; if "
+        "the '=' is meant, quote the value: params.lr=\"0.25=3\" (chain.yaml:4)"
+    )
+    # The mapping form's value is a string already: its text is quoted, and it stands.
+    evals = next(s for s in parse_pipeline_file(path).stages if s.name == "eval")
+    assert evals.overrides[-1] == 'params.tag="a=b"'

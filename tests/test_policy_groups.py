@@ -42,14 +42,14 @@ def test_a_dead_node_is_replaced_by_a_spare() -> None:
 def test_no_spare_gives_the_group_up_while_enough_groups_live() -> None:
     d = decide(two(), unusable={"node2"}, spares=[])
     assert d.action == policy.GIVE_UP
-    assert d.reason == "group 1 is given up (no spare node left for node2); 1 group(s) go on"
+    assert d.reason == "group 1 is given up (no spare node left for node2); 1 group goes on"
 
 
 def test_giving_up_below_min_replica_groups_fails_the_job() -> None:
     d = decide(two(), unusable={"node2"}, min_groups=2)
     assert d.action == policy.FAIL_JOB
     assert d.reason == (
-        "group 1 cannot restart (no spare node left for node2) and 1 live group(s) are fewer "
+        "group 1 cannot restart (no spare node left for node2) and 1 live group is fewer "
         "than fault_tolerance.min_replica_groups (2)"
     )
 
@@ -137,8 +137,7 @@ def test_the_group_with_a_frozen_rank_is_hung_not_the_group_that_waits_for_it() 
     ((group, finding),) = verdict.hung
     assert group == 1 and finding.cause == "hang" and finding.nodes == ("node2",)
     assert finding.detail == (
-        "no step finished for 40 s (hang_timeout 30 s); rank(s) 3 heartbeat stopped "
-        "(process frozen)"
+        "no step finished for 40 s (hang_timeout 30 s); rank 3 heartbeat stopped (process frozen)"
     )
 
 

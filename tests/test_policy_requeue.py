@@ -189,5 +189,5 @@ def test_the_caps_stop_a_run_whose_nodes_keep_dying_before_any_checkpoint() -> N
     ]
     assert _run(dying, RetryBudget(max_requeues=1)) == [
         f"requeue {NONE_TO_NONE}, without node2",
-        "stopped: 1 requeues reached fault_tolerance.max_requeues=1",
+        "stopped: 1 requeue reached fault_tolerance.max_requeues=1",
     ]

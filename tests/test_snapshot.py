@@ -172,8 +172,7 @@ def test_submit_records_the_snapshot_and_says_which(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.stderr.splitlines()[1:] == [
-        "note: 1 untracked file(s) not in the snapshot (new_module.py); git add them to "
-        "include them"
+        "note: 1 untracked file not in the snapshot (new_module.py); git add it to include it"
     ]
     assert not (tmp_path / "runs").exists()
 

@@ -57,10 +57,10 @@ def test_place_takes_the_first_usable_nodes_then_shrinks_to_the_minimum(
 
 def test_a_shortage_is_said_with_the_nodes_left_out() -> None:
     assert describe_shortage(ALLOC, ["node2", "node3"], 2, None) == (
-        "1 usable node(s) of the allocation's 3 (without node2,node3), 2 needed (nodes.count)"
+        "1 usable node of the allocation's 3 (without node2,node3), 2 needed (nodes.count)"
     )
     assert describe_shortage(ALLOC, ["node1", "node2", "node3"], 2, 1) == (
-        "0 usable node(s) of the allocation's 3 (without node1,node2,node3), 1 needed (nodes.min)"
+        "0 usable nodes of the allocation's 3 (without node1,node2,node3), 1 needed (nodes.min)"
     )
 
 
@@ -213,7 +213,7 @@ def test_the_place_hook_prints_the_next_step_for_the_script(
     exclusions.add_excluded(run, ["node3"], "preflight")
     assert print_placement(run, ENV, client, 2, None) == 1
     assert capsys.readouterr().err == (
-        "[ddlaunch] no placement for the ranks: 1 usable node(s) of the allocation's 3 "
+        "[ddlaunch] no placement for the ranks: 1 usable node of the allocation's 3 "
         "(without node2,node3), 2 needed (nodes.count)\n"
     )
 

@@ -35,7 +35,7 @@ def test_dry_run_prints_members_scripts_and_argv_without_torch(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.strip().endswith("TORCH_ABSENT")
-    assert "12 members in 1 array(s) (" in out
+    assert "12 members in 1 array (" in out
     assert "#     0  params.lr=0.01 params.batch_size=32 params.seed=0" in out
     assert "# sbatch argv: sbatch --parsable --array=0-11%6 " in out
     assert not (tmp_path / "runs").exists()  # a dry run creates nothing
@@ -56,7 +56,7 @@ def test_bad_member_message_from_the_cli(tmp_path: Path, base: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: invalid sweep: 1 of 2 members do not validate")
+    assert proc.stderr.startswith("error: invalid sweep: 1 of 2 members does not validate")
     assert "member 1 (nodes.gpus_per_node=9):" in proc.stderr
 
 

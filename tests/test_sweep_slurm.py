@@ -167,7 +167,7 @@ def test_sweep_members_complete_with_their_own_overrides(sweep_run: SweepRun) ->
 
 
 def test_sweep_is_split_at_max_array_size(sweep_run: SweepRun) -> None:
-    assert "12 members in 3 array(s) (MaxArraySize 5)" in sweep_run.submit_out
+    assert "12 members in 3 arrays (MaxArraySize 5)" in sweep_run.submit_out
     records = sorted(
         (json.loads(p.read_text()) for p in (sweep_run.sweep_dir / "arrays").glob("*.json")),
         key=lambda r: int(r["name"]),
@@ -242,7 +242,7 @@ def test_held_sweep_above_max_array_size_is_split(slurm_cluster, tmp_path: Path)
         # Submitting wrote no file per member: held, none started to create its directory.
         assert not (sweep_dir / "members").exists()
         assert not (sweep_dir / "submitit").exists()
-        assert "150 members in 2 array(s) (MaxArraySize 101)" in proc.stdout
+        assert "150 members in 2 arrays (MaxArraySize 101)" in proc.stdout
         assert "(101 tasks, members 0-100)" in proc.stdout
         assert "(49 tasks, members 101-149)" in proc.stdout
         status = sweep_status(sweep_dir, tmp_path)

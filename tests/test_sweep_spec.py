@@ -51,12 +51,34 @@ def test_set_forms_and_cli_set_join_common_overrides(tmp_path: Path, base: Path)
 
 
 @pytest.mark.parametrize(
-    "value", [0.01, 3e-4, 1e-10, 5, True, None, "3e-4", "1:30:00", "yes", "a b", [1, "x"], {"k": 2}]
+    "value",
+    [0.01, 3e-4, 1e-10, 5, True, None, "3e-4", "1:30:00", "yes", "a b", "a=b", [1, "x"], {"k": 2}],
 )
 def test_override_text_types_back_like_set(value: object) -> None:
     text = format_value(value)
     again = parse_yaml_value(text)
     assert again == value and type(again) is type(value), text
+
+
+def test_a_value_with_equals_is_quoted_where_set_would_refuse_it(
+    tmp_path: Path, base: Path
+) -> None:
+    """A sweep's values become --set texts: one with '=' is written quoted (--set refuses an
+    unquoted one under params), and a key=value entry of the file is held to --set's rule."""
+    spec = parse_sweep_file(sweep_file(tmp_path, 'grid:\n  params.opt: ["adam=1", sgd]\n'))
+    assert [m.label for m in expand(spec)] == ['params.opt="adam=1"', "params.opt=sgd"]
+    prepared = prepare_sweep(spec, workdir="/w", run_root=str(tmp_path), sweep_id="s")
+    assert [c.params["opt"] for c in prepared.configs] == ["adam=1", "sgd"]
+    path = sweep_file(tmp_path, "set: [params.opt=adam=1]\nseeds: 2\n")
+    with pytest.raises(SweepFileError) as err:
+        parse_sweep_file(path)
+    assert str(err.value) == (
+        "invalid sweep file (1 error):\n"
+        "  set: params.opt: got 'adam=1', with an unquoted '=' (params reach the training code "
+        f"unchecked); if the '=' is meant, quote the value: params.opt=\"adam=1\" ({path}:2)"
+    )
+    quoted = parse_sweep_file(sweep_file(tmp_path, "set: ['params.opt=\"adam=1\"']\nseeds: 2\n"))
+    assert quoted.common == ('params.opt="adam=1"',)
 
 
 def test_sweep_file_errors_name_file_line_and_key(tmp_path: Path, base: Path) -> None:

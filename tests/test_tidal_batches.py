@@ -256,7 +256,7 @@ def test_replay_refuses_records_that_do_not_fit() -> None:
     assert str(e.value) == "step 1 trained 7 samples but only 6 were left in epoch 0"
     with pytest.raises(ValueError) as e:
         StepWidth(step=3, groups=(0, 1), samples=(1,))
-    assert str(e.value) == "step 3: 2 groups but 1 sample counts"
+    assert str(e.value) == "step 3: 2 groups but 1 sample count"
     with pytest.raises(ValueError) as e:
         StepWidth(step=3, groups=(0,), samples=(-1,))
     assert str(e.value) == "step 3: a group's sample count cannot be negative"

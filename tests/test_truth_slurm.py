@@ -97,7 +97,7 @@ def test_a_sweep_is_cancelled_as_a_whole(slurm_cluster, tmp_path: Path) -> None:
         whole = ddlaunch("cancel", sweep_id, cwd=tmp_path)
         assert whole.returncode == 0, whole.stderr
         assert whole.stdout == (
-            f"{sweep_id}: cancelled 2 member(s) (1 pending, 1 running; array {array}); "
+            f"{sweep_id}: cancelled 2 members (1 pending, 1 running; array {array}); "
             "1 had ended already\n"
         )
         assert sorted(p.name for p in members.iterdir() if not p.name.startswith(".")) == ["0"]
@@ -113,7 +113,7 @@ def test_a_sweep_is_cancelled_as_a_whole(slurm_cluster, tmp_path: Path) -> None:
             (f"{sweep_id}/{i}", "CANCELLED") for i in range(3)
         ]
         picked = ddlaunch("sweep", "resubmit", sweep_id, "--cancelled", "--dry-run", cwd=tmp_path)
-        assert picked.stdout.startswith(f"# resubmitting 3 member(s) of {sweep_id}: 0, 1, 2\n")
+        assert picked.stdout.startswith(f"# resubmitting 3 members of {sweep_id}: 0, 1, 2\n")
         assert not (members / "1").exists()  # a dry run creates nothing either
     finally:
         slurm_cluster.cancel([array])

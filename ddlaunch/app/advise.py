@@ -31,6 +31,7 @@ from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.inprocess import recovered_count
 from ddlaunch.store.rundir import checkpoint_source, read_config_tree
 from ddlaunch.store.timings import Timing
+from ddlaunch.wording import counted, plural
 
 # Endings that are failures (the MTTF counts them; a restart cost follows them). A signal is
 # the planned stop at the time limit, a preflight failure comes before any training.
@@ -108,7 +109,7 @@ def save_cost(records: Sequence[Timing]) -> Measured | None:
     blocking = statistics.fmean(r.blocking_s for r in saves)
     how = "async" if all(r.async_save for r in saves) else "sync"
     detail = f"{how}: blocking {blocking:.3f} s + waiting for the copy {stall - blocking:.3f} s"
-    return Measured(stall, f"stall per save, mean of {len(saves)} saves ({detail})")
+    return Measured(stall, f"stall per save, mean of {counted(len(saves), 'save')} ({detail})")
 
 
 def spacing(records: Sequence[Timing]) -> tuple[float, float, int] | None:
@@ -143,8 +144,7 @@ def restart_cost(attempts: Sequence[AttemptRecord], records: Sequence[Timing]) -
     n = len(costs)
     return Measured(
         statistics.fmean(costs),
-        f"failed attempt's end -> next attempt's first step, mean of {n} "
-        + ("restart" if n == 1 else "restarts"),
+        f"failed attempt's end -> next attempt's first step, mean of {counted(n, 'restart')}",
     )
 
 
@@ -173,8 +173,7 @@ def mttf(tree: Mapping[str, Any], attempts: Sequence[AttemptRecord], now: float)
     )
     return Measured(
         spent / failed,
-        f"{failed} failure{'' if failed == 1 else 's'} in {spent / 3600:.2f} h of attempts "
-        f"(this run{few})",
+        f"{counted(failed, 'failure')} in {spent / 3600:.2f} h of attempts (this run{few})",
     )
 
 
@@ -196,7 +195,7 @@ def no_save_measured(run_dir: Path, records: Sequence[Timing] = ()) -> str:
         n = len(unmeasured)
         return (
             f"run {run_dir.name} measured no periodic checkpoint save yet: "
-            f"{timings.TIMINGS_FILE} has {n} save{'' if n == 1 else 's'} "
+            f"{timings.TIMINGS_FILE} has {counted(n, 'save')} "
             f"({'; '.join(_unmeasured(r) for r in unmeasured)}), which advise leaves out: a "
             "save on a stop signal or at the last step blocks the loop by design, so it says "
             "nothing of what a periodic save costs"
@@ -207,7 +206,7 @@ def no_save_measured(run_dir: Path, records: Sequence[Timing] = ()) -> str:
         source = None
     if source is not None and is_byo(source.kind):
         saved = sum(1 for c in adapters.scan(source.root, source.layout) if c.complete)
-        have = f"it has {saved} checkpoint{'' if saved == 1 else 's'}, but " if saved else ""
+        have = f"it has {counted(saved, 'checkpoint')}, but " if saved else ""
         return (
             f"run {run_dir.name}: {have}its trainer (trainer.kind: {source.kind}) records no "
             f"save stall ({timings.TIMINGS_FILE} is written by Session code), so there is no "
@@ -249,7 +248,7 @@ def advise_run(
         save=save,
         restart=restart_cost(attempts, records),
         mttf=failures,
-        step_s=Measured(step_s, f"median of {pairs} intervals between saves"),
+        step_s=Measured(step_s, f"median of {counted(pairs, 'interval')} between saves"),
         current_s=step_s * steps,
         current_steps=steps,
     )
@@ -272,9 +271,10 @@ def lines(run_id: str, a: Advice) -> list[str]:
         f"  restart cost R  {_duration(a.restart.value):>9}  {a.restart.source}",
         f"  MTTF            {_duration(a.mttf.value):>9}  {a.mttf.source}",
         f"  step time       {_duration(a.step_s.value):>9}  {a.step_s.source}",
-        f"  now:      every {a.current_steps:g} steps ({_duration(a.current_s)})"
+        f"  now:      every {a.current_steps:g} {plural(a.current_steps, 'step')} "
+        f"({_duration(a.current_s)})"
         f", predicted ETTR {now:.2%}",
-        f"  advised:  every {a.advised_steps} steps ({_duration(a.advised_s)}, the model's"
-        f" optimum), predicted ETTR {advised:.2%}",
+        f"  advised:  every {counted(a.advised_steps, 'step')} ({_duration(a.advised_s)}, "
+        f"the model's optimum), predicted ETTR {advised:.2%}",
         f"  to use it: --set fault_tolerance.checkpoint_every_steps={a.advised_steps}",
     ]

@@ -36,6 +36,7 @@ from ddlaunch.store.members import member_of
 from ddlaunch.store.records import Unreadable
 from ddlaunch.store.rundir import checkpoint_source, committed_step, default_run_root, is_run_dir
 from ddlaunch.store.sweep_cancels import record_cancelled
+from ddlaunch.wording import counted, plural
 
 POLL_S = 0.5
 
@@ -231,7 +232,7 @@ def cancel(
 def _not_waiting(jobs: Sequence[str]) -> str:
     if len(jobs) == 1:
         return f"job {jobs[0]} was cancelled; not waiting for it to stop"
-    return f"{len(jobs)} jobs were cancelled; not waiting for them to stop"
+    return f"{counted(len(jobs), 'job')} were cancelled; not waiting for them to stop"
 
 
 def _lines(plan: Plan, left: set[str], ended: dict[Path, str]) -> list[str]:
@@ -276,7 +277,8 @@ def _sweep_line(rows: Sequence[RunStatus], members: list[int], left: set[str]) -
     arrays = sorted({(r.job_id or "").split("_")[0] for r in cancelled})
     counts = Counter(r.state.lower() for r in cancelled)
     what = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    line = f"{sweep_id}: cancelled {len(members)} member(s) ({what}; array {', '.join(arrays)})"
+    line = f"{sweep_id}: cancelled {counted(len(members), 'member')} ({what}; "
+    line += f"{plural(len(arrays), 'array')} {', '.join(arrays)})"
     done = len(rows) - len(members)
     if done:
         line += f"; {done} had ended already"

@@ -29,6 +29,7 @@ from ddlaunch.planning.render import render_script, template_search_path
 from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store import badnodes
 from ddlaunch.store.naming import check_safe_name, chosen_run_root, new_run_id
+from ddlaunch.wording import plural
 
 # Only as types: render imports this module, and pays for every module it imports.
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ class ListedNodes:
             return []
         return [
             f"using {', '.join(named)} though on the bad-node list: nodes.nodelist names "
-            f"{'it' if len(named) == 1 else 'them'} (ddlaunch nodes lists why)"
+            f"{plural(len(named), 'it', 'them')} (ddlaunch nodes lists why)"
         ]
 
 

@@ -27,6 +27,7 @@ from ddlaunch.store.components import CANCELLED, STOPPED, ServiceRun, ServiceSta
 from ddlaunch.store.heartbeats import read_heartbeats
 from ddlaunch.store.records import Unreadable
 from ddlaunch.store.rundir import read_config_tree
+from ddlaunch.wording import plural
 
 TRAIN, SERVICE = "train", "service"
 
@@ -52,7 +53,7 @@ class TrainLane:
         return str(self.first_rank) if last == self.first_rank else f"{self.first_rank}-{last}"
 
     def where(self) -> str:
-        count = f"{self.nodes} node{'' if self.nodes == 1 else 's'}"
+        count = f"{self.nodes} {plural(self.nodes, 'node')}"
         return f"{count}: {compress_hostlist(self.hosts)}" if self.hosts else count
 
     def pace(self) -> str:
@@ -260,10 +261,10 @@ def components_html(c: Components | None, origin: float) -> str:
 def _service_html(s: ServiceState, origin: float, job_state: str | None) -> str:
     e = html.escape
     fails = len(failures(s))
-    counted = f"{len(s.history)} start{'' if len(s.history) == 1 else 's'}"
+    counted = f"{len(s.history)} {plural(len(s.history), 'start')}"
     counted += f", {fails} failed" if fails else ""
     if s.earlier:
-        counted += f"; {s.earlier} earlier start{'' if s.earlier == 1 else 's'} not kept"
+        counted += f"; {s.earlier} earlier {plural(s.earlier, 'start')} not kept"
     rows = "".join(_service_row(s, i, origin) for i in range(len(s.history)))
     # The words of ``status``: a record that says the service runs, in a job that ended,
     # was left by a supervisor killed with the job, not by a service still running.

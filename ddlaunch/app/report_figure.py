@@ -15,6 +15,7 @@ from ddlaunch.app import report_components as parts
 from ddlaunch.app.report import Event, Timeline, color, split_series, throughput
 from ddlaunch.app.report_groups import bars, lanes
 from ddlaunch.errors import UserError
+from ddlaunch.wording import counted
 
 
 def draw(t: Timeline, path: Path) -> None:
@@ -98,7 +99,7 @@ def _attempt_bars(ax: Any, t: Timeline, m: _Minutes) -> None:
         if a.committed_step is not None:
             label += f", committed {a.committed_step}"
         if a.in_process:
-            label += f", {a.in_process} in-process restart{'' if a.in_process == 1 else 's'}"
+            label += f", {counted(a.in_process, 'in-process restart')}"
         if a.staging_s is not None:
             label += f", staging {a.staging_s:.1f} s"
         # Above the bar, from its start (from its end, leftwards, in the right half of the

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ddlaunch.store.attempts import AttemptRecord
 from ddlaunch.store.inprocess import STATE_DISK, STATE_RAM, InProcessRestart, of_attempt
+from ddlaunch.wording import counted, plural
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,10 @@ def recovered_note(rows: Sequence[InProcessRow]) -> str:
         return ""
     recovered = sum(1 for r in rows if r.restart.recovered)
     fell_back = len(rows) - recovered
-    text = f"The ranks recovered in process from {recovered} failure{_s(recovered)}"
+    text = f"The ranks recovered in process from {counted(recovered, 'failure')}"
     if fell_back:
-        text += f"; {fell_back} fell back to ending {'its' if fell_back == 1 else 'their'} attempt"
+        text += f"; {fell_back} fell back to ending {plural(fell_back, 'its', 'their')} attempt"
     return text + "."
-
-
-def _s(n: int) -> str:
-    return "" if n == 1 else "s"
 
 
 def ranks_cell(r: InProcessRestart) -> str:

@@ -24,6 +24,7 @@ from ddlaunch.store.sweeps import (
     member_overrides,
     read_members,
 )
+from ddlaunch.wording import counted
 
 
 def member_path(ref: str, root: Path) -> Path | None:
@@ -114,11 +115,9 @@ def _near(ref: str, root: Path, most: int = 3) -> list[str]:
 
 def ambiguous_prefix(ref: str, sweep_ids: Sequence[str], run_ids: Sequence[str]) -> str:
     """``'s' matches 1 sweep and 2 runs (sw, sx, sy); give more of the id``."""
-
-    def count(n: int, what: str) -> str:
-        return f"{n} {what}" if n == 1 else f"{n} {what}s"
-
-    kinds = [count(len(ids), what) for ids, what in ((sweep_ids, "sweep"), (run_ids, "run")) if ids]
+    kinds = [
+        counted(len(ids), what) for ids, what in ((sweep_ids, "sweep"), (run_ids, "run")) if ids
+    ]
     names = sorted([*sweep_ids, *run_ids])
     shown = ", ".join(names[:MATCHES_SHOWN])
     more = f", and {len(names) - MATCHES_SHOWN} more" if len(names) > MATCHES_SHOWN else ""

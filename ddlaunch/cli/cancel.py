@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING
 import click
 
 from ddlaunch.cli.completion import complete_runs
+from ddlaunch.wording import counted
 
 if TYPE_CHECKING:
     from ddlaunch.app.cancel import Waiting
 
 
 def _jobs(jobs: tuple[str, ...]) -> str:
-    return f"job {jobs[0]}" if len(jobs) == 1 else f"{len(jobs)} jobs"
+    return f"job {jobs[0]}" if len(jobs) == 1 else counted(len(jobs), "job")
 
 
 def waiting_line(w: Waiting) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ddlaunch.config.schema import Config
+from ddlaunch.wording import counted
 
 # Said when the ranks run here only because there is no sbatch (not --local).
 NO_SBATCH = "no sbatch on PATH: running the ranks locally (--local)"
@@ -43,7 +44,7 @@ def run_here(run_dir: Path, cfg: Config) -> None:
     interrupted)."""
     from ddlaunch.app.local import LocalRunInterrupted, run_locally
 
-    click.echo(f"run dir: {run_dir}  local, {cfg.world_size} ranks")
+    click.echo(f"run dir: {run_dir}  local, {counted(cfg.world_size, 'rank')}")
     stop = threading.Event()
     streamer = threading.Thread(target=_stream_rank0, args=(run_dir, stop), daemon=True)
     streamer.start()

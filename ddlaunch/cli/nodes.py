@@ -10,6 +10,7 @@ import click
 from ddlaunch.cli.groups import Group
 from ddlaunch.cli.table import Column, fit
 from ddlaunch.cli.terminal import table_width
+from ddlaunch.wording import counted
 
 
 def _when(ts: float | None, now: float) -> str:
@@ -121,4 +122,4 @@ def clear_cmd() -> None:
     from ddlaunch.app.nodes import clear_nodes
 
     count = clear_nodes()
-    click.echo(f"cleared {count} entr{'y' if count == 1 else 'ies'}")
+    click.echo(f"cleared {counted(count, 'entry', 'entries')}")

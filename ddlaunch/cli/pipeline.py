@@ -10,6 +10,7 @@ import click
 
 from ddlaunch.cli.options import force_option, set_option, target_option
 from ddlaunch.cli.snapshot import echo_progress
+from ddlaunch.wording import counted
 
 
 @click.command("pipeline")
@@ -81,14 +82,16 @@ def command(
                 continue
             match event:
                 case Checked(name=name, stages=count):
-                    click.echo(f"pipeline {name}: {count} stages, submitted in this order")
+                    click.echo(
+                        f"pipeline {name}: {counted(count, 'stage')}, submitted in this order"
+                    )
                 case Planned(stage=stage):
                     sets = " ".join(f"--set {shlex.quote(o)}" for o in stage.overrides)
                     after = ", ".join(e.text for e in stage.after) or "-"
                     click.echo(f"stage {stage.name}: {shlex.quote(str(stage.config_path))} {sets}")
                     click.echo(f"  after: {after}")
                 case Started(pipeline_id=pipeline_id, path=path, stages=count, width=width):
-                    click.echo(f"pipeline {pipeline_id}: {count} stages")
+                    click.echo(f"pipeline {pipeline_id}: {counted(count, 'stage')}")
                     click.echo(f"pipeline dir: {path}")
                 case StageSubmitted(stage=stage, run_id=run_id, job_id=job_id):
                     after = ", ".join(e.text for e in stage.after)

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ddlaunch.wording import counted, plural
+
 if TYPE_CHECKING:
     from ddlaunch.app.snapshot import Snapshot
     from ddlaunch.config.schema import Config
@@ -22,16 +24,18 @@ def report_snapshot(cfg: Config, snap: Snapshot | None, *, stored: bool) -> None
     if not stored:
         how = "not stored by --dry-run"
     elif snap.created:
-        how = f"stored, {snap.files} files, {snap.seconds:.2f} s"
+        files = "" if snap.files is None else f"{counted(snap.files, 'file')}, "
+        how = f"stored, {files}{snap.seconds:.2f} s"
     else:
         how = "stored already"
     click.echo(f"code: {snap.kind} snapshot {snap.id} of {snap.source} ({how})", err=True)
     if snap.untracked:
         # A new module that was never added is the usual surprise: the job cannot import it.
         names = ", ".join(snap.untracked[:3]) + (", ..." if len(snap.untracked) > 3 else "")
+        them = plural(len(snap.untracked), "it", "them")
         click.echo(
-            f"note: {len(snap.untracked)} untracked file(s) not in the snapshot ({names}); "
-            "git add them to include them",
+            f"note: {counted(len(snap.untracked), 'untracked file')} not in the snapshot "
+            f"({names}); git add {them} to include {them}",
             err=True,
         )
     if snap.own is not None:

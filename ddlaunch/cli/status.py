@@ -16,6 +16,7 @@ import click
 from ddlaunch.cli.completion import complete_targets
 from ddlaunch.cli.table import ELLIPSIS, TAIL, Column, fit, unique_prefixes, wrap
 from ddlaunch.cli.terminal import table_width
+from ddlaunch.wording import plural
 
 COLUMNS = (
     Column("run", "shrink"),
@@ -223,7 +224,7 @@ def page(shown: Any, width: int | None) -> str:
     if rows:
         lines.append(render(rows, width, shown.names, lines_follow=follow))
     if shown.hidden:
-        what = "run" if shown.hidden == 1 else "runs"
+        what = plural(shown.hidden, "run")
         text = (
             f"{shown.hidden} older finished {what} not shown (ddlaunch status --all, or --since 7d)"
         )

@@ -20,6 +20,7 @@ from ddlaunch.cli.groups import Group
 from ddlaunch.cli.options import force_option, set_option
 from ddlaunch.cli.snapshot import report_snapshot
 from ddlaunch.errors import UserError
+from ddlaunch.wording import counted, plural
 
 if TYPE_CHECKING:
     from ddlaunch.sweeps.events import SweepDryRun
@@ -73,7 +74,9 @@ def _print_dry_run(dry: SweepDryRun) -> None:
         click.echo(f"# {line}")
     for array in dry.arrays:
         members = array.spec.members
-        click.echo(f"# ---- array {array.spec.name}: {len(members)} tasks, members {members}")
+        click.echo(
+            f"# ---- array {array.spec.name}: {counted(len(members), 'task')}, members {members}"
+        )
         click.echo(array.script, nl=False)
         click.echo(f"# sbatch argv: {array.sbatch_line}")
 
@@ -125,11 +128,20 @@ def _report(outcomes: Sequence[Any], sweep_dir: Any) -> None:
         click.echo(line)
     failed = [o for o in outcomes if not o.job_id]
     if failed:
-        count = sum(len(o.members) for o in failed)
-        raise UserError(
-            f"{len(failed)} of {len(outcomes)} arrays were not submitted ({count} members); "
-            f"the others were. Retry those with: ddlaunch sweep resubmit {sweep_dir} --failed"
-        )
+        members = counted(sum(len(o.members) for o in failed), "member")
+        others = len(outcomes) - len(failed)
+        if others:
+            head = (
+                f"{len(failed)} of {counted(len(outcomes), 'array')} "
+                f"{plural(len(failed), 'was', 'were')} not submitted ({members}); "
+                f"the {plural(others, 'other was', 'others were')}"
+            )
+        else:  # "the others were" would say a submission that never happened
+            head = plural(
+                len(outcomes), "the array was not", f"none of the {len(outcomes)} arrays was"
+            )
+            head += f" submitted ({members})"
+        raise UserError(f"{head}. Retry those with: ddlaunch sweep resubmit {sweep_dir} --failed")
 
 
 @click.group("sweep", cls=_SweepGroup)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddlaunch.config.fields import PATTERNS, opt
+from ddlaunch.wording import counted
 
 TRAIN = "train"
 SERVICE = "service"
@@ -165,12 +166,12 @@ def _groups_straddling(cfg: Any, train: list[ComponentSpec]) -> list[Issue]:
     odd = [c for c in train if c.nodes.count % per_group]
     if not odd:
         return []
-    listed = ", ".join(f"{c.name} has {c.nodes.count}" for c in odd)
+    listed = ", ".join(f"{c.name} has {counted(c.nodes.count, 'node')}" for c in odd)
     return [
         (
             ("parallel", "dp_replicate"),
-            f"{degrees.dp_replicate} replica groups of {per_group} node(s) each would span "
-            f"components ({listed} node(s)): make each train component's nodes a multiple of "
+            f"{degrees.dp_replicate} replica groups of {counted(per_group, 'node')} each would "
+            f"span components ({listed}): make each train component's nodes a multiple of "
             f"{per_group}, so that a group runs and restarts in one component",
         )
     ]

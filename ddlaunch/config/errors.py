@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddlaunch.errors import UserError
+from ddlaunch.wording import counted
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,7 @@ class ConfigError(UserError):
 
     def __init__(self, issues: list[ConfigIssue]):
         self.issues = list(issues)
-        noun = "error" if len(self.issues) == 1 else "errors"
-        lines = [f"invalid config ({len(self.issues)} {noun}):"]
+        lines = [f"invalid config ({counted(len(self.issues), 'error')}):"]
         lines += [f"  {issue}" for issue in self.issues]
         super().__init__("\n".join(lines))
 

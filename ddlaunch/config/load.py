@@ -18,6 +18,7 @@ import yaml
 
 from ddlaunch import resources
 from ddlaunch.config.errors import ConfigError, ConfigIssue
+from ddlaunch.wording import counted
 
 KeyPath = tuple[str, ...]
 
@@ -74,6 +75,53 @@ class LoadedTree:
 def parse_yaml_value(text: str) -> Any:
     """A ``--set`` value, typed as YAML would type it (``4`` -> int, ``[a, b]`` -> list)."""
     return yaml.load(text, Loader=_Loader)
+
+
+# ``params`` is the one section no schema types: it reaches the training code as written. A
+# value with a second '=' that YAML reads as a string there (``--set params.lr=0.25=3``: a
+# doubled '=', two settings run together) would reach it unseen, where a schema key would
+# refuse it; quoted, the same string is meant.
+FREE_FORM = "params"
+_MISSING = object()
+
+
+def unquoted_equals(
+    path: KeyPath,
+    text: str,
+    value: object,
+    tree: Mapping[str, object] | None = None,
+    cli: bool = True,
+) -> str | None:
+    """Why ``path=text`` is refused, or None: a ``params`` value written as a plain (unquoted)
+    YAML scalar that holds '='. ``value``: ``text`` as YAML typed it; ``tree``: the config so
+    far, whose value at ``path`` says what was expected; ``cli``: the fix is given as a
+    ``--set`` option, else as a file's ``key=value`` line."""
+    if len(path) < 2 or path[0] != FREE_FORM or not isinstance(value, str) or "=" not in value:
+        return None
+    node = yaml.compose(text, Loader=_Loader)
+    if not isinstance(node, yaml.ScalarNode) or node.style is not None:
+        return None  # quoted: the '=' is meant
+    import json  # only for a mistake
+    import shlex
+
+    quoted = f"{'.'.join(path)}={json.dumps(value, ensure_ascii=False)}"
+    fix = f"--set {shlex.quote(quoted)}" if cli else quoted
+    fix = f"if the '=' is meant, quote the value: {fix}"
+    had = _MISSING if tree is None else _value_at(tree, path)
+    if isinstance(had, bool):
+        return f"expected true or false (the config has {str(had).lower()}), got {value!r}; {fix}"
+    if isinstance(had, int | float):
+        return f"expected a number (the config has {had}), got {value!r}; {fix}"
+    return f"got {value!r}, with an unquoted '=' (params reach the training code unchecked); {fix}"
+
+
+def _value_at(tree: Mapping[str, object], path: KeyPath) -> object:
+    node: object = tree
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
 
 
 @functools.cache
@@ -402,7 +450,7 @@ def _index(items: list[object], path: KeyPath, i: int) -> int | ConfigIssue:
         return int(part)
     return ConfigIssue(
         ".".join(path[: i + 1]),
-        f"{listed} is a list of {len(items)} item(s): write {listed}.N with N from 0 to "
+        f"{listed} is a list of {counted(len(items), 'item')}: write {listed}.N with N from 0 to "
         f"{len(items) - 1}",
     )
 
@@ -441,6 +489,11 @@ def apply_overrides(
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or "invalid YAML"
             issues.append(ConfigIssue(key, f"value is not valid YAML: {problem}", where))
+            continue
+        cli = where == f"--set {item}"
+        refused = unquoted_equals(tuple(key.split(".")), raw, value, loaded.tree, cli)
+        if refused is not None:
+            issues.append(ConfigIssue(key, refused, where))
             continue
         if "[" in key:
             # A list is one value: its items are not keys.

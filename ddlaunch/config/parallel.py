@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ddlaunch.wording import counted
+
 # Mesh dimensions, outermost first: rank r's coordinates are r written in this mixed radix.
 # tp varies fastest (neighbouring ranks, one node), pp slowest (stages on different nodes),
 # dp_replicate outside dp_shard (replicas across nodes, shards close together).
@@ -61,12 +63,12 @@ class Degrees:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """The job's shape: ``nodes`` x ``ranks_per_node`` ranks; ``unit`` names a node's ranks
-    in messages (GPUs, or ranks for CPU jobs)."""
+    """The job's shape: ``nodes`` x ``ranks_per_node`` ranks; ``unit`` names a node's rank
+    in messages (a GPU, or a rank for CPU jobs), in the singular."""
 
     nodes: int
     ranks_per_node: int
-    unit: str = "GPUs"
+    unit: str = "GPU"
 
     @property
     def world(self) -> int:
@@ -74,7 +76,7 @@ class ParallelLayout:
 
     @property
     def shape_text(self) -> str:
-        return f"{self.nodes} nodes x {self.ranks_per_node} {self.unit}"
+        return f"{counted(self.nodes, 'node')} x {counted(self.ranks_per_node, self.unit)}"
 
 
 def divisors(n: int) -> list[int]:
@@ -108,7 +110,7 @@ def replica_mode(cfg: Any) -> bool:
 
 
 def layout_of(cfg: Any) -> ParallelLayout:
-    unit = "GPUs" if cfg.nodes.gpus_per_node else "ranks"
+    unit = "GPU" if cfg.nodes.gpus_per_node else "rank"
     return ParallelLayout(cfg.nodes.count, cfg.ranks_per_node, unit)
 
 
@@ -187,7 +189,8 @@ class _Resolver:
         group = "a cp x tp block" if key == "cp" else "a tp group"
         self.fail(
             key,
-            f"{subject} {verb} the {g} {unit} of a node ({group} must sit inside one node); "
+            f"{subject} {verb} the {counted(g, unit)} of a node ({group} must sit inside one "
+            "node); "
             f"nearest valid: {nearest(value, divisors(g // inner))}",
         )
         return False
@@ -206,7 +209,7 @@ class _Resolver:
                 self.fail(
                     auto,
                     f"auto cannot fill the job: {others} = {fixed} does not divide its "
-                    f"{world} ranks ({shape})",
+                    f"{counted(world, 'rank')} ({shape})",
                 )
                 return None
             return {k: world // fixed if k == auto else int(top[k]) for k in TOP}
@@ -214,7 +217,9 @@ class _Resolver:
             product = " x ".join(f"{k} {top[k]}" for k in TOP)
             fixes = self.single_fixes(top, fixed)
             hint = f"; nearest valid: {fixes} (or dp: auto)" if fixes else "; set dp: auto"
-            self.fail("", f"{product} = {fixed}, but the job has {world} ranks ({shape}){hint}")
+            self.fail(
+                "", f"{product} = {fixed}, but the job has {counted(world, 'rank')} ({shape}){hint}"
+            )
             return None
         return {k: int(top[k]) for k in TOP}
 
@@ -245,7 +250,7 @@ class _Resolver:
         label = f"auto gives pp {pp}:" if auto else f"{pp}"
         self.fail(
             "pp",
-            f"{label} pipeline stages on {nodes} nodes would split nodes between stages "
+            f"{label} pipeline stages on {counted(nodes, 'node')} would split nodes between stages "
             f"unevenly (a stage holds whole nodes, or whole fractions of one); nearest "
             f"valid: {nearest(pp, valid)}",
         )

@@ -41,6 +41,7 @@ from ddlaunch.config.parallel import (
     resolve,
 )
 from ddlaunch.config.schema import Config
+from ddlaunch.wording import counted
 
 KeyPath = tuple[str, ...]
 MODE: KeyPath = ("fault_tolerance", "mode")
@@ -124,7 +125,7 @@ def check_replica_groups(cfg: Config, b: Collector) -> None:
 
 
 def _nodes(count: int) -> str:
-    return f"{count} node{'s' if count != 1 else ''}"
+    return counted(count, "node")
 
 
 def group_counts(cfg: Config, degrees: Degrees) -> list[int]:

@@ -26,6 +26,7 @@ from ddlaunch.config.load import KeyPath, LoadedTree, load_tree
 from ddlaunch.config.placement_rules import check_placement
 from ddlaunch.config.sbatch_rules import check_sbatch
 from ddlaunch.config.schema import PATTERNS, Config
+from ddlaunch.wording import counted
 
 _MAIL_TYPES = {
     "NONE",
@@ -385,7 +386,7 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
     if cfg.cluster.gpus_per_node is not None and n.gpus_per_node > cfg.cluster.gpus_per_node:
         b.fail(
             ("nodes", "gpus_per_node"),
-            f"asks for {n.gpus_per_node} GPUs per node but the "
+            f"asks for {counted(n.gpus_per_node, 'GPU')} per node but the "
             f"cluster preset {cfg.cluster.name!r} has {cfg.cluster.gpus_per_node}",
             also=("cluster", "gpus_per_node"),
         )
@@ -416,8 +417,8 @@ def _node_rules(cfg: Config, b: _Builder) -> None:
         ranks_key = "gpus_per_node" if n.gpus_per_node else "tasks_per_node"
         b.fail(
             ("nodes", "cpus_per_task"),
-            f"{n.cpus_per_task} CPUs x {cfg.ranks_per_node} ranks "
-            f"per node exceeds the {cpus} CPUs a node of {cfg.cluster.name!r} has",
+            f"{counted(n.cpus_per_task, 'CPU')} x {counted(cfg.ranks_per_node, 'rank')} "
+            f"per node exceeds the {counted(cpus, 'CPU')} a node of {cfg.cluster.name!r} has",
             also=("nodes", ranks_key),
             others=[("cluster", "cpus_per_node")],
         )

@@ -56,6 +56,7 @@ from ddlaunch.store.components import (
     with_run,
     write,
 )
+from ddlaunch.wording import counted
 
 RESTART_PAUSE_S = 1.0  # between a failed step and its next start (a port to be freed)
 STOP_GRACE_S = 10.0  # between the TERM to a stopped service's tasks and their KILL
@@ -261,7 +262,8 @@ class Supervisor:
                 self._record(FAILED, starts, last_exit)
                 self.say(
                     f"[ddlaunch] service {self.name} failed (exit {last_exit}) after "
-                    f"{starts - 1} restart(s), fault_tolerance.max_restarts={self.max_restarts}: "
+                    f"{counted(starts - 1, 'restart')}, "
+                    f"fault_tolerance.max_restarts={self.max_restarts}: "
                     "left stopped; the training goes on"
                 )
                 return last_exit

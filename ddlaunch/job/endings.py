@@ -21,6 +21,7 @@ from ddlaunch.store import badnodes, exclusions
 from ddlaunch.store import watchdog as watchdog_records
 from ddlaunch.store.attempts import AttemptId, AttemptRecord
 from ddlaunch.store.inprocess import of_attempt, who_died
+from ddlaunch.wording import counted
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def finished_in_process(record: AttemptRecord, exit_code: int) -> Ending | None:
     if record.in_process_done is None:
         return None
     replaced = [r for r in of_attempt(record) if r.recovered]
-    count = f"{len(replaced)} in-process restart{'' if len(replaced) == 1 else 's'}"
+    count = counted(len(replaced), "in-process restart")
     who = ", then ".join(who_died(r) for r in replaced)
     print(
         f"[ddlaunch] the ranks finished after {count}"

@@ -25,6 +25,7 @@ from pathlib import Path
 from ddlaunch.job.group_records import say
 from ddlaunch.policy.groups import GroupState, StepEnd
 from ddlaunch.slurm.client import SlurmClient, scancel_argv
+from ddlaunch.wording import plural
 
 # Ending a group's step: how long scancel may take before srun is killed anyway (it waits
 # MessageTimeout for a dead node's slurmd, while the live nodes have the signal at once),
@@ -237,8 +238,8 @@ class Steps:
             if not listed & set(ids):
                 return
             time.sleep(STEP_GONE_POLL_S)
-        left = ", ".join(ids)
-        say(f"warning: step(s) {left} still in the queue {STEP_GONE_S:.0f} s after scancel")
+        left = f"{plural(len(ids), 'step')} {', '.join(ids)}"
+        say(f"warning: {left} still in the queue {STEP_GONE_S:.0f} s after scancel")
 
     def kill_all(self, steps: Sequence[Step]) -> None:
         """SIGKILL every running srun of ``steps``, then wait for each (the whole job's end:

@@ -96,6 +96,7 @@ from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.failures import Failure, read_failures
 from ddlaunch.store.group_restarts import GroupRestart
 from ddlaunch.store.rundir import LOGS_DIR, config_path
+from ddlaunch.wording import counted
 
 POLL_S = 0.2
 WHOLE_JOB_FAILED = 1
@@ -418,7 +419,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (OSError, RuntimeError) as exc:
         say(f"error: could not start the torchft lighthouse: {exc}")
         return WHOLE_JOB_FAILED
-    say(f"lighthouse at {address} (min {settings.min_groups} live group(s))")
+    say(f"lighthouse at {address} (min {counted(settings.min_groups, 'live group')})")
     per_group = len(cut[0]) * settings.ranks_per_node
     sup = Supervisor(
         settings,

@@ -41,6 +41,7 @@ from ddlaunch.store import attempts, standbys
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.inprocess import of_attempt
 from ddlaunch.store.rundir import config_path
+from ddlaunch.wording import counted
 
 # How often the wait looks at the attempt record and the standbys' steps: one small file
 # and a signal 0 per step, never a file per rank.
@@ -130,7 +131,7 @@ def outlive(
         in_process=True,
     )
     count = max(first.replaced, last.replaced)
-    restarts = f"{count} in-process restart{'' if count == 1 else 's'}" if count else "a standby"
+    restarts = counted(count, "in-process restart") if count else "a standby"
     why = f"{finding.cause}: {finding.detail}" if finding is not None else last.why
     print(
         f"[ddlaunch] the ranks' step ended while ranks that standbys took ({restarts}) trained "

@@ -14,6 +14,7 @@ from ddlaunch.job.blame import bad_nodes, expand
 from ddlaunch.policy.placement import Placement, describe_shortage, place
 from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import exclusions
+from ddlaunch.wording import counted
 
 # Set by the batch script for each step of a job with spares or nodes.min: the step's nodes
 # (the attempt record, the watchdog and the in-rank preflight use them, not the allocation's).
@@ -88,7 +89,7 @@ def placement_fields(
     }
     if len(used) < wanted:
         fields["shrunk"] = (
-            f"{len(used)} of {wanted} nodes (nodes.min={minimum}), world size {world} "
+            f"{len(used)} of {counted(wanted, 'node')} (nodes.min={minimum}), world size {world} "
             f"instead of {wanted * ranks_per_node}: the global batch changes"
         )
     return fields

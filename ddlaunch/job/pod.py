@@ -46,6 +46,7 @@ from ddlaunch.store import attempts, pods, signal_save
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.layout import LOGS_DIR, SUBMITIT_DIR
 from ddlaunch.store.rundir import committed_step
+from ddlaunch.wording import counted
 
 POLL_S = 0.2
 KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL: the ranks' stop flag may need a step to act
@@ -89,7 +90,7 @@ def open_attempt(run_dir: Path, attempt: AttemptId, pod: pod_env.PodIdentity, ho
             records[-1], cause=policy.CAUSE_RESTARTED, committed_step=step, blamed=[]
         )
     record = attempts.new_record(
-        len(records), attempt, nodes=f"{pod.nodes} pods", host=host, resumed_from=step
+        len(records), attempt, nodes=counted(pod.nodes, "pod"), host=host, resumed_from=step
     )
     records.append(record)
     attempts.save(run_dir, records)
@@ -194,7 +195,7 @@ def run_pod(env: Mapping[str, str]) -> int:
     host = env.get(pod_env.NODE_NAME_VAR) or os.uname().nodename
     print(
         f"[ddlaunch] pod of node {pod.index}/{pod.nodes} on {host}, attempt {attempt.key}, "
-        f"{pod.ranks_per_node} ranks (logs: {run_dir / LOGS_DIR})",
+        f"{counted(pod.ranks_per_node, 'rank')} (logs: {run_dir / LOGS_DIR})",
         flush=True,
     )
     if pod.leader:

@@ -35,6 +35,7 @@ from ddlaunch.slurm.client import SlurmClient
 from ddlaunch.store import stops
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.rundir import CheckpointSource, latest_checkpoint
+from ddlaunch.wording import plural
 
 MARGIN_S = 15.0  # kept free before the time limit for the end hook and the requeue
 GRACE_S = 20.0  # a trainer still running this long after its save is stopped
@@ -104,7 +105,8 @@ class StopRequest:
                 # before the ranks agreed on the step, worker.hf_stop and lightning_stop)
                 # or ignoring TERM: end the step so the end hook still decides in time.
                 ended = end_step(self.attempt.job_id, self.client)
-                print(f"[ddlaunch] killed step(s) {', '.join(ended)}: still alive after TERM")
+                killed_steps = f"{plural(len(ended), 'step')} {', '.join(ended)}"
+                print(f"[ddlaunch] killed {killed_steps}: still alive after TERM")
                 killed = True
             self.sleep(POLL_S)
         return self._record(record, saved, start)

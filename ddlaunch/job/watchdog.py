@@ -50,6 +50,7 @@ from ddlaunch.store import watchdog as records
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.heartbeats import AttemptBeats, read_attempt
 from ddlaunch.store.rundir import checkpoint_source, config_path
+from ddlaunch.wording import plural
 
 
 class StopSignal:
@@ -174,7 +175,10 @@ class _Watch:
             )
         elif self.attempt.job_id:
             ended = end_step(self.attempt.job_id, self.client)
-            print(f"[ddlaunch watchdog] ended step(s) {', '.join(ended)}", flush=True)
+            print(
+                f"[ddlaunch watchdog] ended {plural(len(ended), 'step')} {', '.join(ended)}",
+                flush=True,
+            )
 
 
 def watch(

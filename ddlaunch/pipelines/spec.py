@@ -39,6 +39,7 @@ from ddlaunch.errors import UserError
 from ddlaunch.policy import chain
 from ddlaunch.store.rundir import SAFE_NAME, SAFE_NAME_EXPECTED
 from ddlaunch.sweeps.spec import format_value
+from ddlaunch.wording import counted
 
 TOP_KEYS = ("name", "stages")
 STAGE_KEYS = ("config", "set", "after")
@@ -52,8 +53,7 @@ class PipelineFileError(UserError):
 
     def __init__(self, issues: Sequence[ConfigIssue]):
         self.issues = list(issues)
-        noun = "error" if len(self.issues) == 1 else "errors"
-        lines = [f"invalid pipeline file ({len(self.issues)} {noun}):"]
+        lines = [f"invalid pipeline file ({counted(len(self.issues), 'error')}):"]
         lines += [f"  {issue}" for issue in self.issues]
         super().__init__("\n".join(lines))
 

@@ -15,6 +15,7 @@ from functools import cached_property
 
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.rank_step import rank_command
+from ddlaunch.wording import counted
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,9 +71,9 @@ def cpu_job_warning(cfg: Config) -> str | None:
     ranks, tasks = cfg.ranks_per_node, cfg.nodes.tasks_per_node
     why = f"nodes.tasks_per_node={tasks}" if tasks else "nodes.tasks_per_node unset"
     return (
-        f"nodes.gpus_per_node is 0: the job asks for no GPUs and runs {ranks} "
-        f"rank{'' if ranks == 1 else 's'} per node on CPUs ({why}), though a node of "
-        f"{cfg.cluster.name!r} has {have} GPUs"
+        f"nodes.gpus_per_node is 0: the job asks for no GPUs and runs {counted(ranks, 'rank')} "
+        f"per node on CPUs ({why}), though a node of {cfg.cluster.name!r} has "
+        f"{counted(have, 'GPU')}"
     )
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from ddlaunch.config.schema import Config
 from ddlaunch.planning.parallel import ParallelPlan, Span, replica_groups
+from ddlaunch.wording import counted
 
 # Per GPU and direction, Gbit/s (the datasheets give GB/s over both directions).
 INTRA: dict[str, tuple[float, str]] = {
@@ -85,7 +86,7 @@ def inter_node(cfg: Config) -> Bandwidth:
     if kind in ("ib", "roce"):
         adapters = max(1, len(cfg.fabric.hcas))
         listed = "in fabric.hcas" if cfg.fabric.hcas else "(fabric.hcas lists none)"
-        text += f"; {adapters} adapter{'s' if adapters > 1 else ''} {listed}"
+        text += f"; {counted(adapters, 'adapter')} {listed}"
         gbps *= adapters
     if kind == "ethernet":
         text += "; set parallel.inter_node_gbps"
@@ -133,12 +134,15 @@ def estimate(plan: ParallelPlan, cfg: Config) -> list[DimCost]:
         if groups is not None and dim == "dp_replicate":
             # Each rank all-reduces its shard with the same rank of every other group, all
             # of a node's ranks at once: the node's network shared, as in HSDP.
-            gbps, link = across.gbps / plan.ranks_per_node, f"across {groups.count} replica groups"
+            gbps, link = (
+                across.gbps / plan.ranks_per_node,
+                f"across {counted(groups.count, 'replica group')}",
+            )
             what = f"{what} through torchft, per step" if size is not None else what
         elif span.inside_node:
             gbps, link = inside.gbps, "inside a node"
         else:
             gbps = across.gbps / plan.ranks_per_node
-            link = f"across {span.nodes} nodes"
+            link = f"across {counted(span.nodes, 'node')}"
         out.append(DimCost(dim, span, what, size, gbps, link))
     return out

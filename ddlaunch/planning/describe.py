@@ -20,6 +20,7 @@ from ddlaunch.planning.parallel import (
     ranks_text,
     replica_groups,
 )
+from ddlaunch.wording import counted
 
 SHOWN_NODES = 4  # per-node lines before "... more nodes"
 SHOWN_GROUPS = 2
@@ -99,8 +100,7 @@ _DIMS_HEADER = f"{'dim':<13} {'size':>4} {'groups':>6}  {'where':<34} first grou
 def _where(span: Span) -> str:
     if span.inside_node:
         return "inside a node"
-    ranks = "1 rank" if span.per_node == 1 else f"{span.per_node} ranks"
-    return f"across {span.nodes} nodes, {ranks} on each"
+    return f"across {counted(span.nodes, 'node')}, {counted(span.per_node, 'rank')} on each"
 
 
 def _dim_row(span: Span, groups: int, where: str, found: Iterable[list[int]]) -> str:
@@ -157,7 +157,7 @@ def _cost_lines(plan: ParallelPlan, cfg: Config) -> list[str]:
     lines.append(f"  inside a node: {_gbps(inside.gbps)} per GPU, {inside.source}")
     lines.append(
         f"  across nodes: {_gbps(across.gbps)} per node, shared by its "
-        f"{plan.ranks_per_node} ranks, {across.source}"
+        f"{counted(plan.ranks_per_node, 'rank')}, {across.source}"
     )
     return lines
 
@@ -171,12 +171,12 @@ def parallel_lines(
         return []
     plan = plan or parallel_plan(cfg)
     d = plan.degrees
-    unit = "GPUs" if cfg.nodes.gpus_per_node else "ranks"
+    unit = "GPU" if cfg.nodes.gpus_per_node else "rank"
     shape = ", ".join(f"{n} {s}" for n, s in zip(plan.names, plan.shape, strict=True))
     head = (
-        f"Parallelism (parallel:): {plan.world} ranks on {plan.nodes} nodes x "
-        f"{plan.ranks_per_node} {unit} = dp {d.dp} (replicate {d.dp_replicate} x shard "
-        f"{d.dp_shard}) x tp {d.tp} x pp {d.pp} x cp {d.cp}"
+        f"Parallelism (parallel:): {counted(plan.world, 'rank')} on "
+        f"{counted(plan.nodes, 'node')} x {counted(plan.ranks_per_node, unit)} = dp {d.dp} "
+        f"(replicate {d.dp_replicate} x shard {d.dp_shard}) x tp {d.tp} x pp {d.pp} x cp {d.cp}"
     )
     order = (
         f"rank r runs on node r // {plan.ranks_per_node} (allocation order, srun "
@@ -203,7 +203,7 @@ def _group_lines(replicas: ReplicaGroups) -> list[str]:
     listed = [_node_range(replicas.nodes(g)) for g in range(count)]
     if count > 2 * SHOWN_GROUPS:
         listed = [*listed[:SHOWN_GROUPS], "...", listed[-1]]
-    size = "1 node" if k == 1 else f"{k} nodes"
+    size = counted(k, "node")
     inner = replicas.inner
     shape = ", ".join(
         f"{n} {s}" for n, s in zip(inner.names, inner.shape, strict=True) if n != "dp_replicate"
@@ -212,7 +212,8 @@ def _group_lines(replicas: ReplicaGroups) -> list[str]:
     return [
         f"replica groups: {count} x {size} ({' | '.join(listed)}), torchft; a failure restarts "
         f"its group only; min {replicas.min_live} live",
-        f"each group is its own world of {ranks} ranks, its mesh outermost first: {shape}; "
+        f"each group is its own world of {counted(ranks, 'rank')}, its mesh outermost first: "
+        f"{shape}; "
         f"dp_replicate {count} across the groups, through torchft",
         f"group g's rank r is the job's rank g x {ranks} + r",
     ]
@@ -230,7 +231,9 @@ def _group_dims_lines(replicas: ReplicaGroups) -> list[str]:
         rows.append(_dim_row(span, span.groups * count, _where(span), inner.groups(dim)))
     across = replicas.span()
     peers = (replicas.peers(r) for r in range(replicas.ranks_per_group))
-    rows.append(_dim_row(across, across.groups, f"across {count} groups, torchft", peers))
+    rows.append(
+        _dim_row(across, across.groups, f"across {counted(count, 'group')}, torchft", peers)
+    )
     return rows
 
 

@@ -21,6 +21,7 @@ from ddlaunch.config.schema import Config
 from ddlaunch.config.validate import parse_duration
 from ddlaunch.planning import topology
 from ddlaunch.slurm.partitions import PartitionFacts
+from ddlaunch.wording import counted, plural
 
 
 def find_partition(partitions: Sequence[PartitionFacts], name: str | None) -> PartitionFacts | None:
@@ -59,7 +60,9 @@ def _limits(cfg: Config, part: PartitionFacts) -> list[str]:
     where = f"partition {part.name}"
     wanted, keys = _asked(cfg)
     if part.max_nodes is not None and wanted > part.max_nodes:
-        problems.append(f"{keys} {wanted} nodes is more than {where}'s MaxNodes={part.max_nodes}")
+        problems.append(
+            f"{keys} {counted(wanted, 'node')} is more than {where}'s MaxNodes={part.max_nodes}"
+        )
     limit = parse_duration(cfg.job.time)
     if part.max_time_s is not None and (limit == 0 or (limit or 0) > part.max_time_s):
         most = _duration(part.max_time_s)
@@ -67,13 +70,14 @@ def _limits(cfg: Config, part: PartitionFacts) -> list[str]:
     gpus, most_gpus = cfg.nodes.gpus_per_node, max(part.gpus, default=0)
     if gpus > most_gpus:
         problems.append(
-            f"nodes.gpus_per_node: {gpus} GPUs per node, but the nodes of {where} have at "
-            f"most {most_gpus}"
+            f"nodes.gpus_per_node: {counted(gpus, 'GPU')} per node, but the nodes of {where} "
+            f"have at most {most_gpus}"
         )
     cpus, most_cpus = _cpus_per_node(cfg), max(part.cpus, default=0)
     if cpus and most_cpus and cpus > most_cpus:
         problems.append(
-            f"nodes.cpus_per_task: {cpus} CPUs per node ({cfg.ranks_per_node} ranks), but the "
+            f"nodes.cpus_per_task: {counted(cpus, 'CPU')} per node "
+            f"({counted(cfg.ranks_per_node, 'rank')}), but the "
             f"nodes of {where} have at most {most_cpus}"
         )
     return problems
@@ -92,21 +96,22 @@ def _fits(cfg: Config, part: PartitionFacts, node: str) -> bool:
 
 def _kind(cfg: Config) -> str:
     gpus = cfg.nodes.gpus_per_node
-    return f" with {gpus} GPU{'s' if gpus > 1 else ''} or more" if gpus else ""
+    return f" with {counted(gpus, 'GPU')} or more" if gpus else ""
 
 
 def _enough_nodes(cfg: Config, part: PartitionFacts, excluded: Mapping[str, str]) -> list[str]:
     where = f"partition {part.name}"
     fitting = [n for n in part.nodes if _fits(cfg, part, n)]
-    has = f"{where} has {len(fitting)} node{'s' if len(fitting) != 1 else ''}{_kind(cfg)}"
+    has = f"{where} has {counted(len(fitting), 'node')}{_kind(cfg)}"
     wanted, keys = _asked(cfg)
     if len(fitting) < wanted:
-        return [f"{keys} {wanted} nodes, but {has}"]
+        return [f"{keys} {counted(wanted, 'node')}, but {has}"]
     out = sorted(n for n in fitting if n in excluded)
     if len(fitting) - len(out) >= wanted:
         return []
     lines = [
-        f"{keys} {wanted} nodes, but {has} and {len(out)} of them are excluded, "
+        f"{keys} {counted(wanted, 'node')}, but {has} and {len(out)} of them "
+        f"{plural(len(out), 'is', 'are')} excluded, "
         f"which leaves {len(fitting) - len(out)}:"
     ]
     return lines + [f"  {node}: {excluded[node]}" for node in out]
@@ -234,7 +239,8 @@ def requeue_shortage(
         else "nodes.count"
     )
     return (
-        f"stopped: the requeue without {without} needs {wanted} nodes ({asked}); partition "
-        f"{part.name} has {len(fitting) - out} usable ({len(fitting)} nodes{_kind(cfg)}, "
+        f"stopped: the requeue without {without} needs {counted(wanted, 'node')} ({asked}); "
+        f"partition {part.name} has {len(fitting) - out} usable "
+        f"({counted(len(fitting), 'node')}{_kind(cfg)}, "
         f"{out} excluded), so it could never start"
     )

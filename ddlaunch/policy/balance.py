@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from ddlaunch.config.components import TRAIN_COMPONENTS_VAR
+from ddlaunch.wording import counted
 
 BATCH_SHARE_VAR = "DDLAUNCH_BATCH_SHARE"
 ALL = "all"  # the one component's name when the launcher names none
@@ -57,7 +58,8 @@ def parse_components(text: str | None, world: int) -> tuple[Component, ...]:
     total = sum(c.ranks for c in out)
     if total != world:
         raise ValueError(
-            f"{TRAIN_COMPONENTS_VAR}={text!r} counts {total} ranks, the world has {world}"
+            f"{TRAIN_COMPONENTS_VAR}={text!r} counts {counted(total, 'rank')}, "
+            f"the world has {world}"
         )
     return tuple(out)
 
@@ -133,7 +135,9 @@ def by_throughput(
     by at most one sample, and only in the one component the remainder ends in.
     """
     if len(rates) != len(components):
-        raise ValueError(f"{len(rates)} rates for {len(components)} components")
+        raise ValueError(
+            f"{counted(len(rates), 'rate')} for {counted(len(components), 'component')}"
+        )
     world = sum(c.ranks for c in components)
     if global_batch < world:
         raise ValueError(

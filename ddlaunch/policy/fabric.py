@@ -25,6 +25,7 @@ from ddlaunch.policy.fabric_tools import (
     parse_ip_link,
     parse_nvidia_smi_topo,
 )
+from ddlaunch.wording import counted
 
 # The parsers are part of this module's interface (the doctor and the tests use them here).
 __all__ = [
@@ -280,7 +281,8 @@ def _gpu_findings(cfg: Config, outputs: dict[str, str | None]) -> list[FabricFin
             FabricFinding(
                 "topology.gpus",
                 FabricStatus.MISMATCH,
-                f"{count} GPUs, but the job asks for {wanted} per node (nodes.gpus_per_node)",
+                f"{counted(count, 'GPU')}, but the job asks for {wanted} per node "
+                "(nodes.gpus_per_node)",
             )
         )
     elif expected is not None and count != expected:
@@ -288,12 +290,12 @@ def _gpu_findings(cfg: Config, outputs: dict[str, str | None]) -> list[FabricFin
             FabricFinding(
                 "topology.gpus",
                 FabricStatus.MISMATCH,
-                f"{count} GPUs, but preset {cfg.cluster.name!r} says {expected} "
+                f"{counted(count, 'GPU')}, but preset {cfg.cluster.name!r} says {expected} "
                 "(cluster.gpus_per_node)",
             )
         )
     else:
-        findings.append(FabricFinding("topology.gpus", FabricStatus.OK, f"{count} GPUs"))
+        findings.append(FabricFinding("topology.gpus", FabricStatus.OK, counted(count, "GPU")))
     findings.append(_interconnect_finding(cfg, topo))
     findings += _gdr_findings(cfg, topo)
     return findings

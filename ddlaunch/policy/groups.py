@@ -38,6 +38,7 @@ from enum import Enum
 
 from ddlaunch.policy.group_actions import FAIL_JOB, GIVE_UP, RESTART
 from ddlaunch.policy.heartbeats import CAUSE_HANG, Finding, Thresholds
+from ddlaunch.wording import counted, plural
 
 
 class Phase(Enum):
@@ -179,11 +180,14 @@ def decide(
     if others_live < max(min_groups, 1):
         return GroupDecision(
             FAIL_JOB,
-            f"group {failed.group} cannot restart ({why}) and {others_live} live group(s) "
-            f"are fewer than fault_tolerance.min_replica_groups ({min_groups})",
+            f"group {failed.group} cannot restart ({why}) and "
+            f"{counted(others_live, 'live group')} {plural(others_live, 'is', 'are')} fewer than "
+            f"fault_tolerance.min_replica_groups ({min_groups})",
         )
     return GroupDecision(
-        GIVE_UP, f"group {failed.group} is given up ({why}); {others_live} group(s) go on"
+        GIVE_UP,
+        f"group {failed.group} is given up ({why}); "
+        f"{counted(others_live, 'group')} {plural(others_live, 'goes', 'go')} on",
     )
 
 
@@ -199,7 +203,10 @@ def group_nodes(nodes: Sequence[str], groups: int) -> list[tuple[str, ...]]:
     """The step's nodes cut into ``groups`` equal runs of consecutive nodes (group g holds
     nodes [g*k, (g+1)*k)); the config's validation makes the count divisible."""
     if groups < 1 or len(nodes) % groups:
-        raise ValueError(f"{len(nodes)} nodes do not split into {groups} equal groups")
+        raise ValueError(
+            f"{counted(len(nodes), 'node')} {plural(len(nodes), 'does', 'do')} not split into "
+            f"{groups} equal groups"
+        )
     k = len(nodes) // groups
     return [tuple(nodes[g * k : (g + 1) * k]) for g in range(groups)]
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from ddlaunch.config.health import HealthSpec
 from ddlaunch.policy.beats import Beat, NodeSummary, by_node
 from ddlaunch.policy.beats import current_beats as current_beats  # the callers' old name
+from ddlaunch.wording import counted, plural
 
 CAUSE_HANG = "hang"
 CAUSE_STRAGGLER = "straggler"
@@ -160,7 +161,7 @@ def hang_in(
     heard = sum(n.ranks for n in nodes)
     missing = ""
     if expected_ranks is not None and heard < expected_ranks:
-        missing = f"; {expected_ranks - heard} rank(s) never sent a heartbeat"
+        missing = f"; {counted(expected_ranks - heard, 'rank')} never sent a heartbeat"
     head = f"no step finished for {idle:.0f} s (hang_timeout {t.hang_timeout:.0f} s)"
     for suspects, why in (
         (stale, "heartbeat stopped (process frozen)"),
@@ -174,7 +175,8 @@ def hang_in(
         blamed = _blame(suspects, running)
         if blamed:
             where = next((b.where for b in suspects if b.where), None)
-            detail = f"{head}; rank(s) {','.join(str(b.rank) for b in suspects)} {why}"
+            ranks = ",".join(str(b.rank) for b in suspects)
+            detail = f"{head}; {plural(len(suspects), 'rank')} {ranks} {why}"
             detail += f" at {where}" if where else ""
             return Finding(CAUSE_HANG, blamed, detail + missing, tuple(b.rank for b in suspects))
     return Finding(CAUSE_HANG, (), f"{head}; no single node to blame{missing}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ddlaunch.wording import counted
+
 
 @dataclass(frozen=True)
 class Replacement:
@@ -86,7 +88,8 @@ def plan_restart(s: Situation) -> RestartPlan:
             spare = _spare_for(free, len(ranks))
             if spare is None:
                 return fallback(
-                    f"every rank of {host} died and no hot spare has {len(ranks)} standby(s)"
+                    f"every rank of {host} died and no hot spare has "
+                    f"{counted(len(ranks), 'standby', 'standbys')}"
                 )
             pool = [sb for sb in free if sb.host == spare]
         else:

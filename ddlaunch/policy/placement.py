@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ddlaunch.wording import counted
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -47,7 +49,7 @@ def describe_shortage(
     left = len(set(allocation)) - len(bad)
     need = wanted if minimum is None else minimum
     return (
-        f"{left} usable node(s) of the allocation's {len(set(allocation))} "
+        f"{counted(left, 'usable node')} of the allocation's {len(set(allocation))} "
         f"(without {','.join(bad) or 'none'}), {need} needed"
         + (" (nodes.min)" if minimum is not None else " (nodes.count)")
     )

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
+from ddlaunch.wording import counted
+
 if TYPE_CHECKING:
     from ddlaunch.config.schema import Config
 
@@ -145,15 +147,21 @@ def gpu_check(
         return Check("gpus", CheckStatus.FAIL, f"nvidia-smi failed: {smi_error}")
     if assigned is None and smi_count is None:
         return Check(
-            "gpus", CheckStatus.FAIL, f"requested {requested} GPUs, none assigned by Slurm"
+            "gpus",
+            CheckStatus.FAIL,
+            f"requested {counted(requested, 'GPU')}, none assigned by Slurm",
         )
     if assigned is not None and assigned < requested:
         return Check(
-            "gpus", CheckStatus.FAIL, f"Slurm assigned {assigned} GPUs, requested {requested}"
+            "gpus",
+            CheckStatus.FAIL,
+            f"Slurm assigned {counted(assigned, 'GPU')}, requested {requested}",
         )
     if smi_count is not None and smi_count < requested:
         return Check(
-            "gpus", CheckStatus.FAIL, f"nvidia-smi lists {smi_count} GPUs, requested {requested}"
+            "gpus",
+            CheckStatus.FAIL,
+            f"nvidia-smi lists {counted(smi_count, 'GPU')}, requested {requested}",
         )
     if smi_count is None:
         return Check(
@@ -224,7 +232,7 @@ def bandwidth_checks(
             if {n, members[i - 1], members[(i + 1) % k]} <= slow:
                 blamed.add(n)
     overall = (
-        f"all-reduce {allreduce_gbps:.2f} Gbit/s over {k} nodes"
+        f"all-reduce {allreduce_gbps:.2f} Gbit/s over {counted(k, 'node')}"
         if allreduce_gbps is not None
         else ""
     )

@@ -57,6 +57,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ddlaunch.policy import interval
+from ddlaunch.wording import counted, plural
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +82,8 @@ class Scenario:
             raise ValueError("gpus, gpus_per_node and groups must be at least 1")
         if self.gpus % (self.gpus_per_node * self.groups):
             raise ValueError(
-                f"{self.gpus} GPUs do not split into {self.groups} groups of whole "
+                f"{counted(self.gpus, 'GPU')} {plural(self.gpus, 'does', 'do')} not split "
+                f"into {counted(self.groups, 'group')} of whole "
                 f"{self.gpus_per_node}-GPU nodes"
             )
         if not 1 <= self.min_groups <= self.groups:

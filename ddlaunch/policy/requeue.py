@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddlaunch.wording import counted
+
 # How an attempt ended.
 CAUSE_COMPLETED = "completed"
 CAUSE_SIGNAL = "signal"  # pre-timeout / preemption signal: saved, then requeued
@@ -150,14 +152,14 @@ def decide(ending: Ending, budget: RetryBudget, history: History = History()) ->
     can_restart = restartable(cause, blamed, budget.replaceable) and restarts_so_far < max_restarts
     if not can_restart and requeues_so_far >= max_requeues:
         used = (
-            f"{restarts_so_far} restarts in the allocation reached "
+            f"{counted(restarts_so_far, 'restart')} in the allocation reached "
             f"fault_tolerance.max_restarts={max_restarts}, "
             if restartable(cause, blamed, budget.replaceable) and max_restarts > 0
             else ""
         )
         return Decision(
             False,
-            f"stopped: {used}{requeues_so_far} requeues reached "
+            f"stopped: {used}{counted(requeues_so_far, 'requeue')} reached "
             f"fault_tolerance.max_requeues={max_requeues}",
         )
     # The retry leaves the blamed nodes out (the caller excluded them: a restart places the

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ddlaunch.policy.preflight import Check, CheckStatus
+from ddlaunch.wording import counted
 
 Files = Mapping[str, tuple[int, int]]  # relative path -> (size, mtime_ns)
 
@@ -55,7 +56,8 @@ def item_text(item: Mapping[str, Any]) -> str:
     if state == "up to date":
         return f"{name}: up to date, 0 B copied{took}"
     return (
-        f"{name}: copied {size_text(item.get('bytes', 0))} ({item.get('files', 0)} files) "
+        f"{name}: copied {size_text(item.get('bytes', 0))} "
+        f"({counted(item.get('files', 0), 'file')}) "
         f"of {size_text(item.get('total_bytes', 0))}{took}"
     )
 

@@ -47,6 +47,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from ddlaunch.wording import counted, plural
+
 _ROUNDS = 4
 
 
@@ -173,7 +175,8 @@ class StepWidth:
     def __post_init__(self) -> None:
         if len(self.groups) != len(self.samples):
             raise ValueError(
-                f"step {self.step}: {len(self.groups)} groups but {len(self.samples)} sample counts"
+                f"step {self.step}: {counted(len(self.groups), 'group')} but "
+                f"{counted(len(self.samples), 'sample count')}"
             )
         if min(self.samples, default=0) < 0:
             raise ValueError(f"step {self.step}: a group's sample count cannot be negative")
@@ -271,8 +274,8 @@ class TidalSampler:
             left = self.dataset_size - cursor.position
             if record.total > left:
                 raise ValueError(
-                    f"step {record.step} trained {record.total} samples but only {left} "
-                    f"were left in epoch {cursor.epoch}"
+                    f"step {record.step} trained {counted(record.total, 'sample')} but only "
+                    f"{left} {plural(left, 'was', 'were')} left in epoch {cursor.epoch}"
                 )
             cursor = self._advance(cursor, record.total)
         return cursor
@@ -287,7 +290,7 @@ class TidalSampler:
         if cursor.position >= self.dataset_size:
             raise ValueError(
                 f"the cursor's position {cursor.position} is past the data set's "
-                f"{self.dataset_size} samples"
+                f"{counted(self.dataset_size, 'sample')}"
             )
 
 

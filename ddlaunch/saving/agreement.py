@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from ddlaunch.wording import plural
+
 T = TypeVar("T")
 
 
@@ -129,7 +131,8 @@ class Agreement:
         reason = f"checkpoint save failed: {space} {self.where}" if space else ""
         head = f"{reason} (step {step})" if reason else f"checkpoint step {step}"
         raise CheckpointSaveError(
-            f"{head}: {what} failed on rank(s) {failed}; left uncommitted{local}",
+            f"{head}: {what} failed on {plural(len(failed), 'rank')} {failed}; "
+            f"left uncommitted{local}",
             step=step,
             failed_ranks=failed,
             reason=reason,

@@ -22,6 +22,7 @@ from typing import Any
 
 from ddlaunch.fsutil import atomic_write_json
 from ddlaunch.store.records import Problem, load_json, number, text, whole
+from ddlaunch.wording import counted
 
 COMPONENTS_DIR = "components"
 
@@ -201,7 +202,7 @@ def describe(state: ServiceState, job_state: str | None = None) -> str:
             first.append(", then ".join(state.stop_signals))
     counts = []
     if state.restarts:
-        counts.append(f"restarted {state.restarts} time{'s' if state.restarts > 1 else ''}")
+        counts.append(f"restarted {counted(state.restarts, 'time')}")
     if state.last_exit is not None:
         counts.append(f"last exit {state.last_exit}")
     groups = [", ".join(g) for g in (first, counts) if g]

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from ddlaunch.policy.group_actions import RESTART
 from ddlaunch.store import records
 from ddlaunch.store.records import BOOL, INT, NUMBER, OBJECTS, STRINGS, TEXT
+from ddlaunch.wording import counted
 
 # In the order the supervisor writes them: an entry read and rewritten keeps its bytes.
 FIELDS = {
@@ -124,7 +125,7 @@ def describe(r: GroupRestart) -> str:
             healed = f", healed from group {r.healed_from}" if r.healed_from is not None else ""
             text += f"; rejoined at step {r.rejoined_step} in {r.rejoin_s or 0:.1f}s{healed}"
             if r.steps_missed is not None:
-                text += f", {r.steps_missed} steps missed"
+                text += f", {counted(r.steps_missed, 'step')} missed"
         elif r.ended:
             text += f"; ended: {r.ended}"
     elif r.why:

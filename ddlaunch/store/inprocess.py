@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ddlaunch.store.records import number, text, typed_objects, whole
+from ddlaunch.wording import plural
 
 CAUSE_CRASH = "crash"
 # Where the ranks took the state they resumed from (``state_from``).
@@ -177,10 +178,10 @@ def who_died(r: InProcessRestart) -> str:
     if not r.ranks:
         return "a rank"
     if len(r.hosts) != len(r.ranks):  # hosts not known for each: the ranks alone
-        return f"rank{'s' if len(r.ranks) > 1 else ''} {','.join(map(str, r.ranks))}"
+        return f"{plural(len(r.ranks), 'rank')} {','.join(map(str, r.ranks))}"
     if len(set(r.hosts)) == 1:
         ranks = ",".join(map(str, r.ranks))
-        return f"rank{'s' if len(r.ranks) > 1 else ''} {ranks} on {r.hosts[0]}"
+        return f"{plural(len(r.ranks), 'rank')} {ranks} on {r.hosts[0]}"
     return " and ".join(f"rank {k} on {h}" for k, h in zip(r.ranks, r.hosts, strict=True))
 
 
@@ -199,12 +200,11 @@ def _standbys(r: InProcessRestart) -> str:
         if s.host and s.host != died_on.get(s.rank if s.rank is not None else -1):
             name += f" on {s.host}"
         names.append(name.strip())
-    one = len(r.replacements) == 1
     said = ", ".join(n for n in names if n)
-    who = ("standby" if one else "standbys") + (f" {said}" if said else "")
+    who = plural(len(r.replacements), "standby", "standbys") + (f" {said}" if said else "")
     forked = [str(s.rank_pid) for s in r.replacements if s.rank_pid is not None]
-    running = f", as pid{'' if len(forked) == 1 else 's'} {', '.join(forked)}" if forked else ""
-    return f"{who} took {'it' if one else 'them'}{running}"
+    running = f", as {plural(len(forked), 'pid')} {', '.join(forked)}" if forked else ""
+    return f"{who} took {plural(len(r.replacements), 'it', 'them')}{running}"
 
 
 def _state(r: InProcessRestart) -> str:

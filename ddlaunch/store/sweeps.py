@@ -325,7 +325,9 @@ def format_value(value: Any) -> str:
         same = parse_yaml_value(text)
     except yaml.YAMLError:
         same = None
-    if same == value and type(same) is type(value):
+    # A string with '=' in it is quoted too: unquoted, --set refuses it under params (the
+    # '=' could be a typo there; config.load.unquoted_equals).
+    if same == value and type(same) is type(value) and not (isinstance(value, str) and "=" in text):
         return text
     # e.g. the string "3e-4", which ddlaunch's YAML would read as a float: quote it (JSON
     # strings are YAML double-quoted scalars).

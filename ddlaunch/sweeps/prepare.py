@@ -37,6 +37,7 @@ from ddlaunch.runner import SubprocessRunner
 from ddlaunch.store.rundir import chosen_run_root, new_run_id
 from ddlaunch.store.sweeps import MEMBERS_DIR, own_params_positions, set_param
 from ddlaunch.sweeps.spec import Member, Override, SweepSpec, expand, split_arrays
+from ddlaunch.wording import counted, plural
 
 Tick = Callable[[int], None]  # advances a progress display by n
 _SHOWN_BAD_MEMBERS = 10
@@ -48,7 +49,8 @@ class SweepMembersError(UserError):
     def __init__(self, bad: list[tuple[Member, ConfigError]], total: int):
         self.bad = bad
         lines = [
-            f"invalid sweep: {len(bad)} of {total} members do not validate; "
+            f"invalid sweep: {len(bad)} of {counted(total, 'member')} "
+            f"{plural(len(bad), 'does', 'do')} not validate; "
             "nothing was created or submitted:"
         ]
         for member, error in bad[:_SHOWN_BAD_MEMBERS]:

@@ -31,6 +31,7 @@ from ddlaunch.sweeps.events import (
     no_progress,
 )
 from ddlaunch.sweeps.submit_file import bad_node_events, check_members, need_slurm
+from ddlaunch.wording import counted
 
 ResubmitEvent = (
     Warned | Excluding | Note | NothingToResubmit | SweepDryRun | Heading | ArraysSubmitted
@@ -137,9 +138,10 @@ def _resubmit(
     busy = [i for i, row in rows.items() if i not in chosen and row.state in LIVE_STATES]
     throttle = read_members(path).get("throttle")
     if throttle is not None and len(busy) >= throttle and not force:
+        shown = ", ".join(map(str, busy[:8])) + (", ..." if len(busy) > 8 else "")
         raise UserError(
-            f"the sweep's throttle ({throttle}) is held by {len(busy)} member(s) still queued "
-            f"or running ({', '.join(map(str, busy[:8]))}{', ...' if len(busy) > 8 else ''}): "
+            f"the sweep's throttle ({throttle}) is held by {counted(len(busy), 'member')} still "
+            f"queued or running ({shown}): "
             "resubmit when one has ended, or with --force to run one more beside them"
         )
     # My bad-node list as it is now, as `ddlaunch resume` applies it to a run.
@@ -157,7 +159,8 @@ def _resubmit(
     yield from bad_node_events(configs, listed)
     for line in check_completed(path, [rows[i] for i in chosen], configs, overrides):
         yield Note(line)
-    head = f"resubmitting {len(chosen)} member(s) of {path.name}: {', '.join(map(str, chosen))}"
+    head = f"resubmitting {counted(len(chosen), 'member')} of {path.name}: "
+    head += ", ".join(map(str, chosen))
     if dry_run:
         yield SweepDryRun((head,), tuple(arrays))
         return

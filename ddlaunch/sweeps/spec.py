@@ -59,9 +59,11 @@ from ddlaunch.config.load import (
     parse_yaml_value,
     read_yaml_file,
     resolve_config_name,
+    unquoted_equals,
 )
 from ddlaunch.errors import UserError
 from ddlaunch.store.sweeps import format_value as format_value
+from ddlaunch.wording import counted
 
 DEFAULT_METRIC = "final_loss"
 DEFAULT_SEED_KEY = "params.seed"
@@ -79,8 +81,8 @@ class SweepFileError(UserError):
 
     def __init__(self, issues: list[ConfigIssue]):
         self.issues = list(issues)
-        noun = "error" if len(issues) == 1 else "errors"
-        lines = [f"invalid sweep file ({len(issues)} {noun}):", *(f"  {i}" for i in issues)]
+        lines = [f"invalid sweep file ({counted(len(issues), 'error')}):"]
+        lines += [f"  {i}" for i in issues]
         super().__init__("\n".join(lines))
 
 
@@ -284,9 +286,16 @@ class _Parser:
                 self.fail(f"expected key.path=value (as --set takes it), got {item!r}", *path)
                 continue
             try:
-                out.append(self.made(Override(key, parse_yaml_value(value_text)), *path))
+                value = parse_yaml_value(value_text)
             except yaml.YAMLError:
                 self.fail(f"value of {key} is not valid YAML: {value_text!r}", *path)
+                continue
+            # As --set refuses it: the Override's own text would quote it.
+            refused = unquoted_equals(tuple(key.split(".")), value_text, value, cli=False)
+            if refused is not None:
+                self.fail(f"{key}: {refused}", *path)
+                continue
+            out.append(self.made(Override(key, value), *path))
         return out
 
     # ------------------------------------------------------------------ the file's keys
@@ -455,7 +464,7 @@ def parse_sweep_file(path: str | Path, extra_set: Sequence[str] = ()) -> SweepSp
                 ConfigIssue(
                     "",
                     f"members {first} and {again} have the same overrides "
-                    f"({len(twins)} duplicate(s)); use seeds to repeat a setting",
+                    f"({counted(len(twins), 'duplicate')}); use seeds to repeat a setting",
                     str(path),
                 )
             ]

@@ -25,6 +25,7 @@ from ddlaunch.store.sweeps import (
     read_members,
 )
 from ddlaunch.sweeps.spec import DEFAULT_METRIC
+from ddlaunch.wording import counted
 
 # States after which a member will not run again by itself and did not complete: what
 # `sweep resubmit --failed` picks. STOPPED: requeues exhausted or no progress.
@@ -81,7 +82,7 @@ def summary(rows: Sequence[MemberStatus]) -> str:
     """``12 members: 10 COMPLETED, 1 RUNNING, 1 FAILED`` (most frequent state first)."""
     counts = Counter(r.state for r in rows)
     parts = ", ".join(f"{n} {state}" for state, n in counts.most_common())
-    return f"{len(rows)} members: {parts}" if rows else "0 members"
+    return f"{counted(len(rows), 'member')}: {parts}" if rows else "0 members"
 
 
 def collect(sweep_dir: Path, client: SlurmClient | None = None) -> list[MemberStatus]:

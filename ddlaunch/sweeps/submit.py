@@ -74,6 +74,7 @@ from ddlaunch.sweeps.prepare import (
     plan_arrays,
 )
 from ddlaunch.sweeps.spec import Member
+from ddlaunch.wording import counted
 
 # Arrays submitted at once: a split sweep then costs about one sbatch round trip, not one
 # per array, without flooding slurmctld.
@@ -368,7 +369,9 @@ def outcome_lines(outcomes: Sequence[ArrayOutcome]) -> list[str]:
     for o in outcomes:
         span = f"members {_span(o.members)}"
         if o.job_id:
-            lines.append(f"array {o.name}: job {o.job_id} ({len(o.members)} tasks, {span})")
+            lines.append(
+                f"array {o.name}: job {o.job_id} ({counted(len(o.members), 'task')}, {span})"
+            )
         else:
             lines.append(f"array {o.name}: sbatch FAILED for {span}: {o.error}")
     return lines

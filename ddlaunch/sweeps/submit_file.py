@@ -19,6 +19,7 @@ from ddlaunch.config.schema import Config
 from ddlaunch.errors import UserError
 from ddlaunch.planning.plan import ClusterFacts
 from ddlaunch.sweeps.events import ArraysSubmitted, Heading, Progress, SweepDryRun, no_progress
+from ddlaunch.wording import counted
 
 SweepSubmitEvent = Warned | Excluding | CodeSnapshot | SweepDryRun | Heading | ArraysSubmitted
 
@@ -90,8 +91,8 @@ def submit_sweep_file(
         yield CodeSnapshot(prepared.configs[0], prepared.snapshot, stored=not dry_run)
         size = f"MaxArraySize {facts.max_array_size}" if facts.max_array_size else "no split"
         head = (
-            f"sweep {prepared.sweep_id}: {len(prepared.members)} members in "
-            f"{len(prepared.arrays)} array(s) ({size})"
+            f"sweep {prepared.sweep_id}: {counted(len(prepared.members), 'member')} in "
+            f"{counted(len(prepared.arrays), 'array')} ({size})"
         )
         if dry_run:
             table = [f"{m.index:>5}  {m.label}" for m in prepared.members]

@@ -33,6 +33,7 @@ from ddlaunch.config import Config, load_config
 from ddlaunch.planning.group_env import GroupIdentity
 from ddlaunch.planning.parallel import ParallelPlan, parallel_plan, replica_groups
 from ddlaunch.store.rundir import config_path
+from ddlaunch.wording import counted
 from ddlaunch.worker.distributed import init_distributed
 
 _MESHES: dict[tuple[int, ...], DeviceMesh] = {}
@@ -105,8 +106,8 @@ def device_mesh(config: Config | None = None) -> DeviceMesh:
     world = dist.get_world_size()
     if plan.world != world:
         raise PlacementError(
-            f"the parallel plan is for {plan.world} ranks ({plan.nodes} nodes x "
-            f"{plan.ranks_per_node}), but this job has {world}"
+            f"the parallel plan is for {counted(plan.world, 'rank')} "
+            f"({counted(plan.nodes, 'node')} x {plan.ranks_per_node}), but this job has {world}"
         )
     mesh = _MESHES.get(plan.shape)
     if mesh is None:
