@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal, overload
 
 from ddlaunch.api.run import Run, _no_sbatch, _run_here
 from ddlaunch.api.values import DryRun
+from ddlaunch.wording import counted
 
 if TYPE_CHECKING:
     from ddlaunch.app.prepare import Submission
@@ -174,7 +175,7 @@ def _snapshot_warnings(submission: Submission) -> list[str]:
     out = []
     if snap.untracked:
         out.append(
-            f"{len(snap.untracked)} untracked file(s) not in the snapshot "
+            f"{counted(len(snap.untracked), 'untracked file')} not in the snapshot "
             f"({', '.join(snap.untracked[:3])}{', ...' if len(snap.untracked) > 3 else ''})"
         )
     warning = live_entrypoint_warning(submission.prepared.config, snap)
