@@ -184,7 +184,7 @@ def test_a_sweep_member_naming_a_listed_node_uses_it_and_a_shortage_is_refused(
     lines = str(info.value).splitlines()
     assert lines[1] == (
         "  nodes.count: 3 nodes, but partition debug has 3 nodes with 1 GPU or more and 1 of "
-        "them are excluded, which leaves 2:"
+        "them is excluded, which leaves 2:"
     )
     assert lines[2].startswith("    node2: on your bad-node list since ")
     assert "sbatch" not in (tmp_path / "bin" / "calls.log").read_text()
