@@ -528,3 +528,174 @@ def test_report_draws_the_in_process_restarts(tmp_path: Path) -> None:
 
     draw(report.build("ip", "COMPLETED", _attempts(IN_PROCESS_RUN), [], [], []), tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------- why it stopped; attempt 0's steps
+
+CAPPED = (
+    "stopped: 2 restarts in the allocation reached fault_tolerance.max_restarts=2, "
+    "0 requeues reached fault_tolerance.max_requeues=0"
+)
+REQUEUE_CAPPED = "stopped: 1 requeues reached fault_tolerance.max_requeues=1"
+
+
+def _stopped_run(root: Path, how: str) -> tuple[Path, str]:
+    """A run that stopped and the words status heads it with: ``capped``, three crashes in
+    one allocation (two restarts, the cap); ``requeued``, a node failure requeued and a
+    second one stopped at the requeue cap."""
+    from support.rundirs import T0, make_run
+
+    if how == "capped":
+        attempts = [
+            {
+                "attempt": i, "job_id": "5", "restart_count": 0, "relaunch": i,
+                "in_allocation": i > 0, "start": T0 + 100 * i, "end": T0 + 100 * i + 60,
+                "cause": "crash", "committed_step": 40,
+                "culprit": f"rank {i} on node1 killed by SIGKILL",
+            }
+            for i in range(3)
+        ]  # fmt: skip
+        run = make_run(root, "r", "5", T0, attempts=attempts, outcome=("FAILED", CAPPED))
+        return run, f"rank 2 on node1 killed by SIGKILL; {CAPPED}"
+    attempts = [
+        {
+            "attempt": i, "job_id": "6", "restart_count": i, "start": T0 + 100 * i,
+            "end": T0 + 100 * i + 60, "cause": "node failure", "blamed": [f"node{i + 2}"],
+            "committed_step": 50 * (i + 1), "culprit": f"node failure of node{i + 2}: DOWN",
+        }
+        for i in range(2)
+    ]  # fmt: skip
+    run = make_run(root, "r", "6", T0, attempts=attempts, outcome=("FAILED", REQUEUE_CAPPED))
+    return run, f"node failure of node3: DOWN; {REQUEUE_CAPPED}"
+
+
+@pytest.mark.parametrize("how", ["capped", "requeued"])
+def test_the_title_of_a_run_that_stopped_says_why_in_the_words_of_status(
+    tmp_path: Path, how: str
+) -> None:
+    """The page's title and the picture's say what broke the last attempt and why no
+    attempt followed, from the source of status's headline (not words of their own)."""
+    from ddlaunch.app.runs import read_run
+    from ddlaunch.app.status import run_status
+    from ddlaunch.cli.status import ended_words
+
+    run, words = _stopped_run(tmp_path, how)
+    t = report.load_timeline(run)
+    assert t.ended == words
+    assert f"<h1>Run r: FAILED ({words})</h1>" in report.html_page(t, "")
+    assert ended_words(run_status(read_run(run), None)) == words  # `status RUN`'s headline
+    # A run that completed, or runs, is titled by its state alone.
+    from support.rundirs import T0, make_run
+
+    done = {"attempt": 0, "job_id": "7", "start": T0, "end": T0 + 60, "cause": "completed"}
+    fine = make_run(tmp_path, "ok", "7", T0, attempts=[done], outcome=("COMPLETED", "completed"))
+    assert "<h1>Run ok: COMPLETED</h1>" in report.html_page(report.load_timeline(fine), "")
+
+
+def test_the_picture_says_why_the_run_stopped_under_its_state(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import dataclasses
+
+    from ddlaunch.app.report_figure import REASON_WIDTH, draw, ended_lines
+
+    run, words = _stopped_run(tmp_path, "capped")
+    t = report.load_timeline(run)
+    assert ended_lines(t) == [words]
+    # A rank's error may be hundreds of characters: wrapped to the figure's width.
+    long = dataclasses.replace(t, ended=f"{words}; {words}")
+    lines = ended_lines(long)
+    assert len(lines) == 2 and max(map(len, lines)) <= REASON_WIDTH
+    assert " ".join(lines) == long.ended
+    draw(long, tmp_path / "r.png")
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    assert ended_lines(report.build("r", "RUNNING", [], [], [], [])) == []
+
+
+def test_attempt_0_lost_to_a_node_before_its_first_checkpoint_keeps_its_steps(
+    tmp_path: Path,
+) -> None:
+    """The tutorial's run (a spare, node2 killed before the first checkpoint): the ranks'
+    first beats came before their first step, and the watchdog's poll that read step 36
+    found node2 dead and ended the step. That poll's step is attempt 0's step history: the
+    report draws attempt 0 from its first step to step 36, not its first step alone."""
+    import json
+    import socket
+    import subprocess
+
+    from support.fakes import FakeRunner
+    from support.rundirs import T0, make_run, write_attempts, write_beat
+
+    from ddlaunch.job.watchdog import watch
+    from ddlaunch.job.watches import NodeFailureWatch
+    from ddlaunch.policy import heartbeats as analysis
+    from ddlaunch.runner import CommandResult
+    from ddlaunch.slurm.client import SlurmClient
+    from ddlaunch.store.attempts import AttemptId
+
+    first = {"attempt": 0, "job_id": "41", "restart_count": 0, "nodes": "node[1-2]", "start": T0}
+    run = make_run(tmp_path, "r", "41", T0, attempts=[first])
+    timings = [{"kind": "first_step", "step": 1, "time": T0 + 6, "attempt": "41-0"}]
+    for rank in range(4):
+        write_beat(
+            run, rank=rank, host=f"node{rank // 2 + 1}", job_id="41", restart=0, step=36,
+            step_wall=T0 + 15.6, beat=T0 + 15.8, started=T0 + 5.5, state="running",
+        )  # fmt: skip
+    (run / "failures").mkdir()
+    for rank in (0, 1):  # node1's ranks lost their peers on node2
+        record = {"rank": rank, "host": "node1", "job_id": "41", "attempt": 0, "time": T0 + 16.4}
+        (run / "failures" / f"rank-{rank}.json").write_text(json.dumps(record))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: node2's slurmd refuses
+    runner = FakeRunner(
+        {
+            "sinfo": CommandResult(("sinfo",), 0, "node1|mixed\nnode2|mixed\n", ""),
+            "scontrol": CommandResult(
+                ("scontrol",), 0, f"SlurmdPort = {port}\nNodeName=node2 NodeAddr=127.0.0.1\n", ""
+            ),
+        }
+    )
+    attempt = AttemptId("41", 0, "41")
+    srun = subprocess.Popen(["sleep", "60"])
+    try:
+        finding = watch(
+            run,
+            attempt=attempt,
+            thresholds=analysis.Thresholds(600, 10, 2.0, 300),
+            expected_ranks=4,
+            srun_pid=srun.pid,
+            client=SlurmClient(runner),
+            clock=lambda: T0 + 20,
+            sleep=lambda s: None,
+            max_polls=3,
+            nodes=NodeFailureWatch(run, attempt, T0, 2, "node[1-2]", act=True),
+        )
+    finally:
+        srun.kill()
+        srun.wait()
+    assert finding is not None and finding.nodes == ("node2",)
+    # The end hook closed attempt 0 and restarted the ranks on the spare, from scratch.
+    closed = {**first, "end": T0 + 21, "cause": "node failure", "blamed": ["node2"]}
+    again = {
+        "attempt": 1, "job_id": "41", "restart_count": 0, "relaunch": 1, "in_allocation": True,
+        "nodes": "node[1,3]", "start": T0 + 22, "end": T0 + 60, "cause": "completed",
+        "committed_step": 100,
+    }  # fmt: skip
+    write_attempts(run, [closed, again])
+    timings += [
+        {"kind": "first_step", "step": 1, "time": T0 + 28, "attempt": "41-0.1"},
+        {"kind": "save", "step": 50, "time": T0 + 42, "attempt": "41-0.1"},
+        {"kind": "save", "step": 100, "time": T0 + 56, "reason": "final", "attempt": "41-0.1"},
+    ]
+    (run / "timings.jsonl").write_text("".join(json.dumps(x) + "\n" for x in timings))
+    t = report.load_timeline(run)
+    drawn = dict(zip(t.samples, t.series, strict=True))
+    assert [point for point, key in drawn.items() if key.startswith("0-")] == [
+        (T0 + 6, 1),
+        (T0 + 20, 36),
+    ]
+    assert [point for point, key in drawn.items() if key.startswith("1-")] == [
+        (T0 + 28, 1),
+        (T0 + 42, 50),
+        (T0 + 56, 100),
+    ]

@@ -29,6 +29,7 @@ from ddlaunch.app.report_groups import GroupRestart, from_attempts
 from ddlaunch.app.report_inprocess import InProcessRow
 from ddlaunch.app.runs import read_run
 from ddlaunch.app.status import run_status
+from ddlaunch.app.status_blame import ended_words
 from ddlaunch.app.status_poll import Target, poll
 from ddlaunch.checkpoint import adapters
 from ddlaunch.checkpoint.layout import list_checkpoints
@@ -100,6 +101,9 @@ class Timeline:
     run_id: str
     state: str
     attempts: list[AttemptSpan] = field(default_factory=list)
+    # Why the run ended, in status's words (its failure; why no attempt followed): the title
+    # says it beside the state. Empty while it runs, or when the state says it all.
+    ended: str = ""
     events: list[Event] = field(default_factory=list)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (time, step)
     series: list[str] = field(default_factory=list)  # which attempt each sample belongs to
@@ -111,6 +115,13 @@ class Timeline:
     groups: int = 0  # replica groups: how many the job has (0: not in that mode, or unknown)
     in_process: list[InProcessRow] = field(default_factory=list)  # restart: in_process
     components: report_components.Components | None = None  # components: a lane each
+
+    @property
+    def headline(self) -> str:
+        """The state, and why the run ended where that is known: ``FAILED (rank 1 on node1:
+        ValueError: boom; stopped: 2 restarts in the allocation reached
+        fault_tolerance.max_restarts=2, ...)``."""
+        return f"{self.state} ({self.ended})" if self.ended else self.state
 
     @property
     def origin(self) -> float:
@@ -311,7 +322,7 @@ def html_page(t: Timeline, png_b64: str) -> str:
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;
 font-size:13px;text-align:left}}th{{background:#eee}}img{{max-width:100%}}</style></head>
-<body><h1>Run {e(t.run_id)}: {e(t.state)}</h1>
+<body><h1>Run {e(t.run_id)}: {e(t.headline)}</h1>
 <img alt="timeline of attempts, checkpoints, failures and step throughput"
  src="data:image/png;base64,{png_b64}">
 <h2>Attempts</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>start</th>
@@ -486,6 +497,7 @@ def load_timeline(run_dir: Path, client: JobRows | None = None) -> Timeline:
         groups=len(info.groups.groups) if info.groups is not None else 0,
         saves=[(step, when) for when, step, kind in timed if kind == timings.SAVE],
     )
+    timeline.ended = ended_words(row.failure, row.detail)
     timeline.problems = list(info.problems)
     timeline.components = report_components.load(run_dir, info.services, state)
     return timeline

@@ -8,6 +8,7 @@ and failure marks; below, steps per second and the step reached."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,20 @@ def draw(t: Timeline, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = max(_first_mark_row(t), 1)
+    why = ended_lines(t)
+    under = REASON_LINE_IN * len(why)  # the panels keep their height under a longer title
     fig, (ax, bx) = plt.subplots(
         2,
         1,
-        figsize=(13, 3.2 + 0.55 * rows),
+        figsize=(13, 3.2 + 0.55 * rows + under),
         sharex=True,
         gridspec_kw={"height_ratios": [rows + 1.5, 3]},
     )
     fig.suptitle(f"{t.run_id}: {t.state}", fontsize=13, fontweight="bold", y=0.995)
+    height = fig.get_figheight()
+    if why:  # under the state, smaller: a rank's error may be hundreds of characters
+        top = 1 - HEAD_IN / height
+        fig.text(0.5, top, "\n".join(why), ha="center", va="top", fontsize=9)
     minutes = _Minutes(t.origin)
     _attempt_bars(ax, t, minutes)
     _group_lanes(ax, t, minutes)
@@ -48,9 +55,23 @@ def draw(t: Timeline, path: Path) -> None:
     ax.set_xlim(*x_limits(t))
     if t.note:
         ax.text(0.5, 0.5, t.note, transform=ax.transAxes, ha="center", color="#757575")
-    fig.tight_layout()
+    # The panels below the reason's lines (tight_layout makes room for the suptitle only).
+    fig.tight_layout(rect=(0, 0, 1, 1 - under / height) if why else None)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# Why the run ended, under the title: characters a line holds at the figure's width in
+# its font (9 pt), the inches each line takes, and the inches of the title's own line.
+REASON_WIDTH = 170
+REASON_LINE_IN = 0.17
+HEAD_IN = 0.32
+
+
+def ended_lines(t: Timeline) -> list[str]:
+    """Why the run ended (``Timeline.ended``), wrapped to the figure's width; none while it
+    runs."""
+    return textwrap.wrap(t.ended, REASON_WIDTH)
 
 
 def x_limits(t: Timeline) -> tuple[float, float]:

@@ -42,6 +42,18 @@ def verdict_words(cause: str | None, nodes: Sequence[str], detail: str | None) -
     return f"{head}: {detail}" if detail else head
 
 
+def ended_words(failure: str | None, detail: str | None) -> str:
+    """The run's failure and how it ended, as ``status`` and ``report`` head a run that
+    ended: ``node failure of node5; stopped: 2 requeues reached
+    fault_tolerance.max_requeues=2``. ``failure``: what broke its last attempt (the
+    ``headline``); ``detail``: why no attempt followed (its outcome's reason). Either alone
+    leaves the user guessing the other; empty when neither is known."""
+    failure, detail = failure or "", detail or ""
+    if failure and detail and detail not in failure:
+        return f"{failure}; {detail}"
+    return failure or detail
+
+
 # A source location that C++ libraries put before their message (gloo: ``[/__w/pytorch/
 # pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error ...``).
 _SOURCE_PREFIX = re.compile(r"^\[[^\]\s]*:\d+\]\s*")

@@ -44,13 +44,11 @@ def note(r: Any) -> str:
 
 
 def ended_words(r: Any) -> str:
-    """The run's failure and how it ended: ``node failure of node5; stopped: 2 requeues
-    reached fault_tolerance.max_requeues=2``. The failure says what broke an attempt, the
-    decision why no attempt followed; either alone leaves the user guessing the other."""
-    failure, detail = r.failure or "", r.detail or ""
-    if failure and detail and detail not in failure:
-        return f"{failure}; {detail}"
-    return failure or detail
+    """The run's failure and how it ended, in the words ``report`` heads it with
+    (``app.status_blame.ended_words``)."""
+    from ddlaunch.app.status_blame import ended_words as words
+
+    return words(r.failure, r.detail)
 
 
 CULPRIT_WIDTH = 60  # of each earlier failure in the attempts cell (`status RUN`: all of it)

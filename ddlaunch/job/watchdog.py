@@ -213,6 +213,13 @@ def watch(
         beats = w.beats() if heartbeats else AttemptBeats(("", 0, 0), 0.0)
         dead = w.on_dead_nodes(nodes, now, beats)
         if dead is not None:
+            if beats:
+                # The step this poll read goes into the step history before the step ends:
+                # returning from here skips both ``analyse`` and the last beats' record after
+                # the loop, and a short attempt (a node lost before its first checkpoint) may
+                # have no other sample with a step (its ranks' first beats come before their
+                # first step): its step line in ``report`` was its first step alone.
+                w.record(now, beats)
             w.act(dead, now, srun_pid)
             return dead
         if beats:
