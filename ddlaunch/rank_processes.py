@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 #: How often a stop looks whether the ranks have left.
@@ -54,13 +55,26 @@ def signal_running(procs: Sequence[Rank], sig: int) -> None:
             signal_rank(proc, sig)
 
 
-def stop_ranks(procs: Sequence[Rank], grace_s: float) -> None:
+@dataclass(frozen=True)
+class Stopped:
+    """How ranks were stopped: ``asked``, the ranks running that got SIGTERM (a stop
+    request: they save at their next step and leave); ``killed``, those still running when
+    SIGKILL came (past the grace)."""
+
+    asked: int = 0
+    killed: int = 0
+
+
+def stop_ranks(procs: Sequence[Rank], grace_s: float) -> Stopped:
     """SIGTERM to the ranks still running, up to ``grace_s`` for them to leave, then SIGKILL
     to every rank's group (a rank that left may have left workers behind) and reap them."""
+    asked = sum(1 for p in procs if p.poll() is None)
     signal_running(procs, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         time.sleep(POLL_S)
+    killed = sum(1 for p in procs if p.poll() is None)
     for proc in procs:
         signal_rank(proc, signal.SIGKILL)
         proc.wait()
+    return Stopped(asked, killed)

@@ -197,6 +197,10 @@ def _local_run_past_step_10(
     return proc
 
 
+# How ddlaunch stopped the ranks of a local run after an interrupt, as its record says it.
+RANKS_STOPPED = "ddlaunch stopped the ranks with SIGTERM"
+
+
 def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path: Path) -> None:
     """Ctrl-C of `submit --local`: the ranks save, the run says so (no failure record);
     `resume --local` then prints what `submit --local` prints (where, the result, how long),
@@ -213,15 +217,23 @@ def test_ctrl_c_saves_and_resume_local_prints_what_submit_local_prints(tmp_path:
     assert _output_shape(out, tmp_path) == ["run N", "run dir: TMP/runs/N  local, N rank"]
     saved = json.loads((run / "outcome.json").read_text())
     assert saved["state"] == "CANCELLED"
-    step = int(saved["reason"].removeprefix("interrupted, saved step "))
+    # The user's Ctrl-C stopped the run; the ranks got SIGTERM from ddlaunch (their logs say
+    # "received SIGTERM"): both said, in the run's record and on the terminal.
+    head, tail = "cancelled by the user (Ctrl-C, SIGINT), saved step ", "; " + RANKS_STOPPED
+    assert saved["reason"].startswith(head) and saved["reason"].endswith(tail), saved
+    step = int(saved["reason"].removeprefix(head).removesuffix(tail))
+    said = f"{head}{step}{tail}"
+    assert (json.loads((run / "attempts.json").read_text())[0]["decision"]) == said
     assert err.splitlines()[-2:] == [
-        "interrupted: the ranks save at their next step and stop (Ctrl-C again kills them)",
-        f"interrupted, saved step {step}",
+        "cancelled by the user (Ctrl-C, SIGINT): ddlaunch stops the ranks with SIGTERM; they "
+        "save at their next step (Ctrl-C again kills them)",
+        said,
     ]
+    assert "[ddlaunch] received SIGTERM: stop requested" in (run / "logs/rank-0.err").read_text()
     assert not (run / "failures").exists()  # our own stop is not a failure
     status = ddlaunch(tmp_path, "status", run.name, env={"DDLAUNCH_RUN_ROOT": str(root)})
     row = status.stdout.splitlines()[1]
-    assert " CANCELLED " in row and row.endswith(f"interrupted, saved step {step}"), status.stdout
+    assert " CANCELLED " in row and row.endswith(said), status.stdout
     assert "FAILED" not in status.stdout
     # resume --local from the saved step: the lines submit --local prints for a run
     target = step + 10
@@ -261,8 +273,10 @@ def test_sigterm_of_submit_local_saves_and_leaves_no_rank_behind(tmp_path: Path)
     (run,) = [p for p in root.iterdir() if not p.name.startswith(".")]
     saved = json.loads((run / "outcome.json").read_text())
     assert saved["state"] == "CANCELLED"
-    step = int(saved["reason"].removeprefix("interrupted, saved step "))
-    assert step >= 10 and err.splitlines()[-1] == f"interrupted, saved step {step}"
+    head, tail = "cancelled by SIGTERM to ddlaunch, saved step ", "; " + RANKS_STOPPED
+    step = int(saved["reason"].removeprefix(head).removesuffix(tail))
+    assert step >= 10 and err.splitlines()[-1] == saved["reason"] == f"{head}{step}{tail}"
+    assert err.splitlines()[-2].startswith("cancelled by SIGTERM to ddlaunch: ddlaunch stops")
     assert not (run / "failures").exists()  # our own stop is not a failure
     left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout
     assert left == "", f"rank processes left behind: {left}"

@@ -1,7 +1,8 @@
-"""SIGINT / SIGTERM at every moment of a submission (in-process, a fake Slurm): the records
-always say what happened. The signal is sent to this very process from inside the command
-that is running at that moment, as a Ctrl-C would arrive; ``SlurmClient.sbatch`` runs in a
-session of its own (``new_session``) so a real terminal's Ctrl-C never reaches it."""
+"""SIGINT / SIGTERM at every moment of a submission (in-process, a fake Slurm), and of a
+local run: the records always say what happened. The signal is sent to this very process
+from inside the command that is running at that moment, as a Ctrl-C would arrive;
+``SlurmClient.sbatch`` runs in a session of its own (``new_session``) so a real terminal's
+Ctrl-C never reaches it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from support.fakes import FakeRunner, failed, ok
 
 from ddlaunch.app import submit as app_submit
 from ddlaunch.app.prepare import prepare
+from ddlaunch.rank_processes import Stopped
 from ddlaunch.runner import CommandResult
 
 
@@ -176,3 +178,53 @@ def test_deferred_raises_at_the_end_and_an_exception_wins() -> None:
         os.kill(os.getpid(), signal.SIGINT)
         raise ValueError("first")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# ------------------------------------------------------------------- a local run's ending
+
+
+@pytest.mark.parametrize(
+    ("received", "ranks", "saved", "said"),
+    [
+        (
+            "SIGINT",
+            Stopped(asked=4),
+            109,
+            "cancelled by the user (Ctrl-C, SIGINT), saved step 109; ddlaunch stopped the "
+            "ranks with SIGTERM",
+        ),
+        (
+            "SIGTERM",
+            Stopped(asked=4),
+            109,
+            "cancelled by SIGTERM to ddlaunch, saved step 109; ddlaunch stopped the ranks "
+            "with SIGTERM",
+        ),
+        (
+            "SIGINT",  # a second Ctrl-C: killed before they saved
+            Stopped(asked=4, killed=3),
+            None,
+            "cancelled by the user (Ctrl-C, SIGINT), last checkpoint step 100; ddlaunch sent "
+            "the ranks SIGTERM, then SIGKILL to the 3 still running",
+        ),
+        (
+            "SIGINT",  # before any rank started
+            Stopped(),
+            None,
+            "cancelled by the user (Ctrl-C, SIGINT), last checkpoint step 100",
+        ),
+    ],
+)
+def test_an_interrupted_local_run_says_who_stopped_it_and_how_its_ranks_were_stopped(
+    received: str, ranks: Stopped, saved: int | None, said: str
+) -> None:
+    """Ctrl-C reaches ddlaunch alone (each rank runs in a session of its own); ddlaunch then
+    stops the ranks with SIGTERM, which their logs say they received. The record says both:
+    the user's SIGINT as a cancel, and the SIGTERM as ddlaunch's."""
+    from ddlaunch.app.local import interrupted_reason, stopping_line
+
+    assert interrupted_reason(received, ranks, saved, 100) == said
+    assert stopping_line("SIGINT") == (
+        "cancelled by the user (Ctrl-C, SIGINT): ddlaunch stops the ranks with SIGTERM; they "
+        "save at their next step (Ctrl-C again kills them)"
+    )

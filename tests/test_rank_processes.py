@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddlaunch.rank_processes import start_rank, stop_ranks
+from ddlaunch.rank_processes import Stopped, start_rank, stop_ranks
 
 # A rank that starts a worker of its own (as a data loader does), writes the worker's pid,
 # and either leaves on SIGTERM or ignores it.
@@ -50,7 +50,7 @@ def test_a_rank_that_ignores_the_stop_request_is_killed_after_the_grace_with_its
     rank = start_rank([sys.executable, "-c", RANK, "ignore"], dict(os.environ), tmp_path, 0)
     worker = _worker_pid(tmp_path, 0)
     began = time.monotonic()
-    stop_ranks([rank], grace_s=1.0)
+    assert stop_ranks([rank], grace_s=1.0) == Stopped(asked=1, killed=1)
     took = time.monotonic() - began
     assert rank.returncode == -9
     assert 1.0 <= took < 10
@@ -67,8 +67,9 @@ def test_a_rank_that_leaves_on_the_request_is_not_waited_for_and_output_is_appen
     rank = start_rank([sys.executable, "-c", RANK, "leave"], dict(os.environ), tmp_path, 3)
     worker = _worker_pid(tmp_path, 3, line=1)
     began = time.monotonic()
-    stop_ranks([rank], grace_s=30.0)
+    assert stop_ranks([rank], grace_s=30.0) == Stopped(asked=1, killed=0)
     assert time.monotonic() - began < 10
+    assert stop_ranks([rank], grace_s=30.0) == Stopped()  # none left to ask
     assert rank.returncode == -15
     assert (tmp_path / "rank-3.out").read_text().startswith("earlier attempt\n")
     deadline = time.monotonic() + 5

@@ -19,6 +19,7 @@ from ddlaunch.config.validate import parse_duration
 from ddlaunch.errors import UserError
 from ddlaunch.policy import requeue as policy
 from ddlaunch.policy.requeue import NO_RETRY, Ending
+from ddlaunch.rank_processes import Stopped
 from ddlaunch.store import attempts
 from ddlaunch.store.attempts import AttemptId
 from ddlaunch.store.progress import read_result
@@ -39,8 +40,9 @@ class LocalRun:
 
 
 class LocalRunInterrupted(UserError):
-    """Ctrl-C (or SIGTERM) ended a local run; the message says what was kept. The exit
-    status is the shell's for that signal: 130 for SIGINT, 143 for SIGTERM."""
+    """Ctrl-C (or SIGTERM) ended a local run; the message says who stopped it, what was
+    kept and how the ranks were stopped (``interrupted_reason``). The exit status is the
+    shell's for that signal: 130 for SIGINT, 143 for SIGTERM."""
 
     def __init__(self, message: str, signame: str = "SIGINT") -> None:
         super().__init__(message)
@@ -71,8 +73,9 @@ def _finish(run_dir: Path, cause: str, reason: str, **details: Any) -> None:
     conclude(run_dir, ending, NO_RETRY, None, say=_quiet, details=details)
 
 
-def interrupted_reason(run_dir: Path, started: float) -> str:
-    """``interrupted, saved step 109`` when the ranks saved on the stop request."""
+def saved_on_interrupt(run_dir: Path, started: float) -> tuple[int | None, int | None]:
+    """(the step the ranks saved on the stop request, if they did; the latest committed
+    step) of a local run that started at ``started``."""
     latest = latest_commit(run_dir)
     saved = (
         latest.step
@@ -82,29 +85,78 @@ def interrupted_reason(run_dir: Path, started: float) -> str:
         and latest.marker.time >= started
         else None
     )
-    return saved_phrase("interrupted", saved, latest.step if latest else None)
+    return saved, latest.step if latest else None
+
+
+def stopped_by(received: str) -> str:
+    """Who stopped a local run, from the signal ddlaunch received, in a cancel's words:
+    Ctrl-C is the terminal's SIGINT to its foreground process group, which holds ddlaunch
+    alone (each rank runs in a session of its own, ``rank_processes``), so the ranks never
+    see it; a SIGTERM came from elsewhere (kill, a closing terminal, a batch system)."""
+    if received == "SIGINT":
+        return "cancelled by the user (Ctrl-C, SIGINT)"
+    return f"cancelled by {received} to ddlaunch"
+
+
+def stopping_line(received: str) -> str:
+    """What the CLI says as the interrupt arrives: who, and that ddlaunch now stops the
+    ranks with SIGTERM (the signal their logs say they received)."""
+    return (
+        f"{stopped_by(received)}: ddlaunch stops the ranks with SIGTERM; they save at their "
+        "next step (Ctrl-C again kills them)"
+    )
+
+
+def interrupted_reason(
+    received: str, ranks: Stopped, saved: int | None, committed: int | None
+) -> str:
+    """What an interrupted local run records and prints (the outcome's reason, the
+    attempt's decision): who stopped it (``stopped_by``), what was kept, and how ddlaunch
+    stopped the ranks, so that a rank's log line ``received SIGTERM`` is not read as the
+    cause: ``cancelled by the user (Ctrl-C, SIGINT), saved step 109; ddlaunch stopped the
+    ranks with SIGTERM``. ``ranks``: how ``launch.local`` stopped them (none running: not
+    said)."""
+    said = saved_phrase(stopped_by(received), saved, committed)
+    if ranks.killed:
+        return (
+            f"{said}; ddlaunch sent the ranks SIGTERM, then SIGKILL to the {ranks.killed} "
+            "still running"
+        )
+    if ranks.asked:
+        return f"{said}; ddlaunch stopped the ranks with SIGTERM"
+    return said
 
 
 def run_locally(
-    run_dir: Path, cfg: Config, on_interrupt: Callable[[], None] | None = None
+    run_dir: Path, cfg: Config, on_interrupt: Callable[[str], None] | None = None
 ) -> LocalRun:
     """Run every rank of ``run_dir`` here (within ``job.time``); the attempt and the outcome
     are recorded either way (``LocalRunError`` names the failing rank; ``LocalRunInterrupted``:
-    Ctrl-C, after the ranks saved at their next step boundary)."""
-    from ddlaunch.launch.local import LocalRunError, run_local  # imports submitit
+    Ctrl-C, after the ranks saved at their next step boundary). ``on_interrupt`` gets the
+    line to say as an interrupt arrives (``stopping_line``)."""
+    from ddlaunch.launch.local import LocalRunError, RanksInterrupted, run_local  # submitit
+
+    def told(interrupt: KeyboardInterrupt) -> None:
+        if on_interrupt is not None:
+            on_interrupt(stopping_line(signal_name(interrupt)))
 
     timeout_s = float(parse_duration(cfg.job.time) or 24 * 3600)
     open_attempt(run_dir)
     started = time.time()
     try:
-        results = run_local(run_dir, cfg.world_size, timeout_s, on_interrupt=on_interrupt)
+        results = run_local(run_dir, cfg.world_size, timeout_s, on_interrupt=told)
     except LocalRunError as exc:
         _finish(run_dir, policy.CAUSE_CRASH, str(exc))
         raise
     except KeyboardInterrupt as exc:
-        reason = interrupted_reason(run_dir, started)
+        # Before any rank started (or a third Ctrl-C): no rank was stopped.
+        arrived, ranks = (
+            (exc.interrupt, exc.ranks) if isinstance(exc, RanksInterrupted) else (exc, Stopped())
+        )
+        received = signal_name(arrived)
+        reason = interrupted_reason(received, ranks, *saved_on_interrupt(run_dir, started))
         _finish(run_dir, policy.CAUSE_CANCELLED, reason)
-        raise LocalRunInterrupted(reason, signal_name(exc)) from None
+        raise LocalRunInterrupted(reason, received) from None
     seconds = round(time.time() - started, 2)
     _finish(run_dir, policy.CAUSE_COMPLETED, "", seconds=seconds)
     return LocalRun(results, seconds, read_result(run_dir))

@@ -15,11 +15,8 @@ from ddlaunch.wording import counted
 NO_SBATCH = "no sbatch on PATH: running the ranks locally (--local)"
 
 
-def _told() -> None:
-    click.echo(
-        "interrupted: the ranks save at their next step and stop (Ctrl-C again kills them)",
-        err=True,
-    )
+def _told(line: str) -> None:
+    click.echo(line, err=True)  # who stopped the run, and how the ranks are stopped
 
 
 def _stream_rank0(run_dir: Path, stop: threading.Event) -> None:
@@ -53,7 +50,8 @@ def run_here(run_dir: Path, cfg: Config) -> None:
     except LocalRunInterrupted as exc:
         stop.set()
         streamer.join(timeout=10)
-        click.echo(str(exc), err=True)  # "interrupted, saved step 109": not an error
+        # "cancelled by the user (Ctrl-C, SIGINT), saved step 109; ...": not an error
+        click.echo(str(exc), err=True)
         sys.exit(exc.exit_code)
     finally:
         stop.set()  # the outcome is written either way; this covers everything else

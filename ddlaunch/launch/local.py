@@ -36,7 +36,7 @@ from ddlaunch.config import Config, load_config
 from ddlaunch.errors import UserError
 from ddlaunch.launch.slurm import rank_call
 from ddlaunch.planning.ports import PORT_HIGH, PORT_LOW
-from ddlaunch.rank_processes import Rank, start_rank, stop_ranks
+from ddlaunch.rank_processes import Rank, Stopped, start_rank, stop_ranks
 from ddlaunch.store.failures import Failure, read_failure
 from ddlaunch.store.rundir import LOGS_DIR, SUBMITIT_DIR, config_path
 from ddlaunch.store.snapshots import read_snapshot
@@ -47,6 +47,18 @@ POLL_S = 0.05
 KILL_GRACE_S = 2.0
 # After Ctrl-C: time for the ranks to reach a step boundary and save (a second Ctrl-C kills).
 INTERRUPT_GRACE_S = 60.0
+
+
+class RanksInterrupted(KeyboardInterrupt):
+    """An interrupt (Ctrl-C, or SIGTERM) reached a local run and its ranks were stopped:
+    ``interrupt``, the KeyboardInterrupt that arrived (``app.interrupts`` names its signal);
+    ``ranks``, how ddlaunch then stopped the ranks (SIGTERM, SIGKILL after it), which is what
+    the ranks' own logs say they received."""
+
+    def __init__(self, interrupt: KeyboardInterrupt, ranks: Stopped) -> None:
+        super().__init__(*interrupt.args)
+        self.interrupt = interrupt
+        self.ranks = ranks
 
 
 class LocalRunError(UserError):
@@ -161,25 +173,33 @@ def _read_result(folder: Path, job_id: str, rank: int) -> Any:
     return value
 
 
-def _interrupted(procs: list[Rank], told: Callable[[], None] | None) -> None:
+def _interrupted(
+    procs: list[Rank],
+    told: Callable[[KeyboardInterrupt], None] | None,
+    interrupt: KeyboardInterrupt,
+) -> Stopped:
     """Ctrl-C: SIGTERM sets the ranks' stop flag, so they save at their next step boundary
-    (as on a cancel) and leave; a second Ctrl-C kills them at once."""
+    (as on a cancel) and leave; a second Ctrl-C kills them at once. Returns how they were
+    stopped."""
     if told is not None:
-        told()
+        told(interrupt)
+    running = sum(1 for p in procs if p.poll() is None)
     try:
-        stop_ranks(procs, INTERRUPT_GRACE_S)
+        return stop_ranks(procs, INTERRUPT_GRACE_S)
     except KeyboardInterrupt:
-        stop_ranks(procs, 0.0)
+        # The first stop was cut short: every rank running then got its SIGTERM.
+        return Stopped(running, stop_ranks(procs, 0.0).killed)
 
 
 def run_local(
     run_dir: Path,
     world_size: int,
     timeout_s: float,
-    on_interrupt: Callable[[], None] | None = None,
+    on_interrupt: Callable[[KeyboardInterrupt], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``world_size`` ranks of the run in ``run_dir`` here; per-rank results by rank.
-    ``on_interrupt`` is called when Ctrl-C arrives, before the ranks are asked to stop."""
+    ``on_interrupt`` is called with the interrupt when Ctrl-C (or SIGTERM) arrives, before
+    the ranks are asked to stop; ``RanksInterrupted`` then says how they were stopped."""
     run_dir = Path(run_dir).absolute()
     cfg = load_config(config_path(run_dir))
     # No "_" in the id: submitit reads JOB_TASK as an array job's identity.
@@ -220,9 +240,8 @@ def run_local(
                     f"running: {running} (logs: {logs})"
                 )
             time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        _interrupted(procs, on_interrupt)
-        raise
+    except KeyboardInterrupt as exc:
+        raise RanksInterrupted(exc, _interrupted(procs, on_interrupt, exc)) from exc
     finally:
         # kill-on-bad-exit, timeout, Ctrl-C: never leave ranks behind
         stop_ranks(procs, KILL_GRACE_S)
