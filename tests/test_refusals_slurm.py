@@ -119,6 +119,7 @@ def test_what_the_ranks_run_is_checked_before_sbatch(slurm_cluster, tmp_path) ->
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.matrix
 def test_env_from_submit_reaches_the_ranks_and_is_written_nowhere(
     slurm_cluster, slurm_job_cleanup, tmp_path
 ) -> None:
