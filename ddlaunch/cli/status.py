@@ -193,13 +193,9 @@ def group_restart_line(g: dict[str, Any]) -> str:
 
 
 def _said_above(row: Any) -> Any:
-    """The row whose failure the headline above the table says: its note leaves it out
-    (said twice, a collective's error filled two screens' lines)."""
-    if not dataclasses.is_dataclass(row) or isinstance(row, type):
-        return row
-    names = {f.name for f in dataclasses.fields(row)}
-    said = {k: None for k in ("failure", "detail", "failing") if k in names}
-    return dataclasses.replace(row, **said)
+    """The row (a ``RunStatus``) whose failure the headline above the table says: its note
+    leaves it out (said twice, a collective's error filled two screens' lines)."""
+    return dataclasses.replace(row, failure=None, detail=None, failing=None)
 
 
 def page(shown: Any, width: int | None) -> str:
